@@ -1,0 +1,13 @@
+"""Storage: the on-disk dataset format, writers, ingest and direct readers.
+
+This package imports nothing else of ooc.
+"""
+from .dataset import Dataset, MmapFeatures, open_dataset
+from .errors import DatasetError, OocError
+from .layout import PAGE, FeatureLayout
+from .writer import DatasetWriter, csc_from_edges, write_dataset
+
+__all__ = [
+    "PAGE", "Dataset", "DatasetError", "DatasetWriter", "FeatureLayout", "MmapFeatures",
+    "OocError", "csc_from_edges", "open_dataset", "write_dataset",
+]

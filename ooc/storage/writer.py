@@ -1,0 +1,238 @@
+"""Writing a dataset folder (format v1) into a temp folder, renamed when complete."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .atomic import atomic_dir, write_json
+from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, REQUIRED_FILES,
+                      open_dataset, sha256_file)
+from .errors import DatasetError, OocError
+from .layout import FEATURE_DTYPES, FeatureLayout, RowView, index_dtype, padded_bytes
+
+
+def allocate(path: Path, nbytes: int) -> None:
+    """Create ``path`` with ``nbytes`` reserved on disk (ENOSPC surfaces here,
+    not later as SIGBUS on a memmap write)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if nbytes:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+class DatasetWriter:
+    """Streams a dataset into ``<out>.tmp-*`` and renames it to ``out`` on success.
+
+    Usage::
+
+        with DatasetWriter(out, num_nodes=N, feature_dim=D) as w:
+            w.write_indptr(indptr)                 # int64 [N+1]
+            w.indices()[:] = indices                # memmap int32/int64 [E]
+            w.features()[0:N] = x                   # rows, any float dtype
+            w.write_labels(labels, num_classes)     # int64 [N], -1 unlabeled
+            w.write_splits(train, val, test)        # int64 ids
+
+    Leaving the block with an exception removes the temp folder; leaving it
+    normally writes ``meta.json``, validates the result with
+    :func:`open_dataset` and renames. ``OSError`` (e.g. a full disk) becomes an
+    :class:`OocError` naming the output folder.
+    """
+
+    def __init__(self, out: str | os.PathLike, num_nodes: int, feature_dim: int,
+                 feature_dtype: str = "float32", name: str = "", directed: bool = True,
+                 overwrite: bool = False, source: dict[str, Any] | None = None):
+        if feature_dtype not in FEATURE_DTYPES:
+            raise OocError(f"feature dtype must be one of {FEATURE_DTYPES}, got {feature_dtype!r}")
+        if num_nodes < 0 or feature_dim < 1:
+            raise OocError(f"bad dataset shape: num_nodes={num_nodes}, feature_dim={feature_dim}")
+        self.out = Path(out)
+        self.num_nodes = int(num_nodes)
+        self.layout = FeatureLayout(self.num_nodes, int(feature_dim), feature_dtype)
+        self.name = name or self.out.name
+        self.directed = directed
+        self.overwrite = overwrite
+        self.source = dict(source or {})
+        self.extra_meta: dict[str, Any] = {}
+        self.num_edges: int | None = None
+        self.num_classes: int | None = None
+        self._ctx = None
+        self.tmp: Path | None = None
+        self._indices: np.memmap | None = None
+        self._features: np.memmap | None = None
+
+    # -- context -----------------------------------------------------------
+    def __enter__(self) -> "DatasetWriter":
+        try:
+            self._ctx = atomic_dir(self.out, overwrite=self.overwrite)
+            self.tmp = self._ctx.__enter__()
+        except FileExistsError as e:
+            raise OocError(str(e)) from None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None:
+                self._finish()
+        except BaseException as e:  # noqa: BLE001 - re-raised through the context
+            self._close_maps()
+            self._ctx.__exit__(type(e), e, e.__traceback__)
+            if isinstance(e, OSError):
+                raise self._os_error(e) from None
+            raise
+        self._close_maps()
+        self._ctx.__exit__(exc_type, exc, tb)
+        if isinstance(exc, OSError):
+            raise self._os_error(exc) from None
+        return False
+
+    def _os_error(self, e: OSError) -> OocError:
+        what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        where = e.filename or self.out
+        return OocError(f"{where}: {what} while writing dataset {self.out}; nothing was written")
+
+    def _close_maps(self) -> None:
+        for mm in (self._indices, self._features):
+            if isinstance(mm, np.memmap):
+                mm.flush()
+        self._indices = self._features = None
+
+    # -- parts ---------------------------------------------------------------
+    def write_indptr(self, indptr: np.ndarray) -> None:
+        """Write the CSC row pointer, int64 [N+1]; fixes ``num_edges``."""
+        indptr = np.asarray(indptr, dtype=np.int64)
+        if indptr.shape != (self.num_nodes + 1,):
+            raise OocError(f"indptr has shape {indptr.shape}, expected ({self.num_nodes + 1},)")
+        np.save(self.tmp / "indptr.npy", indptr)
+        self.num_edges = int(indptr[-1])
+
+    def indices(self, num_edges: int | None = None) -> np.ndarray:
+        """Writable memmap of ``indices.bin`` (int32 or int64 [E]), page-padded."""
+        if self._indices is None:
+            e = self.num_edges if num_edges is None else int(num_edges)
+            if e is None:
+                raise OocError("write_indptr (or pass num_edges) before indices()")
+            dt = index_dtype(self.num_nodes)
+            path = self.tmp / "indices.bin"
+            allocate(path, padded_bytes(e * dt.itemsize))
+            self._indices = (np.memmap(path, dtype=dt, mode="r+", shape=(e,))
+                             if e else np.zeros(0, dtype=dt))
+        return self._indices
+
+    def features(self) -> RowView:
+        """Writable row view of ``features.bin``: ``w.features()[a:b] = rows``."""
+        if self._features is None:
+            path = self.tmp / "features.bin"
+            allocate(path, self.layout.file_bytes)
+            self._features = (np.memmap(path, dtype=np.uint8, mode="r+",
+                                        shape=(self.layout.file_bytes,))
+                              if self.layout.file_bytes else np.zeros(0, np.uint8))
+        return self.layout.view(self._features)
+
+    def write_labels(self, labels: np.ndarray, num_classes: int | None = None) -> None:
+        """Labels int64 [N], -1 where unlabeled."""
+        labels = np.asarray(labels, dtype=np.int64)
+        if labels.shape != (self.num_nodes,):
+            raise OocError(f"labels have shape {labels.shape}, expected ({self.num_nodes},)")
+        self.num_classes = int(num_classes if num_classes is not None
+                               else (labels.max() + 1 if labels.size else 0))
+        np.save(self.tmp / "labels.npy", labels)
+
+    def write_splits(self, train: np.ndarray, val: np.ndarray, test: np.ndarray) -> None:
+        for name, ids in (("train_idx", train), ("val_idx", val), ("test_idx", test)):
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
+                raise OocError(f"{name}: node id out of range [0, {self.num_nodes})")
+            np.save(self.tmp / f"{name}.npy", ids)
+
+    # -- finish ------------------------------------------------------------
+    def _finish(self) -> None:
+        if self.num_edges is None:
+            raise OocError("dataset has no adjacency (write_indptr was not called)")
+        self.indices()
+        self.features()
+        if self.num_classes is None:
+            self.write_labels(np.full(self.num_nodes, -1, dtype=np.int64), 0)
+        for name in ("train_idx.npy", "val_idx.npy", "test_idx.npy"):
+            if not (self.tmp / name).exists():
+                np.save(self.tmp / name, np.zeros(0, dtype=np.int64))
+        self._close_maps()
+        files = {}
+        for name in REQUIRED_FILES:
+            p = self.tmp / name
+            entry: dict[str, Any] = {"bytes": p.stat().st_size}
+            if name.endswith(".npy") and entry["bytes"] <= CHECKSUM_LIMIT:
+                entry["sha256"] = sha256_file(p)
+            files[name] = entry
+        meta = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "name": self.name,
+            "num_nodes": self.num_nodes,
+            "num_edges": self.num_edges,
+            "directed": self.directed,
+            "index_dtype": index_dtype(self.num_nodes).name,
+            **self.layout.to_meta(),
+            "num_classes": self.num_classes,
+            "files": files,
+            "source": self.source,
+            **self.extra_meta,
+        }
+        write_json(self.tmp / "meta.json", meta)
+        try:
+            open_dataset(self.tmp, verify=True)
+        except DatasetError as e:
+            raise OocError(f"{self.out}: the written dataset is invalid: {e.problem}") from None
+
+
+def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """In-memory CSC of the edges ``src -> dst``.
+
+    Returns ``indptr`` int64 [N+1] and ``indices`` int64 [E] where the
+    in-neighbours of v are ``indices[indptr[v]:indptr[v+1]]`` (sorted by
+    source id within a node). For small graphs and tests; ingest of large
+    edge lists streams instead.
+    """
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    order = np.lexsort((src, dst))
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
+    return indptr, src[order]
+
+
+def write_dataset(out: str | os.PathLike, indptr: np.ndarray, indices: np.ndarray,
+                  features: np.ndarray, labels: np.ndarray | None = None,
+                  train_idx: np.ndarray | None = None, val_idx: np.ndarray | None = None,
+                  test_idx: np.ndarray | None = None, num_classes: int | None = None,
+                  feature_dtype: str | None = None, **kwargs: Any) -> Path:
+    """Write in-memory arrays as a dataset folder and return its path.
+
+    ``features`` is [N, D]; ``feature_dtype`` defaults to its dtype when that
+    is float16, else float32. Extra keyword arguments go to DatasetWriter.
+    """
+    features = np.asarray(features)
+    n, d = features.shape
+    if feature_dtype is None:
+        feature_dtype = "float16" if features.dtype == np.float16 else "float32"
+    with DatasetWriter(out, n, d, feature_dtype, **kwargs) as w:
+        w.write_indptr(indptr)
+        w.indices()[:] = indices
+        w.features()[0:n] = features
+        if labels is not None:
+            w.write_labels(labels, num_classes)
+        empty = np.zeros(0, dtype=np.int64)
+        w.write_splits(empty if train_idx is None else train_idx,
+                       empty if val_idx is None else val_idx,
+                       empty if test_idx is None else test_idx)
+    return Path(out)
