@@ -1,0 +1,207 @@
+"""open_dataset: round trip and every bad-input case names the file."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from ooc.storage import DatasetError, DatasetWriter, OocError, open_dataset, write_dataset
+from ooc.storage import writer as writer_mod
+
+
+def test_round_trip(small_dataset):
+    path, a = small_dataset
+    ds = open_dataset(path, verify=True)
+    assert ds.num_nodes == 500 and ds.num_edges == len(a["indices"])
+    np.testing.assert_array_equal(ds.indptr, a["indptr"])
+    np.testing.assert_array_equal(ds.indices, a["indices"])
+    ids = np.random.default_rng(0).integers(0, 500, 200)
+    np.testing.assert_array_equal(ds.features.read(ids), a["features"][ids])
+    np.testing.assert_array_equal(ds.labels, a["labels"])
+    np.testing.assert_array_equal(ds.val_idx, a["val_idx"])
+    assert ds.indices.dtype == np.int32 and ds.num_classes == 4
+    np.testing.assert_array_equal(ds.in_degrees(), np.diff(a["indptr"]))
+    np.testing.assert_array_equal(ds.out_degrees(), np.bincount(a["indices"], minlength=500))
+
+
+def _corrupt(path, name, fn):
+    p = path / name
+    fn(p)
+    with pytest.raises(DatasetError) as ei:
+        open_dataset(path, verify=True)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(DatasetError, match="not a dataset folder"):
+        open_dataset(tmp_path / "nope")
+
+
+def test_missing_meta(small_dataset):
+    path, _ = small_dataset
+    msg = _corrupt(path, "meta.json", os.unlink)
+    assert "meta.json" in msg and "missing" in msg
+
+
+@pytest.mark.parametrize("name", ["indptr.npy", "indices.bin", "features.bin", "labels.npy",
+                                  "train_idx.npy"])
+def test_missing_file(small_dataset, name):
+    path, _ = small_dataset
+    msg = _corrupt(path, name, os.unlink)
+    assert name in msg and "missing" in msg
+
+
+@pytest.mark.parametrize("name", ["features.bin", "indices.bin", "indptr.npy", "labels.npy"])
+def test_truncated_file(small_dataset, name):
+    path, _ = small_dataset
+
+    def trunc(p):
+        with open(p, "r+b") as f:
+            f.truncate(p.stat().st_size - 100)
+
+    msg = _corrupt(path, name, trunc)
+    assert name in msg and "truncated" in msg
+
+
+def _edit_meta(path, **changes):
+    mp = path / "meta.json"
+    meta = json.loads(mp.read_text())
+    meta.update(changes)
+    mp.write_text(json.dumps(meta))
+
+
+def test_unknown_version(small_dataset):
+    path, _ = small_dataset
+    _edit_meta(path, version=99)
+    with pytest.raises(DatasetError, match="unknown format version 99"):
+        open_dataset(path)
+
+
+def test_foreign_meta(small_dataset):
+    path, _ = small_dataset
+    (path / "meta.json").write_text("<html>not json</html>")
+    with pytest.raises(DatasetError, match="meta.json: not valid JSON"):
+        open_dataset(path)
+    (path / "meta.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(DatasetError, match="not an ooc dataset"):
+        open_dataset(path)
+
+
+def test_wrong_feature_dim(small_dataset):
+    path, _ = small_dataset
+    _edit_meta(path, feature_dim=65)
+    with pytest.raises(DatasetError, match="features.bin"):
+        open_dataset(path)
+
+
+def _rewrite_npy(path, name, arr):
+    """Replace a .npy and update its recorded size and checksum (a consistent
+    but semantically wrong file)."""
+    from ooc.storage.dataset import sha256_file
+
+    np.save(path / name, arr)
+    mp = path / "meta.json"
+    meta = json.loads(mp.read_text())
+    meta["files"][name] = {"bytes": (path / name).stat().st_size, "sha256": sha256_file(path / name)}
+    mp.write_text(json.dumps(meta))
+
+
+def test_non_monotone_indptr(small_dataset):
+    path, a = small_dataset
+    bad = a["indptr"].copy()
+    bad[10], bad[11] = bad[11] + 1, bad[10]
+    _rewrite_npy(path, "indptr.npy", bad)
+    with pytest.raises(DatasetError, match="indptr.npy: not monotone"):
+        open_dataset(path)
+
+
+def test_indptr_end(small_dataset):
+    path, a = small_dataset
+    bad = a["indptr"].copy()
+    bad[-1] -= 1
+    _rewrite_npy(path, "indptr.npy", bad)
+    with pytest.raises(DatasetError, match="indptr.npy: must start at 0 and end at num_edges"):
+        open_dataset(path)
+
+
+def test_edge_ids_out_of_range(small_dataset):
+    path, _ = small_dataset
+    mm = np.memmap(path / "indices.bin", dtype=np.int32, mode="r+")
+    mm[7] = 500
+    mm.flush()
+    del mm
+    open_dataset(path)  # cheap checks do not scan indices
+    with pytest.raises(DatasetError, match="indices.bin: node id out of range"):
+        open_dataset(path, verify=True)
+
+
+def test_label_size_and_range(small_dataset):
+    path, a = small_dataset
+    _rewrite_npy(path, "labels.npy", a["labels"][:-1])
+    with pytest.raises(DatasetError, match=r"labels.npy: shape is \(499,\)"):
+        open_dataset(path)
+    bad = a["labels"].copy()
+    bad[0] = 4
+    _rewrite_npy(path, "labels.npy", bad)
+    with pytest.raises(DatasetError, match="labels.npy: label out of range"):
+        open_dataset(path)
+
+
+def test_split_out_of_range(small_dataset):
+    path, a = small_dataset
+    _rewrite_npy(path, "test_idx.npy", np.array([1, 2, 500]))
+    with pytest.raises(DatasetError, match="test_idx.npy: node id out of range"):
+        open_dataset(path)
+
+
+def test_checksum_mismatch(small_dataset):
+    path, a = small_dataset
+    arr = np.load(path / "val_idx.npy")
+    arr[0] = (arr[0] + 1) % 500
+    np.save(path / "val_idx.npy", arr)  # same size, different bytes
+    with pytest.raises(DatasetError, match="val_idx.npy: checksum"):
+        open_dataset(path)
+
+
+def test_writer_failure_leaves_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "ds"
+
+    def full_disk(fd, off, n):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer_mod.os, "posix_fallocate", full_disk)
+    with pytest.raises(OocError, match="disk full"):
+        write_dataset(out, np.array([0, 1, 1]), np.array([1]), np.zeros((2, 4), np.float32))
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_exception_leaves_nothing(tmp_path):
+    out = tmp_path / "ds"
+    with pytest.raises(RuntimeError):
+        with DatasetWriter(out, 3, 4) as w:
+            w.write_indptr(np.array([0, 0, 0, 0]))
+            raise RuntimeError("boom")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_writer_refuses_existing(small_dataset):
+    path, a = small_dataset
+    with pytest.raises(OocError, match="already exists"):
+        write_dataset(path, **a)
+    write_dataset(path, overwrite=True, num_classes=4, **a)
+    open_dataset(path, verify=True)
+
+
+def test_float16_and_wide_rows(tmp_path):
+    rng = np.random.default_rng(3)
+    for dim, dt in ((5, np.float16), (2000, np.float32)):
+        x = rng.standard_normal((50, dim)).astype(dt)
+        p = write_dataset(tmp_path / f"d{dim}", np.zeros(51, np.int64), np.zeros(0, np.int64), x)
+        ds = open_dataset(p, verify=True)
+        assert ds.feature_dtype == dt
+        np.testing.assert_array_equal(ds.features.read(np.arange(50)[::-1]), x[::-1])
+        shutil.rmtree(p)
