@@ -1,0 +1,128 @@
+"""The feature cache (Ginex §3.3, Fig. 11): direct addressing over a 2-D array.
+
+``address_table`` (int32 [N], -1 = not cached) maps a node to its row in
+``cache`` ([capacity, D], the file's dtype). The cache is filled from a
+superbatch's ``init_ids`` (the "switch"), serves the hits of each gather, and
+after batch i applies the changeset: each evicted id's row is overwritten by
+an inserted id's row copied straight from the batch buffer at its
+``in_position`` — no intermediate gather buffer.
+
+A ``static`` cache (PaGraph) is the same structure filled once and never
+updated.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ..storage.errors import OocError
+from . import _cache_kernels as K
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The same memory viewed as unsigned ints of the item size (numba has no
+    float16; the kernels only copy bits)."""
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+class FeatureSource(Protocol):
+    """Anything with ``read(ids) -> [len(ids), D]`` (memmap or O_DIRECT reader)."""
+
+    def read(self, ids: np.ndarray) -> np.ndarray: ...
+
+
+class FeatureCache:
+    """Direct-addressed feature cache.
+
+    Args:
+        num_nodes: N, the size of the address table.
+        capacity: rows the cache holds (0 disables it).
+        dim, dtype: feature row shape and dtype (the file's).
+    """
+
+    def __init__(self, num_nodes: int, capacity: int, dim: int, dtype: np.dtype | str):
+        if capacity < 0:
+            raise OocError(f"feature cache capacity must be >= 0, got {capacity}")
+        self.num_nodes = int(num_nodes)
+        self.capacity = int(min(capacity, num_nodes))
+        self.address_table = np.full(self.num_nodes, -1, dtype=np.int32)
+        self.cache = np.empty((self.capacity, dim), dtype=np.dtype(dtype))
+        self._free = np.arange(self.capacity, dtype=np.int64)[::-1].copy()
+        self._num_free = self.capacity
+        self.hits = 0
+        self.lookups = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.cache.nbytes + self.address_table.nbytes + self._free.nbytes
+
+    def __len__(self) -> int:
+        return self.capacity - self._num_free
+
+    def cached_ids(self) -> np.ndarray:
+        """int64 ids currently cached (sorted)."""
+        return np.flatnonzero(self.address_table >= 0)
+
+    def switch(self, init_ids: np.ndarray, source: FeatureSource) -> int:
+        """Make the cache hold exactly ``init_ids`` (≤ capacity).
+
+        Rows already cached stay where they are; others are evicted and the
+        missing ones read from ``source``. Returns the number of rows read.
+        """
+        init_ids = np.asarray(init_ids, dtype=np.int64)
+        if len(init_ids) > self.capacity:
+            raise OocError(f"init set of {len(init_ids)} ids exceeds cache capacity {self.capacity}")
+        keep = np.zeros(self.num_nodes, dtype=bool) if len(self) else None
+        if keep is not None:
+            keep[init_ids] = True
+            evict = np.flatnonzero((self.address_table >= 0) & ~keep)
+        else:
+            evict = np.zeros(0, np.int64)
+        new = init_ids[self.address_table[init_ids] < 0]
+        slots, self._num_free = K.assign_slots(self.address_table, new, evict, self._free,
+                                               self._num_free)
+        if len(new):
+            rows = source.read(new)
+            K.copy_rows_to_slots(_bits(np.ascontiguousarray(rows, dtype=self.cache.dtype)),
+                                 np.arange(len(new), dtype=np.int64), _bits(self.cache), slots)
+        return len(new)
+
+    def gather(self, ids: np.ndarray, source: FeatureSource, out: np.ndarray | None = None
+               ) -> tuple[np.ndarray, int]:
+        """Rows of ``ids`` (int64 [n]) into ``out`` ([n, D]): hits from the
+        cache, misses in one batched read from ``source``.
+
+        Returns (out, number of misses).
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        if out is None:
+            out = np.empty((len(ids), self.cache.shape[1]), dtype=self.cache.dtype)
+        hit = np.empty(len(ids), dtype=np.bool_)
+        nhit = (K.gather_hits(ids, self.address_table, _bits(self.cache), _bits(out), hit)
+                if len(ids) else 0)
+        miss_pos = np.flatnonzero(~hit)
+        if len(miss_pos):
+            rows = source.read(ids[miss_pos])
+            K.scatter_rows(_bits(np.ascontiguousarray(rows, dtype=out.dtype)), miss_pos, _bits(out))
+        self.hits += int(nhit)
+        self.lookups += len(ids)
+        return out, len(miss_pos)
+
+    def update(self, in_ids: np.ndarray, out_ids: np.ndarray, in_positions: np.ndarray,
+               batch_rows: np.ndarray) -> None:
+        """Apply one changeset: evict ``out_ids``, insert ``in_ids`` with rows
+        ``batch_rows[in_positions]`` ([n, D] batch buffer of the gather)."""
+        in_ids = np.asarray(in_ids, dtype=np.int64)
+        slots, self._num_free = K.assign_slots(self.address_table, in_ids,
+                                               np.asarray(out_ids, dtype=np.int64),
+                                               self._free, self._num_free)
+        if self._num_free < 0:
+            raise OocError("changeset inserts more ids than the cache has room for")
+        if len(in_ids):
+            K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
+                                 _bits(self.cache), slots)
+
+    def fill_static(self, ids: np.ndarray, source: FeatureSource) -> None:
+        """Fill once with ``ids`` (the static PaGraph policy)."""
+        self.switch(np.asarray(ids, dtype=np.int64)[: self.capacity], source)
