@@ -1,0 +1,229 @@
+"""The inspector pipeline: superbatch sampling and changeset precomputation.
+
+Ginex §3.1, Fig. 9: superbatch k+1 is sampled while the changesets of
+superbatch k are computed, and the executor consumes superbatch k-1 meanwhile.
+At most ``ahead`` superbatches exist on disk beyond the one being consumed,
+so runtime files take at most ``(ahead + 1) × bytes per superbatch``.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..storage.errors import OocError
+from .runtime import (FlatChangesets, SuperbatchSamples, read_changesets, read_samples,
+                      remove_superbatch, superbatch_dir, write_changesets, write_samples)
+from .sampler import NeighborSampler
+
+
+@dataclass
+class Superbatch:
+    """A superbatch whose runtime files are complete on disk.
+
+    ``batch_indices`` are the epoch-level indices of its batches. Load the
+    files with :meth:`load` (the executor does so on its loader thread) and
+    call :meth:`release` when consumed; that removes the files and lets the
+    inspector run further ahead.
+    """
+
+    index: int
+    folder: Path
+    batch_indices: list[int]
+    has_changesets: bool
+    timings: dict[str, float] = field(default_factory=dict)
+    bytes_written: int = 0
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+
+    def load(self) -> tuple[SuperbatchSamples, FlatChangesets | None]:
+        samples = read_samples(self.folder)
+        cs = read_changesets(self.folder) if self.has_changesets else None
+        return samples, cs
+
+    def release(self) -> None:
+        remove_superbatch(self.folder)
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
+@dataclass
+class InspectorStats:
+    """Seconds spent per inspector stage in one epoch (wall time inside each
+    stage's own thread; the stages overlap)."""
+
+    sample_s: float = 0.0
+    write_s: float = 0.0
+    changeset_s: float = 0.0
+    bytes_written: int = 0
+    superbatches: int = 0
+    batches: int = 0
+    cache_ids: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+ChangesetFn = Callable[[list[np.ndarray]], object]
+
+
+class Inspector:
+    """Runs ahead of the executor.
+
+    Args:
+        sampler: the neighbour sampler (any neighbour source).
+        runtime_dir: folder for runtime files (created; emptied of our files).
+        superbatch_size: batches per superbatch (S).
+        changesets: ``fn(list of id arrays) -> precompute_changesets result``,
+            or None when the executor needs no changesets (baseline, static).
+        ahead: superbatches allowed on disk beyond the one being consumed.
+    """
+
+    def __init__(self, sampler: NeighborSampler, runtime_dir: str | Path, superbatch_size: int,
+                 changesets: ChangesetFn | None = None, ahead: int = 1):
+        if superbatch_size < 1:
+            raise OocError(f"superbatch size must be >= 1, got {superbatch_size}")
+        self.sampler = sampler
+        self.runtime_dir = Path(runtime_dir)
+        self.superbatch_size = int(superbatch_size)
+        self.changesets = changesets
+        self.ahead = max(1, int(ahead))
+        self.stats = InspectorStats()
+
+    def epoch(self, seed_batches: Sequence[np.ndarray], batch_seeds: Sequence[int],
+              tag: str = "") -> Iterator[Superbatch]:
+        """Yield the epoch's superbatches in order as their files complete.
+
+        The sampling and changeset threads run while the caller works on the
+        yielded superbatch. Closing the generator early stops them and removes
+        the runtime files.
+        """
+        self.stats = stats = InspectorStats()
+        s = self.superbatch_size
+        groups = [list(range(a, min(a + s, len(seed_batches)))) for a in range(0, len(seed_batches), s)]
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        slots = threading.Semaphore(self.ahead + 1)
+        stop = threading.Event()
+        to_cs: queue.Queue = queue.Queue(maxsize=1)
+        ready: queue.Queue = queue.Queue()
+        num_layers = len(self.sampler.fanouts)
+
+        def sampler_loop() -> None:
+            try:
+                for k, group in enumerate(groups):
+                    while not slots.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                    if stop.is_set():
+                        return
+                    t0 = time.perf_counter()
+                    batches = self.sampler.sample_many([seed_batches[i] for i in group],
+                                                       [batch_seeds[i] for i in group])
+                    samples = SuperbatchSamples.from_batches(batches, num_layers)
+                    del batches
+                    t1 = time.perf_counter()
+                    folder = self._folder(tag, k)
+                    remove_superbatch(folder)
+                    nbytes = write_samples(folder, samples)
+                    t2 = time.perf_counter()
+                    stats.sample_s += t1 - t0
+                    stats.write_s += t2 - t1
+                    stats.bytes_written += nbytes
+                    sb = Superbatch(k, folder, group, self.changesets is not None,
+                                    {"sample_s": t1 - t0, "write_s": t2 - t1}, nbytes, slots.release)
+                    to_cs.put((sb, samples))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                to_cs.put(e)
+                return
+            to_cs.put(None)
+
+        def changeset_loop() -> None:
+            while True:
+                item = to_cs.get()
+                if item is None or isinstance(item, BaseException) or stop.is_set():
+                    ready.put(item)
+                    return
+                sb, samples = item
+                try:
+                    if self.changesets is not None:
+                        t0 = time.perf_counter()
+                        ids = [samples.ids(i) for i in range(len(samples))]
+                        cs = FlatChangesets.from_changesets(self.changesets(ids))
+                        sb.bytes_written += write_changesets(sb.folder, cs)
+                        dt = time.perf_counter() - t0
+                        sb.timings["changeset_s"] = dt
+                        stats.changeset_s += dt
+                        stats.bytes_written += cs.nbytes
+                        stats.cache_ids += len(cs.init_ids) + len(cs.in_ids)
+                except BaseException as e:  # noqa: BLE001
+                    ready.put(e)
+                    return
+                stats.superbatches += 1
+                stats.batches += len(sb.batch_indices)
+                ready.put(sb)
+
+        threads = [threading.Thread(target=sampler_loop, name="ooc-sample", daemon=True),
+                   threading.Thread(target=changeset_loop, name="ooc-changesets", daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            # unblock the sampler if it waits for a slot or on the queue
+            for _ in range(self.ahead + 2):
+                slots.release()
+            while any(t.is_alive() for t in threads):
+                try:
+                    to_cs.get_nowait()
+                except queue.Empty:
+                    pass
+                for t in threads:
+                    t.join(timeout=0.05)
+            for k in range(len(groups)):
+                remove_superbatch(self._folder(tag, k))
+
+    def _folder(self, tag: str, k: int) -> Path:
+        return superbatch_dir(self.runtime_dir / tag if tag else self.runtime_dir, k)
+
+
+def superbatch_size_for_budget(runtime_disk_budget: int, bytes_per_batch: float, ahead: int = 1,
+                               max_size: int | None = None) -> int:
+    """Largest S whose runtime files fit the budget with ``ahead`` superbatches
+    in flight beside the one being consumed: ``(ahead+1) · S · bytes_per_batch
+    ≤ budget``."""
+    if bytes_per_batch <= 0:
+        raise OocError("bytes per batch must be positive")
+    s = int(runtime_disk_budget // ((ahead + 1) * bytes_per_batch))
+    if s < 1:
+        raise OocError(f"runtime disk budget {runtime_disk_budget} bytes is too small: one batch "
+                       f"needs about {int(bytes_per_batch * (ahead + 1))} bytes with pipelining")
+    return min(s, max_size) if max_size else s
+
+
+def measure_bytes_per_batch(sampler: NeighborSampler, seed_batches: Sequence[np.ndarray],
+                            batch_seeds: Sequence[int], with_changesets: bool = True,
+                            probes: int = 4) -> float:
+    """Runtime-file bytes per batch, measured by sampling a few batches.
+
+    Changesets add at most three int64 values per sampled id (in_ids,
+    in_positions, out_ids), counted as that upper bound.
+    """
+    n = min(probes, len(seed_batches))
+    if n == 0:
+        return 1.0
+    batches = sampler.sample_many(list(seed_batches[:n]), list(batch_seeds[:n]))
+    samples = SuperbatchSamples.from_batches(batches, len(sampler.fanouts))
+    extra = 3 * 8 * len(samples.node_ids) if with_changesets else 0
+    return (samples.nbytes + extra) / n

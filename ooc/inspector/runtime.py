@@ -1,0 +1,221 @@
+"""Runtime files: one superbatch of sampled batches and its changesets on disk.
+
+A superbatch ``k`` lives in ``<runtime_dir>/sb_<k>/`` as a handful of flat raw
+arrays plus offsets (Ginex writes 2×S tiny files; one pair of flat arrays per
+superbatch is the same information with far fewer files):
+
+| file | dtype, shape | content |
+|---|---|---|
+| ``node_ids.bin`` | int64 [T] | every batch's unique node ids, batch after batch |
+| ``node_ptr.bin`` | int64 [S+1] | batch i's ids are ``node_ids[node_ptr[i]:node_ptr[i+1]]`` |
+| ``edges.bin`` | int32 [2, M] | local edge_index of every batch (row 0 source) |
+| ``edge_ptr.bin`` | int64 [S+1] | batch i's edges are columns ``edge_ptr[i]:edge_ptr[i+1]`` |
+| ``nodes_per_hop.bin`` | int64 [S, L+1] | PyG ``num_sampled_nodes`` |
+| ``edges_per_hop.bin`` | int64 [S, L] | PyG ``num_sampled_edges`` |
+| ``cs_*.bin`` | int64 | changesets: init ids, in/out ids with offsets, in_positions |
+| ``superbatch.json`` | | shapes and dtypes; written last (its presence marks the sample files complete) |
+| ``changesets.json`` | | written after the cs files (marks the changesets complete) |
+
+Files are written through aiofiles from a background event loop so writing
+overlaps sampling; each file goes to a temp name and is renamed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import aiofiles
+import numpy as np
+
+from ..storage.errors import OocError
+from .sampler import SampledBatch
+
+SAMPLE_MARK = "superbatch.json"
+CHANGESET_MARK = "changesets.json"
+
+
+@dataclass
+class SuperbatchSamples:
+    """S sampled batches as flat arrays (see the module docstring for shapes)."""
+
+    node_ids: np.ndarray
+    node_ptr: np.ndarray
+    edges: np.ndarray
+    edge_ptr: np.ndarray
+    nodes_per_hop: np.ndarray
+    edges_per_hop: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.node_ptr) - 1
+
+    @classmethod
+    def from_batches(cls, batches: Sequence[SampledBatch], num_layers: int) -> "SuperbatchSamples":
+        s = len(batches)
+        node_ptr = np.zeros(s + 1, np.int64)
+        edge_ptr = np.zeros(s + 1, np.int64)
+        np.cumsum([len(b.node_ids) for b in batches], out=node_ptr[1:])
+        np.cumsum([b.edge_index.shape[1] for b in batches], out=edge_ptr[1:])
+        nph = np.zeros((s, num_layers + 1), np.int64)
+        eph = np.zeros((s, num_layers), np.int64)
+        for i, b in enumerate(batches):
+            nph[i, : len(b.num_sampled_nodes)] = b.num_sampled_nodes
+            eph[i, : len(b.num_sampled_edges)] = b.num_sampled_edges
+        node_ids = (np.concatenate([b.node_ids for b in batches]).astype(np.int64, copy=False)
+                    if s else np.zeros(0, np.int64))
+        edges = (np.concatenate([b.edge_index for b in batches], axis=1).astype(np.int32)
+                 if s else np.zeros((2, 0), np.int32))
+        return cls(node_ids, node_ptr, edges, edge_ptr, nph, eph)
+
+    def ids(self, i: int) -> np.ndarray:
+        """Unique node ids of batch i, int64 [n_i] (seeds first)."""
+        return self.node_ids[self.node_ptr[i]:self.node_ptr[i + 1]]
+
+    def batch(self, i: int) -> SampledBatch:
+        nph = self.nodes_per_hop[i]
+        eph = self.edges_per_hop[i]
+        return SampledBatch(
+            node_ids=self.ids(i),
+            num_seeds=int(nph[0]),
+            edge_index=self.edges[:, self.edge_ptr[i]:self.edge_ptr[i + 1]].astype(np.int64),
+            num_sampled_nodes=[int(v) for v in nph],
+            num_sampled_edges=[int(v) for v in eph],
+        )
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"node_ids": self.node_ids, "node_ptr": self.node_ptr, "edges": self.edges,
+                "edge_ptr": self.edge_ptr, "nodes_per_hop": self.nodes_per_hop,
+                "edges_per_hop": self.edges_per_hop}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays().values())
+
+
+@dataclass
+class FlatChangesets:
+    """Changesets of one superbatch as flat arrays (all int64).
+
+    Step i inserts ``in_ids[in_ptr[i]:in_ptr[i+1]]`` (taken from batch i's
+    buffer at ``in_positions[...]`` of the same slice) and evicts
+    ``out_ids[out_ptr[i]:out_ptr[i+1]]``; ``init_ids`` fill the cache before
+    batch 0.
+    """
+
+    init_ids: np.ndarray
+    in_ids: np.ndarray
+    in_positions: np.ndarray
+    in_ptr: np.ndarray
+    out_ids: np.ndarray
+    out_ptr: np.ndarray
+
+    @classmethod
+    def from_changesets(cls, cs) -> "FlatChangesets":
+        """From ``precompute_changesets``' result (``init_ids`` + ``steps``)."""
+        def arr(x) -> np.ndarray:
+            if hasattr(x, "detach"):
+                x = x.detach().cpu().numpy()
+            return np.asarray(x, dtype=np.int64)
+
+        steps = list(cs.steps)
+        ins = [arr(s.in_ids) for s in steps]
+        pos = [arr(s.in_positions) for s in steps]
+        outs = [arr(s.out_ids) for s in steps]
+        in_ptr = np.zeros(len(steps) + 1, np.int64)
+        out_ptr = np.zeros(len(steps) + 1, np.int64)
+        np.cumsum([len(a) for a in ins], out=in_ptr[1:])
+        np.cumsum([len(a) for a in outs], out=out_ptr[1:])
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+        return cls(arr(cs.init_ids), cat(ins), cat(pos), in_ptr, cat(outs), out_ptr)
+
+    def __len__(self) -> int:
+        return len(self.in_ptr) - 1
+
+    def step(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(in_ids, out_ids, in_positions) of step i."""
+        a, b = self.in_ptr[i], self.in_ptr[i + 1]
+        return self.in_ids[a:b], self.out_ids[self.out_ptr[i]:self.out_ptr[i + 1]], self.in_positions[a:b]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"cs_init_ids": self.init_ids, "cs_in_ids": self.in_ids,
+                "cs_in_positions": self.in_positions, "cs_in_ptr": self.in_ptr,
+                "cs_out_ids": self.out_ids, "cs_out_ptr": self.out_ptr}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays().values())
+
+
+# -- writing ---------------------------------------------------------------
+
+async def _write_one(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    async with aiofiles.open(tmp, "wb") as f:
+        await f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+    os.replace(tmp, path)
+
+
+async def _write_arrays(folder: Path, arrays: dict[str, np.ndarray], mark: str) -> None:
+    await asyncio.gather(*(_write_one(folder / f"{k}.bin", a) for k, a in arrays.items()))
+    spec = {k: {"dtype": a.dtype.name, "shape": list(a.shape)} for k, a in arrays.items()}
+    tmp = folder / (mark + ".tmp")
+    async with aiofiles.open(tmp, "w") as f:
+        await f.write(json.dumps(spec))
+    os.replace(tmp, folder / mark)
+
+
+def _run(coro) -> None:
+    try:
+        asyncio.run(coro)
+    except OSError as e:
+        raise OocError(f"{e.filename or 'runtime folder'}: {e.strerror or e} while writing runtime files") from None
+
+
+def superbatch_dir(runtime_dir: str | os.PathLike, k: int) -> Path:
+    return Path(runtime_dir) / f"sb_{k:06d}"
+
+
+def write_samples(folder: Path, samples: SuperbatchSamples) -> int:
+    """Write the sampled batches of one superbatch; returns bytes written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _run(_write_arrays(folder, samples.arrays(), SAMPLE_MARK))
+    return samples.nbytes
+
+
+def write_changesets(folder: Path, cs: FlatChangesets) -> int:
+    """Write the changesets of one superbatch; returns bytes written."""
+    _run(_write_arrays(folder, cs.arrays(), CHANGESET_MARK))
+    return cs.nbytes
+
+
+def _read_arrays(folder: Path, mark: str) -> dict[str, np.ndarray]:
+    mp = folder / mark
+    if not mp.is_file():
+        raise OocError(f"{mp}: missing (runtime files incomplete)")
+    spec = json.loads(mp.read_text())
+    out = {}
+    for k, s in spec.items():
+        p = folder / f"{k}.bin"
+        a = np.fromfile(p, dtype=s["dtype"])
+        n = int(np.prod(s["shape"])) if s["shape"] else 1
+        if a.size != n:
+            raise OocError(f"{p}: truncated runtime file ({a.size} of {n} values)")
+        out[k] = a.reshape(s["shape"])
+    return out
+
+
+def read_samples(folder: Path) -> SuperbatchSamples:
+    return SuperbatchSamples(**_read_arrays(folder, SAMPLE_MARK))
+
+
+def read_changesets(folder: Path) -> FlatChangesets:
+    a = _read_arrays(folder, CHANGESET_MARK)
+    return FlatChangesets(**{k[3:]: v for k, v in a.items()})
+
+
+def remove_superbatch(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
