@@ -1,0 +1,174 @@
+"""The Ginex neighbor cache (Ginex §3.2, Fig. 10).
+
+Static: the in-neighbour lists of the nodes with the highest ratio
+``out_degree / in_degree`` (benefit / cost), in that order, as many as fit in
+a byte budget. Direct addressed: ``address_table`` (int64 [N], -1 when the
+node is not cached) points into ``cache_array`` (the index dtype), which holds
+for each cached node its neighbour count and then its neighbour ids.
+
+The budget counts everything resident: ``address_table`` (8 bytes per node)
+plus ``cache_array``. Lists are placed in node-id order, so building from a
+memmap of ``indices.bin`` reads it sequentially.
+
+Built once and saved beside the dataset as
+``<dataset>/neighbor_cache/<budget_bytes>/`` (written atomically; dataset
+readers ignore the extra folder) and loaded at the start of each superbatch
+sample.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ooc.storage.atomic import atomic_dir, write_json
+
+from . import _neighbor_cache_kernels as NK
+
+__all__ = ["NeighborCache", "build_neighbor_cache", "cache_dir", "load_or_build_neighbor_cache",
+           "full_cache_bytes", "compute_out_degrees"]
+
+CACHE_VERSION = 1
+
+
+@dataclass
+class NeighborCache:
+    """A loaded neighbor cache.
+
+    Attributes:
+        address_table: int64 [N]; ``cache_array[a]`` is node v's count and
+            ``cache_array[a+1 : a+1+count]`` its in-neighbours, with
+            ``a = address_table[v]``; -1 when v is not cached.
+        cache_array: int32/int64 flat array.
+        meta: build information (budget, cached nodes, bytes, ...).
+    """
+
+    address_table: np.ndarray
+    cache_array: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_cached(self) -> int:
+        return int(self.meta.get("num_cached", int((self.address_table >= 0).sum())))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.address_table.nbytes + self.cache_array.nbytes)
+
+    def neighbors(self, v: int) -> np.ndarray | None:
+        """In-neighbours of ``v`` (a view), or None when not cached."""
+        a = int(self.address_table[v])
+        if a < 0:
+            return None
+        return self.cache_array[a + 1:a + 1 + int(self.cache_array[a])]
+
+    def save(self, folder: str | os.PathLike, overwrite: bool = True) -> Path:
+        """Write to ``folder`` atomically (address_table.npy, cache_array.npy, meta.json)."""
+        with atomic_dir(folder, overwrite=overwrite) as tmp:
+            np.save(tmp / "address_table.npy", self.address_table)
+            np.save(tmp / "cache_array.npy", self.cache_array)
+            write_json(tmp / "meta.json", self.meta)
+        return Path(folder)
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, mmap: bool = False) -> "NeighborCache":
+        """Load a saved cache (into RAM unless ``mmap``)."""
+        folder = Path(folder)
+        meta = json.loads((folder / "meta.json").read_text())
+        if meta.get("version") != CACHE_VERSION:
+            raise ValueError(f"{folder / 'meta.json'}: unknown neighbor cache version {meta.get('version')}")
+        mode = "r" if mmap else None
+        at = np.load(folder / "address_table.npy", mmap_mode=mode)
+        ca = np.load(folder / "cache_array.npy", mmap_mode=mode)
+        if at.dtype != np.int64 or at.shape != (meta["num_nodes"],) or ca.shape != (meta["cache_entries"],):
+            raise ValueError(f"{folder}: neighbor cache files do not match meta.json")
+        return cls(at, ca, meta)
+
+
+def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np.ndarray:
+    """int64 [N] out-degrees from an indices array/memmap, streamed in chunks."""
+    deg = np.zeros(num_nodes, dtype=np.int64)
+    for a in range(0, indices.shape[0], chunk):
+        NK.out_degrees(np.asarray(indices[a:a + chunk]), num_nodes, 0, min(chunk, indices.shape[0] - a), deg)
+    return deg
+
+
+def full_cache_bytes(indptr: np.ndarray, itemsize: int) -> int:
+    """Bytes (address table included) of a cache holding every non-empty list."""
+    indeg = np.diff(np.asarray(indptr, dtype=np.int64))
+    n = indeg.shape[0]
+    return 8 * n + itemsize * int((indeg + (indeg > 0)).sum())
+
+
+def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: int,
+                         out_degrees: np.ndarray | None = None) -> NeighborCache:
+    """Choose and fill the cache (Ginex §3.2).
+
+    Nodes with at least one in-neighbour are ranked by ``out_deg / in_deg``
+    (highest first, ties by node id) and taken in that order while the total
+    (address table + cache array) stays within ``budget_bytes``; the first
+    list that does not fit ends the selection.
+    """
+    indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+    n = indptr.shape[0] - 1
+    dtype = np.dtype(indices.dtype)
+    indeg = np.diff(indptr)
+    if out_degrees is None:
+        out_degrees = compute_out_degrees(indices, n)
+    out_degrees = np.asarray(out_degrees, dtype=np.int64)
+    cand = np.flatnonzero(indeg > 0)
+    ratio = out_degrees[cand] / indeg[cand]
+    order = cand[np.argsort(-ratio, kind="stable")]
+    cost = (indeg[order] + 1) * dtype.itemsize
+    room = int(budget_bytes) - 8 * n
+    if room > 0:
+        take = int(np.searchsorted(np.cumsum(cost), room, side="right"))
+    else:
+        take = 0
+    chosen = np.sort(order[:take])
+    sizes = indeg[chosen] + 1
+    addr = np.zeros(chosen.shape[0], dtype=np.int64)
+    if chosen.shape[0]:
+        np.cumsum(sizes[:-1], out=addr[1:])
+    entries = int(sizes.sum())
+    address_table = np.full(n, -1, dtype=np.int64)
+    address_table[chosen] = addr
+    cache_array = np.empty(entries, dtype=dtype)
+    NK.fill_cache(chosen, addr, indptr, indices, cache_array)
+    meta = {
+        "version": CACHE_VERSION,
+        "policy": "out_in_degree_ratio",
+        "budget_bytes": int(budget_bytes),
+        "num_nodes": n,
+        "num_edges": int(indptr[-1]),
+        "num_cached": int(chosen.shape[0]),
+        "cached_edges": int(entries - chosen.shape[0]),
+        "cache_entries": entries,
+        "index_dtype": dtype.name,
+        "bytes": int(address_table.nbytes + cache_array.nbytes),
+    }
+    return NeighborCache(address_table, cache_array, meta)
+
+
+def cache_dir(dataset_path: str | os.PathLike, budget_bytes: int) -> Path:
+    """Where the cache of ``budget_bytes`` for a dataset lives."""
+    return Path(dataset_path) / "neighbor_cache" / str(int(budget_bytes))
+
+
+def load_or_build_neighbor_cache(dataset, budget_bytes: int) -> NeighborCache:
+    """Load ``<dataset>/neighbor_cache/<budget>/``, building and saving it first if absent.
+
+    ``dataset`` is an :class:`ooc.storage.Dataset`.
+    """
+    folder = cache_dir(dataset.path, budget_bytes)
+    if (folder / "meta.json").exists():
+        cache = NeighborCache.load(folder)
+        if (cache.meta.get("num_nodes") == dataset.num_nodes
+                and cache.meta.get("num_edges") == dataset.num_edges):
+            return cache
+    cache = build_neighbor_cache(dataset.indptr, dataset.indices, budget_bytes)
+    cache.save(folder, overwrite=True)
+    return cache

@@ -1,0 +1,204 @@
+"""Neighbour sources: where the sampler gets neighbour ids from.
+
+The sampler decides *which* positions of each neighbour list it wants from
+``indptr`` alone; a source only returns the ids stored at those positions.
+One call per hop covers the whole frontier of every batch sampled together,
+so a disk-backed source can batch its reads (one submission per hop).
+
+Sources:
+
+- :class:`InMemoryNeighbors` — an indices array or memmap.
+- :class:`CachedNeighbors` — the Ginex neighbor cache, misses from a fallback.
+- :class:`DirectNeighbors` — ``indices.bin`` read with O_DIRECT page reads
+  through :class:`ooc.storage.direct.DirectReader`, all pages of a request
+  submitted together.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _neighbor_cache_kernels as NK
+from . import _sampler_kernels as K
+
+__all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors", "CachedNeighbors",
+           "DirectNeighbors"]
+
+PAGE = 4096
+
+
+@dataclass
+class NeighborRequest:
+    """Which neighbour ids the sampler wants at one hop.
+
+    Attributes:
+        nodes: int64 [f] frontier node ids (may repeat across batches).
+        offsets: int64 [f+1]; node i's wanted positions are
+            ``rel_pos[offsets[i]:offsets[i+1]]`` (possibly none).
+        rel_pos: int64 [m] positions inside each node's neighbour list.
+        edge_pos: int64 [m] the same positions in ``indices``
+            (``indptr[node] + rel_pos``).
+    """
+
+    nodes: np.ndarray
+    offsets: np.ndarray
+    rel_pos: np.ndarray
+    edge_pos: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.edge_pos.shape[0])
+
+    def subset(self, which: np.ndarray) -> tuple["NeighborRequest", np.ndarray]:
+        """The request restricted to the frontier entries ``which`` (int64, ascending),
+        and the positions (int64) of its wanted ids inside this request."""
+        starts = self.offsets[which]
+        counts = self.offsets[which + 1] - starts
+        offs = np.zeros(which.shape[0] + 1, dtype=np.int64)
+        np.cumsum(counts, out=offs[1:])
+        sel = np.empty(int(offs[-1]), dtype=np.int64)
+        NK.expand_ranges(starts, offs, sel)
+        return NeighborRequest(self.nodes[which], offs, self.rel_pos[sel], self.edge_pos[sel]), sel
+
+
+class NeighborSource:
+    """Interface: ``gather(req)`` returns int64 [req.size], the ids at the wanted positions."""
+
+    def gather(self, req: NeighborRequest) -> np.ndarray:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class InMemoryNeighbors(NeighborSource):
+    """Neighbour ids from an indices array (int32/int64 ndarray or memmap)."""
+
+    def __init__(self, indices: np.ndarray):
+        indices = np.asarray(indices) if not isinstance(indices, np.memmap) else indices
+        if indices.ndim != 1 or indices.dtype not in (np.int32, np.int64):
+            raise ValueError("indices must be a 1-D int32 or int64 array")
+        self.indices = indices
+
+    def gather(self, req: NeighborRequest) -> np.ndarray:
+        out = np.empty(req.size, dtype=np.int64)
+        K.gather_in_memory(req.edge_pos, self.indices, out)
+        return out
+
+
+class CachedNeighbors(NeighborSource):
+    """Neighbour ids from a :class:`~ooc.inspector.neighbor_cache.NeighborCache`,
+    misses from ``fallback``.
+
+    Hits and misses count frontier nodes with at least one wanted position.
+    """
+
+    def __init__(self, cache, fallback: NeighborSource):
+        self.cache = cache
+        self.fallback = fallback
+        self.hits = 0
+        self.misses = 0
+
+    def gather(self, req: NeighborRequest) -> np.ndarray:
+        out = np.empty(req.size, dtype=np.int64)
+        miss = np.zeros(req.nodes.shape[0], dtype=np.bool_)
+        hits, misses = NK.cache_gather(req.nodes, req.offsets, req.rel_pos,
+                                       self.cache.address_table, self.cache.cache_array, out, miss)
+        self.hits += int(hits)
+        self.misses += int(misses)
+        if misses:
+            which = np.flatnonzero(miss).astype(np.int64)
+            sub, sel = req.subset(which)
+            out[sel] = self.fallback.gather(sub)
+        return out
+
+    def stats(self) -> dict:
+        total = self.hits + self.misses
+        return {"neighbor_cache_hits": self.hits, "neighbor_cache_misses": self.misses,
+                "neighbor_cache_hit_ratio": (self.hits / total) if total else 0.0,
+                **self.fallback.stats()}
+
+    def close(self) -> None:
+        self.fallback.close()
+
+
+class DirectNeighbors(NeighborSource):
+    """Neighbour ids read from ``indices.bin`` with page-aligned direct reads.
+
+    All pages holding the wanted positions of a request are deduplicated and
+    submitted together (in chunks of at most ``max_pages`` pages, so the page
+    buffer stays bounded), then the ids are extracted from the page buffer.
+
+    Args:
+        indices_path: the dataset's ``indices.bin``.
+        indptr: int64 [N+1] (gives the index dtype and the edge count).
+        reader: an object with ``read_pages(pages, out)`` (e.g.
+            ``ooc.storage.direct.DirectReader``); by default one is opened on
+            ``indices_path`` and closed by :meth:`close`.
+        max_pages: pages per submission (default 16384 = 64 MiB).
+    """
+
+    def __init__(self, indices_path, indptr: np.ndarray, reader=None, max_pages: int = 16384,
+                 dtype=None):
+        self.path = os.fspath(indices_path)
+        n = int(np.asarray(indptr).shape[0]) - 1
+        self.dtype = np.dtype(dtype) if dtype is not None else (
+            np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64))
+        self.num_edges = int(indptr[-1])
+        self._own = reader is None
+        if reader is None:
+            from ooc.storage.direct import DirectReader
+            reader = DirectReader(self.path)
+        self.reader = reader
+        self.max_pages = max(1, int(max_pages))
+        self._buf = None
+        self.submissions = 0
+        self.pages_read = 0
+
+    def _buffer(self, npages: int) -> np.ndarray:
+        need = npages * PAGE
+        if self._buf is None or self._buf.shape[0] < need:
+            try:
+                from ooc.storage.direct import aligned_empty
+            except ImportError:  # pragma: no cover - direct reader not installed yet
+                aligned_empty = _aligned_empty
+            self._buf = aligned_empty(max(need, PAGE))
+        return self._buf[:need]
+
+    def gather(self, req: NeighborRequest) -> np.ndarray:
+        out = np.empty(req.size, dtype=np.int64)
+        if req.size == 0:
+            return out
+        per_page = PAGE // self.dtype.itemsize
+        page_of = req.edge_pos // per_page
+        pages = np.unique(page_of)
+        for a in range(0, pages.shape[0], self.max_pages):
+            chunk = pages[a:a + self.max_pages]
+            buf = self._buffer(chunk.shape[0])
+            self.reader.read_pages(chunk, buf)
+            self.submissions += 1
+            self.pages_read += int(chunk.shape[0])
+            vals = buf.view(self.dtype)
+            NK.extract_from_pages(req.edge_pos, chunk, per_page, vals, out)
+        return out
+
+    def stats(self) -> dict:
+        return {"direct_submissions": self.submissions, "direct_pages_read": self.pages_read}
+
+    def close(self) -> None:
+        if self._own and self.reader is not None:
+            close = getattr(self.reader, "close", None)
+            if close is not None:
+                close()
+            self.reader = None
+
+
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + PAGE, dtype=np.uint8)
+    off = (-raw.ctypes.data) % PAGE
+    return raw[off:off + nbytes]
