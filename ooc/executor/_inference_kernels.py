@@ -1,0 +1,161 @@
+"""numba kernels for layer-wise inference (see :mod:`ooc.executor.inference`).
+
+All kernels take the CSC adjacency (``indptr`` int64 [N+1], ``indices``
+int32/int64 [E], in-neighbours of v are ``indices[indptr[v]:indptr[v+1]]``),
+the processing order ``perm`` (row -> node) and its inverse ``rowof``
+(node -> row), both int64 [N].
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, parallel=True)
+def nonloop_in_degree(indptr, indices):
+    """int64 [N]: in-edges of every node that are not self loops."""
+    n = indptr.shape[0] - 1
+    out = np.zeros(n, dtype=np.int64)
+    for v in numba.prange(n):
+        c = 0
+        for j in range(indptr[v], indptr[v + 1]):
+            if indices[j] != v:
+                c += 1
+        out[v] = c
+    return out
+
+
+@numba.njit(cache=True)
+def plan_blocks(indptr, perm, chunk_rows, max_targets, node_bytes, edge_bytes, work_bytes):
+    """Cut rows 0..N into blocks of consecutive rows.
+
+    A block never crosses an output chunk boundary (multiples of
+    ``chunk_rows``), holds at most ``max_targets`` targets and, estimated as
+    ``targets * node_bytes + in_edges * (edge_bytes + node_bytes)`` (every
+    in-edge may bring a new neighbour row), at most ``work_bytes`` -- except a
+    single target whose in-neighbourhood alone is larger, which gets a block
+    to itself. Returns int64 block starts followed by N.
+    """
+    n = perm.shape[0]
+    starts = np.empty(n + 1, dtype=np.int64)
+    nb = 0
+    r = 0
+    while r < n:
+        starts[nb] = r
+        nb += 1
+        chunk_end = min(n, (r // chunk_rows + 1) * chunk_rows)
+        cost = 0
+        cnt = 0
+        while r < chunk_end and cnt < max_targets:
+            v = perm[r]
+            d = indptr[v + 1] - indptr[v]
+            c = node_bytes + d * (edge_bytes + node_bytes)
+            if cnt > 0 and cost + c > work_bytes:
+                break
+            cost += c
+            cnt += 1
+            r += 1
+    starts[nb] = n
+    return starts[: nb + 1].copy()
+
+
+@numba.njit(cache=True)
+def access_plan(indptr, indices, perm, rowof, block_starts, chunk_rows, num_chunks):
+    """Previous-layer chunks each block reads, in block order.
+
+    Returns ``(ptr, chunks)``: block b reads the sorted chunk ids
+    ``chunks[ptr[b]:ptr[b+1]]`` -- the chunks holding its targets' rows and
+    all their in-neighbours' rows.
+    """
+    nblocks = block_starts.shape[0] - 1
+    stamp = np.full(num_chunks, -1, dtype=np.int64)
+    ptr = np.zeros(nblocks + 1, dtype=np.int64)
+    cap = nblocks * 4 + 16
+    out = np.empty(cap, dtype=np.int64)
+    k = 0
+    buf = np.empty(num_chunks, dtype=np.int64)
+    for b in range(nblocks):
+        m = 0
+        for r in range(block_starts[b], block_starts[b + 1]):
+            c = r // chunk_rows
+            if stamp[c] != b:
+                stamp[c] = b
+                buf[m] = c
+                m += 1
+            v = perm[r]
+            for j in range(indptr[v], indptr[v + 1]):
+                c = rowof[indices[j]] // chunk_rows
+                if stamp[c] != b:
+                    stamp[c] = b
+                    buf[m] = c
+                    m += 1
+        if k + m > cap:
+            while k + m > cap:
+                cap *= 2
+            tmp = np.empty(cap, dtype=np.int64)
+            tmp[:k] = out[:k]
+            out = tmp
+        srt = np.sort(buf[:m])
+        out[k:k + m] = srt
+        k += m
+        ptr[b + 1] = k
+    return ptr, out[:k].copy()
+
+
+@numba.njit(cache=True)
+def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
+    """The local graph of the targets ``perm[s:e]``.
+
+    Local ids: targets first (0 .. e-s-1, in row order), then their
+    in-neighbours in order of first appearance. ``scratch`` is an int64 [N]
+    array of -1 (left as it was found). Returns ``(nodes, src, dst)``:
+    ``nodes`` the global node id of every local node, ``src``/``dst`` the
+    local edges neighbour -> target (self loops skipped when
+    ``drop_self_loops``).
+    """
+    nt = e - s
+    m = 0
+    for r in range(s, e):
+        v = perm[r]
+        m += indptr[v + 1] - indptr[v]
+    nodes = np.empty(nt + m, dtype=np.int64)
+    src = np.empty(m, dtype=np.int64)
+    dst = np.empty(m, dtype=np.int64)
+    for i in range(nt):
+        v = perm[s + i]
+        nodes[i] = v
+        scratch[v] = i
+    nn = nt
+    k = 0
+    for i in range(nt):
+        v = perm[s + i]
+        for j in range(indptr[v], indptr[v + 1]):
+            u = indices[j]
+            if drop_self_loops and u == v:
+                continue
+            lu = scratch[u]
+            if lu < 0:
+                lu = nn
+                scratch[u] = nn
+                nodes[nn] = u
+                nn += 1
+            src[k] = lu
+            dst[k] = i
+            k += 1
+    for i in range(nn):
+        scratch[nodes[i]] = -1
+    return nodes[:nn].copy(), src[:k].copy(), dst[:k].copy()
+
+
+@numba.njit(cache=True)
+def next_use(seq, num_keys):
+    """For every position i of ``seq``, the next position holding the same
+    key, or ``len(seq)`` when there is none (Belady's look-ahead)."""
+    n = seq.shape[0]
+    nxt = np.empty(n, dtype=np.int64)
+    last = np.full(num_keys, n, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        k = seq[i]
+        nxt[i] = last[k]
+        last[k] = i
+    return nxt
