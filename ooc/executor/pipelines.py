@@ -1,0 +1,236 @@
+"""Batch pipelines: sampled batches with their feature rows, prepared ahead.
+
+Every mode trains through the same loop; what differs is the pipeline that
+hands it ``(batch, rows)`` pairs. A pipeline runs its stages in background
+threads and keeps a few prepared batches queued, so the gather of batch i+1
+overlaps the compute of batch i (numba kernels and I/O waits release the
+GIL). The cache update of batch i happens on the gather thread right after
+gather i, so it always precedes gather i+1.
+
+- :class:`OnDemandPipeline` samples each batch when its turn comes, then
+  gathers it, through an optional static cache: ``baseline`` (memmap
+  features, no caches: PyG+) and ``static`` (neighbor cache, a static
+  degree-ordered feature cache and O_DIRECT reads: Ali+PG).
+- :class:`SuperbatchPipeline` takes superbatches from the
+  :class:`~ooc.inspector.pipeline.Inspector` (sampled ahead, with Belady
+  changesets), loads their runtime files on a loader thread, switches the
+  feature cache to each superbatch's ``init`` set and applies each batch's
+  changeset after its gather: ``ooc`` (Ginex).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..inspector.pipeline import Inspector
+from ..inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
+from .feature_cache import FeatureCache, FeatureSource
+
+_END = object()
+
+
+class _Worker:
+    """Runs ``produce(put)`` on a thread; iterating yields what it put, in order.
+
+    Exceptions on the thread are re-raised in the consumer; closing the
+    iterator early stops the thread (``stopped()`` turns true).
+    """
+
+    def __init__(self, produce, depth: int, name: str):
+        self.q: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self.stop = threading.Event()
+        self.produce = produce
+        self.name = name
+
+    def put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[Any]:
+        def run() -> None:
+            try:
+                self.produce(self.put, self.stop.is_set)
+                self.put(_END)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                self.put(e)
+
+        t = threading.Thread(target=run, name=self.name, daemon=True)
+        t.start()
+        try:
+            while True:
+                item = self.q.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.stop.set()
+            while t.is_alive():
+                try:
+                    self.q.get_nowait()
+                except queue.Empty:
+                    pass
+                t.join(timeout=0.05)
+
+
+class _Times:
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.s[stage] = self.s.get(stage, 0.0) + seconds
+
+
+class BatchPipeline:
+    """Base: seeds split into batches per epoch, stage timers and I/O counters.
+
+    Subclasses implement ``_produce(epoch, put, stopped)``.
+    """
+
+    def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
+                 source: FeatureSource, cache: FeatureCache | None = None, prefetch: int = 2):
+        self.seeds = np.asarray(seeds, dtype=np.int64)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.source = source
+        self.cache = cache
+        self.prefetch = prefetch
+        self.times = _Times()
+        self.misses = 0
+        self.lookups = 0
+
+    def __len__(self) -> int:
+        return -(-len(self.seeds) // self.batch_size) if len(self.seeds) else 0
+
+    def plan(self, epoch: int) -> tuple[list[np.ndarray], list[int]]:
+        """Seed batches of ``epoch`` and their sampling seeds."""
+        sb = epoch_batches(self.seeds, self.batch_size, self.seed, epoch, shuffle=self.shuffle)
+        return sb, [derive_seed(self.seed, epoch, b) for b in range(len(sb))]
+
+    def batches(self, epoch: int) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+        """``(batch, rows)`` of every batch of ``epoch`` in order; ``rows`` is
+        [n, dim] in the file dtype, row k for ``batch.node_ids[k]``."""
+        self.times = _Times()
+        yield from _Worker(lambda put, stopped: self._produce(epoch, put, stopped),
+                           self.prefetch, "ooc-gather")
+
+    def _gather(self, batch: SampledBatch) -> np.ndarray:
+        t0 = time.perf_counter()
+        if self.cache is not None:
+            rows, nmiss = self.cache.gather(batch.node_ids, self.source)
+        else:
+            rows, nmiss = self.source.read(batch.node_ids), len(batch.node_ids)
+        self.times.add("gather", time.perf_counter() - t0)
+        self.misses += nmiss
+        self.lookups += len(batch.node_ids)
+        return rows
+
+    def _produce(self, epoch: int, put, stopped) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def stage_times(self) -> dict[str, float]:
+        return dict(self.times.s)
+
+    def io_stats(self) -> dict[str, Any]:
+        """Reads, bytes and hit ratio of the feature path so far."""
+        st: dict[str, Any] = {"feature_lookups": self.lookups, "feature_misses": self.misses,
+                              "feature_hit_ratio": 1 - self.misses / self.lookups
+                              if self.lookups else 0.0}
+        s = getattr(self.source, "stats", None)
+        if s is not None:
+            s = s() if callable(s) else s
+            st.update({f"feature_{k}": v for k, v in (s if isinstance(s, dict) else vars(s)).items()})
+        return st
+
+
+class OnDemandPipeline(BatchPipeline):
+    """Sample batch i when its turn comes, then gather it (optionally through a
+    static feature cache that is never updated)."""
+
+    def __init__(self, sampler: NeighborSampler, seeds: np.ndarray, batch_size: int, seed: int,
+                 source: FeatureSource, shuffle: bool = True, cache: FeatureCache | None = None,
+                 prefetch: int = 2):
+        super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
+        self.sampler = sampler
+
+    def _produce(self, epoch: int, put, stopped) -> None:
+        seed_batches, bseeds = self.plan(epoch)
+        for ids, bs in zip(seed_batches, bseeds):
+            if stopped():
+                return
+            t0 = time.perf_counter()
+            batch = self.sampler.sample(ids, bs)
+            self.times.add("sample", time.perf_counter() - t0)
+            if not put((batch, self._gather(batch))):
+                return
+
+
+class SuperbatchPipeline(BatchPipeline):
+    """Ginex's main loop fed by the inspector (superbatches + Belady changesets).
+
+    Stage times: ``inspect`` (the inspector's sampling and changeset threads,
+    overlapped with training), ``load`` (reading runtime files, on the loader
+    thread), ``switch`` (cache initialisation per superbatch), ``gather``,
+    ``update`` (changeset row copies).
+    """
+
+    def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
+                 source: FeatureSource, cache: FeatureCache, shuffle: bool = True,
+                 prefetch: int = 2):
+        super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
+        self.inspector = inspector
+
+    def _superbatches(self, epoch: int) -> Iterator[tuple[Any, Any, Any]]:
+        """Loader thread: loads the next superbatch's files while the current one trains."""
+        seed_batches, bseeds = self.plan(epoch)
+
+        def load(put, stopped) -> None:
+            for sb in self.inspector.epoch(seed_batches, bseeds, tag=f"e{epoch}"):
+                if stopped():
+                    sb.release()
+                    return
+                t0 = time.perf_counter()
+                samples, cs = sb.load()
+                self.times.add("load", time.perf_counter() - t0)
+                if not put((sb, samples, cs)):
+                    sb.release()
+                    return
+
+        return iter(_Worker(load, 1, "ooc-loader"))
+
+    def _produce(self, epoch: int, put, stopped) -> None:
+        cache = self.cache
+        assert cache is not None
+        for sb, samples, cs in self._superbatches(epoch):
+            try:
+                t0 = time.perf_counter()
+                cache.switch(cs.init_ids, self.source)
+                self.times.add("switch", time.perf_counter() - t0)
+                for j in range(len(samples)):
+                    if stopped():
+                        return
+                    batch = samples.batch(j)
+                    rows = self._gather(batch)
+                    t0 = time.perf_counter()
+                    in_ids, out_ids, in_pos = cs.step(j)
+                    cache.update(in_ids, out_ids, in_pos, rows)
+                    self.times.add("update", time.perf_counter() - t0)
+                    if not put((batch, rows)):
+                        return
+            finally:
+                sb.release()
+        st = self.inspector.stats
+        self.times.add("inspect_sample", st.sample_s)
+        self.times.add("inspect_changesets", st.changeset_s)
+        self.times.add("inspect_write", st.write_s)
