@@ -11,3 +11,12 @@ __all__ = [
     "PAGE", "Dataset", "DatasetError", "DatasetWriter", "FeatureLayout", "MmapFeatures",
     "OocError", "csc_from_edges", "open_dataset", "write_dataset",
 ]
+from .direct import (  # noqa: E402
+    DirectFeatures, DirectIOFallbackWarning, DirectReader, ReadStats, aligned_empty,
+    read_index_ranges, read_ranges,
+)
+
+__all__ += [
+    "DirectFeatures", "DirectIOFallbackWarning", "DirectReader", "ReadStats", "aligned_empty",
+    "read_index_ranges", "read_ranges",
+]
