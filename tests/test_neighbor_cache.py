@@ -1,0 +1,188 @@
+"""Neighbor cache (Ginex §3.2) and neighbour sources: identical batches from every source."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ooc.inspector import (CachedNeighbors, DirectNeighbors, InMemoryNeighbors, NeighborCache,
+                           NeighborSampler, build_neighbor_cache, derive_seed, epoch_batches,
+                           load_or_build_neighbor_cache)
+from ooc.inspector.neighbor_cache import cache_dir, compute_out_degrees, full_cache_bytes
+from ooc.storage import csc_from_edges, open_dataset, write_dataset
+
+FANOUTS = [8, 4, -1]
+
+
+def make_graph(n=800, e=9000, seed=0):
+    rng = np.random.default_rng(seed)
+    src = (n * rng.random(e) ** 2).astype(np.int64)
+    dst = (n * rng.random(e) ** 2.5).astype(np.int64)
+    pairs = np.unique(np.stack([src, dst], 1), axis=0)
+    return csc_from_edges(pairs[:, 0], pairs[:, 1], n)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    indptr, indices = make_graph()
+    n = indptr.shape[0] - 1
+    path = tmp_path_factory.mktemp("nc") / "ds"
+    write_dataset(path, indptr, indices, np.zeros((n, 4), np.float32),
+                  labels=np.zeros(n, np.int64), train_idx=np.arange(0, n, 2), num_classes=2)
+    return open_dataset(path)
+
+
+class PreadReader:
+    """Stand-in with the DirectReader interface (buffered pread), counting submissions."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.calls = 0
+
+    def read_pages(self, pages, out):
+        self.calls += 1
+        assert np.all(np.diff(pages) > 0), "pages must be sorted and unique"
+        assert out.ctypes.data % 4096 == 0 and out.shape[0] >= pages.shape[0] * 4096
+        for i, p in enumerate(pages.tolist()):
+            data = os.pread(self.fd, 4096, p * 4096)
+            out[i * 4096:i * 4096 + len(data)] = np.frombuffer(data, np.uint8)
+
+    def close(self):
+        os.close(self.fd)
+
+
+def test_build_policy_layout_and_budget(dataset):
+    indptr, indices = dataset.indptr, np.asarray(dataset.indices)
+    n = dataset.num_nodes
+    indeg = np.diff(indptr)
+    outdeg = np.bincount(indices, minlength=n)
+    np.testing.assert_array_equal(compute_out_degrees(dataset.indices, n, chunk=1000), outdeg)
+    full = full_cache_bytes(indptr, indices.itemsize)
+    for frac in [0.0, 0.1, 0.25, 0.6, 1.0]:
+        budget = 8 * n + int(frac * (full - 8 * n))
+        c = build_neighbor_cache(indptr, indices, budget)
+        assert c.nbytes <= budget and c.address_table.dtype == np.int64
+        cached = np.flatnonzero(c.address_table >= 0)
+        assert c.num_cached == cached.shape[0]
+        for v in range(n):   # O(1) look-up returns the exact list, or a miss
+            lst = c.neighbors(v)
+            if lst is None:
+                assert v not in set(cached.tolist())
+            else:
+                np.testing.assert_array_equal(lst, indices[indptr[v]:indptr[v + 1]])
+        # the chosen nodes are the prefix of the ratio order
+        cand = np.flatnonzero(indeg > 0)
+        order = cand[np.argsort(-(outdeg[cand] / indeg[cand]), kind="stable")]
+        assert set(order[:cached.shape[0]].tolist()) == set(cached.tolist())
+        if frac == 0.0:
+            assert cached.shape[0] == 0
+        if frac == 1.0:
+            assert cached.shape[0] == cand.shape[0]
+    # a budget smaller than the address table caches nothing
+    assert build_neighbor_cache(indptr, indices, 100).num_cached == 0
+
+
+def test_save_load_beside_dataset(dataset):
+    n = dataset.num_nodes
+    budget = 8 * n + 6000
+    c = load_or_build_neighbor_cache(dataset, budget)
+    folder = cache_dir(dataset.path, budget)
+    assert (folder / "meta.json").exists()
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp left
+    again = load_or_build_neighbor_cache(dataset, budget)
+    np.testing.assert_array_equal(again.address_table, c.address_table)
+    np.testing.assert_array_equal(again.cache_array, c.cache_array)
+    m = NeighborCache.load(folder, mmap=True)
+    np.testing.assert_array_equal(m.cache_array, c.cache_array)
+    open_dataset(dataset.path, verify=True)   # the extra folder does not disturb the dataset
+
+
+def sample_all(dataset, source, group_size=16):
+    batches = epoch_batches(dataset.train_idx, 25, seed=5, epoch=1)
+    seeds = [derive_seed(5, 1, i) for i in range(len(batches))]
+    s = NeighborSampler(dataset.indptr, source, FANOUTS, group_size=group_size)
+    return s.sample_many(batches, seeds)
+
+
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+def test_identical_batches_from_every_source(dataset, tmp_path, index_dtype):
+    indptr = dataset.indptr
+    n = dataset.num_nodes
+    if index_dtype == "int32":
+        indices = dataset.indices
+        path = dataset.file("indices.bin")
+    else:   # a raw int64 file laid out like indices.bin
+        indices = np.asarray(dataset.indices, dtype=np.int64)
+        path = tmp_path / "indices64.bin"
+        raw = np.zeros(-(-indices.nbytes // 4096) * 4096, np.uint8)
+        raw[:indices.nbytes] = indices.view(np.uint8)
+        raw.tofile(path)
+    ref = sample_all(dataset, InMemoryNeighbors(np.asarray(indices)))
+    assert sum(b.num_edges for b in ref) > 1000
+    same = lambda got: all(a.equals(b) for a, b in zip(got, ref)) and len(got) == len(ref)  # noqa: E731
+
+    assert same(sample_all(dataset, indices))                       # memmap, wrapped
+    reader = PreadReader(path)
+    direct = DirectNeighbors(path, indptr, reader=reader, dtype=index_dtype)
+    assert same(sample_all(dataset, direct, group_size=1000))
+    # one batched submission per hop for the whole group
+    assert reader.calls == direct.submissions == len(FANOUTS)
+    small = DirectNeighbors(path, indptr, reader=reader, max_pages=2, dtype=index_dtype)
+    assert same(sample_all(dataset, small))
+    assert small.submissions > len(FANOUTS)
+
+    full = full_cache_bytes(indptr, indices.itemsize)
+    for frac in [0.0, 0.25, 1.0]:
+        cache = build_neighbor_cache(indptr, indices, 8 * n + int(frac * (full - 8 * n)))
+        for fallback in [InMemoryNeighbors(indices),
+                         DirectNeighbors(path, indptr, reader=reader, dtype=index_dtype)]:
+            src = CachedNeighbors(cache, fallback)
+            assert same(sample_all(dataset, src))
+            st = src.stats()
+            if frac == 0.0:
+                assert st["neighbor_cache_hits"] == 0 and st["neighbor_cache_misses"] > 0
+            elif frac == 1.0:
+                assert st["neighbor_cache_misses"] == 0 and st["neighbor_cache_hits"] > 0
+            else:
+                assert st["neighbor_cache_hits"] > 0 and st["neighbor_cache_misses"] > 0
+    reader.close()
+
+
+def test_real_direct_reader(dataset):
+    """O_DIRECT / io_uring (and its fallbacks) give the same batches as memory."""
+    import warnings
+
+    direct_mod = pytest.importorskip("ooc.storage.direct")
+    from ooc.storage import OocError
+
+    ref = sample_all(dataset, InMemoryNeighbors(np.asarray(dataset.indices)))
+    n = dataset.num_nodes
+    path = dataset.file("indices.bin")
+    cache = build_neighbor_cache(dataset.indptr, dataset.indices,
+                                 8 * n + full_cache_bytes(dataset.indptr, 4) // 4)
+    used = []
+    for backend in ["auto", "io_uring", "preadv", "mmap"]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                reader = direct_mod.DirectReader(path, queue_depth=8, backend=backend)
+            except OocError:
+                continue    # that backend is unavailable here
+        used.append(reader.backend)
+        try:
+            for src in [DirectNeighbors(path, dataset.indptr, reader=reader, max_pages=5),
+                        CachedNeighbors(cache, DirectNeighbors(path, dataset.indptr, reader=reader))]:
+                got = sample_all(dataset, src)
+                assert len(got) == len(ref) and all(a.equals(b) for a, b in zip(got, ref))
+        finally:
+            reader.close()
+    assert used, "no direct reader backend could be opened"
+    # the default: DirectNeighbors opens (and closes) its own reader
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        own = DirectNeighbors(path, dataset.indptr)
+    try:
+        assert all(a.equals(b) for a, b in zip(sample_all(dataset, own), ref))
+    finally:
+        own.close()
