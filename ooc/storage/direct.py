@@ -237,6 +237,8 @@ class DirectReader:
 
     @staticmethod
     def _probe(fd: int) -> bool:
+        if not hasattr(os, "preadv"):
+            return True  # cannot probe; read errors surface as OocError later
         buf = aligned_empty(PAGE)
         try:
             return os.preadv(fd, [memoryview(buf)], 0) == PAGE
@@ -404,8 +406,11 @@ class DirectReader:
                     m = min(ready, self._cq_entries - head)  # cqe[j] does not wrap
                     for j in range(m):
                         c = cqe[j]
-                        res = c.res
                         u = c.user_data
+                        try:
+                            res = c.res
+                        except OSError as e:  # the binding raises on a negative res
+                            res = -(e.errno or errno.EIO)
                         if res != lens[u] and err is None:
                             err = self._short(offs[u], lens[u], res)
                         iovs[u] = None
