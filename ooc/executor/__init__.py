@@ -1,0 +1,13 @@
+"""Executor: models, the training loop, checkpoints (and the feature cache, gather, inference)."""
+from .batch import BatchProducer, FeatureSource, MmapFeatureSource, SamplingProducer, to_data
+from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint,
+                         load_model, save_checkpoint)
+from .models import GNN, MODEL_KINDS, build_model
+from .trainer import PIPELINES, TrainConfig, Trainer, baseline_pipeline
+
+__all__ = [
+    "BatchProducer", "CheckpointError", "FeatureSource", "GNN", "MODEL_KINDS",
+    "MmapFeatureSource", "PIPELINES", "SamplingProducer", "TrainConfig", "Trainer",
+    "baseline_pipeline", "build_model", "latest_checkpoint", "list_checkpoints",
+    "load_checkpoint", "load_model", "save_checkpoint", "to_data",
+]

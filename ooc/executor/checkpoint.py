@@ -1,0 +1,189 @@
+"""Training checkpoints: one file per saved epoch, written atomically.
+
+A checkpoint ``DIR/epoch_0003.pt`` is a ``torch.save`` of a plain dict (loads
+with ``weights_only=True``)::
+
+    format: "ooc-checkpoint", version: 1,
+    epoch: 3,                       # the last completed epoch (1-based)
+    model_config: {kind, in_dim, hidden, out_dim, num_layers, dropout, heads},
+    model_state, optimizer_state,
+    rng: {torch, cuda, numpy, python},
+    args: {...},                    # the run's settings (JSON-friendly values)
+    history: [...],                 # per-epoch metrics so far (for the report)
+    extra: {...}
+
+It is written to a temp file beside the target, fsynced and renamed, so a
+crash never leaves a half-written ``epoch_*.pt``.
+"""
+from __future__ import annotations
+
+import io
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..storage.atomic import atomic_file
+from ..storage.errors import OocError
+from .models import GNN, build_model
+
+CHECKPOINT_FORMAT = "ooc-checkpoint"
+CHECKPOINT_VERSION = 1
+_NAME = re.compile(r"^epoch_(\d+)\.pt$")
+
+
+class CheckpointError(OocError):
+    """A checkpoint file or folder is missing, foreign or unusable."""
+
+
+def checkpoint_path(directory: str | os.PathLike, epoch: int) -> Path:
+    return Path(directory) / f"epoch_{int(epoch):04d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(epoch, path)`` of every ``epoch_*.pt`` in ``directory``, oldest first."""
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    found = []
+    for p in d.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path:
+    """The newest checkpoint in ``directory``; :class:`CheckpointError` if none."""
+    found = list_checkpoints(directory)
+    if not found:
+        d = Path(directory)
+        why = "does not exist" if not d.exists() else "has no epoch_*.pt checkpoints"
+        raise CheckpointError(f"{d}: cannot resume, the checkpoint folder {why}")
+    return found[-1][1]
+
+
+def _to_py(value: Any) -> Any:
+    """JSON-like plain values (for ``weights_only`` loading)."""
+    if isinstance(value, dict):
+        return {str(k): _to_py(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_py(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG states (torch, CUDA, numpy, python) as loadable values."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
+                  int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [py_state[0], list(py_state[1]), py_state[2]],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        s = state["numpy"]
+        np.random.set_state((s[0], s[1].numpy().astype(np.uint32), s[2], s[3], s[4]))
+    if "python" in state:
+        s = state["python"]
+        random.setstate((s[0], tuple(s[1]), s[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(directory: str | os.PathLike, epoch: int, model: GNN,
+                    optimizer: torch.optim.Optimizer | None = None,
+                    args: dict[str, Any] | None = None,
+                    history: list[dict[str, Any]] | None = None,
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write ``directory/epoch_{epoch:04d}.pt`` atomically and return its path."""
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "epoch": int(epoch),
+        "model_config": dict(model.config),
+        "model_state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer_state": optimizer.state_dict() if optimizer is not None else None,
+        "rng": rng_state(),
+        "args": _to_py(args or {}),
+        "history": _to_py(history or []),
+        "extra": _to_py(extra or {}),
+    }
+    path = checkpoint_path(directory, epoch)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    try:
+        with atomic_file(path, "wb") as f:
+            f.write(buf.getbuffer())
+    except OSError as e:
+        raise OocError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
+                    ) -> dict[str, Any]:
+    """Load and validate a checkpoint written by :func:`save_checkpoint`.
+
+    Raises:
+        CheckpointError: missing file, not a torch file, or not an ooc checkpoint.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not ours"
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: not an ooc checkpoint ({msg[:200]})") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path}: not an ooc checkpoint (no 'format': "
+                              f"{CHECKPOINT_FORMAT!r} entry)")
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"{path}: unknown checkpoint version {state.get('version')!r} "
+                              f"(this ooc reads version {CHECKPOINT_VERSION})")
+    for key in ("epoch", "model_config", "model_state"):
+        if key not in state:
+            raise CheckpointError(f"{path}: checkpoint lacks {key!r}")
+    return state
+
+
+def model_from_checkpoint(state: dict[str, Any], path: str | os.PathLike = "checkpoint") -> GNN:
+    """Rebuild the model a loaded checkpoint describes and load its weights."""
+    try:
+        model = build_model(**state["model_config"])
+        model.load_state_dict(state["model_state"])
+    except (TypeError, RuntimeError, KeyError) as e:
+        msg = str(e).splitlines()[0]
+        raise CheckpointError(f"{path}: model in checkpoint does not load ({msg[:200]})") from None
+    return model
+
+
+def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> GNN:
+    """The trained model stored in a checkpoint file (or the latest in a folder), in eval mode."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+    state = load_checkpoint(path, map_location=map_location)
+    model = model_from_checkpoint(state, path)
+    model.eval()
+    return model

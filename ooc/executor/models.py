@@ -1,0 +1,171 @@
+"""GNN models built from PyG layers: GraphSAGE, GCN and GAT.
+
+Every model is a :class:`GNN` with one protocol that the training loop and
+the layer-wise inference code both rely on:
+
+* ``forward(x, edge_index, num_sampled_nodes_per_hop=None,
+  num_sampled_edges_per_hop=None)`` runs all layers on a full graph, or on a
+  sampled batch in PyG NeighborLoader layout (nodes and edges ordered by hop),
+  in which case :func:`torch_geometric.utils.trim_to_layer` drops the hops a
+  layer no longer needs. The first ``batch_size`` rows are the seeds' outputs.
+* ``layer(l, x, edge_index, edge_weight=None)`` runs layer ``l`` alone on a
+  local graph; ``forward`` is exactly ``layer(0) .. layer(L-1)`` in sequence.
+
+GCN convolutions are built with ``normalize=False``: :meth:`GNN.layer`
+normalises (``gcn_norm`` with self loops, on the graph it is given) unless the
+caller passes final ``edge_weight`` values, which are then used as they are
+(the edge_index must already contain the self loops). Layer-wise inference
+uses that to apply full-graph degrees.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+from torch_geometric.nn.conv.gcn_conv import gcn_norm
+from torch_geometric.utils import trim_to_layer
+
+from ..storage.errors import OocError
+
+MODEL_KINDS = ("sage", "gcn", "gat")
+
+
+class GNN(torch.nn.Module):
+    """A stack of ``num_layers`` PyG convolutions of one ``kind``.
+
+    Attributes:
+        kind: ``"sage"``, ``"gcn"`` or ``"gat"``.
+        num_layers: number of convolutions.
+        convs: the convolutions, ``convs[l]`` is layer ``l``.
+        config: the construction arguments (saved in checkpoints;
+            ``build_model(**config)`` rebuilds the same architecture).
+        dims: the input width of every layer followed by the output width,
+            ``len(dims) == num_layers + 1``.
+    """
+
+    def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
+                 dropout: float = 0.5, heads: int = 4):
+        super().__init__()
+        if kind not in MODEL_KINDS:
+            raise OocError(f"unknown model {kind!r} (choose one of {', '.join(MODEL_KINDS)})")
+        if num_layers < 1:
+            raise OocError(f"a model needs at least one layer, got num_layers={num_layers}")
+        if min(in_dim, hidden, out_dim) < 1:
+            raise OocError(f"bad model sizes: in_dim={in_dim}, hidden={hidden}, out_dim={out_dim}")
+        if not 0.0 <= dropout < 1.0:
+            raise OocError(f"dropout must be in [0, 1), got {dropout}")
+        if heads < 1:
+            raise OocError(f"heads must be >= 1, got {heads}")
+        self.kind = kind
+        self.num_layers = int(num_layers)
+        self.dropout = float(dropout)
+        self.config: dict[str, Any] = dict(kind=kind, in_dim=int(in_dim), hidden=int(hidden),
+                                           out_dim=int(out_dim), num_layers=int(num_layers),
+                                           dropout=float(dropout), heads=int(heads))
+        self.convs = torch.nn.ModuleList()
+        dims = [int(in_dim)]
+        for layer in range(num_layers):
+            last = layer == num_layers - 1
+            d_in = dims[-1]
+            if kind == "sage":
+                d_out = out_dim if last else hidden
+                conv = SAGEConv(d_in, d_out)
+            elif kind == "gcn":
+                d_out = out_dim if last else hidden
+                conv = GCNConv(d_in, d_out, normalize=False, cached=False, add_self_loops=False)
+            else:  # gat: heads concatenated in hidden layers, one head in the last
+                if last:
+                    conv = GATConv(d_in, out_dim, heads=1, concat=False)
+                    d_out = out_dim
+                else:
+                    per_head = max(1, hidden // heads)
+                    conv = GATConv(d_in, per_head, heads=heads, concat=True)
+                    d_out = per_head * heads
+            self.convs.append(conv)
+            dims.append(d_out)
+        self.dims = dims
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, dims={self.dims}, dropout={self.dropout}"
+
+    def _activation(self, h: Tensor) -> Tensor:
+        return F.elu(h) if self.kind == "gat" else F.relu(h)
+
+    def layer(self, l: int, x: Tensor, edge_index: Tensor,
+              edge_weight: Tensor | None = None) -> Tensor:
+        """Layer ``l`` on a local graph: conv, activation and dropout (training only).
+
+        Args:
+            l: layer number, ``0 <= l < num_layers``.
+            x: [n_local, d_in] input rows of every local node.
+            edge_index: int64 [2, m], local ids, row 0 = source (neighbour),
+                row 1 = target.
+            edge_weight: GCN only. ``None``: normalise as GCNConv does
+                (``gcn_norm`` with self loops, on this graph). Given: final
+                normalised weights for ``edge_index``, which must already
+                contain the self loops; used as they are. Ignored by SAGE and
+                GAT.
+
+        Returns:
+            [n_local, d_out]; no activation after the last layer. Callers
+            keep the rows they need.
+        """
+        conv = self.convs[l]
+        if self.kind == "gcn":
+            if edge_weight is None:
+                edge_index, edge_weight = gcn_norm(edge_index, None, num_nodes=x.size(0),
+                                                   add_self_loops=True, dtype=x.dtype)
+            h = conv(x, edge_index, edge_weight)
+        else:
+            h = conv(x, edge_index)
+        if l < self.num_layers - 1:
+            h = self._activation(h)
+            h = F.dropout(h, p=self.dropout, training=self.training)
+        return h
+
+    def forward(self, x: Tensor, edge_index: Tensor,
+                num_sampled_nodes_per_hop: list[int] | None = None,
+                num_sampled_edges_per_hop: list[int] | None = None) -> Tensor:
+        """All layers on a full graph or a sampled batch.
+
+        With the per-hop counts of a sampled batch (NeighborLoader layout),
+        layer ``l`` runs on the first ``L - l`` hops only (trim_to_layer), so
+        the output has fewer rows than ``x``; the seeds come first either way,
+        and their rows equal those of the untrimmed pass (GCN keeps the
+        degrees of the whole sampled graph for that).
+        """
+        trim = num_sampled_nodes_per_hop is not None and num_sampled_edges_per_hop is not None
+        if not trim:
+            for l in range(self.num_layers):
+                x = self.layer(l, x, edge_index)
+            return x
+        nodes = [int(v) for v in num_sampled_nodes_per_hop]
+        edges = [int(v) for v in num_sampled_edges_per_hop]
+        dinv = None
+        if self.kind == "gcn":
+            # Degrees of the whole sampled graph (+1 self loop), as the untrimmed
+            # forward pass would use them: trimming then changes nothing for the seeds.
+            deg = torch.ones(x.size(0), dtype=x.dtype, device=x.device)
+            deg.scatter_add_(0, edge_index[1], torch.ones(edge_index.size(1), dtype=x.dtype,
+                                                          device=x.device))
+            dinv = deg.pow(-0.5)
+        for l in range(self.num_layers):
+            x, edge_index, _ = trim_to_layer(l, nodes, edges, x, edge_index)
+            if dinv is None:
+                x = self.layer(l, x, edge_index)
+            else:
+                n = x.size(0)
+                loops = torch.arange(n, device=x.device)
+                ei = torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
+                w = torch.cat([dinv[edge_index[0]] * dinv[edge_index[1]], dinv[:n] * dinv[:n]])
+                x = self.layer(l, x, ei, w)
+        return x
+
+
+def build_model(kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
+                dropout: float = 0.5, heads: int = 4) -> GNN:
+    """Build a :class:`GNN` (``kind`` in ``sage``, ``gcn``, ``gat``)."""
+    return GNN(kind, in_dim, hidden, out_dim, num_layers, dropout=dropout, heads=heads)

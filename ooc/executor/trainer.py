@@ -1,0 +1,378 @@
+"""The epoch loop: sample, gather, transfer, compute; evaluation; metrics.
+
+One code path for every mode. A :class:`Trainer` owns the model, the
+optimizer and two pluggable pieces (see :mod:`ooc.executor.batch`): the
+*batch producer* of the training set and the *feature source*. ``baseline``
+mode is :func:`baseline_pipeline`; other modes pass their own pieces.
+
+Determinism: the model is initialised after ``torch.manual_seed(seed)``; the
+batch order and sampled batches of epoch ``e`` come from ``(seed, e)``
+(``epoch_batches``, ``derive_seed``); dropout draws from the torch RNG
+re-seeded from ``(seed, e)`` at the start of every epoch. So epoch ``e`` does
+the same thing whether the run started at epoch 1 or resumed from a
+checkpoint of epoch ``e - 1``.
+"""
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..storage.errors import OocError
+from .batch import MmapFeatureSource, SamplingProducer, to_data
+from .checkpoint import (load_checkpoint, model_from_checkpoint, save_checkpoint,
+                         set_rng_state)
+from .models import GNN, build_model
+
+#: Stages timed in every epoch (seconds); modes may add more.
+STAGES = ("sample", "gather", "transfer", "compute")
+#: Offset of the seed stream used to sample evaluation batches.
+EVAL_SEED_OFFSET = 0x5EED
+
+
+@dataclass
+class TrainConfig:
+    """Settings of a training run (the CLI's options)."""
+
+    model: str = "sage"
+    fanouts: list[int] = field(default_factory=lambda: [10, 10])
+    batch_size: int = 1024
+    eval_batch_size: int | None = None
+    hidden: int = 128
+    dropout: float = 0.5
+    heads: int = 4
+    lr: float = 0.005
+    weight_decay: float = 0.0
+    epochs: int = 3
+    seed: int = 0
+    eval_every: int = 1
+    device: str = "auto"
+    num_threads: int | None = None
+    progress: bool = True
+    mode: str = "baseline"
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.fanouts)
+
+    def validate(self) -> None:
+        if not self.fanouts or any((f == 0 or f < -1) for f in self.fanouts):
+            raise OocError(f"bad fanouts {self.fanouts}: need one per layer, each > 0 or -1 (all)")
+        for name in ("batch_size", "hidden", "epochs", "eval_every", "heads"):
+            if int(getattr(self, name)) < 1:
+                raise OocError(f"--{name.replace('_', '-')} must be >= 1, "
+                               f"got {getattr(self, name)}")
+        if self.eval_batch_size is not None and self.eval_batch_size < 1:
+            raise OocError(f"--eval-batch-size must be >= 1, got {self.eval_batch_size}")
+        if not self.lr > 0:
+            raise OocError(f"--lr must be > 0, got {self.lr}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise OocError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without CUDA is an error."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise OocError("--device cuda: CUDA is not available on this machine (use cpu or auto)")
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise OocError(f"unknown device {device!r} (use auto, cpu or cuda)") from None
+
+
+def epoch_torch_seed(seed: int, epoch: int) -> int:
+    """Seed of the torch RNG (dropout) during epoch ``epoch``."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    x ^= x >> 31
+    return x & ((1 << 63) - 1)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Timers:
+    """Accumulated seconds per stage."""
+
+    def __init__(self, stages=STAGES):
+        self.s: dict[str, float] = {k: 0.0 for k in stages}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str, sync: torch.device | None = None) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if sync is not None and sync.type == "cuda":
+                torch.cuda.synchronize(sync)
+            self.add(stage, time.perf_counter() - t0)
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.s[stage] = self.s.get(stage, 0.0) + seconds
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 6) for k, v in self.s.items()}
+
+
+def baseline_pipeline(dataset, config: TrainConfig):
+    """The ``baseline`` pieces: a sampler over the memmapped CSC, memmap features.
+
+    Returns ``(train_producer, eval_producer_factory, feature_source)`` where
+    ``eval_producer_factory(ids)`` builds a producer over evaluation ids.
+    """
+    from ..inspector.sampler import NeighborSampler
+
+    sampler = NeighborSampler(dataset.indptr, dataset.indices, list(config.fanouts),
+                              num_threads=config.num_threads)
+    train = SamplingProducer(sampler, dataset.train_idx, config.batch_size, config.seed,
+                             shuffle=True)
+    eval_bs = config.eval_batch_size or config.batch_size
+
+    def eval_factory(ids: np.ndarray) -> SamplingProducer:
+        return SamplingProducer(sampler, ids, eval_bs, config.seed + EVAL_SEED_OFFSET,
+                                shuffle=False)
+
+    return train, eval_factory, MmapFeatureSource(dataset.features)
+
+
+PIPELINES: dict[str, Callable] = {"baseline": baseline_pipeline}
+
+
+class Trainer:
+    """Trains a :class:`GNN` on a dataset, one epoch at a time.
+
+    Args:
+        dataset: an opened dataset (:func:`ooc.open_dataset`).
+        config: the run's settings.
+        pipeline: ``(train_producer, eval_producer_factory, feature_source)``;
+            defaults to ``PIPELINES[config.mode](dataset, config)``.
+        log: where one-line messages go (default: ``tqdm.write`` to stdout).
+
+    Typical use::
+
+        t = Trainer(open_dataset(path), TrainConfig(epochs=10))
+        t.fit()                               # or t.train_epoch() in a loop
+        print(t.evaluate(t.dataset.test_idx))
+    """
+
+    def __init__(self, dataset, config: TrainConfig, pipeline=None,
+                 log: Callable[[str], None] | None = None):
+        config.validate()
+        self.dataset = dataset
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.log = log or (lambda msg: tqdm.write(msg, file=sys.stdout))
+        if dataset.num_classes < 1:
+            raise OocError(f"{dataset.path}: dataset has no labels (num_classes is 0)")
+        if len(dataset.train_idx) == 0:
+            raise OocError(f"{dataset.path}: dataset has an empty training split")
+        torch.manual_seed(config.seed)
+        self.model: GNN = build_model(config.model, dataset.feature_dim, config.hidden,
+                                      dataset.num_classes, config.num_layers,
+                                      dropout=config.dropout, heads=config.heads).to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
+                                          weight_decay=config.weight_decay)
+        if pipeline is None:
+            if config.mode not in PIPELINES:
+                raise OocError(f"unknown mode {config.mode!r} "
+                               f"(choose one of {', '.join(PIPELINES)})")
+            pipeline = PIPELINES[config.mode](dataset, config)
+        self.train_producer, self.eval_producer_factory, self.features = pipeline
+        self.labels = dataset.labels
+        self.epoch = 0  # the last completed epoch
+        self.history: list[dict[str, Any]] = []
+        self.timers = Timers()
+        self.nodes_seen = 0
+        self.batches_seen = 0
+
+    # -- one batch -----------------------------------------------------------
+    def _gather(self, batch, rows: np.ndarray | None = None):
+        """Features and seed labels of a sampled batch as a PyG Data (on the CPU)."""
+        ids = np.asarray(batch.node_ids, dtype=np.int64)
+        x = self.features.read(ids) if rows is None else rows
+        y = np.asarray(self.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
+        return to_data(batch, x, y)
+
+    def _forward(self, data) -> torch.Tensor:
+        out = self.model(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
+        return out[:data.batch_size]
+
+    # -- epochs --------------------------------------------------------------
+    def train_epoch(self) -> dict[str, Any]:
+        """Run epoch ``self.epoch + 1``; return (and record) its metrics."""
+        cfg = self.config
+        epoch = self.epoch + 1
+        torch.manual_seed(epoch_torch_seed(cfg.seed, epoch))
+        self.model.train()
+        timers = Timers()
+        producer = self.train_producer
+        loss_sum, correct, count, nodes = 0.0, 0, 0, 0
+        t_start = time.perf_counter()
+        bar = tqdm(total=len(producer), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch",
+                   leave=False, disable=(None if cfg.progress else True), dynamic_ncols=True)
+        it = iter(producer.batches(epoch))
+        wait = 0.0  # time blocked waiting for the producer
+        while True:
+            t0 = time.perf_counter()
+            item = next(it, None)
+            wait += time.perf_counter() - t0
+            if item is None:
+                break
+            batch, rows = item if isinstance(item, tuple) else (item, None)
+            with timers("gather" if rows is None else "convert"):
+                data = self._gather(batch, rows)
+            with timers("transfer", sync=self.device):
+                data = data.to(self.device, non_blocking=True)
+            with timers("compute"):
+                self.optimizer.zero_grad(set_to_none=True)
+                out = self._forward(data)
+                loss = F.cross_entropy(out, data.y, ignore_index=-1)
+                loss.backward()
+                self.optimizer.step()
+                labeled = data.y >= 0
+                n = int(labeled.sum())
+                loss_v = float(loss.item())
+                loss_sum += loss_v * n
+                correct += int((out.argmax(-1)[labeled] == data.y[labeled]).sum())
+                count += n
+            nodes += int(len(batch.node_ids))
+            self.batches_seen += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_v:.4f}", refresh=False)
+        bar.close()
+        stages = dict(producer.stage_times()) if hasattr(producer, "stage_times") else {}
+        for stage, seconds in stages.items():
+            timers.add(stage, seconds)
+        inside = sum(stages.values()) if getattr(producer, "synchronous", False) else 0.0
+        timers.add("stall", max(0.0, wait - inside))
+        train_time = time.perf_counter() - t_start
+        self.nodes_seen += nodes
+        rec: dict[str, Any] = {
+            "epoch": epoch,
+            "loss": loss_sum / max(count, 1),
+            "train_acc": correct / max(count, 1),
+            "time_s": round(train_time, 6),
+            "timers": timers.as_dict(),
+        }
+        for k, v in timers.s.items():
+            self.timers.add(k, v)
+        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+            t0 = time.perf_counter()
+            rec["val_acc"] = self.evaluate(self.dataset.val_idx)
+            rec["eval_time_s"] = round(time.perf_counter() - t0, 6)
+        self.epoch = epoch
+        self.history.append(rec)
+        self.log(self.summary_line(rec))
+        return rec
+
+    def summary_line(self, rec: dict[str, Any]) -> str:
+        t = rec["timers"]
+        parts = [f"epoch {rec['epoch']:>3}/{self.config.epochs}",
+                 f"loss {rec['loss']:.4f}", f"train_acc {rec['train_acc']:.4f}"]
+        if rec.get("val_acc") is not None:
+            parts.append(f"val_acc {rec['val_acc']:.4f}")
+        stages = " ".join(f"{k} {t.get(k, 0.0):.2f}" for k in STAGES)
+        parts.append(f"{rec['time_s']:.2f}s ({stages})")
+        return "  ".join(parts)
+
+    @torch.no_grad()
+    def evaluate(self, ids: np.ndarray) -> float | None:
+        """Accuracy on ``ids`` with sampled neighbourhoods (fixed eval seed); None if empty."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            return None
+        self.model.eval()
+        producer = self.eval_producer_factory(ids)
+        correct, count = 0, 0
+        for item in producer.batches(0):
+            batch, rows = item if isinstance(item, tuple) else (item, None)
+            data = self._gather(batch, rows).to(self.device)
+            pred = self._forward(data).argmax(-1)
+            labeled = data.y >= 0
+            correct += int((pred[labeled] == data.y[labeled]).sum())
+            count += int(labeled.sum())
+        self.model.train()
+        return correct / count if count else None
+
+    def fit(self, epochs: int | None = None, checkpoint_dir: str | Path | None = None,
+            args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Train until epoch ``epochs`` (default ``config.epochs``), checkpointing each epoch."""
+        target = self.config.epochs if epochs is None else int(epochs)
+        while self.epoch < target:
+            self.train_epoch()
+            if checkpoint_dir is not None:
+                self.save(checkpoint_dir, args=args)
+        return self.history
+
+    # -- checkpoints ---------------------------------------------------------
+    def save(self, checkpoint_dir: str | Path, args: dict[str, Any] | None = None) -> Path:
+        """Checkpoint the last completed epoch into ``checkpoint_dir``."""
+        cfg = asdict(self.config)
+        return save_checkpoint(checkpoint_dir, self.epoch, self.model, self.optimizer,
+                               args=args if args is not None else cfg, history=self.history,
+                               extra={"config": cfg, "dataset": str(self.dataset.path),
+                                      "num_nodes": self.dataset.num_nodes})
+
+    def resume(self, path: str | Path) -> dict[str, Any]:
+        """Continue from a checkpoint file: weights, optimizer, epoch, history, RNG."""
+        state = load_checkpoint(path, map_location="cpu")
+        mine = dict(self.model.config)
+        theirs = dict(state["model_config"])
+        if theirs != mine:
+            diff = ", ".join(f"{k}={theirs.get(k)!r} (now {mine.get(k)!r})"
+                             for k in sorted(set(mine) | set(theirs))
+                             if theirs.get(k) != mine.get(k))
+            raise OocError(f"{path}: checkpoint is for a different model or dataset: {diff}")
+        model = model_from_checkpoint(state, path)
+        self.model.load_state_dict(model.state_dict())
+        if state.get("optimizer_state") is not None:
+            try:
+                self.optimizer.load_state_dict(state["optimizer_state"])
+            except (ValueError, KeyError, RuntimeError) as e:
+                raise OocError(f"{path}: optimizer state does not load ({e})") from None
+        self.epoch = int(state["epoch"])
+        self.history = list(state.get("history") or [])
+        if state.get("rng"):
+            set_rng_state(state["rng"])
+        return state
+
+    # -- report --------------------------------------------------------------
+    def report(self, **extra: Any) -> dict[str, Any]:
+        """The JSON-friendly summary of the run so far."""
+        last_val = next((r["val_acc"] for r in reversed(self.history)
+                         if r.get("val_acc") is not None), None)
+        ds = self.dataset
+        avg_nodes = self.nodes_seen / self.batches_seen if self.batches_seen else 0.0
+        rep = {
+            "mode": self.config.mode,
+            "device": str(self.device),
+            "dataset": {"path": str(ds.path), "name": ds.meta.get("name"),
+                        "num_nodes": ds.num_nodes, "num_edges": ds.num_edges,
+                        "feature_dim": ds.feature_dim, "num_classes": ds.num_classes,
+                        "train": int(len(ds.train_idx)), "val": int(len(ds.val_idx)),
+                        "test": int(len(ds.test_idx))},
+            "model": dict(self.model.config),
+            "config": asdict(self.config),
+            "val_acc": last_val,
+            "test_acc": None,
+            "epochs": self.history,
+            "timers": self.timers.as_dict(),
+            "avg_batch_nodes": avg_nodes,
+            "avg_batch_node_fraction": avg_nodes / ds.num_nodes if ds.num_nodes else 0.0,
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
+        rep.update(extra)
+        return rep

@@ -1,0 +1,227 @@
+"""``python -m ooc.train``: train a GNN on an on-disk dataset.
+
+With no ``--data`` it trains on the embedded default: a synthetic power-law
+graph created once in ``$OOC_CACHE/default-v1`` (``~/.cache/ooc/default-v1``
+when ``OOC_CACHE`` is unset).
+
+Examples::
+
+    python -m ooc.train                                   # the embedded default
+    python -m ooc.train --data D --model sage --fanouts 10,10 --epochs 50 --report r.json
+    python -m ooc.train --data D --checkpoint-dir ck --epochs 10
+    python -m ooc.train --checkpoint-dir ck --resume --epochs 20   # continue, same settings
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .cli import add_report_arg, main_wrapper
+from .storage.atomic import write_json
+from .storage.errors import DatasetError, OocError
+
+#: The embedded default dataset (``generate_synthetic`` arguments). Sized so
+#: the default run (generation once, then training) takes about a minute on
+#: two cores; one batch of 1024 seeds with fanouts 10,10 touches a few
+#: percent of its nodes.
+DEFAULT_DATASET = dict(nodes=100_000, avg_degree=10, feature_dim=64, classes=8,
+                       train_fraction=0.1, val_fraction=0.05, seed=0)
+DEFAULT_NAME = "default-v1"
+
+#: Option defaults (``None`` options are derived: ``layers`` from ``fanouts``).
+DEFAULTS: dict[str, Any] = dict(
+    data=None, model="sage", fanouts="10,10", layers=None, batch_size=1024,
+    eval_batch_size=None, hidden=128, heads=4, lr=0.005, weight_decay=0.0, dropout=0.5,
+    epochs=3, seed=0, device="auto", eval_every=1, threads=None, mode="baseline",
+    checkpoint_every=1,
+)
+#: Settings that must not change when resuming (they define the model or the math).
+FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
+                   "lr", "weight_decay")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("OOC_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "ooc"
+
+
+def default_dataset(log=print) -> Path:
+    """The embedded default dataset, created on first use."""
+    from .storage import open_dataset
+
+    path = cache_dir() / DEFAULT_NAME
+    if path.exists():
+        try:
+            open_dataset(path)
+            log(f"ooc.train: using the default dataset in {path}")
+            return path
+        except DatasetError as e:
+            log(f"ooc.train: the default dataset is unusable ({e}); creating it again")
+    from .storage.ingest import generate_synthetic
+
+    log(f"ooc.train: creating the default dataset once in {path} "
+        f"(synthetic power-law graph, {DEFAULT_DATASET['nodes']:,} nodes, "
+        f"average degree {DEFAULT_DATASET['avg_degree']}, "
+        f"{DEFAULT_DATASET['feature_dim']} features, {DEFAULT_DATASET['classes']} classes)")
+    t0 = time.perf_counter()
+    try:
+        generate_synthetic(path, **DEFAULT_DATASET, overwrite=path.exists())
+    except OocError:
+        # another process may have created it meanwhile
+        try:
+            open_dataset(path)
+        except DatasetError:
+            raise
+    log(f"ooc.train: default dataset ready in {time.perf_counter() - t0:.1f}s")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ooc.train",
+        description="Train a GNN (GraphSAGE, GCN, GAT) on an on-disk ooc dataset. "
+                    "Without --data, trains on a small synthetic dataset created once in "
+                    "$OOC_CACHE/default-v1 (default ~/.cache/ooc/default-v1).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS)
+    d = DEFAULTS
+    p.add_argument("--data", metavar="DIR", help="dataset folder (python -m ooc.prepare)")
+    p.add_argument("--mode", choices=["baseline"], help=f"feature/sampling pipeline "
+                   f"(default {d['mode']}; baseline: memmaps and the page cache, no app caches)")
+    p.add_argument("--model", choices=["sage", "gcn", "gat"], help=f"default {d['model']}")
+    p.add_argument("--fanouts", metavar="F1,F2,..",
+                   help=f"neighbours sampled per layer, -1 = all; sets the number of layers "
+                        f"(default {d['fanouts']})")
+    p.add_argument("--layers", type=int, help="number of layers (must match --fanouts; "
+                   "alone, fanouts default to 10 per layer)")
+    p.add_argument("--batch-size", type=int, help=f"seeds per batch (default {d['batch_size']})")
+    p.add_argument("--eval-batch-size", type=int, help="seeds per evaluation batch "
+                   "(default: --batch-size)")
+    p.add_argument("--hidden", type=int, help=f"hidden width (default {d['hidden']})")
+    p.add_argument("--heads", type=int, help=f"GAT attention heads (default {d['heads']})")
+    p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d['lr']})")
+    p.add_argument("--weight-decay", type=float, help="Adam weight decay (default 0)")
+    p.add_argument("--dropout", type=float, help=f"dropout (default {d['dropout']})")
+    p.add_argument("--epochs", type=int, help=f"train until this epoch (default {d['epochs']})")
+    p.add_argument("--seed", type=int, help=f"random seed (default {d['seed']})")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                   help="auto: CUDA when available (default auto)")
+    p.add_argument("--eval-every", type=int,
+                   help="evaluate on the validation split every N epochs (default 1)")
+    p.add_argument("--threads", type=int, help="sampler threads (default: all cores)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="save epoch_NNNN.pt here after every --checkpoint-every epochs")
+    p.add_argument("--checkpoint-every", type=int, help="epochs between checkpoints (default 1)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --checkpoint-dir with its "
+                        "settings (options given here override the others)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_report_arg(p)
+    return p
+
+
+def parse_fanouts(text: str) -> list[int]:
+    try:
+        f = [int(t) for t in str(text).replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise OocError(f"--fanouts {text!r}: expected comma-separated integers, e.g. 10,10") \
+            from None
+    if not f or any(v == 0 or v < -1 for v in f):
+        raise OocError(f"--fanouts {text!r}: need one value per layer, each > 0 or -1 (all)")
+    return f
+
+
+def _settings(given: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, Any]:
+    """Explicit options > the checkpoint's settings (on resume) > defaults."""
+    s = dict(DEFAULTS)
+    if saved:
+        s.update({k: v for k, v in saved.items() if k in DEFAULTS})
+        for k in FIXED_ON_RESUME:
+            if k in given and str(given[k]) != str(saved.get(k)):
+                raise OocError(f"--resume: --{k.replace('_', '-')} {given[k]} differs from the "
+                               f"checkpoint's {saved.get(k)} (resuming needs the same settings)")
+    s.update({k: v for k, v in given.items() if k in DEFAULTS})
+    if "fanouts" not in given and "layers" in given and not saved:
+        s["fanouts"] = ",".join(["10"] * int(given["layers"]))
+    fanouts = parse_fanouts(s["fanouts"])
+    if s.get("layers") is not None and int(s["layers"]) != len(fanouts):
+        raise OocError(f"--layers {s['layers']} does not match --fanouts {s['fanouts']} "
+                       f"({len(fanouts)} layers)")
+    s["fanouts"] = ",".join(str(v) for v in fanouts)
+    s["layers"] = len(fanouts)
+    return s
+
+
+@main_wrapper
+def main(argv: Sequence[str] | None = None) -> int:
+    given = vars(build_parser().parse_args(argv))
+    resume = bool(given.pop("resume", False))
+    progress = not given.pop("no_progress", False)
+    report_path = given.pop("report", None)
+    ckdir = given.pop("checkpoint_dir", None)
+
+    from .executor.checkpoint import latest_checkpoint, load_checkpoint
+
+    saved = None
+    ck_path = None
+    if resume:
+        if ckdir is None:
+            raise OocError("--resume needs --checkpoint-dir DIR")
+        ck_path = latest_checkpoint(ckdir)
+        saved = load_checkpoint(ck_path).get("args") or {}
+    s = _settings(given, saved)
+
+    from .executor.trainer import Trainer, TrainConfig
+    from .storage import open_dataset
+
+    if s["data"] is None:
+        s["data"] = str(default_dataset())
+    dataset = open_dataset(s["data"])
+    config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
+                         batch_size=s["batch_size"], eval_batch_size=s["eval_batch_size"],
+                         hidden=s["hidden"], dropout=s["dropout"], heads=s["heads"], lr=s["lr"],
+                         weight_decay=s["weight_decay"], epochs=s["epochs"], seed=s["seed"],
+                         eval_every=s["eval_every"], device=s["device"],
+                         num_threads=s["threads"], progress=progress, mode=s["mode"])
+    if s["checkpoint_every"] < 1:
+        raise OocError(f"--checkpoint-every must be >= 1, got {s['checkpoint_every']}")
+    t0 = time.perf_counter()
+    trainer = Trainer(dataset, config)
+    if ck_path is not None:
+        trainer.resume(ck_path)
+        print(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
+    print(f"ooc.train: {dataset.path} ({dataset.num_nodes:,} nodes, {dataset.num_edges:,} edges, "
+          f"{dataset.feature_dim} features, {dataset.num_classes} classes, "
+          f"{len(dataset.train_idx):,} training nodes); model {config.model} "
+          f"{trainer.model.dims}, fanouts {s['fanouts']}, batch {config.batch_size}, "
+          f"mode {config.mode}, device {trainer.device}")
+    args = {k: s[k] for k in DEFAULTS}
+    while trainer.epoch < config.epochs:
+        trainer.train_epoch()
+        if ckdir is not None and (trainer.epoch % s["checkpoint_every"] == 0
+                                  or trainer.epoch == config.epochs):
+            trainer.save(ckdir, args=args)
+    val_acc = trainer.evaluate(dataset.val_idx)
+    test_acc = trainer.evaluate(dataset.test_idx)
+    total = time.perf_counter() - t0
+    rep = trainer.report(val_acc=val_acc, test_acc=test_acc, total_time_s=round(total, 3),
+                         resumed_from=str(ck_path) if ck_path else None,
+                         checkpoint_dir=ckdir, argv=list(sys.argv[1:] if argv is None else argv))
+    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+    print(f"ooc.train: done in {total:.1f}s: val_acc {fmt(val_acc)}  test_acc {fmt(test_acc)}  "
+          f"peak RSS {rep['peak_rss_bytes'] / 2**20:.0f} MiB"
+          + (f"  report {report_path}" if report_path else ""))
+    if report_path:
+        try:
+            write_json(report_path, rep)
+        except OSError as e:
+            raise OocError(f"{report_path}: cannot write report ({e.strerror or e})") from None
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
