@@ -1,0 +1,144 @@
+"""Partitioning for multi-worker training: SPRING and streaming baselines.
+
+Library use::
+
+    from ooc.partition import partition, partition_dataset
+    a = partition(open_dataset("data/x"), parts=8, algo="spring")   # Assignment
+    report = partition_dataset("data/x", "parts/x8", parts=8, algo="spring")
+
+Every algorithm reads the dataset's edges as a chunked stream from disk
+(:mod:`ooc.partition.edges`) and returns an :class:`Assignment`: one owning
+partition per node. :func:`partition_dataset` then measures the partition
+(:mod:`ooc.partition.metrics`) and writes one dataset per partition with the
+full in-neighbour list of every owned node (:mod:`ooc.partition.split`).
+
+Output folder of :func:`partition_dataset` (written in a temp folder, renamed
+when complete)::
+
+    out/partition.json   p, algo, params, metrics, parts list
+    out/owner.npy        int32 [N]: the partition that owns each global node
+    out/part_000/ ...    one dataset per partition (+ global_ids.npy)
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..storage import Dataset, OocError, open_dataset
+from ..storage.atomic import atomic_dir, write_json
+from .base import Assignment
+from .baselines import edge_partition
+from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from .metrics import compute_metrics
+from .spring import spring
+
+ALGORITHMS = ("spring", "hash", "greedy", "dbh", "hdrf")
+
+__all__ = ["ALGORITHMS", "Assignment", "EdgeStream", "compute_metrics", "edge_partition",
+           "partition", "partition_dataset", "spring"]
+
+
+def _check(dataset: Dataset, parts: int, algo: str, beta: float) -> None:
+    if algo not in ALGORITHMS:
+        raise OocError(f"unknown algorithm {algo!r} (choose from {', '.join(ALGORITHMS)})")
+    if not isinstance(parts, (int, np.integer)) or parts < 1:
+        raise OocError(f"--parts must be >= 1, got {parts}")
+    if parts > dataset.num_nodes:
+        raise OocError(f"--parts {parts} exceeds the number of nodes ({dataset.num_nodes})")
+    if not beta >= 1.0:
+        raise OocError(f"--beta must be >= 1, got {beta}")
+
+
+def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spring", *,
+              beta: float = 1.05, seed: int = 0, chunk_edges: int = DEFAULT_CHUNK_EDGES,
+              progress: bool = False, **params) -> Assignment:
+    """Assign every node of ``dataset`` to one of ``parts`` partitions.
+
+    ``algo`` is one of :data:`ALGORITHMS`; ``params`` go to :func:`spring`
+    (``tau_vol``, ``tau_factor``, ``tie_break``, ``shuffle``) or to
+    :func:`edge_partition` (``shuffle``, ``lam``, ``eps``).
+    """
+    if not isinstance(dataset, Dataset):
+        dataset = open_dataset(dataset)
+    _check(dataset, parts, algo, beta)
+    if algo == "spring":
+        return spring(dataset, parts, beta=beta, seed=seed, chunk_edges=chunk_edges,
+                      progress=progress, **params)
+    return edge_partition(dataset, parts, algo, seed=seed, chunk_edges=chunk_edges,
+                          progress=progress, **params)
+
+
+def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: int,
+                      algo: str = "spring", *, beta: float = 1.05, seed: int = 0,
+                      overwrite: bool = False, split: bool = True,
+                      chunk_edges: int = DEFAULT_CHUNK_EDGES, progress: bool = False,
+                      **params) -> dict:
+    """Partition ``data`` and write the result to ``out``; returns the report.
+
+    The report holds ``replication_factor``, ``node_balance``,
+    ``edge_balance``, ``edge_cut`` (see :mod:`ooc.partition.metrics`),
+    ``time_s`` (assignment + replication pass, without writing),
+    ``split_time_s``, ``total_time_s`` and ``peak_rss_bytes``. With
+    ``split=False`` only ``partition.json`` and ``owner.npy`` are written.
+    Nothing is left at ``out`` unless everything succeeded.
+    """
+    from ..cli import peak_rss_bytes
+    from .split import write_partition
+
+    t_start = time.perf_counter()
+    dataset = open_dataset(data)
+    _check(dataset, parts, algo, beta)
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise OocError(f"{out}: already exists (pass --overwrite to replace it)")
+    if out.resolve() == dataset.path.resolve() or dataset.path.resolve() in out.resolve().parents:
+        raise OocError(f"{out}: the output folder must not be the dataset folder or inside it")
+    a = partition(dataset, parts, algo, beta=beta, seed=seed, chunk_edges=chunk_edges,
+                  progress=progress, **params)
+    metrics, bits = compute_metrics(dataset, a.owner, parts, chunk_edges, progress,
+                                    return_bits=True)
+    time_s = a.time_s + metrics["metrics_time_s"]
+    t_split = time.perf_counter()
+    parts_list = []
+    try:
+        with atomic_dir(out, overwrite=overwrite) as tmp:
+            np.save(tmp / "owner.npy", a.owner.astype(np.int32))
+            if split:
+                g2l = np.full(dataset.num_nodes, -1, dtype=np.int64)
+                for q in range(parts):
+                    from .split import part_name
+
+                    parts_list.append(write_partition(dataset, a.owner, bits, q, parts,
+                                                      tmp / part_name(q), g2l, algo,
+                                                      chunk_edges, progress))
+            split_time = time.perf_counter() - t_split
+            report = {
+                "data": str(dataset.path), "out": str(out), "algo": algo, "p": parts,
+                "params": {**a.params, **({"beta": beta} if algo == "spring" else {})},
+                "info": a.info,
+                "replication_factor": metrics["replication_factor"],
+                "node_balance": metrics["node_balance"],
+                "node_balance_with_replicas": metrics["node_balance_with_replicas"],
+                "edge_balance": metrics["edge_balance"],
+                "edge_cut": metrics["edge_cut"],
+                "edge_cut_ratio": metrics["edge_cut_ratio"],
+                "num_nodes": metrics["num_nodes"], "num_edges": metrics["num_edges"],
+                "assign_time_s": a.time_s,
+                "metrics_time_s": metrics["metrics_time_s"],
+                "time_s": time_s,
+                "split_time_s": split_time if split else 0.0,
+                "total_time_s": time.perf_counter() - t_start,
+                "peak_rss_bytes": peak_rss_bytes(),
+                "split": split,
+                "parts": parts_list or metrics["partitions"],
+            }
+            write_json(tmp / "partition.json", report)
+    except FileExistsError as e:
+        raise OocError(str(e)) from None
+    except OSError as e:
+        raise OocError(f"{out}: {e.strerror or e} while writing partitions; nothing was written") \
+            from None
+    return report

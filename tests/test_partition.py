@@ -1,0 +1,201 @@
+"""Partitioning: ownership, full in-neighbour replication, feature split,
+metrics computed independently, the two-community split, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ooc.partition import ALGORITHMS, partition, partition_dataset
+from ooc.partition.__main__ import main
+from ooc.storage import csc_from_edges, open_dataset, write_dataset
+
+
+def _check_partitions(src_path: Path, out: Path, report: dict) -> None:
+    """Every invariant of a partition output, checked against the source."""
+    src = open_dataset(src_path)
+    n = src.num_nodes
+    s_indptr, s_indices = src.indptr, np.asarray(src.indices)
+    s_x = src.features.read(np.arange(n))
+    s_y = np.asarray(src.labels)
+    p = report["p"]
+    owner = np.load(out / "owner.npy")
+    assert owner.dtype == np.int32 and owner.shape == (n,)
+    assert owner.min() >= 0 and owner.max() < p
+    meta = json.loads((out / "partition.json").read_text())
+    assert meta["p"] == p and len(meta["parts"]) == p
+    seen = np.zeros(n, dtype=np.int64)
+    total_nodes = 0
+    for q in range(p):
+        d = open_dataset(out / f"part_{q:03d}", verify=True)
+        gids = np.load(d.path / "global_ids.npy")
+        n_own = d.meta["partition"]["num_owned"]
+        assert gids.shape == (d.num_nodes,)
+        assert len(np.unique(gids)) == gids.size
+        owned, reps = gids[:n_own], gids[n_own:]
+        assert np.all(owner[owned] == q)
+        assert np.all(owner[reps] != q)
+        seen[owned] += 1
+        total_nodes += d.num_nodes
+        # full in-neighbour list of every owned node, in source order
+        for v in range(n_own):
+            g = gids[v]
+            local = np.asarray(d.indices[d.indptr[v]:d.indptr[v + 1]])
+            np.testing.assert_array_equal(gids[local], s_indices[s_indptr[g]:s_indptr[g + 1]])
+        # replicas have empty in-lists and are exactly the needed neighbours
+        assert np.all(np.diff(d.indptr)[n_own:] == 0)
+        needed = set()
+        for g in owned:
+            needed.update(s_indices[s_indptr[g]:s_indptr[g + 1]].tolist())
+        assert set(reps.tolist()) == needed - set(owned.tolist())
+        # features and labels; splits restricted to owned nodes
+        np.testing.assert_array_equal(d.features.read(np.arange(d.num_nodes)), s_x[gids])
+        np.testing.assert_array_equal(np.asarray(d.labels)[:n_own], s_y[owned])
+        assert np.all(np.asarray(d.labels)[n_own:] == -1)
+        for name in ("train_idx", "val_idx", "test_idx"):
+            local = getattr(d, name)
+            assert np.all(local < n_own)
+            glob = getattr(src, name)
+            np.testing.assert_array_equal(gids[local], glob[owner[glob] == q])
+    assert np.all(seen == 1), "every node owned by exactly one partition"
+    # replication factor, independently: distinct (node, partition) pairs
+    dst = np.repeat(np.arange(n), np.diff(s_indptr))
+    pairs = np.unique(np.stack([s_indices, owner[dst]]), axis=1)
+    rep_pairs = int(np.count_nonzero(owner[pairs[0]] != pairs[1]))
+    rf = (n + rep_pairs) / n
+    assert report["replication_factor"] == pytest.approx(rf)
+    assert report["replication_factor"] == pytest.approx(total_nodes / n)
+    assert report["edge_cut"] == int(np.count_nonzero(owner[s_indices] != owner[dst]))
+    owned_counts = np.bincount(owner, minlength=p)
+    assert report["node_balance"] == pytest.approx(owned_counts.max() / (n / p))
+    edges = np.bincount(owner[dst], minlength=p)
+    assert report["edge_balance"] == pytest.approx(edges.max() / (src.num_edges / p))
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_all_algorithms_full_replication(small_dataset, tmp_path, algo):
+    path, _ = small_dataset
+    out = tmp_path / f"out_{algo}"
+    report = partition_dataset(path, out, 3, algo, seed=1, chunk_edges=700)
+    assert report["algo"] == algo
+    for key in ("replication_factor", "node_balance", "edge_balance", "edge_cut", "time_s",
+                "peak_rss_bytes"):
+        assert key in report
+    _check_partitions(path, out, report)
+
+
+def _two_communities(tmp_path: Path) -> tuple[Path, int]:
+    """Two dense random communities of 60 nodes, one edge between them (both
+    directions), the bridge between the lowest-degree nodes."""
+    rng = np.random.default_rng(5)
+    m = 60
+    src, dst = [], []
+    for base in (0, m):
+        a = rng.random((m, m)) < 0.3
+        a = np.triu(a, 1)
+        a = a | a.T
+        s, d = np.nonzero(a)
+        src.append(s + base)
+        dst.append(d + base)
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    deg = np.bincount(dst, minlength=2 * m)
+    u = int(np.argmin(deg[:m]))
+    v = m + int(np.argmin(deg[m:]))
+    src = np.concatenate([src, [u, v]])
+    dst = np.concatenate([dst, [v, u]])
+    # shuffle node ids so the communities are not id ranges
+    perm = rng.permutation(2 * m)
+    indptr, indices = csc_from_edges(perm[src], perm[dst], 2 * m)
+    x = rng.standard_normal((2 * m, 4)).astype(np.float32)
+    path = write_dataset(tmp_path / "two", indptr, indices, x)
+    return path, perm
+
+
+def test_spring_splits_two_communities(tmp_path):
+    path, perm = _two_communities(tmp_path)
+    a = partition(path, 2, "spring")
+    comm = np.empty(120, dtype=np.int64)
+    comm[perm] = np.arange(120) // 60
+    side0 = np.unique(a.owner[comm == 0])
+    side1 = np.unique(a.owner[comm == 1])
+    assert side0.size == 1 and side1.size == 1 and side0[0] != side1[0]
+    report = partition_dataset(path, tmp_path / "out", 2, "spring")
+    assert report["edge_cut"] == 2
+    assert report["replication_factor"] == pytest.approx(122 / 120)
+    _check_partitions(path, tmp_path / "out", report)
+
+
+def test_spring_is_deterministic(small_dataset):
+    path, _ = small_dataset
+    a = partition(path, 4, "spring", seed=3)
+    b = partition(path, 4, "spring", seed=3)
+    np.testing.assert_array_equal(a.owner, b.owner)
+    assert np.bincount(a.owner, minlength=4).min() > 0
+
+
+def test_cli_writes_report(small_dataset, tmp_path, capsys):
+    path, _ = small_dataset
+    rep = tmp_path / "r.json"
+    rc = main(["--data", str(path), "--parts", "2", "--algo", "hdrf", "--out",
+               str(tmp_path / "o"), "--report", str(rep), "--quiet"])
+    assert rc == 0
+    r = json.loads(rep.read_text())
+    for key in ("replication_factor", "node_balance", "edge_balance", "edge_cut", "time_s",
+                "peak_rss_bytes"):
+        assert key in r
+    assert json.loads(capsys.readouterr().out)["algo"] == "hdrf"
+    # --no-split writes only the assignment
+    rc = main(["--data", str(path), "--parts", "2", "--out", str(tmp_path / "o2"),
+               "--no-split", "--quiet"])
+    assert rc == 0
+    assert sorted(p.name for p in (tmp_path / "o2").iterdir()) == ["owner.npy", "partition.json"]
+
+
+def _fails(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err and len(err.splitlines()) == 1
+    return err
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--parts", "0"], "--parts"),
+    (["--parts", "-3"], "--parts"),
+    (["--parts", "501"], "exceeds"),
+    (["--parts", "2", "--beta", "0.9"], "--beta"),
+])
+def test_bad_arguments(small_dataset, tmp_path, capsys, extra, needle):
+    path, _ = small_dataset
+    out = tmp_path / "o"
+    err = _fails(["--data", str(path), "--out", str(out), "--quiet", *extra], capsys)
+    assert needle in err
+    assert not out.exists()
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".o")] == []
+
+
+def test_missing_and_invalid_dataset(tmp_path, capsys):
+    out = tmp_path / "o"
+    _fails(["--data", str(tmp_path / "nope"), "--parts", "2", "--out", str(out)], capsys)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{not json")
+    err = _fails(["--data", str(bad), "--parts", "2", "--out", str(out)], capsys)
+    assert "meta.json" in err
+    assert not out.exists()
+
+
+def test_existing_output_refused_unless_overwrite(small_dataset, tmp_path, capsys):
+    path, _ = small_dataset
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    err = _fails(["--data", str(path), "--parts", "2", "--out", str(out), "--quiet"], capsys)
+    assert "exists" in err
+    assert (out / "keep.txt").exists()
+    assert main(["--data", str(path), "--parts", "2", "--out", str(out), "--quiet",
+                 "--overwrite"]) == 0
+    assert not (out / "keep.txt").exists() and (out / "partition.json").exists()
