@@ -1,0 +1,28 @@
+"""Streaming, memory-bounded ingest into dataset format v1.
+
+Each entry point writes through :class:`~ooc.storage.DatasetWriter` (temp
+folder, renamed when complete) and returns the output folder's path:
+
+- :func:`ingest_edgelist` — text/CSV (optionally gzipped), ``.npy`` [2,E] or
+  [E,2], raw int32/int64 pairs; count pass then windowed scatter passes;
+- :func:`ingest_ogb` — an OGB node-property raw folder;
+- :func:`ingest_planetoid` — PyG Planetoid raw files (Cora, CiteSeer, PubMed);
+- :func:`generate_synthetic` — power-law graphs with community structure.
+"""
+from .edgelist import DEFAULT_BUFFER, ingest_edgelist
+from .synthetic import generate_synthetic
+
+
+def ingest_ogb(*args, **kwargs):
+    from .ogb import ingest_ogb as f
+
+    return f(*args, **kwargs)
+
+
+def ingest_planetoid(*args, **kwargs):
+    from .planetoid import ingest_planetoid as f
+
+    return f(*args, **kwargs)
+
+
+__all__ = ["DEFAULT_BUFFER", "generate_synthetic", "ingest_edgelist", "ingest_ogb", "ingest_planetoid"]

@@ -1,0 +1,632 @@
+"""Streaming, memory-bounded conversion of edge lists to dataset format v1.
+
+The edge source is read in chunks, several times:
+
+1. **count pass** — in-degree of every node (O(N) memory), validating ids;
+2. **scatter passes** — the nodes are cut into windows whose CSC segment fits
+   the buffer; for each window the source is read again and the sources of
+   edges ending in the window are scattered into an in-memory segment, every
+   node's neighbour list is sorted (and deduplicated) by a numba kernel and
+   the segment is appended to ``indices.bin`` with ``pwrite``.
+
+Memory is O(N) (degrees and ``indptr``) plus the ``buffer`` (segment + one
+input chunk); the number of passes over the input is ``1 + windows`` where
+``windows ~ E * itemsize / (3/4 * buffer)``. Neighbour lists come out sorted
+by source id. Everything goes through :class:`~ooc.storage.DatasetWriter`, so
+a failed run leaves no folder that ``open_dataset`` accepts.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import OocError
+from ..layout import FeatureLayout, index_dtype, padded_bytes
+from ..writer import DatasetWriter
+from . import _kernels as K
+
+DEFAULT_BUFFER = 512 << 20
+EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
+
+
+def _err(path, problem: str) -> OocError:
+    return OocError(f"{os.fspath(path)}: {problem}")
+
+
+def _progress(total: int | None, desc: str, enabled: bool, unit: str = "B"):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
+                disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def check_out(out, overwrite: bool) -> Path:
+    """Refuse an existing output folder early (before any pass over the input)."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise _err(out, "already exists (pass --overwrite to replace it)")
+    return out
+
+
+def check_input(path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise _err(path, "not found")
+    if not path.is_file():
+        raise _err(path, "not a file")
+    if not os.access(path, os.R_OK):
+        raise _err(path, "not readable (permission denied)")
+    return path
+
+
+# -- .npy files read in chunks without mapping them -----------------------------
+
+class NpyReader:
+    """A ``.npy`` file read in chunks through plain reads (so RSS stays bounded).
+
+    Validates the header and that the file holds all the data the header
+    promises (a truncated file is an error naming it).
+    """
+
+    def __init__(self, path):
+        self.path = check_input(path)
+        try:
+            with open(self.path, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                else:
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                self.offset = f.tell()
+        except (ValueError, OSError, EOFError, SyntaxError) as e:
+            raise _err(self.path, f"not a .npy file or header truncated ({str(e).splitlines()[0]})") from None
+        if dtype.hasobject:
+            raise _err(self.path, "holds Python objects (dtype object); expected a numeric array")
+        self.shape, self.fortran, self.dtype = tuple(shape), bool(fortran), np.dtype(dtype)
+        self.size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        need = self.offset + self.size * self.dtype.itemsize
+        have = self.path.stat().st_size
+        if have < need:
+            raise _err(self.path, f"truncated: {have} bytes, the header promises {need}")
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def read_flat(self, start: int, count: int) -> np.ndarray:
+        """Elements ``start .. start+count`` of the array in file order."""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset + start * self.dtype.itemsize)
+            a = np.fromfile(f, dtype=self.dtype, count=count)
+        if a.size != count:
+            raise _err(self.path, "truncated while reading")
+        return a
+
+    def read_all(self) -> np.ndarray:
+        a = self.read_flat(0, self.size)
+        return a.reshape(self.shape, order="F" if self.fortran else "C")
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """Rows ``a:b`` of a 2-D array, C-contiguous."""
+        n, d = self.shape
+        if not self.fortran:
+            return self.read_flat(a * d, (b - a) * d).reshape(b - a, d)
+        mm = np.load(self.path, mmap_mode="r")
+        return np.ascontiguousarray(mm[a:b])
+
+
+# -- edge sources --------------------------------------------------------------
+
+class EdgeSource:
+    """A re-readable stream of edge chunks ``(src, dst, first_edge, nbytes)``."""
+
+    path: Path | str = "<edges>"
+    nbytes: int | None = None
+
+    def chunks(self, chunk_edges: int, num_nodes: int) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:
+        raise NotImplementedError
+
+    def where(self, edge: int) -> str:
+        return f"edge {edge}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": os.fspath(self.path)}
+
+
+class ArrayEdges(EdgeSource):
+    """Edges from in-memory (or memmapped) arrays."""
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, name: str = "<edges>"):
+        self.src, self.dst, self.path = src, dst, name
+        self.nbytes = int(src.shape[0])
+
+    def chunks(self, chunk_edges, num_nodes):
+        e = self.src.shape[0]
+        for a in range(0, e, chunk_edges):
+            b = min(e, a + chunk_edges)
+            yield (np.ascontiguousarray(self.src[a:b], dtype=np.int64),
+                   np.ascontiguousarray(self.dst[a:b], dtype=np.int64), a, b - a)
+
+
+class BinEdges(EdgeSource):
+    """Raw binary (src, dst) pairs of int32 or int64, native byte order."""
+
+    def __init__(self, path, dtype):
+        self.path = check_input(path)
+        self.dtype = np.dtype(dtype)
+        size = self.path.stat().st_size
+        pair = 2 * self.dtype.itemsize
+        if size % pair:
+            raise _err(self.path, f"size {size} bytes is not a multiple of {pair} "
+                                  f"({self.dtype.name} pairs): truncated or wrong --format")
+        self.num_edges = size // pair
+        self.nbytes = size
+
+    def chunks(self, chunk_edges, num_nodes):
+        with open(self.path, "rb") as f:
+            for a in range(0, self.num_edges, chunk_edges):
+                cnt = min(chunk_edges, self.num_edges - a)
+                pairs = np.fromfile(f, dtype=self.dtype, count=2 * cnt)
+                if pairs.size != 2 * cnt:
+                    raise _err(self.path, "truncated while reading (file changed?)")
+                pairs = pairs.reshape(cnt, 2)
+                yield (pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64), a,
+                       cnt * 2 * self.dtype.itemsize)
+
+    def describe(self):
+        return {"path": str(self.path), "format": f"bin{self.dtype.itemsize * 8}"}
+
+
+class NpyEdges(EdgeSource):
+    """A ``.npy`` integer array of shape [2, E] (PyG ``edge_index``) or [E, 2]."""
+
+    def __init__(self, path):
+        self.r = NpyReader(path)
+        self.path = self.r.path
+        shape = self.r.shape
+        if len(shape) != 2 or 2 not in shape:
+            raise _err(self.path, f"edge array has shape {shape}; expected [2, E] or [E, 2]")
+        if self.r.dtype.kind not in "iu":
+            raise _err(self.path, f"edge array has dtype {self.r.dtype}; expected integers")
+        rows_first = shape[0] == 2  # [2, E], PyG convention (also for [2, 2])
+        self.num_edges = shape[1] if rows_first else shape[0]
+        self.interleaved = rows_first == self.r.fortran
+        self.nbytes = self.r.nbytes
+
+    def chunks(self, chunk_edges, num_nodes):
+        e = self.num_edges
+        for a in range(0, e, chunk_edges):
+            cnt = min(chunk_edges, e - a)
+            if self.interleaved:
+                p = self.r.read_flat(2 * a, 2 * cnt).reshape(cnt, 2)
+                s, d = p[:, 0], p[:, 1]
+            else:
+                s, d = self.r.read_flat(a, cnt), self.r.read_flat(e + a, cnt)
+            yield s.astype(np.int64), d.astype(np.int64), a, 2 * cnt * self.r.dtype.itemsize
+
+    def describe(self):
+        return {"path": str(self.path), "format": "npy"}
+
+
+_TXT_PROBLEMS = {
+    K.TXT_MALFORMED: "malformed line (expected two integer node ids)",
+    K.TXT_NEGATIVE: "negative node id",
+    K.TXT_OVERFLOW: "node id too large",
+    K.TXT_RANGE: "node id out of range",
+}
+
+
+class TextEdges(EdgeSource):
+    """Whitespace- or comma-separated text, one ``src dst`` pair per line;
+    ``#``/``%`` comment lines and blank lines skipped; ``.gz`` read through
+    gzip. ``header=True`` skips the first line."""
+
+    def __init__(self, path, header: bool = False, block_bytes: int = 16 << 20):
+        self.path = check_input(path)
+        self.header = header
+        self.block_bytes = block_bytes
+        self.gz = self.path.suffix == ".gz"
+        self.nbytes = self.path.stat().st_size
+
+    def _open(self):
+        return gzip.open(self.path, "rb") if self.gz else open(self.path, "rb")
+
+    def chunks(self, chunk_edges, num_nodes):
+        block = max(1 << 16, min(self.block_bytes, chunk_edges * 8))
+        line0 = 0  # lines before the current body
+        first_edge = 0
+        carry = b""
+        skip_header = self.header
+        raw_pos = 0
+        try:
+            with open(self.path, "rb") as raw:
+                f = gzip.GzipFile(fileobj=raw, mode="rb") if self.gz else raw
+                while True:
+                    data = f.read(block)
+                    eof = not data
+                    buf = carry + data if carry else data
+                    if not eof:
+                        cut = buf.rfind(b"\n")
+                        if cut < 0:
+                            if len(buf) > (64 << 20):
+                                raise _err(self.path, f"line {line0 + 1}: line longer than 64 MiB")
+                            carry = buf
+                            continue
+                        body, carry = buf[:cut + 1], buf[cut + 1:]
+                    else:
+                        body, carry = buf, b""
+                        if not body:
+                            break
+                    if skip_header:
+                        nl = body.find(b"\n")
+                        body = body[nl + 1:] if nl >= 0 else b""
+                        line0 += 1
+                        skip_header = False
+                    arr = np.frombuffer(body, dtype=np.uint8)
+                    nlines = int(np.count_nonzero(arr == 10))
+                    src = np.empty(nlines + 1, dtype=np.int64)
+                    dst = np.empty(nlines + 1, dtype=np.int64)
+                    ne, _, status, bad, val = K.parse_edges_text(arr, src, dst, num_nodes)
+                    if status != K.TXT_OK:
+                        what = _TXT_PROBLEMS[status]
+                        if status in (K.TXT_NEGATIVE, K.TXT_RANGE):
+                            what += f" {val}" + (f" (num_nodes is {num_nodes})" if status == K.TXT_RANGE else "")
+                        text = _line_text(body, bad)
+                        raise _err(self.path, f"line {line0 + bad + 1}: {what}: {text!r}")
+                    line0 += nlines
+                    pos = raw.tell()
+                    yield src[:ne], dst[:ne], first_edge, pos - raw_pos
+                    raw_pos = pos
+                    first_edge += ne
+                    if eof:
+                        break
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            raise _err(self.path, f"not a valid or a truncated gzip file ({e})") from None
+
+    def describe(self):
+        return {"path": str(self.path), "format": "text" + (".gz" if self.gz else "")}
+
+
+def _line_text(body: bytes, line: int, limit: int = 60) -> str:
+    start = 0
+    for _ in range(line):
+        start = body.find(b"\n", start) + 1
+    end = body.find(b"\n", start)
+    text = body[start:end if end >= 0 else len(body)].decode("utf-8", "replace").rstrip("\r")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _looks_binary(head: bytes) -> bool:
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    allowed = set(b"0123456789 \t\r\n,#%-+.eE") | set(range(32, 127))
+    return any(c not in allowed for c in head)
+
+
+def open_edges(path, fmt: str = "auto", header: bool = False) -> EdgeSource:
+    """The edge source for ``path`` in ``fmt`` (``auto`` sniffs the file)."""
+    path = check_input(path)
+    if fmt not in EDGE_FORMATS:
+        raise OocError(f"unknown edge format {fmt!r} (one of {', '.join(EDGE_FORMATS)})")
+    if fmt == "auto":
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        if head.startswith(b"\x93NUMPY"):
+            fmt = "npy"
+        elif head.startswith(b"\x1f\x8b"):
+            if path.suffix != ".gz":
+                raise _err(path, "is gzip-compressed; name it *.gz to read it as gzipped text")
+            fmt = "text"
+        elif path.suffix in (".npy",):
+            raise _err(path, "not a .npy file (bad magic)")
+        elif _looks_binary(head):
+            raise _err(path, "looks binary and is not .npy; for raw pairs pass --format bin32 or bin64")
+        else:
+            fmt = "text"
+    if fmt == "npy":
+        return NpyEdges(path)
+    if fmt in ("bin32", "bin64"):
+        return BinEdges(path, np.int32 if fmt == "bin32" else np.int64)
+    return TextEdges(path, header=header)
+
+
+# -- the two passes ------------------------------------------------------------
+
+def _chunk_edges(buffer_bytes: int) -> int:
+    return int(max(1 << 14, min(1 << 24, (buffer_bytes // 4) // 32)))
+
+
+def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: bool,
+               buffer_bytes: int = DEFAULT_BUFFER, progress: bool = True) -> np.ndarray:
+    """In-degrees (int64 [N]) after reverse edges / self-loop removal.
+
+    ``num_nodes`` < 0 means max id + 1. Raises OocError naming the source and
+    the first bad edge for ids that are negative or out of range.
+    """
+    known = num_nodes >= 0
+    counts = np.zeros(num_nodes if known else 1 << 16, dtype=np.int64)
+    maxid = -1
+    with _progress(source.nbytes, "count", progress) as bar:
+        for src, dst, first, nb in source.chunks(_chunk_edges(buffer_bytes), num_nodes):
+            bad, mx = K.first_bad_id(src, dst, num_nodes)
+            if bad >= 0:
+                s, d = int(src[bad]), int(dst[bad])
+                v = s if (s < 0 or (known and s >= num_nodes)) else d
+                what = "negative node id" if v < 0 else f"node id out of range [0, {num_nodes})"
+                raise _err(source.path, f"{source.where(first + bad)}: {what}: {v}")
+            if not known and mx >= counts.shape[0]:
+                grown = np.zeros(max(2 * counts.shape[0], int(mx) + 1), dtype=np.int64)
+                grown[:counts.shape[0]] = counts
+                counts = grown
+            maxid = max(maxid, int(mx))
+            K.count_in_degrees(src, dst, counts, undirected, drop_self)
+            bar.update(nb)
+    if not known:
+        counts = counts[:maxid + 1].copy()
+    return counts
+
+
+def _windows(indptr: np.ndarray, cap: int) -> list[tuple[int, int]]:
+    n = indptr.shape[0] - 1
+    out = []
+    lo = 0
+    while lo < n:
+        hi = int(np.searchsorted(indptr, indptr[lo] + cap, side="right")) - 1
+        hi = min(max(hi, lo + 1), n)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _pwrite_all(fd: int, arr: np.ndarray, offset: int) -> None:
+    mv = memoryview(np.ascontiguousarray(arr)).cast("B")
+    step = 64 << 20
+    while len(mv):
+        n = os.pwrite(fd, mv[:step], offset)
+        mv = mv[n:]
+        offset += n
+
+
+def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, undirected: bool,
+                   dedup: bool, drop_self: bool, buffer_bytes: int = DEFAULT_BUFFER,
+                   progress: bool = True) -> dict[str, int]:
+    """Fill ``indptr.npy`` and ``indices.bin`` of ``w`` from ``source``.
+
+    ``counts`` (the count pass's in-degrees) is overwritten with the final
+    degrees. Returns pass statistics.
+    """
+    n = w.num_nodes
+    assert counts.shape == (n,)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    e_alloc = int(indptr[-1])
+    idt = index_dtype(n)
+    w.indices(e_alloc)  # reserve the file (a full disk fails here)
+    path = w.tmp / "indices.bin"
+    cap = max(1, int(buffer_bytes * 3 // 4) // idt.itemsize)
+    windows = _windows(indptr, cap) if e_alloc else []
+    out_pos = 0
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for wi, (lo, hi) in enumerate(windows):
+            base = int(indptr[lo])
+            m = int(indptr[hi]) - base
+            seg = np.empty(m, dtype=idt)
+            cursor = indptr[lo:hi] - base
+            with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress) as bar:
+                for src, dst, _, nb in source.chunks(_chunk_edges(buffer_bytes), n):
+                    K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
+                    bar.update(nb)
+            ptr = indptr[lo:hi + 1] - base
+            if not np.array_equal(cursor, ptr[1:]):
+                raise _err(source.path, "changed between the count pass and the scatter pass")
+            newdeg = np.empty(hi - lo, dtype=np.int64)
+            K.sort_segments(seg, ptr, dedup, newdeg)
+            k = int(K.compact_segments(seg, ptr, newdeg)) if dedup else m
+            _pwrite_all(fd, seg[:k], out_pos * idt.itemsize)
+            out_pos += k
+            counts[lo:hi] = newdeg
+            del seg
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    final = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=final[1:])
+    assert int(final[-1]) == out_pos
+    _finish_indices(w, final, e_alloc)
+    return {"windows": len(windows), "passes": 1 + len(windows), "edges_before_dedup": e_alloc}
+
+
+def _finish_indices(w: DatasetWriter, indptr: np.ndarray, e_alloc: int) -> None:
+    """Write the final ``indptr`` and shrink ``indices.bin`` when dedup removed edges."""
+    e = int(indptr[-1])
+    w.write_indptr(indptr)
+    if e == e_alloc:
+        return
+    # The writer mapped indices.bin at its allocated length; re-map it at the
+    # deduplicated length (DatasetWriter has no public shrink yet).
+    idt = index_dtype(w.num_nodes)
+    w._indices = None
+    path = w.tmp / "indices.bin"
+    os.truncate(path, padded_bytes(e * idt.itemsize))
+    w._indices = np.memmap(path, dtype=idt, mode="r+", shape=(e,)) if e else np.zeros(0, dtype=idt)
+
+
+# -- features, labels, splits --------------------------------------------------
+
+class FeatureSink:
+    """Writes feature rows into ``features.bin`` of a writer with ``pwrite``,
+    page-aligned chunks at a time (no memmap, so RSS stays bounded)."""
+
+    def __init__(self, w: DatasetWriter):
+        self.w = w
+        self.layout = w.layout
+        w.features()  # reserve the file
+        self.path = w.tmp / "features.bin"
+
+    def chunk_rows(self, budget_bytes: int) -> int:
+        """Rows per chunk: a multiple of rows_per_page within ``budget_bytes``."""
+        lay = self.layout
+        if lay.rows_per_page:
+            pages = max(1, budget_bytes // 4096)
+            return pages * lay.rows_per_page
+        return max(1, budget_bytes // (lay.pages_per_row * 4096))
+
+    def write(self, start: int, rows: np.ndarray) -> None:
+        lay = self.layout
+        if lay.rows_per_page and start % lay.rows_per_page:
+            raise ValueError("feature chunks must start at a page boundary")
+        local = FeatureLayout(rows.shape[0], lay.dim, lay.dtype)
+        buf = np.zeros(local.file_bytes, dtype=np.uint8)
+        local.view(buf)[0:rows.shape[0]] = rows
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            _pwrite_all(fd, buf, int(lay.row_offsets(np.array([start]))[0]))
+        finally:
+            os.close(fd)
+
+    def sync(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_features_npy(w: DatasetWriter, reader: NpyReader, buffer_bytes: int, progress: bool) -> None:
+    sink = FeatureSink(w)
+    n = w.num_nodes
+    step = sink.chunk_rows(max(1 << 20, buffer_bytes // 4))
+    with _progress(n, "features", progress, unit="rows") as bar:
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            sink.write(a, reader.rows(a, b))
+            bar.update(b - a)
+    sink.sync()
+
+
+def write_constant_features(w: DatasetWriter, value: float = 1.0) -> None:
+    sink = FeatureSink(w)
+    n = w.num_nodes
+    step = sink.chunk_rows(16 << 20)
+    for a in range(0, n, step):
+        b = min(n, a + step)
+        sink.write(a, np.full((b - a, w.layout.dim), value, dtype=np.float32))
+    sink.sync()
+
+
+def open_features(path, num_nodes: int | None = None) -> NpyReader:
+    r = NpyReader(path)
+    if len(r.shape) != 2:
+        raise _err(r.path, f"features have shape {r.shape}; expected [num_nodes, dim]")
+    if r.dtype.kind not in "fiub":
+        raise _err(r.path, f"features have dtype {r.dtype}; expected numbers")
+    if r.shape[1] < 1:
+        raise _err(r.path, "features have zero columns")
+    if num_nodes is not None and r.shape[0] != num_nodes:
+        raise _err(r.path, f"features have {r.shape[0]} rows, the graph has {num_nodes} nodes")
+    return r
+
+
+def load_labels(path, num_nodes: int) -> tuple[np.ndarray, int]:
+    """Labels int64 [N] (-1 unlabeled; NaN in a float file means unlabeled)."""
+    r = NpyReader(path)
+    a = r.read_all()
+    if a.ndim == 2 and a.shape[1] == 1:
+        a = a[:, 0]
+    if a.ndim != 1:
+        raise _err(r.path, f"labels have shape {r.shape}; expected [{num_nodes}]")
+    if a.shape[0] != num_nodes:
+        raise _err(r.path, f"labels have {a.shape[0]} entries, the graph has {num_nodes} nodes")
+    if a.dtype.kind == "f":
+        bad = ~np.isnan(a) & (a != np.round(a))
+        if bad.any():
+            raise _err(r.path, f"label {a[bad][0]} at node {int(np.argmax(bad))} is not an integer")
+        a = np.where(np.isnan(a), -1, a)
+    elif a.dtype.kind not in "iub":
+        raise _err(r.path, f"labels have dtype {a.dtype}; expected integers")
+    a = a.astype(np.int64)
+    if a.size and a.min() < -1:
+        raise _err(r.path, f"label {a.min()} at node {int(np.argmin(a))} is below -1")
+    return a, int(a.max() + 1) if a.size else 0
+
+
+def load_split(path, num_nodes: int) -> np.ndarray:
+    """Node ids (int64) from a ``.npy`` of ids or a boolean mask of length N."""
+    r = NpyReader(path)
+    a = r.read_all()
+    if a.dtype == np.bool_:
+        if a.shape != (num_nodes,):
+            raise _err(r.path, f"boolean mask has shape {a.shape}; expected ({num_nodes},)")
+        return np.flatnonzero(a).astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise _err(r.path, f"split has dtype {a.dtype}; expected integer node ids or a boolean mask")
+    a = a.reshape(-1).astype(np.int64)
+    if a.size and (a.min() < 0 or a.max() >= num_nodes):
+        v = int(a.min()) if a.min() < 0 else int(a.max())
+        raise _err(r.path, f"node id {v} out of range [0, {num_nodes})")
+    return a
+
+
+# -- the public entry point ----------------------------------------------------
+
+def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
+                    num_nodes: int | None = None, undirected: bool = False, dedup: bool = False,
+                    remove_self_loops: bool = False, features=None, feature_dtype: str | None = None,
+                    labels=None, train_idx=None, val_idx=None, test_idx=None,
+                    name: str = "", buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False,
+                    progress: bool = True, stats: dict | None = None) -> Path:
+    """Convert an edge list (text/CSV, ``.npy`` [2,E] or [E,2], raw int32/int64
+    pairs) to a dataset folder at ``out`` and return its path.
+
+    The node count is ``num_nodes``, else the features' row count, else the
+    labels' length, else max id + 1. Without ``features`` every node gets one
+    feature of value 1.0. Labels/splits are ``.npy`` files (splits: ids or
+    boolean masks). Memory: O(N) plus ``buffer_bytes``.
+    """
+    t0 = time.perf_counter()
+    out = check_out(out, overwrite)
+    source = open_edges(edges, fmt, header)
+    feat = open_features(features) if features is not None else None
+    if labels is not None:
+        check_input(labels)
+    for p in (train_idx, val_idx, test_idx):
+        if p is not None:
+            check_input(p)
+    n_hint = num_nodes if num_nodes is not None else (feat.shape[0] if feat is not None else -1)
+    if n_hint < 0 and labels is not None:
+        lr = NpyReader(labels)
+        n_hint = lr.shape[0] if lr.shape else -1
+    counts = count_pass(source, int(n_hint), undirected, remove_self_loops, buffer_bytes, progress)
+    n = counts.shape[0]
+    if feat is not None:
+        open_features(features, n)
+    lab = load_labels(labels, n) if labels is not None else None
+    splits = [load_split(p, n) if p is not None else np.zeros(0, np.int64)
+              for p in (train_idx, val_idx, test_idx)]
+    if feature_dtype is None:
+        feature_dtype = "float16" if feat is not None and feat.dtype == np.float16 else "float32"
+    dim = feat.shape[1] if feat is not None else 1
+    meta_src = {"kind": "edgelist", **source.describe(), "undirected_added": undirected,
+                "dedup": dedup, "self_loops_removed": remove_self_loops,
+                "features": str(features) if features is not None else "constant 1.0"}
+    with DatasetWriter(out, n, dim, feature_dtype, name=name, directed=not undirected,
+                       overwrite=overwrite, source=meta_src) as w:
+        st = scatter_passes(w, source, counts, undirected, dedup, remove_self_loops,
+                            buffer_bytes, progress)
+        if feat is not None:
+            write_features_npy(w, feat, buffer_bytes, progress)
+        else:
+            write_constant_features(w)
+        if lab is not None:
+            w.write_labels(*lab)
+        w.write_splits(*splits)
+        st.update(num_nodes=n, num_edges=w.num_edges)
+    if stats is not None:
+        stats.update(st, time_s=time.perf_counter() - t0)
+    return out
