@@ -111,8 +111,7 @@ def extract_rows(buf, ids, slot, rows_per_page, row_bytes, out):
         start = slot[i] * PAGE
         if rows_per_page > 0:
             start += (ids[i] % rows_per_page) * row_bytes
-        for b in range(row_bytes):
-            out[i, b] = buf[start + b]
+        out[i, :] = buf[start:start + row_bytes]
 
 
 @nb.njit(cache=True, nogil=True)
