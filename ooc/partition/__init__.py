@@ -29,7 +29,7 @@ import numpy as np
 
 from ..storage import Dataset, OocError, open_dataset
 from ..storage.atomic import atomic_dir, write_json
-from .base import Assignment
+from .base import Assignment, peak_rss_bytes, warm_up
 from .baselines import edge_partition
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 from .metrics import compute_metrics
@@ -64,11 +64,15 @@ def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spr
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
     _check(dataset, parts, algo, beta)
+    jit = warm_up(algo, dataset.index_dtype)
     if algo == "spring":
-        return spring(dataset, parts, beta=beta, seed=seed, chunk_edges=chunk_edges,
-                      progress=progress, **params)
-    return edge_partition(dataset, parts, algo, seed=seed, chunk_edges=chunk_edges,
-                          progress=progress, **params)
+        a = spring(dataset, parts, beta=beta, seed=seed, chunk_edges=chunk_edges,
+                   progress=progress, **params)
+    else:
+        a = edge_partition(dataset, parts, algo, seed=seed, chunk_edges=chunk_edges,
+                           progress=progress, **params)
+    a.info["jit_warmup_s"] = jit
+    return a
 
 
 def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: int,
@@ -81,12 +85,12 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     The report holds ``replication_factor``, ``node_balance``,
     ``edge_balance``, ``edge_cut`` (see :mod:`ooc.partition.metrics`),
     ``time_s`` (assignment + replication pass, without writing),
-    ``split_time_s``, ``total_time_s`` and ``peak_rss_bytes``. With
+    ``split_time_s``, ``total_time_s`` and ``peak_rss_bytes`` (``VmHWM`` of
+    this process, whatever it did before). With
     ``split=False`` only ``partition.json`` and ``owner.npy`` are written.
     Nothing is left at ``out`` unless everything succeeded.
     """
-    from ..cli import peak_rss_bytes
-    from .split import write_partition
+    from .split import part_name, write_partition
 
     t_start = time.perf_counter()
     dataset = open_dataset(data)
@@ -109,8 +113,6 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
             if split:
                 g2l = np.full(dataset.num_nodes, -1, dtype=np.int64)
                 for q in range(parts):
-                    from .split import part_name
-
                     parts_list.append(write_partition(dataset, a.owner, bits, q, parts,
                                                       tmp / part_name(q), g2l, algo,
                                                       chunk_edges, progress))

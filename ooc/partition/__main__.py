@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from ..cli import add_report_arg, format_size, main_wrapper
+from .base import peak_rss_bytes
 from ..storage.atomic import write_json
 from . import ALGORITHMS, partition_dataset
 from .edges import DEFAULT_CHUNK_EDGES
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    rss0 = peak_rss_bytes()
     params: dict = {}
     if args.algo == "spring":
         for key in ("tau_factor", "tau_vol", "tie_break"):
@@ -69,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                seed=args.seed, overwrite=args.overwrite,
                                split=not args.no_split, chunk_edges=args.chunk_edges,
                                progress=not args.quiet and sys.stderr.isatty(), **params)
+    report["rss_baseline_bytes"] = rss0
     if args.report:
         write_json(args.report, report)
     summary = {k: report[k] for k in ("algo", "p", "replication_factor", "node_balance",

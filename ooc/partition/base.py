@@ -47,3 +47,68 @@ def progress_bar(total: int, desc: str, enabled: bool) -> Iterator:
     with tqdm(total=total, desc=desc, unit="edge", unit_scale=True, leave=False,
               mininterval=0.5) as bar:
         yield bar
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (``VmHWM``), in bytes.
+
+    ``VmHWM`` belongs to the current address space, so it starts afresh at
+    ``exec``; ``ru_maxrss`` does not (a child started by a large parent
+    reports the parent's peak). Falls back to ``ru_maxrss`` off Linux.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def warm_up(algo: str, index_dtype) -> float:
+    """Load (or compile) the numba kernels ``algo`` uses on tiny inputs.
+
+    Returns the seconds spent. Run before the timed part, so ``time_s``
+    measures the algorithm rather than the JIT start-up (about a second per
+    process, reported separately as ``jit_warmup_s``).
+    """
+    import time
+
+    import numpy as np
+
+    from . import _kernels as K
+
+    t0 = time.perf_counter()
+    idt = np.dtype(index_dtype)
+    indptr = np.array([0, 1, 2], dtype=np.int64)
+    src = np.array([1, 0], dtype=idt)
+    deg = np.zeros(2, dtype=np.int64)
+    K.add_out_degrees(deg, src)
+    owner = np.zeros(2, dtype=np.int32)
+    bits = np.zeros((2, 1), dtype=np.uint64)
+    cut = np.zeros(1, dtype=np.int64)
+    el = np.zeros(1, dtype=np.int64)
+    K.replica_chunk(indptr, 0, 0, src, owner, bits, cut, el)
+    K.replica_counts(bits, 1)
+    if algo == "spring":
+        from ._spring_kernels import cluster_chunk, merge_and_assign
+
+        c = np.zeros(2, dtype=np.int32)
+        vol = np.zeros(3, dtype=np.int64)
+        rich = np.full(2, -1, dtype=np.int32)
+        k = np.ones(1, dtype=np.int64)
+        cluster_chunk(indptr, 0, 0, src, deg, c, vol, rich, k, 1.0)
+        merge_and_assign(c, int(k[0]), deg, rich, np.zeros(2, dtype=np.int64), 2.0, 1)
+    else:
+        from ._baseline_kernels import edge_chunk
+
+        cand = np.full(2, -1, dtype=np.int32)
+        cnt = np.zeros(2, dtype=np.int32)
+        edge_chunk(0, indptr, 0, 0, src, 1, 0, deg, np.zeros(1, dtype=np.int64), bits,
+                   np.zeros(1, dtype=np.int64), cand, cnt, cand.copy(), cnt.copy(), 1.0, 1.0)
+        K.finish_owner(cand, cand, 0, 1)
+        K.popcount_total(bits)
+    return time.perf_counter() - t0
