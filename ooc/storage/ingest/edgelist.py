@@ -125,6 +125,7 @@ class EdgeSource:
 
     path: Path | str = "<edges>"
     nbytes: int | None = None
+    unit = "B"  # what ``nbytes`` (progress total) counts
 
     def chunks(self, chunk_edges: int, num_nodes: int) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:
         raise NotImplementedError
@@ -351,7 +352,7 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
     known = num_nodes >= 0
     counts = np.zeros(num_nodes if known else 1 << 16, dtype=np.int64)
     maxid = -1
-    with _progress(source.nbytes, "count", progress) as bar:
+    with _progress(source.nbytes, "count", progress, source.unit) as bar:
         for src, dst, first, nb in source.chunks(_chunk_edges(buffer_bytes), num_nodes):
             bad, mx = K.first_bad_id(src, dst, num_nodes)
             if bad >= 0:
@@ -418,7 +419,8 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             m = int(indptr[hi]) - base
             seg = np.empty(m, dtype=idt)
             cursor = indptr[lo:hi] - base
-            with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress) as bar:
+            with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
+                           source.unit) as bar:
                 for src, dst, _, nb in source.chunks(_chunk_edges(buffer_bytes), n):
                     K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
                     bar.update(nb)

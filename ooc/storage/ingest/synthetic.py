@@ -43,6 +43,8 @@ RMAT = (0.45, 0.22, 0.22)
 class SyntheticEdges(EdgeSource):
     """The generated edge stream, re-creatable chunk by chunk."""
 
+    unit = "edges"
+
     def __init__(self, nodes: int, num_edges: int, classes: int, p_in: float, seed: int,
                  rmat=RMAT):
         self.path = "<synthetic>"

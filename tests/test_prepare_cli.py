@@ -1,0 +1,100 @@
+"""python -m ooc.prepare: help, report, exit code 2 with one line on bad input."""
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ooc.prepare import main
+from ooc.storage import open_dataset
+from ooc.storage import writer as writer_mod
+
+REPO = Path(__file__).resolve().parents[1]
+CORA = REPO.parent / "shared" / "data" / "planetoid"
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "ooc.prepare", *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_help(capsys):
+    r = _run("--help")
+    assert r.returncode == 0 and "edgelist" in r.stdout and "synthetic" in r.stdout
+    for sub in ("edgelist", "ogb", "planetoid", "synthetic"):
+        with pytest.raises(SystemExit) as ei:
+            main([sub, "--help"])
+        out = capsys.readouterr().out
+        assert ei.value.code == 0 and "--out" in out and "--report" in out
+
+
+def test_synthetic_report_subprocess(tmp_path):
+    r = _run("synthetic", "--nodes", 2000, "--avg-degree", 6, "--feature-dim", 8, "--classes", 4,
+             "--out", tmp_path / "g", "--report", tmp_path / "r.json", "--buffer", "64MiB")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert set(rep) >= {"num_nodes", "num_edges", "time_s", "peak_rss_bytes", "out"}
+    ds = open_dataset(rep["out"])
+    assert rep["num_nodes"] == ds.num_nodes == 2000 and rep["num_edges"] == ds.num_edges
+    assert rep["peak_rss_bytes"] > 0
+    # existing output: refused with exit 2 and one line
+    r = _run("synthetic", "--nodes", 2000, "--out", tmp_path / "g")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("ooc: ") and "already exists" in r.stderr
+
+
+def _main_fails(capsys, argv):
+    with pytest.raises(SystemExit) as ei:
+        main([str(a) for a in argv])
+    assert ei.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ooc: ")
+    return err[-1]
+
+
+def test_edgelist_cli(tmp_path, capsys):
+    p = tmp_path / "e.txt"
+    p.write_text("0 1\n1 2\n2 0\n2 0\n")
+    assert main(["edgelist", str(p), "--out", str(tmp_path / "d"), "--undirected", "--dedup",
+                 "--no-progress", "--report", str(tmp_path / "r.json")]) == 0
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["num_nodes"] == 3 and rep["num_edges"] == 6
+    p.write_text("0 1\n1 two\n")
+    assert "e.txt: line 2: malformed" in _main_fails(capsys, ["edgelist", p, "--out", tmp_path / "x",
+                                                               "--no-progress"])
+    assert "missing.txt: not found" in _main_fails(capsys, ["edgelist", tmp_path / "missing.txt",
+                                                             "--out", tmp_path / "x"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_full_disk_cli(tmp_path, capsys, monkeypatch):
+    p = tmp_path / "e.npy"
+    np.save(p, np.array([[0, 1, 2], [1, 2, 0]]))
+
+    def enospc(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(writer_mod, "allocate", enospc)
+    msg = _main_fails(capsys, ["edgelist", p, "--out", tmp_path / "d", "--no-progress"])
+    assert "disk full" in msg
+    assert not (tmp_path / "d").exists()
+    assert list(tmp_path.iterdir()) == [p]
+
+
+def test_bad_size_and_planetoid_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(["synthetic", "--out", str(tmp_path / "d"), "--buffer", "lots"])
+    assert ei.value.code == 2  # argparse's own exit code for bad arguments
+    msg = _main_fails(capsys, ["planetoid", "--root", tmp_path, "--name", "Cora", "--out", tmp_path / "d"])
+    assert "ind.cora.x: not found" in msg
+
+
+@pytest.mark.skipif(not (CORA / "Cora" / "raw").is_dir(), reason="no Cora raw files")
+def test_planetoid_cli(tmp_path):
+    assert main(["planetoid", "--root", str(CORA), "--name", "Cora", "--out", str(tmp_path / "cora"),
+                 "--report", str(tmp_path / "r.json")]) == 0
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["num_nodes"] == 2708 and rep["num_edges"] == 10556
