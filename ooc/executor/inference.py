@@ -361,6 +361,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         acc = _predictions(dataset, group, f"h{num_layers}", perm_a, chunk_rows, num_chunks)
         report["predict_s"] = time.perf_counter() - t0
         report.update(acc)
+    if reader_name == "direct":
+        reader.close()
     state["complete"] = True
     write_json(pfile, state)
     report["peak_rss_bytes"] = peak.peak
@@ -372,6 +374,38 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     miss = sum(x["cache"]["misses"] for x in done if x.get("cache"))
     report["cache_hit_ratio"] = hits / (hits + miss) if hits + miss else None
     return report
+
+
+def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, cached: bool,
+                cache_chunks: int | None = None) -> tuple[int, int, int, int]:
+    """Split what ``budget`` leaves above ``rss`` for one layer.
+
+    Returns ``(cache_chunks, work_bytes, node_bytes, edge_bytes)``: half of the
+    free memory (after two output chunk buffers and :data:`SAFETY_BYTES`) goes
+    to the previous-layer chunk cache, the rest to one block's working set,
+    whose size is estimated per local node and per edge (x rows, torch copies,
+    messages, the int64 edge index).
+    """
+    out_chunk_bytes = chunk_rows * d_out * 4
+    in_chunk_bytes = chunk_rows * d_in * 4
+    avail = budget - rss - 2 * out_chunk_bytes - SAFETY_BYTES
+    if avail <= 0:
+        raise OocError(f"memory budget {budget / MiB:.0f} MiB is too small: the process already "
+                       f"holds {rss / MiB:.0f} MiB and an output chunk needs "
+                       f"{out_chunk_bytes / MiB:.1f} MiB (raise --memory-budget or lower --chunk-rows)")
+    if not cached:
+        cap = 0
+    elif cache_chunks is not None:
+        cap = int(cache_chunks)
+    else:
+        cap = int(avail * 0.5) // max(in_chunk_bytes, 1)
+    work = max(avail - cap * in_chunk_bytes, avail // 4)
+    if cached:  # a chunk read on a miss that is not kept
+        work -= in_chunk_bytes
+    work = max(work, 1 * MiB)
+    node_bytes = 4 * (3 * d_in + 4 * d_out) + 64
+    edge_bytes = 96 + 4 * 3 * (d_in + d_out)
+    return cap, work, node_bytes, edge_bytes
 
 
 def _probe_out_dim(model, l: int, d_in: int, gcn: bool) -> int:
@@ -396,25 +430,10 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
 
     # ---- memory: output buffer, cache, block working set ----
     rss0 = _rss()
-    out_chunk_bytes = min(chunk_rows, max(n, 1)) * d_out * 4
-    in_chunk_bytes = min(chunk_rows, max(n, 1)) * d_in * 4
-    avail = budget - rss0 - 2 * out_chunk_bytes - SAFETY_BYTES
-    if avail <= 0:
-        raise OocError(f"memory budget {budget / MiB:.0f} MiB is too small: the process already "
-                       f"holds {rss0 / MiB:.0f} MiB and an output chunk needs "
-                       f"{out_chunk_bytes / MiB:.1f} MiB (raise --memory-budget or lower --chunk-rows)")
-    if prev is None:
-        cap = 0
-    elif cache_chunks is not None:
-        cap = int(cache_chunks)
-    else:
-        cap = int(avail * 0.5) // max(in_chunk_bytes, 1)
-    work = max(avail - cap * in_chunk_bytes, avail // 4)
-    # transient copies: a chunk read on a miss, the torch input and output
-    work -= 0 if prev is None else in_chunk_bytes
-    work = max(work, 1 * MiB)
-    node_bytes = 4 * (3 * d_in + 4 * d_out) + 64
-    edge_bytes = 96 + 4 * 3 * (d_in + d_out)
+    rows = min(chunk_rows, max(n, 1))
+    cap, work, node_bytes, edge_bytes = plan_memory(budget, rss0, rows, d_in, d_out,
+                                                     prev is not None, cache_chunks)
+    in_chunk_bytes = rows * d_in * 4
     max_targets = int(block_rows or chunk_rows)
 
     t0 = time.perf_counter()
@@ -478,8 +497,11 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
             x = np.empty((nodes.shape[0], d_in), dtype=np.float32)
             if prev is None:
                 o = np.argsort(nodes)
+                st = getattr(reader, "stats", None)
+                before = st.bytes_read if st is not None else 0
                 x[o] = reader.read(nodes[o])
-                bytes_read += nodes.shape[0] * dataset.layout.row_bytes
+                bytes_read += (st.bytes_read - before if st is not None
+                               else nodes.shape[0] * dataset.layout.row_bytes)
             else:
                 rows = rowof[nodes]
                 o = np.argsort(rows)

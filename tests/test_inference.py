@@ -1,0 +1,252 @@
+"""Layer-wise inference equals the in-memory full-graph forward pass."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ooc.executor.chunk_cache import ChunkCache, simulate
+from ooc.executor.inference import (SAFETY_BYTES, compute_order, layerwise_inference,
+                                    plan_memory, read_embeddings)
+from ooc.executor.models import build_model
+from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
+
+CORA_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
+TOL = 1e-4
+
+
+def _edge_index(indptr: np.ndarray, indices: np.ndarray) -> torch.Tensor:
+    dst = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
+    return torch.from_numpy(np.stack([np.asarray(indices, dtype=np.int64), dst]))
+
+
+def _reference(model, x: np.ndarray, indptr, indices) -> list[np.ndarray]:
+    """Every layer's output of the in-memory full-graph pass (eval mode)."""
+    model.eval()
+    outs = []
+    with torch.no_grad():
+        h = torch.from_numpy(np.asarray(x, dtype=np.float32))
+        ei = _edge_index(indptr, indices)
+        for l in range(model.num_layers):
+            h = model.layer(l, h, ei)
+            outs.append(h.numpy().copy())
+        full = model(torch.from_numpy(np.asarray(x, dtype=np.float32)), ei).numpy()
+    assert np.abs(full - outs[-1]).max() < 1e-5  # forward == layer(0..L-1)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """A 2,000-node skewed random graph with self loops and duplicate edges."""
+    rng = np.random.default_rng(7)
+    n, e, d = 2000, 16000, 24
+    src = (rng.pareto(1.5, e) * 50).astype(np.int64) % n   # skewed out-degrees
+    dst = rng.integers(0, n, e)
+    src[:40] = dst[:40]                                      # self loops
+    src[40:80], dst[40:80] = src[80:120], dst[80:120]        # duplicates
+    indptr, indices = csc_from_edges(src, dst, n)
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    y = rng.integers(0, 5, n)
+    path = write_dataset(tmp_path_factory.mktemp("synth") / "ds", indptr, indices, x, labels=y,
+                         num_classes=5, train_idx=np.arange(0, 1000),
+                         val_idx=np.arange(1000, 1500), test_idx=np.arange(1500, 2000))
+    return open_dataset(path), x
+
+
+def _cora_arrays(tmp: Path):
+    from torch_geometric.datasets import Planetoid
+
+    root = tmp / "planetoid"
+    shutil.copytree(CORA_RAW, root / "Cora" / "raw")
+    data = Planetoid(str(root), "Cora")[0]
+    n = data.num_nodes
+    ei = data.edge_index.numpy()
+    indptr, indices = csc_from_edges(ei[0], ei[1], n)
+    return dict(indptr=indptr, indices=indices, features=data.x.numpy(), labels=data.y.numpy(),
+                train_idx=np.flatnonzero(data.train_mask.numpy()),
+                val_idx=np.flatnonzero(data.val_mask.numpy()),
+                test_idx=np.flatnonzero(data.test_mask.numpy()))
+
+
+@pytest.fixture(scope="module")
+def cora(tmp_path_factory):
+    if not CORA_RAW.is_dir():
+        pytest.skip("Cora raw files not available")
+    tmp = tmp_path_factory.mktemp("cora")
+    a = _cora_arrays(tmp)
+    path = write_dataset(tmp / "cora", num_classes=7, **a)
+    return open_dataset(path), a["features"]
+
+
+def _check(ds, x, model, out, **kw):
+    ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
+    rep = layerwise_inference(ds, model, out, **kw)
+    for l, r in enumerate(ref):
+        h = read_embeddings(out, f"h{l + 1}")
+        assert h.shape == r.shape
+        assert np.abs(h - r).max() < TOL, f"layer {l + 1}: {np.abs(h - r).max()}"
+    return rep, ref
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+def test_synthetic_matches_full_forward(synth, tmp_path, kind):
+    ds, x = synth
+    torch.manual_seed(0)
+    model = build_model(kind, x.shape[1], 32, 5, num_layers=3)
+    rep, ref = _check(ds, x, model, tmp_path / "out.zarr", chunk_rows=128, block_rows=50,
+                      cache_chunks=3)
+    assert rep["num_chunks"] == 16
+    later = [la for la in rep["layers"] if la["layer"] > 1]
+    assert all(la["cache"]["evictions"] + la["cache"]["bypasses"] > 0 for la in later)
+    assert all(la["blocks"] > rep["num_chunks"] for la in rep["layers"])
+    # predictions and accuracy
+    pred = read_embeddings(tmp_path / "out.zarr", "pred")
+    np.testing.assert_array_equal(pred, ref[-1].argmax(1))
+    labels = np.asarray(ds.labels)
+    expect = float((ref[-1].argmax(1)[ds.test_idx] == labels[ds.test_idx]).mean())
+    assert rep["test_accuracy"] == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn"])
+def test_cora_matches_full_forward_with_budget(cora, tmp_path, kind):
+    ds, x = cora
+    torch.manual_seed(1)
+    model = build_model(kind, x.shape[1], 16, 7, num_layers=2)
+    rep, _ = _check(ds, x, model, tmp_path / "cora.zarr", chunk_rows=256, block_rows=64,
+                    cache_chunks=2, memory_budget="3GiB")
+    assert rep["num_chunks"] == 11
+    assert rep["layers"][1]["cache"]["misses"] > rep["layers"][1]["cache"]["capacity_chunks"]
+    assert rep["within_budget"]
+    assert 0.0 <= rep["test_accuracy"] <= 1.0
+
+
+def test_plan_memory_splits_the_budget():
+    mib = 1 << 20
+    cap, work, nb, eb = plan_memory(600 * mib, 400 * mib, 1000, 64, 32, True)
+    free = 600 * mib - 400 * mib - 2 * 1000 * 32 * 4 - SAFETY_BYTES
+    assert cap == int(free * 0.5) // (1000 * 64 * 4)
+    assert cap * 1000 * 64 * 4 + work <= free
+    assert plan_memory(600 * mib, 400 * mib, 1000, 64, 32, False)[0] == 0
+    assert plan_memory(600 * mib, 400 * mib, 1000, 64, 32, True, cache_chunks=3)[0] == 3
+    with pytest.raises(OocError, match="too small"):
+        plan_memory(400 * mib, 390 * mib, 1000, 64, 32, True)
+
+
+def test_sized_from_budget_stays_within_it(synth, tmp_path):
+    """Without explicit sizes a tight budget gives small blocks and a bounded cache."""
+    import psutil
+
+    ds, x = synth
+    torch.manual_seed(2)
+    model = build_model("sage", x.shape[1], 512, 5, num_layers=3)
+    ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
+    budget = psutil.Process().memory_info().rss + 96 * (1 << 20)
+    out = tmp_path / "b.zarr"
+    rep = layerwise_inference(ds, model, out, chunk_rows=128, memory_budget=budget)
+    assert np.abs(read_embeddings(out, "h3") - ref[-1]).max() < TOL
+    la = rep["layers"][1]
+    assert la["cache"]["capacity_chunks"] >= 1
+    assert la["work_bytes"] < 64 * (1 << 20)
+    assert rep["within_budget"], (rep["peak_rss_bytes"], budget)
+    with pytest.raises(OocError, match="too small"):
+        layerwise_inference(ds, model, tmp_path / "c.zarr", memory_budget="64MiB")
+
+
+@pytest.mark.parametrize("order", ["degree", "pds", "lru", "fifo"])
+def test_orders_and_policies_agree(synth, tmp_path, order):
+    ds, x = synth
+    torch.manual_seed(3)
+    model = build_model("gcn", x.shape[1], 16, 5, num_layers=2)
+    kw = dict(chunk_rows=200, block_rows=64, cache_chunks=2)
+    if order == "pds":
+        kw["order"] = np.random.default_rng(0).integers(0, 4, ds.num_nodes)
+    elif order == "degree":
+        kw["order"] = "degree"
+    else:
+        kw["policy"] = order
+    rep, _ = _check(ds, x, model, tmp_path / "o.zarr", **kw)
+    if order in ("degree", "pds"):
+        assert rep["order"] == order
+        import zarr
+
+        assert "row_of_node" in zarr.open_group(str(tmp_path / "o.zarr"), mode="r")
+    else:
+        assert rep["layers"][1]["cache"]["policy"] == order
+
+
+def test_pds_order_is_partition_then_degree(synth):
+    ds, _ = synth
+    owner = np.random.default_rng(1).integers(0, 3, ds.num_nodes)
+    perm, name = compute_order(ds, "auto", partition=owner)
+    assert name == "pds"
+    deg = ds.in_degrees()[perm]
+    assert np.all(np.diff(owner[perm]) >= 0)
+    for p in range(3):
+        d = deg[owner[perm] == p]
+        assert np.all(np.diff(d) <= 0)
+    assert compute_order(ds, "auto")[1] == "natural"
+    with pytest.raises(OocError, match="partitioning"):
+        compute_order(ds, "pds")
+
+
+def test_resume_after_crash_gives_same_arrays(synth, tmp_path):
+    ds, x = synth
+    torch.manual_seed(4)
+    model = build_model("gcn", x.shape[1], 16, 5, num_layers=3)
+    kw = dict(chunk_rows=128, block_rows=40, cache_chunks=3)
+    full = tmp_path / "full.zarr"
+    layerwise_inference(ds, model, full, **kw)
+
+    class Crash(Exception):
+        pass
+
+    def crash_at(layer, chunk):
+        def hook(l, c):
+            if l == layer and c == chunk:
+                raise Crash
+        return hook
+
+    out = tmp_path / "crash.zarr"
+    with pytest.raises(Crash):
+        layerwise_inference(ds, model, out, on_chunk=crash_at(1, 5), **kw)
+    prog = json.loads((out / "progress.json").read_text())
+    assert prog["layers_done"] == 1 and prog["chunks_done"] == 6
+    seen = []
+    rep = layerwise_inference(ds, model, out, on_chunk=lambda l, c: seen.append((l, c)), **kw)
+    assert rep["resumed"] and rep["resumed_chunks"] == 16 + 6
+    assert seen[0] == (1, 6) and len(seen) == 10 + 16
+    for name in ("h1", "h2", "h3", "pred"):
+        np.testing.assert_array_equal(read_embeddings(out, name), read_embeddings(full, name))
+    # a finished run resumes to a no-op
+    rep = layerwise_inference(ds, model, out, **kw)
+    assert rep["resumed_chunks"] == 48
+    # another model does not resume someone else's output
+    other = build_model("gcn", x.shape[1], 16, 5, num_layers=3)
+    with pytest.raises(OocError, match="already exists"):
+        layerwise_inference(ds, other, out, **kw)
+    layerwise_inference(ds, other, out, overwrite=True, **kw)
+
+
+def test_belady_beats_lru_and_fifo():
+    rng = np.random.default_rng(0)
+    seq = np.concatenate([rng.integers(0, 20, 400), np.tile(np.arange(12), 30)])
+    res = {p: simulate(seq, 6, p, num_keys=20) for p in ("belady", "lru", "fifo")}
+    assert res["belady"]["hits"] >= res["lru"]["hits"]
+    assert res["belady"]["hits"] >= res["fifo"]["hits"]
+    assert res["belady"]["hits"] > res["lru"]["hits"]  # LRU thrashes on the cyclic part
+    # textbook example, 3 frames: OPT 9 faults, LRU 12, FIFO 15; bypassing a
+    # chunk used later than everything resident saves one more
+    s = np.array([7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1])
+    assert simulate(s, 3, "belady")["misses"] == 8
+    assert simulate(s, 3, "lru")["misses"] == 12
+    assert simulate(s, 3, "fifo")["misses"] == 15
+    loads = []
+    c = ChunkCache(2, "belady", sequence=np.array([1, 2, 1, 3, 1]), loader=lambda k: loads.append(k) or k)
+    assert [c.get(k) for k in (1, 2, 1, 3, 1)] == [1, 2, 1, 3, 1]
+    assert loads == [1, 2, 3]
+    with pytest.raises(RuntimeError):
+        c.get(5)
