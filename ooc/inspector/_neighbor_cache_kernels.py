@@ -82,3 +82,10 @@ def fill_cache(nodes, addr, indptr, indices, cache_array):
 def out_degrees(indices, num_nodes, start, stop, deg):
     for e in range(start, stop):
         deg[indices[e]] += 1
+
+
+@nb.njit(parallel=True, cache=True)
+def mark_pages(edge_pos, per_page, mark):
+    """mark[p] = 1 for every page p holding a wanted position (benign races)."""
+    for e in prange(edge_pos.shape[0]):
+        mark[edge_pos[e] // per_page] = 1

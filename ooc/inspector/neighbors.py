@@ -111,6 +111,8 @@ class CachedNeighbors(NeighborSource):
                                        self.cache.address_table, self.cache.cache_array, out, miss)
         self.hits += int(hits)
         self.misses += int(misses)
+        if misses and not hits:
+            return self.fallback.gather(req)
         if misses:
             which = np.flatnonzero(miss).astype(np.int64)
             sub, sel = req.subset(which)
@@ -175,8 +177,9 @@ class DirectNeighbors(NeighborSource):
         if req.size == 0:
             return out
         per_page = PAGE // self.dtype.itemsize
-        page_of = req.edge_pos // per_page
-        pages = np.unique(page_of)
+        mark = np.zeros(-(-self.num_edges // per_page), dtype=np.uint8)
+        NK.mark_pages(req.edge_pos, per_page, mark)
+        pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
         for a in range(0, pages.shape[0], self.max_pages):
             chunk = pages[a:a + self.max_pages]
             buf = self._buffer(chunk.shape[0])
