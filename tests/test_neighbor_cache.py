@@ -186,3 +186,22 @@ def test_real_direct_reader(dataset):
         assert all(a.equals(b) for a, b in zip(sample_all(dataset, own), ref))
     finally:
         own.close()
+
+
+def test_open_neighbor_source(dataset):
+    import warnings
+
+    from ooc.inspector import open_neighbor_source
+
+    pytest.importorskip("ooc.storage.direct")
+    ref = sample_all(dataset, open_neighbor_source(dataset, direct=False))
+    budget = 8 * dataset.num_nodes + 5000
+    for cb in [None, budget]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            src = open_neighbor_source(dataset, cache_bytes=cb)
+        try:
+            assert all(a.equals(b) for a, b in zip(sample_all(dataset, src), ref))
+        finally:
+            src.close()
+    assert (dataset.path / "neighbor_cache" / str(budget) / "meta.json").exists()

@@ -24,7 +24,7 @@ from . import _neighbor_cache_kernels as NK
 from . import _sampler_kernels as K
 
 __all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors", "CachedNeighbors",
-           "DirectNeighbors"]
+           "DirectNeighbors", "open_neighbor_source"]
 
 PAGE = 4096
 
@@ -199,6 +199,30 @@ class DirectNeighbors(NeighborSource):
             if close is not None:
                 close()
             self.reader = None
+
+
+def open_neighbor_source(dataset, cache_bytes: int | None = None, direct: bool = True,
+                         queue_depth: int = 64) -> NeighborSource:
+    """The neighbour source for an :class:`ooc.storage.Dataset`.
+
+    ``direct=False``: the ``indices.bin`` memmap. Otherwise O_DIRECT reads of
+    ``indices.bin`` behind the neighbor cache of ``cache_bytes`` (loaded from
+    ``<dataset>/neighbor_cache/<cache_bytes>/``, built and saved there the
+    first time); no cache when ``cache_bytes`` is None or 0. Close it when done.
+    """
+    if not direct:
+        return InMemoryNeighbors(dataset.indices)
+    from ooc.storage.direct import DirectReader
+
+    from .neighbor_cache import load_or_build_neighbor_cache
+
+    reader = DirectReader(dataset.file("indices.bin"), queue_depth=queue_depth)
+    src = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
+                          dtype=dataset.index_dtype)
+    src._own = True
+    if cache_bytes:
+        return CachedNeighbors(load_or_build_neighbor_cache(dataset, int(cache_bytes)), src)
+    return src
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:
