@@ -2,6 +2,7 @@
 from .batch import BatchProducer, FeatureSource, MmapFeatureSource, SamplingProducer, to_data
 from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint,
                          load_model, save_checkpoint)
+from .inference import layerwise_inference, read_embeddings
 from .models import GNN, MODEL_KINDS, build_model
 from .trainer import PIPELINES, TrainConfig, Trainer, baseline_pipeline
 
@@ -9,5 +10,6 @@ __all__ = [
     "BatchProducer", "CheckpointError", "FeatureSource", "GNN", "MODEL_KINDS",
     "MmapFeatureSource", "PIPELINES", "SamplingProducer", "TrainConfig", "Trainer",
     "baseline_pipeline", "build_model", "latest_checkpoint", "list_checkpoints",
-    "load_checkpoint", "load_model", "save_checkpoint", "to_data",
+    "layerwise_inference", "load_checkpoint", "load_model", "read_embeddings",
+    "save_checkpoint", "to_data",
 ]

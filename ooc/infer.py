@@ -1,0 +1,93 @@
+"""``python -m ooc.infer``: layer-wise full-graph inference, out of core.
+
+    python -m ooc.infer --data DIR --checkpoint PATH --out OUT.zarr \\
+        --memory-budget 2GiB --report r.json [--chunk-rows 32768] [--order auto]
+
+Computes ``h1`` .. ``hL`` (``hL`` = model output) and ``pred`` for every node
+of the dataset into the Zarr group ``--out``, layer by layer from full
+in-neighbourhoods (see :mod:`ooc.executor.inference`). Re-running the same
+command after a crash resumes from the chunks already written. The report
+holds per-layer timings, bytes read, the previous-layer cache hit ratio, peak
+RSS and, when the dataset has labels, train/val/test accuracy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .cli import add_report_arg, format_size, main_wrapper, parse_size, peak_rss_bytes
+from .storage.atomic import write_json
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ooc.infer", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, type=Path, help="dataset folder")
+    p.add_argument("--checkpoint", required=True, type=Path,
+                   help="checkpoint file written by ooc.train (or its folder: the latest)")
+    p.add_argument("--out", required=True, type=Path, help="output Zarr group folder")
+    p.add_argument("--memory-budget", type=parse_size, default=parse_size("2GiB"), metavar="SIZE",
+                   help="peak memory of the whole process, e.g. 1GiB (default 2GiB)")
+    p.add_argument("--chunk-rows", type=int, default=32768, help="rows per Zarr chunk (default 32768)")
+    p.add_argument("--block-rows", type=int, default=None,
+                   help="at most this many targets per block (default: from the budget)")
+    p.add_argument("--order", default="auto", choices=["auto", "natural", "pds", "degree"],
+                   help="processing order: pds = partition then degree (needs --partition or "
+                        "owner.npy in the dataset), natural = node id, degree; auto = pds when a "
+                        "partitioning exists, else natural")
+    p.add_argument("--partition", type=Path, default=None,
+                   help="owner.npy (node -> partition) from python -m ooc.partition, for pds")
+    p.add_argument("--policy", default="belady", choices=["belady", "lru", "fifo"],
+                   help="previous-layer chunk cache policy (default belady)")
+    p.add_argument("--features", default="auto", choices=["auto", "direct", "mmap"],
+                   help="layer-0 feature reader (default: O_DIRECT when available)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out when it holds another run (same run: resumed)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_report_arg(p)
+    return p
+
+
+@main_wrapper
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    from .executor.checkpoint import load_model
+    from .executor.inference import layerwise_inference
+    from .storage import OocError, open_dataset
+
+    if args.chunk_rows < 1:
+        raise OocError(f"--chunk-rows must be >= 1, got {args.chunk_rows}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ds = open_dataset(args.data)
+    model = load_model(args.checkpoint)
+    in_dim = getattr(model, "config", {}).get("in_dim")
+    if in_dim is not None and in_dim != ds.feature_dim:
+        raise OocError(f"{args.checkpoint}: model expects {in_dim}-dim features, "
+                       f"{args.data} has {ds.feature_dim}")
+    rep = layerwise_inference(ds, model, args.out, memory_budget=args.memory_budget,
+                              chunk_rows=args.chunk_rows, order=args.order,
+                              partition=args.partition, policy=args.policy,
+                              features=args.features, block_rows=args.block_rows,
+                              overwrite=args.overwrite, progress=not args.no_progress)
+    rep["checkpoint"] = str(args.checkpoint)
+    rep["ru_maxrss_bytes"] = peak_rss_bytes()
+    if args.report:
+        write_json(args.report, rep)
+    acc = rep.get("test_accuracy")
+    hit = rep.get("cache_hit_ratio")
+    print(f"ooc.infer: {rep['num_nodes']} nodes, {rep['num_layers']} layers -> {args.out} "
+          f"in {rep['time_s']:.1f}s, read {format_size(rep['bytes_read'])}, "
+          f"cache hit {'-' if hit is None else f'{hit:.1%}'}, "
+          f"peak RSS {format_size(rep['peak_rss_bytes'])} of {format_size(args.memory_budget)}"
+          + ("" if acc is None else f", test acc {acc:.4f}"), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
