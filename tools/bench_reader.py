@@ -106,8 +106,11 @@ def bench_fio(path: Path, qd: int, seconds: float) -> dict | None:
         print(f"fio failed: {res.stderr.strip()[:200]}", file=sys.stderr)
         return None
     j = json.loads(res.stdout[res.stdout.index("{"):])
-    rd = j["jobs"][0]["read"]
-    return {"iops": rd["iops"], "mb_per_s": rd["bw_bytes"] / 1e6, "cmd": " ".join(cmd)}
+    job = j["jobs"][0]
+    rd = job["read"]
+    cpu_s = (job.get("usr_cpu", 0) + job.get("sys_cpu", 0)) / 100 * job.get("job_runtime", 0) / 1e3
+    return {"iops": rd["iops"], "mb_per_s": rd["bw_bytes"] / 1e6,
+            "cpu_us_per_op": cpu_s / max(1, rd["total_ios"]) * 1e6, "cmd": " ".join(cmd)}
 
 
 def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
@@ -176,6 +179,7 @@ def main(argv=None) -> int:
                 r = bench_reader(args.file, b, qd, args.seconds, args.batch,
                                  args.seed + 1000 * rep + qd)
                 r["fio_iops"] = fio["iops"] if fio else None
+                r["fio_cpu_us_per_op"] = fio["cpu_us_per_op"] if fio else None
                 r["ratio_vs_fio"] = r["iops"] / fio["iops"] if fio else None
                 runs[b].append(r)
                 print(f"qd={qd:4d} {b:9s} {r['iops']:10.0f} IOPS"
@@ -186,11 +190,13 @@ def main(argv=None) -> int:
             med = {k: float(np.median([r[k] for r in rs]))
                    for k in ("iops", "pages_per_s", "mb_per_s", "cpu_us_per_op", "cpu_util")}
             fio_l = [r["fio_iops"] for r in rs if r["fio_iops"]]
+            fcpu = [r["fio_cpu_us_per_op"] for r in rs if r["fio_cpu_us_per_op"]]
             rat_l = [r["ratio_vs_fio"] for r in rs if r["ratio_vs_fio"]]
             rows.append({"backend": rs[0]["backend"], "queue_depth": qd,
                          "o_direct": rs[0]["o_direct"], **med,
                          "fio_iops": float(np.median(fio_l)) if fio_l else None,
                          "ratio_vs_fio": float(np.median(rat_l)) if rat_l else None,
+                         "fio_cpu_us_per_op": float(np.median(fcpu)) if fcpu else None,
                          "runs": rs})
     feats = []
     for qd in depths:
@@ -203,13 +209,15 @@ def main(argv=None) -> int:
     print(f"\n4 KiB random reads, {args.file} ({size >> 20} MiB), batches of {args.batch} "
           f"random pages, page cache dropped before each run; medians of {args.repeat} "
           f"interleaved rounds of {args.seconds:g} s (ratio: median of per-round ratios)\n")
-    print("| backend | QD | IOPS | MB/s | fio IOPS | ours/fio | CPU µs/op | CPU util |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| backend | QD | IOPS | MB/s | fio IOPS | ours/fio | CPU µs/op | fio CPU µs/op "
+          "| CPU util |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         fio_s = f"{r['fio_iops']:.0f}" if r["fio_iops"] else "-"
         rat = f"{r['ratio_vs_fio']:.2f}" if r["ratio_vs_fio"] else "-"
         print(f"| {r['backend']} | {r['queue_depth']} | {r['iops']:.0f} | {r['mb_per_s']:.1f} "
-              f"| {fio_s} | {rat} | {r['cpu_us_per_op']:.1f} | {r['cpu_util']:.0%} |")
+              f"| {fio_s} | {rat} | {r['cpu_us_per_op']:.1f} | "
+              f"{r['fio_cpu_us_per_op'] or float('nan'):.1f} | {r['cpu_util']:.0%} |")
     print(f"\nDirectFeatures.read, batches of {args.feature_rows} random rows, "
           f"dim {args.feature_dim} float32\n")
     print("| backend | QD | rows/s | row MB/s | read IOPS | disk MB/s | ms/batch |")
