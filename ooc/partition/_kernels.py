@@ -20,6 +20,16 @@ def add_out_degrees(deg, src):
 
 
 @nb.njit(**_NB)
+def expand_dst(indptr, a, first_dst, out):
+    """Destinations of CSC positions ``a .. a+len(out)`` into ``out``."""
+    dst = first_dst
+    for i in range(out.shape[0]):
+        while indptr[dst + 1] <= a + i:
+            dst += 1
+        out[i] = dst
+
+
+@nb.njit(**_NB)
 def mix64(x):
     """splitmix64 finaliser: a good 64-bit hash of an integer."""
     x = np.uint64(x)

@@ -94,14 +94,15 @@ def warm_up(algo: str, index_dtype) -> float:
     K.replica_chunk(indptr, 0, 0, src, owner, bits, cut, el)
     K.replica_counts(bits, 1)
     if algo == "spring":
-        from ._spring_kernels import cluster_chunk, merge_and_assign
+        from ._spring_kernels import cluster_edges, merge_and_assign, new_state
 
-        c = np.zeros(2, dtype=np.int32)
+        st = new_state(deg)
         vol = np.zeros(3, dtype=np.int64)
-        rich = np.full(2, -1, dtype=np.int32)
         k = np.ones(1, dtype=np.int64)
-        cluster_chunk(indptr, 0, 0, src, deg, c, vol, rich, k, 1.0)
-        merge_and_assign(c, int(k[0]), deg, rich, np.zeros(2, dtype=np.int64), 2.0, 1)
+        d = np.empty(2, dtype=idt)
+        K.expand_dst(indptr, 0, 0, d)
+        cluster_edges(src, d, st, vol, k, 1.0)
+        merge_and_assign(st, int(k[0]), np.zeros(2, dtype=np.int64), 2.0, 1)
     else:
         from ._baseline_kernels import edge_chunk
 

@@ -44,8 +44,9 @@ Choices the paper leaves open (all parameters of :func:`spring`):
   directions update clusters and richest neighbours (Alg. 1 treats edges as
   undirected).
 
-Memory: ``O(|V|)`` (degrees, clusters, volumes, richest neighbours, a few
-per-cluster arrays) plus one chunk of edges. Time ``O(|E| + |V| log |V|)``.
+Memory: ``O(|V|)``: a packed per-node record (degree, cluster, richest
+neighbour and its degree: 32 bytes), cluster volumes, a few per-cluster
+arrays, plus one chunk of edges (and its destinations). Time ``O(|E| + |V| log |V|)``.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ import time
 import numpy as np
 
 from ..storage import Dataset
-from ._spring_kernels import cluster_chunk, merge_and_assign
+from ._kernels import expand_dst
+from ._spring_kernels import cluster_edges, merge_and_assign, new_state
 from .base import Assignment, progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 
@@ -79,13 +81,16 @@ def spring(dataset: Dataset, parts: int, *, beta: float = 1.05,
     with progress_bar(e, "spring: degrees", progress) as bar:
         deg = stream.degrees(bar)
     tau = float(tau_vol) if tau_vol is not None else tau_factor * e / parts
-    c = np.zeros(n, dtype=np.int32)
+    st = new_state(deg)
+    del deg
     vol = np.zeros(n + 1, dtype=np.int64)
-    rich = np.full(n, -1, dtype=np.int32)
     k = np.ones(1, dtype=np.int64)
+    dst = np.empty(min(chunk_edges, max(e, 1)), dtype=stream.dtype)
     with progress_bar(e, "spring: clustering", progress) as bar:
         for ch in stream:
-            cluster_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, deg, c, vol, rich, k, tau)
+            d = dst[: ch.b - ch.a]
+            expand_dst(stream.indptr, ch.a, ch.first_dst, d)
+            cluster_edges(ch.src, d, st, vol, k, tau)
             bar.update(ch.b - ch.a)
     del vol
     if tie_break == "id":
@@ -93,7 +98,7 @@ def spring(dataset: Dataset, parts: int, *, beta: float = 1.05,
     else:
         prio = np.random.default_rng(seed).permutation(n).astype(np.int64)
     cap = beta * n / parts
-    owner, n_clusters, n_merged = merge_and_assign(c, int(k[0]), deg, rich, prio, cap, parts)
+    owner, n_clusters, n_merged = merge_and_assign(st, int(k[0]), prio, cap, parts)
     return Assignment(owner=owner, algo="spring", time_s=time.perf_counter() - t0,
                       params=dict(beta=beta, tau_vol=tau, tau_factor=tau_factor,
                                   tie_break=tie_break, shuffle=shuffle, seed=seed,
