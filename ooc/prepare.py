@@ -14,7 +14,6 @@ with code 2 and a one-line reason on bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path

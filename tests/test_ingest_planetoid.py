@@ -17,7 +17,7 @@ needs_cora = pytest.mark.skipif(not CORA_RAW.is_dir(), reason=f"{CORA_RAW} not p
 
 @needs_cora
 def test_cora_identical_to_pyg(tmp_path):
-    torch_geometric = pytest.importorskip("torch_geometric")
+    pytest.importorskip("torch_geometric")
     from torch_geometric.datasets import Planetoid
 
     copy = tmp_path / "pyg"

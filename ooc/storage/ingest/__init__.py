@@ -10,19 +10,9 @@ folder, renamed when complete) and returns the output folder's path:
 - :func:`generate_synthetic` — power-law graphs with community structure.
 """
 from .edgelist import DEFAULT_BUFFER, ingest_edgelist
+from .ogb import ingest_ogb
+from .planetoid import ingest_planetoid  # imports torch_geometric only when called
 from .synthetic import generate_synthetic
-
-
-def ingest_ogb(*args, **kwargs):
-    from .ogb import ingest_ogb as f
-
-    return f(*args, **kwargs)
-
-
-def ingest_planetoid(*args, **kwargs):
-    from .planetoid import ingest_planetoid as f
-
-    return f(*args, **kwargs)
 
 
 __all__ = ["DEFAULT_BUFFER", "generate_synthetic", "ingest_edgelist", "ingest_ogb", "ingest_planetoid"]

@@ -22,7 +22,6 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import OocError
 from ..writer import DatasetWriter
 from . import _kernels as K
 from .edgelist import (DEFAULT_BUFFER, FeatureSink, TextEdges, _err, _progress, check_input,
