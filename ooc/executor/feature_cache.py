@@ -52,6 +52,8 @@ class FeatureCache:
         self._num_free = self.capacity
         self.hits = 0
         self.lookups = 0
+        #: rows read per source request during a switch (bounds its buffers)
+        self.switch_chunk = 8192
 
     @property
     def nbytes(self) -> int:
@@ -82,10 +84,12 @@ class FeatureCache:
         new = init_ids[self.address_table[init_ids] < 0]
         slots, self._num_free = K.assign_slots(self.address_table, new, evict, self._free,
                                                self._num_free)
-        if len(new):
-            rows = source.read(new)
+        # in chunks, so the read buffers stay the size of a batch, not of the cache
+        for a in range(0, len(new), self.switch_chunk):
+            b = min(len(new), a + self.switch_chunk)
+            rows = source.read(new[a:b])
             K.copy_rows_to_slots(_bits(np.ascontiguousarray(rows, dtype=self.cache.dtype)),
-                                 np.arange(len(new), dtype=np.int64), _bits(self.cache), slots)
+                                 np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
         return len(new)
 
     def gather(self, ids: np.ndarray, source: FeatureSource, out: np.ndarray | None = None

@@ -1,0 +1,29 @@
+"""numba kernels of the ``baseline`` memmap readers (nogil: run from many threads).
+
+Each call copies a chunk of rows (or neighbour ids) out of a memory map; the
+page faults of one thread overlap with those of the others because the kernels
+release the GIL.
+"""
+from __future__ import annotations
+
+import numba as nb
+
+
+@nb.njit(nogil=True, cache=True)
+def copy_rows(src, offsets, row_bytes, out, start, end):
+    """out[k] = src[offsets[k] : offsets[k] + row_bytes] for k in [start, end).
+
+    src uint8 [file_bytes] (a memmap); offsets int64 [n] byte offsets;
+    out uint8 [n, row_bytes].
+    """
+    for k in range(start, end):
+        o = offsets[k]
+        for j in range(row_bytes):
+            out[k, j] = src[o + j]
+
+
+@nb.njit(nogil=True, cache=True)
+def gather_ids(indices, edge_pos, out, start, end):
+    """out[k] = indices[edge_pos[k]] for k in [start, end) (int32/int64 memmap)."""
+    for k in range(start, end):
+        out[k] = indices[edge_pos[k]]
