@@ -35,7 +35,7 @@ DEFAULT_NAME = "default-v1"
 #: Option defaults (``None`` options are derived: ``layers`` from ``fanouts``).
 DEFAULTS: dict[str, Any] = dict(
     data=None, model="sage", fanouts="10,10", layers=None, batch_size=1024,
-    eval_batch_size=None, hidden=128, heads=4, lr=0.005, weight_decay=0.0, dropout=0.5,
+    eval_batch_size=None, hidden=128, heads=4, lr=0.005, weight_decay=5e-4, dropout=0.5,
     epochs=3, seed=0, device="auto", eval_every=1, threads=None, mode="baseline",
     checkpoint_every=1,
 )
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, help=f"hidden width (default {d['hidden']})")
     p.add_argument("--heads", type=int, help=f"GAT attention heads (default {d['heads']})")
     p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d['lr']})")
-    p.add_argument("--weight-decay", type=float, help="Adam weight decay (default 0)")
+    p.add_argument("--weight-decay", type=float, help="Adam weight decay (default 5e-4)")
     p.add_argument("--dropout", type=float, help=f"dropout (default {d['dropout']})")
     p.add_argument("--epochs", type=int, help=f"train until this epoch (default {d['epochs']})")
     p.add_argument("--seed", type=int, help=f"random seed (default {d['seed']})")

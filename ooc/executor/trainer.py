@@ -51,7 +51,7 @@ class TrainConfig:
     dropout: float = 0.5
     heads: int = 4
     lr: float = 0.005
-    weight_decay: float = 0.0
+    weight_decay: float = 5e-4
     epochs: int = 3
     seed: int = 0
     eval_every: int = 1
