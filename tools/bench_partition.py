@@ -241,7 +241,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="bench_out/partition", help="datasets and scratch")
     ap.add_argument("--nodes", type=int, default=500_000)
-    ap.add_argument("--avg-degree", type=float, default=20.0,
+    ap.add_argument("--avg-degree", type=float, default=21.0,
                     help="mean in-degree of the stored (undirected) graph")
     ap.add_argument("--classes", type=int, default=64, help="planted communities (synthetic)")
     ap.add_argument("--parts", type=int, nargs="+", default=[4, 8, 16])
