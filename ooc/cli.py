@@ -5,10 +5,10 @@ import argparse
 import functools
 import os
 import re
-import resource
 import sys
 from typing import Callable, Sequence
 
+from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
 from .storage.errors import OocError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -35,11 +35,6 @@ def format_size(nbytes: float) -> str:
             return f"{nbytes:.1f} {unit}" if unit != "B" else f"{int(nbytes)} B"
         nbytes /= 1024
     return f"{nbytes:.1f} TiB"
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (ru_maxrss), in bytes."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def fail(message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821

@@ -1,0 +1,44 @@
+"""Measuring this process's memory (imports nothing of ooc; any stage may use it).
+
+Peak RSS is read from ``VmHWM`` in ``/proc/self/status``: it belongs to the
+current address space, starts afresh at ``exec`` and can be reset with
+``/proc/self/clear_refs`` (so a stage's own peak can be measured).
+``ru_maxrss`` cannot be reset and a child started by a large parent reports the
+parent's peak; it is only the fallback off Linux.
+"""
+from __future__ import annotations
+
+import resource
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size since start or the last :func:`reset_peak_rss`, bytes."""
+    v = _status_bytes("VmHWM")
+    return v if v is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now, bytes."""
+    v = _status_bytes("VmRSS")
+    return v if v is not None else peak_rss_bytes()
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's high-water mark to the current RSS; False if unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
