@@ -178,6 +178,21 @@ def test_orders_and_policies_agree(synth, tmp_path, order):
         assert rep["layers"][1]["cache"]["policy"] == order
 
 
+@pytest.mark.parametrize("cap,mode", [(16, "chunks"), (0, "rows")])
+def test_layer0_reads_rows_or_chunks(synth, tmp_path, cap, mode):
+    """Layer 0 reads feature pages per block or whole chunks through the
+    cache, whichever the plan says is fewer bytes; both are exact."""
+    ds, x = synth
+    torch.manual_seed(5)
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    rep, _ = _check(ds, x, model, tmp_path / "l0.zarr", chunk_rows=128, block_rows=64,
+                    cache_chunks=cap, order="degree")
+    l0 = rep["layers"][0]
+    assert l0["layer0_reads"]["mode"] == mode
+    if mode == "chunks":
+        assert l0["chunk_reads"] == 16 and l0["cache"]["hits"] > 0
+
+
 def test_pds_order_is_partition_then_degree(synth):
     ds, _ = synth
     owner = np.random.default_rng(1).integers(0, 3, ds.num_nodes)

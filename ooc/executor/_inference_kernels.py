@@ -60,12 +60,16 @@ def plan_blocks(indptr, perm, chunk_rows, max_targets, node_bytes, edge_bytes, w
 
 
 @numba.njit(cache=True)
-def access_plan(indptr, indices, perm, rowof, block_starts, chunk_rows, num_chunks):
+def access_plan(indptr, indices, perm, rowof, block_starts, chunk_rows, num_chunks,
+                serpentine=True):
     """Previous-layer chunks each block reads, in block order.
 
-    Returns ``(ptr, chunks)``: block b reads the sorted chunk ids
+    Returns ``(ptr, chunks)``: block b reads the chunk ids
     ``chunks[ptr[b]:ptr[b+1]]`` -- the chunks holding its targets' rows and
-    all their in-neighbours' rows.
+    all their in-neighbours' rows -- sorted ascending, or with
+    ``serpentine`` descending in odd blocks, so that the chunks read last by
+    one block are the first the next block asks for (a plain ascending scan
+    is a cyclic pattern on which LRU and FIFO never hit).
     """
     nblocks = block_starts.shape[0] - 1
     stamp = np.full(num_chunks, -1, dtype=np.int64)
@@ -77,12 +81,12 @@ def access_plan(indptr, indices, perm, rowof, block_starts, chunk_rows, num_chun
     for b in range(nblocks):
         m = 0
         for r in range(block_starts[b], block_starts[b + 1]):
-            c = r // chunk_rows
+            v = perm[r]
+            c = rowof[v] // chunk_rows
             if stamp[c] != b:
                 stamp[c] = b
                 buf[m] = c
                 m += 1
-            v = perm[r]
             for j in range(indptr[v], indptr[v + 1]):
                 c = rowof[indices[j]] // chunk_rows
                 if stamp[c] != b:
@@ -96,6 +100,8 @@ def access_plan(indptr, indices, perm, rowof, block_starts, chunk_rows, num_chun
             tmp[:k] = out[:k]
             out = tmp
         srt = np.sort(buf[:m])
+        if serpentine and b % 2 == 1:
+            srt = srt[::-1]
         out[k:k + m] = srt
         k += m
         ptr[b + 1] = k
@@ -159,3 +165,25 @@ def next_use(seq, num_keys):
         nxt[i] = last[k]
         last[k] = i
     return nxt
+
+
+@numba.njit(cache=True)
+def count_block_keys(indptr, indices, perm, block_starts, key_div, num_keys):
+    """Sum over blocks of the distinct keys ``node // key_div`` of the block's
+    targets and in-neighbours (e.g. feature pages read per block)."""
+    nblocks = block_starts.shape[0] - 1
+    stamp = np.full(num_keys, -1, dtype=np.int64)
+    total = 0
+    for b in range(nblocks):
+        for r in range(block_starts[b], block_starts[b + 1]):
+            v = perm[r]
+            k = v // key_div
+            if stamp[k] != b:
+                stamp[k] = b
+                total += 1
+            for j in range(indptr[v], indptr[v + 1]):
+                k = indices[j] // key_div
+                if stamp[k] != b:
+                    stamp[k] = b
+                    total += 1
+    return total

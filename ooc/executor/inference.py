@@ -84,8 +84,10 @@ import torch
 from ..storage.atomic import write_json
 from ..storage.dataset import Dataset, open_dataset
 from ..storage.errors import OocError
-from ._inference_kernels import access_plan, build_local, nonloop_in_degree, plan_blocks
-from .chunk_cache import POLICIES, ChunkCache
+from ..storage.layout import PAGE
+from ._inference_kernels import (access_plan, build_local, count_block_keys, nonloop_in_degree,
+                                 plan_blocks)
+from .chunk_cache import POLICIES, ChunkCache, simulate
 
 PROGRESS_FILE = "progress.json"
 ORDERS = ("auto", "natural", "pds", "degree")
@@ -431,18 +433,39 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
     # ---- memory: output buffer, cache, block working set ----
     rss0 = _rss()
     rows = min(chunk_rows, max(n, 1))
-    cap, work, node_bytes, edge_bytes = plan_memory(budget, rss0, rows, d_in, d_out,
-                                                     prev is not None, cache_chunks)
+    cap, work, node_bytes, edge_bytes = plan_memory(budget, rss0, rows, d_in, d_out, True,
+                                                     cache_chunks)
     in_chunk_bytes = rows * d_in * 4
     max_targets = int(block_rows or chunk_rows)
 
     t0 = time.perf_counter()
     starts = plan_blocks(indptr, perm, chunk_rows, max_targets, node_bytes, edge_bytes, work)
     nblocks = starts.shape[0] - 1
+    layer0_mode = None
+    keyof = rowof
     if prev is not None:
         ptr, seq = access_plan(indptr, indices, perm, rowof, starts, chunk_rows, num_chunks)
     else:
-        ptr = seq = None
+        # Layer 0: read the rows each block needs (pages, deduplicated per
+        # block) or whole feature chunks through the cache -- whichever the
+        # plan says reads fewer bytes.
+        lay = dataset.layout
+        ident = rowof if perm is rowof else np.arange(n, dtype=np.int64)
+        if lay.rows_per_page:
+            page_bytes = count_block_keys(indptr, indices, perm, starts, lay.rows_per_page,
+                                          lay.num_pages) * PAGE
+        else:
+            page_bytes = count_block_keys(indptr, indices, perm, starts, 1, n) \
+                * lay.pages_per_row * PAGE
+        ptr, seq = access_plan(indptr, indices, perm, ident, starts, chunk_rows, num_chunks)
+        sim = simulate(seq, cap, policy, num_keys=num_chunks) if cap else None
+        chunk_bytes = (sim["misses"] if sim else seq.shape[0]) * rows * lay.row_bytes
+        if cap and chunk_bytes < page_bytes:
+            layer0_mode, keyof = "chunks", ident
+        else:
+            layer0_mode, ptr, seq, cap = "rows", None, None, 0
+        layer0_mode = {"mode": layer0_mode, "planned_row_bytes": int(page_bytes),
+                       "planned_chunk_bytes": int(chunk_bytes)}
     t["plan"] = time.perf_counter() - t0
 
     # ---- resume inside the layer ----
@@ -460,13 +483,21 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
 
     def load_chunk(c: int) -> np.ndarray:
         nonlocal bytes_read, chunk_reads
-        a = np.asarray(prev[c * chunk_rows:min(n, (c + 1) * chunk_rows)])
-        bytes_read += a.nbytes
+        a0, a1 = c * chunk_rows, min(n, (c + 1) * chunk_rows)
+        if prev is not None:
+            a = np.asarray(prev[a0:a1])
+            bytes_read += a.nbytes
+        else:
+            st = getattr(reader, "stats", None)
+            before = st.bytes_read if st is not None else 0
+            a = np.asarray(reader.read(np.arange(a0, a1, dtype=np.int64)), dtype=np.float32)
+            bytes_read += (st.bytes_read - before if st is not None
+                           else (a1 - a0) * dataset.layout.row_bytes)
         chunk_reads += 1
         return a
 
     cache = None
-    if prev is not None:
+    if seq is not None:
         cache = ChunkCache(cap, policy, sequence=seq[ptr[first_block]:], loader=load_chunk,
                            num_keys=num_chunks)
 
@@ -495,7 +526,7 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
             t1 = time.perf_counter()
             t["local_graph"] += t1 - t0
             x = np.empty((nodes.shape[0], d_in), dtype=np.float32)
-            if prev is None:
+            if seq is None:
                 o = np.argsort(nodes)
                 st = getattr(reader, "stats", None)
                 before = st.bytes_read if st is not None else 0
@@ -503,7 +534,7 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
                 bytes_read += (st.bytes_read - before if st is not None
                                else nodes.shape[0] * dataset.layout.row_bytes)
             else:
-                rows = rowof[nodes]
+                rows = keyof[nodes]
                 o = np.argsort(rows)
                 srows = rows[o]
                 chunks = seq[ptr[b]:ptr[b + 1]]
@@ -548,6 +579,7 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
         "rss_at_start": rss0, "bytes_read": int(bytes_read), "chunk_reads": chunk_reads,
         "accesses": None if seq is None else int(seq.shape[0] - ptr[first_block]),
         "cache": None if cache is None else {**cache.stats(), "chunk_bytes": in_chunk_bytes},
+        "layer0_reads": layer0_mode,
         "time_s": {k: round(v, 4) for k, v in t.items()},
     }
 
