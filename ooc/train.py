@@ -29,7 +29,7 @@ from .storage.errors import DatasetError, OocError
 #: two cores; one batch of 1024 seeds with fanouts 10,10 touches a few
 #: percent of its nodes.
 DEFAULT_DATASET = dict(nodes=100_000, avg_degree=10, feature_dim=64, classes=8,
-                       train_fraction=0.1, val_fraction=0.05, seed=0)
+                       train_fraction=0.1, val_fraction=0.05, test_fraction=0.1, seed=0)
 DEFAULT_NAME = "default-v1"
 
 #: Option defaults (``None`` options are derived: ``layers`` from ``fanouts``).
