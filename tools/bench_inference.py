@@ -142,15 +142,15 @@ def run_samplewise(ds, model, L, batch, budget_s, reader):
 
 
 # ------------------------------------------------------------------ cache orders
-def order_perms(ds, owner):
+def order_perms(ds, owners: dict):
     deg = ds.in_degrees()
     n = ds.num_nodes
-    return {
-        "natural (shuffled ids)": np.arange(n, dtype=np.int64),
-        "DS (degree)": np.argsort(-deg, kind="stable").astype(np.int64),
-        "PS (partition, id)": np.argsort(owner, kind="stable").astype(np.int64),
-        "PDS (partition, degree)": np.lexsort((-deg, owner)).astype(np.int64),
-    }
+    perms = {"natural (shuffled ids)": np.arange(n, dtype=np.int64),
+             "DS (degree)": np.argsort(-deg, kind="stable").astype(np.int64)}
+    for name, owner in owners.items():
+        perms[f"PS ({name})"] = np.argsort(owner, kind="stable").astype(np.int64)
+        perms[f"PDS ({name})"] = np.lexsort((-deg, owner)).astype(np.int64)
+    return perms
 
 
 def cache_study(ds, perms, chunk_rows, block_rows, cache_frac):
@@ -215,19 +215,19 @@ def main(argv=None) -> int:
     print(f"graph: {ds.num_nodes} nodes, {ds.num_edges} edges, dim {args.dim} ({gen_s:.1f}s)",
           file=sys.stderr)
 
-    # partition: SPRING when available, else communities grouped into parts
-    owner, part_src = None, ""
+    # partitions: SPRING (ooc.partition) when it runs, and the generator's
+    # communities grouped into parts (what an ideal partitioner would find)
+    ncomm = community.max() + 1
+    owners = {"communities": (community * args.parts) // ncomm}
     try:
         from ooc.partition import partition
 
         a = partition(ds, args.parts, "spring")
-        owner, part_src = np.asarray(a.owner, dtype=np.int64), f"SPRING, {args.parts} parts"
+        owners = {"SPRING": np.asarray(a.owner, dtype=np.int64), **owners}
     except Exception as e:  # noqa: BLE001
-        print(f"SPRING unavailable ({type(e).__name__}: {e}); using communities", file=sys.stderr)
-    if owner is None:
-        ncomm = community.max() + 1
-        owner = (community * args.parts) // ncomm
-        part_src = f"generator communities grouped into {args.parts} parts"
+        print(f"SPRING unavailable ({type(e).__name__}: {e})", file=sys.stderr)
+    part_name, owner = next(iter(owners.items()))
+    part_src = f"{', '.join(owners)}; {args.parts} parts; the layer-wise run uses {part_name}"
 
     res = {"graph": {"nodes": ds.num_nodes, "edges": ds.num_edges, "dim": args.dim,
                      "avg_degree": args.avg_degree, "comm_size": args.comm_size,
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
               f"max diff {maxdiff:.2e}", file=sys.stderr)
 
     # 2. cache orders
-    res["cache"] = cache_study(ds, order_perms(ds, owner), args.study_chunk_rows,
+    res["cache"] = cache_study(ds, order_perms(ds, owners), args.study_chunk_rows,
                                args.study_block_rows, args.cache_frac)
 
     gb = 1 << 30

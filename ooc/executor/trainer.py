@@ -266,6 +266,7 @@ class Trainer:
             "train_acc": correct / max(count, 1),
             "time_s": round(train_time, 6),
             "timers": timers.as_dict(),
+            "val_acc": None,  # filled when this epoch is evaluated (--eval-every)
         }
         for k, v in timers.s.items():
             self.timers.add(k, v)
