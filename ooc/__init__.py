@@ -5,7 +5,15 @@ ingest, direct readers), :mod:`ooc.partition`, :mod:`ooc.inspector`
 (superbatch sampling, Belady changesets), :mod:`ooc.executor` (feature
 cache, gather, training, inference).
 """
-from .storage import Dataset, DatasetError, OocError, open_dataset, write_dataset
+import os as _os
+
+# numba's and torch's OpenMP pools busy-wait between parallel regions by default;
+# interleaved (sample, then compute) on a few cores they starve each other
+# (measured: forward+backward 3-4x slower on 2 cores). Must be set before torch
+# or numba start their pools; an explicit setting wins.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from .storage import Dataset, DatasetError, OocError, open_dataset, write_dataset  # noqa: E402
 
 
 def load_model(path, map_location="cpu"):
