@@ -36,8 +36,10 @@ DEFAULT_NAME = "default-v1"
 DEFAULTS: dict[str, Any] = dict(
     data=None, model="sage", fanouts="10,10", layers=None, batch_size=1024,
     eval_batch_size=None, hidden=128, heads=4, lr=0.005, weight_decay=5e-4, dropout=0.5,
-    epochs=3, seed=0, device="auto", eval_every=1, threads=None, mode="baseline",
-    checkpoint_every=1,
+    epochs=3, seed=0, device="auto", eval_every=1, threads=None, mode="ooc",
+    checkpoint_every=1, superbatch_size=None, runtime_dir=None, runtime_disk_budget="1GiB",
+    feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
+    memory_budget=None,
 )
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
@@ -90,8 +92,27 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS)
     d = DEFAULTS
     p.add_argument("--data", metavar="DIR", help="dataset folder (python -m ooc.prepare)")
-    p.add_argument("--mode", choices=["baseline"], help=f"feature/sampling pipeline "
-                   f"(default {d['mode']}; baseline: memmaps and the page cache, no app caches)")
+    p.add_argument("--mode", choices=["baseline", "static", "ooc"],
+                   help=f"pipeline (default {d['mode']}): baseline = memmaps and the page cache, "
+                        "no app caches (PyG+); static = neighbor cache + static degree-ordered "
+                        "feature cache, O_DIRECT (Ali+PG); ooc = neighbor cache + superbatch "
+                        "inspector + Belady feature cache, O_DIRECT (Ginex)")
+    p.add_argument("--memory-budget", metavar="SIZE", help="bound the process's memory: the "
+                   "caches get what is left after the measured working memory and a reserve")
+    p.add_argument("--feature-cache-size", metavar="SIZE", help="feature cache bytes "
+                   "(default: from --memory-budget, else 10%% of the features)")
+    p.add_argument("--neighbor-cache-size", metavar="SIZE", help="neighbor cache bytes "
+                   "(default: from --memory-budget, else 25%% of the full cache)")
+    p.add_argument("--superbatch-size", type=int, help="batches per superbatch (ooc; default: "
+                   "the largest whose runtime files fit --runtime-disk-budget)")
+    p.add_argument("--runtime-dir", metavar="DIR", help="runtime files (default <data>/runtime)")
+    p.add_argument("--runtime-disk-budget", metavar="SIZE",
+                   help=f"disk for runtime files (default {d['runtime_disk_budget']})")
+    p.add_argument("--queue-depth", type=int, help=f"io_uring queue depth (default "
+                   f"{d['queue_depth']})")
+    p.add_argument("--io-threads", type=int, help=f"baseline memmap copy threads (default "
+                   f"{d['io_threads']})")
+    p.add_argument("--no-eval", action="store_true", help="skip validation/test evaluation")
     p.add_argument("--model", choices=["sage", "gcn", "gat"], help=f"default {d['model']}")
     p.add_argument("--fanouts", metavar="F1,F2,..",
                    help=f"neighbours sampled per layer, -1 = all; sets the number of layers "
@@ -161,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     resume = bool(given.pop("resume", False))
     progress = not given.pop("no_progress", False)
+    no_eval = bool(given.pop("no_eval", False))
     report_path = given.pop("report", None)
     ckdir = given.pop("checkpoint_dir", None)
 
@@ -187,10 +209,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                          weight_decay=s["weight_decay"], epochs=s["epochs"], seed=s["seed"],
                          eval_every=s["eval_every"], device=s["device"],
                          num_threads=s["threads"], progress=progress, mode=s["mode"])
+    if no_eval:
+        config.eval_every = 10**9
+        config.eval_final = False
+    from .cli import parse_size
+    from .executor.modes import ModeOptions
+
+    def size(key):
+        v = s.get(key)
+        if v is None:
+            return None
+        try:
+            return parse_size(v)
+        except Exception:  # noqa: BLE001 - argparse error type
+            raise OocError(f"--{key.replace('_', '-')} {v!r}: not a size (e.g. 512MiB, 8GiB)") \
+                from None
+
+    options = ModeOptions(superbatch_size=s["superbatch_size"], runtime_dir=s["runtime_dir"],
+                          runtime_disk_budget=size("runtime_disk_budget"),
+                          feature_cache_size=size("feature_cache_size"),
+                          neighbor_cache_size=size("neighbor_cache_size"),
+                          queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
+                          memory_budget=size("memory_budget"))
     if s["checkpoint_every"] < 1:
         raise OocError(f"--checkpoint-every must be >= 1, got {s['checkpoint_every']}")
     t0 = time.perf_counter()
-    trainer = Trainer(dataset, config)
+    trainer = Trainer(dataset, config, options=options)
     if ck_path is not None:
         trainer.resume(ck_path)
         print(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
@@ -205,8 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ckdir is not None and (trainer.epoch % s["checkpoint_every"] == 0
                                   or trainer.epoch == config.epochs):
             trainer.save(ckdir, args=args)
-    val_acc = trainer.evaluate(dataset.val_idx)
-    test_acc = trainer.evaluate(dataset.test_idx)
+    val_acc = None if no_eval else trainer.evaluate(dataset.val_idx)
+    test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)
+    trainer.close()
     total = time.perf_counter() - t0
     rep = trainer.report(val_acc=val_acc, test_acc=test_acc, total_time_s=round(total, 3),
                          resumed_from=str(ck_path) if ck_path else None,

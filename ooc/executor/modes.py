@@ -33,6 +33,7 @@ import inspect
 import mmap
 import os
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +198,31 @@ class ThreadedMmapNeighbors(NeighborSource):
         self.pool.shutdown(wait=True)
 
 
+class TimedSource:
+    """A feature source that counts the seconds spent in ``read`` (``read_s``)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.read_s = 0.0
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.read(ids)
+        finally:
+            self.read_s += time.perf_counter() - t0
+
+    def stats(self) -> dict:
+        s = self.inner.stats
+        s = s() if callable(s) else s
+        d = dict(s) if isinstance(s, dict) else s.as_dict()
+        d["read_s"] = self.read_s
+        return d
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 # -- building a mode --------------------------------------------------------------------------
 
 
@@ -328,6 +354,7 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
         cache = FeatureCache(dataset.num_nodes, rows, dataset.feature_dim, dataset.feature_dtype)
         info.update(feature_cache_rows=cache.capacity, feature_cache_bytes=cache.cache.nbytes,
                     queue_depth=opts.queue_depth, reader_backend=features.backend)
+    features = TimedSource(features)
     sampler = NeighborSampler(dataset.indptr, nsrc, list(config.fanouts),
                               num_threads=config.num_threads)
 

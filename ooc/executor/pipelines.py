@@ -151,6 +151,11 @@ class BatchPipeline:
         if s is not None:
             s = s() if callable(s) else s
             st.update({f"feature_{k}": v for k, v in (s if isinstance(s, dict) else vars(s)).items()})
+        sampler = getattr(self, "sampler", None) or getattr(getattr(self, "inspector", None),
+                                                            "sampler", None)
+        nsrc = getattr(sampler, "source", None)
+        if nsrc is not None and hasattr(nsrc, "stats"):
+            st.update(nsrc.stats())
         return st
 
 

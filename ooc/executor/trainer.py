@@ -35,6 +35,9 @@ from .models import GNN, build_model
 
 #: Stages timed in every epoch (seconds); modes may add more.
 STAGES = ("sample", "gather", "transfer", "compute")
+#: Stages shown in the per-epoch line (when timed).
+REPORT_STAGES = ("sample", "inspect_sample", "inspect_changesets", "load", "switch", "gather",
+                 "read", "update", "convert", "transfer", "compute", "stall")
 #: Offset of the seed stream used to sample evaluation batches.
 EVAL_SEED_OFFSET = 0x5EED
 
@@ -59,6 +62,7 @@ class TrainConfig:
     num_threads: int | None = None
     progress: bool = True
     mode: str = "baseline"
+    eval_final: bool = True
 
     @property
     def num_layers(self) -> int:
@@ -169,7 +173,7 @@ class Trainer:
     """
 
     def __init__(self, dataset, config: TrainConfig, pipeline=None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, options=None):
         config.validate()
         self.dataset = dataset
         self.config = config
@@ -185,11 +189,23 @@ class Trainer:
                                       dropout=config.dropout, heads=config.heads).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
                                           weight_decay=config.weight_decay)
+        self.memory_plan = None
+        self.mode_info: dict[str, Any] = {}
+        self._pipeline = None
         if pipeline is None:
-            if config.mode not in PIPELINES:
-                raise OocError(f"unknown mode {config.mode!r} "
-                               f"(choose one of {', '.join(PIPELINES)})")
-            pipeline = PIPELINES[config.mode](dataset, config)
+            from .modes import MODES, ModeOptions, build_mode
+
+            if config.mode not in MODES:
+                raise OocError(f"unknown mode {config.mode!r} (choose one of {', '.join(MODES)})")
+            options = options or ModeOptions()
+            if options.memory_budget:
+                from .budget import plan_memory
+
+                self.memory_plan = plan_memory(dataset, config, options.memory_budget, options,
+                                               model=self.model)
+            pipeline = build_mode(dataset, config, options, plan=self.memory_plan)
+            self._pipeline = pipeline
+            self.mode_info = dict(pipeline.info)
         self.train_producer, self.eval_producer_factory, self.features = pipeline
         self.labels = dataset.labels
         self.epoch = 0  # the last completed epoch
@@ -223,6 +239,7 @@ class Trainer:
         t_start = time.perf_counter()
         bar = tqdm(total=len(producer), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch",
                    leave=False, disable=(None if cfg.progress else True), dynamic_ncols=True)
+        io0 = _io_counters(producer)
         it = iter(producer.batches(epoch))
         wait = 0.0  # time blocked waiting for the producer
         while True:
@@ -259,6 +276,9 @@ class Trainer:
         inside = sum(stages.values()) if getattr(producer, "synchronous", False) else 0.0
         timers.add("stall", max(0.0, wait - inside))
         train_time = time.perf_counter() - t_start
+        io = _io_delta(io0, _io_counters(producer))
+        if "feature_read_s" in io:
+            timers.add("read", io.pop("feature_read_s"))
         self.nodes_seen += nodes
         rec: dict[str, Any] = {
             "epoch": epoch,
@@ -267,10 +287,11 @@ class Trainer:
             "time_s": round(train_time, 6),
             "timers": timers.as_dict(),
             "val_acc": None,  # filled when this epoch is evaluated (--eval-every)
+            "io": io,
         }
         for k, v in timers.s.items():
             self.timers.add(k, v)
-        if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
+        if epoch % cfg.eval_every == 0 or (epoch == cfg.epochs and cfg.eval_final):
             t0 = time.perf_counter()
             rec["val_acc"] = self.evaluate(self.dataset.val_idx)
             rec["eval_time_s"] = round(time.perf_counter() - t0, 6)
@@ -285,8 +306,13 @@ class Trainer:
                  f"loss {rec['loss']:.4f}", f"train_acc {rec['train_acc']:.4f}"]
         if rec.get("val_acc") is not None:
             parts.append(f"val_acc {rec['val_acc']:.4f}")
-        stages = " ".join(f"{k} {t.get(k, 0.0):.2f}" for k in STAGES)
+        stages = " ".join(f"{k} {t[k]:.2f}" for k in REPORT_STAGES if k in t)
         parts.append(f"{rec['time_s']:.2f}s ({stages})")
+        io = rec.get("io") or {}
+        if io.get("feature_lookups"):
+            parts.append(f"hit {io.get('feature_hit_ratio', 0.0):.3f} "
+                         f"reads {io.get('feature_read_ops', io.get('feature_rows', 0)):,} "
+                         f"{io.get('feature_bytes_read', io.get('proc_read_bytes', 0)) / 2**20:.0f} MiB")
         return "  ".join(parts)
 
     @torch.no_grad()
@@ -317,6 +343,12 @@ class Trainer:
             if checkpoint_dir is not None:
                 self.save(checkpoint_dir, args=args)
         return self.history
+
+    def close(self) -> None:
+        """Release the mode's readers, thread pools and runtime folder."""
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
 
     # -- checkpoints ---------------------------------------------------------
     def save(self, checkpoint_dir: str | Path, args: dict[str, Any] | None = None) -> Path:
@@ -374,6 +406,47 @@ class Trainer:
             "avg_batch_nodes": avg_nodes,
             "avg_batch_node_fraction": avg_nodes / ds.num_nodes if ds.num_nodes else 0.0,
             "peak_rss_bytes": peak_rss_bytes(),
+            "mode_info": self.mode_info,
+            "memory_plan": self.memory_plan.as_dict() if self.memory_plan else None,
         }
         rep.update(extra)
         return rep
+
+
+def _proc_io() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                k, v = line.split(":")
+                if k in ("read_bytes", "syscr"):
+                    out["proc_" + k] = int(v)
+    except OSError:
+        pass
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out["major_faults"] = int(ru.ru_majflt)
+    return out
+
+
+def _io_counters(producer) -> dict[str, Any]:
+    st = dict(producer.io_stats()) if hasattr(producer, "io_stats") else {}
+    st.update(_proc_io())
+    return st
+
+
+def _io_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Counters of one epoch (numeric differences); the hit ratio of the epoch."""
+    out: dict[str, Any] = {}
+    for k, v in b.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.endswith("ratio"):
+            out[k] = v - a.get(k, 0)
+        elif k.endswith("ratio"):
+            continue
+        else:
+            out[k] = v
+    if out.get("feature_lookups"):
+        out["feature_hit_ratio"] = 1 - out.get("feature_misses", 0) / out["feature_lookups"]
+    h, m = out.get("neighbor_cache_hits"), out.get("neighbor_cache_misses")
+    if h is not None and m is not None and h + m:
+        out["neighbor_cache_hit_ratio"] = h / (h + m)
+    return out

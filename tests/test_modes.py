@@ -1,0 +1,137 @@
+"""The three modes through one code path: identical batches and rows, identical losses."""
+import json
+
+import numpy as np
+import pytest
+
+from ooc.executor.modes import MODES, ModeOptions, build_mode
+from ooc.executor.trainer import TrainConfig, Trainer
+from ooc.inspector.sampler import NeighborSampler
+from ooc.storage import csc_from_edges, open_dataset, write_dataset
+
+from conftest import CORA_RAW
+
+
+def _has_changesets() -> bool:
+    try:
+        from ooc.inspector import changesets  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+needs_cs = pytest.mark.skipif(not _has_changesets(), reason="ooc.inspector.changesets missing")
+MODE_PARAMS = ["baseline", "static", pytest.param("ooc", marks=needs_cs)]
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory):
+    n = 3000
+    rng = np.random.default_rng(11)
+    src = (rng.pareto(1.2, 30000) * 50).astype(np.int64) % n   # hot sources
+    dst = rng.integers(0, n, 30000)
+    indptr, indices = csc_from_edges(src, dst, n)
+    x = rng.standard_normal((n, 24)).astype(np.float16)
+    perm = rng.permutation(n)
+    p = write_dataset(tmp_path_factory.mktemp("m") / "d", indptr, indices, x,
+                      labels=rng.integers(0, 3, n), train_idx=np.sort(perm[:1500]),
+                      val_idx=np.sort(perm[1500:1800]), test_idx=np.sort(perm[1800:]),
+                      num_classes=3)
+    return open_dataset(p), x
+
+
+def _cfg(mode, **kw):
+    base = dict(model="sage", fanouts=[5, 5], batch_size=64, hidden=16, epochs=2, seed=4,
+                mode=mode, progress=False, device="cpu")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _opts(tmp_path, row_bytes):
+    # a small feature cache (150 rows of 3000) and neighbor cache: heavy churn
+    return ModeOptions(superbatch_size=4, runtime_dir=str(tmp_path / "rt"),
+                       feature_cache_size=150 * row_bytes, neighbor_cache_size=40_000,
+                       queue_depth=8, io_threads=4)
+
+
+@pytest.mark.parametrize("mode", MODE_PARAMS)
+def test_every_batch_bit_identical(ds, tmp_path, mode):
+    d, x = ds
+    cfg = _cfg(mode)
+    mp = build_mode(d, cfg, _opts(tmp_path, d.layout.row_bytes))
+    ref = NeighborSampler(d.indptr, np.asarray(d.indices), cfg.fanouts)
+    try:
+        for epoch in (1, 2):
+            sb, bseeds = mp.train.plan(epoch)
+            k = 0
+            for batch, rows in mp.train.batches(epoch):
+                assert batch.equals(ref.sample(sb[k], bseeds[k]))
+                assert rows.dtype == x.dtype
+                np.testing.assert_array_equal(rows, x[batch.node_ids])
+                k += 1
+            assert k == len(sb) > 20
+        ev = mp.eval_factory(d.val_idx)
+        for batch, rows in ev.batches(0):
+            np.testing.assert_array_equal(rows, x[batch.node_ids])
+        st = mp.train.io_stats()
+        if mode == "baseline":
+            assert st["feature_misses"] == st["feature_lookups"]
+        else:
+            assert 0 < st["feature_misses"] < st["feature_lookups"]
+            assert st["feature_read_ops"] > 0 and st["neighbor_cache_misses"] > 0
+    finally:
+        mp.close()
+    assert not list((tmp_path / "rt").rglob("*.bin"))
+
+
+def test_same_losses_in_every_mode(ds, tmp_path):
+    d, _ = ds
+    losses = {}
+    for mode in [m for m in MODES if m != "ooc" or _has_changesets()]:
+        t = Trainer(d, _cfg(mode, eval_every=100), log=lambda m: None,
+                    options=_opts(tmp_path / mode, d.layout.row_bytes))
+        t.fit()
+        t.close()
+        losses[mode] = [h["loss"] for h in t.history]
+        rec = t.history[-1]
+        assert rec["io"]["feature_lookups"] > 0
+        assert {"gather", "compute", "stall"} <= set(rec["timers"])
+    ref = losses["baseline"]
+    for mode, ls in losses.items():
+        np.testing.assert_allclose(ls, ref, rtol=1e-6, err_msg=mode)
+
+
+@pytest.mark.parametrize("mode", MODE_PARAMS)
+def test_cli_mode_report(ds, tmp_path, mode):
+    from ooc.train import main
+
+    d, _ = ds
+    rep = tmp_path / "r.json"
+    rc = main(["--data", str(d.path), "--mode", mode, "--epochs", "1", "--fanouts", "5,5",
+               "--batch-size", "128", "--hidden", "16", "--no-progress", "--device", "cpu",
+               "--feature-cache-size", "8KiB", "--neighbor-cache-size", "30000",
+               "--superbatch-size", "3", "--runtime-dir", str(tmp_path / "rt"),
+               "--queue-depth", "4", "--report", str(rep)])
+    assert rc == 0
+    r = json.loads(rep.read_text())
+    assert r["mode"] == mode and r["test_acc"] is not None
+    io = r["epochs"][0]["io"]
+    assert io["feature_lookups"] > 0
+    if mode != "baseline":
+        assert r["mode_info"]["feature_cache_rows"] == 8192 // d.layout.row_bytes
+
+
+@needs_cs
+@pytest.mark.skipif(not CORA_RAW.exists(), reason="Cora raw files not available")
+def test_ooc_mode_cora_accuracy(tmp_path):
+    from ooc.prepare import main as prepare
+    from ooc.train import main
+
+    assert prepare(["planetoid", "--root", str(CORA_RAW.parent.parent), "--name", "Cora",
+                    "--out", str(tmp_path / "cora"), "--no-progress"]) == 0
+    rep = tmp_path / "r.json"
+    assert main(["--data", str(tmp_path / "cora"), "--mode", "ooc", "--model", "sage",
+                 "--fanouts", "10,10", "--epochs", "50", "--batch-size", "140",
+                 "--eval-every", "50", "--no-progress", "--device", "cpu",
+                 "--report", str(rep)]) == 0
+    assert json.loads(rep.read_text())["test_acc"] >= 0.78

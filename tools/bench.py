@@ -1,0 +1,431 @@
+"""Side-by-side benchmark of the training modes: baseline (PyG+), static (Ali+PG), ooc (Ginex).
+
+One invocation, the same seeds for every mode::
+
+    python tools/bench.py --report bench.json            # default config (~10 min here)
+    python tools/bench.py --nodes 200000 --budget 256MiB --report small.json   # quick
+
+What it does:
+
+1. Generates (once) or reuses a synthetic power-law dataset at least 4× the
+   memory budget on disk, mostly features. Default: 1,100,000 nodes,
+   average degree 10, 1024 float32 features (4 KiB rows: one page per row,
+   like fio's 4 KiB reads), 2% training nodes → 4.2 GiB (4.2x) for a 1 GiB budget.
+   Batches of 256 seeds with fanouts 10,5 touch about 1% of the nodes
+   (printed).
+2. Measures fio 4 KiB random-read IOPS (O_DIRECT, io_uring, the same queue
+   depth) on ``features.bin`` — the physical limit of a gather.
+3. For each mode: drops every dataset file from the page cache
+   (``posix_fadvise(DONTNEED)``), then runs ``python -m ooc.train`` in a
+   subprocess inside a cgroup-v1 memory cgroup limited to the budget (the
+   child joins it before exec; the group is removed after), with
+   ``--memory-budget`` set to the same size. The page cache counts against a
+   v1 cgroup, so the baseline's only cache — the page cache — gets what the
+   process leaves of the budget, as the application caches of static/ooc do.
+4. Writes ``--report`` (JSON) with per-mode epoch times, stage breakdowns,
+   miss ratio, read ops, bytes read, achieved gather IOPS, speedups and
+   ``gather_iops_vs_fio``, and a PNG chart of the time breakdown.
+
+The headline epoch is the last one (``--epochs``, default 2): epoch 1 also
+pays one-off costs (JIT compilation, the first superbatch's sampling before
+training can start).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ooc.cli import format_size, parse_size  # noqa: E402
+
+MODES = ("baseline", "static", "ooc")
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+#: Default dataset (``generate_synthetic`` arguments).
+DEFAULT_DATASET = dict(nodes=1_100_000, avg_degree=10, feature_dim=1024, classes=8,
+                       train_fraction=0.02, val_fraction=0.005, test_fraction=0.005, seed=0)
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", flush=True)
+
+
+# -- dataset ---------------------------------------------------------------------------------
+
+
+def ensure_dataset(path: Path, spec: dict) -> Path:
+    from ooc.storage import open_dataset
+    from ooc.storage.ingest import generate_synthetic
+
+    stamp = path / "bench_spec.json"
+    if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == spec:
+        try:
+            open_dataset(path)
+            log(f"reusing {path}")
+            return path
+        except Exception as e:  # noqa: BLE001
+            log(f"{path} unusable ({e}); generating again")
+    log(f"generating {path}: {spec}")
+    t0 = time.perf_counter()
+    generate_synthetic(path, **spec, overwrite=True, progress=False)
+    stamp.write_text(json.dumps(spec))
+    log(f"generated in {time.perf_counter() - t0:.0f}s")
+    return path
+
+
+def dataset_files(path: Path) -> list[Path]:
+    return [p for p in path.rglob("*") if p.is_file()]
+
+
+def drop_page_cache(path: Path) -> int:
+    """posix_fadvise(DONTNEED) on every file of the dataset; returns files dropped."""
+    n = 0
+    for p in dataset_files(path):
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += 1
+        finally:
+            os.close(fd)
+    return n
+
+
+def batch_fraction(path: Path, batch_size: int, fanouts: list[int], probes: int = 4) -> float:
+    """Mean fraction of the nodes one batch touches (sampled with the memmap)."""
+    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.storage import open_dataset
+
+    d = open_dataset(path)
+    s = NeighborSampler(d.indptr, d.indices, fanouts)
+    sb = epoch_batches(d.train_idx, batch_size, 0, 1)
+    bs = s.sample_many(sb[:probes], [derive_seed(0, 1, b) for b in range(min(probes, len(sb)))])
+    return sum(b.num_nodes for b in bs) / len(bs) / d.num_nodes
+
+
+# -- fio ----------------------------------------------------------------------------------------
+
+
+def run_fio(path: Path, queue_depth: int, seconds: int) -> dict:
+    fio = shutil.which("fio")
+    if fio is None:
+        log("fio is not installed (apt-get install -y fio); gather_iops_vs_fio is omitted")
+        return {"available": False}
+    for engine in ("io_uring", "libaio", "psync"):
+        cmd = [fio, "--name=randread", f"--filename={path}", "--rw=randread", "--bs=4k",
+               "--direct=1", f"--ioengine={engine}", f"--iodepth={queue_depth}", "--readonly",
+               f"--runtime={seconds}", "--time_based", "--numjobs=1", "--group_reporting",
+               "--output-format=json"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode == 0:
+            try:
+                j = json.loads(r.stdout[r.stdout.index("{"):])
+            except ValueError:
+                continue
+            rd = j["jobs"][0]["read"]
+            return {"available": True, "engine": engine, "queue_depth": queue_depth,
+                    "iops": float(rd["iops"]), "bw_bytes": float(rd["bw_bytes"]),
+                    "lat_mean_us": float(rd["lat_ns"]["mean"]) / 1e3, "seconds": seconds,
+                    "cpu_sys_pct": j["jobs"][0].get("sys_cpu"),
+                    "cpu_usr_pct": j["jobs"][0].get("usr_cpu")}
+    log(f"fio failed: {r.stderr.strip()[:200]}")
+    return {"available": False, "error": r.stderr.strip()[:500]}
+
+
+# -- cgroup ----------------------------------------------------------------------------------
+
+
+def make_cgroup(name: str, limit: int) -> Path | None:
+    if not (CGROUP_ROOT / "cgroup.procs").exists():
+        return None
+    cg = CGROUP_ROOT / name
+    try:
+        cg.mkdir(exist_ok=True)
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+        return cg
+    except OSError as e:
+        log(f"cannot create memory cgroup {cg}: {e}")
+        try:
+            cg.rmdir()
+        except OSError:
+            pass
+        return None
+
+
+def cgroup_stats(cg: Path) -> dict:
+    out = {}
+    for k in ("memory.max_usage_in_bytes", "memory.failcnt", "memory.limit_in_bytes"):
+        try:
+            out[k.split(".", 1)[1]] = int((cg / k).read_text())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def remove_cgroup(cg: Path) -> None:
+    for _ in range(50):
+        try:
+            cg.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+    log(f"could not remove cgroup {cg}")
+
+
+# -- one mode ------------------------------------------------------------------------------
+
+
+def run_mode(mode: str, args, data: Path, workdir: Path) -> dict:
+    drop_page_cache(data)
+    rep_path = workdir / f"{mode}.json"
+    train = [sys.executable, "-m", "ooc.train", "--data", str(data), "--mode", mode,
+             "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+             "--fanouts", args.fanouts, "--hidden", str(args.hidden), "--seed", str(args.seed),
+             "--memory-budget", str(args.budget), "--queue-depth", str(args.queue_depth),
+             "--runtime-dir", str(workdir / "runtime"), "--no-progress", "--no-eval",
+             "--device", "cpu", "--report", str(rep_path)]
+    if args.superbatch_size:
+        train += ["--superbatch-size", str(args.superbatch_size)]
+    cg = None if args.no_cgroup else make_cgroup(f"ooc-bench-{os.getpid()}-{mode}", args.budget)
+    if cg is not None:
+        # join the cgroup, then exec the trainer: everything it does counts
+        join = ("import os,sys; open(sys.argv[1],'w').write(str(os.getpid())); "
+                "os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
+        cmd = [sys.executable, "-c", join, str(cg / "cgroup.procs")] + train[1:]
+    else:
+        cmd = train
+    log(f"{mode}: {' '.join(train[1:])}" + (f"  [cgroup {cg.name}, limit "
+                                             f"{format_size(args.budget)}]" if cg else
+                                             "  [no cgroup]"))
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        print(f"  [{mode}] {line.rstrip()}", flush=True)
+    _, status, ru = os.wait4(proc.pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    proc.returncode = rc
+    wall = time.perf_counter() - t0
+    res: dict = {"mode": mode, "rc": rc, "wall_s": round(wall, 2),
+                 "child_peak_rss_bytes": ru.ru_maxrss * 1024}
+    if cg is not None:
+        res["cgroup"] = cgroup_stats(cg)
+        remove_cgroup(cg)
+    if rc != 0 or not rep_path.exists():
+        res["error"] = "\n".join(lines[-5:])
+        return res
+    rep = json.loads(rep_path.read_text())
+    res["train_report"] = rep
+    return res
+
+
+def summarize(res: dict, fio_iops: float | None) -> dict:
+    rep = res.get("train_report")
+    if not rep:
+        return {"mode": res["mode"], "error": res.get("error", "failed")}
+    hist = rep["epochs"]
+    last = hist[-1]
+    io = last.get("io", {})
+    t = last["timers"]
+    reads = io.get("feature_pages", io.get("feature_rows", 0))
+    read_s = t.get("read", 0.0)
+    out = {
+        "mode": res["mode"],
+        "epoch_time_s": last["time_s"],
+        "epoch_times_s": [h["time_s"] for h in hist],
+        "stages_s": t,
+        "miss_ratio": 1.0 - io.get("feature_hit_ratio", 0.0),
+        "feature_lookups": io.get("feature_lookups"),
+        "read_ops": io.get("feature_read_ops", io.get("feature_rows")),
+        "pages_read": reads,
+        "bytes_read": io.get("feature_bytes_read", io.get("proc_read_bytes")),
+        "proc_read_bytes": io.get("proc_read_bytes"),
+        "neighbor_cache_hit_ratio": io.get("neighbor_cache_hit_ratio"),
+        "gather_iops": (reads / read_s) if read_s > 0 else None,
+        "peak_rss_bytes": rep.get("peak_rss_bytes"),
+        "child_peak_rss_bytes": res.get("child_peak_rss_bytes"),
+        "cgroup": res.get("cgroup"),
+        "memory_plan": rep.get("memory_plan"),
+        "mode_info": rep.get("mode_info"),
+        "loss": [h["loss"] for h in hist],
+        "wall_s": res["wall_s"],
+    }
+    if fio_iops and out["gather_iops"]:
+        out["gather_iops_vs_fio"] = out["gather_iops"] / fio_iops
+    upd = t.get("update", 0.0) + t.get("switch", 0.0)
+    out["update_switch_fraction"] = upd / last["time_s"] if last["time_s"] else None
+    return out
+
+
+# -- chart ------------------------------------------------------------------------------------
+
+
+def chart(summary: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in MODES if m in summary and "epoch_time_s" in summary[m]]
+    main_stages = ["compute", "transfer", "convert", "stall"]
+    bg_stages = ["sample", "inspect_sample", "inspect_changesets", "load", "switch", "gather",
+                 "read", "update"]
+    colors = plt.get_cmap("tab20").colors
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    for ax, stages, title in ((axes[0], main_stages, "training thread (sums to the epoch)"),
+                              (axes[1], bg_stages, "pipeline threads (overlap the training)")):
+        for i, m in enumerate(modes):
+            left = 0.0
+            for j, s in enumerate(stages):
+                v = summary[m]["stages_s"].get(s, 0.0)
+                if s == "read":
+                    continue  # read is inside gather; drawn as a hatch below
+                ax.barh(i, v, left=left, color=colors[j % len(colors)],
+                        label=s if i == 0 else None)
+                if s == "gather":
+                    r = summary[m]["stages_s"].get("read", 0.0)
+                    ax.barh(i, r, left=left, color="none", edgecolor="k", hatch="//",
+                            label="read (in gather)" if i == 0 else None)
+                left += v
+            if stages is main_stages:
+                ax.plot([summary[m]["epoch_time_s"]] * 2, [i - 0.4, i + 0.4], "k-", lw=2)
+        ax.set_yticks(range(len(modes)), modes)
+        ax.set_xlabel("seconds (last epoch)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7, loc="lower right")
+    sp = summary.get("speedup", {})
+    fig.suptitle("epoch time breakdown; ooc vs baseline "
+                 f"{sp.get('ooc_vs_baseline', float('nan')):.2f}x, vs static "
+                 f"{sp.get('ooc_vs_static', float('nan')):.2f}x", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", type=Path, default=None,
+                   help="dataset folder (generated there if absent; default "
+                        "$OOC_CACHE/bench-<nodes>-<dim>)")
+    p.add_argument("--budget", type=parse_size, default=parse_size("1GiB"), help="memory budget")
+    p.add_argument("--nodes", type=int, default=DEFAULT_DATASET["nodes"])
+    p.add_argument("--feature-dim", type=int, default=DEFAULT_DATASET["feature_dim"])
+    p.add_argument("--avg-degree", type=float, default=DEFAULT_DATASET["avg_degree"])
+    p.add_argument("--train-fraction", type=float, default=DEFAULT_DATASET["train_fraction"])
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--fanouts", default="10,5")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--queue-depth", type=int, default=64)
+    p.add_argument("--superbatch-size", type=int, default=None)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--fio-seconds", type=int, default=15)
+    p.add_argument("--no-cgroup", action="store_true")
+    p.add_argument("--allow-small", action="store_true",
+                   help="do not require the dataset to be 4x the budget")
+    p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--report", type=Path, default=Path("bench.json"))
+    p.add_argument("--chart", type=Path, default=None, help="PNG (default: report with .png)")
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            p.error(f"unknown mode {m!r}")
+    spec = dict(DEFAULT_DATASET, nodes=args.nodes, feature_dim=args.feature_dim,
+                avg_degree=args.avg_degree, train_fraction=args.train_fraction)
+    root = Path(os.environ.get("OOC_CACHE", Path.home() / ".cache" / "ooc"))
+    data = args.data or root / f"bench-{args.nodes}-{args.feature_dim}"
+    data = ensure_dataset(data, spec)
+
+    from ooc.storage import open_dataset
+    d = open_dataset(data)
+    disk = d.disk_bytes()
+    ratio = disk / args.budget
+    log(f"dataset {data}: {d.num_nodes:,} nodes, {d.num_edges:,} edges, {d.feature_dim} x "
+        f"{d.feature_dtype} features, {format_size(disk)} on disk = {ratio:.1f}x the "
+        f"{format_size(args.budget)} budget; {len(d.train_idx):,} training nodes")
+    if ratio < 4 and not args.allow_small:
+        log("the dataset must be at least 4x the budget (use --allow-small to override)")
+        return 2
+    frac = batch_fraction(data, args.batch_size, [int(f) for f in args.fanouts.split(",")])
+    log(f"one batch ({args.batch_size} seeds, fanouts {args.fanouts}) touches {frac:.2%} of the "
+        f"nodes")
+    fio = run_fio(data / "features.bin", args.queue_depth, args.fio_seconds)
+    if fio.get("available"):
+        log(f"fio 4 KiB random read, QD {args.queue_depth} ({fio['engine']}): "
+            f"{fio['iops']:,.0f} IOPS, {fio['lat_mean_us']:.0f} us mean latency")
+    cg_ok = (not args.no_cgroup) and (CGROUP_ROOT / "cgroup.procs").exists()
+    if not cg_ok:
+        log("no memory cgroup (cgroup v1 memory controller not writable or --no-cgroup): "
+            "the budget is enforced only by the trainer's own plan")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ooc-bench-", dir=data.parent))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for m in modes:
+        results[m] = run_mode(m, args, data, workdir)
+    fio_iops = fio.get("iops") if fio.get("available") else None
+    summary = {m: summarize(results[m], fio_iops) for m in modes}
+    sp = {}
+
+    def et(m):
+        return summary.get(m, {}).get("epoch_time_s")
+
+    if et("ooc") and et("baseline"):
+        sp["ooc_vs_baseline"] = et("baseline") / et("ooc")
+    if et("ooc") and et("static"):
+        sp["ooc_vs_static"] = et("static") / et("ooc")
+    if et("static") and et("baseline"):
+        sp["static_vs_baseline"] = et("baseline") / et("static")
+    summary["speedup"] = sp
+    report = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "dataset": {"path": str(data), "spec": spec, "disk_bytes": disk,
+                    "disk_vs_budget": ratio, "batch_node_fraction": frac},
+        "budget_bytes": args.budget, "cgroup": cg_ok, "fio": fio,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "modes": summary, "speedup": sp,
+        "gather_iops_vs_fio": summary.get("ooc", {}).get("gather_iops_vs_fio"),
+        "machine": {"cpus": os.cpu_count()},
+    }
+    args.report.write_text(json.dumps(report, indent=2, default=str))
+    png = args.chart or args.report.with_suffix(".png")
+    chart(summary, png)
+    shutil.rmtree(workdir, ignore_errors=True)
+    # table
+    print()
+    print(f"{'mode':<9} {'epoch s':>8} {'miss':>6} {'reads':>9} {'MiB read':>9} "
+          f"{'read IOPS':>10} {'vs fio':>7} {'upd+sw':>7} {'peak RSS':>9}")
+    for m in modes:
+        s = summary[m]
+        if "error" in s:
+            print(f"{m:<9} failed: {s['error'][:200]}")
+            continue
+        gi = s.get("gather_iops")
+        print(f"{m:<9} {s['epoch_time_s']:>8.2f} {s['miss_ratio']:>6.3f} {s['read_ops'] or 0:>9,} "
+              f"{(s['bytes_read'] or 0) / 2**20:>9.0f} {gi or 0:>10,.0f} "
+              f"{s.get('gather_iops_vs_fio') or 0:>7.2f} "
+              f"{(s['update_switch_fraction'] or 0):>7.1%} "
+              f"{format_size(s['child_peak_rss_bytes'] or 0):>9}")
+    print(f"speedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))
+    print(f"report {args.report}, chart {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
