@@ -186,23 +186,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     report_path = given.pop("report", None)
     ckdir = given.pop("checkpoint_dir", None)
 
-    from .executor.checkpoint import latest_checkpoint, load_checkpoint
+    from .storage import open_dataset
 
     saved = None
     ck_path = None
     if resume:
         if ckdir is None:
             raise OocError("--resume needs --checkpoint-dir DIR")
+        from .executor.checkpoint import latest_checkpoint, load_checkpoint
+
         ck_path = latest_checkpoint(ckdir)
         saved = load_checkpoint(ck_path).get("args") or {}
     s = _settings(given, saved)
-
-    from .executor.trainer import Trainer, TrainConfig
-    from .storage import open_dataset
-
+    # bad input fails here, before torch and the kernels are loaded
     if s["data"] is None:
         s["data"] = str(default_dataset())
     dataset = open_dataset(s["data"])
+
+    from .executor.trainer import Trainer, TrainConfig
     config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
                          batch_size=s["batch_size"], eval_batch_size=s["eval_batch_size"],
                          hidden=s["hidden"], dropout=s["dropout"], heads=s["heads"], lr=s["lr"],
