@@ -1,0 +1,322 @@
+"""Belady changeset precomputation (Ginex §3.4, Fig. 12-13).
+
+Given the node ids gathered by each batch of a superbatch, compute the
+feature-cache contents before every batch under Belady's policy and the
+changesets that move the cache from one state to the next.
+
+Semantics (the contract the executor relies on):
+
+* the cache holds ``C_i`` while batch ``i`` is gathered; ``C_0 = init_ids``,
+  the ``capacity`` ids accessed first (ties: smaller id);
+* after batch ``i`` it becomes ``C_{i+1} = C_i - out_ids_i + in_ids_i``: the
+  ``capacity`` entries of ``C_i ∪ ids_i`` accessed soonest after ``i``;
+  entries never accessed again are dropped, never inserted. ``in_ids_i`` are
+  misses of batch ``i`` (rows already in the batch buffer, at
+  ``in_positions_i``); ``out_ids_i ⊆ C_i``;
+* ties at the capacity boundary (same next-access iteration) keep entries
+  already cached first, then smaller node ids. Any tie-break is optimal (the
+  tied ids are next used in the same batch); this one is deterministic and
+  avoids needless copies.
+
+The miss count ``Σ|ids_i − C_i|`` is the exact optimum of batch-granular
+caching with a free initial load (Belady/MIN with bypass).
+
+Algorithm (three passes over the trace, as in Ginex):
+
+1. sort the occurrences by node id (stable), which groups each id's accesses
+   in iteration order and gives compact ids (memory O(trace), not O(N));
+2. from that order, the next access iteration of every occurrence (Ginex's
+   ``iters``/``ptr`` structure flattened: each occurrence points at its
+   successor) and each id's first use;
+3. simulate: a cached entry carries its next use, so the hits of batch ``i``
+   are the entries whose next use is ``i``; the new state is the top-K
+   smallest keys of the candidates.
+
+Two implementations with identical output: ``torch`` (vectorised per step,
+runs on CUDA when ``device`` is a CUDA device) and ``numba`` (CPU, an
+indexed max-heap, O(trace · log K)). ``method="auto"`` picks numba on CPU and
+torch on CUDA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..storage.errors import OocError
+from . import _changeset_kernels as K
+
+__all__ = ["Changesets", "ChangesetStep", "precompute_changesets", "flatten_batches", "local_ids"]
+
+_I63 = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class ChangesetStep:
+    """The cache update after one batch (int64 numpy views)."""
+
+    in_ids: np.ndarray
+    out_ids: np.ndarray
+    in_positions: np.ndarray
+
+
+@dataclass
+class Changesets:
+    """Changesets of one superbatch, stored flat (all int64 numpy).
+
+    Step ``i`` inserts ``in_ids[in_ptr[i]:in_ptr[i+1]]`` (in batch order, at
+    ``in_positions`` of the same slice) and evicts
+    ``out_ids[out_ptr[i]:out_ptr[i+1]]`` (sorted). ``misses[i] = |ids_i − C_i|``.
+    """
+
+    init_ids: np.ndarray
+    in_ids: np.ndarray
+    in_positions: np.ndarray
+    in_ptr: np.ndarray
+    out_ids: np.ndarray
+    out_ptr: np.ndarray
+    misses: np.ndarray
+    capacity: int
+    method: str
+    num_accesses: int = 0
+    _steps: list | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.in_ptr) - 1
+
+    def step(self, i: int) -> ChangesetStep:
+        a, b = self.in_ptr[i], self.in_ptr[i + 1]
+        return ChangesetStep(self.in_ids[a:b], self.out_ids[self.out_ptr[i]:self.out_ptr[i + 1]],
+                             self.in_positions[a:b])
+
+    @property
+    def steps(self) -> list[ChangesetStep]:
+        """One :class:`ChangesetStep` per batch, in order."""
+        if self._steps is None:
+            self._steps = [self.step(i) for i in range(len(self))]
+        return self._steps
+
+    @property
+    def num_misses(self) -> int:
+        return int(self.misses.sum())
+
+    def equals(self, other: "Changesets") -> bool:
+        names = ("init_ids", "in_ids", "in_positions", "in_ptr", "out_ids", "out_ptr", "misses")
+        return all(np.array_equal(getattr(self, n), getattr(other, n)) for n in names)
+
+
+def flatten_batches(batches: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate batches (1-D int arrays or tensors) into (flat int64 [T], ptr int64 [S+1])."""
+    arrs = []
+    for i, b in enumerate(batches):
+        if isinstance(b, torch.Tensor):
+            b = b.detach().cpu().numpy()
+        a = np.asarray(b)
+        if a.ndim != 1:
+            raise OocError(f"changesets: batch {i} must be 1-D, got shape {a.shape}")
+        if a.size and a.dtype.kind not in "iu":
+            raise OocError(f"changesets: batch {i} must hold integer node ids, got {a.dtype}")
+        arrs.append(a.astype(np.int64, copy=False))
+    ptr = np.zeros(len(arrs) + 1, np.int64)
+    if arrs:
+        np.cumsum([a.shape[0] for a in arrs], out=ptr[1:])
+    flat = np.concatenate(arrs) if arrs else np.zeros(0, np.int64)
+    return np.ascontiguousarray(flat, dtype=np.int64), ptr
+
+
+def local_ids(flat: np.ndarray, num_nodes: int) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """Order-preserving local ids: the ids themselves when ``num_nodes`` is
+    small next to the trace (an O(N) table is cheap), else compact ranks.
+
+    Returns (lid int64 [T], M, uniq or None) with ``id = uniq[lid]`` when compact.
+    """
+    T = flat.shape[0]
+    if num_nodes <= max(2 * T, 1 << 22) and num_nodes <= (1 << 28):
+        return flat, int(max(num_nodes, 1)), None
+    uniq, inv = np.unique(flat, return_inverse=True)
+    return inv.astype(np.int64, copy=False).reshape(-1), int(max(uniq.shape[0], 1)), uniq
+
+
+def _check(flat: np.ndarray, num_nodes: int, capacity: int, S: int) -> None:
+    if capacity < 0:
+        raise OocError(f"changesets: capacity must be >= 0, got {capacity}")
+    if num_nodes < 0:
+        raise OocError(f"changesets: num_nodes must be >= 0, got {num_nodes}")
+    if flat.size:
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < 0 or hi >= num_nodes:
+            bad = lo if lo < 0 else hi
+            raise OocError(f"changesets: node id {bad} outside [0, {num_nodes})")
+    if S >= (1 << 31) - 1:
+        raise OocError(f"changesets: {S} batches is too many for one superbatch")
+
+
+def _dup_error(ptr: np.ndarray, p: int, node: int) -> OocError:
+    i = int(np.searchsorted(ptr, p, side="right") - 1)
+    return OocError(f"changesets: node id {node} occurs twice in batch {i} (ids must be unique)")
+
+
+def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, device="cpu",
+                          method: str = "auto") -> Changesets:
+    """Belady changesets of one superbatch (see the module docstring).
+
+    Args:
+        batches: S 1-D int arrays/tensors of unique node ids (batch i = the
+            ids gathered at iteration i).
+        num_nodes: ids must lie in ``[0, num_nodes)`` (up to 2^63).
+        capacity: cache entries.
+        device: torch device for the torch path (``"cuda"`` runs it there).
+        method: ``"auto"`` (numba on CPU, torch on CUDA), ``"torch"`` or ``"numba"``.
+    Returns:
+        :class:`Changesets` (host numpy arrays).
+    """
+    flat, ptr = flatten_batches(batches)
+    S = len(ptr) - 1
+    capacity = int(capacity)
+    num_nodes = int(num_nodes)
+    _check(flat, num_nodes, capacity, S)
+    dev = torch.device(device)
+    if method == "auto":
+        method = "torch" if dev.type != "cpu" else "numba"
+    if method == "numba":
+        cs = _numba_changesets(flat, ptr, num_nodes, capacity)
+    elif method == "torch":
+        with torch.inference_mode():
+            cs = _torch_changesets(flat, ptr, capacity, dev)
+    else:
+        raise OocError(f"changesets: unknown method {method!r} (auto, torch, numba)")
+    cs.num_accesses = int(flat.shape[0])
+    return cs
+
+
+# -- numba path ------------------------------------------------------------------
+
+
+def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacity: int) -> Changesets:
+    S = len(ptr) - 1
+    lid, M, uniq = local_ids(flat, num_nodes)
+    if (2 * S + 2) * M > _I63:
+        raise OocError(f"changesets: {S} batches x {M} ids overflows the int64 keys")
+    nxt, dup = K.next_use(lid, ptr, M)
+    if dup >= 0:
+        raise _dup_error(ptr, dup, int(flat[dup]))
+    init, ins, inpos, in_ptr, outs, out_ptr, misses = K.belady_simulate(
+        lid, nxt, ptr, M, min(capacity, M), True)
+    if uniq is not None:
+        init, ins, outs = uniq[init], uniq[ins], uniq[outs]
+    return Changesets(init, ins, inpos, in_ptr, outs, out_ptr, misses, capacity, "numba")
+
+
+# -- torch path ------------------------------------------------------------------
+
+
+def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
+                      dev: torch.device) -> Changesets:
+    S = len(ptr_np) - 1
+    T = flat_np.shape[0]
+    i64 = torch.int64
+    flat = torch.from_numpy(flat_np).to(dev)
+    lens = torch.from_numpy(np.diff(ptr_np)).to(dev)
+    it = torch.repeat_interleave(torch.arange(S, device=dev, dtype=i64), lens)
+    # pass 1: occurrences sorted by id (stable: each id's accesses in iteration order)
+    sid, perm = torch.sort(flat, stable=True)
+    newgrp = torch.ones(T, dtype=torch.bool, device=dev)
+    newgrp[1:] = sid[1:] != sid[:-1]
+    cid_sorted = torch.cumsum(newgrp, 0) - 1
+    uniq = sid[newgrp]
+    U = int(uniq.shape[0])
+    M = max(U, 1)
+    if (2 * S + 2) * M > _I63:
+        raise OocError(f"changesets: {S} batches x {M} ids overflows the int64 keys")
+    cid = torch.empty(T, dtype=i64, device=dev)
+    cid[perm] = cid_sorted
+    # pass 2: next access iteration of every occurrence, first use of every id
+    its = it[perm]
+    nxt_sorted = torch.full((T,), S, dtype=i64, device=dev)
+    if T > 1:
+        same = ~newgrp[1:]
+        dup = same & (its[1:] == its[:-1])
+        if bool(dup.any()):
+            k = int(torch.nonzero(dup)[0, 0])
+            p = int(perm[k])
+            raise _dup_error(ptr_np, p, int(flat_np[p]))
+        nxt_sorted[:-1] = torch.where(same, its[1:], torch.full_like(its[1:], S))
+    nxt = torch.empty(T, dtype=i64, device=dev)
+    nxt[perm] = nxt_sorted
+    first_use = its[newgrp]
+    del sid, perm, its, nxt_sorted, cid_sorted, newgrp, it
+    # C_0: smallest (first use, id)
+    Kc = min(capacity, U)
+    key0 = first_use * M + torch.arange(U, device=dev, dtype=i64)
+    c_cid = torch.topk(key0, Kc, largest=False).indices if Kc < U else torch.arange(U, device=dev)
+    c_cid = torch.sort(c_cid).values
+    c_next = first_use[c_cid]
+    init_ids = uniq[c_cid]
+    incache = torch.zeros(U, dtype=torch.bool, device=dev)
+    incache[c_cid] = True
+    # pass 3: simulate
+    ptr_l = ptr_np.tolist()
+    ins, inpos, outs = [], [], []
+    hits = np.zeros(S, np.int64)
+    in_cnt = np.zeros(S, np.int64)
+    out_cnt = np.zeros(S, np.int64)
+    for i in range(S):
+        a, b = ptr_l[i], ptr_l[i + 1]
+        u = cid[a:b]
+        nx = nxt[a:b]
+        miss = ~incache[u]
+        kidx = torch.nonzero(c_next != i).squeeze(1)
+        nk = int(kidx.shape[0])
+        hits[i] = int(c_cid.shape[0]) - nk  # cached entries next used now = the hits
+        cand_cid = torch.cat((c_cid.index_select(0, kidx), u))
+        cand_next = torch.cat((c_next.index_select(0, kidx), nx))
+        nc = int(cand_cid.shape[0])
+        finite = cand_next < S
+        nf = int(torch.count_nonzero(finite))
+        if nf <= Kc:
+            sel = finite
+        else:
+            flag = torch.cat((torch.zeros(nk, dtype=i64, device=dev), miss.to(i64)))
+            key = (cand_next * 2 + flag) * M + cand_cid
+            drop = nc - Kc
+            if Kc <= drop:
+                sel = torch.zeros(nc, dtype=torch.bool, device=dev)
+                if Kc:
+                    sel[torch.topk(key, Kc, largest=False, sorted=False).indices] = True
+            else:
+                sel = torch.ones(nc, dtype=torch.bool, device=dev)
+                sel[torch.topk(key, drop, largest=True, sorted=False).indices] = False
+        gone = ~sel
+        gone[nk:] &= ~miss
+        out_c = torch.sort(cand_cid[gone]).values
+        pos = torch.nonzero(sel[nk:] & miss).squeeze(1)
+        in_c = u.index_select(0, pos)
+        incache[out_c] = False
+        incache[in_c] = True
+        sidx = torch.nonzero(sel).squeeze(1)
+        c_cid = cand_cid.index_select(0, sidx)
+        c_next = cand_next.index_select(0, sidx)
+        ins.append(in_c)
+        inpos.append(pos)
+        outs.append(out_c)
+        in_cnt[i] = pos.shape[0]
+        out_cnt[i] = out_c.shape[0]
+
+    def cat(xs):
+        return torch.cat(xs) if xs else torch.zeros(0, dtype=i64, device=dev)
+
+    in_ids = uniq[cat(ins)]
+    out_ids = uniq[cat(outs)]
+    misses = np.diff(ptr_np) - hits
+
+    def host(t):
+        return t.to(i64).cpu().numpy()
+
+    in_ptr = np.zeros(S + 1, np.int64)
+    out_ptr = np.zeros(S + 1, np.int64)
+    np.cumsum(in_cnt, out=in_ptr[1:])
+    np.cumsum(out_cnt, out=out_ptr[1:])
+    return Changesets(host(init_ids), host(in_ids), host(cat(inpos)), in_ptr, host(out_ids), out_ptr,
+                      misses, capacity, "torch")
