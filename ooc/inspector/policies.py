@@ -120,10 +120,20 @@ def miss_curve_static(batches: Sequence, order: np.ndarray, capacities) -> np.nd
     n = max(int(order.max()) + 1 if order.size else 0, int(flat.max()) + 1 if flat.size else 0)
     if (order.size and order.min() < 0) or (flat.size and flat.min() < 0):
         raise OocError("cache policies: negative node id")
-    rank = np.full(n, np.iinfo(np.int64).max, np.int64)
-    # the first occurrence of an id in the order gives its rank
-    rank[order[::-1]] = np.arange(order.shape[0] - 1, -1, -1, dtype=np.int64)
-    r = np.sort(rank[flat])
+    none = np.iinfo(np.int64).max
+    if n <= max(2 * (flat.shape[0] + order.shape[0]), 1 << 22):
+        rank = np.full(n, none, np.int64)
+        # the first occurrence of an id in the order gives its rank
+        rank[order[::-1]] = np.arange(order.shape[0] - 1, -1, -1, dtype=np.int64)
+        ranks = rank[flat]
+    else:  # huge id range: look ids up in the sorted order instead of a table
+        uo, first = np.unique(order, return_index=True)
+        j = np.minimum(np.searchsorted(uo, flat), max(len(uo) - 1, 0))
+        ranks = np.full(flat.shape[0], none, np.int64)
+        if len(uo):
+            found = uo[j] == flat
+            ranks[found] = first[j[found]]
+    r = np.sort(ranks)
     return (r.shape[0] - np.searchsorted(r, caps, side="left")).astype(np.int64)
 
 
