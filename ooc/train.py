@@ -202,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if s["data"] is None:
         s["data"] = str(default_dataset())
     dataset = open_dataset(s["data"])
+    s["data"] = str(Path(s["data"]).resolve())  # checkpoints resume from any folder
 
     from .executor.trainer import Trainer, TrainConfig
     config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
