@@ -167,6 +167,7 @@ def _fails(argv, capsys):
     (["--parts", "-3"], "--parts"),
     (["--parts", "501"], "exceeds"),
     (["--parts", "2", "--beta", "0.9"], "--beta"),
+    (["--parts", "2", "--stream-iters", "0"], "--stream-iters"),
 ])
 def test_bad_arguments(small_dataset, tmp_path, capsys, extra, needle):
     path, _ = small_dataset
@@ -199,3 +200,66 @@ def test_existing_output_refused_unless_overwrite(small_dataset, tmp_path, capsy
     assert main(["--data", str(path), "--parts", "2", "--out", str(out), "--quiet",
                  "--overwrite"]) == 0
     assert not (out / "keep.txt").exists() and (out / "partition.json").exists()
+
+
+def test_spring_restreaming(small_dataset, tmp_path):
+    """stream_iters > 1 (restreaming): deterministic, valid, the two
+    communities still split cleanly, and a later pass really runs."""
+    path, _ = small_dataset
+    a = partition(path, 4, "spring", seed=2, stream_iters=3, chunk_edges=500)
+    b = partition(path, 4, "spring", seed=2, stream_iters=3, chunk_edges=500)
+    np.testing.assert_array_equal(a.owner, b.owner)
+    assert a.params["stream_iters"] == 3
+    assert np.bincount(a.owner, minlength=4).min() > 0
+    report = partition_dataset(path, tmp_path / "o", 4, "spring", seed=2, stream_iters=3,
+                               chunk_edges=500)
+    np.testing.assert_array_equal(np.load(tmp_path / "o" / "owner.npy"), a.owner)
+    _check_partitions(path, tmp_path / "o", report)
+    two, perm = _two_communities(tmp_path)
+    comm = np.empty(120, dtype=np.int64)
+    comm[perm] = np.arange(120) // 60
+    owner = partition(two, 2, "spring", stream_iters=3).owner
+    side0, side1 = np.unique(owner[comm == 0]), np.unique(owner[comm == 1])
+    assert side0.size == 1 and side1.size == 1 and side0[0] != side1[0]
+
+
+def test_spring_restream_pass_matches_reference():
+    """One restreamed pass of the clustering kernel equals a plain-Python
+    transcription of Algorithm 1 lines 3-17 run twice over the same edges."""
+    from ooc.partition._spring_kernels import CLUSTER, RICH, cluster_edges, new_state
+
+    rng = np.random.default_rng(7)
+    n, m = 40, 300
+    src = rng.integers(0, n, m)
+    dst = rng.integers(0, n, m)
+    deg = np.bincount(src, minlength=n) + np.bincount(dst, minlength=n)
+    tau = 30.0
+    st = new_state(deg.astype(np.int64))
+    vol = np.zeros(n + 1, dtype=np.int64)
+    k = np.ones(1, dtype=np.int64)
+    for _ in range(2):
+        cluster_edges(src, dst, st, vol, k, tau)
+    c = [0] * n
+    v = [0] * (n + 1)
+    rich = [-1] * n
+    kk = 1
+    for _ in range(2):
+        for u, w in zip(src.tolist(), dst.tolist()):
+            for x in (u, w):
+                if c[x] == 0:
+                    c[x] = kk
+                    v[kk] += int(deg[x])
+                    kk += 1
+            if u != w and c[u] != c[w] and v[c[u]] <= tau and v[c[w]] <= tau:
+                x, y = (u, w) if v[c[u]] <= v[c[w]] else (w, u)
+                v[c[x]] -= int(deg[x])
+                v[c[y]] += int(deg[x])
+                c[x] = c[y]
+            if u != w:
+                if rich[u] < 0 or deg[rich[u]] < deg[w]:
+                    rich[u] = w
+                if rich[w] < 0 or deg[rich[w]] < deg[u]:
+                    rich[w] = u
+    np.testing.assert_array_equal(st[:, CLUSTER], c)
+    np.testing.assert_array_equal(vol, v)
+    np.testing.assert_array_equal(st[:, RICH], rich)

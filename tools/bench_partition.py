@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -167,7 +168,8 @@ def metis_worker(data: str, parts: int, report: str, seed: int) -> None:
 
 
 # ---------------------------------------------------------------- driver
-def run_one(data: Path, parts: int, algo: str, seed: int, tmp: Path, timeout: int) -> dict:
+def run_one(data: Path, parts: int, algo: str, seed: int, tmp: Path, timeout: int,
+            spring_args: tuple[str, ...] = ()) -> dict:
     rep = tmp / f"r_{algo}_{parts}.json"
     if algo == "metis":
         cmd = [sys.executable, __file__, "--metis-worker", str(data), str(parts), str(rep),
@@ -176,6 +178,8 @@ def run_one(data: Path, parts: int, algo: str, seed: int, tmp: Path, timeout: in
         cmd = [sys.executable, "-m", "ooc.partition", "--data", str(data), "--parts", str(parts),
                "--algo", algo, "--out", str(tmp / "out"), "--overwrite", "--no-split", "--quiet",
                "--seed", str(seed), "--report", str(rep)]
+        if algo == "spring":
+            cmd += list(spring_args)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -250,6 +254,8 @@ def main(argv=None) -> int:
                     choices=["synthetic", "cora"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--spring-args", default="",
+                    help="extra CLI options for the SPRING runs, e.g. '--stream-iters 3'")
     ap.add_argument("--report", help="write all rows as JSON here")
     ap.add_argument("--metis-worker", nargs=3, metavar=("DATA", "P", "REPORT"),
                     help=argparse.SUPPRESS)
@@ -285,7 +291,8 @@ def main(argv=None) -> int:
             meta = json.loads((path / "meta.json").read_text())
             for p in args.parts:
                 for algo in algos:
-                    r = run_one(path, p, algo, args.seed, Path(tmp), args.timeout)
+                    r = run_one(path, p, algo, args.seed, Path(tmp), args.timeout,
+                                tuple(shlex.split(args.spring_args)))
                     r.update(graph=g, num_nodes=meta["num_nodes"], num_edges=meta["num_edges"])
                     rows.append(r)
                     print(fmt_table([r]).splitlines()[-1], file=sys.stderr, flush=True)

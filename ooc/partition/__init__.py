@@ -58,7 +58,7 @@ def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spr
     """Assign every node of ``dataset`` to one of ``parts`` partitions.
 
     ``algo`` is one of :data:`ALGORITHMS`; ``params`` go to :func:`spring`
-    (``tau_vol``, ``tau_factor``, ``tie_break``, ``shuffle``) or to
+    (``tau_vol``, ``tau_factor``, ``tie_break``, ``shuffle``, ``stream_iters``) or to
     :func:`edge_partition` (``shuffle``, ``lam``, ``eps``).
     """
     if not isinstance(dataset, Dataset):

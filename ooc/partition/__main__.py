@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SPRING absolute volume threshold (overrides --tau-factor)")
     p.add_argument("--tie-break", choices=("id", "random"), default=None,
                    help="SPRING representative tie break (default: id)")
+    p.add_argument("--stream-iters", type=int, default=None,
+                   help="SPRING clustering passes over the edge stream (restreaming; default 1)")
     p.add_argument("--no-shuffle", action="store_true",
                    help="stream edges in CSC order instead of a seeded shuffle of chunks")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -58,7 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rss0 = peak_rss_bytes()
     params: dict = {}
     if args.algo == "spring":
-        for key in ("tau_factor", "tau_vol", "tie_break"):
+        if args.stream_iters is not None and args.stream_iters < 1:
+            from ..storage import OocError
+
+            raise OocError(f"--stream-iters must be >= 1, got {args.stream_iters}")
+        for key in ("tau_factor", "tau_vol", "tie_break", "stream_iters"):
             if getattr(args, key) is not None:
                 params[key] = getattr(args, key)
     if args.no_shuffle:
