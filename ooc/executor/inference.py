@@ -103,6 +103,16 @@ def _parse_size(x: int | str) -> int:
     return parse_size(x) if isinstance(x, str) else int(x)
 
 
+def _trim() -> None:
+    """Give freed heap memory back to the OS (glibc), so RSS measures what is live."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _rss() -> int:
     import psutil
 
@@ -115,15 +125,25 @@ class _PeakRss:
     def __init__(self, interval: float = 0.005):
         self.interval = interval
         self.peak = _rss()
+        self.window = self.peak
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
+
+    def reset(self) -> None:
+        """Start a new window; ``sample()`` returns its peak (``peak`` keeps the overall one)."""
+        self.window = _rss()
+
+    def sample(self) -> int:
+        return max(self.window, _rss())
 
     def _run(self) -> None:
         import psutil
 
         p = psutil.Process()
         while not self._stop.is_set():
-            self.peak = max(self.peak, int(p.memory_info().rss))
+            r = int(p.memory_info().rss)
+            self.peak = max(self.peak, r)
+            self.window = max(self.window, r)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "_PeakRss":
@@ -342,17 +362,30 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     }
 
     with _PeakRss() as peak, torch.inference_mode():
+        _trim()
         base_rss = _rss()
         report["start_rss_bytes"] = base_rss
+        # every layer's minimum (two output chunk buffers) must fit: fail now, not mid-run
+        rows = min(chunk_rows, max(n, 1))
+        d = dataset.feature_dim
+        dims = [d]
+        for l in range(num_layers):
+            d_out = _probe_out_dim(model, l, d, gcn)
+            plan_memory(budget, base_rss, rows, d, d_out, True, cache_chunks)
+            dims.append(d_out)
+            d = d_out
+        report["dims"] = dims
         for l in range(num_layers):
             name = f"h{l + 1}"
             if l < state["layers_done"]:
                 report["resumed_chunks"] += num_chunks
                 report["layers"].append({"layer": l + 1, "skipped": True})
                 continue
+            peak.reset()
             lrep = _run_layer(l, model, dataset, group, name, reader, perm_a, rowof, indptr,
                               indices, scratch, dinv, budget, chunk_rows, num_chunks, policy,
                               block_rows, cache_chunks, state, pfile, on_chunk, progress)
+            lrep["peak_rss"] = peak.sample()
             report["resumed_chunks"] += lrep.pop("resumed_chunks")
             report["layers"].append(lrep)
             state.update(layers_done=l + 1, layer=l + 1, chunks_done=0)
@@ -379,7 +412,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
 
 
 def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, cached: bool,
-                cache_chunks: int | None = None) -> tuple[int, int, int, int]:
+                cache_chunks: int | None = None, num_chunks: int | None = None
+                ) -> tuple[int, int, int, int]:
     """Split what ``budget`` leaves above ``rss`` for one layer.
 
     Returns ``(cache_chunks, work_bytes, node_bytes, edge_bytes)``: half of the
@@ -401,12 +435,15 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
         cap = int(cache_chunks)
     else:
         cap = int(avail * 0.5) // max(in_chunk_bytes, 1)
+    if num_chunks is not None:
+        cap = min(cap, num_chunks)
     work = max(avail - cap * in_chunk_bytes, avail // 4)
     if cached:  # a chunk read on a miss that is not kept
         work -= in_chunk_bytes
     work = max(work, 1 * MiB)
-    node_bytes = 4 * (3 * d_in + 4 * d_out) + 64
-    edge_bytes = 96 + 4 * 3 * (d_in + d_out)
+    # measured peaks are ~1.2x these (torch temporaries, allocator slack): x1.5
+    node_bytes = 6 * (3 * d_in + 4 * d_out) + 96
+    edge_bytes = 144 + 6 * 3 * (d_in + d_out)
     return cap, work, node_bytes, edge_bytes
 
 
@@ -431,10 +468,15 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
     t = {"plan": 0.0, "local_graph": 0.0, "read": 0.0, "compute": 0.0, "write": 0.0}
 
     # ---- memory: output buffer, cache, block working set ----
+    _trim()
     rss0 = _rss()
     rows = min(chunk_rows, max(n, 1))
-    cap, work, node_bytes, edge_bytes = plan_memory(budget, rss0, rows, d_in, d_out, True,
-                                                     cache_chunks)
+    # RSS may have grown since the start (allocator arenas, the chunk cache's
+    # last contents); if the budget is now short, run with the minimum.
+    floor = budget - 2 * rows * d_out * 4 - SAFETY_BYTES - 2 * MiB
+    pressure = rss0 > floor
+    cap, work, node_bytes, edge_bytes = plan_memory(budget, min(rss0, floor), rows, d_in, d_out,
+                                                     True, cache_chunks, num_chunks)
     in_chunk_bytes = rows * d_in * 4
     max_targets = int(block_rows or chunk_rows)
 
@@ -576,7 +618,7 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
         "blocks": nblocks, "blocks_run": nblocks - first_block,
         "resumed_chunks": first_chunk, "peak_block_nodes": peak_block_nodes,
         "peak_block_edges": peak_block_edges, "work_bytes": int(work),
-        "rss_at_start": rss0, "bytes_read": int(bytes_read), "chunk_reads": chunk_reads,
+        "rss_at_start": rss0, "budget_pressure": bool(pressure), "bytes_read": int(bytes_read), "chunk_reads": chunk_reads,
         "accesses": None if seq is None else int(seq.shape[0] - ptr[first_block]),
         "cache": None if cache is None else {**cache.stats(), "chunk_bytes": in_chunk_bytes},
         "layer0_reads": layer0_mode,
