@@ -39,7 +39,13 @@ layer the resident size is measured; what is left (minus the output chunk
 buffer) is split between the chunk cache and the block working set, and
 blocks of targets are cut so that their local graphs fit (a single node whose
 in-neighbourhood alone exceeds it still gets a block of its own). Peak RSS is
-sampled and reported.
+sampled and reported (per layer too). Layer 0 reads either the feature pages
+each block needs (O_DIRECT reader, deduplicated per block) or whole feature
+chunks through the same cache, whichever the plan says reads fewer bytes.
+Reads are chunk-granular for later layers: when the cache holds only part of
+the previous layer and blocks touch most chunks (ids without locality), bytes
+read grow as blocks x chunks -- give the cache the previous layer if the budget
+allows, or use a locality order (PDS).
 
 Resume: ``progress.json`` in the group records the finished layers and the
 output chunks of the current layer, updated after each chunk is written and
