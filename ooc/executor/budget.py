@@ -123,6 +123,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
             the smallest budget that can work).
     """
     from ..inspector.neighbor_cache import full_cache_bytes
+    from ..inspector.pipeline import bytes_per_batch
     from ..inspector.sampler import NeighborSampler, derive_seed, epoch_batches
     from .modes import ModeOptions, ThreadedMmapFeatures, ThreadedMmapNeighbors, drop_mapping
 
@@ -169,6 +170,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
     if model is not None:
         _probe_step(model, batches[0], rows[0], dataset)
     peak = hwm_bytes() if hwm_ok else max(rss_bytes(), setup)
+    bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
     for c in closers:
         c()
     del batches, rows
@@ -184,12 +186,9 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
         stages["feature_address_table"] = 4 * n
     s = None
     if mode == "ooc":
-        from ..inspector.pipeline import measure_bytes_per_batch, superbatch_size_for_budget
+        from ..inspector.pipeline import superbatch_size_for_budget
 
         nb = len(seed_batches)
-        bpb = measure_bytes_per_batch(sampler, seed_batches, [derive_seed(config.seed, 1, b)
-                                                              for b in range(len(seed_batches))],
-                                      with_changesets=True, probes=k)
         s = opts.superbatch_size or superbatch_size_for_budget(opts.runtime_disk_budget, bpb,
                                                                ahead=1, max_size=nb)
         s = max(1, min(int(s), nb))

@@ -212,18 +212,23 @@ def superbatch_size_for_budget(runtime_disk_budget: int, bytes_per_batch: float,
     return min(s, max_size) if max_size else s
 
 
-def measure_bytes_per_batch(sampler: NeighborSampler, seed_batches: Sequence[np.ndarray],
-                            batch_seeds: Sequence[int], with_changesets: bool = True,
-                            probes: int = 4) -> float:
-    """Runtime-file bytes per batch, measured by sampling a few batches.
+def bytes_per_batch(batches: Sequence, num_layers: int, with_changesets: bool = True) -> float:
+    """Runtime-file bytes per batch of already sampled ``batches``.
 
     Changesets add at most three int64 values per sampled id (in_ids,
     in_positions, out_ids), counted as that upper bound.
     """
-    n = min(probes, len(seed_batches))
-    if n == 0:
+    if not batches:
         return 1.0
-    batches = sampler.sample_many(list(seed_batches[:n]), list(batch_seeds[:n]))
-    samples = SuperbatchSamples.from_batches(batches, len(sampler.fanouts))
+    samples = SuperbatchSamples.from_batches(batches, num_layers)
     extra = 3 * 8 * len(samples.node_ids) if with_changesets else 0
-    return (samples.nbytes + extra) / n
+    return (samples.nbytes + extra) / len(batches)
+
+
+def measure_bytes_per_batch(sampler: NeighborSampler, seed_batches: Sequence[np.ndarray],
+                            batch_seeds: Sequence[int], with_changesets: bool = True,
+                            probes: int = 4) -> float:
+    """Runtime-file bytes per batch, measured by sampling a few batches."""
+    n = min(probes, len(seed_batches))
+    batches = sampler.sample_many(list(seed_batches[:n]), list(batch_seeds[:n])) if n else []
+    return bytes_per_batch(batches, len(sampler.fanouts), with_changesets)
