@@ -13,6 +13,12 @@ import os as _os
 # or numba start their pools; an explicit setting wins.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from .memory import limit_malloc_arenas as _limit_arenas  # noqa: E402
+
+# the gather, loader and inspector threads each get a malloc arena by default;
+# memory one frees is then not reused by the others and RSS creeps past budgets
+_limit_arenas(2)
+
 from .storage import Dataset, DatasetError, OocError, open_dataset, write_dataset  # noqa: E402
 
 

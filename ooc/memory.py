@@ -42,3 +42,21 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def limit_malloc_arenas(n: int = 2) -> bool:
+    """Cap glibc's malloc arenas (``M_ARENA_MAX``) so memory freed by one of the
+    pipeline's threads is reused by the others instead of staying resident in a
+    per-thread arena. Call before threads start; False where unsupported.
+    An explicit ``MALLOC_ARENA_MAX`` in the environment wins."""
+    import ctypes
+    import ctypes.util
+    import os
+
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-8, int(n)))  # M_ARENA_MAX = -8
+    except (OSError, AttributeError):
+        return False
