@@ -164,6 +164,8 @@ class Trainer:
         pipeline: ``(train_producer, eval_producer_factory, feature_source)``;
             defaults to ``PIPELINES[config.mode](dataset, config)``.
         log: where one-line messages go (default: ``tqdm.write`` to stdout).
+        allow_empty_train: accept a dataset without training nodes (a
+            partition that is only evaluated; do not call ``train_epoch``).
 
     Typical use::
 
@@ -173,7 +175,8 @@ class Trainer:
     """
 
     def __init__(self, dataset, config: TrainConfig, pipeline=None,
-                 log: Callable[[str], None] | None = None, options=None):
+                 log: Callable[[str], None] | None = None, options=None,
+                 allow_empty_train: bool = False):
         config.validate()
         self.dataset = dataset
         self.config = config
@@ -181,7 +184,7 @@ class Trainer:
         self.log = log or (lambda msg: tqdm.write(msg, file=sys.stdout))
         if dataset.num_classes < 1:
             raise OocError(f"{dataset.path}: dataset has no labels (num_classes is 0)")
-        if len(dataset.train_idx) == 0:
+        if len(dataset.train_idx) == 0 and not allow_empty_train:
             raise OocError(f"{dataset.path}: dataset has an empty training split")
         torch.manual_seed(config.seed)
         self.model: GNN = build_model(config.model, dataset.feature_dim, config.hidden,
@@ -315,12 +318,17 @@ class Trainer:
                          f"{io.get('feature_bytes_read', io.get('proc_read_bytes', 0)) / 2**20:.0f} MiB")
         return "  ".join(parts)
 
-    @torch.no_grad()
     def evaluate(self, ids: np.ndarray) -> float | None:
         """Accuracy on ``ids`` with sampled neighbourhoods (fixed eval seed); None if empty."""
+        correct, count = self.evaluate_counts(ids)
+        return correct / count if count else None
+
+    @torch.no_grad()
+    def evaluate_counts(self, ids: np.ndarray) -> tuple[int, int]:
+        """``(correct, labeled)`` predictions on ``ids`` (summed over workers by averaging)."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size == 0:
-            return None
+            return 0, 0
         self.model.eval()
         producer = self.eval_producer_factory(ids)
         correct, count = 0, 0
@@ -332,7 +340,7 @@ class Trainer:
             correct += int((pred[labeled] == data.y[labeled]).sum())
             count += int(labeled.sum())
         self.model.train()
-        return correct / count if count else None
+        return correct, count
 
     def fit(self, epochs: int | None = None, checkpoint_dir: str | Path | None = None,
             args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
