@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = dict(
     checkpoint_every=1, superbatch_size=None, runtime_dir=None, runtime_disk_budget="1GiB",
     feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
     memory_budget=None,
+    workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
 )
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
@@ -112,6 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{d['queue_depth']})")
     p.add_argument("--io-threads", type=int, help=f"baseline memmap copy threads (default "
                    f"{d['io_threads']})")
+    p.add_argument("--workers", type=int, help="Q worker processes with model averaging "
+                   "(torch.distributed gloo on 127.0.0.1, or the torchrun environment); 1 "
+                   "simulates the partitions sequentially in this process")
+    p.add_argument("--partitions", type=int, help="P partitions, partition j on worker j mod Q "
+                   "(default: the workload-allocation rule from --memory-budget)")
+    p.add_argument("--sync-every", type=int, help="average the local models every K epochs "
+                   "(default 1)")
+    p.add_argument("--compute-fraction", type=float, help="T/M: share of the per-worker "
+                   "--memory-budget the computation needs (default 2/3)")
+    p.add_argument("--partition-dir", metavar="DIR", help="partition folder (default "
+                   "<data>.partitions/spring_p<P>, partitioned with SPRING when missing)")
     p.add_argument("--no-eval", action="store_true", help="skip validation/test evaluation")
     p.add_argument("--model", choices=["sage", "gcn", "gat"], help=f"default {d['model']}")
     p.add_argument("--fanouts", metavar="F1,F2,..",
@@ -235,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                           memory_budget=size("memory_budget"))
     if s["checkpoint_every"] < 1:
         raise OocError(f"--checkpoint-every must be >= 1, got {s['checkpoint_every']}")
+    from .executor.distributed import run_cli, wants_averaging
+    if wants_averaging(s):
+        return run_cli(dataset, config, options, s, list(sys.argv[1:] if argv is None else argv),
+                       ckdir, ck_path, report_path, list(DEFAULTS))
     t0 = time.perf_counter()
     trainer = Trainer(dataset, config, options=options)
     if ck_path is not None:

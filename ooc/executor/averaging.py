@@ -1,0 +1,171 @@
+"""Model averaging and workload allocation (SDT-GNN §III-C, §III-D; DESIGN.md §6).
+
+Pure functions, no process group: :mod:`ooc.executor.distributed` drives them.
+
+* **Workload allocation** (:func:`allocate_partitions`): with ``q`` workers of
+  ``M`` bytes each, ``T`` of which the computation needs, and ``S`` bytes of
+  graph + feature data on disk, the graph is cut into ``p = q`` partitions
+  when ``S <= q (M - T)``, else into ``ceil(S / (M - T))``. ``T`` defaults to
+  ``2/3 M`` (the paper's conservative estimate).
+* **Assignment** (:func:`assign_partitions`): partition ``j`` goes to worker
+  ``j mod q``; a worker trains its local models one after the other.
+* **Averaging** (:func:`weighted_sum`, :func:`finish_average`): the averaged
+  weights are ``w = sum_j alpha_j w_j`` with ``alpha_j = n_j / sum_i n_i``,
+  ``n_j`` the training nodes of partition ``j``. Each worker computes its
+  partial sum ``sum_{j mine} n_j w_j`` (float64), the partial sums and the
+  weights are summed over workers (``all_reduce``), and the quotient is
+  loaded into every local model.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from ..storage.errors import OocError
+
+#: Default share of the per-worker memory budget that the computation needs (T / M).
+DEFAULT_COMPUTE_FRACTION = 2.0 / 3.0
+
+#: Top-level dataset files counted as "graph and feature data" (everything else
+#: in the folder, e.g. ``runtime/``, is not data).
+_SKIP_DIRS = ("runtime", "partitions")
+
+
+def dataset_bytes(path: str | os.PathLike) -> int:
+    """Bytes on disk of a dataset folder's own files (S in the allocation rule).
+
+    Counts the regular files directly inside ``path`` (CSC, features, labels,
+    splits, metadata); sub-folders such as runtime files are not data.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise OocError(f"{p}: not a dataset folder")
+    return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+
+
+def allocate_partitions(data_bytes: int, workers: int, memory_budget: int | None,
+                        compute_bytes: int | None = None,
+                        compute_fraction: float = DEFAULT_COMPUTE_FRACTION) -> int:
+    """The number of partitions ``p`` (SDT-GNN §III-C).
+
+    Args:
+        data_bytes: ``S``, the dataset's bytes on disk.
+        workers: ``q >= 1``.
+        memory_budget: ``M``, bytes per worker; None: unbounded, ``p = q``.
+        compute_bytes: ``T``, bytes the computation needs (``0 <= T < M``);
+            None: ``compute_fraction * M``.
+        compute_fraction: ``T / M`` when ``compute_bytes`` is None (in [0, 1)).
+
+    Returns:
+        ``q`` if ``S <= q (M - T)``, else ``ceil(S / (M - T))``.
+    """
+    if int(workers) < 1:
+        raise OocError(f"--workers must be >= 1, got {workers}")
+    if data_bytes < 0:
+        raise OocError(f"dataset size must be >= 0, got {data_bytes}")
+    if memory_budget is None:
+        return int(workers)
+    m = int(memory_budget)
+    if m <= 0:
+        raise OocError(f"--memory-budget must be > 0, got {memory_budget}")
+    if compute_bytes is None:
+        if not 0.0 <= compute_fraction < 1.0:
+            raise OocError(f"--compute-fraction must be in [0, 1), got {compute_fraction}")
+        t = compute_fraction * m
+    else:
+        t = float(compute_bytes)
+        if not 0 <= t < m:
+            raise OocError(f"compute memory T={compute_bytes} must be in [0, M={m})")
+    free = m - t
+    if data_bytes <= workers * free:
+        return int(workers)
+    return int(math.ceil(data_bytes / free))
+
+
+def assign_partitions(parts: int, workers: int) -> list[list[int]]:
+    """Cyclic assignment: ``out[r]`` lists the partitions of worker ``r`` (``j mod q == r``).
+
+    With ``p < q`` the last ``q - p`` workers get none.
+    """
+    if parts < 1 or workers < 1:
+        raise OocError(f"need parts >= 1 and workers >= 1, got {parts} and {workers}")
+    return [list(range(r, parts, workers)) for r in range(workers)]
+
+
+def averageable(name: str, value: torch.Tensor) -> bool:
+    """Whether a state entry is averaged (floating tensors); others are kept as they are."""
+    return torch.is_tensor(value) and value.is_floating_point()
+
+
+def weighted_sum(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
+                 ) -> dict[str, torch.Tensor]:
+    """``sum_j weights[j] * states[j][k]`` for every floating entry ``k``, in float64 on the CPU.
+
+    ``states`` may be empty (a worker without partitions): the result is then
+    empty and :func:`zeros_like_state` gives the zero partial sum instead.
+    """
+    if len(states) != len(weights):
+        raise ValueError(f"{len(states)} states but {len(weights)} weights")
+    out: dict[str, torch.Tensor] = {}
+    for state, w in zip(states, weights):
+        for k, v in state.items():
+            if not averageable(k, v):
+                continue
+            term = v.detach().to("cpu", torch.float64) * float(w)
+            if k in out:
+                out[k] += term
+            else:
+                out[k] = term
+    return out
+
+
+def zeros_like_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A float64 zero for every floating entry of ``state`` (an empty partial sum)."""
+    return {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in state.items()
+            if averageable(k, v)}
+
+
+def finish_average(total: Mapping[str, torch.Tensor], weight: float,
+                   like: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The averaged state: ``total / weight`` in the dtypes and devices of ``like``.
+
+    Entries of ``like`` that are not averaged (integer buffers) are copied.
+    """
+    if not weight > 0:
+        raise OocError("model averaging: the partitions have no training nodes in total")
+    out: dict[str, torch.Tensor] = {}
+    for k, v in like.items():
+        if k in total:
+            out[k] = (total[k] / float(weight)).to(device=v.device, dtype=v.dtype)
+        else:
+            out[k] = v.detach().clone()
+    return out
+
+
+def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
+                     ) -> dict[str, torch.Tensor]:
+    """In one process: ``sum_j alpha_j states[j]`` with ``alpha_j = weights[j] / sum(weights)``."""
+    if not states:
+        raise ValueError("no states to average")
+    return finish_average(weighted_sum(states, weights), float(sum(weights)), states[0])
+
+
+def flatten(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> torch.Tensor:
+    """The entries ``keys`` of ``state`` as one flat float64 tensor (one all_reduce)."""
+    return torch.cat([state[k].reshape(-1) for k in keys]) if keys else torch.zeros(0,
+                                                                               dtype=torch.float64)
+
+
+def unflatten(flat: torch.Tensor, like: Mapping[str, torch.Tensor], keys: Sequence[str]
+              ) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`flatten`."""
+    out, off = {}, 0
+    for k in keys:
+        n = like[k].numel()
+        out[k] = flat[off:off + n].reshape(like[k].shape)
+        off += n
+    return out
