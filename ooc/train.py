@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: from --memory-budget, else 25%% of the full cache)")
     p.add_argument("--superbatch-size", type=int, help="batches per superbatch (ooc; default: "
                    "the largest whose runtime files fit --runtime-disk-budget)")
+    p.add_argument("--sizes", metavar="JSON", help="cache and superbatch sizes recommended by "
+                   "tools/size_caches.py (its --report); explicit size options win")
     p.add_argument("--runtime-dir", metavar="DIR", help="runtime files (default <data>/runtime)")
     p.add_argument("--runtime-disk-budget", metavar="SIZE",
                    help=f"disk for runtime files (default {d['runtime_disk_budget']})")
@@ -197,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     no_eval = bool(given.pop("no_eval", False))
     report_path = given.pop("report", None)
     ckdir = given.pop("checkpoint_dir", None)
+    sizes_path = given.pop("sizes", None)
 
     from .storage import open_dataset
 
@@ -215,6 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         s["data"] = str(default_dataset())
     dataset = open_dataset(s["data"])
     s["data"] = str(Path(s["data"]).resolve())  # checkpoints resume from any folder
+    if sizes_path is not None:
+        from .executor.profiler import load_sizes
+
+        sizes = load_sizes(sizes_path, dataset)
+        for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size"):
+            if key not in given and sizes.get(key) is not None:
+                s[key] = sizes[key]
+        if "mode" not in given and sizes.get("mode"):
+            s["mode"] = sizes["mode"]
 
     from .executor.trainer import Trainer, TrainConfig
     config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),

@@ -92,6 +92,13 @@ class MemoryPlan:
     neighbor_cache_bytes: int = 0
     superbatch_size: int | None = None
     min_budget: int = 0
+    #: peak RSS (absolute, bytes) of the probe's sample stage and of its main loop
+    #: (gather + one training step), each from a fresh high-water mark
+    stage_peaks: dict[str, int] = field(default_factory=dict)
+    runtime_bytes_per_batch: float = 0.0
+    ids_per_batch: float = 0.0
+    #: superbatch size the runtime disk budget alone allows (before the memory cap)
+    superbatch_size_disk: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,10 +176,15 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
                               num_threads=config.num_threads)
     batches = sampler.sample_many(seed_batches[:k], bseeds)
     ids_per_batch = float(np.mean([b.num_nodes for b in batches]))
+    # the stage peaks (Ginex §3.5): sample, then main loop (gather + step) from a fresh
+    # high-water mark; their maximum is the HWM of the whole probe
+    peak_sample = hwm_bytes() if hwm_ok else max(rss_bytes(), setup)
+    hwm_ok = reset_hwm() and hwm_ok
     rows = [feats.read(b.node_ids) for b in batches]
     if model is not None:
         _probe_step(model, batches[0], rows[0], dataset)
-    peak = hwm_bytes() if hwm_ok else max(rss_bytes(), setup)
+    peak_main = hwm_bytes() if hwm_ok else max(rss_bytes(), setup)
+    peak = max(peak_sample, peak_main)
     bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
     for c in closers:
         c()
@@ -181,6 +193,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
         drop_mapping(dataset.indices)
     gc.collect()
     stages["probe_peak"] = max(0, peak - setup)
+    stage_peaks = {"sample": int(peak_sample), "main_loop": int(peak_main)}
     batch_rows_bytes = int(ids_per_batch * row_bytes)
     # prefetch queue (2) + the one the gather thread holds + the one computing
     stages["queued_batches"] = 4 * batch_rows_bytes
@@ -188,13 +201,16 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
     # -- computed parts -------------------------------------------------------------------------
     if mode != "baseline":
         stages["feature_address_table"] = 4 * n
-    s = None
+    s = s_disk = None
     if mode == "ooc":
         from ..inspector.pipeline import superbatch_size_for_budget
 
         nb = len(seed_batches)
-        s = opts.superbatch_size or superbatch_size_for_budget(opts.runtime_disk_budget, bpb,
-                                                               ahead=1, max_size=nb)
+        if opts.superbatch_size:
+            s_disk = None
+        else:
+            s_disk = superbatch_size_for_budget(opts.runtime_disk_budget, bpb, ahead=1)
+        s = opts.superbatch_size or min(s_disk, nb)
         s = max(1, min(int(s), nb))
 
         def sb_bytes(size: int) -> int:
@@ -210,7 +226,10 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
         stages["superbatch"] = sb_bytes(s)
     working = setup + sum(v for key, v in stages.items() if key != "setup_rss")
     plan = MemoryPlan(budget=budget, reserve=reserve, working=working, stages=stages,
-                      superbatch_size=s, min_budget=working + reserve)
+                      superbatch_size=s, min_budget=working + reserve,
+                      stage_peaks=stage_peaks, runtime_bytes_per_batch=float(bpb),
+                      ids_per_batch=ids_per_batch,
+                      superbatch_size_disk=s_disk)
     free = budget - working - reserve
     explicit_f = opts.feature_cache_size
     explicit_n = opts.neighbor_cache_size if mode != "baseline" else 0

@@ -1,0 +1,672 @@
+"""Offline profiler: cache and superbatch sizes from a short measured run (Ginex §3.5).
+
+``profile(dataset, config, options, budget)`` runs, in this process:
+
+1. **The memory plan** — :func:`ooc.executor.budget.plan_memory`, the very code
+   ``python -m ooc.train --memory-budget`` runs (auto sizing): setup RSS, then
+   a probe of a few batches whose sample stage and main loop (gather + one
+   training step) each get their own peak RSS (``VmHWM`` reset between them),
+   plus the computed parts (queued batches, address table, superbatch in
+   flight, changeset pass). It gives the recommended cache bytes and the
+   superbatch size; a budget below the working memory fails with the smallest
+   budget that can work.
+2. **The stages with the recommended sizes** — the mode is built exactly as
+   training builds it (:func:`ooc.executor.modes.build_mode`, so the neighbor
+   cache is built and saved once and training reuses it), then timed on the
+   first ``trace_batches`` batches of epoch 1 (the same seeds training uses):
+   superbatch sampling and its runtime files (bytes per batch measured on the
+   written files), the changeset pass (peak RSS; CUDA peak memory when a GPU
+   is present), loading the runtime files, the cache switch, gather with the
+   Belady feature cache (read seconds per missed row, seconds per lookup),
+   cache updates, and a few training steps (convert + transfer + compute).
+   Each stage's wall and process-CPU seconds are recorded, and its peak RSS.
+3. **Miss-ratio curves** of the sampled trace at 1%..100% of the feature
+   table for Belady (per superbatch, free initial load, as the executor
+   runs it), the static degree-ordered cache (PaGraph) and LRU.
+4. **The expected epoch time** from those rates (see :func:`predict_epoch`).
+
+The report (a JSON-friendly dict) carries the measurements, the
+recommendation, the arithmetic as text lines, the curves, and ``sizes`` — the
+part ``python -m ooc.train --sizes sizes.json`` reads (:func:`load_sizes`).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..storage.errors import OocError
+
+#: Cache sizes of the miss-ratio curves, as fractions of the feature table.
+CURVE_FRACTIONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
+                   0.7, 0.8, 0.9, 1.0)
+#: Version of the ``sizes`` block read by ``ooc.train --sizes``.
+SIZES_VERSION = 1
+MiB = 1 << 20
+
+
+def _fmt(n: float) -> str:
+    from ..cli import format_size
+
+    return format_size(n)
+
+
+class _Stage:
+    """Wall seconds, process CPU seconds and peak RSS of a block."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self.peak = 0
+
+    def __enter__(self) -> "_Stage":
+        from .budget import reset_hwm
+
+        gc.collect()
+        self._hwm = reset_hwm()
+        self._t, self._c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from .budget import hwm_bytes, rss_bytes
+
+        self.wall += time.perf_counter() - self._t
+        self.cpu += time.process_time() - self._c
+        self.peak = max(self.peak, hwm_bytes() if self._hwm else rss_bytes())
+
+
+# -- the sizes file ------------------------------------------------------------------------------
+
+
+def sizes_block(dataset, config, plan) -> dict[str, Any]:
+    """What ``ooc.train --sizes`` applies: the recommended cache bytes and superbatch size."""
+    return {"version": SIZES_VERSION, "mode": config.mode,
+            "feature_cache_size": int(plan.feature_cache_bytes),
+            "neighbor_cache_size": int(plan.neighbor_cache_bytes),
+            "superbatch_size": int(plan.superbatch_size) if plan.superbatch_size else None,
+            "memory_budget": int(plan.budget),
+            "dataset": {"path": str(Path(dataset.path).resolve()), "num_nodes": dataset.num_nodes,
+                        "num_edges": dataset.num_edges, "feature_dim": dataset.feature_dim},
+            "batch_size": config.batch_size, "fanouts": list(config.fanouts)}
+
+
+def load_sizes(path: str | os.PathLike, dataset=None) -> dict[str, Any]:
+    """The ``sizes`` block of a profiler report (or a bare sizes file).
+
+    Raises:
+        OocError: unreadable or invalid file, or made for another dataset.
+    """
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise OocError(f"{p}: sizes file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise OocError(f"{p}: cannot read sizes file ({getattr(e, 'strerror', None) or e})") \
+            from None
+    except json.JSONDecodeError as e:
+        raise OocError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
+    s = doc.get("sizes", doc) if isinstance(doc, dict) else None
+    if not isinstance(s, dict) or s.get("version") != SIZES_VERSION:
+        raise OocError(f"{p}: not a sizes file of tools/size_caches.py (no 'sizes' block of "
+                       f"version {SIZES_VERSION})")
+    for key in ("feature_cache_size", "neighbor_cache_size"):
+        v = s.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise OocError(f"{p}: sizes.{key} must be a non-negative integer, got {v!r}")
+    sb = s.get("superbatch_size")
+    if sb is not None and (not isinstance(sb, int) or isinstance(sb, bool) or sb < 1):
+        raise OocError(f"{p}: sizes.superbatch_size must be a positive integer, got {sb!r}")
+    ds = s.get("dataset") or {}
+    if dataset is not None and ds.get("num_nodes") not in (None, dataset.num_nodes):
+        raise OocError(f"{p}: sizes were profiled on a dataset of {ds.get('num_nodes'):,} nodes; "
+                       f"{dataset.path} has {dataset.num_nodes:,}")
+    return s
+
+
+# -- the epoch-time model --------------------------------------------------------------------
+
+
+def predict_epoch(mode: str, num_batches: int, superbatch_size: int | None,
+                  per_batch: dict[str, tuple[float, float]], switch_s: float,
+                  cores: int) -> dict[str, Any]:
+    """Expected seconds of one training epoch from per-batch stage costs.
+
+    Args:
+        per_batch: stage -> (wall seconds, process-CPU seconds) per batch, for
+            ``sample`` (sampling + writing runtime files; on-demand modes:
+            sampling only), ``changesets``, ``load``, ``gather`` (at the
+            predicted miss ratio, updates included) and ``compute``
+            (convert + transfer + forward/backward/step).
+        switch_s: seconds of one cache switch (``ooc``, per superbatch).
+        cores: CPUs the process may use.
+
+    ``ooc``: the first superbatch is sampled and its changesets computed before
+    training starts (``startup``); then the main loop runs ``num_batches``
+    batches while the inspector prepares the rest. Its threads overlap, so
+    that part takes the longest of (the main thread's compute, the gather
+    thread's gather + load, the inspector's sampling + changesets, all their
+    CPU seconds over the cores), plus one switch per superbatch.
+    ``static`` / ``baseline``: sampling and gather run on the pipeline thread
+    beside the compute thread: the longer of the two, or the CPU bound.
+    """
+    w = {k: v[0] for k, v in per_batch.items()}
+    c = {k: v[1] for k, v in per_batch.items()}
+    nb = int(num_batches)
+    out: dict[str, Any] = {"num_batches": nb, "cores": cores}
+    if mode == "ooc":
+        s = max(1, min(int(superbatch_size or nb), nb))
+        k = -(-nb // s)
+        startup = s * (w["sample"] + w["changesets"])
+        rest = nb - s
+        terms = {"compute_thread": nb * w["compute"],
+                 "gather_thread": nb * (w["gather"] + w["load"]),
+                 "inspector_threads": rest * (w["sample"] + w["changesets"]),
+                 "cpu_bound": (nb * (c["compute"] + c["gather"] + c["load"])
+                               + rest * (c["sample"] + c["changesets"])) / cores}
+        overlap = max(terms.values())
+        total = startup + overlap + k * switch_s
+        out.update(superbatches=k, startup_s=startup, overlapped_s=overlap,
+                   switches_s=k * switch_s, terms_s=terms,
+                   formula="startup S*(sample+changesets) + max(terms) + superbatches*switch")
+    else:
+        terms = {"compute_thread": nb * w["compute"],
+                 "pipeline_thread": nb * (w["sample"] + w["gather"]),
+                 "cpu_bound": nb * (c["compute"] + c["sample"] + c["gather"]) / cores}
+        total = max(terms.values())
+        out.update(terms_s=terms, formula="max(terms)")
+    out["epoch_s"] = total
+    return out
+
+
+# -- miss-ratio curves -----------------------------------------------------------------------
+
+
+def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
+                hot_order: np.ndarray, capacities: np.ndarray, threads: int = 2
+                ) -> dict[str, list[float]]:
+    """Miss ratios of the trace at each capacity (rows) for the three policies.
+
+    Belady runs per superbatch of ``superbatch_size`` batches with a free
+    initial load (as the executor's changesets do; ``belady_with_init`` adds
+    each superbatch's initial load, the rows a cache switch reads); LRU and
+    the static cache (``hot_order[:K]``, filled once, the fill not counted)
+    run over the whole trace, LRU from a cold start.
+    """
+    from ..inspector import policies as P
+
+    accesses = int(sum(len(t) for t in trace))
+    caps = np.asarray(capacities, dtype=np.int64)
+    bel = np.zeros(len(caps), np.int64)
+    init = np.zeros(len(caps), np.int64)
+    s = max(1, int(superbatch_size))
+    for a in range(0, len(trace), s):
+        bel += P.miss_curve_belady(trace[a:a + s], caps, threads=threads)
+        distinct = len(np.unique(np.concatenate(trace[a:a + s])))
+        init += np.minimum(caps, distinct)
+    lru = P.miss_curve_lru(trace, caps)
+    static = P.miss_curve_static(trace, hot_order, caps)
+    r = lambda m: [float(v) / max(accesses, 1) for v in m]  # noqa: E731
+    return {"belady": r(bel), "belady_with_init": r(bel + init), "static_degree": r(static),
+            "lru": r(lru), "accesses": accesses}
+
+
+# -- the profile ------------------------------------------------------------------------------
+
+
+def profile(dataset, config, options, budget: int, reserve: int | None = None,
+            trace_batches: int | None = None, compute_steps: int = 6,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Profile ``config.mode`` on ``dataset`` under ``budget`` bytes; return the report.
+
+    Args:
+        dataset: an opened dataset.
+        config: :class:`~ooc.executor.trainer.TrainConfig` (mode, model, fanouts, ...).
+        options: :class:`~ooc.executor.modes.ModeOptions` (runtime disk budget,
+            queue depth, runtime dir; explicit cache sizes are kept).
+        budget: memory budget, bytes.
+        reserve: headroom bytes (default :func:`~ooc.executor.budget.default_reserve`).
+        trace_batches: batches sampled for the rates and curves (default: the
+            superbatch size, at most 128, at most the epoch).
+        compute_steps: training steps timed (the first is warm-up, not counted).
+
+    Raises:
+        OocError: the budget is below the working memory (with the smallest
+            budget that can work).
+    """
+    import torch
+
+    from ..inspector.sampler import derive_seed, epoch_batches
+    from .budget import default_reserve, plan_memory
+    from .models import build_model
+    from .trainer import resolve_device
+
+    t_start = time.perf_counter()
+    config.validate()
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, dataset.feature_dim, config.hidden, dataset.num_classes,
+                        config.num_layers, dropout=config.dropout, heads=config.heads).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                 weight_decay=config.weight_decay)
+    reserve = default_reserve(int(budget)) if reserve is None else int(reserve)
+    log(f"size_caches: memory plan (the same code as ooc.train --memory-budget) under "
+        f"{_fmt(budget)}")
+    plan = plan_memory(dataset, config, int(budget), options, model=model, reserve=reserve)
+    mode = config.mode
+    n = dataset.num_nodes
+    row_bytes = dataset.layout.row_bytes
+    seed_batches = epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1,
+                                 shuffle=True)
+    nb = len(seed_batches)
+    S = int(plan.superbatch_size or nb)
+    T = int(trace_batches or 128)
+    T = max(1, min(T, nb))
+    S0 = max(1, min(S, T))   # the superbatch the stages are timed on
+
+    # -- the mode with the recommended sizes, built as training builds it -------------------------
+    rec = replace(options, feature_cache_size=plan.feature_cache_bytes,
+                  neighbor_cache_size=plan.neighbor_cache_bytes,
+                  superbatch_size=plan.superbatch_size if mode == "ooc" else None,
+                  memory_budget=None)
+    log(f"size_caches: building the {mode} mode with the recommended sizes "
+        f"(feature cache {_fmt(plan.feature_cache_bytes)}, neighbor cache "
+        f"{_fmt(plan.neighbor_cache_bytes)}, superbatch {plan.superbatch_size})")
+    from .modes import build_mode, hot_nodes
+
+    stages: dict[str, _Stage] = {k: _Stage() for k in
+                                 ("sample", "write", "changesets", "load", "switch", "gather",
+                                  "update", "compute")}
+    with _Stage() as build_st:
+        mp = build_mode(dataset, config, rec)
+    gpu: dict[str, Any] = {"available": bool(torch.cuda.is_available())}
+    try:
+        pipe = mp.train
+        sampler = pipe.inspector.sampler if mode == "ooc" else pipe.sampler
+        cache = pipe.cache
+        features = mp.features
+        bseeds = [derive_seed(config.seed, 1, b) for b in range(T)]
+        log(f"size_caches: sampling {T} batches (superbatch sampling stage)")
+        with stages["sample"]:
+            batches = sampler.sample_many(seed_batches[:T], bseeds)
+        trace = [np.asarray(b.node_ids, dtype=np.int64) for b in batches]
+        ids_per_batch = float(np.mean([len(t) for t in trace]))
+        runtime: dict[str, Any] = {}
+        cs = None
+        if mode == "ooc":
+            import tempfile
+
+            from ..inspector.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
+                                             read_samples, remove_superbatch, write_changesets,
+                                             write_samples)
+            from .modes import _changeset_fn
+
+            rt = Path(mp.info["runtime_dir"])
+            folder = Path(tempfile.mkdtemp(prefix="profile-", dir=rt))
+            try:
+                with stages["write"]:
+                    samples = SuperbatchSamples.from_batches(batches[:S0], len(config.fanouts))
+                    sbytes = write_samples(folder, samples)
+                fn = _changeset_fn(n, cache.capacity, config.device)
+                with stages["changesets"]:
+                    cs = FlatChangesets.from_changesets(fn(trace[:S0]))
+                if gpu["available"]:
+                    gpu.update(_gpu_changesets(trace[:S0], n, cache.capacity, S))
+                cbytes = write_changesets(folder, cs)
+                with stages["load"]:
+                    samples, cs = read_samples(folder), read_changesets(folder)
+            finally:
+                remove_superbatch(folder)
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
+            runtime = {"sample_bytes_per_batch": sbytes / S0,
+                       "changeset_bytes_per_batch": cbytes / S0,
+                       "bytes_per_batch": (sbytes + cbytes) / S0,
+                       "planned_bytes_per_batch": plan.runtime_bytes_per_batch,
+                       "superbatch_bytes": (sbytes + cbytes) / S0 * S}
+        if not gpu["available"]:
+            gpu["note"] = "no CUDA device: the changeset pass runs on the CPU (numba)"
+
+        # -- main loop: switch, gather, update, compute ------------------------------------------
+        log("size_caches: main loop stage (gather with the feature cache, training steps)")
+        read0 = features.read_s
+        misses = lookups = updated = 0
+        rows_list = []
+        steps = max(2, min(int(compute_steps), T))
+        if mode == "ooc":
+            with stages["switch"]:
+                switched = cache.switch(cs.init_ids, features)
+        else:
+            switched = 0
+        read_switch = features.read_s - read0
+        gather_batches = min(S0, 32) if mode != "baseline" else min(T, 8)
+        for j in range(gather_batches):
+            with stages["gather"]:
+                if cache is not None:
+                    rows, m = cache.gather(trace[j], features)
+                else:
+                    rows, m = features.read(trace[j]), len(trace[j])
+            misses += m
+            lookups += len(trace[j])
+            if cs is not None:
+                with stages["update"]:
+                    i_ids, o_ids, i_pos = cs.step(j)
+                    cache.update(i_ids, o_ids, i_pos, rows)
+                updated += len(i_ids)
+            if j < steps:
+                rows_list.append(rows)
+            del rows
+        read_gather = features.read_s - read0 - read_switch
+        step_s = _time_steps(model, optimizer, batches[:steps], rows_list, dataset, device,
+                             stages["compute"])
+        del rows_list
+    finally:
+        mp.close()
+
+    # -- miss curves ------------------------------------------------------------------------------
+    log("size_caches: miss-ratio curves (Belady, static degree-ordered, LRU)")
+    caps = sorted({max(1, int(round(f * n))) for f in CURVE_FRACTIONS}
+                  | ({int(plan.feature_cache_rows)} if plan.feature_cache_rows else set()))
+    caps_arr = np.array(caps, np.int64)
+    t0 = time.perf_counter()
+    curves = miss_curves(trace, n, S if mode == "ooc" else T, hot_nodes(dataset), caps_arr,
+                         threads=max(1, min(4, os.cpu_count() or 1)))
+    curves_s = time.perf_counter() - t0
+    rec_rows = int(plan.feature_cache_rows)
+    i_rec = caps.index(rec_rows) if rec_rows in caps else None
+    policy = {"ooc": "belady", "static": "static_degree"}.get(mode)
+    if policy and i_rec is not None:
+        pred_miss = curves[policy][i_rec]
+    elif mode == "baseline":
+        pred_miss = 1.0
+    else:
+        pred_miss = 1.0
+    measured_miss = misses / max(lookups, 1)
+
+    # -- rates and the expected epoch -----------------------------------------------------------
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_row_read = read_gather / max(misses, 1)
+    g = stages["gather"]
+    gather_other = max(0.0, g.wall - read_gather) / max(lookups, 1)
+    gather_cpu_per_lookup = g.cpu / max(lookups, 1)
+    pred_miss_rows = pred_miss * ids_per_batch
+    gather_wall = pred_miss_rows * per_row_read + ids_per_batch * gather_other
+    # CPU: scale the measured CPU by the predicted vs measured miss rows (reads dominate)
+    gather_cpu = g.cpu / max(gather_batches, 1) * (
+        (pred_miss_rows + 1) / (misses / max(gather_batches, 1) + 1)) if misses else \
+        gather_cpu_per_lookup * ids_per_batch
+    u = stages["update"]
+    upd = (u.wall / max(gather_batches, 1), u.cpu / max(gather_batches, 1))
+    per_batch: dict[str, tuple[float, float]] = {
+        "sample": ((stages["sample"].wall + stages["write"].wall) / T,
+                   (stages["sample"].cpu + stages["write"].cpu) / T),
+        "changesets": (stages["changesets"].wall / S0, stages["changesets"].cpu / S0),
+        "load": (stages["load"].wall / S0, stages["load"].cpu / S0),
+        "gather": (gather_wall + upd[0], gather_cpu + upd[1]),
+        "compute": step_s,
+    }
+    switch_s = 0.0
+    if mode == "ooc":
+        # the init set of a superbatch is about the cache's capacity (min with the ids seen)
+        init_rows = min(cache.capacity, int(len(cs.init_ids) * max(1.0, S / S0))) if cs else 0
+        switch_s = init_rows * (read_switch / max(switched, 1)) if switched else \
+            init_rows * per_row_read
+    epoch = predict_epoch(mode, nb, S, per_batch, switch_s, cores)
+
+    # -- recommendation and its arithmetic ------------------------------------------------------
+    st = plan.stages
+    peaks = plan.stage_peaks
+    working = plan.working
+    feat_total = plan.feature_cache_rows * (row_bytes + 8)
+    arith = [
+        f"budget B = {_fmt(budget)}; reserve R = {_fmt(reserve)} "
+        f"(max(48 MiB, 10% of B): allocator slack, threads the probe cannot see)",
+        f"measured: setup RSS {_fmt(st['setup_rss'])}; peak(sample stage) "
+        f"{_fmt(peaks.get('sample', 0))}; peak(main loop: gather + one training step) "
+        f"{_fmt(peaks.get('main_loop', 0))}",
+        "working memory W = setup + probe peak above setup + queued batches (4 x batch rows)"
+        + (" + feature address table (int32 [N])" if mode != "baseline" else "")
+        + (" + superbatch in flight (3 x S x bytes/batch + changeset pass 24N + 40 S ids)"
+           if mode == "ooc" else "")
+        + " = " + " + ".join(_fmt(v) for v in st.values()) + f" = {_fmt(working)}",
+        f"free F = B - W - R = {_fmt(budget)} - {_fmt(working)} - {_fmt(reserve)} = "
+        f"{_fmt(budget - working - reserve)}",
+    ]
+    if mode != "baseline":
+        nbytes = plan.neighbor_cache_bytes
+        arith += [
+            f"sampling and training run at the same time here, so each stage's peak includes "
+            f"the other stage's cache: peak(sample stage) = W + feature cache "
+            f"{plan.feature_cache_rows:,} rows x ({row_bytes} + 8) B = {_fmt(working)} + "
+            f"{_fmt(feat_total)} = {_fmt(working + feat_total)}",
+            f"neighbor cache = B - peak(sample stage) - R = {_fmt(budget)} - "
+            f"{_fmt(working + feat_total)} - {_fmt(reserve)} = "
+            f"{_fmt(budget - working - feat_total - reserve)} -> {_fmt(nbytes)} "
+            f"(split: min(full cache, 25% of F); the rest to features)",
+            f"peak(main loop) = W + neighbor cache = {_fmt(working + nbytes)}; feature cache = "
+            f"B - peak(main loop) - R = {_fmt(budget - working - nbytes - reserve)} -> "
+            f"{plan.feature_cache_rows:,} rows x {row_bytes} B = {_fmt(plan.feature_cache_bytes)}"
+            f" ({plan.feature_cache_rows / n:.1%} of the {n:,} rows; 8 B/row of slot "
+            f"bookkeeping)",
+        ]
+    if mode == "ooc":
+        bpb = plan.runtime_bytes_per_batch
+        arith.append(
+            f"superbatch S = runtime disk budget / ((ahead 1 + 1) x bytes per batch) = "
+            f"{_fmt(options.runtime_disk_budget)} / (2 x {_fmt(bpb)}) = "
+            f"{plan.superbatch_size_disk if plan.superbatch_size_disk is not None else 'n/a'}"
+            f"; capped by the epoch ({nb} batches) and so that the superbatch in flight "
+            f"(samples and the changeset pass) takes at most 1/4 of B - setup - probe - R: "
+            f"S = {plan.superbatch_size}")
+        if runtime:
+            arith.append(f"measured runtime files: {_fmt(runtime['bytes_per_batch'])} per batch "
+                         f"(planned upper bound {_fmt(bpb)}), {_fmt(runtime['superbatch_bytes'])} "
+                         f"per superbatch")
+        if gpu.get("changeset_peak_bytes_for_S") is not None:
+            arith.append(f"changeset pass on CUDA: {_fmt(gpu['changeset_peak_bytes_trace'])} peak "
+                         f"for {S0} batches -> {_fmt(gpu['changeset_peak_bytes_for_S'])} for S "
+                         f"(limit {_fmt(gpu['total_bytes'])})")
+    terms = epoch["terms_s"]
+    arith.append(
+        f"epoch = {epoch['formula']}: " + (f"startup {epoch['startup_s']:.2f}s + " if mode == "ooc"
+                                           else "")
+        + "max(" + ", ".join(f"{k} {v:.2f}s" for k, v in terms.items()) + ")"
+        + (f" + {epoch['superbatches']} x switch {switch_s:.2f}s" if mode == "ooc" else "")
+        + f" = {epoch['epoch_s']:.2f}s; per batch: "
+        + ", ".join(f"{k} {v[0] * 1e3:.1f} ms" for k, v in per_batch.items())
+        + f"; gather at the predicted miss ratio {pred_miss:.3f} "
+          f"({pred_miss_rows:,.0f} rows x {per_row_read * 1e6:.1f} us/row read)")
+
+    fr = [c / n for c in caps]
+    report: dict[str, Any] = {
+        "tool": "size_caches",
+        "dataset": {"path": str(Path(dataset.path).resolve()), "num_nodes": n,
+                    "num_edges": dataset.num_edges, "feature_dim": dataset.feature_dim,
+                    "row_bytes": row_bytes, "feature_bytes": n * row_bytes,
+                    "disk_bytes": dataset.disk_bytes(), "train_nodes": int(len(dataset.train_idx))},
+        "config": {"mode": mode, "model": config.model, "fanouts": list(config.fanouts),
+                   "batch_size": config.batch_size, "hidden": config.hidden,
+                   "device": str(device), "seed": config.seed},
+        "budget_bytes": int(budget), "reserve_bytes": int(reserve),
+        "runtime_disk_budget_bytes": int(options.runtime_disk_budget),
+        "measured": {
+            "setup_rss_bytes": st["setup_rss"],
+            "peak_rss_bytes": {"sample_stage": peaks.get("sample"),
+                               "main_loop": peaks.get("main_loop")},
+            "profile_peak_rss_bytes": {k: v.peak for k, v in stages.items() if v.wall}
+            | {"build_mode": build_st.peak},
+            "stage_seconds": {k: {"wall": v.wall, "cpu": v.cpu} for k, v in stages.items()},
+            "trace_batches": T, "ids_per_batch": ids_per_batch,
+            "batch_node_fraction": ids_per_batch / n,
+            "runtime_files": runtime,
+            "sampling_batches_per_s": T / max(stages["sample"].wall, 1e-9),
+            "sampling_nodes_per_s": T * ids_per_batch / max(stages["sample"].wall, 1e-9),
+            "gather_rows_per_s": lookups / max(g.wall, 1e-9),
+            "read_s_per_missed_row": per_row_read,
+            "gather_s_per_lookup_besides_reads": gather_other,
+            "gather_measured_miss_ratio": measured_miss,
+            "switch_rows_read": int(switched),
+            "compute_s_per_batch": step_s[0],
+            "build_mode_s": build_st.wall,
+            "curves_s": curves_s,
+            "gpu": gpu,
+        },
+        "memory_plan": plan.as_dict(),
+        "recommendation": {
+            "feature_cache_bytes": int(plan.feature_cache_bytes),
+            "feature_cache_rows": int(plan.feature_cache_rows),
+            "feature_cache_fraction": plan.feature_cache_rows / n,
+            "neighbor_cache_bytes": int(plan.neighbor_cache_bytes),
+            "superbatch_size": plan.superbatch_size,
+            "min_budget_bytes": int(plan.min_budget),
+            "predicted_miss_ratio": pred_miss,
+            "predicted_miss_policy": policy,
+            "expected_epoch_s": epoch["epoch_s"],
+            "epoch_model": epoch,
+            "per_batch_s": {k: {"wall": v[0], "cpu": v[1]} for k, v in per_batch.items()},
+            "train_args": _train_args(plan, mode),
+        },
+        "arithmetic": arith,
+        "miss_curves": {"capacity_rows": caps, "capacity_fraction": fr,
+                        "recommended_rows": rec_rows, **curves},
+        "sizes": sizes_block(dataset, config, plan),
+        "profile_s": time.perf_counter() - t_start,
+    }
+    return report
+
+
+def _train_args(plan, mode: str) -> list[str]:
+    a = []
+    if mode != "baseline":
+        a += ["--feature-cache-size", str(int(plan.feature_cache_bytes)),
+              "--neighbor-cache-size", str(int(plan.neighbor_cache_bytes))]
+    if mode == "ooc" and plan.superbatch_size:
+        a += ["--superbatch-size", str(int(plan.superbatch_size))]
+    return a
+
+
+def _time_steps(model, optimizer, batches, rows_list, dataset, device, stage: _Stage
+                ) -> tuple[float, float]:
+    """(wall, CPU) seconds per training step (convert + transfer + step); the
+    first step is warm-up and not counted."""
+    import torch
+    import torch.nn.functional as F
+
+    from .batch import to_data
+
+    model.train()
+    walls, cpus = [], []
+    for i, (b, rows) in enumerate(zip(batches, rows_list)):
+        ids = np.asarray(b.node_ids, dtype=np.int64)
+        t0, c0 = time.perf_counter(), time.process_time()
+        y = np.asarray(dataset.labels[ids[:int(b.num_seeds)]], dtype=np.int64)
+        data = to_data(b, rows, y).to(device)
+        optimizer.zero_grad(set_to_none=True)
+        out = model(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
+        loss = F.cross_entropy(out[:data.batch_size], data.y, ignore_index=-1)
+        loss.backward()
+        optimizer.step()
+        float(loss.item())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+    stage.wall += sum(walls)
+    stage.cpu += sum(cpus)
+    if not walls:
+        return 0.0, 0.0
+    return float(np.median(walls)), float(np.median(cpus))
+
+
+def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, Any]:
+    """CUDA peak memory of the changeset pass over the trace, scaled to S batches."""
+    import torch
+
+    from ..inspector.changesets import precompute_changesets
+
+    dev = torch.device("cuda")
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev)
+    t0 = time.perf_counter()
+    precompute_changesets(trace, num_nodes, capacity, device=dev)
+    torch.cuda.synchronize(dev)
+    dt = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(dev) - base
+    total = torch.cuda.get_device_properties(dev).total_memory
+    scaled = int(peak * max(1.0, S / max(len(trace), 1)))
+    return {"device": torch.cuda.get_device_name(dev), "total_bytes": int(total),
+            "changeset_peak_bytes_trace": int(peak), "changeset_peak_bytes_for_S": scaled,
+            "changeset_s_trace": dt, "fits": scaled <= 0.8 * total}
+
+
+# -- the plot ----------------------------------------------------------------------------------
+
+
+def plot_curves(report: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Miss ratio vs feature-cache size for the three policies, the
+    recommended size marked; PNG written to a temp name, then renamed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mc = report["miss_curves"]
+    rec = report["recommendation"]
+    ds = report["dataset"]
+    x = np.array(mc["capacity_fraction"]) * 100
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for key, label, style in (("belady", "Belady (ooc; per superbatch, initial load free)", "-o"),
+                              ("belady_with_init", "Belady + each superbatch's initial load",
+                               ":o"),
+                              ("static_degree", "static degree-ordered (PaGraph; filled once)",
+                               "-s"),
+                              ("lru", "LRU (cold start)", "-^")):
+        ax.plot(x, np.array(mc[key]) * 100, style, ms=4, lw=1.8, label=label,
+                color={"belady_with_init": "C0"}.get(key, {"static_degree": "C1",
+                                                           "lru": "C2"}.get(key, "C0")))
+    fr = rec["feature_cache_fraction"] * 100
+    ax.axvline(fr, color="k", ls="--", lw=1.2)
+    ax.annotate(f"recommended: {rec['feature_cache_rows']:,} rows\n"
+                f"({fr:.1f}%, {_fmt(rec['feature_cache_bytes'])}) -> predicted miss "
+                f"{rec['predicted_miss_ratio']:.1%}",
+                xy=(fr, rec["predicted_miss_ratio"] * 100), xytext=(12, 45),
+                textcoords="offset points", fontsize=9,
+                bbox=dict(boxstyle="round", fc="white", ec="0.6"),
+                arrowprops=dict(arrowstyle="->", color="0.3"))
+    ax.set_xscale("log")
+    ticks = [1, 2, 5, 10, 20, 50, 100]
+    ax.set_xticks(ticks, [f"{t}%" for t in ticks])
+    ax.set_xlim(x.min() * 0.9, 105)
+    ax.set_ylim(0, 100)
+    ax.set_xlabel(f"feature cache size (% of the {ds['num_nodes']:,}-row feature table, log scale)")
+    ax.set_ylabel("miss ratio (% of feature lookups read from disk)")
+    cfg = report["config"]
+    ax.set_title(f"Feature-cache miss ratio, {report['measured']['trace_batches']} sampled batches "
+                 f"(batch {cfg['batch_size']}, fanouts {','.join(map(str, cfg['fanouts']))}; "
+                 f"{report['measured']['batch_node_fraction']:.1%} of nodes per batch)",
+                 fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    out = Path(path)
+    tmp = out.with_name(out.name + ".tmp.png")
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, out)
+    except OSError as e:
+        raise OocError(f"{out}: cannot write the plot ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+__all__ = ["CURVE_FRACTIONS", "load_sizes", "miss_curves", "plot_curves", "predict_epoch",
+           "profile", "sizes_block"]

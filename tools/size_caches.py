@@ -1,0 +1,216 @@
+"""Size the caches and the superbatch from a short profile (Ginex §3.5).
+
+    python tools/size_caches.py --data DIR --memory-budget 600MiB --runtime-disk-budget 1GiB \\
+        --fanouts 10,5 --batch-size 256 --report sizes.json --plot curve.png
+    python -m ooc.train --data DIR --sizes sizes.json            # train with the recommendation
+
+Measures the peak RSS of the sample stage and of the main loop (the same
+measurement as ``ooc.train --memory-budget``), runtime-file bytes per batch,
+sampling / changeset / gather / compute rates, CUDA memory of the changeset
+pass when a GPU is present; recommends the neighbor and feature cache bytes,
+the superbatch size and the expected epoch time, with the arithmetic; draws
+Belady / static degree-ordered / LRU miss-ratio curves. The logic is
+:mod:`ooc.executor.profiler`.
+
+``--verify-epochs N`` then trains N epochs with the recommendation in a
+subprocess inside a cgroup-v1 memory cgroup limited to the budget (the
+cgroup code of tools/bench.py) and adds measured vs predicted to the report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ooc.cli import add_report_arg, format_size, main_wrapper, parse_size  # noqa: E402
+from ooc.storage.errors import OocError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python tools/size_caches.py",
+                                description=__doc__.split("\n")[0],
+                                argument_default=argparse.SUPPRESS)
+    p.add_argument("--data", metavar="DIR", required=True, help="dataset folder")
+    p.add_argument("--memory-budget", metavar="SIZE", required=True,
+                   help="memory the training process may use")
+    p.add_argument("--runtime-disk-budget", metavar="SIZE", help="disk for runtime files "
+                   "(default 1GiB)")
+    p.add_argument("--mode", choices=["baseline", "static", "ooc"], help="default ooc")
+    p.add_argument("--model", choices=["sage", "gcn", "gat"])
+    p.add_argument("--fanouts", metavar="F1,F2,..")
+    p.add_argument("--layers", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--heads", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--dropout", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, help="sampler threads")
+    p.add_argument("--queue-depth", type=int)
+    p.add_argument("--runtime-dir", metavar="DIR")
+    p.add_argument("--reserve", metavar="SIZE", help="headroom (default max(48MiB, 10%% of "
+                   "the budget))")
+    p.add_argument("--trace-batches", type=int, help="batches sampled for the rates and "
+                   "curves (default: the superbatch, at most 128)")
+    p.add_argument("--plot", metavar="PNG", help="miss-ratio curve plot")
+    p.add_argument("--verify-epochs", type=int, help="then train this many epochs with the "
+                   "recommendation inside a memory cgroup at the budget, and report measured "
+                   "vs predicted")
+    add_report_arg(p)
+    return p
+
+
+def _size(name: str, v) -> int:
+    try:
+        n = parse_size(v)
+    except Exception:  # noqa: BLE001 - argparse's error type
+        raise OocError(f"--{name} {v!r}: not a size (e.g. 512MiB, 8GiB)") from None
+    if n <= 0:
+        raise OocError(f"--{name} must be positive, got {v!r}")
+    return n
+
+
+def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
+    """Train ``epochs`` epochs with ``--sizes`` inside a memory cgroup at the budget."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench  # tools/bench.py: the cgroup helpers
+
+    budget = rep["budget_bytes"]
+    data = rep["dataset"]["path"]
+    bench.drop_page_cache(Path(data))
+    out = report_path.with_name(report_path.stem + ".train.json")
+    train = [sys.executable, "-m", "ooc.train", "--data", data, "--sizes", str(report_path),
+             "--epochs", str(epochs), "--no-progress", "--no-eval", "--report", str(out)]
+    for k in ("mode", "model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay",
+              "dropout", "seed", "device", "threads", "queue_depth", "runtime_dir"):
+        if settings.get(k) is not None:
+            train += [f"--{k.replace('_', '-')}", str(settings[k])]
+    cg = bench.make_cgroup(f"ooc-size-caches-{os.getpid()}", budget)
+    procs = str(cg / "cgroup.procs") if cg is not None else None
+
+    def join_cgroup() -> None:  # in the child, before exec: only it is limited
+        fd = os.open(procs, os.O_WRONLY)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+
+    print(f"size_caches: verifying: {' '.join(train[1:])}"
+          + (f" [cgroup limit {format_size(budget)}]" if cg else " [no cgroup]"), flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(train, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, preexec_fn=join_cgroup if procs else None)
+    lines = [ln.rstrip() for ln in proc.stdout]  # type: ignore[union-attr]
+    _, status, ru = os.wait4(proc.pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    proc.returncode = rc
+    res: dict = {"rc": rc, "wall_s": time.perf_counter() - t0, "cgroup": cg is not None,
+                 "child_peak_rss_bytes": ru.ru_maxrss * 1024, "command": train[1:]}
+    if cg is not None:
+        res["cgroup_stats"] = bench.cgroup_stats(cg)
+        bench.remove_cgroup(cg)
+    if rc != 0 or not out.exists():
+        res["error"] = "\n".join(lines[-5:])
+        return res
+    tr = json.loads(out.read_text())
+    times = [e["time_s"] for e in tr["epochs"]]
+    steady = times[1:] or times
+    pred = rep["recommendation"]["expected_epoch_s"]
+    med = statistics.median(steady)
+    res.update(epoch_times_s=times, median_epoch_s=med, predicted_epoch_s=pred,
+               relative_error=(pred - med) / med if med else None,
+               peak_rss_bytes=tr.get("peak_rss_bytes"),
+               within_budget=(tr.get("peak_rss_bytes") or 0) <= budget,
+               miss_ratio=[1 - e.get("io", {}).get("feature_hit_ratio", 0.0) for e in tr["epochs"]],
+               predicted_miss_ratio=rep["recommendation"]["predicted_miss_ratio"],
+               timers=[e["timers"] for e in tr["epochs"]], mode_info=tr.get("mode_info"))
+    out.unlink()
+    return res
+
+
+@main_wrapper
+def main(argv=None) -> int:
+    given = vars(build_parser().parse_args(argv))
+    report_path = given.pop("report", None)
+    plot_path = given.pop("plot", None)
+    verify_epochs = given.pop("verify_epochs", None)
+    trace = given.pop("trace_batches", None)
+    budget = _size("memory-budget", given.pop("memory_budget"))
+    reserve = given.pop("reserve", None)
+    reserve = None if reserve is None else parse_size(reserve)
+    if trace is not None and trace < 1:
+        raise OocError(f"--trace-batches must be >= 1, got {trace}")
+    if verify_epochs is not None and (verify_epochs < 1 or report_path is None):
+        raise OocError("--verify-epochs needs N >= 1 and --report (ooc.train reads its sizes)")
+
+    from ooc.storage import open_dataset
+    from ooc.train import _settings, parse_fanouts
+
+    s = _settings(given, None)
+    dataset = open_dataset(s["data"])  # bad input fails here, before torch is loaded
+    disk = _size("runtime-disk-budget", s["runtime_disk_budget"])
+
+    from ooc.executor.modes import ModeOptions
+    from ooc.executor.profiler import plot_curves, profile
+    from ooc.executor.trainer import TrainConfig
+    from ooc.memory import limit_malloc_arenas
+
+    limit_malloc_arenas()
+    config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
+                         batch_size=s["batch_size"], hidden=s["hidden"], dropout=s["dropout"],
+                         heads=s["heads"], lr=s["lr"], weight_decay=s["weight_decay"],
+                         seed=s["seed"], device=s["device"], num_threads=s["threads"],
+                         progress=False, mode=s["mode"])
+    options = ModeOptions(runtime_dir=s["runtime_dir"], runtime_disk_budget=disk,
+                          queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]))
+    options.validate()
+    rep = profile(dataset, config, options, budget, reserve=reserve, trace_batches=trace)
+    rep["command"] = " ".join([sys.executable, *sys.argv]) if argv is None else \
+        " ".join(["tools/size_caches.py", *argv])
+    r = rep["recommendation"]
+    print("size_caches: " + "\n  ".join(["recommendation (arithmetic):", *rep["arithmetic"]]))
+    print(f"size_caches: feature cache {format_size(r['feature_cache_bytes'])} "
+          f"({r['feature_cache_rows']:,} rows, {r['feature_cache_fraction']:.1%}), neighbor cache "
+          f"{format_size(r['neighbor_cache_bytes'])}, superbatch {r['superbatch_size']}, "
+          f"predicted miss ratio {r['predicted_miss_ratio']:.3f}, expected epoch "
+          f"{r['expected_epoch_s']:.2f}s; train with: python -m ooc.train --data {s['data']} "
+          f"--sizes {report_path or 'sizes.json'}")
+    if plot_path:
+        plot_curves(rep, plot_path)
+        rep["plot"] = str(plot_path)
+    if report_path:
+        from ooc.storage.atomic import write_json
+
+        try:
+            write_json(report_path, rep)
+        except OSError as e:
+            raise OocError(f"{report_path}: cannot write report ({e.strerror or e})") from None
+    if verify_epochs:
+        v = verify(Path(report_path), rep, verify_epochs, s)
+        rep["verification"] = v
+        write_json(report_path, rep)
+        if "error" in v:
+            print(f"size_caches: verification run failed (rc {v['rc']}): {v['error']}")
+            return 1
+        print(f"size_caches: verified: epochs {[round(t, 2) for t in v['epoch_times_s']]} s, "
+              f"median {v['median_epoch_s']:.2f}s vs predicted {v['predicted_epoch_s']:.2f}s "
+              f"({v['relative_error']:+.0%}); peak RSS {format_size(v['peak_rss_bytes'])} "
+              f"(budget {format_size(rep['budget_bytes'])}), cgroup max usage "
+              f"{format_size(v.get('cgroup_stats', {}).get('max_usage_in_bytes', 0))}, "
+              f"failcnt {v.get('cgroup_stats', {}).get('failcnt')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
