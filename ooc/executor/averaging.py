@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+from fractions import Fraction
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -72,18 +73,19 @@ def allocate_partitions(data_bytes: int, workers: int, memory_budget: int | None
     m = int(memory_budget)
     if m <= 0:
         raise OocError(f"--memory-budget must be > 0, got {memory_budget}")
+    # exact rational arithmetic: 2/3 M is not a float, and the rule has a boundary
     if compute_bytes is None:
         if not 0.0 <= compute_fraction < 1.0:
             raise OocError(f"--compute-fraction must be in [0, 1), got {compute_fraction}")
-        t = compute_fraction * m
+        t = Fraction(compute_fraction).limit_denominator(10**6) * m
     else:
-        t = float(compute_bytes)
+        t = Fraction(compute_bytes)
         if not 0 <= t < m:
             raise OocError(f"compute memory T={compute_bytes} must be in [0, M={m})")
     free = m - t
     if data_bytes <= workers * free:
         return int(workers)
-    return int(math.ceil(data_bytes / free))
+    return int(math.ceil(Fraction(int(data_bytes)) / free))
 
 
 def assign_partitions(parts: int, workers: int) -> list[list[int]]:

@@ -52,6 +52,7 @@ import datetime
 import gc
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -76,6 +77,15 @@ ENV_TIMEOUT = "OOC_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 1800.0
 #: Seconds the parent waits for the other workers to stop after SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 5.0
+#: Exit status of a worker whose collective failed because a peer vanished or timed out
+#: (a consequence, not the cause: the parent then waits a moment for the cause to exit).
+PEER_LOST_RC = 75
+#: Seconds the parent waits for the failing worker after a peer-lost exit.
+CAUSE_WAIT_S = 10.0
+
+
+class PeerLost(RuntimeError):
+    """A collective failed: another worker died, or did not answer within the timeout."""
 
 
 # -- process group -----------------------------------------------------------------------
@@ -112,17 +122,21 @@ class Comm:
         return cls(rank, world, True)
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.initialized:
-            import torch.distributed as dist
-
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t
+        return self._all_reduce(t, "SUM")
 
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        return self._all_reduce(t, "MAX")
+
+    def _all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
         if self.initialized:
             import torch.distributed as dist
 
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            try:
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+            except RuntimeError as e:  # gloo: connection closed, or the timeout
+                msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise PeerLost(f"all_reduce failed, another worker died or timed out "
+                               f"({msg[:240]})") from None
         return t
 
     def close(self) -> None:
@@ -572,12 +586,9 @@ def _worker(dataset, config, options, s, part_dir, parts, alloc, argv, ckdir, ck
         return 0
     except OocError as e:
         raise OocError(f"worker rank {rank}: {e}" if world > 1 else str(e)) from None
-    except RuntimeError as e:  # gloo: a peer vanished or a collective timed out
-        if world == 1:
-            raise
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"ooc: worker rank {rank}: {msg[:300]}", file=sys.stderr, flush=True)
-        return 1
+    except PeerLost as e:
+        print(f"ooc: worker rank {rank}: {e}", file=sys.stderr, flush=True)
+        return PEER_LOST_RC
     finally:
         if trainer is not None:
             trainer.close()
@@ -626,7 +637,7 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
     def pump(stream, rank: int, out, keep: bool) -> None:
         for line in iter(stream.readline, ""):
             if keep and line.strip():
-                last_err[rank] = line.strip()
+                last_err[rank] = re.sub(r"^\[rank\d+\]:\s*", "", line.strip())
             with lock:
                 out.write(line if (rank == 0 and out is sys.stdout) else f"[rank {rank}] {line}")
                 out.flush()
@@ -654,6 +665,17 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
             if rc != 0:
                 failed = (r, rc)
                 break
+        if failed is not None and failed[1] == PEER_LOST_RC:
+            # a consequence: the worker that caused it is probably still exiting
+            t_end = time.monotonic() + CAUSE_WAIT_S
+            while time.monotonic() < t_end:
+                try:
+                    r, rc = exits.get(timeout=max(0.01, t_end - time.monotonic()))
+                except queue.Empty:
+                    break
+                if rc not in (0, PEER_LOST_RC):
+                    failed = (r, rc)
+                    break
         if failed is not None:
             _terminate(procs)
         for th in threads:

@@ -1,0 +1,163 @@
+"""python -m ooc.train --workers/--partitions: averaging over gloo, Q=1 vs Q=2, resume, failures.
+
+Subprocess runs are the real thing (a parent starting two gloo workers on
+127.0.0.1); the reference models are trained in this process from the
+partition datasets, independently of the averaging code.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO
+from ooc import train as train_cli
+from ooc.executor.averaging import weighted_average
+from ooc.executor.checkpoint import load_checkpoint
+from ooc.executor.distributed import ensure_partitions, launch
+from ooc.executor.trainer import TrainConfig, Trainer
+from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
+
+P = 4
+#: hang guard only (a healthy run takes seconds)
+HANG_GUARD_S = 240
+TRAIN = ["--fanouts", "5,5", "--batch-size", "40", "--hidden", "16", "--lr", "0.02",
+         "--mode", "baseline", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def parted(tmp_path_factory):
+    """A 400-node 3-class graph and its 4 SPRING partitions."""
+    rng = np.random.default_rng(0)
+    n, classes = 400, 3
+    y = rng.integers(0, classes, n)
+    src, dst = rng.integers(0, n, 20 * n), rng.integers(0, n, 20 * n)
+    keep = (y[src] == y[dst]) | (rng.random(src.size) < 0.05)
+    indptr, indices = csc_from_edges(src[keep], dst[keep], n)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    x[np.arange(n), y] += 1.0
+    perm = rng.permutation(n)
+    root = tmp_path_factory.mktemp("dist")
+    data = write_dataset(root / "g", indptr, indices, x, y, perm[:200], perm[200:300],
+                         perm[300:], num_classes=classes)
+    parts = ensure_partitions(data, P, root / "parts", log=lambda m: None)
+    return data, parts
+
+
+def cli(data, parts, *more, env=None, timeout=HANG_GUARD_S):
+    """``python -m ooc.train`` in a subprocess (so it can start workers)."""
+    cmd = [sys.executable, "-m", "ooc.train", "--data", str(data), "--partition-dir", str(parts),
+           "--partitions", str(P), *TRAIN, *[str(a) for a in more]]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def model_state(ckdir, epoch):
+    return load_checkpoint(ckdir / f"epoch_{epoch:04d}.pt")["model_state"]
+
+
+def assert_same(a, b, **tol):
+    assert set(a) == set(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], **tol)
+
+
+def reference_average(parts, epochs):
+    """Each partition's local model trained ``epochs`` epochs here from the same init,
+    averaged with its training-node count as weight."""
+    states, weights = [], []
+    for j in range(P):
+        ds = open_dataset(parts / f"part_{j:03d}")
+        cfg = TrainConfig(model="sage", fanouts=[5, 5], batch_size=40, hidden=16, lr=0.02,
+                          epochs=epochs, seed=0, mode="baseline", progress=False,
+                          eval_every=10**9, eval_final=False)
+        t = Trainer(ds, cfg, log=lambda m: None)
+        for _ in range(epochs):
+            t.train_epoch()
+        t.close()
+        states.append({k: v.clone() for k, v in t.model.state_dict().items()})
+        weights.append(len(ds.train_idx))
+    assert min(weights) > 0 and len(set(weights)) > 1  # the weights matter
+    return weights, weighted_average(states, weights)
+
+
+def test_two_workers_sync_is_weighted_average_and_matches_one_worker(parted, tmp_path, capsys):
+    data, parts = parted
+    ck2, ck1 = tmp_path / "q2", tmp_path / "q1"
+    # Q = 2 (this process is the parent): one sync after two local epochs
+    assert train_cli.main(["--data", str(data), "--partition-dir", str(parts), "--partitions",
+                           str(P), "--workers", "2", "--sync-every", "2", "--epochs", "2",
+                           "--checkpoint-dir", str(ck2), *TRAIN]) == 0
+    out = capsys.readouterr().out
+    assert "2 workers, 4 partitions" in out and "[averaged]" in out
+    weights, ref = reference_average(parts, 2)
+    assert_same(model_state(ck2, 2), ref, rtol=1e-5, atol=1e-6)
+    state = load_checkpoint(ck2 / "epoch_0002.pt")
+    assert state["extra"]["averaging"]["workers"] == 2
+    assert state["args"]["partitions"] == P and state["optimizer_state"] is None
+
+    # Q = 1 simulates the 4 partitions in one process: the same weights
+    assert train_cli.main(["--data", str(data), "--partition-dir", str(parts), "--partitions",
+                           str(P), "--workers", "1", "--sync-every", "2", "--epochs", "4",
+                           "--checkpoint-dir", str(ck1), "--report", str(tmp_path / "r.json"),
+                           *TRAIN]) == 0
+    assert_same(model_state(ck1, 2), model_state(ck2, 2), rtol=1e-5, atol=1e-6)
+    assert sorted(p.name for p in ck1.iterdir()) == ["epoch_0002.pt", "epoch_0004.pt"]
+    import json
+
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["train_nodes"] == weights and sum(weights) == 200
+    assert [e["synced"] for e in rep["epochs"]] == [False, True, False, True]
+    assert rep["epochs"][1]["val_acc"] is not None and rep["epochs"][0]["val_acc"] is None
+    assert 0.0 <= rep["test_acc"] <= 1.0
+
+    # resume the two-worker run to epoch 4 (the parent in this process; the settings come
+    # from the checkpoint): the same model as the straight Q = 1 run
+    capsys.readouterr()
+    assert launch(["--checkpoint-dir", str(ck2), "--resume", "--epochs", "4"], 2) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert_same(model_state(ck2, 4), model_state(ck1, 4), rtol=1e-5, atol=1e-6)
+
+
+def test_killed_worker_ends_the_run_naming_the_rank(parted, tmp_path):
+    """Rank 1 dies (os._exit) after epoch 1: the run stops with its rank and reason."""
+    data, parts = parted
+    r = cli(data, parts, "--workers", 2, "--epochs", 4, env={"OOC_FAIL_AT": "1:1"})
+    assert r.returncode == 1
+    assert "ooc: worker rank 1 failed: exit code 3: ooc: injected exit after epoch 1" \
+        in r.stderr, r.stderr[-3000:]
+    assert "epoch   2/4" not in r.stdout  # nobody trained on alone
+
+
+FAKE_WORKER = """#!/bin/sh
+# a stand-in for `python -m ooc.train`: rank 0 fails slowly, rank 1 reports a lost peer at once
+if [ "$RANK" = 0 ]; then sleep 1; echo "[rank0]: ValueError: the real cause" >&2; exit 1; fi
+if [ "$RANK" = 1 ]; then echo "ooc: worker rank 1: all_reduce failed" >&2; exit 75; fi
+exec sleep 60
+"""
+
+
+def test_parent_names_the_cause_not_the_lost_peer(tmp_path, capsys):
+    """A worker that only lost its peer (exit 75) is not the cause; the third is stopped."""
+    fake = tmp_path / "fake.sh"
+    fake.write_text(FAKE_WORKER)
+    fake.chmod(0o755)
+    assert launch([], 3, python=str(fake)) == 1
+    err = capsys.readouterr().err
+    assert "ooc: worker rank 0 failed: exit code 1: ValueError: the real cause" in err
+
+
+def test_bad_input(parted, tmp_path):
+    data, parts = parted
+    with pytest.raises(SystemExit) as e:
+        train_cli.main(["--data", str(data), "--partition-dir", str(parts), "--partitions", "3",
+                        "--workers", "1", *TRAIN])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        train_cli.main(["--data", str(data), "--workers", "1", "--sync-every", "0", *TRAIN])
+    with pytest.raises(OocError, match="not a partition folder"):
+        ensure_partitions(data, 2, tmp_path)
