@@ -37,7 +37,10 @@
   non-zero is reported as ``ooc: worker rank R failed: <reason>`` (its exit
   status and last message), the others are terminated and the parent exits 1.
   A worker whose peer vanishes fails its collective (gloo reports the closed
-  connection at once, or after the timeout) and exits 1 naming its rank.
+  connection at once, or after the timeout) and exits 75 naming its rank; the
+  parent treats that as a consequence and names the worker that caused it
+  when one exits with another status within a few seconds. Under torchrun,
+  torchrun's agent stops the group; every worker's message names its rank.
 * **Checkpoints** come from rank 0 only, after a sync, atomically
   (:func:`~ooc.executor.checkpoint.save_checkpoint`): the averaged model, the
   epoch, the history and the run's settings (``--resume`` continues).
