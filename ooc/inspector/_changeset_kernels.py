@@ -1,11 +1,11 @@
 """numba kernels for Belady changesets and cache-policy miss counting.
 
-Keys: a cache candidate's priority is the int64
-``key = (next_iteration * 2 + flag) * M + local_id`` (smaller = kept first),
-where ``flag`` is 0 for an entry that was cached before the current step and
-1 for a miss of the current step, and ``M`` the size of the local id range.
-All keys are distinct, so every selection is deterministic. Entries that are
-never accessed again have ``next_iteration == S`` and are never kept.
+Keys: a cache candidate's priority is the triple
+``(next_iteration, flag, local_id)`` (smaller = kept first), where ``flag``
+is 0 for an entry that was cached before the current step and 1 for a miss
+of the current step. All keys are distinct, so every selection is
+deterministic. Entries that are never accessed again have
+``next_iteration == S`` and are never kept.
 """
 from __future__ import annotations
 
@@ -38,194 +38,6 @@ def next_use(lid: np.ndarray, ptr: np.ndarray, M: int):
             nxt[p] = last[x]
             last[x] = i
     return nxt, -1
-
-
-# -- indexed binary max-heap ---------------------------------------------------
-
-
-@numba.njit(cache=True, inline="always")
-def _swap(hkey, hid, hpos, a, b):
-    ka = hkey[a]
-    hkey[a] = hkey[b]
-    hkey[b] = ka
-    ia = hid[a]
-    hid[a] = hid[b]
-    hid[b] = ia
-    hpos[hid[a]] = a
-    hpos[hid[b]] = b
-
-
-@numba.njit(cache=True)
-def _sift_up(hkey, hid, hpos, j):
-    while j > 0:
-        parent = (j - 1) >> 1
-        if hkey[parent] >= hkey[j]:
-            break
-        _swap(hkey, hid, hpos, parent, j)
-        j = parent
-
-
-@numba.njit(cache=True)
-def _sift_down(hkey, hid, hpos, j, size):
-    while True:
-        left = 2 * j + 1
-        if left >= size:
-            break
-        big = left
-        if left + 1 < size and hkey[left + 1] > hkey[left]:
-            big = left + 1
-        if hkey[j] >= hkey[big]:
-            break
-        _swap(hkey, hid, hpos, j, big)
-        j = big
-
-
-@numba.njit(cache=True)
-def _remove(hkey, hid, hpos, j, size):
-    """Remove heap slot j; returns the new size."""
-    x = hid[j]
-    size -= 1
-    if j != size:
-        hkey[j] = hkey[size]
-        hid[j] = hid[size]
-        hpos[hid[j]] = j
-        _sift_up(hkey, hid, hpos, j)
-        _sift_down(hkey, hid, hpos, hpos[hid[j]], size)
-    hpos[x] = -1
-    return size
-
-
-# -- the Belady simulation -----------------------------------------------------
-
-
-@numba.njit(cache=True, nogil=True)
-def belady_simulate(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K: int,
-                    record: bool):
-    """Per-step Belady over a batch trace (see module docstring for the keys).
-
-    C_0 = the K ids with the smallest (first use, id); after batch i the cache
-    becomes the K candidates of C_i ∪ ids_i with the smallest keys (finite
-    next use only).
-
-    Args:
-        lid, nxt, ptr: as from :func:`next_use`.
-        M: local id range; K: capacity; record: produce the changesets.
-    Returns:
-        (init int64 [<=K] sorted local ids, in_ids local [n_in] (per step in
-        batch order), in_pos int64 [n_in], in_ptr [S+1], out_ids local
-        [n_out] (per step sorted), out_ptr [S+1], misses int64 [S]).
-        Without ``record`` only ``misses`` is filled (the rest empty).
-    """
-    S = ptr.shape[0] - 1
-    T = lid.shape[0]
-    hpos = np.full(M, -1, np.int32)
-    cap = max(K, 1)
-    hkey = np.empty(cap, np.int64)
-    hid = np.empty(cap, np.int64)
-    size = 0
-    maxb = 0
-    for i in range(S):
-        maxb = max(maxb, ptr[i + 1] - ptr[i])
-    scratch = np.empty(maxb, np.int64)
-    # C_0: ids in order of first use, ties by id
-    i = 0
-    while i < S and size < K:
-        nnew = 0
-        for p in range(ptr[i], ptr[i + 1]):
-            x = lid[p]
-            if hpos[x] < 0:
-                scratch[nnew] = x
-                nnew += 1
-        if nnew > K - size:
-            scratch[:nnew].sort()
-            nnew = K - size
-        for q in range(nnew):
-            x = scratch[q]
-            hkey[size] = (i * 2) * M + x
-            hid[size] = x
-            hpos[x] = size
-            size += 1
-            _sift_up(hkey, hid, hpos, size - 1)
-        i += 1
-    init = np.sort(hid[:size].copy())
-    n_rec = T if record else 0
-    ins = np.empty(n_rec, np.int64)
-    inpos = np.empty(n_rec, np.int64)
-    outs = np.empty(n_rec + (K if record else 0), np.int64)
-    in_ptr = np.zeros(S + 1, np.int64)
-    out_ptr = np.zeros(S + 1, np.int64)
-    misses = np.empty(S, np.int64)
-    hit = np.empty(maxb, np.bool_)
-    nin = 0
-    nout = 0
-    for i in range(S):
-        a = ptr[i]
-        b = ptr[i + 1]
-        o0 = nout
-        nh = 0
-        # hits: new next use (dead ones leave the cache)
-        for p in range(a, b):
-            x = lid[p]
-            j = hpos[x]
-            h = j >= 0
-            hit[p - a] = h
-            if h:
-                nh += 1
-                n = nxt[p]
-                if n >= S:
-                    size = _remove(hkey, hid, hpos, j, size)
-                    if record:
-                        outs[nout] = x
-                        nout += 1
-                else:
-                    hkey[j] = (n * 2) * M + x
-                    _sift_up(hkey, hid, hpos, j)
-        misses[i] = (b - a) - nh
-        # misses: streaming top-K (replace the largest key when smaller)
-        if K > 0:
-            for p in range(a, b):
-                if hit[p - a]:
-                    continue
-                n = nxt[p]
-                if n >= S:
-                    continue
-                x = lid[p]
-                key = (n * 2 + 1) * M + x
-                if size < K:
-                    hkey[size] = key
-                    hid[size] = x
-                    hpos[x] = size
-                    size += 1
-                    _sift_up(hkey, hid, hpos, size - 1)
-                elif key < hkey[0]:
-                    y = hid[0]
-                    yk = hkey[0]
-                    hpos[y] = -1
-                    hkey[0] = key
-                    hid[0] = x
-                    hpos[x] = 0
-                    _sift_down(hkey, hid, hpos, 0, size)
-                    if record and ((yk // M) & 1) == 0:
-                        outs[nout] = y
-                        nout += 1
-            # inserted misses become cached entries (flag 1 -> 0)
-            for p in range(a, b):
-                if hit[p - a]:
-                    continue
-                x = lid[p]
-                j = hpos[x]
-                if j >= 0:
-                    if record:
-                        ins[nin] = x
-                        inpos[nin] = p - a
-                        nin += 1
-                    hkey[j] -= M
-                    _sift_down(hkey, hid, hpos, j, size)
-        if record:
-            outs[o0:nout].sort()
-        in_ptr[i + 1] = nin
-        out_ptr[i + 1] = nout
-    return init, ins[:nin], inpos[:nin], in_ptr, outs[:nout], out_ptr, misses
 
 
 # -- LRU stack distances -------------------------------------------------------
@@ -283,3 +95,247 @@ def lru_stack_distances(lid: np.ndarray, ptr: np.ndarray, M: int) -> np.ndarray:
                 q += q & (-q)
             last[x] = p
     return dist
+
+
+# -- bucket-queue Belady (the CPU changeset path) ------------------------------
+#
+# Keys are (next use, flag, id) with next use an integer batch index, so the
+# cached entries are kept in buckets by next use. Bucket ``n`` holds ids of
+# batch ``n`` only, so it lives in that batch's slot of a flat array
+# (``mem[ptr[n]:ptr[n] + cnt[n]]``, appends only, no pointer chasing), with a
+# bit in a bitmap of non-empty buckets; ``st[x]`` is 0 (not cached), 1
+# (cached) or 2 (inserted by the current step, flag 1). Bucket ``i`` holds
+# exactly the hits of batch ``i`` and is emptied whole at step ``i``;
+# evictions take whole buckets from the top (highest next use) and at most
+# one bucket partially, chosen by the tie-break with a linear-time partition.
+# Each access costs O(1), a partial bucket O(its size) <= the size of that
+# future batch, and finding the top bucket O(1 + gap / 64).
+
+
+@numba.njit(cache=True, inline="always")
+def _bit_set(bits, n):
+    bits[n >> 6] |= np.uint64(1) << np.uint64(n & 63)
+
+
+@numba.njit(cache=True, inline="always")
+def _bit_clear(bits, n):
+    bits[n >> 6] &= ~(np.uint64(1) << np.uint64(n & 63))
+
+
+@numba.njit(cache=True)
+def _top_bucket(bits, cnt, n):
+    """Highest non-empty bucket <= n (its bit set in ``bits``), or -1."""
+    if n < 0 or cnt[n] > 0:
+        return n
+    w = n >> 6
+    r = n & 63
+    word = bits[w]
+    if r != 63:
+        word &= (np.uint64(1) << np.uint64(r + 1)) - np.uint64(1)
+    while word == 0:
+        w -= 1
+        if w < 0:
+            return -1
+        word = bits[w]
+    hb = 0
+    for sh in (32, 16, 8, 4, 2, 1):
+        if (word >> np.uint64(sh)) != 0:
+            word >>= np.uint64(sh)
+            hb += sh
+    return (w << 6) + hb
+
+
+@numba.njit(cache=True, inline="always")
+def _push(mem, ptr, cnt, bits, n, x):
+    mem[ptr[n] + cnt[n]] = x
+    if cnt[n] == 0:
+        _bit_set(bits, n)
+    cnt[n] += 1
+
+
+@numba.njit(cache=True, inline="always")
+def _gather(mem, base, c, st, want, sc):
+    """Copy the ids of ``mem[base:base + c]`` with ``st == want`` to ``sc``; returns the count."""
+    m = 0
+    for j in range(base, base + c):
+        x = mem[j]
+        if st[x] == want:
+            sc[m] = x
+            m += 1
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
+def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K: int, record: bool,
+                   mem: np.ndarray):
+    """Per-step Belady with a bucket queue over next-use batches.
+
+    C_0 = the K ids with the smallest (first use, id); after batch i the cache
+    becomes the K candidates of C_i ∪ ids_i with the smallest keys (finite
+    next use only; keys in the module docstring). O(T) plus the partial
+    buckets.
+
+    Args:
+        lid, nxt, ptr: as for :func:`next_use` (``nxt[p] == S``: never again).
+        M: local id range; K: capacity; record: produce the changesets;
+        mem: int32 or int64 [T] scratch (holds local ids).
+    Returns:
+        (init [<=K] sorted local ids, in_ids local [n_in] (per step in batch
+        order), in_pos int64 [n_in], in_ptr [S+1], out_ids local [n_out] (per
+        step sorted), out_ptr [S+1], misses int64 [S]), all int64. Without
+        ``record`` only ``misses`` is filled.
+    """
+    S = ptr.shape[0] - 1
+    T = lid.shape[0]
+    st = np.zeros(M, np.uint8)
+    cnt = np.zeros(S + 1, np.int64)
+    bits = np.zeros((S >> 6) + 1, np.uint64)
+    maxb = 0
+    for i in range(S):
+        maxb = max(maxb, ptr[i + 1] - ptr[i])
+    sc = np.empty(maxb, np.int64)
+    hit = np.empty(maxb, np.bool_)
+    # C_0: ids in order of first use, ties by id
+    size = 0
+    top = -1
+    init = np.empty(min(K, T), np.int64)
+    i = 0
+    while i < S and size < K:
+        nnew = 0
+        for p in range(ptr[i], ptr[i + 1]):
+            x = lid[p]
+            if st[x] == 0:
+                sc[nnew] = x
+                nnew += 1
+        if nnew > K - size:
+            sc[:nnew].sort()
+            nnew = K - size
+        for q in range(nnew):
+            x = sc[q]
+            st[x] = 1
+            _push(mem, ptr, cnt, bits, i, x)
+            init[size] = x
+            size += 1
+        if nnew:
+            top = i
+        i += 1
+    init = np.sort(init[:size])
+    n_rec = T if record else 0
+    ins = np.empty(n_rec, np.int64)
+    inpos = np.empty(n_rec, np.int64)
+    outs = np.empty(n_rec + (K if record else 0), np.int64)
+    in_ptr = np.zeros(S + 1, np.int64)
+    out_ptr = np.zeros(S + 1, np.int64)
+    misses = np.empty(S, np.int64)
+    nin = 0
+    nout = 0
+    for i in range(S):
+        a = ptr[i]
+        b = ptr[i + 1]
+        o0 = nout
+        nh = 0
+        # hits (= bucket i): to the bucket of their next use, or out
+        for p in range(a, b):
+            x = lid[p]
+            h = st[x] != 0
+            hit[p - a] = h
+            if h:
+                nh += 1
+                n = nxt[p]
+                if n >= S:
+                    st[x] = 0
+                    size -= 1
+                    if record:
+                        outs[nout] = x
+                        nout += 1
+                else:
+                    _push(mem, ptr, cnt, bits, n, x)
+                    if n > top:
+                        top = n
+        cnt[i] = 0
+        _bit_clear(bits, i)
+        misses[i] = (b - a) - nh
+        if K > 0:
+            # misses with a next use become candidates (st 2); a miss used
+            # after every entry of a full cache is bypassed at once
+            for p in range(a, b):
+                if hit[p - a]:
+                    continue
+                n = nxt[p]
+                if n >= S:
+                    continue
+                if size >= K:
+                    top = _top_bucket(bits, cnt, top)
+                    if n > top:
+                        continue
+                x = lid[p]
+                st[x] = 2
+                _push(mem, ptr, cnt, bits, n, x)
+                if n > top:
+                    top = n
+                size += 1
+            # evict the largest keys: whole buckets from the top, then one partly
+            while size > K:
+                n = _top_bucket(bits, cnt, top)
+                top = n
+                excess = size - K
+                c = cnt[n]
+                base = ptr[n]
+                if c <= excess:
+                    for j in range(base, base + c):
+                        x = mem[j]
+                        if st[x] == 1 and record:
+                            outs[nout] = x
+                            nout += 1
+                        st[x] = 0
+                    cnt[n] = 0
+                    _bit_clear(bits, n)
+                    size -= c
+                    continue
+                # partial: new entries (st 2) go first, larger ids first
+                n2 = _gather(mem, base, c, st, 2, sc)
+                if n2 >= excess:
+                    thr2 = np.partition(sc[:n2], n2 - excess)[n2 - excess]
+                    thr1 = M  # the cached entries all stay
+                else:
+                    thr2 = -1  # every new entry goes
+                    n1 = _gather(mem, base, c, st, 1, sc)
+                    e1 = excess - n2
+                    thr1 = np.partition(sc[:n1], n1 - e1)[n1 - e1]
+                keep = base
+                for j in range(base, base + c):
+                    x = mem[j]
+                    s = st[x]
+                    if (s == 2 and x >= thr2) or (s == 1 and x >= thr1):
+                        if s == 1 and record:
+                            outs[nout] = x
+                            nout += 1
+                        st[x] = 0
+                    else:
+                        mem[keep] = x
+                        keep += 1
+                cnt[n] = c - excess
+                size = K
+            # the surviving misses are inserted (st 2 -> 1)
+            for p in range(a, b):
+                if hit[p - a]:
+                    continue
+                x = lid[p]
+                if st[x] == 2:
+                    st[x] = 1
+                    if record:
+                        ins[nin] = x
+                        inpos[nin] = p - a
+                        nin += 1
+        if record and nout - o0 > 1:
+            outs[o0:nout].sort()
+        in_ptr[i + 1] = nin
+        out_ptr[i + 1] = nout
+    return init, ins[:nin], inpos[:nin], in_ptr, outs[:nout], out_ptr, misses
+
+
+@numba.njit(cache=True, nogil=True)
+def belady_simulate(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K: int,
+                    record: bool):
+    """:func:`belady_buckets` with its own scratch (same arguments and result)."""
+    return belady_buckets(lid, nxt, ptr, M, K, record, np.empty(lid.shape[0], np.int64))

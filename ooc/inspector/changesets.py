@@ -33,8 +33,10 @@ Algorithm (three passes over the trace, as in Ginex):
    smallest keys of the candidates.
 
 Two implementations with identical output: ``torch`` (vectorised per step,
-runs on CUDA when ``device`` is a CUDA device) and ``numba`` (CPU, an
-indexed max-heap, O(trace · log K)). ``method="auto"`` picks numba on CPU and
+runs on CUDA when ``device`` is a CUDA device) and ``numba`` (CPU, one
+call per superbatch: a bucket queue indexed by next-use batch, O(1) per
+access plus one partially evicted bucket per step, see
+``_changeset_kernels.belady_buckets``). ``method="auto"`` picks numba on CPU and
 torch on CUDA.
 """
 from __future__ import annotations
@@ -197,13 +199,12 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
 def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacity: int) -> Changesets:
     S = len(ptr) - 1
     lid, M, uniq = local_ids(flat, num_nodes)
-    if (2 * S + 2) * M > _I63:
-        raise OocError(f"changesets: {S} batches x {M} ids overflows the int64 keys")
     nxt, dup = K.next_use(lid, ptr, M)
     if dup >= 0:
         raise _dup_error(ptr, dup, int(flat[dup]))
-    init, ins, inpos, in_ptr, outs, out_ptr, misses = K.belady_simulate(
-        lid, nxt, ptr, M, min(capacity, M), True)
+    mem = np.empty(flat.shape[0], np.int32 if M < (1 << 31) else np.int64)
+    init, ins, inpos, in_ptr, outs, out_ptr, misses = K.belady_buckets(
+        lid, nxt, ptr, M, min(capacity, M), True, mem)
     if uniq is not None:
         init, ins, outs = uniq[init], uniq[ins], uniq[outs]
     return Changesets(init, ins, inpos, in_ptr, outs, out_ptr, misses, capacity, "numba")
