@@ -318,3 +318,18 @@ def test_long_superbatch_torch_matches_numba():
     a = precompute_changesets(batches, S + m, m - 1, method="torch")
     assert a.num_misses == S // m + S
     assert a.equals(precompute_changesets(batches, S + m, m - 1, method="numba"))
+
+
+def test_sparse_reuse_across_many_batches():
+    # ids reused hundreds of batches later: the top cached bucket lies many
+    # bitmap words above the boundary, and buckets are evicted partly
+    rng = np.random.default_rng(7)
+    batches = [rng.choice(60, size=int(rng.integers(0, 4)), replace=False).astype(np.int64)
+               for _ in range(260)]
+    for cap in (1, 3, 8):
+        _check_all(batches, cap, num_nodes=60)
+    # a big future batch whose bucket is split by the capacity boundary
+    batches = [np.arange(10 * i, 10 * i + 10) for i in range(6)] + [np.arange(60)[::-1].copy()]
+    for cap in (5, 25, 59):
+        cs = _check_all(batches, cap, num_nodes=60)
+        assert cs.num_misses == 2 * (60 - cap)

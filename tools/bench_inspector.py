@@ -52,20 +52,31 @@ def main() -> None:
     seeds = epoch_batches(ds.train_idx, a.batch_size, 0, 0)[: a.batches]
     bseeds = [derive_seed(0, 0, i) for i in range(len(seeds))]
     cap = int(a.cache_fraction * ds.num_nodes)
-    cs = lambda ids: precompute_changesets(ids, ds.num_nodes, cap)  # noqa: E731
+    cs_time = [0.0]
+
+    def cs(ids):
+        t = time.perf_counter()
+        out = precompute_changesets(ids, ds.num_nodes, cap)
+        cs_time[0] += time.perf_counter() - t
+        return out
     # JIT warm-up of both paths
     precompute_changesets([sampler.sample(seeds[0], bseeds[0]).node_ids], ds.num_nodes, cap)
-    plain, piped = [], []
+    plain, piped, cs_secs = [], [], []
+    cs_time[0] = 0.0
     with tempfile.TemporaryDirectory(dir=Path(a.data).parent) as rt:
         for r in range(a.rounds):
             plain.append(run(Inspector(sampler, Path(rt) / "a", a.superbatch_size), seeds, bseeds))
             piped.append(run(Inspector(sampler, Path(rt) / "b", a.superbatch_size, changesets=cs),
                              seeds, bseeds))
-            print(f"round {r}: sample only {plain[-1]:.2f}s, sample + changesets {piped[-1]:.2f}s")
+            print(f"round {r}: sample only {plain[-1]:.2f}s, sample + changesets {piped[-1]:.2f}s "
+                  f"(precompute_changesets calls: {cs_time[0]:.2f}s)")
+            cs_secs.append(cs_time[0])
+            cs_time[0] = 0.0
     mp, mq = statistics.median(plain), statistics.median(piped)
     out = {"batches": len(seeds), "superbatch_size": a.superbatch_size, "capacity": cap,
            "sample_only_s": plain, "sample_and_changesets_s": piped,
-           "median_sample_only_s": mp, "median_pipelined_s": mq, "added_fraction": mq / mp - 1}
+           "median_sample_only_s": mp, "median_pipelined_s": mq, "added_fraction": mq / mp - 1,
+           "changeset_call_s": cs_secs, "median_changeset_call_s": statistics.median(cs_secs)}
     print(f"\n| batches | S | sample only (median) | sample + changesets, pipelined | added |\n"
           f"|---|---|---|---|---|\n| {len(seeds)} | {a.superbatch_size} | {mp:.2f} s | {mq:.2f} s | "
           f"{100 * (mq / mp - 1):+.0f}% |")
