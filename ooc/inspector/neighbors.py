@@ -169,7 +169,7 @@ class DirectNeighbors(NeighborSource):
                 from ooc.storage.direct import aligned_empty
             except ImportError:  # pragma: no cover - direct reader not installed yet
                 aligned_empty = _aligned_empty
-            self._buf = aligned_empty(max(need, PAGE))
+            self._buf = aligned_empty(max(need, PAGE, 2 * (0 if self._buf is None else self._buf.shape[0])))
         return self._buf[:need]
 
     def gather(self, req: NeighborRequest) -> np.ndarray:
