@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ooc.executor import (CheckpointError, SamplingProducer, TrainConfig, Trainer, load_model,
+from ooc.executor import (CheckpointError, TrainConfig, Trainer, load_model,
                           to_data)
 from ooc.executor.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from ooc.inspector.sampler import NeighborSampler
@@ -123,8 +123,7 @@ def test_foreign_and_missing_checkpoints(graph, tmp_path):
 
 def test_to_data_conventions(graph):
     sampler = NeighborSampler(graph.indptr, graph.indices, [3, 2])
-    prod = SamplingProducer(sampler, graph.train_idx, 16, seed=0)
-    batch = next(iter(prod.batches(1)))
+    batch = sampler.sample(np.asarray(graph.train_idx[:16]), 1)
     x = graph.features.read(batch.node_ids)
     data = to_data(batch, x, np.asarray(graph.labels)[batch.node_ids])
     assert data.batch_size == batch.num_seeds == 16
@@ -133,7 +132,6 @@ def test_to_data_conventions(graph):
     assert torch.equal(data.n_id[:16], torch.as_tensor(batch.node_ids[:16]))
     assert sum(data.num_sampled_nodes) == data.num_nodes
     assert sum(data.num_sampled_edges) == data.edge_index.size(1)
-    assert len(prod) == -(-len(graph.train_idx) // 16)
 
 
 def test_config_errors(graph):

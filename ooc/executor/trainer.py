@@ -1,9 +1,10 @@
 """The epoch loop: sample, gather, transfer, compute; evaluation; metrics.
 
 One code path for every mode. A :class:`Trainer` owns the model, the
-optimizer and two pluggable pieces (see :mod:`ooc.executor.batch`): the
-*batch producer* of the training set and the *feature source*. ``baseline``
-mode is :func:`baseline_pipeline`; other modes pass their own pieces.
+optimizer and the mode's pipelines (:func:`ooc.executor.modes.build_mode`):
+a training pipeline and a factory of evaluation pipelines, each yielding
+``(batch, rows)`` pairs prepared on background threads
+(:mod:`ooc.executor.pipelines`).
 
 Determinism: the model is initialised after ``torch.manual_seed(seed)``; the
 batch order and sampled batches of epoch ``e`` come from ``(seed, e)``
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..storage.errors import OocError
-from .batch import MmapFeatureSource, SamplingProducer, to_data
+from .batch import to_data
 from .checkpoint import (load_checkpoint, model_from_checkpoint, save_checkpoint,
                          set_rng_state)
 from .models import GNN, build_model
@@ -131,38 +132,14 @@ class Timers:
         return {k: round(v, 6) for k, v in self.s.items()}
 
 
-def baseline_pipeline(dataset, config: TrainConfig):
-    """The ``baseline`` pieces: a sampler over the memmapped CSC, memmap features.
-
-    Returns ``(train_producer, eval_producer_factory, feature_source)`` where
-    ``eval_producer_factory(ids)`` builds a producer over evaluation ids.
-    """
-    from ..inspector.sampler import NeighborSampler
-
-    sampler = NeighborSampler(dataset.indptr, dataset.indices, list(config.fanouts),
-                              num_threads=config.num_threads)
-    train = SamplingProducer(sampler, dataset.train_idx, config.batch_size, config.seed,
-                             shuffle=True)
-    eval_bs = config.eval_batch_size or config.batch_size
-
-    def eval_factory(ids: np.ndarray) -> SamplingProducer:
-        return SamplingProducer(sampler, ids, eval_bs, config.seed + EVAL_SEED_OFFSET,
-                                shuffle=False)
-
-    return train, eval_factory, MmapFeatureSource(dataset.features)
-
-
-PIPELINES: dict[str, Callable] = {"baseline": baseline_pipeline}
-
-
 class Trainer:
     """Trains a :class:`GNN` on a dataset, one epoch at a time.
 
     Args:
         dataset: an opened dataset (:func:`ooc.open_dataset`).
         config: the run's settings.
-        pipeline: ``(train_producer, eval_producer_factory, feature_source)``;
-            defaults to ``PIPELINES[config.mode](dataset, config)``.
+        pipeline: ``(train_pipeline, eval_pipeline_factory, features)``;
+            defaults to ``build_mode(dataset, config, options, plan)``.
         log: where one-line messages go (default: ``tqdm.write`` to stdout).
         allow_empty_train: accept a dataset without training nodes (a
             partition that is only evaluated; do not call ``train_epoch``).
@@ -218,12 +195,11 @@ class Trainer:
         self.batches_seen = 0
 
     # -- one batch -----------------------------------------------------------
-    def _gather(self, batch, rows: np.ndarray | None = None):
-        """Features and seed labels of a sampled batch as a PyG Data (on the CPU)."""
+    def _to_data(self, batch, rows: np.ndarray):
+        """A sampled batch, its feature rows and its seeds' labels as a PyG Data (CPU)."""
         ids = np.asarray(batch.node_ids, dtype=np.int64)
-        x = self.features.read(ids) if rows is None else rows
         y = np.asarray(self.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
-        return to_data(batch, x, y)
+        return to_data(batch, rows, y)
 
     def _forward(self, data) -> torch.Tensor:
         out = self.model(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
@@ -251,9 +227,9 @@ class Trainer:
             wait += time.perf_counter() - t0
             if item is None:
                 break
-            batch, rows = item if isinstance(item, tuple) else (item, None)
-            with timers("gather" if rows is None else "convert"):
-                data = self._gather(batch, rows)
+            batch, rows = item
+            with timers("convert"):
+                data = self._to_data(batch, rows)
             with timers("transfer", sync=self.device):
                 data = data.to(self.device, non_blocking=True)
             with timers("compute"):
@@ -333,8 +309,8 @@ class Trainer:
         producer = self.eval_producer_factory(ids)
         correct, count = 0, 0
         for item in producer.batches(0):
-            batch, rows = item if isinstance(item, tuple) else (item, None)
-            data = self._gather(batch, rows).to(self.device)
+            batch, rows = item
+            data = self._to_data(batch, rows).to(self.device)
             pred = self._forward(data).argmax(-1)
             labeled = data.y >= 0
             correct += int((pred[labeled] == data.y[labeled]).sum())

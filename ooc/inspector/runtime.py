@@ -121,6 +121,10 @@ class FlatChangesets:
                 x = x.detach().cpu().numpy()
             return np.asarray(x, dtype=np.int64)
 
+        if all(hasattr(cs, k) for k in ("in_ids", "in_ptr", "out_ids", "out_ptr", "in_positions")):
+            # already flat (precompute_changesets' own layout): no per-step rebuild
+            return cls(arr(cs.init_ids), arr(cs.in_ids), arr(cs.in_positions), arr(cs.in_ptr),
+                       arr(cs.out_ids), arr(cs.out_ptr))
         steps = list(cs.steps)
         ins = [arr(s.in_ids) for s in steps]
         pos = [arr(s.in_positions) for s in steps]
