@@ -112,6 +112,50 @@ def default_reserve(budget: int) -> int:
     return max(48 * MiB, budget // 10)
 
 
+def warm_up_kernels(mode: str, dim: int, dtype) -> None:
+    """Compile (or load from numba's on-disk cache) every kernel the mode runs
+    after planning, on a tiny in-memory graph, before anything is measured.
+
+    On a first run (cold cache) numba compiles a kernel the first time it is
+    called; LLVM then needs ~100 MB for a moment. A kernel first called
+    mid-epoch, with the caches already full, would push the peak past the
+    budget; compiled here, that transient happens while nothing else is held.
+    The probe below covers the sampler and the readers; this covers the
+    neighbor cache, the feature cache and the changeset pass.
+    """
+    from ..inspector.changesets import precompute_changesets
+    from ..inspector.neighbor_cache import build_neighbor_cache
+    from ..inspector.neighbors import CachedNeighbors, InMemoryNeighbors
+    from ..inspector.sampler import NeighborSampler
+    from .feature_cache import FeatureCache
+
+    n = 32
+    src = np.arange(4 * n, dtype=np.int64) % n
+    dst = (np.arange(4 * n, dtype=np.int64) * 7 + 3) % n
+    order = np.argsort(dst, kind="stable")
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    indices = src[order].astype(np.int32)
+    if mode != "baseline":
+        cache = build_neighbor_cache(indptr, indices, 8 * n + 64)
+        source = CachedNeighbors(cache, InMemoryNeighbors(indices))
+        NeighborSampler(indptr, source, [3, 2]).sample_many(
+            [np.arange(4, dtype=np.int64), np.arange(4, 8, dtype=np.int64)], [1, 2])
+        x = np.zeros((n, dim), dtype=np.dtype(dtype))
+
+        class _Rows:
+            @staticmethod
+            def read(ids: np.ndarray) -> np.ndarray:
+                return x[ids]
+
+        fc = FeatureCache(n, 4, dim, x.dtype)
+        fc.switch(np.array([0, 1]), _Rows)
+        rows, _ = fc.gather(np.array([0, 2, 3]), _Rows)
+        fc.update(np.array([2]), np.array([0]), np.array([1]), rows)
+    if mode == "ooc":
+        precompute_changesets([np.array([0, 1]), np.array([1, 2]), np.array([0, 3])], n, 2)
+
+
 def plan_memory(dataset, config, budget: int, options=None, model=None, probes: int = 2,
                 neighbor_fraction: float = 0.25, reserve: int | None = None) -> MemoryPlan:
     """Measure the working memory of ``config.mode`` and size the caches.
@@ -145,6 +189,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
     row_bytes = dataset.layout.row_bytes
     stages: dict[str, int] = {}
 
+    warm_up_kernels(mode, dataset.feature_dim, dataset.feature_dtype)
     gc.collect()
     setup = rss_bytes()
     stages["setup_rss"] = setup
