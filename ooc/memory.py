@@ -60,3 +60,15 @@ def limit_malloc_arenas(n: int = 2) -> bool:
         return bool(libc.mallopt(-8, int(n)))  # M_ARENA_MAX = -8
     except (OSError, AttributeError):
         return False
+
+
+def trim_malloc() -> None:
+    """Give freed heap memory back to the OS (glibc ``malloc_trim``), so RSS
+    measures what is live; a no-op where unsupported."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ..memory import trim_malloc
 from ..storage.errors import OocError
 
 MiB = 1 << 20
@@ -191,6 +192,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
 
     warm_up_kernels(mode, dataset.feature_dim, dataset.feature_dtype)
     gc.collect()
+    trim_malloc()  # LLVM's freed compile-time memory, when the warm-up compiled
     setup = rss_bytes()
     stages["setup_rss"] = setup
 

@@ -87,6 +87,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..memory import trim_malloc
 from ..storage.atomic import write_json
 from ..storage.dataset import Dataset, open_dataset
 from ..storage.errors import OocError
@@ -107,16 +108,6 @@ def _parse_size(x: int | str) -> int:
     from ..cli import parse_size
 
     return parse_size(x) if isinstance(x, str) else int(x)
-
-
-def _trim() -> None:
-    """Give freed heap memory back to the OS (glibc), so RSS measures what is live."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _rss() -> int:
@@ -368,7 +359,7 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     }
 
     with _PeakRss() as peak, torch.inference_mode():
-        _trim()
+        trim_malloc()
         base_rss = _rss()
         report["start_rss_bytes"] = base_rss
         # every layer's minimum (two output chunk buffers) must fit: fail now, not mid-run
@@ -474,7 +465,7 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
     t = {"plan": 0.0, "local_graph": 0.0, "read": 0.0, "compute": 0.0, "write": 0.0}
 
     # ---- memory: output buffer, cache, block working set ----
-    _trim()
+    trim_malloc()
     rss0 = _rss()
     rows = min(chunk_rows, max(n, 1))
     # RSS may have grown since the start (allocator arenas, the chunk cache's
