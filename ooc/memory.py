@@ -34,6 +34,11 @@ def current_rss_bytes() -> int:
     return v if v is not None else peak_rss_bytes()
 
 
+def anon_rss_bytes() -> int:
+    """Anonymous resident memory (RssAnon): RSS without mapped file pages, bytes."""
+    return _status_bytes("RssAnon") or 0
+
+
 def reset_peak_rss() -> bool:
     """Reset the kernel's high-water mark to the current RSS; False if unsupported."""
     try:

@@ -38,46 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from ..memory import trim_malloc
+from ..memory import anon_rss_bytes, trim_malloc
+from ..memory import current_rss_bytes as rss_bytes
+from ..memory import peak_rss_bytes as hwm_bytes
+from ..memory import reset_peak_rss as reset_hwm
 from ..storage.errors import OocError
 
 MiB = 1 << 20
-
-
-def _status_kib(key: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def rss_bytes() -> int:
-    """Current resident set size (VmRSS)."""
-    return _status_kib("VmRSS") * 1024
-
-
-def hwm_bytes() -> int:
-    """Peak resident set size since the last :func:`reset_hwm` (VmHWM)."""
-    return _status_kib("VmHWM") * 1024
-
-
-def anon_rss_bytes() -> int:
-    """Anonymous resident memory (RssAnon): RSS without mapped file pages."""
-    return _status_kib("RssAnon") * 1024
-
-
-def reset_hwm() -> bool:
-    """Reset the kernel's RSS high-water mark to the current RSS (False if refused)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 @dataclass

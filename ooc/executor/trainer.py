@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..memory import peak_rss_bytes
 from ..storage.errors import OocError
 from .batch import to_data
 from .checkpoint import (load_checkpoint, model_from_checkpoint, save_checkpoint,
@@ -103,10 +104,6 @@ def epoch_torch_seed(seed: int, epoch: int) -> int:
     x = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
     x ^= x >> 31
     return x & ((1 << 63) - 1)
-
-
-def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Timers:

@@ -29,7 +29,8 @@ import numpy as np
 
 from ..storage import Dataset, OocError, open_dataset
 from ..storage.atomic import atomic_dir, write_json
-from .base import Assignment, peak_rss_bytes, warm_up
+from ..memory import peak_rss_bytes
+from .base import Assignment, warm_up
 from .baselines import edge_partition
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 from .metrics import compute_metrics

@@ -14,7 +14,7 @@ import sys
 from typing import Sequence
 
 from ..cli import add_report_arg, format_size, main_wrapper
-from .base import peak_rss_bytes
+from ..memory import peak_rss_bytes
 from ..storage.atomic import write_json
 from . import ALGORITHMS, partition_dataset
 from .edges import DEFAULT_CHUNK_EDGES

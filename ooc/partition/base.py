@@ -49,23 +49,6 @@ def progress_bar(total: int, desc: str, enabled: bool) -> Iterator:
         yield bar
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process (``VmHWM``), in bytes.
-
-    ``VmHWM`` belongs to the current address space, so it starts afresh at
-    ``exec``; ``ru_maxrss`` does not (a child started by a large parent
-    reports the parent's peak). Falls back to ``ru_maxrss`` off Linux.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def warm_up(algo: str, index_dtype) -> float:
