@@ -12,16 +12,7 @@ from ooc.storage import csc_from_edges, open_dataset, write_dataset
 from conftest import CORA_RAW
 
 
-def _has_changesets() -> bool:
-    try:
-        from ooc.inspector import changesets  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
-
-needs_cs = pytest.mark.skipif(not _has_changesets(), reason="ooc.inspector.changesets missing")
-MODE_PARAMS = ["baseline", "static", pytest.param("ooc", marks=needs_cs)]
+MODE_PARAMS = ["baseline", "static", "ooc"]
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +78,7 @@ def test_every_batch_bit_identical(ds, tmp_path, mode):
 def test_same_losses_in_every_mode(ds, tmp_path):
     d, _ = ds
     losses = {}
-    for mode in [m for m in MODES if m != "ooc" or _has_changesets()]:
+    for mode in MODES:
         t = Trainer(d, _cfg(mode, eval_every=100), log=lambda m: None,
                     options=_opts(tmp_path / mode, d.layout.row_bytes))
         t.fit()
@@ -96,6 +87,7 @@ def test_same_losses_in_every_mode(ds, tmp_path):
         rec = t.history[-1]
         assert rec["io"]["feature_lookups"] > 0
         assert {"gather", "compute", "stall"} <= set(rec["timers"])
+    assert set(losses) == {"baseline", "static", "ooc"}
     ref = losses["baseline"]
     for mode, ls in losses.items():
         np.testing.assert_allclose(ls, ref, rtol=1e-6, err_msg=mode)
@@ -121,7 +113,6 @@ def test_cli_mode_report(ds, tmp_path, mode):
         assert r["mode_info"]["feature_cache_rows"] == 8192 // d.layout.row_bytes
 
 
-@needs_cs
 @pytest.mark.skipif(not CORA_RAW.exists(), reason="Cora raw files not available")
 def test_ooc_mode_cora_accuracy(tmp_path):
     from ooc.prepare import main as prepare

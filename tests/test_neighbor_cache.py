@@ -153,7 +153,7 @@ def test_real_direct_reader(dataset):
     """O_DIRECT / io_uring (and its fallbacks) give the same batches as memory."""
     import warnings
 
-    direct_mod = pytest.importorskip("ooc.storage.direct")
+    import ooc.storage.direct as direct_mod
     from ooc.storage import OocError
 
     ref = sample_all(dataset, InMemoryNeighbors(np.asarray(dataset.indices)))
@@ -193,7 +193,6 @@ def test_open_neighbor_source(dataset):
 
     from ooc.inspector import open_neighbor_source
 
-    pytest.importorskip("ooc.storage.direct")
     ref = sample_all(dataset, open_neighbor_source(dataset, direct=False))
     budget = 8 * dataset.num_nodes + 5000
     for cb in [None, budget]:
