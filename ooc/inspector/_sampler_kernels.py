@@ -12,22 +12,11 @@ import numba as nb
 import numpy as np
 from numba import prange
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
+from .._random_kernels import GOLDEN as _GOLDEN
+from .._random_kernels import mix64
+
 _ONE = np.uint64(1)
 _SMALL_K = 64  # Floyd membership by linear scan up to this many picks
-
-
-@nb.njit(inline="always", cache=True)
-def mix64(z):
-    """splitmix64 finaliser; ``z`` and the result are uint64."""
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
 
 
 @nb.njit(inline="always", cache=True)
