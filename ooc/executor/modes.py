@@ -44,6 +44,7 @@ import numpy as np
 from ..inspector.neighbors import CachedNeighbors, DirectNeighbors, NeighborRequest, NeighborSource
 from ..inspector.sampler import NeighborSampler, epoch_batches, derive_seed
 from ..storage.errors import OocError
+from ..storage.layout import RowTable
 from . import _mmap_kernels as MK
 from .feature_cache import FeatureCache
 from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
@@ -120,7 +121,7 @@ def _chunks(n: int, threads: int, min_chunk: int) -> list[tuple[int, int]]:
     return [(a, min(n, a + step)) for a in range(0, n, step)]
 
 
-class ThreadedMmapFeatures:
+class ThreadedMmapFeatures(RowTable):
     """Rows of ``features.bin`` copied out of a memmap by a pool of threads.
 
     ``read(ids)`` → [len(ids), dim] in the file dtype. Readahead is off
@@ -139,14 +140,6 @@ class ThreadedMmapFeatures:
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ooc-mmap")
         self.requests = 0
         self.rows = 0
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.layout.num_rows, self.layout.dim)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.layout.dtype)
 
     def read(self, ids: np.ndarray) -> np.ndarray:
         lay = self.layout

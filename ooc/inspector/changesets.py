@@ -42,7 +42,7 @@ torch on CUDA.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -50,13 +50,12 @@ import torch
 from ..storage.errors import OocError
 from . import _changeset_kernels as K
 
-__all__ = ["Changesets", "ChangesetStep", "precompute_changesets", "flatten_batches", "local_ids"]
+__all__ = ["Changesets", "ChangesetStep", "FlatChangesets", "precompute_changesets", "flatten_batches", "local_ids"]
 
 _I63 = (1 << 63) - 1
 
 
-@dataclass(frozen=True)
-class ChangesetStep:
+class ChangesetStep(NamedTuple):
     """The cache update after one batch (int64 numpy views)."""
 
     in_ids: np.ndarray
@@ -65,12 +64,13 @@ class ChangesetStep:
 
 
 @dataclass
-class Changesets:
-    """Changesets of one superbatch, stored flat (all int64 numpy).
+class FlatChangesets:
+    """Changesets of one superbatch as flat arrays (all int64 numpy).
 
-    Step ``i`` inserts ``in_ids[in_ptr[i]:in_ptr[i+1]]`` (in batch order, at
-    ``in_positions`` of the same slice) and evicts
-    ``out_ids[out_ptr[i]:out_ptr[i+1]]`` (sorted). ``misses[i] = |ids_i − C_i|``.
+    Step ``i`` inserts ``in_ids[in_ptr[i]:in_ptr[i+1]]`` (rows taken from batch
+    i's buffer at ``in_positions`` of the same slice) and evicts
+    ``out_ids[out_ptr[i]:out_ptr[i+1]]``; ``init_ids`` fill the cache before
+    batch 0. This is also the layout of the runtime files.
     """
 
     init_ids: np.ndarray
@@ -79,16 +79,12 @@ class Changesets:
     in_ptr: np.ndarray
     out_ids: np.ndarray
     out_ptr: np.ndarray
-    misses: np.ndarray
-    capacity: int
-    method: str
-    num_accesses: int = 0
-    _steps: list | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.in_ptr) - 1
 
     def step(self, i: int) -> ChangesetStep:
+        """``(in_ids, out_ids, in_positions)`` of step ``i``."""
         a, b = self.in_ptr[i], self.in_ptr[i + 1]
         return ChangesetStep(self.in_ids[a:b], self.out_ids[self.out_ptr[i]:self.out_ptr[i + 1]],
                              self.in_positions[a:b])
@@ -96,6 +92,57 @@ class Changesets:
     @property
     def steps(self) -> list[ChangesetStep]:
         """One :class:`ChangesetStep` per batch, in order."""
+        return [self.step(i) for i in range(len(self))]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The flat arrays by runtime-file name."""
+        return {"cs_init_ids": self.init_ids, "cs_in_ids": self.in_ids,
+                "cs_in_positions": self.in_positions, "cs_in_ptr": self.in_ptr,
+                "cs_out_ids": self.out_ids, "cs_out_ptr": self.out_ptr}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays().values())
+
+    @classmethod
+    def from_changesets(cls, cs) -> "FlatChangesets":
+        """The flat part of ``cs``: a :class:`FlatChangesets` (e.g. the result of
+        :func:`precompute_changesets`) or any object with ``init_ids`` and
+        ``steps`` (each with ``in_ids``, ``out_ids``, ``in_positions``)."""
+        def arr(x) -> np.ndarray:
+            if isinstance(x, torch.Tensor):
+                x = x.detach().cpu().numpy()
+            return np.asarray(x, dtype=np.int64)
+
+        if isinstance(cs, FlatChangesets):
+            return cls(cs.init_ids, cs.in_ids, cs.in_positions, cs.in_ptr, cs.out_ids, cs.out_ptr)
+        steps = list(cs.steps)
+        ins = [arr(s.in_ids) for s in steps]
+        pos = [arr(s.in_positions) for s in steps]
+        outs = [arr(s.out_ids) for s in steps]
+        in_ptr = np.zeros(len(steps) + 1, np.int64)
+        out_ptr = np.zeros(len(steps) + 1, np.int64)
+        np.cumsum([len(a) for a in ins], out=in_ptr[1:])
+        np.cumsum([len(a) for a in outs], out=out_ptr[1:])
+        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+        return cls(arr(cs.init_ids), cat(ins), cat(pos), in_ptr, cat(outs), out_ptr)
+
+
+@dataclass
+class Changesets(FlatChangesets):
+    """:func:`precompute_changesets`' result: the flat changesets plus
+    ``misses[i] = |ids_i − C_i|`` per step (``out_ids`` sorted within a step,
+    ``in_ids`` in batch order)."""
+
+    misses: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    capacity: int = 0
+    method: str = ""
+    num_accesses: int = 0
+    _steps: list | None = field(default=None, repr=False)
+
+    @property
+    def steps(self) -> list[ChangesetStep]:
+        """One :class:`ChangesetStep` per batch, in order (built once)."""
         if self._steps is None:
             self._steps = [self.step(i) for i in range(len(self))]
         return self._steps

@@ -33,6 +33,7 @@ import aiofiles
 import numpy as np
 
 from ..storage.errors import OocError
+from .changesets import FlatChangesets
 from .sampler import SampledBatch
 
 SAMPLE_MARK = "superbatch.json"
@@ -90,64 +91,6 @@ class SuperbatchSamples:
         return {"node_ids": self.node_ids, "node_ptr": self.node_ptr, "edges": self.edges,
                 "edge_ptr": self.edge_ptr, "nodes_per_hop": self.nodes_per_hop,
                 "edges_per_hop": self.edges_per_hop}
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays().values())
-
-
-@dataclass
-class FlatChangesets:
-    """Changesets of one superbatch as flat arrays (all int64).
-
-    Step i inserts ``in_ids[in_ptr[i]:in_ptr[i+1]]`` (taken from batch i's
-    buffer at ``in_positions[...]`` of the same slice) and evicts
-    ``out_ids[out_ptr[i]:out_ptr[i+1]]``; ``init_ids`` fill the cache before
-    batch 0.
-    """
-
-    init_ids: np.ndarray
-    in_ids: np.ndarray
-    in_positions: np.ndarray
-    in_ptr: np.ndarray
-    out_ids: np.ndarray
-    out_ptr: np.ndarray
-
-    @classmethod
-    def from_changesets(cls, cs) -> "FlatChangesets":
-        """From ``precompute_changesets``' result (``init_ids`` + ``steps``)."""
-        def arr(x) -> np.ndarray:
-            if hasattr(x, "detach"):
-                x = x.detach().cpu().numpy()
-            return np.asarray(x, dtype=np.int64)
-
-        if all(hasattr(cs, k) for k in ("in_ids", "in_ptr", "out_ids", "out_ptr", "in_positions")):
-            # already flat (precompute_changesets' own layout): no per-step rebuild
-            return cls(arr(cs.init_ids), arr(cs.in_ids), arr(cs.in_positions), arr(cs.in_ptr),
-                       arr(cs.out_ids), arr(cs.out_ptr))
-        steps = list(cs.steps)
-        ins = [arr(s.in_ids) for s in steps]
-        pos = [arr(s.in_positions) for s in steps]
-        outs = [arr(s.out_ids) for s in steps]
-        in_ptr = np.zeros(len(steps) + 1, np.int64)
-        out_ptr = np.zeros(len(steps) + 1, np.int64)
-        np.cumsum([len(a) for a in ins], out=in_ptr[1:])
-        np.cumsum([len(a) for a in outs], out=out_ptr[1:])
-        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
-        return cls(arr(cs.init_ids), cat(ins), cat(pos), in_ptr, cat(outs), out_ptr)
-
-    def __len__(self) -> int:
-        return len(self.in_ptr) - 1
-
-    def step(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(in_ids, out_ids, in_positions) of step i."""
-        a, b = self.in_ptr[i], self.in_ptr[i + 1]
-        return self.in_ids[a:b], self.out_ids[self.out_ptr[i]:self.out_ptr[i + 1]], self.in_positions[a:b]
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {"cs_init_ids": self.init_ids, "cs_in_ids": self.in_ids,
-                "cs_in_positions": self.in_positions, "cs_in_ptr": self.in_ptr,
-                "cs_out_ids": self.out_ids, "cs_out_ptr": self.out_ptr}
 
     @property
     def nbytes(self) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DatasetError
-from .layout import FEATURE_DTYPES, FeatureLayout, RowView, index_dtype, padded_bytes
+from .layout import FEATURE_DTYPES, FeatureLayout, RowTable, RowView, index_dtype, padded_bytes
 
 FORMAT_NAME = "ooc-dataset"
 FORMAT_VERSION = 1
@@ -37,7 +37,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-class MmapFeatures:
+class MmapFeatures(RowTable):
     """Disk-backed feature table read through a memory map (page cache).
 
     ``read(ids)`` returns float rows of shape [len(ids), dim] in the file's
@@ -50,14 +50,6 @@ class MmapFeatures:
         self.layout = layout
         self._mm: np.memmap | None = None
         self._view: RowView | None = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.layout.num_rows, self.layout.dim)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.layout.dtype)
 
     def _open(self) -> RowView:
         if self._view is None:

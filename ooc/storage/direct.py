@@ -51,7 +51,7 @@ import numpy as np
 
 from . import _direct_kernels as K
 from .errors import OocError
-from .layout import PAGE, FeatureLayout
+from .layout import PAGE, FeatureLayout, RowTable
 
 __all__ = [
     "BACKENDS", "DirectFeatures", "DirectIOFallbackWarning", "DirectReader", "ReadStats",
@@ -558,7 +558,7 @@ def read_index_ranges(reader: DirectReader, starts: np.ndarray, ends: np.ndarray
     return buf.view(dt), off // dt.itemsize
 
 
-class DirectFeatures:
+class DirectFeatures(RowTable):
     """Feature rows of ``features.bin`` read with a :class:`DirectReader`.
 
     ``read(ids)`` returns ``[len(ids), dim]`` rows in the file's dtype, in the
@@ -585,14 +585,6 @@ class DirectFeatures:
     @property
     def stats(self) -> ReadStats:
         return self.reader.stats
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.layout.num_rows, self.layout.dim)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(self.layout.dtype)
 
     def pages_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(sorted unique pages of ``ids``, slot of each id's first page)."""

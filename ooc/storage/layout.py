@@ -85,6 +85,20 @@ class FeatureLayout:
         }
 
 
+class RowTable:
+    """Mixin for a feature table with a ``layout``: its ``shape`` and ``dtype``."""
+
+    layout: FeatureLayout
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.layout.num_rows, self.layout.dim)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.layout.dtype)
+
+
 class RowView:
     """Rows of a page-laid-out byte buffer, without copying.
 
