@@ -19,6 +19,22 @@ def random_graph(n: int, e: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     return rng.integers(0, n, e), rng.integers(0, n, e)
 
 
+def community_graph(out: Path, n: int = 400, classes: int = 3, seed: int = 0) -> Path:
+    """A graph whose edges mostly stay inside the label's class and whose
+    features carry the label (so models learn); splits 50/25/25%."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, classes, n)
+    src, dst = rng.integers(0, n, 20 * n), rng.integers(0, n, 20 * n)
+    keep = (y[src] == y[dst]) | (rng.random(src.size) < 0.05)
+    indptr, indices = csc_from_edges(src[keep], dst[keep], n)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    x[np.arange(n), y] += 1.0
+    perm = rng.permutation(n)
+    a, b = n // 2, 3 * n // 4
+    return write_dataset(out, indptr, indices, x, y, perm[:a], perm[a:b], perm[b:],
+                         num_classes=classes)
+
+
 @pytest.fixture
 def small_dataset(tmp_path: Path):
     """A 500-node random graph with 64-dim float32 features and 4 classes.

@@ -10,17 +10,16 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, community_graph
 from ooc import train as train_cli
 from ooc.executor.averaging import weighted_average
 from ooc.executor.checkpoint import load_checkpoint
 from ooc.executor.distributed import ensure_partitions, launch
 from ooc.executor.trainer import TrainConfig, Trainer
-from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
+from ooc.storage import OocError, open_dataset
 
 P = 4
 #: hang guard only (a healthy run takes seconds)
@@ -32,18 +31,8 @@ TRAIN = ["--fanouts", "5,5", "--batch-size", "40", "--hidden", "16", "--lr", "0.
 @pytest.fixture(scope="module")
 def parted(tmp_path_factory):
     """A 400-node 3-class graph and its 4 SPRING partitions."""
-    rng = np.random.default_rng(0)
-    n, classes = 400, 3
-    y = rng.integers(0, classes, n)
-    src, dst = rng.integers(0, n, 20 * n), rng.integers(0, n, 20 * n)
-    keep = (y[src] == y[dst]) | (rng.random(src.size) < 0.05)
-    indptr, indices = csc_from_edges(src[keep], dst[keep], n)
-    x = rng.standard_normal((n, 8)).astype(np.float32)
-    x[np.arange(n), y] += 1.0
-    perm = rng.permutation(n)
     root = tmp_path_factory.mktemp("dist")
-    data = write_dataset(root / "g", indptr, indices, x, y, perm[:200], perm[200:300],
-                         perm[300:], num_classes=classes)
+    data = community_graph(root / "g")
     parts = ensure_partitions(data, P, root / "parts", log=lambda m: None)
     return data, parts
 

@@ -5,30 +5,18 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
-from conftest import CORA_RAW, REPO
+from conftest import CORA_RAW, REPO, community_graph
 from ooc import train as train_cli
-from ooc.storage import csc_from_edges, write_dataset
 
 QUIET = ["--no-progress", "--mode", "baseline"]  # this file tests the baseline loop
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    rng = np.random.default_rng(0)
-    n, classes = 400, 3
-    y = rng.integers(0, classes, n)
-    src, dst = rng.integers(0, n, 20 * n), rng.integers(0, n, 20 * n)
-    keep = (y[src] == y[dst]) | (rng.random(src.size) < 0.05)
-    indptr, indices = csc_from_edges(src[keep], dst[keep], n)
-    x = rng.standard_normal((n, 8)).astype(np.float32)
-    x[np.arange(n), y] += 1.0
-    perm = rng.permutation(n)
-    return write_dataset(tmp_path_factory.mktemp("cli") / "tiny", indptr, indices, x, y,
-                         perm[:200], perm[200:300], perm[300:], num_classes=classes)
+    return community_graph(tmp_path_factory.mktemp("cli") / "tiny")
 
 
 def run(argv):
