@@ -6,7 +6,7 @@ import functools
 import os
 import re
 import sys
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
 from .storage.errors import OocError
@@ -37,7 +37,7 @@ def format_size(nbytes: float) -> str:
     return f"{nbytes:.1f} TiB"
 
 
-def fail(message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+def fail(message: str) -> NoReturn:
     """Print ``ooc: message`` (one line) to stderr and exit with code 2."""
     print(f"ooc: {message}".splitlines()[0] if message else "ooc: error", file=sys.stderr)
     sys.exit(2)

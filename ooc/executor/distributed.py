@@ -66,7 +66,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 
 from ..storage.atomic import write_json

@@ -22,7 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 import numpy as np
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numba as nb
-import numpy as np
 from numba import prange
 
 

@@ -244,7 +244,6 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
 
 
 def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacity: int) -> Changesets:
-    S = len(ptr) - 1
     lid, M, uniq = local_ids(flat, num_nodes)
     nxt, dup = K.next_use(lid, ptr, M)
     if dup >= 0:
