@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = dict(
     feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
     memory_budget=None,
     workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
+    optimizer_sync="average",
 )
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the workload-allocation rule from --memory-budget)")
     p.add_argument("--sync-every", type=int, help="average the local models every K epochs "
                    "(default 1)")
+    p.add_argument("--optimizer-sync", choices=["average", "reset"],
+                   help="at each sync, average the local Adam states with the weights, or "
+                        "restart every local Adam (default average)")
     p.add_argument("--compute-fraction", type=float, help="T/M: share of the per-worker "
                    "--memory-budget the computation needs (default 2/3)")
     p.add_argument("--partition-dir", metavar="DIR", help="partition folder (default "

@@ -57,8 +57,8 @@ def assert_same(a, b, **tol):
 
 def reference_average(parts, epochs):
     """Each partition's local model trained ``epochs`` epochs here from the same init,
-    averaged with its training-node count as weight."""
-    states, weights = [], []
+    averaged with its training-node count as weight: (weights, model, Adam state)."""
+    states, opts, weights = [], [], []
     for j in range(P):
         ds = open_dataset(parts / f"part_{j:03d}")
         cfg = TrainConfig(model="sage", fanouts=[5, 5], batch_size=40, hidden=16, lr=0.02,
@@ -69,9 +69,13 @@ def reference_average(parts, epochs):
             t.train_epoch()
         t.close()
         states.append({k: v.clone() for k, v in t.model.state_dict().items()})
+        opt = t.optimizer.state_dict()["state"]
+        opts.append({f"{i}.{k}": torch.as_tensor(v).clone() for i, st in opt.items()
+                     for k, v in st.items()})
         weights.append(len(ds.train_idx))
     assert min(weights) > 0 and len(set(weights)) > 1  # the weights matter
-    return weights, weighted_average(states, weights)
+    assert not torch.equal(opts[0]["0.exp_avg"], opts[1]["0.exp_avg"])  # the average matters
+    return weights, weighted_average(states, weights), weighted_average(opts, weights)
 
 
 def test_two_workers_sync_is_weighted_average_and_matches_one_worker(parted, tmp_path, capsys):
@@ -83,11 +87,16 @@ def test_two_workers_sync_is_weighted_average_and_matches_one_worker(parted, tmp
                            "--checkpoint-dir", str(ck2), *TRAIN]) == 0
     out = capsys.readouterr().out
     assert "2 workers, 4 partitions" in out and "[averaged]" in out
-    weights, ref = reference_average(parts, 2)
+    weights, ref, ref_opt = reference_average(parts, 2)
     assert_same(model_state(ck2, 2), ref, rtol=1e-5, atol=1e-6)
     state = load_checkpoint(ck2 / "epoch_0002.pt")
     assert state["extra"]["averaging"]["workers"] == 2
-    assert state["args"]["partitions"] == P and state["optimizer_state"] is None
+    assert state["extra"]["averaging"]["optimizer_sync"] == "average"
+    assert state["args"]["partitions"] == P
+    # the averaged Adam state (moments and step counts, the same weights)
+    opt = {f"{i}.{k}": torch.as_tensor(v) for i, st in state["optimizer_state"]["state"].items()
+           for k, v in st.items()}
+    assert_same(opt, ref_opt, rtol=1e-5, atol=1e-6)
 
     # Q = 1 simulates the 4 partitions in one process: the same weights
     assert train_cli.main(["--data", str(data), "--partition-dir", str(parts), "--partitions",

@@ -15,6 +15,14 @@ Pure functions, no process group: :mod:`ooc.executor.distributed` drives them.
   partial sum ``sum_{j mine} n_j w_j`` (float64), the partial sums and the
   weights are summed over workers (``all_reduce``), and the quotient is
   loaded into every local model.
+* **Optimizer state** (:func:`optimizer_entries`, :func:`optimizer_state`):
+  with ``--optimizer-sync average`` (default) the local Adam states (``step``,
+  ``exp_avg``, ``exp_avg_sq`` of every parameter) are averaged with the same
+  weights in the same ``all_reduce`` and every local model continues from
+  them; ``reset`` restarts each local Adam from zero, as federated-averaging
+  clients do. Restarting Adam every epoch makes each step a fresh
+  ``lr * sign(g)``-like step and the averaged model learns slowly (measured
+  with ``tools/bench_averaging.py``).
 """
 from __future__ import annotations
 
@@ -96,6 +104,39 @@ def assign_partitions(parts: int, workers: int) -> list[list[int]]:
     if parts < 1 or workers < 1:
         raise OocError(f"need parts >= 1 and workers >= 1, got {parts} and {workers}")
     return [list(range(r, parts, workers)) for r in range(workers)]
+
+
+#: Per-parameter entries of the trainer's optimizer (``torch.optim.Adam``) that are averaged.
+ADAM_KEYS = ("step", "exp_avg", "exp_avg_sq")
+#: Prefix of optimizer entries in the flat state that one ``all_reduce`` sums.
+OPTIM_PREFIX = "optim."
+
+
+def optimizer_entries(state: Mapping[int, Mapping[str, torch.Tensor]],
+                      params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An Adam ``state_dict()["state"]`` as flat entries ``optim.{i}.{key}``.
+
+    ``params``: the model's parameters in optimizer order (their shapes give
+    the zeros of a parameter without state yet: an optimizer that never
+    stepped). ``step`` is a float32 scalar, the moments have the parameter's
+    shape.
+    """
+    out: dict[str, torch.Tensor] = {}
+    for i, p in enumerate(params):
+        s = state.get(i, {})
+        step = s.get("step", 0.0)
+        out[f"{OPTIM_PREFIX}{i}.step"] = torch.as_tensor(step, dtype=torch.float32).reshape(())
+        for key in ADAM_KEYS[1:]:
+            v = s.get(key)
+            out[f"{OPTIM_PREFIX}{i}.{key}"] = v if v is not None else torch.zeros_like(p.detach())
+    return out
+
+
+def optimizer_state(entries: Mapping[str, torch.Tensor], num_params: int
+                    ) -> dict[int, dict[str, torch.Tensor]]:
+    """Inverse of :func:`optimizer_entries`: an Adam ``state`` dict (fresh tensors)."""
+    return {i: {key: entries[f"{OPTIM_PREFIX}{i}.{key}"].detach().clone() for key in ADAM_KEYS}
+            for i in range(num_params)}
 
 
 def averageable(name: str, value: torch.Tensor) -> bool:

@@ -112,18 +112,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(directory: str | os.PathLike, epoch: int, model: GNN,
-                    optimizer: torch.optim.Optimizer | None = None,
+                    optimizer: torch.optim.Optimizer | dict[str, Any] | None = None,
                     args: dict[str, Any] | None = None,
                     history: list[dict[str, Any]] | None = None,
                     extra: dict[str, Any] | None = None) -> Path:
-    """Write ``directory/epoch_{epoch:04d}.pt`` atomically and return its path."""
+    """Write ``directory/epoch_{epoch:04d}.pt`` atomically and return its path.
+
+    ``optimizer``: the optimizer, or its ``state_dict()`` (model averaging
+    saves the averaged state of the local optimizers).
+    """
     state = {
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
         "epoch": int(epoch),
         "model_config": dict(model.config),
         "model_state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer_state": optimizer.state_dict() if optimizer is not None else None,
+        "optimizer_state": (optimizer.state_dict() if isinstance(optimizer, torch.optim.Optimizer)
+                            else optimizer),
         "rng": rng_state(),
         "args": _to_py(args or {}),
         "history": _to_py(history or []),

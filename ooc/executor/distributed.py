@@ -19,11 +19,13 @@
 * **Sync.** After every ``K`` epochs (and after the last), every worker
   computes ``sum_{j mine} n_j w_j`` (float64, ``n_j`` the partition's
   training nodes); one ``all_reduce`` sums the partial sums, another the
-  weights, and every local model loads the quotient.
-  **Optimizer state is reset at every sync** (each local Adam restarts from
-  the averaged weights, as clients do in federated averaging): after a sync
-  the whole training state is the averaged model and the epoch, so a
-  checkpoint of rank 0 resumes exactly, with any number of workers.
+  weights, and every local model loads the quotient. With
+  ``--optimizer-sync average`` (default) the local Adam states are averaged
+  the same way in the same ``all_reduce`` and loaded too; ``reset`` restarts
+  every local Adam from zero (federated-averaging clients). Either way, after
+  a sync the whole training state is the averaged model (and optimizer
+  state) and the epoch, so a checkpoint of rank 0 resumes exactly, with any
+  number of workers.
 * **Evaluation** after each sync: each worker evaluates the averaged model on
   the validation and test nodes its partitions own (every node is owned by one
   partition, so these are the global splits); correct/total are summed with
@@ -71,8 +73,11 @@ import torch
 from ..storage.atomic import write_json
 from ..storage.errors import OocError
 from .averaging import (DEFAULT_COMPUTE_FRACTION, allocate_partitions, assign_partitions,
-                        dataset_bytes, finish_average, flatten, unflatten, weighted_sum,
-                        zeros_like_state)
+                        dataset_bytes, finish_average, flatten, optimizer_entries,
+                        optimizer_state, unflatten, weighted_sum, zeros_like_state)
+
+#: ``--optimizer-sync`` choices: what happens to the local Adam states at a sync.
+OPTIMIZER_SYNC = ("average", "reset")
 
 ENV_FAIL = "OOC_FAIL_AT"
 ENV_TIMEOUT = "OOC_DIST_TIMEOUT"
@@ -270,14 +275,25 @@ class LocalModel:
     def state(self) -> dict[str, torch.Tensor]:
         return self.trainer.model.state_dict() if self.trainer is not None else self.saved["model"]
 
-    def load_average(self, avg: dict[str, torch.Tensor]) -> None:
-        """Continue from the averaged weights with a fresh optimizer state."""
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """The local optimizer's ``state_dict()`` (resident or saved)."""
+        if self.trainer is not None:
+            return self.trainer.optimizer.state_dict()
+        return self.saved["optimizer"]
+
+    def load_average(self, avg: dict[str, torch.Tensor],
+                     opt_state: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
+        """Continue from the averaged weights and optimizer state (None: a fresh optimizer)."""
+        state = {} if opt_state is None else \
+            {i: {k: v.clone() for k, v in st.items()} for i, st in opt_state.items()}
         if self.trainer is not None:
             self.trainer.model.load_state_dict(avg)
-            self.trainer.optimizer.state.clear()
+            opt = self.trainer.optimizer
+            opt.load_state_dict({"state": state,
+                                 "param_groups": opt.state_dict()["param_groups"]})
         else:
             self.saved["model"] = {k: v.clone() for k, v in avg.items()}
-            self.saved["optimizer"]["state"] = {}
+            self.saved["optimizer"]["state"] = state
 
     def train_epoch(self) -> dict[str, Any] | None:
         t = self.open()
@@ -308,14 +324,23 @@ class AveragingTrainer:
         options: :class:`~ooc.executor.modes.ModeOptions` of every local pipeline.
         comm: the process group (:class:`Comm`).
         sync_every: ``K``.
+        optimizer_sync: ``"average"`` (the local Adam states are averaged
+            like the weights) or ``"reset"`` (every local Adam restarts).
     """
 
     def __init__(self, data, part_dir: Path, parts: int, config, options, comm: Comm,
-                 sync_every: int = 1, log: Callable[[str], None] = print):
+                 sync_every: int = 1, log: Callable[[str], None] = print,
+                 optimizer_sync: str = "average"):
         from .models import build_model
 
         if sync_every < 1:
             raise OocError(f"--sync-every must be >= 1, got {sync_every}")
+        if optimizer_sync not in OPTIMIZER_SYNC:
+            raise OocError(f"--optimizer-sync must be one of {', '.join(OPTIMIZER_SYNC)}, "
+                           f"got {optimizer_sync!r}")
+        self.optimizer_sync = optimizer_sync
+        #: the averaged optimizer state after the last sync (``average`` only)
+        self.opt_state: dict[int, dict[str, torch.Tensor]] | None = None
         self.data, self.part_dir, self.parts = data, Path(part_dir), int(parts)
         self.comm, self.sync_every, self.log = comm, int(sync_every), log
         self.config = copy.copy(config)
@@ -387,12 +412,19 @@ class AveragingTrainer:
         return rec
 
     def sync(self) -> None:
-        """Weighted model averaging over all ``P`` local models; optimizers restart."""
-        like = self.model.state_dict()
+        """Weighted averaging over all ``P`` local models (and their Adam states)."""
+        model_like = self.model.state_dict()
+        params = list(self.model.parameters())
+        with_opt = self.optimizer_sync == "average"
+
+        def full(state, opt):  # weights + optimizer entries: one flat all_reduce
+            return {**state, **optimizer_entries(opt, params)} if with_opt else state
+
+        like = full(model_like, {})
         keys = [k for k, v in like.items() if v.is_floating_point()]
         if self.local:
-            part = weighted_sum([lm.state() for lm in self.local],
-                                [lm.n_train for lm in self.local])
+            part = weighted_sum([full(lm.state(), lm.optimizer_state_dict()["state"])
+                                 for lm in self.local], [lm.n_train for lm in self.local])
         else:
             part = zeros_like_state(like)
         flat = self.comm.all_reduce_sum(flatten(part, keys))
@@ -400,9 +432,11 @@ class AveragingTrainer:
                                                                   for lm in self.local))],
                                                        dtype=torch.float64))
         avg = finish_average(unflatten(flat, like, keys), float(weight[0]), like)
-        self.model.load_state_dict(avg)
+        avg_model = {k: avg[k] for k in model_like}
+        self.opt_state = optimizer_state(avg, len(params)) if with_opt else None
+        self.model.load_state_dict(avg_model)
         for lm in self.local:
-            lm.load_average(avg)
+            lm.load_average(avg_model, self.opt_state)
 
     def evaluate(self) -> tuple[float | None, float | None]:
         """Global validation and test accuracy of the averaged model (counts summed)."""
@@ -425,7 +459,11 @@ class AveragingTrainer:
             return None
         from .checkpoint import save_checkpoint
 
-        return save_checkpoint(checkpoint_dir, self.epoch, self.model, None, args=args,
+        opt = None
+        if self.opt_state is not None:
+            opt = {"state": self.opt_state,
+                   "param_groups": self.local[0].optimizer_state_dict()["param_groups"]}
+        return save_checkpoint(checkpoint_dir, self.epoch, self.model, opt, args=args,
                                history=self.history,
                                extra={"config": asdict(self.config),
                                       "dataset": str(self.data.path),
@@ -434,7 +472,7 @@ class AveragingTrainer:
                                                     "partition_dir": str(self.part_dir),
                                                     "workers": self.comm.world_size,
                                                     "sync_every": self.sync_every,
-                                                    "optimizer": "reset at each sync"}})
+                                                    "optimizer_sync": self.optimizer_sync}})
 
     def resume(self, path: str | os.PathLike) -> dict[str, Any]:
         """Continue from a checkpoint of a sync: every local model loads its weights."""
@@ -454,10 +492,18 @@ class AveragingTrainer:
         self.model.load_state_dict(avg)
         self.epoch = int(state["epoch"])
         self.history = list(state.get("history") or [])
+        opt = state.get("optimizer_state") if self.optimizer_sync == "average" else None
+        self.opt_state = None
+        if opt is not None:
+            try:
+                self.opt_state = optimizer_state(optimizer_entries(
+                    {int(i): st for i, st in opt["state"].items()},
+                    list(self.model.parameters())), len(list(self.model.parameters())))
+            except (KeyError, TypeError, AttributeError) as e:
+                raise OocError(f"{path}: averaged optimizer state does not load ({e})") from None
         for lm in self.local:
             t = lm.open()
-            t.model.load_state_dict(avg)
-            t.optimizer.state.clear()
+            lm.load_average(avg, self.opt_state)
             t.epoch = lm.epoch = self.epoch
             lm.release()
         return state
@@ -537,7 +583,8 @@ def _worker(dataset, config, options, s, part_dir, parts, alloc, argv, ckdir, ck
     trainer = None
     try:
         trainer = AveragingTrainer(dataset, part_dir, parts, config, options, comm,
-                                   sync_every=int(s["sync_every"]), log=log)
+                                   sync_every=int(s["sync_every"]), log=log,
+                                   optimizer_sync=s.get("optimizer_sync") or "average")
         if ck_path is not None:
             trainer.resume(ck_path)
             log(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
@@ -560,7 +607,7 @@ def _worker(dataset, config, options, s, part_dir, parts, alloc, argv, ckdir, ck
                 "mode": config.mode, "workers": world, "partitions": parts,
                 "sync_every": int(s["sync_every"]), "assignment": trainer.assignment,
                 "partition_dir": str(part_dir), "allocation": alloc,
-                "optimizer_at_sync": "reset",
+                "optimizer_at_sync": trainer.optimizer_sync,
                 "train_nodes": _gather_train_nodes(trainer, comm),
                 "dataset": {"path": str(dataset.path), "num_nodes": dataset.num_nodes,
                             "num_edges": dataset.num_edges, "train": int(len(dataset.train_idx)),
