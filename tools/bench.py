@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -211,9 +212,16 @@ def run_mode(mode: str, args, data: Path, workdir: Path) -> dict:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.rstrip())
-        print(f"  [{mode}] {line.rstrip()}", flush=True)
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            print(f"  [{mode}] {line.rstrip()}", flush=True)
+    except BaseException:  # interrupted (Ctrl-C, SIGTERM): stop the run, leave no cgroup
+        proc.kill()
+        proc.wait()
+        if cg is not None:
+            remove_cgroup(cg)
+        raise
     _, status, ru = os.wait4(proc.pid, 0)
     rc = os.waitstatus_to_exitcode(status)
     proc.returncode = rc
@@ -343,6 +351,8 @@ def main(argv=None) -> int:
     p.add_argument("--report", type=Path, default=Path("bench.json"))
     p.add_argument("--chart", type=Path, default=None, help="PNG (default: report with .png)")
     args = p.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so an interrupted run removes its cgroup
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
         if m not in MODES:
@@ -422,7 +432,7 @@ def main(argv=None) -> int:
               f"{s.get('gather_iops_vs_fio') or 0:>7.2f} "
               f"{(s['update_switch_fraction'] or 0):>7.1%} "
               f"{format_size(s['child_peak_rss_bytes'] or 0):>9}")
-    print(f"speedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))
+    print("speedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))
     print(f"report {args.report}, chart {png}")
     return 0
 
