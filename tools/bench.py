@@ -387,8 +387,13 @@ def main(argv=None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ooc-bench-", dir=data.parent))
     workdir.mkdir(parents=True, exist_ok=True)
     results = {}
-    for m in modes:
-        results[m] = run_mode(m, args, data, workdir)
+    try:
+        for m in modes:
+            results[m] = run_mode(m, args, data, workdir)
+    except BaseException:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
     fio_iops = fio.get("iops") if fio.get("available") else None
     summary = {m: summarize(results[m], fio_iops) for m in modes}
     sp = {}
