@@ -1,5 +1,6 @@
-"""Partitioning: ownership, full in-neighbour replication, feature split,
-metrics computed independently, the two-community split, bad input."""
+"""Partitioning: ownership, full in-neighbour replication, L-hop halos,
+feature split, metrics computed independently, the two-community split, bad
+input."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,22 @@ import pytest
 from ooc.partition import ALGORITHMS, partition, partition_dataset
 from ooc.partition.__main__ import main
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
+
+from conftest import random_graph
+
+
+def _check_node_data(src, d, gids, n_own: int, owned_mask, s_x, s_y) -> None:
+    """Partition ``d`` (local ids ``gids``, the first ``n_own`` owned): the
+    features of every node, the labels of owned nodes (-1 elsewhere), the
+    source splits restricted to owned nodes (``owned_mask`` [N])."""
+    np.testing.assert_array_equal(d.features.read(np.arange(d.num_nodes)), s_x[gids])
+    np.testing.assert_array_equal(np.asarray(d.labels)[:n_own], s_y[gids[:n_own]])
+    assert np.all(np.asarray(d.labels)[n_own:] == -1)
+    for name in ("train_idx", "val_idx", "test_idx"):
+        local = getattr(d, name)
+        assert np.all(local < n_own)
+        glob = getattr(src, name)
+        np.testing.assert_array_equal(gids[local], glob[owned_mask[glob]])
 
 
 def _check_partitions(src_path: Path, out: Path, report: dict) -> None:
@@ -50,15 +67,7 @@ def _check_partitions(src_path: Path, out: Path, report: dict) -> None:
         for g in owned:
             needed.update(s_indices[s_indptr[g]:s_indptr[g + 1]].tolist())
         assert set(reps.tolist()) == needed - set(owned.tolist())
-        # features and labels; splits restricted to owned nodes
-        np.testing.assert_array_equal(d.features.read(np.arange(d.num_nodes)), s_x[gids])
-        np.testing.assert_array_equal(np.asarray(d.labels)[:n_own], s_y[owned])
-        assert np.all(np.asarray(d.labels)[n_own:] == -1)
-        for name in ("train_idx", "val_idx", "test_idx"):
-            local = getattr(d, name)
-            assert np.all(local < n_own)
-            glob = getattr(src, name)
-            np.testing.assert_array_equal(gids[local], glob[owner[glob] == q])
+        _check_node_data(src, d, gids, n_own, owner == q, s_x, s_y)
     assert np.all(seen == 1), "every node owned by exactly one partition"
     # replication factor, independently: distinct (node, partition) pairs
     dst = np.repeat(np.arange(n), np.diff(s_indptr))
@@ -168,6 +177,7 @@ def _fails(argv, capsys):
     (["--parts", "501"], "exceeds"),
     (["--parts", "2", "--beta", "0.9"], "--beta"),
     (["--parts", "2", "--stream-iters", "0"], "--stream-iters"),
+    (["--parts", "2", "--halo-hops", "0"], "--halo-hops"),
 ])
 def test_bad_arguments(small_dataset, tmp_path, capsys, extra, needle):
     path, _ = small_dataset
@@ -263,3 +273,148 @@ def test_spring_restream_pass_matches_reference():
     np.testing.assert_array_equal(st[:, CLUSTER], c)
     np.testing.assert_array_equal(vol, v)
     np.testing.assert_array_equal(st[:, RICH], rich)
+
+
+# -- L-hop halos ---------------------------------------------------------------------------
+def _sparse_directed(tmp_path: Path) -> Path:
+    """300 nodes, 700 random directed edges (self loops and repeats included),
+    sparse enough that every hop of the halo adds nodes."""
+    n = 300
+    src, dst = random_graph(n, 700, seed=11)
+    indptr, indices = csc_from_edges(src, dst, n)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((n, 5)).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    perm = rng.permutation(n)
+    return write_dataset(tmp_path / "sparse", indptr, indices, x, y, perm[:150], perm[150:220],
+                         perm[220:], num_classes=3)
+
+
+def _in_rows(indptr, indices, v) -> list[int]:
+    return indices[indptr[v]:indptr[v + 1]].tolist()
+
+
+def _neighbourhood(indptr, indices, v: int, hops: int) -> list[tuple[int, int]]:
+    """The in-edges (src, dst) met by a BFS of ``hops`` hops from ``v``
+    (each node's row once, repeated edges kept)."""
+    edges, seen, frontier = [], {v}, [v]
+    for _ in range(hops):
+        nxt = set()
+        for w in frontier:
+            for u in _in_rows(indptr, indices, w):
+                edges.append((u, w))
+                if u not in seen:
+                    nxt.add(u)
+        seen |= nxt
+        frontier = list(nxt)
+    return edges
+
+
+def _check_halo(src_path: Path, out: Path, report: dict, hops: int) -> None:
+    """Every invariant of an ``hops``-hop halo partition output, against BFS
+    layers and neighbourhoods computed here from the source."""
+    src = open_dataset(src_path)
+    n = src.num_nodes
+    s_indptr, s_indices = src.indptr, np.asarray(src.indices)
+    s_x = src.features.read(np.arange(n))
+    s_y = np.asarray(src.labels)
+    owner = np.load(out / "owner.npy")
+    assert report["halo_hops"] == hops
+    total = 0
+    for q in range(report["p"]):
+        d = open_dataset(out / f"part_{q:03d}", verify=True)
+        gids = np.load(d.path / "global_ids.npy")
+        pm = d.meta["partition"]
+        # layers: BFS by in-edges from the owned nodes
+        layer = {int(v): 0 for v in np.flatnonzero(owner == q)}
+        layers = [sorted(layer)]
+        for h in range(1, hops + 1):
+            nxt = {u for w in layers[-1] for u in _in_rows(s_indptr, s_indices, w)
+                   if u not in layer}
+            layer.update((u, h) for u in nxt)
+            layers.append(sorted(nxt))
+        # local ids: owned ascending, then each layer ascending; every node once
+        np.testing.assert_array_equal(gids, np.concatenate(layers).astype(np.int64))
+        assert pm["halo_hops"] == hops
+        assert pm["num_owned"] == len(layers[0])
+        assert pm["num_replicas_per_hop"] == [len(lay) for lay in layers[1:]]
+        assert pm["num_replicas"] == d.num_nodes - len(layers[0])
+        summary = report["parts"][q]
+        assert summary["num_replicas_per_hop"] == pm["num_replicas_per_hop"]
+        assert summary["nodes"] == d.num_nodes and summary["halo_hops"] == hops
+        # layers 0..H-1: full in-lists in source order; layer H: empty
+        d_indptr, d_indices = d.indptr, np.asarray(d.indices)
+        for v, g in enumerate(gids):
+            local = d_indices[d_indptr[v]:d_indptr[v + 1]]
+            if layer[int(g)] < hops:
+                np.testing.assert_array_equal(gids[local], s_indices[s_indptr[g]:s_indptr[g + 1]])
+            else:
+                assert local.size == 0
+        # every owned node's H-hop in-neighbourhood is the one of the whole graph
+        for v in range(len(layers[0])):
+            local = [(int(gids[u]), int(gids[w]))
+                     for u, w in _neighbourhood(d_indptr, d_indices, v, hops)]
+            assert sorted(local) == sorted(_neighbourhood(s_indptr, s_indices, int(gids[v]),
+                                                          hops))
+        _check_node_data(src, d, gids, len(layers[0]), owner == q, s_x, s_y)
+        total += d.num_nodes
+    assert report["halo_replication_factor"] == pytest.approx(total / n)
+
+
+@pytest.mark.parametrize("graph,algo,parts,hops", [
+    ("sparse", "hash", 4, 2),
+    ("sparse", "spring", 3, 3),
+    ("two", "spring", 3, 2),
+    ("two", "hdrf", 4, 3),
+    ("two", "spring", 2, 5),  # the halo stops growing before hop 5: passes skipped
+])
+def test_halo_hops_match_bfs(tmp_path, graph, algo, parts, hops):
+    """An H-hop halo holds exactly the BFS layers of the owned nodes; the
+    nodes of layers < H keep their full in-lists (chunks of 97 edges, so rows
+    straddle chunk borders)."""
+    path = _sparse_directed(tmp_path) if graph == "sparse" else _two_communities(tmp_path)[0]
+    out = tmp_path / "out"
+    report = partition_dataset(path, out, parts, algo, seed=1, chunk_edges=97, halo_hops=hops)
+    _check_halo(path, out, report, hops)
+    # the assignment metrics stay the 1-hop ones; the halo only adds nodes
+    assert report["halo_replication_factor"] >= report["replication_factor"]
+    if graph == "sparse":
+        assert all(min(pq["num_replicas_per_hop"]) > 0 for pq in report["parts"])
+
+
+def test_halo_one_hop_is_the_plain_split(tmp_path, capsys):
+    """halo_hops=1 writes the same bytes as a run without the parameter, and
+    a 2-hop halo (through the CLI) extends it: same local ids and rows for the
+    owned nodes and the first layer."""
+    path = _sparse_directed(tmp_path)
+    kw = dict(seed=4, chunk_edges=64)
+    plain = partition_dataset(path, tmp_path / "plain", 3, "hash", **kw)
+    one = partition_dataset(path, tmp_path / "one", 3, "hash", halo_hops=1, **kw)
+    assert one["halo_hops"] == 1
+    assert one["halo_replication_factor"] == pytest.approx(plain["replication_factor"])
+    files = ("indptr.npy", "indices.bin", "features.bin", "labels.npy", "global_ids.npy",
+             "train_idx.npy", "val_idx.npy", "test_idx.npy")
+    for q in range(3):
+        for f in files:
+            a = (tmp_path / "plain" / f"part_{q:03d}" / f).read_bytes()
+            assert a == (tmp_path / "one" / f"part_{q:03d}" / f).read_bytes(), f
+    _check_halo(path, tmp_path / "one", one, 1)
+    rep = tmp_path / "r.json"
+    assert main(["--data", str(path), "--parts", "3", "--algo", "hash", "--seed", "4",
+                 "--chunk-edges", "64", "--halo-hops", "2", "--out", str(tmp_path / "two"),
+                 "--report", str(rep), "--quiet"]) == 0
+    capsys.readouterr()
+    two = json.loads(rep.read_text())
+    assert two["halo_hops"] == 2
+    for key in ("replication_factor", "edge_cut", "node_balance", "edge_balance"):
+        assert two[key] == one[key]
+    for q in range(3):
+        d1 = open_dataset(tmp_path / "one" / f"part_{q:03d}")
+        d2 = open_dataset(tmp_path / "two" / f"part_{q:03d}")
+        n1 = d1.num_nodes
+        np.testing.assert_array_equal(np.load(d2.path / "global_ids.npy")[:n1],
+                                      np.load(d1.path / "global_ids.npy"))
+        n_own = d1.meta["partition"]["num_owned"]
+        e1 = int(d1.indptr[n_own])
+        np.testing.assert_array_equal(d2.indptr[:n_own + 1], d1.indptr[:n_own + 1])
+        np.testing.assert_array_equal(np.asarray(d2.indices)[:e1], np.asarray(d1.indices))

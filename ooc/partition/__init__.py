@@ -10,7 +10,12 @@ Every algorithm reads the dataset's edges as a chunked stream from disk
 (:mod:`ooc.partition.edges`) and returns an :class:`Assignment`: one owning
 partition per node. :func:`partition_dataset` then measures the partition
 (:mod:`ooc.partition.metrics`) and writes one dataset per partition with the
-full in-neighbour list of every owned node (:mod:`ooc.partition.split`).
+full in-neighbour list of every owned node (:mod:`ooc.partition.split`);
+with ``halo_hops=H`` (default 1) each partition holds the ``H``-hop
+in-neighbourhood of its owned nodes, so an ``H``-layer GNN sees the same
+neighbourhoods as on the whole graph. The metrics stay those of the
+assignment under 1-hop replication (what the partitioning literature
+compares); ``halo_replication_factor`` measures the halo actually written.
 
 Output folder of :func:`partition_dataset` (written in a temp folder, renamed
 when complete)::
@@ -80,14 +85,17 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                       algo: str = "spring", *, beta: float = 1.05, seed: int = 0,
                       overwrite: bool = False, split: bool = True,
                       chunk_edges: int = DEFAULT_CHUNK_EDGES, progress: bool = False,
-                      **params) -> dict:
+                      halo_hops: int = 1, **params) -> dict:
     """Partition ``data`` and write the result to ``out``; returns the report.
 
     The report holds ``replication_factor``, ``node_balance``,
     ``edge_balance``, ``edge_cut`` (see :mod:`ooc.partition.metrics`),
     ``time_s`` (assignment + replication pass, without writing),
     ``split_time_s``, ``total_time_s`` and ``peak_rss_bytes`` (``VmHWM`` of
-    this process, whatever it did before). With
+    this process, whatever it did before), ``halo_hops`` and, when the
+    partitions are written, ``halo_replication_factor`` = ``Σ_i n_i / |V|``
+    over the nodes ``n_i`` of each partition with its ``halo_hops``-hop halo
+    (equal to ``replication_factor`` for ``halo_hops=1``). With
     ``split=False`` only ``partition.json`` and ``owner.npy`` are written.
     Nothing is left at ``out`` unless everything succeeded.
     """
@@ -96,6 +104,8 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     t_start = time.perf_counter()
     dataset = open_dataset(data)
     _check(dataset, parts, algo, beta)
+    if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
+        raise OocError(f"--halo-hops must be >= 1, got {halo_hops}")
     out = Path(out)
     if out.exists() and not overwrite:
         raise OocError(f"{out}: already exists (pass --overwrite to replace it)")
@@ -116,7 +126,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                 for q in range(parts):
                     parts_list.append(write_partition(dataset, a.owner, bits, q, parts,
                                                       tmp / part_name(q), g2l, algo,
-                                                      chunk_edges, progress))
+                                                      chunk_edges, progress, halo_hops))
             split_time = time.perf_counter() - t_split
             report = {
                 "data": str(dataset.path), "out": str(out), "algo": algo, "p": parts,
@@ -136,8 +146,12 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                 "total_time_s": time.perf_counter() - t_start,
                 "peak_rss_bytes": peak_rss_bytes(),
                 "split": split,
+                "halo_hops": int(halo_hops),
                 "parts": parts_list or metrics["partitions"],
             }
+            if split:
+                report["halo_replication_factor"] = \
+                    sum(pq["nodes"] for pq in parts_list) / dataset.num_nodes
             write_json(tmp / "partition.json", report)
     except FileExistsError as e:
         raise OocError(str(e)) from None

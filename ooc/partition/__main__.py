@@ -2,9 +2,9 @@
 
 Partitions a dataset with SPRING or a streaming baseline and writes one
 dataset per partition (see :mod:`ooc.partition`). Bad input (P < 1 or
-P > N, beta < 1, a missing or invalid dataset, an existing output folder
-without ``--overwrite``) exits with code 2 and a one-line reason, leaving no
-output behind.
+P > N, beta < 1, ``--halo-hops`` < 1, a missing or invalid dataset, an
+existing output folder without ``--overwrite``) exits with code 2 and a
+one-line reason, leaving no output behind.
 """
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--chunk-edges", type=int, default=DEFAULT_CHUNK_EDGES,
                    help=f"edges per streamed chunk (default {DEFAULT_CHUNK_EDGES})")
+    p.add_argument("--halo-hops", type=int, default=1, metavar="H",
+                   help="each partition holds the H-hop in-neighbourhood of its owned nodes "
+                        "(nodes up to hop H-1 with their full in-neighbour lists; default 1)")
     p.add_argument("--no-split", action="store_true",
                    help="only compute the assignment and metrics (owner.npy, partition.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -76,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = partition_dataset(args.data, args.out, args.parts, args.algo, beta=args.beta,
                                seed=args.seed, overwrite=args.overwrite,
                                split=not args.no_split, chunk_edges=args.chunk_edges,
+                               halo_hops=args.halo_hops,
                                progress=not args.quiet and sys.stderr.isatty(), **params)
     report["rss_baseline_bytes"] = rss0
     if args.report:

@@ -1,5 +1,5 @@
 """numba kernels shared by the partitioners: degrees, hashing, ownership,
-replica bookkeeping and the per-partition edge extraction.
+replica bookkeeping, the halo BFS and the per-partition edge extraction.
 
 Every kernel that walks a chunk of the CSC edge stream takes
 ``(indptr, a, first_dst, src)``: position ``a + i`` has source ``src[i]`` and
@@ -176,3 +176,75 @@ def replicas_of(bits, q):
             out[j] = v
             j += 1
     return out
+
+
+@nb.njit(**_NB)
+def mark_halo_chunk(indptr, a, first_dst, src, layer, h):
+    """One hop of the halo BFS by in-edges over a chunk of the edge stream.
+
+    ``layer`` (int64 [N]) holds the halo layer of every node present in the
+    partition and -1 elsewhere; every edge ``s -> d`` with ``layer[d] == h-1``
+    and ``layer[s] < 0`` sets ``layer[s] = h``. A node marked ``h`` here is
+    not ``h-1``, so the marks of one pass do not cascade and the result does
+    not depend on the chunk order. Returns the number of nodes marked.
+    """
+    dst = first_dst
+    marked = 0
+    for i in range(src.shape[0]):
+        k = a + i
+        while indptr[dst + 1] <= k:
+            dst += 1
+        if layer[dst] == h - 1:
+            s = src[i]
+            if layer[s] < 0:
+                layer[s] = h
+                marked += 1
+    return marked
+
+
+@nb.njit(**_NB)
+def nodes_by_layer(layer, hops):
+    """Global ids of the present nodes ordered by (layer, id).
+
+    ``layer``: int64 [N], the halo layer ``0..hops`` of every present node and
+    -1 elsewhere. Returns int64 [n_q] ids: layer 0 ascending, then layer 1
+    ascending, ... layer ``hops`` ascending.
+    """
+    counts = np.zeros(hops + 2, dtype=np.int64)
+    for v in range(layer.shape[0]):
+        if layer[v] >= 0:
+            counts[layer[v] + 1] += 1
+    for h in range(hops + 1):
+        counts[h + 1] += counts[h]
+    out = np.empty(counts[hops + 1], dtype=np.int64)
+    for v in range(layer.shape[0]):
+        h = layer[v]
+        if h >= 0:
+            out[counts[h]] = v
+            counts[h] += 1
+    return out
+
+
+@nb.njit(**_NB)
+def halo_local_chunk(indptr, a, first_dst, src, g2l, n_inner, local_indptr, out):
+    """Scatter a chunk's edges into a halo partition's local CSC.
+
+    ``g2l`` (int64 [N]) maps present nodes to local ids (-1 elsewhere); the
+    nodes with local id ``< n_inner`` (layers ``0..H-1``) get their full
+    in-neighbour list. The edge at CSC position ``k`` with destination ``d``
+    goes to ``out[local_indptr[g2l[d]] + (k - indptr[d])]`` as ``g2l[src]``:
+    the ``k - indptr[d]``-th entry of ``d``'s row, so every row keeps the
+    source order whatever the order of the chunks. ``local_indptr``: int64
+    [n_q + 1]. Returns the number of edges written.
+    """
+    dst = first_dst
+    written = 0
+    for i in range(src.shape[0]):
+        k = a + i
+        while indptr[dst + 1] <= k:
+            dst += 1
+        loc = g2l[dst]
+        if 0 <= loc < n_inner:
+            out[local_indptr[loc] + (k - indptr[dst])] = g2l[src[i]]
+            written += 1
+    return written

@@ -1,27 +1,41 @@
 """Per-partition datasets (SDT-GNN §III-B "node-feature file partitioning").
 
 Partition ``q`` is written as a dataset folder ``part_{q:03d}`` in the
-format of :mod:`ooc.storage` with *local* ids:
+format of :mod:`ooc.storage` with *local* ids. Its nodes form an
+``H``-hop halo (``halo_hops``, default 1) around the owned nodes, in layers
+of a BFS by in-edges:
 
-* local ids ``0 .. n_owned-1`` are the owned nodes in ascending global id,
-  then ``n_owned .. n_owned+n_replicas-1`` the replicas in ascending global
-  id; ``global_ids.npy`` (int64 [n_q]) maps local to global ids;
-* the CSC holds the full in-neighbour list of every owned node (in the
-  source's order) and an empty list for every replica: replicas are only
-  inputs;
-* ``labels.npy`` keeps the labels of owned nodes; replicas get -1;
+* layer 0 = the owned nodes; layer ``h`` (1..H) = the in-neighbours of
+  layer ``h-1`` nodes that are in none of the layers ``0..h-1`` (layer 1 =
+  the replicas of the 1-hop split: in-neighbours of owned nodes owned
+  elsewhere);
+* local ids: the owned nodes in ascending global id, then layer 1 in
+  ascending global id, then layer 2, ...; ``global_ids.npy`` (int64 [n_q])
+  maps local to global ids;
+* the CSC holds the full in-neighbour list of every node of layers
+  ``0..H-1`` (the source row, in the source's order, mapped to local ids)
+  and an empty list for every layer-``H`` node: those are only inputs. So an
+  ``H``-layer GNN sees every owned node's neighbourhood as in the whole
+  graph;
+* ``labels.npy`` keeps the labels of owned nodes; every other node gets -1;
 * ``train/val/test_idx.npy`` are the source splits restricted to owned nodes,
   in local ids (source order kept);
 * features are copied through a memory map of the source ``features.bin``
   in chunks of rows; mapped pages are released after each chunk so the
   resident set stays bounded;
 * ``meta.json`` gets a ``partition`` entry: part, parts, algo, num_owned,
-  num_replicas.
+  num_replicas (all non-owned nodes), halo_hops, num_replicas_per_hop
+  (list, layer sizes ``1..H``).
 
-Memory: ``O(|V|)`` (owner, a global-to-local scratch array, the id lists of
-one partition) plus one chunk of edges and one chunk of feature rows.
-The edge stream is read once per partition (each pass keeps the edges whose
-destination the partition owns), so the split costs ``p`` sequential passes.
+Memory: ``O(|V|)`` (owner, a global-to-local scratch array that also holds
+the layers during the BFS, the id lists of one partition) plus one chunk of
+edges and one chunk of feature rows. Per partition the edge stream is read
+once to copy the edges (``H = 1``: the edges whose destination the
+partition owns, in stream order; ``H >= 2``: every edge whose destination
+is in layers ``0..H-1``, scattered to its row of the local CSC), plus one
+marking pass per hop beyond the first (layer 1 comes from the replica
+bitmap), skipped once a layer is empty. The split costs ``p * H``
+sequential passes.
 """
 from __future__ import annotations
 
@@ -31,7 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from ..storage import Dataset, DatasetWriter
-from ._kernels import local_chunk, replicas_of
+from ._kernels import (halo_local_chunk, local_chunk, mark_halo_chunk, nodes_by_layer,
+                       replicas_of)
 from .base import progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 
@@ -57,42 +72,91 @@ def _release(arr) -> None:
         pass
 
 
+def _halo_nodes(dataset: Dataset, owned: np.ndarray, reps: np.ndarray, layer: np.ndarray,
+                hops: int, chunk_edges: int, progress: bool, name: str
+                ) -> tuple[np.ndarray, list[int]]:
+    """The nodes of an ``hops``-hop halo (``hops >= 2``) and the layer sizes.
+
+    ``layer`` (int64 [N], all -1 on entry) is marked with each present node's
+    layer; one pass over the edge stream per hop from 2 on. Returns the
+    global ids in local order (int64 [n_q], see :func:`nodes_by_layer`) and
+    the sizes of layers ``1..hops``. ``layer`` is left marked.
+    """
+    layer[owned] = 0
+    layer[reps] = 1
+    per_hop = [int(reps.size)]
+    stream = EdgeStream(dataset, chunk_edges=chunk_edges)
+    for h in range(2, hops + 1):
+        marked = 0
+        if per_hop[-1]:
+            with progress_bar(dataset.num_edges, f"split {name}: hop {h}", progress) as bar:
+                for ch in stream:
+                    marked += mark_halo_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, layer, h)
+                    bar.update(ch.b - ch.a)
+        per_hop.append(int(marked))
+    return nodes_by_layer(layer, hops), per_hop
+
+
 def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: int, parts: int,
                     out: Path, g2l: np.ndarray, algo: str = "",
-                    chunk_edges: int = DEFAULT_CHUNK_EDGES, progress: bool = False) -> dict:
-    """Write partition ``q`` to ``out`` (a new folder); returns its summary."""
+                    chunk_edges: int = DEFAULT_CHUNK_EDGES, progress: bool = False,
+                    halo_hops: int = 1) -> dict:
+    """Write partition ``q`` and its ``halo_hops``-hop halo to ``out`` (a new
+    folder); returns its summary.
+
+    ``owner``: int [N] owning partition of every node; ``bits``: the replica
+    bitmap of :func:`ooc.partition.metrics.replica_bits`; ``g2l``: int64 [N]
+    scratch, all -1 on entry and on return.
+    """
+    if halo_hops < 1:
+        raise ValueError(f"halo_hops must be >= 1, got {halo_hops}")
+    name = part_name(q)
     owned = np.flatnonzero(owner == q).astype(np.int64)
     reps = replicas_of(bits, q)
-    n_own, n_rep = owned.size, reps.size
-    gids = np.concatenate([owned, reps])
+    n_own = owned.size
+    if halo_hops == 1:
+        gids = np.concatenate([owned, reps])
+        per_hop = [int(reps.size)]
+    else:
+        gids, per_hop = _halo_nodes(dataset, owned, reps, g2l, halo_hops, chunk_edges, progress,
+                                    name)
     nq = gids.size
+    n_rep = nq - n_own
+    n_inner = nq - per_hop[-1]  # layers 0..H-1: full in-neighbour lists
     g2l[gids] = np.arange(nq, dtype=g2l.dtype)
     indptr_src = dataset.indptr
+    inner = gids[:n_inner]
     local_deg = np.zeros(nq, dtype=np.int64)
-    local_deg[:n_own] = indptr_src[owned + 1] - indptr_src[owned]
+    local_deg[:n_inner] = indptr_src[inner + 1] - indptr_src[inner]
     indptr = np.zeros(nq + 1, dtype=np.int64)
     np.cumsum(local_deg, out=indptr[1:])
     eq = int(indptr[-1])
     src_meta = dataset.meta
     with DatasetWriter(out, nq, dataset.feature_dim, dataset.layout.dtype,
-                       name=f"{src_meta.get('name', '')}-{part_name(q)}",
+                       name=f"{src_meta.get('name', '')}-{name}",
                        directed=bool(src_meta.get("directed", True)),
                        source={"partition_of": str(dataset.path)}) as w:
         w.extra_meta["partition"] = {"part": q, "parts": parts, "algo": algo,
-                                     "num_owned": int(n_own), "num_replicas": int(n_rep)}
+                                     "num_owned": int(n_own), "num_replicas": int(n_rep),
+                                     "halo_hops": int(halo_hops),
+                                     "num_replicas_per_hop": per_hop}
         w.write_indptr(indptr)
         ind = w.indices()
         if eq:
             stream = EdgeStream(dataset, chunk_edges=chunk_edges)
             pos = 0
-            with progress_bar(dataset.num_edges, f"split {part_name(q)}: edges", progress) as bar:
+            with progress_bar(dataset.num_edges, f"split {name}: edges", progress) as bar:
                 for ch in stream:
-                    pos = local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, owner, q, g2l,
-                                      ind, pos)
+                    if halo_hops == 1:  # owned rows only: written in stream order
+                        pos = local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, owner, q,
+                                          g2l, ind, pos)
+                    else:
+                        pos += halo_local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, g2l,
+                                                n_inner, indptr, ind)
                     _release(ind)
                     bar.update(ch.b - ch.a)
             if pos != eq:
-                raise RuntimeError(f"{part_name(q)}: wrote {pos} edges, expected {eq}")
+                raise RuntimeError(f"{name}: wrote {pos} edges, expected {eq}")
         # features through a memmap of the source file, in chunks of rows
         feats = dataset.features
         dst_view = w.features()
@@ -112,8 +176,9 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
             splits.append(g2l[ids].astype(np.int64))
         w.write_splits(*splits)
         np.save(w.tmp / "global_ids.npy", gids)
-        summary = {"part": q, "path": part_name(q), "owned": int(n_own), "replicas": int(n_rep),
-                   "nodes": int(nq), "edges": eq,
+        summary = {"part": q, "path": name, "owned": int(n_own), "replicas": int(n_rep),
+                   "nodes": int(nq), "edges": eq, "halo_hops": int(halo_hops),
+                   "num_replicas_per_hop": per_hop,
                    "train": int(splits[0].size), "val": int(splits[1].size),
                    "test": int(splits[2].size)}
     g2l[gids] = -1
