@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = dict(
     feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
     memory_budget=None,
     workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
-    optimizer_sync="average",
+    optimizer_sync="average", halo_hops=None,
 )
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
@@ -126,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer-sync", choices=["average", "reset"],
                    help="at each sync, average the local Adam states with the weights, or "
                         "restart every local Adam (default average)")
+    p.add_argument("--halo-hops", type=int, help="hops of in-neighbourhood each partition "
+                   "holds when --workers partitions the graph itself (default: the number of "
+                   "layers, so sampled neighbourhoods are the whole graph's; 1 = SDT-GNN's "
+                   "full in-neighbour lists only, smaller partitions)")
     p.add_argument("--compute-fraction", type=float, help="T/M: share of the per-worker "
                    "--memory-budget the computation needs (default 2/3)")
     p.add_argument("--partition-dir", metavar="DIR", help="partition folder (default "

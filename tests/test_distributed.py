@@ -159,3 +159,21 @@ def test_bad_input(parted, tmp_path):
         train_cli.main(["--data", str(data), "--workers", "1", "--sync-every", "0", *TRAIN])
     with pytest.raises(OocError, match="not a partition folder"):
         ensure_partitions(data, 2, tmp_path)
+
+
+def test_auto_partitions_hold_the_model_depth_as_halo(tmp_path):
+    """Without --partition-dir the run partitions with an L-hop halo (L = layers): every
+    owned node's sampled neighbourhood is the whole graph's."""
+    import json
+
+    data = community_graph(tmp_path / "g", n=120)
+    assert train_cli.main(["--data", str(data), "--workers", "1", "--partitions", "2",
+                           "--epochs", "1", *TRAIN]) == 0
+    out = tmp_path / "g.partitions" / "spring_p2_h2"
+    meta = json.loads((out / "part_000" / "meta.json").read_text())["partition"]
+    assert meta["halo_hops"] == 2 and len(meta["num_replicas_per_hop"]) == 2
+    assert not (tmp_path / "g.partitions" / "spring_p2").exists()
+    with pytest.raises(SystemExit) as e:
+        train_cli.main(["--data", str(data), "--workers", "1", "--partitions", "2",
+                        "--halo-hops", "0", *TRAIN])
+    assert e.value.code == 2
