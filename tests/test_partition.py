@@ -178,6 +178,7 @@ def _fails(argv, capsys):
     (["--parts", "2", "--beta", "0.9"], "--beta"),
     (["--parts", "2", "--stream-iters", "0"], "--stream-iters"),
     (["--parts", "2", "--halo-hops", "0"], "--halo-hops"),
+    (["--parts", "2", "--refine-passes", "-1"], "--refine-passes"),
 ])
 def test_bad_arguments(small_dataset, tmp_path, capsys, extra, needle):
     path, _ = small_dataset

@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-split", action="store_true",
                    help="only compute the assignment and metrics (owner.npy, partition.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--refine-passes", type=int, default=1, metavar="K",
+                   help="streaming refinement passes after the algorithm: each node moves to "
+                        "the partition owning most of its in-neighbours, under the beta cap "
+                        "(default 1; 0 = the algorithm's own assignment)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_report_arg(p)
     return p
@@ -79,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = partition_dataset(args.data, args.out, args.parts, args.algo, beta=args.beta,
                                seed=args.seed, overwrite=args.overwrite,
                                split=not args.no_split, chunk_edges=args.chunk_edges,
-                               halo_hops=args.halo_hops,
+                               halo_hops=args.halo_hops, refine_passes=args.refine_passes,
                                progress=not args.quiet and sys.stderr.isatty(), **params)
     report["rss_baseline_bytes"] = rss0
     if args.report:

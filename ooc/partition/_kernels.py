@@ -248,3 +248,46 @@ def halo_local_chunk(indptr, a, first_dst, src, g2l, n_inner, local_indptr, out)
             out[local_indptr[loc] + (k - indptr[dst])] = g2l[src[i]]
             written += 1
     return written
+
+
+@nb.njit(**_NB)
+def refine_chunk(indptr, a, first_dst, src, owner, load, cap, cnt, touched, nt, moved):
+    """One chunk of the refinement pass (see :mod:`ooc.partition.refine`).
+
+    The stream must be in CSC order (unshuffled), so a node's in-neighbour
+    list is contiguous; it may span chunks: ``cnt`` int64 [p] (in-neighbours
+    per owning partition so far), ``touched`` int32 [p] and ``nt`` int64 [1]
+    (partitions with a non-zero count) carry over to the next chunk. When a
+    node's list is complete the node moves to the partition owning the most
+    of its in-neighbours if that count is strictly larger than its own
+    partition's and ``load[q] < cap`` (ties: the first partition met in the
+    list). ``owner`` int32 [N] and ``load`` int64 [p] are updated in place;
+    ``moved`` int64 [1] counts moves.
+    """
+    dst = first_dst
+    for i in range(src.shape[0]):
+        k = a + i
+        while indptr[dst + 1] <= k:
+            dst += 1
+        q = owner[src[i]]
+        if cnt[q] == 0:
+            touched[nt[0]] = q
+            nt[0] += 1
+        cnt[q] += 1
+        if k + 1 == indptr[dst + 1]:  # the in-neighbour list of dst is complete
+            cur = owner[dst]
+            best = cur
+            bc = cnt[cur]
+            for j in range(nt[0]):
+                t = touched[j]
+                if cnt[t] > bc and load[t] < cap:
+                    best = t
+                    bc = cnt[t]
+            for j in range(nt[0]):
+                cnt[touched[j]] = 0
+            nt[0] = 0
+            if best != cur:
+                owner[dst] = best
+                load[cur] -= 1
+                load[best] += 1
+                moved[0] += 1
