@@ -127,7 +127,7 @@ def make_cora(out: Path) -> Path:
 def metis_worker(data: str, parts: int, report: str, seed: int) -> None:
     import pymetis
 
-    from ooc.partition.base import peak_rss_bytes
+    from ooc.memory import peak_rss_bytes
     from ooc.partition.metrics import compute_metrics
     from ooc.storage import open_dataset
 
