@@ -377,3 +377,50 @@ def test_repeated_reads_do_not_grow_memory(raw_file):
         tracemalloc.stop()
     # ~12,000 reads: a leaked 184-byte slice per read would be over 2 MB
     assert grown < 256 * 1024, grown
+
+
+GIL_SCRIPT = r"""
+import sys, threading
+import numpy as np
+import liburing as L
+from ooc.storage.direct import DirectReader
+
+path = sys.argv[1]
+r = DirectReader(path, queue_depth=4)
+if r.backend != "io_uring":
+    print("skip: backend", r.backend)
+    sys.exit(0)
+ring = r._h.ring
+t = threading.Thread(target=r._submit_and_wait, args=(ring,))
+t.start()          # nothing in flight: the thread sleeps until a completion is posted
+x = sum(range(1000))  # runs only if that sleep released the GIL
+sqe = L.io_uring_get_sqe(ring)
+L.io_uring_prep_nop(sqe)
+L.io_uring_submit(ring)  # the NOP's completion wakes the thread
+t.join()
+L.io_uring_cq_advance(ring, L.io_uring_cq_ready(ring))
+r._cq_head += 1
+out = r.scratch(4096)
+r.read_pages(np.array([1], dtype=np.int64), out)  # the reader still works afterwards
+assert out[0] == 0 and out[1] == 1, out[:4]
+print("ok", x)
+"""
+
+
+def test_io_uring_wait_releases_the_gil(tmp_path):
+    """Waiting for completions must not hold the GIL: liburing's io_uring_submit_and_wait
+    does, which froze the training thread for as long as every gather's reads took. The
+    script deadlocks if it is held (hence a subprocess and a hang guard)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("liburing")
+    f = tmp_path / "f.bin"
+    f.write_bytes(np.arange(8192, dtype=np.uint8).tobytes())
+    script = tmp_path / "gil.py"
+    script.write_text(GIL_SCRIPT)
+    r = subprocess.run([sys.executable, str(script), str(f)], capture_output=True, text=True,
+                       timeout=120)
+    if r.stdout.startswith("skip"):
+        pytest.skip(r.stdout.strip())
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]

@@ -125,6 +125,7 @@ class _Handles:
     def __init__(self):
         self.fd = -1
         self.ring = None
+        self.efd = -1  # eventfd signalled on io_uring completions
         self.pool: ThreadPoolExecutor | None = None
         self.mm: mmap.mmap | None = None
 
@@ -135,6 +136,9 @@ class _Handles:
                 _L.io_uring_queue_exit(ring)
             except Exception:
                 pass
+        if self.efd >= 0:
+            efd, self.efd = self.efd, -1
+            os.close(efd)
         if self.pool is not None:
             pool, self.pool = self.pool, None
             pool.shutdown(wait=True)
@@ -293,6 +297,14 @@ class DirectReader:
         except Exception as e:  # noqa: BLE001 - the binding raises assorted types
             raise _Refused(f"io_uring_queue_init failed: {e}") from None
         self._h.ring = ring
+        # Completions are waited for on an eventfd, not in io_uring_submit_and_wait: the
+        # binding holds the GIL through that call, which stalls every other Python thread
+        # (the training loop) for as long as the reads take; os.eventfd_read releases it.
+        try:
+            self._h.efd = os.eventfd(0, os.EFD_CLOEXEC)
+            _L.io_uring_register_eventfd(ring, self._h.efd)
+        except Exception as e:  # noqa: BLE001 - OSError or the binding's own types
+            raise _Refused(f"io_uring_register_eventfd failed: {e}") from None
         self._cq_entries = 2 * entries
         self._cq_head = 0
         self._cqe = _L.Cqe()
@@ -433,7 +445,7 @@ class DirectReader:
                         sqe.user_data = i
                         i += 1
                         inflight += 1
-                L.io_uring_submit_and_wait(ring, 1)
+                self._submit_and_wait(ring)
                 ready = L.io_uring_cq_ready(ring)
                 while ready:
                     L.io_uring_wait_cqe(ring, cqe)  # sets cqe to the CQ head, no syscall
@@ -461,10 +473,22 @@ class DirectReader:
         if err is not None:
             raise err
 
+    def _submit_and_wait(self, ring) -> None:
+        """Submit queued SQEs, then sleep (GIL released) until a completion is posted.
+
+        The eventfd counts completions since it was last read: one posted
+        between the ``cq_ready`` check and the read makes the read return at
+        once, so no wake-up is lost; a stale count only costs one more check.
+        """
+        _L.io_uring_submit(ring)
+        efd = self._h.efd
+        while not _L.io_uring_cq_ready(ring):
+            os.eventfd_read(efd)
+
     def _drain(self, inflight: int) -> None:
         try:
             while inflight > 0:
-                _L.io_uring_submit_and_wait(self._h.ring, 1)
+                self._submit_and_wait(self._h.ring)
                 ready = _L.io_uring_cq_ready(self._h.ring)
                 if ready:
                     _L.io_uring_cq_advance(self._h.ring, ready)
