@@ -182,6 +182,23 @@ def _page_views(out: np.ndarray) -> list:
     return views
 
 
+#: One ``Iovec`` per page, built on first use and reused by every single-page read into it
+#: (most reads of random rows are one page): saves building an Iovec per read.
+_PAGE_IOVECS: dict[int, list] = {}
+
+
+def _page_iovecs(out: np.ndarray, views: list) -> list:
+    """Single-page ``Iovec`` slots for ``out`` (None until first used), parallel to ``views``."""
+    addr = out.ctypes.data
+    iovecs = _PAGE_IOVECS.get(addr)
+    if iovecs is None or iovecs[0] is not views:
+        if iovecs is not None:
+            _PINNED.append(iovecs)
+        iovecs = [views] + [None] * len(views)  # slot 0 ties the list to these views
+        _PAGE_IOVECS[addr] = iovecs
+    return iovecs
+
+
 class DirectReader:
     """Batched whole-page reads of one file with O_DIRECT + io_uring.
 
@@ -426,6 +443,7 @@ class DirectReader:
         npgs = npg.tolist()
         nruns = len(offs)
         views = _page_views(out)
+        one = _page_iovecs(out, views)
         iovs = [None] * nruns  # kept alive until completion
         qd = self.queue_depth
         cq_mask = self._cq_entries - 1
@@ -440,7 +458,13 @@ class DirectReader:
                         if sqe is None:  # SQ full (cannot happen while inflight <= entries)
                             break
                         b = slots[i]
-                        iov = iovs[i] = Iovec(views[b:b + npgs[i]])
+                        if npgs[i] == 1:
+                            iov = one[b + 1]
+                            if iov is None:
+                                iov = one[b + 1] = Iovec(views[b:b + 1])
+                        else:
+                            iov = Iovec(views[b:b + npgs[i]])
+                        iovs[i] = iov
                         prep(sqe, fd, iov, offs[i])
                         sqe.user_data = i
                         i += 1
