@@ -333,3 +333,53 @@ def test_sparse_reuse_across_many_batches():
     for cap in (5, 25, 59):
         cs = _check_all(batches, cap, num_nodes=60)
         assert cs.num_misses == 2 * (60 - cap)
+
+
+def _later(batches, x, i):
+    return any(x in set(int(v) for v in b) for b in batches[i + 1:])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_keep_unused_and_cached_carry_the_cache_between_superbatches(method):
+    """keep_unused: the replayed cache is Belady's state plus entries never accessed again
+    (the most recently dropped ones, while there is room), with the same misses.
+    cached=final_state(previous): the next superbatch starts from that cache (its states
+    are the brute-force recurrence over [cached, ids_0, ...] after step 0, plus unused
+    entries) and reads no more than starting from Ginex's initial set."""
+    from ooc.inspector.changesets import final_state
+
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        N, S, cap = 40, 8, int(rng.integers(1, 15))
+        prev, nxt = _random_trace(rng, S, N, 10), _random_trace(rng, S, N, 10)
+        ref_states, ref_misses = _brute_states(prev, cap)
+        a = precompute_changesets(prev, N, cap, method=method, keep_unused=True)
+        plain = precompute_changesets(prev, N, cap, method=method)
+        assert np.array_equal(a.misses, plain.misses) and np.array_equal(a.in_ids, plain.in_ids)
+        states, misses = _replay(a, prev, cap)
+        assert misses == ref_misses
+        for i, (c, ref) in enumerate(zip(states, ref_states)):
+            assert ref <= c
+            assert all(not _later(prev, x, i - 1) for x in c - ref)  # extras: never used again
+        # the cache ends as full as it can be: min(capacity, distinct ids ever cached)
+        ever = set(a.init_ids.tolist()) | set(a.in_ids.tolist())
+        cached = final_state(a)
+        assert set(cached.tolist()) == states[-1] and len(cached) == min(cap, len(ever))
+
+        b = precompute_changesets(nxt, N, cap, method=method, cached=cached, keep_unused=True)
+        states_b, misses_b = _replay(b, nxt, cap)
+        ref_b, ref_mb = _brute_states([cached, *nxt], cap)
+        assert misses_b == ref_mb[1:]
+        for i, (c, ref) in enumerate(zip(states_b, ref_b[1:])):
+            assert ref <= c
+        cset = set(cached.tolist())
+        assert cset <= set(b.init_ids.tolist())  # nothing cached is thrown away at the switch
+        g = precompute_changesets(nxt, N, cap, method=method)
+        reads_b = len(set(b.init_ids.tolist()) - cset) + sum(misses_b)
+        reads_g = len(set(g.init_ids.tolist()) - cset) + g.num_misses
+        assert reads_b <= reads_g
+    # Ginex's init {3, 1} drops cached 2 and misses it later; carrying {1, 2} misses only 3
+    b = precompute_changesets([[3], [1], [2]], 4, 2, method=method, cached=[1, 2])
+    assert b.init_ids.tolist() == [1, 2] and b.num_misses == 1
+    with pytest.raises(OocError, match="exceed the capacity"):
+        precompute_changesets([[1]], 4, 1, method=method, cached=[1, 2])

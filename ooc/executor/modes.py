@@ -268,6 +268,11 @@ def default_sizes(dataset) -> tuple[int, int]:
 
 
 def _changeset_fn(num_nodes: int, capacity: int, device: str):
+    """Changesets of successive superbatches, each starting from the cache the previous
+    one leaves (``keep_unused`` + ``cached``: the switch reads only new entries instead
+    of a whole initial set). Superbatches come in order from the inspector's one
+    changeset thread, across epochs; if the executor stops early its cache differs from
+    that state and the switch reads the difference: still exact."""
     from ..inspector import changesets as C
 
     fn = C.precompute_changesets
@@ -275,7 +280,14 @@ def _changeset_fn(num_nodes: int, capacity: int, device: str):
     if "device" in inspect.signature(fn).parameters:
         kw["device"] = "cpu" if device in (None, "auto") and not _cuda() else (
             "cuda" if device in (None, "auto") else device)
-    return lambda ids: fn(ids, num_nodes, capacity, **kw)
+    state: dict[str, Any] = {"cached": None}
+
+    def changesets(ids):
+        cs = fn(ids, num_nodes, capacity, cached=state["cached"], keep_unused=True, **kw)
+        state["cached"] = C.final_state(cs)
+        return cs
+
+    return changesets
 
 
 def _cuda() -> bool:

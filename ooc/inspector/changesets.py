@@ -14,7 +14,26 @@ Semantics (the contract the executor relies on):
   misses of batch ``i`` (rows already in the batch buffer, at
   ``in_positions_i``); ``out_ids_i ⊆ C_i``;
 * ties at the capacity boundary (same next-access iteration) keep entries
-  already cached first, then smaller node ids. Any tie-break is optimal (the
+  already cached first, then smaller node ids.
+
+Across superbatches (``keep_unused`` and ``cached``, what the training
+pipeline uses): under the rule above the cache is empty after the last batch
+(nothing is accessed again), so every superbatch would start from scratch and
+its switch read a whole initial set. Instead:
+
+* ``keep_unused=True``: an entry with no later access in the superbatch is
+  not evicted when Belady drops it but kept as *unused* until its slot is
+  needed: when a step needs room, unused entries go first, oldest first.
+  They are never accessed again in the superbatch, so hits and misses are
+  unchanged; only ``out_ids`` move later (or vanish). The cache then ends
+  the superbatch full of its most recently dropped entries
+  (:func:`final_state`).
+* ``cached``: the ids the cache holds before the superbatch (the previous
+  superbatch's :func:`final_state`). ``C_0`` is then ``cached`` plus, while
+  there is room, the ids accessed first; computed as the changesets of
+  ``[cached, ids_0, ids_1, ...]`` with the first step dropped, so the switch
+  reads only those fills. With ``keep_unused`` the cached ids this
+  superbatch never accesses stay as unused entries. Any tie-break is optimal (the
   tied ids are next used in the same batch); this one is deterministic and
   avoids needless copies.
 
@@ -41,6 +60,7 @@ torch on CUDA.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -50,7 +70,8 @@ import torch
 from ..storage.errors import OocError
 from . import _changeset_kernels as K
 
-__all__ = ["Changesets", "ChangesetStep", "FlatChangesets", "precompute_changesets", "flatten_batches", "local_ids"]
+__all__ = ["Changesets", "ChangesetStep", "FlatChangesets", "final_state", "precompute_changesets",
+           "flatten_batches", "local_ids"]
 
 _I63 = (1 << 63) - 1
 
@@ -208,7 +229,8 @@ def _dup_error(ptr: np.ndarray, p: int, node: int) -> OocError:
 
 
 def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, device="cpu",
-                          method: str = "auto") -> Changesets:
+                          method: str = "auto", cached=None,
+                          keep_unused: bool = False) -> Changesets:
     """Belady changesets of one superbatch (see the module docstring).
 
     Args:
@@ -218,9 +240,21 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
         capacity: cache entries.
         device: torch device for the torch path (``"cuda"`` runs it there).
         method: ``"auto"`` (numba on CPU, torch on CUDA), ``"torch"`` or ``"numba"``.
+        cached: int ids [<= capacity] the cache holds before the superbatch,
+            or None (an empty cache: Ginex's initial set).
+        keep_unused: keep entries that are not accessed again until their
+            slot is needed (see the module docstring).
     Returns:
         :class:`Changesets` (host numpy arrays).
     """
+    if cached is not None and len(cached):
+        cached = np.unique(np.asarray(cached, dtype=np.int64))
+        if cached.shape[0] > int(capacity):
+            raise OocError(f"changesets: {cached.shape[0]} cached ids exceed the capacity "
+                           f"{capacity}")
+        cs = precompute_changesets([cached, *batches], num_nodes, capacity, device, method,
+                                   keep_unused=keep_unused)
+        return _drop_first_step(cs, cached.shape[0])
     flat, ptr = flatten_batches(batches)
     S = len(ptr) - 1
     capacity = int(capacity)
@@ -237,7 +271,69 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
     else:
         raise OocError(f"changesets: unknown method {method!r} (auto, torch, numba)")
     cs.num_accesses = int(flat.shape[0])
+    if keep_unused:
+        cs = _keep_unused(cs, flat, ptr, capacity)
     return cs
+
+
+def _keep_unused(cs: Changesets, flat: np.ndarray, ptr: np.ndarray, capacity: int) -> Changesets:
+    """Rewrite ``out_ids`` so entries with no later access stay until their slot is needed."""
+    S = len(cs)
+    if S == 0 or flat.size == 0:
+        return cs
+    step = np.repeat(np.arange(S, dtype=np.int64), np.diff(ptr))
+    rev_ids, first_rev = np.unique(flat[::-1], return_index=True)
+    last = step[::-1][first_rev]  # last step accessing rev_ids[k]
+    unused: deque = deque()  # oldest first
+    size = len(cs.init_ids)  # entries with a later access (Belady's state)
+    outs = []
+    for i in range(S):
+        ins = cs.in_ids[cs.in_ptr[i]:cs.in_ptr[i + 1]]
+        out = cs.out_ids[cs.out_ptr[i]:cs.out_ptr[i + 1]]
+        later = last[np.searchsorted(rev_ids, out)] > i  # every cached id is in the trace
+        forced = out[later]
+        unused.extend(out[~later].tolist())
+        size += len(ins) - len(out)
+        excess = size + len(unused) - capacity
+        evict = [unused.popleft() for _ in range(max(0, excess))]
+        outs.append(np.sort(np.concatenate([forced, np.asarray(evict, dtype=np.int64)])))
+    out_ptr = np.zeros(S + 1, np.int64)
+    np.cumsum([len(o) for o in outs], out=out_ptr[1:])
+    cs.out_ids = np.concatenate(outs).astype(np.int64, copy=False)
+    cs.out_ptr = out_ptr
+    cs._steps = None
+    return cs
+
+
+def _drop_first_step(cs: Changesets, num_cached: int) -> Changesets:
+    """``cs`` of ``[cached, ids_0, ...]`` as the changesets of ``[ids_0, ...]``: step 0
+    (the cached ids' own step) inserts nothing, so ``C_0`` is ``init_ids`` minus the
+    ids step 0 evicts."""
+    a, b = int(cs.in_ptr[1]), int(cs.out_ptr[1])
+    if a != 0:
+        raise AssertionError("changesets: the cached step inserted ids")  # |cached| <= capacity
+    init = np.setdiff1d(cs.init_ids, cs.out_ids[:b])
+    return Changesets(init, cs.in_ids, cs.in_positions, cs.in_ptr[1:].copy(), cs.out_ids[b:],
+                      cs.out_ptr[1:] - b, cs.misses[1:].copy(), cs.capacity, cs.method,
+                      cs.num_accesses - num_cached)
+
+
+def final_state(cs: FlatChangesets) -> np.ndarray:
+    """The ids (int64, sorted) the cache holds after the last step of ``cs``."""
+    S = len(cs)
+    ids = np.concatenate([cs.init_ids, cs.in_ids, cs.out_ids]).astype(np.int64, copy=False)
+    if ids.size == 0:
+        return ids
+    t_in = np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.in_ptr))
+    t_out = np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.out_ptr))
+    t = np.concatenate([np.full(len(cs.init_ids), -1, np.int64), t_in, t_out])
+    present = np.concatenate([np.ones(len(cs.init_ids) + len(cs.in_ids), bool),
+                              np.zeros(len(cs.out_ids), bool)])
+    order = np.lexsort((t, ids))  # by id, then step: an id's last event is its state
+    ids, present = ids[order], present[order]
+    last = np.ones(ids.shape[0], bool)
+    last[:-1] = ids[1:] != ids[:-1]
+    return ids[last & present]
 
 
 # -- numba path ------------------------------------------------------------------
