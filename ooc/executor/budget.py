@@ -43,6 +43,7 @@ from ..memory import current_rss_bytes as rss_bytes
 from ..memory import peak_rss_bytes as hwm_bytes
 from ..memory import reset_peak_rss as reset_hwm
 from ..storage.errors import OocError
+from .pipelines import PREFETCH
 
 MiB = 1 << 20
 
@@ -209,8 +210,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
     stages["probe_peak"] = max(0, peak - setup)
     stage_peaks = {"sample": int(peak_sample), "main_loop": int(peak_main)}
     batch_rows_bytes = int(ids_per_batch * row_bytes)
-    # prefetch queue (2) + the one the gather thread holds + the one computing
-    stages["queued_batches"] = 4 * batch_rows_bytes
+    # the prefetch queue + the one the gather thread holds + the one computing
+    stages["queued_batches"] = (PREFETCH + 2) * batch_rows_bytes
 
     # -- computed parts -------------------------------------------------------------------------
     if mode != "baseline":

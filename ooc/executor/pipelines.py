@@ -33,6 +33,11 @@ from .feature_cache import FeatureCache, FeatureSource
 _END = object()
 
 
+#: Gathered batches queued ahead of the training step. One is enough to overlap gather
+#: with compute; each more costs a batch of rows of the memory budget (the planner counts
+#: ``PREFETCH + 2``: the queue, the one being gathered, the one training).
+PREFETCH = 1
+
 class _Worker:
     """Runs ``produce(put)`` on a thread; iterating yields what it put, in order.
 
@@ -98,7 +103,7 @@ class BatchPipeline:
     """
 
     def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
-                 source: FeatureSource, cache: FeatureCache | None = None, prefetch: int = 2):
+                 source: FeatureSource, cache: FeatureCache | None = None, prefetch: int = PREFETCH):
         self.seeds = np.asarray(seeds, dtype=np.int64)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
@@ -165,7 +170,7 @@ class OnDemandPipeline(BatchPipeline):
 
     def __init__(self, sampler: NeighborSampler, seeds: np.ndarray, batch_size: int, seed: int,
                  source: FeatureSource, shuffle: bool = True, cache: FeatureCache | None = None,
-                 prefetch: int = 2):
+                 prefetch: int = PREFETCH):
         super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
         self.sampler = sampler
 
@@ -192,7 +197,7 @@ class SuperbatchPipeline(BatchPipeline):
 
     def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
                  source: FeatureSource, cache: FeatureCache, shuffle: bool = True,
-                 prefetch: int = 2):
+                 prefetch: int = PREFETCH):
         super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
         self.inspector = inspector
 
