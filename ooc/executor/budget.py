@@ -13,7 +13,7 @@ in the training process itself, before the caches exist:
    run on a copy of the model; the new ``VmHWM`` is the peak of one
    sample → gather → train iteration, readers' buffers included.
 3. What the probe cannot see, computed: the batches queued between the
-   stages (``prefetch + 1`` more batches of rows), the feature cache's
+   stages (``PREFETCH + 2`` batches of rows), the feature cache's
    address table (int32 [N]) and free list, and for ``ooc`` the superbatch
    in flight (runtime samples of up to three superbatches: being sampled,
    having its changesets computed, being consumed) plus the changeset pass
