@@ -140,26 +140,6 @@ def replica_counts(bits, p):
 
 
 @nb.njit(**_NB)
-def local_chunk(indptr, a, first_dst, src, owner, q, g2l, out, pos):
-    """Copy the edges of chunk into partition ``q``'s local indices.
-
-    Edges whose destination is owned by ``q`` are written, in stream (CSC)
-    order, as ``g2l[src]`` into ``out`` starting at ``pos``; returns the new
-    position. Used with an unshuffled stream so the output is the CSC of
-    the owned nodes in ascending global id.
-    """
-    dst = first_dst
-    for i in range(src.shape[0]):
-        k = a + i
-        while indptr[dst + 1] <= k:
-            dst += 1
-        if owner[dst] == q:
-            out[pos] = g2l[src[i]]
-            pos += 1
-    return pos
-
-
-@nb.njit(**_NB)
 def replicas_of(bits, q):
     """Global ids of the replicas of partition ``q`` (ascending)."""
     n = bits.shape[0]
@@ -227,7 +207,7 @@ def nodes_by_layer(layer, hops):
 
 @nb.njit(**_NB)
 def halo_local_chunk(indptr, a, first_dst, src, g2l, n_inner, local_indptr, out):
-    """Scatter a chunk's edges into a halo partition's local CSC.
+    """Scatter a chunk's edges into a partition's local CSC (any halo depth).
 
     ``g2l`` (int64 [N]) maps present nodes to local ids (-1 elsewhere); the
     nodes with local id ``< n_inner`` (layers ``0..H-1``) get their full

@@ -30,12 +30,10 @@ of a BFS by in-edges:
 Memory: ``O(|V|)`` (owner, a global-to-local scratch array that also holds
 the layers during the BFS, the id lists of one partition) plus one chunk of
 edges and one chunk of feature rows. Per partition the edge stream is read
-once to copy the edges (``H = 1``: the edges whose destination the
-partition owns, in stream order; ``H >= 2``: every edge whose destination
-is in layers ``0..H-1``, scattered to its row of the local CSC), plus one
-marking pass per hop beyond the first (layer 1 comes from the replica
-bitmap), skipped once a layer is empty. The split costs ``p * H``
-sequential passes.
+once to copy the edges (every edge whose destination is in layers
+``0..H-1``, to its place in the local CSC row), plus one marking pass per
+hop beyond the first (layer 1 comes from the replica bitmap), skipped once
+a layer is empty. The split costs ``p * H`` sequential passes.
 """
 from __future__ import annotations
 
@@ -45,8 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from ..storage import Dataset, DatasetWriter
-from ._kernels import (halo_local_chunk, local_chunk, mark_halo_chunk, nodes_by_layer,
-                       replicas_of)
+from ._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, replicas_of
 from .base import progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 
@@ -75,10 +72,11 @@ def _release(arr) -> None:
 def _halo_nodes(dataset: Dataset, owned: np.ndarray, reps: np.ndarray, layer: np.ndarray,
                 hops: int, chunk_edges: int, progress: bool, name: str
                 ) -> tuple[np.ndarray, list[int]]:
-    """The nodes of an ``hops``-hop halo (``hops >= 2``) and the layer sizes.
+    """The nodes of an ``hops``-hop halo and the layer sizes.
 
     ``layer`` (int64 [N], all -1 on entry) is marked with each present node's
-    layer; one pass over the edge stream per hop from 2 on. Returns the
+    layer; layer 1 is ``reps``, then one pass over the edge stream per hop
+    from 2 on. Returns the
     global ids in local order (int64 [n_q], see :func:`nodes_by_layer`) and
     the sizes of layers ``1..hops``. ``layer`` is left marked.
     """
@@ -114,12 +112,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     owned = np.flatnonzero(owner == q).astype(np.int64)
     reps = replicas_of(bits, q)
     n_own = owned.size
-    if halo_hops == 1:
-        gids = np.concatenate([owned, reps])
-        per_hop = [int(reps.size)]
-    else:
-        gids, per_hop = _halo_nodes(dataset, owned, reps, g2l, halo_hops, chunk_edges, progress,
-                                    name)
+    gids, per_hop = _halo_nodes(dataset, owned, reps, g2l, halo_hops, chunk_edges, progress, name)
     nq = gids.size
     n_rep = nq - n_own
     n_inner = nq - per_hop[-1]  # layers 0..H-1: full in-neighbour lists
@@ -147,12 +140,8 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
             pos = 0
             with progress_bar(dataset.num_edges, f"split {name}: edges", progress) as bar:
                 for ch in stream:
-                    if halo_hops == 1:  # owned rows only: written in stream order
-                        pos = local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, owner, q,
-                                          g2l, ind, pos)
-                    else:
-                        pos += halo_local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, g2l,
-                                                n_inner, indptr, ind)
+                    pos += halo_local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, g2l,
+                                            n_inner, indptr, ind)
                     _release(ind)
                     bar.update(ch.b - ch.a)
             if pos != eq:
