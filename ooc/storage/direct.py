@@ -162,41 +162,27 @@ def _pow2(n: int) -> int:
 # 2026.3.30: a fresh slice per read leaked the slice and pinned its buffer,
 # RSS grew ~30 MB per epoch). So each page of a buffer gets one memoryview,
 # made once and reused by every read into that page: the leaked references
-# then cost nothing. Buffers read into stay allocated for the life of the
-# process, so callers should reuse them (``DirectReader.scratch`` does).
-_PAGE_VIEWS: dict[int, list] = {}
+# then cost nothing. Single-page reads (most reads of random rows) also reuse
+# one ``Iovec`` per page, built on first use. Buffers read into stay allocated
+# for the life of the process, so callers should reuse them
+# (``DirectReader.scratch`` does).
+_PAGES: dict[int, tuple[list, list]] = {}
 _PINNED: list = []
 
 
-def _page_views(out: np.ndarray) -> list:
-    """One reusable memoryview per 4 KiB page of ``out`` (keyed by address)."""
+def _page_slots(out: np.ndarray) -> tuple[list, list]:
+    """Per 4 KiB page of ``out`` (keyed by address): one reusable memoryview, and a slot
+    for its single-page ``Iovec`` (None until first used)."""
     addr = out.ctypes.data
     npages = out.size // PAGE
-    views = _PAGE_VIEWS.get(addr)
-    if views is None or len(views) < npages:
+    entry = _PAGES.get(addr)
+    if entry is None or len(entry[0]) < npages:
         mv = memoryview(out)
-        if views is not None:
-            _PINNED.append(views)  # may hold leaked exports: never free them
-        views = [mv[k * PAGE:(k + 1) * PAGE] for k in range(npages)]
-        _PAGE_VIEWS[addr] = views
-    return views
-
-
-#: One ``Iovec`` per page, built on first use and reused by every single-page read into it
-#: (most reads of random rows are one page): saves building an Iovec per read.
-_PAGE_IOVECS: dict[int, list] = {}
-
-
-def _page_iovecs(out: np.ndarray, views: list) -> list:
-    """Single-page ``Iovec`` slots for ``out`` (None until first used), parallel to ``views``."""
-    addr = out.ctypes.data
-    iovecs = _PAGE_IOVECS.get(addr)
-    if iovecs is None or iovecs[0] is not views:
-        if iovecs is not None:
-            _PINNED.append(iovecs)
-        iovecs = [views] + [None] * len(views)  # slot 0 ties the list to these views
-        _PAGE_IOVECS[addr] = iovecs
-    return iovecs
+        if entry is not None:
+            _PINNED.append(entry)  # may hold leaked exports: never free them
+        entry = ([mv[k * PAGE:(k + 1) * PAGE] for k in range(npages)], [None] * npages)
+        _PAGES[addr] = entry
+    return entry
 
 
 class DirectReader:
@@ -442,8 +428,7 @@ class DirectReader:
         slots = slot.tolist()
         npgs = npg.tolist()
         nruns = len(offs)
-        views = _page_views(out)
-        one = _page_iovecs(out, views)
+        views, one = _page_slots(out)
         iovs = [None] * nruns  # kept alive until completion
         qd = self.queue_depth
         cq_mask = self._cq_entries - 1
@@ -459,9 +444,9 @@ class DirectReader:
                             break
                         b = slots[i]
                         if npgs[i] == 1:
-                            iov = one[b + 1]
+                            iov = one[b]
                             if iov is None:
-                                iov = one[b + 1] = Iovec(views[b:b + 1])
+                                iov = one[b] = Iovec(views[b:b + 1])
                         else:
                             iov = Iovec(views[b:b + npgs[i]])
                         iovs[i] = iov
