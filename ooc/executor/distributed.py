@@ -508,10 +508,10 @@ class AveragingTrainer:
         opt = state.get("optimizer_state") if self.optimizer_sync == "average" else None
         self.opt_state = None
         if opt is not None:
-            try:
+            params = list(self.model.parameters())
+            try:  # to the complete per-parameter form the sync produces
                 self.opt_state = optimizer_state(optimizer_entries(
-                    {int(i): st for i, st in opt["state"].items()},
-                    list(self.model.parameters())), len(list(self.model.parameters())))
+                    {int(i): st for i, st in opt["state"].items()}, params), len(params))
             except (KeyError, TypeError, AttributeError) as e:
                 raise OocError(f"{path}: averaged optimizer state does not load ({e})") from None
         for lm in self.local:

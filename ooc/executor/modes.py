@@ -29,7 +29,6 @@ cache 25% of the full neighbor cache).
 """
 from __future__ import annotations
 
-import inspect
 import mmap
 import os
 import tempfile
@@ -275,15 +274,13 @@ def _changeset_fn(num_nodes: int, capacity: int, device: str):
     that state and the switch reads the difference: still exact."""
     from ..inspector import changesets as C
 
-    fn = C.precompute_changesets
-    kw: dict[str, Any] = {}
-    if "device" in inspect.signature(fn).parameters:
-        kw["device"] = "cpu" if device in (None, "auto") and not _cuda() else (
-            "cuda" if device in (None, "auto") else device)
+    if device in (None, "auto"):
+        device = "cuda" if _cuda() else "cpu"
     state: dict[str, Any] = {"cached": None}
 
     def changesets(ids):
-        cs = fn(ids, num_nodes, capacity, cached=state["cached"], keep_unused=True, **kw)
+        cs = C.precompute_changesets(ids, num_nodes, capacity, device=device,
+                                     cached=state["cached"], keep_unused=True)
         state["cached"] = C.final_state(cs)
         return cs
 

@@ -14,7 +14,9 @@ Semantics (the contract the executor relies on):
   misses of batch ``i`` (rows already in the batch buffer, at
   ``in_positions_i``); ``out_ids_i ⊆ C_i``;
 * ties at the capacity boundary (same next-access iteration) keep entries
-  already cached first, then smaller node ids.
+  already cached first, then smaller node ids. Any tie-break is optimal (the
+  tied ids are next used in the same batch); this one is deterministic and
+  avoids needless copies.
 
 Across superbatches (``keep_unused`` and ``cached``, what the training
 pipeline uses): under the rule above the cache is empty after the last batch
@@ -33,9 +35,7 @@ its switch read a whole initial set. Instead:
   there is room, the ids accessed first; computed as the changesets of
   ``[cached, ids_0, ids_1, ...]`` with the first step dropped, so the switch
   reads only those fills. With ``keep_unused`` the cached ids this
-  superbatch never accesses stay as unused entries. Any tie-break is optimal (the
-  tied ids are next used in the same batch); this one is deterministic and
-  avoids needless copies.
+  superbatch never accesses stay as unused entries.
 
 The miss count ``Σ|ids_i − C_i|`` is the exact optimum of batch-granular
 caching with a free initial load (Belady/MIN with bypass).

@@ -76,8 +76,9 @@ def warm_up(algo: str, index_dtype) -> float:
     el = np.zeros(1, dtype=np.int64)
     K.replica_chunk(indptr, 0, 0, src, owner, bits, cut, el)
     K.replica_counts(bits, 1)
-    K.refine_chunk(indptr, 0, 0, src, owner, np.array([2], dtype=np.int64), 2, np.zeros(1, dtype=np.int64),
-                   np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    one = np.zeros(1, dtype=np.int64)
+    K.refine_chunk(indptr, 0, 0, src, owner, np.array([2], dtype=np.int64), 2, one.copy(),
+                   np.zeros(1, dtype=np.int32), one.copy(), one.copy())
     if algo == "spring":
         from ._spring_kernels import cluster_edges, merge_and_assign, new_state
 
