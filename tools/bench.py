@@ -46,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ooc.cli import format_size, parse_size  # noqa: E402
+from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 MODES = ("baseline", "static", "ooc")
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
@@ -79,26 +80,6 @@ def ensure_dataset(path: Path, spec: dict) -> Path:
     stamp.write_text(json.dumps(spec))
     log(f"generated in {time.perf_counter() - t0:.0f}s")
     return path
-
-
-def dataset_files(path: Path) -> list[Path]:
-    return [p for p in path.rglob("*") if p.is_file()]
-
-
-def drop_page_cache(path: Path) -> int:
-    """posix_fadvise(DONTNEED) on every file of the dataset; returns files dropped."""
-    n = 0
-    for p in dataset_files(path):
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            n += 1
-        finally:
-            os.close(fd)
-    return n
 
 
 def batch_fraction(path: Path, batch_size: int, fanouts: list[int], probes: int = 4) -> float:

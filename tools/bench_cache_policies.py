@@ -118,8 +118,8 @@ def main(argv=None) -> int:
     order = degree_order(d.out_degrees())
     static = miss_curve_static(batches, order, caps)
     print(f"\n(curves: belady {t_b:.2f}s for {len(caps)} sizes, lru {t_l:.2f}s for all sizes)")
-    print(f"\n| cache | entries | Belady misses | LRU misses | static (PaGraph) misses | "
-          f"Belady ratio | LRU ratio | static ratio |")
+    print("\n| cache | entries | Belady misses | LRU misses | static (PaGraph) misses | "
+          "Belady ratio | LRU ratio | static ratio |")
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for f, c, b, lr, s in zip(FRACTIONS, caps, belady, lru, static):

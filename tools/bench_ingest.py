@@ -76,7 +76,8 @@ def run_one(cmd: list[str]) -> dict:
     _, status, ru = os.wait4(proc.pid, 0)
     done.set()
     th.join()
-    out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
+    proc.stdout.read()
+    err = proc.stderr.read().decode()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise SystemExit(f"ingest failed ({proc.returncode}): {err.strip()}")

@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, aligned_empty  # noqa: E402
+from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 
 def parse_size(s: str) -> int:
@@ -55,17 +56,9 @@ def make_file(path: Path, size: int) -> None:
     print(f"created {path} ({size >> 20} MiB)", file=sys.stderr)
 
 
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def bench_reader(path: Path, backend: str, qd: int, seconds: float, batch: int,
                  seed: int) -> dict:
-    drop_cache(path)
+    drop_page_cache(path)
     rng = np.random.default_rng(seed)
     with DirectReader(path, queue_depth=qd, backend=backend) as r:
         npages = r.num_pages
@@ -97,7 +90,7 @@ def bench_fio(path: Path, qd: int, seconds: float) -> dict | None:
     fio = shutil.which("fio")
     if fio is None:
         return None
-    drop_cache(path)
+    drop_page_cache(path)
     cmd = [fio, "--name=r", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
            "--ioengine=io_uring", f"--iodepth={qd}", f"--runtime={seconds:g}", "--time_based",
            "--output-format=json"]
@@ -115,7 +108,7 @@ def bench_fio(path: Path, qd: int, seconds: float) -> dict | None:
 
 def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
                    backend: str, seed: int) -> dict:
-    drop_cache(path)
+    drop_page_cache(path)
     size = path.stat().st_size
     lay = FeatureLayout(size // PAGE * (PAGE // (dim * 4)), dim, "float32")
     rng = np.random.default_rng(seed)

@@ -11,7 +11,6 @@ the disk.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -28,6 +27,7 @@ from ooc.inspector.neighbor_cache import full_cache_bytes  # noqa: E402
 from ooc.storage import csc_from_edges, open_dataset, write_dataset  # noqa: E402
 from ooc.storage.atomic import write_json  # noqa: E402
 from ooc.storage.direct import DirectReader  # noqa: E402
+from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 
 def power_law_graph(path: Path, n: int, e: int, seed: int = 0) -> None:
@@ -41,14 +41,6 @@ def power_law_graph(path: Path, n: int, e: int, seed: int = 0) -> None:
     write_dataset(path, indptr, indices.astype(np.int32), np.zeros((n, 1), np.float32),
                   labels=np.zeros(n, np.int64), num_classes=2,
                   train_idx=rng.choice(n, n // 10, replace=False))
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def main() -> None:
@@ -102,7 +94,7 @@ def main() -> None:
         cache = build_neighbor_cache(ds.indptr, indices_mem,
                                      8 * ds.num_nodes + int(frac * (full - 8 * ds.num_nodes)),
                                      out_degrees=outdeg)
-        drop_cache(ds.file("indices.bin"))
+        drop_page_cache(ds.file("indices.bin"))
         d = DirectNeighbors(ds.file("indices.bin"), ds.indptr, reader=reader)
         c = CachedNeighbors(cache, d)
         got = run(f"cache {frac:.0%} + O_DIRECT", c,
