@@ -53,3 +53,12 @@ def small_dataset(tmp_path: Path):
                   test_idx=np.sort(perm[400:]))
     path = write_dataset(tmp_path / "small", num_classes=4, **arrays)
     return path, arrays
+
+
+def draw_batches(data, S: int, N: int, max_size: int) -> list[np.ndarray]:
+    """``S`` hypothesis-drawn batches of unique node ids in ``[0, N)`` (int64, up to
+    ``max_size`` each): the access traces of the cache-policy tests."""
+    from hypothesis import strategies as st
+
+    return [np.array(data.draw(st.lists(st.integers(0, N - 1), max_size=max_size, unique=True)),
+                     np.int64) for _ in range(S)]

@@ -19,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import draw_batches
 from ooc.inspector import precompute_changesets
 from ooc.storage.errors import OocError
 
@@ -198,8 +199,7 @@ def test_tiny_traces_exhaustive():
 def test_random_traces(data):
     S = data.draw(st.integers(1, 12))
     N = data.draw(st.integers(1, 30))
-    batches = [np.array(data.draw(st.lists(st.integers(0, N - 1), max_size=10, unique=True)), np.int64)
-               for _ in range(S)]
+    batches = draw_batches(data, S, N, 10)
     cap = data.draw(st.integers(0, N + 2))
     _check_all(batches, cap, num_nodes=N)
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import draw_batches
 from ooc.inspector import (count_misses_belady, count_misses_lru, count_misses_static, degree_order,
                            miss_curve_belady, miss_curve_lru, miss_curve_static, precompute_changesets)
 from ooc.inspector.policies import lru_stack_distances
@@ -71,8 +72,7 @@ def _zipf_trace(rng, S, N, b, a=1.2):
 def test_lru_matches_brute_force(data):
     S = data.draw(st.integers(0, 12))
     N = data.draw(st.integers(1, 20))
-    batches = [np.array(data.draw(st.lists(st.integers(0, N - 1), max_size=8, unique=True)), np.int64)
-               for _ in range(S)]
+    batches = draw_batches(data, S, N, 8)
     caps = list(range(0, N + 3))
     expected = [_brute_lru(batches, c) for c in caps]
     assert miss_curve_lru(batches, caps).tolist() == expected
