@@ -86,9 +86,11 @@ def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench  # tools/bench.py: the cgroup helpers
 
+    from ooc.storage.pagecache import drop_page_cache
+
     budget = rep["budget_bytes"]
     data = rep["dataset"]["path"]
-    bench.drop_page_cache(Path(data))
+    drop_page_cache(data)
     out = report_path.with_name(report_path.stem + ".train.json")
     train = [sys.executable, "-m", "ooc.train", "--data", data, "--sizes", str(report_path),
              "--epochs", str(epochs), "--no-progress", "--no-eval", "--report", str(out)]
