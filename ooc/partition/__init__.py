@@ -65,7 +65,7 @@ def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spr
     """Assign every node of ``dataset`` to one of ``parts`` partitions.
 
     ``algo`` is one of :data:`ALGORITHMS`; ``params`` go to :func:`spring`
-    (``tau_vol``, ``tau_factor``, ``tie_break``, ``shuffle``, ``stream_iters``) or to
+    (``tau_vol``, ``tau_factor``, ``tie_break``, ``merge``, ``shuffle``, ``stream_iters``) or to
     :func:`edge_partition` (``shuffle``, ``lam``, ``eps``). ``refine_passes``
     streaming refinement passes (:mod:`ooc.partition.refine`, the same for
     every algorithm; 0 = the algorithm's own assignment) follow; their time

@@ -39,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SPRING absolute volume threshold (overrides --tau-factor)")
     p.add_argument("--tie-break", choices=("id", "random"), default=None,
                    help="SPRING representative tie break (default: id)")
+    p.add_argument("--merge", choices=("vote", "richest"), default=None,
+                   help="SPRING cluster merging: 'richest' = Algorithm 1 (the representative's "
+                        "richest neighbour picks the target), 'vote' = the members' richest "
+                        "neighbours vote (default: vote)")
     p.add_argument("--stream-iters", type=int, default=None,
                    help="SPRING clustering passes over the edge stream (restreaming; default 1)")
     p.add_argument("--no-shuffle", action="store_true",
@@ -71,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ..storage import OocError
 
             raise OocError(f"--stream-iters must be >= 1, got {args.stream_iters}")
-        for key in ("tau_factor", "tau_vol", "tie_break", "stream_iters"):
+        for key in ("tau_factor", "tau_vol", "tie_break", "merge", "stream_iters"):
             if getattr(args, key) is not None:
                 params[key] = getattr(args, key)
     if args.no_shuffle:

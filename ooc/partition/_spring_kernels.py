@@ -89,8 +89,53 @@ def _rep_key(st, v):
     return st[v, RICH_DEG] if st[v, RICH] >= 0 else -1
 
 
+#: Merge rules of :func:`merge_and_assign`.
+RICHEST, VOTE = 0, 1
+
+
 @nb.njit(**_NB)
-def merge_and_assign(st, k_next, prio, cap, p):
+def _richest_target(st, parent, c, rep, i):
+    """Algorithm 1 line 24: the cluster of the representative's richest neighbour."""
+    t = st[rep[i], RICH]
+    if t < 0:
+        return -1
+    return _find(parent, c[t])
+
+
+@nb.njit(**_NB)
+def _vote_target(st, parent, c, size, head, nxt, cnt, touched, i, cap):
+    """The cluster holding the richest neighbours of most members of ``i``.
+
+    Walks the members of ``i``; each member ``v`` with a richest neighbour
+    votes for the cluster of ``n_v`` (votes for ``i`` itself are ignored).
+    Returns the most voted cluster ``j`` with ``|C_i| + |C_j| <= cap``
+    (ties: the one reached first in member order), or -1.
+    """
+    nt = 0
+    v = head[i]
+    while v >= 0:
+        t = st[v, RICH]
+        if t >= 0:
+            j = _find(parent, c[t])
+            if j != i:
+                if cnt[j] == 0:
+                    touched[nt] = j
+                    nt += 1
+                cnt[j] += 1
+        v = nxt[v]
+    best = -1
+    votes = 0
+    for a in range(nt):
+        j = touched[a]
+        if cnt[j] > votes and size[i] + size[j] <= cap:
+            votes = cnt[j]
+            best = j
+        cnt[j] = 0
+    return best
+
+
+@nb.njit(**_NB)
+def merge_and_assign(st, k_next, prio, cap, p, rule):
     """Algorithm 1 lines 18-30: cluster merging, then largest-first assignment.
 
     Args:
@@ -98,12 +143,16 @@ def merge_and_assign(st, k_next, prio, cap, p):
             an isolated node; each gets a singleton cluster; modified in place).
         k_next: first unused cluster id.
         prio: int64 [N] tie-break priority of nodes (higher wins) when two
-            candidate representatives have equally rich neighbours.
-        cap: the size cap ``beta * |V| / p`` of a merged cluster.
+            candidate representatives have equally rich neighbours (RICHEST).
+        cap: the size cap ``beta * |V| / p`` of a merged cluster and of a
+            partition.
         p: number of partitions.
+        rule: RICHEST (Algorithm 1: the representative's richest neighbour
+            picks the target) or VOTE (the members' richest neighbours vote).
 
     Returns:
-        (owner int32 [N], number of clusters before merging, after merging).
+        (owner int32 [N], clusters before merging, after merging,
+        clusters split by the assignment).
     """
     n = st.shape[0]
     c = st[:, CLUSTER]
@@ -115,9 +164,18 @@ def merge_and_assign(st, k_next, prio, cap, p):
     nc = k  # cluster ids 1..k-1
     size = np.zeros(nc, dtype=np.int64)
     rep = np.full(nc, -1, dtype=np.int64)
+    # members of every cluster as a singly linked list in node order
+    head = np.full(nc, -1, dtype=np.int64)
+    tail = np.full(nc, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
     for v in range(n):
         cl = c[v]
         size[cl] += 1
+        if head[cl] < 0:
+            head[cl] = v
+        else:
+            nxt[tail[cl]] = v
+        tail[cl] = v
         r = rep[cl]
         if r < 0:
             rep[cl] = v
@@ -135,28 +193,36 @@ def merge_and_assign(st, k_next, prio, cap, p):
             heap.append((size[cl], np.int64(cl)))
             n_before += 1
     heapq.heapify(heap)
+    cnt = np.zeros(nc if rule == VOTE else 1, dtype=np.int64)
+    touched = np.empty(nc if rule == VOTE else 1, dtype=np.int64)
     # smallest first; equal sizes: lower cluster id (earlier created) first
     while len(heap) > 0:
         s, i = heapq.heappop(heap)
         if size[i] != s or parent[i] != i:
             continue  # stale entry: the cluster grew or was merged away
-        r = rep[i]
-        t = st[r, RICH]
-        if t < 0:
-            continue
-        j = _find(parent, c[t])
-        if j == i or size[i] + size[j] > cap:
+        if rule == VOTE:
+            j = _vote_target(st, parent, c, size, head, nxt, cnt, touched, i, cap)
+        else:
+            j = _richest_target(st, parent, c, rep, i)
+            if j >= 0 and (j == i or size[i] + size[j] > cap):
+                j = -1
+        if j < 0:
             continue
         parent[i] = j
         size[j] += size[i]
         size[i] = 0
-        ki = _rep_key(st, r)
+        nxt[tail[j]] = head[i]  # members of i follow those of j
+        tail[j] = tail[i]
+        r = rep[i]
         rj = rep[j]
+        ki = _rep_key(st, r)
         kj = _rep_key(st, rj)
         if ki > kj or (ki == kj and prio[r] > prio[rj]):
             rep[j] = r
         heapq.heappush(heap, (size[j], j))  # re-rank the grown cluster
-    # final clusters, largest first (stable: equal sizes by cluster id)
+    # final clusters, largest first (stable: equal sizes by cluster id), each
+    # to the least loaded partition; one that would overfill it is split along
+    # its member order (merged sub-clusters stay together) at the cap
     roots = np.empty(nc, dtype=np.int64)
     nr = 0
     for cl in range(1, nc):
@@ -165,15 +231,27 @@ def merge_and_assign(st, k_next, prio, cap, p):
             nr += 1
     roots = roots[:nr]
     order = np.argsort(-size[roots], kind="mergesort")
-    part_of = np.full(nc, -1, dtype=np.int32)
-    loads = [(np.int64(0), np.int64(q)) for q in range(p)]
-    heapq.heapify(loads)
+    limit = max(np.int64(np.floor(cap)), np.int64(-(-n // p)))
+    load = np.zeros(p, dtype=np.int64)
+    owner = np.empty(n, dtype=np.int32)
+    n_split = 0
     for idx in order:
         cl = roots[idx]
-        load, q = heapq.heappop(loads)  # least loaded; ties: lowest index
-        part_of[cl] = q
-        heapq.heappush(loads, (load + size[cl], q))
-    owner = np.empty(n, dtype=np.int32)
-    for v in range(n):
-        owner[v] = part_of[_find(parent, c[v])]
-    return owner, n_before, nr
+        v = head[cl]
+        pieces = 0
+        while v >= 0:
+            q = 0
+            for r in range(1, p):  # least loaded; ties: lowest index
+                if load[r] < load[q]:
+                    q = r
+            room = limit - load[q]
+            taken = 0
+            while v >= 0 and taken < room:
+                owner[v] = q
+                taken += 1
+                v = nxt[v]
+            load[q] += taken
+            pieces += 1
+        if pieces > 1:
+            n_split += 1
+    return owner, n_before, nr, n_split

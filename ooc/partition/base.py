@@ -88,7 +88,7 @@ def warm_up(algo: str, index_dtype) -> float:
         d = np.empty(2, dtype=idt)
         K.expand_dst(indptr, 0, 0, d)
         cluster_edges(src, d, st, vol, k, 1.0)
-        merge_and_assign(st, int(k[0]), np.zeros(2, dtype=np.int64), 2.0, 1)
+        merge_and_assign(st, int(k[0]), np.zeros(2, dtype=np.int64), 2.0, 1, 1)
     else:
         from ._baseline_kernels import edge_chunk
 
