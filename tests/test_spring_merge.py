@@ -191,3 +191,48 @@ def test_node_balance_within_beta(small_dataset, merge):
         assert np.bincount(a.owner, minlength=parts).max() <= max(int(1.05 * n / parts),
                                                                  -(-n // parts))
         assert m["node_balance"] <= 1.05 + parts / n
+
+
+# -- baselines: ownership rules and the vertex-cut replica sets ------------------------
+def _hash_edge(u: int, v: int, seed: int, p: int) -> int:
+    """The ``hash`` partitioner's rule for one edge, in Python integers."""
+    from ooc.partition._kernels import mix64
+
+    x = (u * 0x9E3779B97F4A7C15 + v + seed) % (1 << 64)
+    return int(mix64(np.uint64(x))) % p
+
+
+@pytest.mark.parametrize("ownership", ["majority", "last"])
+def test_hash_ownership_and_vertex_cut_match_reference(small_dataset, ownership):
+    """With the stream in CSC order, node v's in-edges arrive as
+    ``indices[indptr[v]:indptr[v+1]]``: its owner is the majority (strict
+    majority when one exists) or the last of their partitions, and the
+    vertex-cut sets are exactly the partitions of every node's edges."""
+    path, arr = small_dataset
+    p, seed = 5, 3
+    a = partition(path, p, "hash", seed=seed, shuffle=False, ownership=ownership,
+                  refine_passes=0)
+    indptr, indices = arr["indptr"], arr["indices"]
+    n = indptr.size - 1
+    sets = [set() for _ in range(n)]
+    checked = 0
+    for v in range(n):
+        qs = [_hash_edge(int(u), v, seed, p) for u in indices[indptr[v]:indptr[v + 1]]]
+        for u, q in zip(indices[indptr[v]:indptr[v + 1]], qs):
+            sets[v].add(q)
+            sets[int(u)].add(q)
+        if not qs:
+            continue
+        if ownership == "last":
+            assert a.owner[v] == qs[-1]
+            checked += 1
+        else:
+            top = np.bincount(qs, minlength=p)
+            if top.max() * 2 > len(qs):
+                assert a.owner[v] == int(top.argmax())
+                checked += 1
+    assert checked > 40
+    got = [{q for q in range(p) if (int(a.vertex_cut[v, 0]) >> q) & 1} for v in range(n)]
+    assert got == sets
+    assert a.info["vertex_cut_rf"] == pytest.approx(
+        sum(len(s) for s in sets) / sum(1 for s in sets if s))

@@ -66,7 +66,7 @@ def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spr
 
     ``algo`` is one of :data:`ALGORITHMS`; ``params`` go to :func:`spring`
     (``tau_vol``, ``tau_factor``, ``tie_break``, ``merge``, ``shuffle``, ``stream_iters``) or to
-    :func:`edge_partition` (``shuffle``, ``lam``, ``eps``). ``refine_passes``
+    :func:`edge_partition` (``shuffle``, ``lam``, ``eps``, ``ownership``). ``refine_passes``
     streaming refinement passes (:mod:`ooc.partition.refine`, the same for
     every algorithm; 0 = the algorithm's own assignment) follow; their time
     is part of ``time_s``.
@@ -126,6 +126,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
         raise OocError(f"{out}: the output folder must not be the dataset folder or inside it")
     a = partition(dataset, parts, algo, beta=beta, seed=seed, chunk_edges=chunk_edges,
                   progress=progress, **params)
+    a.vertex_cut = None  # not written; frees N * ceil(p / 64) words before the split
     metrics, bits = compute_metrics(dataset, a.owner, parts, chunk_edges, progress,
                                     return_bits=True)
     time_s = a.time_s + metrics["metrics_time_s"]

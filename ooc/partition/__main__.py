@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "neighbours vote (default: vote)")
     p.add_argument("--stream-iters", type=int, default=None,
                    help="SPRING clustering passes over the edge stream (restreaming; default 1)")
+    p.add_argument("--ownership", choices=("majority", "last"), default=None,
+                   help="edge partitioners: a node is owned by the partition holding the "
+                        "majority of its in-edges (default) or its last in-edge (SDT-GNN's code)")
     p.add_argument("--no-shuffle", action="store_true",
                    help="stream edges in CSC order instead of a seeded shuffle of chunks")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -78,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key in ("tau_factor", "tau_vol", "tie_break", "merge", "stream_iters"):
             if getattr(args, key) is not None:
                 params[key] = getattr(args, key)
+    elif args.ownership is not None:
+        params["ownership"] = args.ownership
     if args.no_shuffle:
         params["shuffle"] = False
     if args.chunk_edges < 1:

@@ -51,12 +51,15 @@ def _least_loaded(load, p):
 
 @nb.njit(**_NB)
 def edge_chunk(algo, indptr, a, first_dst, src, p, seed, deg, rem, bits, load,
-               cand_in, cnt_in, cand_out, cnt_out, lam, eps):
+               cand_in, cnt_in, cand_out, cnt_out, lam, eps, last):
     """Assign the edges of one chunk (see the module docstring).
 
     ``deg``: total degrees (DBH, greedy) or partial degrees counted here
-    (HDRF); ``rem``: unassigned incident edges per node (greedy).
+    (HDRF); ``rem``: unassigned incident edges per node (greedy); ``last``:
+    int32 [N] set to the partition of each node's latest in-edge, or an
+    empty array when not wanted.
     """
+    track_last = last.shape[0] > 0
     dst = first_dst
     for i in range(src.shape[0]):
         k = a + i
@@ -115,3 +118,5 @@ def edge_chunk(algo, indptr, a, first_dst, src, p, seed, deg, rem, bits, load,
         bits[v, q >> 6] |= np.uint64(1) << np.uint64(q & 63)
         vote(cand_in, cnt_in, v, q)
         vote(cand_out, cnt_out, u, q)
+        if track_last:
+            last[v] = q

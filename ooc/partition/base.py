@@ -22,6 +22,9 @@ class Assignment:
         time_s: wall time of the assignment (all its edge passes included).
         params: the parameters used (JSON-able).
         info: algorithm-specific statistics (JSON-able).
+        vertex_cut: edge partitioners only: the replica sets of their own
+            edge assignment, bit ``q`` of row ``v`` set when an edge of ``v``
+            went to partition ``q`` (uint64 [N, ceil(p / 64)]); None otherwise.
     """
 
     owner: np.ndarray
@@ -29,6 +32,7 @@ class Assignment:
     time_s: float
     params: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    vertex_cut: np.ndarray | None = None
 
 
 class _NoBar:
@@ -95,7 +99,8 @@ def warm_up(algo: str, index_dtype) -> float:
         cand = np.full(2, -1, dtype=np.int32)
         cnt = np.zeros(2, dtype=np.int32)
         edge_chunk(0, indptr, 0, 0, src, 1, 0, deg, np.zeros(1, dtype=np.int64), bits,
-                   np.zeros(1, dtype=np.int64), cand, cnt, cand.copy(), cnt.copy(), 1.0, 1.0)
+                   np.zeros(1, dtype=np.int64), cand, cnt, cand.copy(), cnt.copy(), 1.0, 1.0,
+                   np.zeros(0, dtype=np.int32))
         K.finish_owner(cand, cand, 0, 1)
         K.popcount_total(bits)
     return time.perf_counter() - t0
