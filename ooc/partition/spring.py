@@ -32,7 +32,7 @@ Three steps, then the replication pass shared with every partitioner
       the plurality the cluster goes where most of its members' richest
       neighbours are. Measured (``tools/bench_partition.py``): see the README
       table; on Cora the replication factor drops by 7-10% against
-      ``"richest"``, on the 500K-node synthetic graph by 2-8%.
+      ``"richest"``, on the 500K-node synthetic graph by 1.5-8%.
 (c) **Assignment** (lines 26-30): clusters sorted by size, largest first,
     each to the currently least loaded partition (by owned nodes). A cluster
     that would take that partition past ``max(floor(beta * |V| / p),
