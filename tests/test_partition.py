@@ -179,6 +179,9 @@ def _fails(argv, capsys):
     (["--parts", "2", "--stream-iters", "0"], "--stream-iters"),
     (["--parts", "2", "--halo-hops", "0"], "--halo-hops"),
     (["--parts", "2", "--refine-passes", "-1"], "--refine-passes"),
+    (["--parts", "2", "--algo", "greedy", "--merge", "richest"], "--merge applies to --algo spring"),
+    (["--parts", "2", "--algo", "hdrf", "--tau-factor", "0.2"], "--tau-factor applies"),
+    (["--parts", "2", "--ownership", "last"], "--ownership applies to the edge partitioners"),
 ])
 def test_bad_arguments(small_dataset, tmp_path, capsys, extra, needle):
     path, _ = small_dataset

@@ -2,7 +2,8 @@
 
 Partitions a dataset with SPRING or a streaming baseline and writes one
 dataset per partition (see :mod:`ooc.partition`). Bad input (P < 1 or
-P > N, beta < 1, ``--halo-hops`` < 1, a missing or invalid dataset, an
+P > N, beta < 1, ``--halo-hops`` < 1, an option of another algorithm
+such as ``--merge`` with ``--algo greedy``, a missing or invalid dataset, an
 existing output folder without ``--overwrite``) exits with code 2 and a
 one-line reason, leaving no output behind.
 """
@@ -15,6 +16,7 @@ from typing import Sequence
 
 from ..cli import add_report_arg, format_size, main_wrapper
 from ..memory import peak_rss_bytes
+from ..storage import OocError
 from ..storage.atomic import write_json
 from . import ALGORITHMS, partition_dataset
 from .edges import DEFAULT_CHUNK_EDGES
@@ -73,21 +75,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rss0 = peak_rss_bytes()
     params: dict = {}
-    if args.algo == "spring":
-        if args.stream_iters is not None and args.stream_iters < 1:
-            from ..storage import OocError
-
-            raise OocError(f"--stream-iters must be >= 1, got {args.stream_iters}")
-        for key in ("tau_factor", "tau_vol", "tie_break", "merge", "stream_iters"):
-            if getattr(args, key) is not None:
-                params[key] = getattr(args, key)
-    elif args.ownership is not None:
-        params["ownership"] = args.ownership
+    spring_only = ("tau_factor", "tau_vol", "tie_break", "merge", "stream_iters")
+    own = spring_only if args.algo == "spring" else ("ownership",)
+    for key in spring_only + ("ownership",):
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key not in own:
+            which = "--algo spring" if key in spring_only else "the edge partitioners"
+            raise OocError(f"--{key.replace('_', '-')} applies to {which} only, "
+                           f"not --algo {args.algo}")
+        params[key] = value
+    if params.get("stream_iters", 1) < 1:
+        raise OocError(f"--stream-iters must be >= 1, got {params['stream_iters']}")
     if args.no_shuffle:
         params["shuffle"] = False
     if args.chunk_edges < 1:
-        from ..storage import OocError
-
         raise OocError(f"--chunk-edges must be >= 1, got {args.chunk_edges}")
     report = partition_dataset(args.data, args.out, args.parts, args.algo, beta=args.beta,
                                seed=args.seed, overwrite=args.overwrite,
