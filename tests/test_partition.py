@@ -122,15 +122,16 @@ def _two_communities(tmp_path: Path) -> tuple[Path, int]:
     return path, perm
 
 
-def test_spring_splits_two_communities(tmp_path):
+@pytest.mark.parametrize("merge", ["vote", "richest"])
+def test_spring_splits_two_communities(tmp_path, merge):
     path, perm = _two_communities(tmp_path)
-    a = partition(path, 2, "spring")
+    a = partition(path, 2, "spring", merge=merge)
     comm = np.empty(120, dtype=np.int64)
     comm[perm] = np.arange(120) // 60
     side0 = np.unique(a.owner[comm == 0])
     side1 = np.unique(a.owner[comm == 1])
     assert side0.size == 1 and side1.size == 1 and side0[0] != side1[0]
-    report = partition_dataset(path, tmp_path / "out", 2, "spring")
+    report = partition_dataset(path, tmp_path / "out", 2, "spring", merge=merge)
     assert report["edge_cut"] == 2
     assert report["replication_factor"] == pytest.approx(122 / 120)
     _check_partitions(path, tmp_path / "out", report)
