@@ -17,7 +17,8 @@ that applies to every algorithm the same way (``refine_passes`` of
 in-neighbours means those neighbours need no replica in its partition, which
 is what the replication factor counts. Measured (``tools/bench_partition.py``,
 500K-node synthetic graph and Cora, P in {4, 8, 16}): one pass lowers
-SPRING's replication factor by 12-32% (synthetic) and 5-6% (Cora), the
+SPRING's replication factor by 8-39% (synthetic) and 3-5% (Cora) with the
+default vote merge, by 12-32% and 5-6% with Algorithm 1's merge, the
 baselines' by 8-30% and 5-41%.
 
 Memory: ``O(p)`` counters plus the ``owner`` array and one chunk of edges.
