@@ -12,11 +12,11 @@ __all__ = [
     "OocError", "csc_from_edges", "open_dataset", "write_dataset",
 ]
 from .direct import (  # noqa: E402
-    DirectFeatures, DirectIOFallbackWarning, DirectReader, ReadStats, aligned_empty,
-    read_index_ranges, read_ranges,
+    DirectFeatures, DirectReader, ReadStats, aligned_empty, read_index_ranges, read_ranges,
 )
+from .io_backends import CHOICES as IO_BACKENDS  # noqa: E402
 
 __all__ += [
-    "DirectFeatures", "DirectIOFallbackWarning", "DirectReader", "ReadStats", "aligned_empty",
+    "DirectFeatures", "DirectReader", "IO_BACKENDS", "ReadStats", "aligned_empty",
     "read_index_ranges", "read_ranges",
 ]

@@ -156,3 +156,21 @@ def range_pages(starts, ends):
             k = np.searchsorted(pages, s // PAGE)
             offsets[i] = k * PAGE + s % PAGE
     return pages, offsets, -1
+
+
+@nb.njit(cache=True, nogil=True)
+def copy_runs(src, limit, offs, lens, bufs, out):
+    """``out[bufs[i]:bufs[i]+lens[i]] = src[offs[i]:offs[i]+lens[i]]`` for every run.
+
+    ``src`` uint8 (a file mapping), ``out`` uint8; ``offs``/``lens``/``bufs``
+    int64 [n]. Returns the first run that ends past ``limit`` (not copied, nor
+    any after it), else -1.
+    """
+    for i in range(offs.shape[0]):
+        o = offs[i]
+        n = lens[i]
+        if o + n > limit:
+            return i
+        b = bufs[i]
+        out[b:b + n] = src[o:o + n]
+    return -1

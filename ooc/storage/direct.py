@@ -1,21 +1,12 @@
-"""Direct page readers: O_DIRECT + io_uring, with preadv-thread and mmap fallbacks.
+"""Direct page readers: batched whole-page reads of one file into aligned buffers.
 
 :class:`DirectReader` reads whole 4 KiB pages of one file into page-aligned
 buffers. A request is a sorted array of unique page ids; adjacent pages are
-coalesced into one larger read (up to ``max_read_bytes``), the reads are
-streamed through an io_uring submission queue kept at ``queue_depth``
-in-flight reads, and completions are reaped in batches.
-
-Backends, tried in this order by ``backend="auto"``:
-
-``io_uring``  ``O_DIRECT`` file, python ``liburing`` ring (page cache bypassed).
-``preadv``    a thread pool calling ``os.preadv`` (``O_DIRECT`` when the file
-              system accepts it, else buffered), ``queue_depth`` threads.
-``mmap``      a read-only memory map of the file (page cache).
-
-When a faster backend is refused (tmpfs without O_DIRECT, io_uring disabled by
-``kernel.io_uring_disabled`` or seccomp) one warning line names the backend in
-use and why (a :class:`DirectIOFallbackWarning`, once per process and reason).
+coalesced into one larger read (up to ``max_read_bytes``) and the reads are
+handed to a *backend* (:mod:`ooc.storage.io_backends`): O_DIRECT + io_uring,
+``preadv`` threads, or mmap, chosen by ``backend=`` (``"auto"``: the first
+that works here; a native one is probed in a child process first, and a
+fallback is one ``ooc: note:`` line).
 
 On top of the reader:
 
@@ -27,23 +18,12 @@ On top of the reader:
 Threads: ``read_pages`` holds a per-reader lock, so concurrent calls are
 serialised, but :class:`DirectFeatures` and :func:`read_ranges` hand out the
 reader's reusable scratch buffer: give each thread its own reader.
-
-Cost model (measured by ``tools/bench_reader.py``): the io_uring path spends
-about 1 µs of Python per read (get_sqe, Iovec, prep_readv, one CQE check) on
-top of the kernel's own submission cost; the binding has no bulk SQE API,
-so random 4 KiB reads cost one Python iteration each, and adjacent pages are
-coalesced into one read of up to ``max_read_bytes``. The ring's CQEs are
-reaped in batches straight from the CQ ring (``cq_ready`` + ``cq_advance``).
 """
 from __future__ import annotations
 
-import errno
-import mmap
 import os
 import threading
-import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,41 +31,17 @@ import numpy as np
 
 from . import _direct_kernels as K
 from .errors import OocError
+from .io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
 from .layout import PAGE, FeatureLayout, RowTable
 
 __all__ = [
-    "BACKENDS", "DirectFeatures", "DirectIOFallbackWarning", "DirectReader", "ReadStats",
-    "aligned_empty", "read_index_ranges", "read_ranges",
+    "AUTO_ORDER", "CHOICES", "DirectFeatures", "DirectReader", "ReadStats", "aligned_empty",
+    "read_index_ranges", "read_ranges",
 ]
 
-BACKENDS = ("io_uring", "preadv", "mmap")
 #: Largest single read when adjacent pages are coalesced.
 DEFAULT_MAX_READ_BYTES = 256 << 10
 _MAX_QUEUE_DEPTH = 4096
-
-try:  # the package is a hard dependency, but the reader must degrade if it breaks
-    import liburing as _L
-except Exception as _exc:  # pragma: no cover - exercised via monkeypatch
-    _L = None
-    _LIBURING_IMPORT_ERROR = repr(_exc)
-else:
-    _LIBURING_IMPORT_ERROR = ""
-
-
-class DirectIOFallbackWarning(UserWarning):
-    """A direct reader fell back to a slower backend."""
-
-
-_warned: set[tuple[str, str]] = set()
-
-
-def _warn_fallback(path: str, backend: str, reason: str) -> None:
-    key = (backend, reason.split(":")[0])
-    if key in _warned:
-        return
-    _warned.add(key)
-    warnings.warn(f"ooc direct reader: using {backend} for {path}: {reason}",
-                  DirectIOFallbackWarning, stacklevel=3)
 
 
 def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
@@ -119,228 +75,59 @@ class ReadStats:
                 "pages": self.pages, "bytes_read": self.bytes_read}
 
 
-class _Handles:
-    """OS resources of a reader; closed by close() or by the GC finalizer."""
-
-    def __init__(self):
-        self.fd = -1
-        self.ring = None
-        self.efd = -1  # eventfd signalled on io_uring completions
-        self.pool: ThreadPoolExecutor | None = None
-        self.mm: mmap.mmap | None = None
-
-    def close(self) -> None:
-        if self.ring is not None and _L is not None:
-            ring, self.ring = self.ring, None
-            try:
-                _L.io_uring_queue_exit(ring)
-            except Exception:
-                pass
-        if self.efd >= 0:
-            efd, self.efd = self.efd, -1
-            os.close(efd)
-        if self.pool is not None:
-            pool, self.pool = self.pool, None
-            pool.shutdown(wait=True)
-        if self.mm is not None:
-            mm, self.mm = self.mm, None
-            try:
-                mm.close()
-            except BufferError:  # an exported view is alive; the GC frees it
-                pass
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-# liburing's ``Iovec`` keeps a reference to, and a buffer export of, every
-# memoryview it is given and never gives them back (checked on liburing
-# 2026.3.30: a fresh slice per read leaked the slice and pinned its buffer,
-# RSS grew ~30 MB per epoch). So each page of a buffer gets one memoryview,
-# made once and reused by every read into that page: the leaked references
-# then cost nothing. Single-page reads (most reads of random rows) also reuse
-# one ``Iovec`` per page, built on first use. Buffers read into stay allocated
-# for the life of the process, so callers should reuse them
-# (``DirectReader.scratch`` does).
-_PAGES: dict[int, tuple[list, list]] = {}
-_PINNED: list = []
-
-
-def _page_slots(out: np.ndarray) -> tuple[list, list]:
-    """Per 4 KiB page of ``out`` (keyed by address): one reusable memoryview, and a slot
-    for its single-page ``Iovec`` (None until first used)."""
-    addr = out.ctypes.data
-    npages = out.size // PAGE
-    entry = _PAGES.get(addr)
-    if entry is None or len(entry[0]) < npages:
-        mv = memoryview(out)
-        if entry is not None:
-            _PINNED.append(entry)  # may hold leaked exports: never free them
-        entry = ([mv[k * PAGE:(k + 1) * PAGE] for k in range(npages)], [None] * npages)
-        _PAGES[addr] = entry
-    return entry
+def _close_backend(holder: list) -> None:
+    if holder:
+        holder.pop().close()
 
 
 class DirectReader:
-    """Batched whole-page reads of one file with O_DIRECT + io_uring.
-
-    Falls back to ``preadv`` threads, then to mmap (see the module doc).
+    """Batched whole-page reads of one file through a read backend.
 
     Args:
         path: the file.
         queue_depth: reads in flight (io_uring queue depth, or preadv threads).
-        backend: ``"auto"``, ``"io_uring"``, ``"preadv"`` or ``"mmap"``. An
-            explicit backend that cannot be used raises :class:`OocError`.
+        backend: ``"auto"`` or one of :data:`ooc.storage.io_backends.REGISTRY`
+            (``"liburing"``, ``"preadv"``, ``"mmap"``, ...). An explicit backend
+            that cannot be used raises :class:`OocError` with the reason.
         max_read_bytes: adjacent pages are coalesced into reads of at most this.
 
     Attributes:
-        backend: the backend in use. ``o_direct``: whether the page cache is bypassed.
-        stats: :class:`ReadStats`. ``size``: file size in bytes; ``num_pages``:
-            pages readable (a partial last page is not readable: a short read).
+        backend: name of the backend in use. ``o_direct``: whether the page cache is
+            bypassed. ``stats``: :class:`ReadStats`. ``size``: file size in bytes;
+            ``num_pages``: pages readable (a partial last page is not readable: a
+            short read).
     """
 
     def __init__(self, path, queue_depth: int = 64, backend: str = "auto",
                  max_read_bytes: int = DEFAULT_MAX_READ_BYTES):
         self.path = os.fspath(path)
-        if backend not in ("auto",) + BACKENDS:
-            raise ValueError(f"backend must be auto, io_uring, preadv or mmap, not {backend!r}")
+        check_choice(backend)
         if not 1 <= int(queue_depth) <= _MAX_QUEUE_DEPTH:
             raise ValueError(f"queue_depth must be in [1, {_MAX_QUEUE_DEPTH}], got {queue_depth}")
         self.queue_depth = int(queue_depth)
         self.max_run_pages = max(1, int(max_read_bytes) // PAGE)
         self.stats = ReadStats()
-        self.o_direct = False
         self._lock = threading.Lock()
-        self._h = _Handles()
-        self._finalizer = weakref.finalize(self, self._h.close)
         self._scratch = aligned_empty(0)
         try:
             self.size = os.stat(self.path).st_size
         except OSError as e:
             raise OocError(f"{self.path}: cannot open for reading: {e.strerror}") from None
         self.num_pages = self.size // PAGE
-        try:
-            self._open(backend)
-        except BaseException:
-            self.close()
-            raise
+        self._io: ReadBackend = open_backend(self.path, self.size, self.queue_depth, backend)
+        self._holder = [self._io]
+        self._finalizer = weakref.finalize(self, _close_backend, self._holder)
+        self.backend: str = self._io.name
+        self.o_direct: bool = self._io.o_direct
 
-    # ----------------------------------------------------------------- setup
-    def _open(self, backend: str) -> None:
-        tried: list[str] = []
-        order = BACKENDS if backend == "auto" else (backend,)
-        for b in order:
-            try:
-                getattr(self, f"_open_{b}")()
-            except _Refused as r:
-                self._h.close()  # reusable: close() resets the handles
-                tried.append(f"{b} refused ({r})")
-                if backend != "auto":
-                    raise OocError(f"{self.path}: backend {b} unavailable: {r}") from None
-                continue
-            self.backend = b
-            if tried or (b == "preadv" and not self.o_direct):
-                why = "; ".join(tried) if tried else "O_DIRECT refused"
-                if b == "preadv" and not self.o_direct and tried:
-                    why += "; O_DIRECT refused, buffered reads"
-                if backend == "auto":
-                    _warn_fallback(self.path, b if b != "preadv" else
-                                   f"preadv threads ({'O_DIRECT' if self.o_direct else 'buffered'})",
-                                   why)
-            return
-        raise OocError(f"{self.path}: no read backend works: " + "; ".join(tried))
-
-    def _open_fd(self, direct: bool) -> bool:
-        """Open the file, with O_DIRECT when ``direct`` and accepted; probe one read."""
-        if direct:
-            try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise OocError(f"{self.path}: cannot open for reading: {e.strerror}") from None
-                fd = -1
-            if fd >= 0:
-                # Some file systems accept the flag but fail the reads: probe one page.
-                if self.num_pages == 0 or self._probe(fd):
-                    self._h.fd = fd
-                    return True
-                os.close(fd)
-        try:
-            self._h.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            raise OocError(f"{self.path}: cannot open for reading: {e.strerror}") from None
-        return False
-
-    @staticmethod
-    def _probe(fd: int) -> bool:
-        if not hasattr(os, "preadv"):
-            return True  # cannot probe; read errors surface as OocError later
-        buf = aligned_empty(PAGE)
-        try:
-            return os.preadv(fd, [memoryview(buf)], 0) == PAGE
-        except OSError:
-            return False
-
-    def _open_io_uring(self) -> None:
-        if _L is None:
-            raise _Refused(f"liburing not importable: {_LIBURING_IMPORT_ERROR}")
-        if not self._open_fd(direct=True):
-            raise _Refused("O_DIRECT refused by the file system (EINVAL)")
-        self.o_direct = True
-        entries = _pow2(self.queue_depth)
-        ring = _L.Ring()
-        try:
-            _L.io_uring_queue_init(entries, ring)
-        except OSError as e:
-            raise _Refused(f"io_uring_queue_init failed: {e.strerror or e}") from None
-        except Exception as e:  # noqa: BLE001 - the binding raises assorted types
-            raise _Refused(f"io_uring_queue_init failed: {e}") from None
-        self._h.ring = ring
-        # Completions are waited for on an eventfd, not in io_uring_submit_and_wait: the
-        # binding holds the GIL through that call, which stalls every other Python thread
-        # (the training loop) for as long as the reads take; os.eventfd_read releases it.
-        try:
-            self._h.efd = os.eventfd(0, os.EFD_CLOEXEC)
-            _L.io_uring_register_eventfd(ring, self._h.efd)
-        except Exception as e:  # noqa: BLE001 - OSError or the binding's own types
-            raise _Refused(f"io_uring_register_eventfd failed: {e}") from None
-        self._cq_entries = 2 * entries
-        self._cq_head = 0
-        self._cqe = _L.Cqe()
-
-    def _open_preadv(self) -> None:
-        if not hasattr(os, "preadv"):
-            raise _Refused("os.preadv not available")
-        self.o_direct = self._open_fd(direct=True)
-        if self.num_pages and not self._probe(self._h.fd):
-            raise _Refused("preadv probe read failed")
-        self._threads = min(self.queue_depth, 64)
-        if self.queue_depth > 1:
-            self._h.pool = ThreadPoolExecutor(max_workers=self._threads,
-                                              thread_name_prefix="ooc-preadv")
-
-    def _open_mmap(self) -> None:
-        self.o_direct = False
-        if self.size == 0:
-            self._pages_view = np.zeros((0, PAGE), np.uint8)
-            return
-        try:
-            with open(self.path, "rb") as f:
-                self._h.mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as e:
-            raise _Refused(f"mmap failed: {e}") from None
-        self._h.mm.madvise(mmap.MADV_RANDOM)
-        arr = np.frombuffer(self._h.mm, dtype=np.uint8)
-        self._pages_view = arr[: self.num_pages * PAGE].reshape(self.num_pages, PAGE)
+    @property
+    def backend_label(self) -> str:
+        """The backend in words, e.g. ``preadv threads (O_DIRECT)``."""
+        return self._io.describe()
 
     # ------------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Release the file descriptor, ring and threads (idempotent)."""
-        self._pages_view = None
         self._finalizer()
 
     @property
@@ -354,7 +141,7 @@ class DirectReader:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"DirectReader({self.path!r}, backend={getattr(self, 'backend', None)!r}, "
+        return (f"DirectReader({self.path!r}, backend={self.backend!r}, "
                 f"queue_depth={self.queue_depth}, o_direct={self.o_direct})")
 
     # ------------------------------------------------------------------ read
@@ -397,152 +184,13 @@ class DirectReader:
             raise OocError(f"{self.path}: page {last} requested but the file has "
                            f"{self.size} bytes ({self.num_pages} whole pages): {what}")
         with self._lock:
-            if self.backend == "io_uring":
-                self._read_uring(first, npg, slot, out)
-            elif self.backend == "preadv":
-                self._read_preadv(first, npg, slot, out)
-            else:
-                out[: n * PAGE].reshape(n, PAGE)[:] = self._pages_view[pages]
-                self.stats.read_ops += first.shape[0]
+            if self.closed:
+                raise OocError(f"{self.path}: reader is closed")
+            self._io.read_runs(first * PAGE, npg * PAGE, slot * PAGE, out)
+            self.stats.read_ops += first.shape[0]
             self.stats.requests += 1
             self.stats.pages += n
             self.stats.bytes_read += n * PAGE
-
-    def _short(self, off: int, want: int, got: int) -> OocError:
-        if got < 0:
-            return OocError(f"{self.path}: read of {want} bytes at offset {off} failed: "
-                            f"{os.strerror(-got)} (errno {-got})")
-        return OocError(f"{self.path}: short read at offset {off}: got {got} of {want} bytes "
-                        f"(file truncated or changed while reading?)")
-
-    def _read_uring(self, first, npg, slot, out) -> None:
-        L = _L
-        ring = self._h.ring
-        fd = self._h.fd
-        cqe = self._cqe
-        get_sqe = L.io_uring_get_sqe
-        prep = L.io_uring_prep_readv
-        Iovec = L.Iovec
-        offs = (first * PAGE).tolist()
-        lens = (npg * PAGE).tolist()
-        slots = slot.tolist()
-        npgs = npg.tolist()
-        nruns = len(offs)
-        views, one = _page_slots(out)
-        iovs = [None] * nruns  # kept alive until completion
-        qd = self.queue_depth
-        cq_mask = self._cq_entries - 1
-        i = 0
-        inflight = 0
-        err: OocError | None = None
-        try:
-            while inflight or (i < nruns and err is None):
-                if err is None:
-                    while inflight < qd and i < nruns:
-                        sqe = get_sqe(ring)
-                        if sqe is None:  # SQ full (cannot happen while inflight <= entries)
-                            break
-                        b = slots[i]
-                        if npgs[i] == 1:
-                            iov = one[b]
-                            if iov is None:
-                                iov = one[b] = Iovec(views[b:b + 1])
-                        else:
-                            iov = Iovec(views[b:b + npgs[i]])
-                        iovs[i] = iov
-                        prep(sqe, fd, iov, offs[i])
-                        sqe.user_data = i
-                        i += 1
-                        inflight += 1
-                self._submit_and_wait(ring)
-                ready = L.io_uring_cq_ready(ring)
-                while ready:
-                    L.io_uring_wait_cqe(ring, cqe)  # sets cqe to the CQ head, no syscall
-                    head = self._cq_head & cq_mask
-                    m = min(ready, self._cq_entries - head)  # cqe[j] does not wrap
-                    for j in range(m):
-                        c = cqe[j]
-                        u = c.user_data
-                        try:
-                            res = c.res
-                        except OSError as e:  # the binding raises on a negative res
-                            res = -(e.errno or errno.EIO)
-                        if res != lens[u] and err is None:
-                            err = self._short(offs[u], lens[u], res)
-                        iovs[u] = None
-                    L.io_uring_cq_advance(ring, m)
-                    self._cq_head += m
-                    inflight -= m
-                    ready -= m
-        except BaseException:
-            # Never leave reads in flight into buffers we hand back: drain, then close.
-            self._drain(inflight)
-            raise
-        self.stats.read_ops += i
-        if err is not None:
-            raise err
-
-    def _submit_and_wait(self, ring) -> None:
-        """Submit queued SQEs, then sleep (GIL released) until a completion is posted.
-
-        The eventfd counts completions since it was last read: one posted
-        between the ``cq_ready`` check and the read makes the read return at
-        once, so no wake-up is lost; a stale count only costs one more check.
-        """
-        _L.io_uring_submit(ring)
-        efd = self._h.efd
-        while not _L.io_uring_cq_ready(ring):
-            os.eventfd_read(efd)
-
-    def _drain(self, inflight: int) -> None:
-        try:
-            while inflight > 0:
-                self._submit_and_wait(self._h.ring)
-                ready = _L.io_uring_cq_ready(self._h.ring)
-                if ready:
-                    _L.io_uring_cq_advance(self._h.ring, ready)
-                    self._cq_head += ready
-                    inflight -= ready
-        except BaseException:
-            pass
-        finally:
-            if inflight > 0:  # cannot account for them: the ring is unusable
-                self.close()
-
-    def _read_preadv(self, first, npg, slot, out) -> None:
-        fd = self._h.fd
-        offs = (first * PAGE).tolist()
-        lens = (npg * PAGE).tolist()
-        bufs = (slot * PAGE).tolist()
-        mv = memoryview(out)
-        preadv = os.preadv
-        nruns = len(offs)
-
-        def work(t: int, step: int):
-            for j in range(t, nruns, step):
-                b = bufs[j]
-                try:
-                    got = preadv(fd, [mv[b:b + lens[j]]], offs[j])
-                except OSError as e:
-                    return self._short(offs[j], lens[j], -(e.errno or errno.EIO))
-                if got != lens[j]:
-                    return self._short(offs[j], lens[j], got)
-            return None
-
-        pool = self._h.pool
-        if pool is None or nruns == 1:
-            errs = [work(0, 1)]
-        else:
-            step = min(self._threads, nruns)
-            errs = list(pool.map(work, range(step), [step] * step))
-        self.stats.read_ops += nruns
-        for e in errs:
-            if e is not None:
-                raise e
-
-
-class _Refused(Exception):
-    """A backend cannot be used here (the reason is the message)."""
 
 
 # ---------------------------------------------------------------- helpers

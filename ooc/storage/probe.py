@@ -1,0 +1,181 @@
+"""Probe a native read backend in a child process before a process first uses it.
+
+A binary wheel built for another CPU dies with SIGILL (or SIGSEGV) the first
+time it runs an instruction this CPU lacks; no ``try`` catches that, so the
+backend is first run in ``python -m ooc.storage.probe NAME FILE``: import,
+open (ring set-up), read the file's first page with ``O_DIRECT`` and compare
+it with a buffered read. The verdict (``ok``, refused, failed, or killed by a
+signal) is cached under ``<cache>/probe/`` keyed by the backend and its
+version, ooc's version, the Python, the kernel, the CPU's feature flags and
+the file system (device) of the file, so later runs pay nothing.
+
+The cache folder is ``$OOC_CACHE``, else ``$XDG_CACHE_HOME/ooc``, else
+``~/.cache/ooc`` (see :func:`cache_dir`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Seconds a probe may take before it counts as failed (a hung ring set-up).
+PROBE_TIMEOUT_S = 60.0
+
+_memo: dict[str, "Verdict"] = {}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a backend works here; ``reason`` is one line when it does not."""
+
+    ok: bool
+    reason: str = ""
+
+
+def cache_dir() -> Path:
+    """ooc's per-user cache folder (``$OOC_CACHE``, ``$XDG_CACHE_HOME/ooc`` or ``~/.cache/ooc``)."""
+    root = os.environ.get("OOC_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "ooc"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _key(name: str, version: str, path: str) -> str:
+    from .. import __version__
+
+    try:
+        dev = os.stat(path).st_dev
+    except OSError:
+        dev = -1
+    parts = [name, version, __version__, sys.version, platform.release(), platform.machine(),
+             _cpu_flags(), str(dev)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _signal_name(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+def _run_child(name: str, path: str, label: str) -> Verdict:
+    cmd = [sys.executable, "-m", "ooc.storage.probe", name, path]
+    env = dict(os.environ, PYTHONFAULTHANDLER="")
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                           env=env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return Verdict(False, f"{label} hung in a probe (no answer in {PROBE_TIMEOUT_S:.0f} s)")
+    except OSError as e:
+        return Verdict(False, f"{label} could not be probed: {e}")
+    out = (r.stdout.strip().splitlines() or [""])[-1]
+    if r.returncode < 0:
+        return Verdict(False, f"{label} crashed in a probe ({_signal_name(r.returncode)})")
+    if r.returncode == 0 and out == "ok":
+        return Verdict(True)
+    why = out or (r.stderr.strip().splitlines() or ["no output"])[-1]
+    verb = "refused" if r.returncode == 3 else "failed in a probe"
+    return Verdict(False, f"{label} {verb}: {why}")
+
+
+def verdict(name: str, path: str) -> Verdict:
+    """Whether backend ``name`` works in this process's environment, probed once.
+
+    The first call for a key runs the child and writes the verdict to the
+    cache; later calls (in any process) read it.
+    """
+    from .io_backends import backend_class
+
+    cls = backend_class(name)
+    version = cls.version()
+    label = f"{name} {version}".strip()
+    key = _key(name, version, path)
+    if key in _memo:
+        return _memo[key]
+    file = cache_dir() / "probe" / f"{name}-{key}.json"
+    try:
+        d = json.loads(file.read_text())
+        v = Verdict(bool(d["ok"]), str(d.get("reason", "")))
+    except (OSError, ValueError, KeyError, TypeError):
+        v = _run_child(name, path, label)
+        _save(file, {"backend": name, "version": version, "ok": v.ok, "reason": v.reason})
+    _memo[key] = v
+    return v
+
+
+def _save(file: Path, d: dict) -> None:
+    """Write the verdict atomically; an unwritable cache only costs a probe next time."""
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(d))
+        os.replace(tmp, file)
+    except OSError:
+        pass
+
+
+def forget() -> None:
+    """Drop this process's memo of verdicts (tests)."""
+    _memo.clear()
+
+
+def _child(name: str, path: str) -> int:
+    """Exercise backend ``name`` on ``path``: 0 and ``ok``; 3 refused; 4 failed."""
+    import numpy as np
+
+    from .direct import aligned_empty
+    from .io_backends import Refused, backend_class
+    from .layout import PAGE
+
+    try:
+        size = os.stat(path).st_size
+        b = backend_class(name)(path, size, 4)
+    except Refused as e:
+        print(str(e))
+        return 3
+    except Exception as e:  # noqa: BLE001 - any failure is the verdict
+        print(f"{type(e).__name__}: {e}")
+        return 4
+    try:
+        if size >= PAGE:
+            out = aligned_empty(PAGE)
+            z = np.zeros(1, np.int64)
+            b.read_runs(z, np.full(1, PAGE, np.int64), z, out)
+            with open(path, "rb") as f:
+                want = np.frombuffer(f.read(PAGE), np.uint8)
+            if not np.array_equal(out, want):
+                print("the page read differs from a buffered read of the same page")
+                return 4
+    except Exception as e:  # noqa: BLE001
+        print(f"{type(e).__name__}: {e}")
+        return 4
+    finally:
+        b.close()
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print("usage: python -m ooc.storage.probe BACKEND FILE", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_child(sys.argv[1], sys.argv[2]))
