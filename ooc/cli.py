@@ -66,5 +66,52 @@ def add_report_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH", help="write a JSON summary here")
 
 
+def add_io_backend_arg(p: argparse.ArgumentParser) -> None:
+    """``--io-backend``: which reader serves O_DIRECT reads (see ooc.storage.io_backends)."""
+    from .storage.io_backends import AUTO_ORDER, CHOICES
+
+    p.add_argument("--io-backend", choices=CHOICES, metavar="{" + ",".join(CHOICES) + "}",
+                   help="how features and neighbour lists are read from disk: auto = the "
+                        f"first that works here, in the order {', '.join(AUTO_ORDER)} (a "
+                        "native backend is probed in a child process first; a fallback is "
+                        "one note on stderr)")
+
+
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def check_range(option: str, value: float | int | None, lo: float | None = None,
+                hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
+                integer: bool = False) -> None:
+    """Refuse an option value outside ``[lo, hi]`` (open ends with ``lo_open``/``hi_open``).
+
+    ``None`` (an option left out) passes; NaN and infinities never do. Raises
+    :class:`OocError` with one line naming the option, e.g. ``--lr inf: must
+    be a finite number > 0``.
+    """
+    if value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and integer and not float(value).is_integer():
+        ok = False
+    if ok:
+        try:
+            v = float(value)
+        except OverflowError:  # an int beyond float's range
+            v = float("inf") if value > 0 else float("-inf")
+        ok = v == v and abs(v) != float("inf")
+        ok = ok and (lo is None or (v > lo if lo_open else v >= lo))
+        ok = ok and (hi is None or (v < hi if hi_open else v <= hi))
+    if ok:
+        return
+    kind = "an integer" if integer else "a finite number"
+    num = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")
+    lo_s = None if lo is None else f"{'>' if lo_open else '>='} {num(lo)}"
+    hi_s = None if hi is None else f"{'<' if hi_open else '<='} {num(hi)}"
+    if lo_s and hi_s:
+        rng = (f" in [{num(lo)}, {num(hi)}]" if not (lo_open or hi_open)
+               else f" {lo_s} and {hi_s}")
+    else:
+        rng = f" {lo_s or hi_s}" if (lo_s or hi_s) else ""
+    raise OocError(f"{option} {value}: must be {kind}{rng}")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cli import add_report_arg, main_wrapper
+from .cli import add_io_backend_arg, add_report_arg, main_wrapper
 from .storage.atomic import write_json
 from .storage.errors import DatasetError, OocError
 
@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = dict(
     epochs=3, seed=0, device="auto", eval_every=1, threads=None, mode="ooc",
     checkpoint_every=1, superbatch_size=None, runtime_dir=None, runtime_disk_budget="1GiB",
     feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
-    memory_budget=None,
+    memory_budget=None, io_backend="auto",
     workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
     optimizer_sync="average", halo_hops=None,
 )
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{d['queue_depth']})")
     p.add_argument("--io-threads", type=int, help=f"baseline memmap copy threads (default "
                    f"{d['io_threads']})")
+    add_io_backend_arg(p)
     p.add_argument("--workers", type=int, help="Q worker processes with model averaging "
                    "(torch.distributed gloo on 127.0.0.1, or the torchrun environment); 1 "
                    "simulates the partitions sequentially in this process")
@@ -264,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           feature_cache_size=size("feature_cache_size"),
                           neighbor_cache_size=size("neighbor_cache_size"),
                           queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
-                          memory_budget=size("memory_budget"))
+                          memory_budget=size("memory_budget"), io_backend=s["io_backend"])
     if s["checkpoint_every"] < 1:
         raise OocError(f"--checkpoint-every must be >= 1, got {s['checkpoint_every']}")
     from .executor.distributed import run_cli, wants_averaging
@@ -280,7 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{dataset.feature_dim} features, {dataset.num_classes} classes, "
           f"{len(dataset.train_idx):,} training nodes); model {config.model} "
           f"{trainer.model.dims}, fanouts {s['fanouts']}, batch {config.batch_size}, "
-          f"mode {config.mode}, device {trainer.device}")
+          f"mode {config.mode}, device {trainer.device}, "
+          f"reader {trainer.mode_info.get('reader_backend', 'n/a')}")
     args = {k: s[k] for k in DEFAULTS}
     while trainer.epoch < config.epochs:
         trainer.train_epoch()

@@ -4,26 +4,27 @@ from __future__ import annotations
 import errno
 import gc
 import os
-import warnings
 
 import numpy as np
 import pytest
 
 from ooc.storage import (
-    PAGE, DirectFeatures, DirectIOFallbackWarning, DirectReader, FeatureLayout, OocError,
-    aligned_empty, read_index_ranges, read_ranges,
+    PAGE, DirectFeatures, DirectReader, FeatureLayout, OocError, aligned_empty,
+    read_index_ranges, read_ranges,
 )
-from ooc.storage import direct as D
+from ooc.storage import io_backends as B
+from ooc.storage import notes, probe
 
-BACKENDS = ["io_uring", "preadv", "mmap"]
+BACKENDS = list(B.REGISTRY)
 
 
-def _available(backend: str, path) -> bool:
+def _unavailable(backend: str, path) -> str:
+    """Why ``backend`` cannot read ``path`` here (the probe's verdict), or '' if it can."""
     try:
         DirectReader(path, backend=backend).close()
-        return True
-    except OocError:
-        return False
+        return ""
+    except OocError as e:
+        return str(e)
 
 
 @pytest.fixture
@@ -36,19 +37,23 @@ def raw_file(tmp_path):
 
 
 def _backend_or_skip(backend, path):
-    if not _available(backend, path):
-        pytest.skip(f"{backend} unavailable here")
+    why = _unavailable(backend, path)
+    if why:
+        pytest.skip(f"{backend} cannot run on this machine: {why.split(': ', 1)[-1]}")
 
 
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings():
-    D._warned.clear()
-    yield
-    D._warned.clear()
+@pytest.fixture
+def note_lines(monkeypatch):
+    """The ``ooc: note:`` lines printed while the test runs."""
+    lines: list[str] = []
+    notes.reset()
+    monkeypatch.setattr(notes, "sink", lines.append)
+    yield lines
+    notes.reset()
 
 
 def test_aligned_empty():
@@ -128,7 +133,7 @@ def test_short_read_truncated_file(tmp_path, backend):
             r.read_pages(np.arange(4), out)
 
 
-@pytest.mark.parametrize("backend", ["io_uring", "preadv"])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "mmap"])
 def test_file_shrinks_under_the_reader(tmp_path, backend):
     path = tmp_path / "shrink.bin"
     np.zeros(8 * PAGE, np.uint8).tofile(path)
@@ -143,18 +148,18 @@ def test_file_shrinks_under_the_reader(tmp_path, backend):
 def test_io_error_cqe(raw_file, monkeypatch):
     """A negative cqe res becomes an OocError naming the file and errno."""
     path, _ = raw_file
-    _backend_or_skip("io_uring", path)
-    with DirectReader(path, backend="io_uring") as r:
-        err = r._short(8192, 4096, -errno.EIO)
+    _backend_or_skip("liburing", path)
+    with DirectReader(path, backend="liburing") as r:
+        err = r._io.short_read(8192, 4096, -errno.EIO)
         assert isinstance(err, OocError) and "raw.bin" in str(err) and "errno 5" in str(err)
         # a bad fd makes every read fail with -EBADF in its cqe
-        real_fd = r._h.fd
-        r._h.fd = 10**6
+        real_fd = r._io.fd
+        r._io.fd = 10**6
         try:
             with pytest.raises(OocError, match=r"raw\.bin.*failed"):
                 r.read_pages(np.arange(10), aligned_empty(10 * PAGE))
         finally:
-            r._h.fd = real_fd
+            r._io.fd = real_fd
         out = aligned_empty(10 * PAGE)
         r.read_pages(np.arange(10), out)  # the ring survives
 
@@ -182,34 +187,101 @@ def test_no_fd_leak(raw_file, backend):
         r.read_pages(np.arange(1), aligned_empty(PAGE))
 
 
-def test_io_uring_unavailable_falls_back(raw_file, monkeypatch):
+CRASHY = """
+import os, signal
+from ooc.storage.io_backends import ReadBackend, Refused
+
+class Crash(ReadBackend):
+    name = "crashy"
+    probe_in_child = True
+
+    @classmethod
+    def version(cls):
+        return "0.{sig}"
+
+    def __init__(self, path, size, queue_depth):
+        os.kill(os.getpid(), signal.{sig})   # what a wheel built for another CPU does
+
+class Refuse(ReadBackend):
+    name = "refusing"
+
+    def __init__(self, path, size, queue_depth):
+        raise Refused("io_uring_setup failed: Operation not permitted")
+"""
+
+
+@pytest.fixture
+def crashy(tmp_path, monkeypatch, request):
+    """A stand-in native binding that kills its process with ``request.param`` (a signal
+    name), registered first in the auto order, with its own empty verdict cache."""
+    sig = getattr(request, "param", "SIGILL")
+    mod = tmp_path / "mods"
+    mod.mkdir()
+    (mod / f"crashy_{sig.lower()}.py").write_text(CRASHY.replace("{sig}", sig))
+    monkeypatch.syspath_prepend(str(mod))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(mod)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    monkeypatch.setenv("OOC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(B.REGISTRY, "crashy", f"crashy_{sig.lower()}:Crash")
+    monkeypatch.setitem(B.REGISTRY, "refusing", f"crashy_{sig.lower()}:Refuse")
+    monkeypatch.setattr(B, "AUTO_ORDER", ("crashy", "preadv", "mmap"))
+    probe.forget()
+    yield sig
+    probe.forget()
+
+
+@pytest.mark.parametrize("crashy", ["SIGILL", "SIGSEGV"], indirect=True)
+def test_binding_that_crashes_in_the_probe_falls_back(raw_file, crashy, note_lines, tmp_path,
+                                                      monkeypatch):
+    """A binding that dies of a signal is caught in the child; auto reads with the next
+    backend and says so in one note; the verdict is cached for later processes."""
     path, data = raw_file
-
-    def refuse(*a, **k):
-        raise OSError(errno.EPERM, "Operation not permitted")
-
-    monkeypatch.setattr(D._L, "io_uring_queue_init", refuse)
     gc.collect()
     before = _fds()
-    with pytest.warns(DirectIOFallbackWarning, match=r"preadv.*io_uring_queue_init failed") as rec:
-        r = DirectReader(path)
-    assert len(rec) == 1
-    assert r.backend == "preadv"
+    r = DirectReader(path)
+    assert r.backend != "crashy"
+    assert note_lines == [f"ooc: note: crashy 0.{crashy} crashed in a probe ({crashy}); "
+                          f"reading with {r.backend_label}"]
     out = aligned_empty(301 * PAGE)
     r.read_pages(np.arange(301), out)
     np.testing.assert_array_equal(out, data)
     r.close()
     assert _fds() == before
-    with pytest.raises(OocError, match="io_uring unavailable"):
-        DirectReader(path, backend="io_uring")
-    # one warning per process and reason, not one per reader
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        DirectReader(path).close()
+    # an explicit request names the verdict
+    with pytest.raises(OocError, match=rf"crashy unavailable: crashy 0.{crashy} crashed in a "
+                                       rf"probe \({crashy}\)"):
+        DirectReader(path, backend="crashy")
+    # one note per process and reason, not one per reader
+    DirectReader(path).close()
+    assert len(note_lines) == 1
+    # the verdict is on disk: a new process (memo forgotten) reads it without probing
+    cached = list((tmp_path / "cache" / "probe").glob("crashy-*.json"))
+    assert len(cached) == 1
+    probe.forget()
+
+    def no_child(*a, **k):
+        raise AssertionError("probed again despite a cached verdict")
+
+    monkeypatch.setattr(probe.subprocess, "run", no_child)
+    with pytest.raises(OocError, match="crashed in a probe"):
+        DirectReader(path, backend="crashy")
 
 
-def test_o_direct_refused_falls_back(raw_file, monkeypatch):
-    """tmpfs-like: open(O_DIRECT) fails with EINVAL -> buffered preadv, one warning."""
+def test_refused_backend_falls_back(raw_file, crashy, note_lines, monkeypatch):
+    """A backend that refuses (io_uring disabled, seccomp) is passed over by auto."""
+    path, data = raw_file
+    monkeypatch.setattr(B, "AUTO_ORDER", ("refusing", "preadv", "mmap"))
+    r = DirectReader(path)
+    assert r.backend == "preadv"
+    assert note_lines == ["ooc: note: io_uring_setup failed: Operation not permitted; "
+                          f"reading with {r.backend_label}"]
+    r.close()
+    with pytest.raises(OocError, match="refusing unavailable: io_uring_setup failed"):
+        DirectReader(path, backend="refusing")
+
+
+def test_o_direct_refused_falls_back(raw_file, monkeypatch, note_lines):
+    """tmpfs-like: open(O_DIRECT) fails with EINVAL -> buffered preadv, one note."""
     path, data = raw_file
     real_open = os.open
 
@@ -218,33 +290,39 @@ def test_o_direct_refused_falls_back(raw_file, monkeypatch):
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_open(p, flags, *a, **k)
 
-    monkeypatch.setattr(D.os, "open", no_direct)
-    with pytest.warns(DirectIOFallbackWarning, match=r"preadv threads \(buffered\).*O_DIRECT") as rec:
-        r = DirectReader(path, queue_depth=8)
-    assert len(rec) == 1 and r.backend == "preadv" and not r.o_direct
+    monkeypatch.setattr(B.os, "open", no_direct)
+    monkeypatch.setattr(B, "AUTO_ORDER", ("preadv", "mmap"))
+    r = DirectReader(path, queue_depth=8)
+    assert r.backend == "preadv" and not r.o_direct
+    assert len(note_lines) == 1 and "O_DIRECT refused" in note_lines[0] \
+        and note_lines[0].endswith("preadv threads (buffered)")
     out = aligned_empty(301 * PAGE)
     r.read_pages(np.arange(301), out)
     np.testing.assert_array_equal(out, data)
     r.close()
 
 
-def test_preadv_missing_falls_back_to_mmap(raw_file, monkeypatch):
+def test_preadv_missing_falls_back_to_mmap(raw_file, monkeypatch, note_lines):
     path, data = raw_file
-    monkeypatch.setattr(D._L, "io_uring_queue_init",
-                        lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSYS, "nosys")))
-    monkeypatch.delattr(D.os, "preadv")
-    with pytest.warns(DirectIOFallbackWarning, match="mmap"):
-        r = DirectReader(path)
+    monkeypatch.setattr(B, "AUTO_ORDER", ("preadv", "mmap"))
+    monkeypatch.delattr(os, "preadv")
+    r = DirectReader(path)
     assert r.backend == "mmap"
+    assert note_lines == ["ooc: note: os.preadv not available; reading with mmap (page cache)"]
     out = aligned_empty(301 * PAGE)
     r.read_pages(np.arange(301), out)
     np.testing.assert_array_equal(out, data)
     r.close()
+
+
+def test_unknown_backend_is_refused(raw_file):
+    with pytest.raises(ValueError, match="auto, "):
+        DirectReader(raw_file[0], backend="nope")
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
-def test_auto_on_tmpfs():
-    """tmpfs: O_DIRECT is refused on older kernels (fallback with a warning), accepted on newer."""
+def test_auto_on_tmpfs(note_lines):
+    """tmpfs: O_DIRECT is refused on older kernels (fallback with a note), accepted on newer."""
     data = np.random.default_rng(3).integers(0, 256, 64 * PAGE, dtype=np.uint8)
     path = f"/dev/shm/ooc_test_direct_{os.getpid()}.bin"
     data.tofile(path)
@@ -255,12 +333,9 @@ def test_auto_on_tmpfs():
             refused = False
         except OSError:
             refused = True
-        with warnings.catch_warnings(record=True) as rec:
-            warnings.simplefilter("always")
-            r = DirectReader(path)
-        fallback = [w for w in rec if issubclass(w.category, DirectIOFallbackWarning)]
+        r = DirectReader(path)
         if refused:
-            assert r.backend != "io_uring" and len(fallback) == 1
+            assert not r.o_direct and any("O_DIRECT" in n for n in note_lines)
         out = aligned_empty(64 * PAGE)
         pages = np.array([0, 1, 5, 63])
         r.read_pages(pages, out)
@@ -361,7 +436,8 @@ def test_repeated_reads_do_not_grow_memory(raw_file):
 
     path, data = raw_file
     rng = np.random.default_rng(3)
-    with DirectReader(path, backend="io_uring") as r:
+    _backend_or_skip("liburing", path)
+    with DirectReader(path, backend="liburing") as r:
         buf = r.scratch(64 * PAGE)
         reqs = [np.unique(rng.integers(0, 300, 40)) for _ in range(300)]
         for p in reqs[:20]:
@@ -386,12 +462,9 @@ import liburing as L
 from ooc.storage.direct import DirectReader
 
 path = sys.argv[1]
-r = DirectReader(path, queue_depth=4)
-if r.backend != "io_uring":
-    print("skip: backend", r.backend)
-    sys.exit(0)
-ring = r._h.ring
-t = threading.Thread(target=r._submit_and_wait, args=(ring,))
+r = DirectReader(path, queue_depth=4, backend="liburing")
+ring = r._io.ring
+t = threading.Thread(target=r._io._submit_and_wait, args=(ring,))
 t.start()          # nothing in flight: the thread sleeps until a completion is posted
 x = sum(range(1000))  # runs only if that sleep released the GIL
 sqe = L.io_uring_get_sqe(ring)
@@ -399,7 +472,7 @@ L.io_uring_prep_nop(sqe)
 L.io_uring_submit(ring)  # the NOP's completion wakes the thread
 t.join()
 L.io_uring_cq_advance(ring, L.io_uring_cq_ready(ring))
-r._cq_head += 1
+r._io._cq_head += 1
 out = r.scratch(4096)
 r.read_pages(np.array([1], dtype=np.int64), out)  # the reader still works afterwards
 assert out[0] == 0 and out[1] == 1, out[:4]
@@ -407,20 +480,18 @@ print("ok", x)
 """
 
 
-def test_io_uring_wait_releases_the_gil(tmp_path):
+def test_liburing_wait_releases_the_gil(tmp_path):
     """Waiting for completions must not hold the GIL: liburing's io_uring_submit_and_wait
     does, which froze the training thread for as long as every gather's reads took. The
     script deadlocks if it is held (hence a subprocess and a hang guard)."""
     import subprocess
     import sys
 
-    pytest.importorskip("liburing")
     f = tmp_path / "f.bin"
     f.write_bytes(np.arange(8192, dtype=np.uint8).tobytes())
+    _backend_or_skip("liburing", f)  # never import a binding the probe has not passed
     script = tmp_path / "gil.py"
     script.write_text(GIL_SCRIPT)
     r = subprocess.run([sys.executable, str(script), str(f)], capture_output=True, text=True,
                        timeout=120)
-    if r.stdout.startswith("skip"):
-        pytest.skip(r.stdout.strip())
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]

@@ -179,12 +179,13 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
         from ..inspector.neighbors import DirectNeighbors
         from ..storage.direct import DirectFeatures, DirectReader
 
-        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth)
+        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth,
+                              backend=opts.io_backend)
         nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
                                dtype=dataset.index_dtype)
         nsrc._own = True
         feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
-                               queue_depth=opts.queue_depth)
+                               queue_depth=opts.queue_depth, backend=opts.io_backend)
         closers += [nsrc.close, feats.close]
     hwm_ok = reset_hwm()
     sampler = NeighborSampler(dataset.indptr, nsrc, list(config.fanouts),

@@ -69,6 +69,8 @@ class ModeOptions:
         queue_depth: io_uring queue depth of the O_DIRECT readers.
         io_threads: threads of the baseline's memmap copies.
         memory_budget: bytes the process may use (see :mod:`ooc.executor.budget`).
+        io_backend: the O_DIRECT readers' backend (``auto`` or a name of
+            :data:`ooc.storage.io_backends.REGISTRY`); baseline reads through memmaps.
     """
 
     superbatch_size: int | None = None
@@ -79,8 +81,15 @@ class ModeOptions:
     queue_depth: int = 64
     io_threads: int = 16
     memory_budget: int | None = None
+    io_backend: str = "auto"
 
     def validate(self) -> None:
+        from ..storage.io_backends import check_choice
+
+        try:
+            check_choice(self.io_backend)
+        except ValueError as e:
+            raise OocError(f"--io-backend: {e}") from None
         for name in ("queue_depth", "io_threads"):
             if int(getattr(self, name)) < 1:
                 raise OocError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -324,7 +333,8 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
                                         opts.io_threads)
         closers += [nsrc.close, features.close]
         cache = None
-        info.update(io_threads=opts.io_threads, readahead="off (MADV_RANDOM)")
+        info.update(io_threads=opts.io_threads, readahead="off (MADV_RANDOM)",
+                    reader_backend="mmap", neighbor_reader_backend="mmap")
     else:
         feat_bytes, nbr_bytes = default_sizes(dataset)
         if plan is not None:
@@ -333,7 +343,8 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
             feat_bytes = opts.feature_cache_size
         if opts.neighbor_cache_size is not None:
             nbr_bytes = opts.neighbor_cache_size
-        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth)
+        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth,
+                              backend=opts.io_backend)
         nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
                                dtype=dataset.index_dtype)
         nsrc._own = True
@@ -350,12 +361,13 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
             info["neighbor_cache_bytes"] = 0
             info["neighbor_cache_nodes"] = 0
         features = DirectFeatures(dataset.file("features.bin"), dataset.layout,
-                                  queue_depth=opts.queue_depth)
+                                  queue_depth=opts.queue_depth, backend=opts.io_backend)
         closers.append(features.close)
         rows = int(min(dataset.num_nodes, max(0, feat_bytes) // row_bytes))
         cache = FeatureCache(dataset.num_nodes, rows, dataset.feature_dim, dataset.feature_dtype)
         info.update(feature_cache_rows=cache.capacity, feature_cache_bytes=cache.cache.nbytes,
-                    queue_depth=opts.queue_depth, reader_backend=features.backend)
+                    queue_depth=opts.queue_depth, reader_backend=features.backend,
+                    neighbor_reader_backend=reader.backend)
     features = TimedSource(features)
     sampler = NeighborSampler(dataset.indptr, nsrc, list(config.fanouts),
                               num_threads=config.num_threads)

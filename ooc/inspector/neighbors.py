@@ -202,7 +202,7 @@ class DirectNeighbors(NeighborSource):
 
 
 def open_neighbor_source(dataset, cache_bytes: int | None = None, direct: bool = True,
-                         queue_depth: int = 64) -> NeighborSource:
+                         queue_depth: int = 64, io_backend: str = "auto") -> NeighborSource:
     """The neighbour source for an :class:`ooc.storage.Dataset`.
 
     ``direct=False``: the ``indices.bin`` memmap. Otherwise O_DIRECT reads of
@@ -216,7 +216,8 @@ def open_neighbor_source(dataset, cache_bytes: int | None = None, direct: bool =
 
     from .neighbor_cache import load_or_build_neighbor_cache
 
-    reader = DirectReader(dataset.file("indices.bin"), queue_depth=queue_depth)
+    reader = DirectReader(dataset.file("indices.bin"), queue_depth=queue_depth,
+                          backend=io_backend)
     src = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
                           dtype=dataset.index_dtype)
     src._own = True

@@ -74,6 +74,8 @@ class ReadBackend:
     probe_in_child: ClassVar[bool] = False
     #: Words for notes and reports, e.g. "preadv threads".
     label: ClassVar[str] = ""
+    #: The python module of a binding the backend wraps (its file is part of the probe key).
+    binding: ClassVar[str] = ""
 
     def __init__(self, path: str, size: int, queue_depth: int):
         self.path = path
@@ -156,13 +158,18 @@ def backend_class(name: str) -> type[ReadBackend]:
     except KeyError:
         raise ValueError(f"unknown I/O backend {name!r} (choose one of "
                          f"{', '.join(CHOICES)})") from None
+    return load_class(target)
+
+
+def load_class(target: str) -> type[ReadBackend]:
+    """The backend class named by ``"module:Class"``."""
     mod, cls = target.split(":")
     return getattr(importlib.import_module(mod), cls)
 
 
 def check_choice(name: str) -> str:
     """``name`` if it is a valid ``io_backend`` value, else a ValueError naming the choices."""
-    if name not in CHOICES:
+    if name != "auto" and name not in REGISTRY:
         raise ValueError(f"io_backend must be one of {', '.join(CHOICES)}, not {name!r}")
     return name
 
@@ -177,14 +184,15 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
     """
     from . import probe
 
-    check_choice(backend)
+    if backend not in REGISTRY:
+        check_choice(backend)
     order = AUTO_ORDER if backend == "auto" else (backend,)
     tried: list[str] = []
     for name in order:
         try:
             cls = backend_class(name)
             if cls.probe_in_child:
-                verdict = probe.verdict(name, path)
+                verdict = probe.verdict(name, REGISTRY[name], path)
                 if not verdict.ok:
                     raise Refused(verdict.reason)
             b = cls(path, size, queue_depth)

@@ -78,6 +78,7 @@ class LiburingBackend(ReadBackend):
     name = "liburing"
     label = "io_uring (python liburing)"
     probe_in_child = True
+    binding = "liburing"
 
     @classmethod
     def version(cls) -> str:

@@ -2,11 +2,11 @@
 
 A binary wheel built for another CPU dies with SIGILL (or SIGSEGV) the first
 time it runs an instruction this CPU lacks; no ``try`` catches that, so the
-backend is first run in ``python -m ooc.storage.probe NAME FILE``: import,
+backend is first run in ``python -m ooc.storage.probe MODULE:CLASS FILE``: import,
 open (ring set-up), read the file's first page with ``O_DIRECT`` and compare
 it with a buffered read. The verdict (``ok``, refused, failed, or killed by a
-signal) is cached under ``<cache>/probe/`` keyed by the backend and its
-version, ooc's version, the Python, the kernel, the CPU's feature flags and
+signal) is cached under ``<cache>/probe/`` keyed by the backend, its
+version and the files it would be imported from, ooc's version, the Python, the kernel, the CPU's feature flags and
 the file system (device) of the file, so later runs pay nothing.
 
 The cache folder is ``$OOC_CACHE``, else ``$XDG_CACHE_HOME/ooc``, else
@@ -15,6 +15,7 @@ The cache folder is ``$OOC_CACHE``, else ``$XDG_CACHE_HOME/ooc``, else
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -58,15 +59,26 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _key(name: str, version: str, path: str) -> str:
+def _origin(module: str) -> str:
+    """The file ``module`` would be imported from (found, not imported)."""
+    if not module:
+        return ""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return "not found"
+    return str(spec.origin) if spec is not None else "not found"
+
+
+def _key(target: str, version: str, binding: str, path: str) -> str:
     from .. import __version__
 
     try:
         dev = os.stat(path).st_dev
     except OSError:
         dev = -1
-    parts = [name, version, __version__, sys.version, platform.release(), platform.machine(),
-             _cpu_flags(), str(dev)]
+    parts = [target, version, _origin(binding), _origin(target.split(":")[0]), __version__,
+             sys.version, platform.release(), platform.machine(), _cpu_flags(), str(dev)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -77,8 +89,8 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
-def _run_child(name: str, path: str, label: str) -> Verdict:
-    cmd = [sys.executable, "-m", "ooc.storage.probe", name, path]
+def _run_child(target: str, path: str, label: str) -> Verdict:
+    cmd = [sys.executable, "-m", "ooc.storage.probe", target, path]
     env = dict(os.environ, PYTHONFAULTHANDLER="")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
@@ -97,18 +109,18 @@ def _run_child(name: str, path: str, label: str) -> Verdict:
     return Verdict(False, f"{label} {verb}: {why}")
 
 
-def verdict(name: str, path: str) -> Verdict:
-    """Whether backend ``name`` works in this process's environment, probed once.
+def verdict(name: str, target: str, path: str) -> Verdict:
+    """Whether backend ``name`` (class ``target``, ``"module:Class"``) works here, probed once.
 
     The first call for a key runs the child and writes the verdict to the
     cache; later calls (in any process) read it.
     """
-    from .io_backends import backend_class
+    from .io_backends import load_class
 
-    cls = backend_class(name)
+    cls = load_class(target)
     version = cls.version()
     label = f"{name} {version}".strip()
-    key = _key(name, version, path)
+    key = _key(target, version, cls.binding, path)
     if key in _memo:
         return _memo[key]
     file = cache_dir() / "probe" / f"{name}-{key}.json"
@@ -116,7 +128,7 @@ def verdict(name: str, path: str) -> Verdict:
         d = json.loads(file.read_text())
         v = Verdict(bool(d["ok"]), str(d.get("reason", "")))
     except (OSError, ValueError, KeyError, TypeError):
-        v = _run_child(name, path, label)
+        v = _run_child(target, path, label)
         _save(file, {"backend": name, "version": version, "ok": v.ok, "reason": v.reason})
     _memo[key] = v
     return v
@@ -138,17 +150,17 @@ def forget() -> None:
     _memo.clear()
 
 
-def _child(name: str, path: str) -> int:
-    """Exercise backend ``name`` on ``path``: 0 and ``ok``; 3 refused; 4 failed."""
+def _child(target: str, path: str) -> int:
+    """Exercise backend class ``target`` on ``path``: 0 and ``ok``; 3 refused; 4 failed."""
     import numpy as np
 
     from .direct import aligned_empty
-    from .io_backends import Refused, backend_class
+    from .io_backends import Refused, load_class
     from .layout import PAGE
 
     try:
         size = os.stat(path).st_size
-        b = backend_class(name)(path, size, 4)
+        b = load_class(target)(path, size, 4)
     except Refused as e:
         print(str(e))
         return 3
@@ -176,6 +188,6 @@ def _child(name: str, path: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        print("usage: python -m ooc.storage.probe BACKEND FILE", file=sys.stderr)
+        print("usage: python -m ooc.storage.probe MODULE:CLASS FILE", file=sys.stderr)
         sys.exit(2)
     sys.exit(_child(sys.argv[1], sys.argv[2]))
