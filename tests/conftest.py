@@ -13,6 +13,33 @@ SHARED = REPO.parent / "shared"
 CORA_RAW = SHARED / "data" / "planetoid" / "Cora" / "raw"
 
 
+def require_cora() -> Path:
+    """The Planetoid Cora raw folder in ``../shared``; the test fails (not skips) without it."""
+    if not CORA_RAW.is_dir():
+        pytest.fail(f"{CORA_RAW} is missing: the tests need the project's shared/ folder beside "
+                    f"the checkout (../shared/data/planetoid/Cora/raw)", pytrace=False)
+    return CORA_RAW
+
+
+@pytest.fixture
+def cora_raw() -> Path:
+    return require_cora()
+
+
+def assert_one_line_error(stderr: str, *needles: str) -> str:
+    """``stderr`` of a failed CLI: ``ooc: note:`` lines, then one ``ooc: <error>`` line, last,
+    containing every needle; no traceback. Returns the error line."""
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    assert "Traceback" not in stderr, stderr[-3000:]
+    *before, last = lines
+    assert last.startswith("ooc: ") and not last.startswith("ooc: note:"), stderr[-3000:]
+    assert all(line.startswith("ooc: note: ") for line in before), stderr[-3000:]
+    for n in needles:
+        assert n in last, (n, last)
+    return last
+
+
 def random_graph(n: int, e: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random directed edges (src, dst), int64 [e] each."""
     rng = np.random.default_rng(seed)
