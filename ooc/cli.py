@@ -68,9 +68,10 @@ def add_report_arg(p: argparse.ArgumentParser) -> None:
 
 def add_io_backend_arg(p: argparse.ArgumentParser) -> None:
     """``--io-backend``: which reader serves O_DIRECT reads (see ooc.storage.io_backends)."""
-    from .storage.io_backends import AUTO_ORDER, CHOICES
+    from .storage.io_backends import AUTO_ORDER, REGISTRY
 
-    p.add_argument("--io-backend", choices=CHOICES, metavar="{" + ",".join(CHOICES) + "}",
+    choices = ("auto",) + tuple(REGISTRY)
+    p.add_argument("--io-backend", choices=choices, metavar="{" + ",".join(choices) + "}",
                    help="how features and neighbour lists are read from disk: auto = the "
                         f"first that works here, in the order {', '.join(AUTO_ORDER)} (a "
                         "native backend is probed in a child process first; a fallback is "
