@@ -9,11 +9,15 @@ Sub-commands::
 
 Every sub-command streams its input with O(N) memory plus ``--buffer``,
 writes into a temporary folder renamed into place when complete, and exits
-with code 2 and a one-line reason on bad input.
+with code 2 and a one-line reason on bad input. ``--overwrite`` replaces
+only an ooc dataset folder. Refused: a graph without edges, a node in two
+splits or twice in one, NaN/inf features (unless ``--allow-nonfinite``).
 """
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,12 +25,16 @@ from typing import Sequence
 
 from .cli import add_report_arg, main_wrapper, parse_size, peak_rss_bytes
 from .storage.atomic import write_json
+from .storage.errors import OocError
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 
 
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
     p.add_argument("--out", required=True, type=Path, help="output dataset folder")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if it is an ooc dataset folder (never anything else)")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="keep NaN/inf feature values (refused by default)")
     p.add_argument("--buffer", type=parse_size, default=DEFAULT_BUFFER, metavar="SIZE",
                    help="memory for the scatter buffer and input chunks, e.g. 256MiB (default 512MiB); "
                         "memory use is about 32 bytes per node plus this")
@@ -96,15 +104,46 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+MIN_BUFFER = 1 << 20
+
+
+def check_report_path(report: str | None) -> None:
+    """Refuse a ``--report`` path that cannot be written, before any work."""
+    if report is None:
+        return
+    p = Path(report)
+    if p.is_dir():
+        raise OocError(f"{p}: --report is a folder; give a file path")
+    parent = p.parent
+    if not parent.is_dir():
+        raise OocError(f"{parent}: --report's folder does not exist")
+    if not os.access(parent, os.W_OK):
+        raise OocError(f"{parent}: --report's folder is not writable")
+
+
+def write_report(report: str, data: dict, out: Path) -> None:
+    """Write the report atomically; a failure is one line saying the dataset is fine."""
+    try:
+        write_json(report, data)
+    except OSError as e:
+        what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        raise OocError(f"{report}: {what} while writing the report (the dataset {out} "
+                       f"was written and is complete)") from None
+
+
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .storage import ingest
 
+    check_report_path(args.report)
+    if args.buffer < MIN_BUFFER:
+        raise OocError(f"--buffer must be at least 1MiB, got {args.buffer} bytes")
     t0 = time.perf_counter()
     stats: dict = {}
     progress = not args.no_progress
-    common = dict(overwrite=args.overwrite, progress=progress, buffer_bytes=args.buffer, stats=stats)
+    common = dict(overwrite=args.overwrite, progress=progress, buffer_bytes=args.buffer, stats=stats,
+                  allow_nonfinite=args.allow_nonfinite)
     if args.command == "edgelist":
         out = ingest.ingest_edgelist(
             args.edges, args.out, fmt=args.format, header=args.header, num_nodes=args.num_nodes,
@@ -131,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {out}: {report['num_nodes']} nodes, {report['num_edges']} edges "
           f"in {report['time_s']:.1f} s", file=sys.stderr)
     if args.report:
-        write_json(args.report, report)
+        write_report(args.report, report, out)
     return 0
 
 

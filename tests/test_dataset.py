@@ -93,7 +93,13 @@ def test_foreign_meta(small_dataset):
 def test_wrong_feature_dim(small_dataset):
     path, _ = small_dataset
     _edit_meta(path, feature_dim=65)
-    with pytest.raises(DatasetError, match="features.bin"):
+    with pytest.raises(DatasetError, match="meta.json: field 'row_bytes' is 256, but"):
+        open_dataset(path)
+    meta = json.loads((path / "meta.json").read_text())
+    for key in ("row_bytes", "rows_per_page", "pages_per_row"):
+        del meta[key]
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="meta.json: lists features.bin with 131072 bytes"):
         open_dataset(path)
 
 
@@ -133,9 +139,18 @@ def test_edge_ids_out_of_range(small_dataset):
     mm[7] = 500
     mm.flush()
     del mm
-    open_dataset(path)  # cheap checks do not scan indices
-    with pytest.raises(DatasetError, match="indices.bin: node id out of range"):
+    with pytest.raises(DatasetError, match="indices.bin: checksum of sampled pages"):
+        open_dataset(path)
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["files"]["indices.bin"]["sampled_sha256"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    open_dataset(path)  # the recorded id range is trusted without a checksum
+    with pytest.raises(DatasetError, match="indices.bin: node id 500 at position 7 is out of range"):
         open_dataset(path, verify=True)
+    del meta["index_range"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match="indices.bin: node id 500 at position 7 is out of range"):
+        open_dataset(path)  # written before ids were recorded: small files are scanned
 
 
 def test_label_size_and_range(small_dataset):

@@ -228,9 +228,14 @@ def test_existing_output_refused_unless_overwrite(tmp_path):
     (tmp_path / "exists").mkdir()
     (tmp_path / "exists" / "keep").write_text("x")
     _fails(tmp_path, "exists: already exists", tmp_path / "e.npy", out=tmp_path / "exists")
-    assert (tmp_path / "exists" / "keep").exists()
-    ingest_edgelist(tmp_path / "e.npy", tmp_path / "exists", overwrite=True, progress=False)
-    assert open_dataset(tmp_path / "exists").num_edges == len(s)
+    _fails(tmp_path, "exists: exists and is not an ooc dataset folder", tmp_path / "e.npy",
+           out=tmp_path / "exists", overwrite=True)
+    assert (tmp_path / "exists" / "keep").read_text() == "x"
+    ingest_edgelist(tmp_path / "e.npy", tmp_path / "ds", progress=False)
+    ingest_edgelist(tmp_path / "e.npy", tmp_path / "ds", overwrite=True, undirected=True,
+                    progress=False)
+    assert open_dataset(tmp_path / "ds").num_edges == 2 * len(s) - int((s == d).sum())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "e.npy", "exists"]
 
 
 @pytest.mark.parametrize("where", ["allocate", "pwrite"])

@@ -7,34 +7,123 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts; another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _temp_prefix(final: Path) -> str:
+    return f".{final.name}.tmp-"
+
+
+def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
+    """Remove the temporary folders :func:`atomic_dir` left beside ``final``
+    in processes that no longer run (``.NAME.tmp-PID-*`` with PID dead), and
+    ``.NAME.old-PID`` folders of older ooc versions once ``final`` exists.
+    Returns what was removed."""
+    final = Path(final)
+    removed = []
+    prefix, old = _temp_prefix(final), f".{final.name}.old-"
+    try:
+        entries = list(final.parent.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if p.name.startswith(prefix):
+            pid = p.name[len(prefix):].split("-", 1)[0]
+        elif p.name.startswith(old) and final.exists():
+            pid = p.name[len(old):]
+        else:
+            continue
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            _remove(p)
+            removed.append(p)
+    return removed
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap the names ``a`` and ``b`` atomically (Linux ``renameat2`` with
+    ``RENAME_EXCHANGE``); False where the system or file system cannot."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
 
 
 @contextlib.contextmanager
-def atomic_dir(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
+               replaceable: Callable[[Path], str | None] | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside ``final``; rename it into place on success.
 
-    On any exception the temporary folder is removed and ``final`` is left as
-    it was. With ``overwrite`` an existing ``final`` is replaced only after the
-    new folder is complete.
+    The folder is ``.NAME.tmp-PID-XXXX``; those of processes that died are
+    removed first (:func:`remove_stale_temps`). On any exception the
+    temporary folder is removed and ``final`` is left as it was. With
+    ``overwrite`` an existing ``final`` is replaced only after the new folder
+    is complete, by an atomic exchange of the two names where the system
+    supports it (so ``final`` never disappears), and only when
+    ``replaceable(final)`` (if given) returns None; otherwise its return value
+    says why not.
+
+    Raises:
+        FileExistsError: ``final`` exists and may not be replaced.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists() and not overwrite:
-        raise FileExistsError(f"{final}: already exists (pass --overwrite to replace it)")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    remove_stale_temps(final)
+    if os.path.lexists(final):
+        if not overwrite:
+            raise FileExistsError(f"{final}: already exists (pass --overwrite to replace it)")
+        problem = replaceable(final) if replaceable is not None else None
+        if problem:
+            raise FileExistsError(f"{final}: {problem}")
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(final)}{os.getpid()}-", dir=final.parent))
     try:
         yield tmp
-        if final.exists():
-            old = final.with_name(f".{final.name}.old-{os.getpid()}")
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+        if os.path.lexists(final):
+            if not exchange(tmp, final):
+                old = tmp.with_name(tmp.name + "-old")
+                os.rename(final, old)
+                os.rename(tmp, final)
+                tmp = old
         else:
             os.rename(tmp, final)
+            return
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         raise
+    _remove(tmp)  # now holds what ``final`` was
 
 
 @contextlib.contextmanager

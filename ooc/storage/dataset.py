@@ -11,12 +11,24 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DatasetError
-from .layout import FEATURE_DTYPES, FeatureLayout, RowTable, RowView, index_dtype, padded_bytes
+from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowTable, RowView, index_dtype,
+                     padded_bytes)
 
 FORMAT_NAME = "ooc-dataset"
 FORMAT_VERSION = 1
-#: Files whose sha256 is recorded in meta.json and checked when opened.
+#: ``.npy`` files up to this size get a full sha256 in meta.json, checked when opened.
 CHECKSUM_LIMIT = 16 << 20
+#: Pages (evenly spread, first and last included) hashed into the sampled
+#: checksum of each raw ``.bin`` file.
+SAMPLE_PAGES = 64
+#: A dataset whose meta.json records no id range (written before ooc recorded
+#: one) has ``indices.bin`` scanned at open when it is at most this large.
+INDEX_SCAN_LIMIT = 64 << 20
+#: More classes than this in meta.json is taken as corruption (the output
+#: layer would be sized from it).
+MAX_CLASSES = 1 << 20
+#: Most values per feature row meta.json may declare.
+MAX_FEATURE_DIM = 1 << 24
 
 REQUIRED_FILES = (
     "indptr.npy",
@@ -35,6 +47,55 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def sampled_pages(nbytes: int) -> np.ndarray:
+    """Page numbers (int64, ascending) hashed by :func:`sampled_sha256`: every
+    page of a file of at most ``SAMPLE_PAGES`` pages, else ``SAMPLE_PAGES``
+    pages evenly spread from the first to the last."""
+    npages = -(-int(nbytes) // PAGE)
+    if npages <= SAMPLE_PAGES:
+        return np.arange(npages, dtype=np.int64)
+    return np.unique(np.linspace(0, npages - 1, SAMPLE_PAGES).round().astype(np.int64))
+
+
+def sampled_sha256(path: Path, nbytes: int) -> str:
+    """sha256 over the pages :func:`sampled_pages` picks (each ``PAGE`` bytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for p in sampled_pages(nbytes):
+            f.seek(int(p) * PAGE)
+            h.update(f.read(PAGE))
+    return h.hexdigest()
+
+
+def index_range_error(path: Path, position: int, value: int, num_nodes: int) -> DatasetError:
+    """The one-line error for a neighbour id outside ``[0, num_nodes)`` at
+    element ``position`` of the ``indices.bin`` at ``path``."""
+    return DatasetError(path, f"node id {value} at position {position} is out of range "
+                              f"[0, {num_nodes}) (corrupted file)")
+
+
+def scan_index_range(path: Path, dtype: np.dtype, num_edges: int,
+                     num_nodes: int | None = None, step: int = 1 << 22) -> tuple[int, int]:
+    """(min, max) of the ``num_edges`` ids of a raw index file, read in chunks
+    of ``step`` ids with plain reads (a memmap scan would count as RSS).
+
+    With ``num_nodes`` the first id outside ``[0, num_nodes)`` raises
+    :func:`index_range_error`. An empty file gives ``(0, -1)``.
+    """
+    lo, hi = 0, -1
+    with open(path, "rb") as f:
+        for a in range(0, num_edges, step):
+            chunk = np.fromfile(f, dtype=dtype, count=min(step, num_edges - a))
+            if chunk.size < min(step, num_edges - a):
+                raise DatasetError(path, f"truncated: ends before id {a + chunk.size}")
+            cmin, cmax = int(chunk.min()), int(chunk.max())
+            if num_nodes is not None and (cmin < 0 or cmax >= num_nodes):
+                k = int(np.flatnonzero((chunk < 0) | (chunk >= num_nodes))[0])
+                raise index_range_error(path, a + k, int(chunk[k]), num_nodes)
+            lo, hi = (cmin, cmax) if a == 0 else (min(lo, cmin), max(hi, cmax))
+    return lo, hi
 
 
 class MmapFeatures(RowTable):
@@ -134,19 +195,71 @@ class Dataset:
         return np.diff(self.indptr)
 
     def out_degrees(self) -> np.ndarray:
-        """int64 [N] out-degree of every node (one pass over ``indices``)."""
-        deg = np.zeros(self.num_nodes, dtype=np.int64)
+        """int64 [N] out-degree of every node (one pass over ``indices``).
+
+        Raises:
+            DatasetError: naming ``indices.bin`` and the position of an id
+                outside ``[0, N)``.
+        """
+        n = self.num_nodes
+        deg = np.zeros(n, dtype=np.int64)
         step = 1 << 24
         for a in range(0, self.num_edges, step):
-            deg += np.bincount(self.indices[a:a + step], minlength=self.num_nodes)
+            chunk = np.asarray(self.indices[a:a + step])
+            bad = (chunk < 0) | (chunk >= n)
+            if bad.any():
+                k = int(np.argmax(bad))
+                raise index_range_error(self.file("indices.bin"), a + k, int(chunk[k]), n)
+            deg += np.bincount(chunk, minlength=n)
         return deg
+
+    def check_indices(self) -> None:
+        """Scan all of ``indices.bin`` for ids outside ``[0, N)`` (one streaming pass).
+
+        Raises:
+            DatasetError: naming the file and the first bad position.
+        """
+        scan_index_range(self.file("indices.bin"), self.index_dtype, self.num_edges, self.num_nodes)
 
     def disk_bytes(self) -> int:
         """Bytes of the dataset's files on disk."""
         return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
 
 
+def replace_problem(path: Path) -> str | None:
+    """Why ``path`` may not be replaced by a new dataset, or None when it is
+    an ooc dataset folder (one holding a ``meta.json`` of format ooc-dataset,
+    valid or not)."""
+    refuse = ("exists and is not an ooc dataset folder; --overwrite replaces only a dataset "
+              "(remove it yourself or pick another --out)")
+    if path.is_symlink() or not path.is_dir():
+        return refuse
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return refuse
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        return refuse
+    return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _meta_int(mp: Path, meta: dict, key: str, lo: int, hi: int | None = None) -> int:
+    v = meta[key]
+    if not _is_int(v):
+        raise DatasetError(mp, f"field {key!r} must be an integer, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise DatasetError(mp, f"field {key!r} must be {bound}, got {v}")
+    return v
+
+
 def _load_meta(path: Path) -> dict:
+    """Parse ``meta.json`` and check every field's type and range (not yet
+    against the files)."""
     mp = path / "meta.json"
     if not path.is_dir():
         raise DatasetError(path, "not a dataset folder (missing or not a directory)")
@@ -156,6 +269,8 @@ def _load_meta(path: Path) -> dict:
         meta = json.loads(mp.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(mp, f"not valid JSON ({e})") from None
+    except OSError as e:
+        raise DatasetError(mp, f"cannot be read ({e.strerror})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DatasetError(mp, f"not an ooc dataset (format is not {FORMAT_NAME!r})")
     if meta.get("version") != FORMAT_VERSION:
@@ -165,8 +280,46 @@ def _load_meta(path: Path) -> dict:
                 "index_dtype", "num_classes", "files"):
         if key not in meta:
             raise DatasetError(mp, f"missing field {key!r}")
+    n = _meta_int(mp, meta, "num_nodes", 0, 2**62)
+    _meta_int(mp, meta, "num_edges", 0, 2**62)
+    _meta_int(mp, meta, "feature_dim", 1, MAX_FEATURE_DIM)
+    _meta_int(mp, meta, "num_classes", 0, MAX_CLASSES)
     if meta["feature_dtype"] not in FEATURE_DTYPES:
-        raise DatasetError(mp, f"unsupported feature_dtype {meta['feature_dtype']!r}")
+        raise DatasetError(mp, f"unsupported feature_dtype {meta['feature_dtype']!r} "
+                               f"(one of {', '.join(FEATURE_DTYPES)})")
+    if meta["index_dtype"] not in ("int32", "int64"):
+        raise DatasetError(mp, f"unsupported index_dtype {meta['index_dtype']!r} (int32 or int64)")
+    if np.dtype(meta["index_dtype"]) != index_dtype(n):
+        raise DatasetError(mp, f"index_dtype {meta['index_dtype']} does not fit num_nodes {n} "
+                               f"(expected {index_dtype(n).name})")
+    layout = FeatureLayout(n, meta["feature_dim"], meta["feature_dtype"])
+    for key, want in layout.to_meta().items():
+        if key in meta and meta[key] != want:
+            raise DatasetError(mp, f"field {key!r} is {meta[key]!r}, but feature_dim and "
+                                   f"feature_dtype give {want!r}")
+    for key, kind in (("directed", bool), ("name", str), ("source", dict)):
+        if key in meta and not isinstance(meta[key], kind):
+            raise DatasetError(mp, f"field {key!r} must be a {kind.__name__}, got {meta[key]!r}")
+    files = meta["files"]
+    if not isinstance(files, dict):
+        raise DatasetError(mp, f"field 'files' must be an object, got {files!r}")
+    for name in REQUIRED_FILES:
+        entry = files.get(name)
+        if entry is None:
+            raise DatasetError(mp, f"does not list {name}")
+        if not isinstance(entry, dict) or "bytes" not in entry:
+            raise DatasetError(mp, f"entry of {name} has no 'bytes'")
+        if not _is_int(entry["bytes"]) or entry["bytes"] < 0:
+            raise DatasetError(mp, f"'bytes' of {name} must be an integer >= 0, got {entry['bytes']!r}")
+        for key in ("sha256", "sampled_sha256"):
+            d = entry.get(key)
+            if d is not None and not (isinstance(d, str) and len(d) == 64
+                                      and all(c in "0123456789abcdef" for c in d)):
+                raise DatasetError(mp, f"{key!r} of {name} is not a sha256 hex digest")
+    if "index_range" in meta:
+        r = meta["index_range"]
+        if not (isinstance(r, list) and len(r) == 2 and all(_is_int(v) for v in r)):
+            raise DatasetError(mp, f"field 'index_range' must be [min, max] integers, got {r!r}")
     return meta
 
 
@@ -195,36 +348,62 @@ def _check_size(path: Path, expected: int) -> None:
         raise DatasetError(path, f"{what}: {actual} bytes, meta.json says {expected}")
 
 
+def split_overlap(splits: list[np.ndarray], num_nodes: int) -> tuple[int, int, int] | None:
+    """The first problem among split id arrays (int64, in ``[0, num_nodes)``):
+    ``(i, i, id)`` for an id twice in split ``i``, ``(i, j, id)`` for an id in
+    splits ``i < j``; None when every id is in at most one split once."""
+    owner = np.full(num_nodes, -1, dtype=np.int8)
+    for i, s in enumerate(splits):
+        if s.size == 0:
+            continue
+        u, first, counts = np.unique(s, return_index=True, return_counts=True)
+        if u.size < s.size:
+            return i, i, int(u[np.argmax(counts > 1)])
+        prev = owner[s]
+        if (prev >= 0).any():
+            k = int(np.argmax(prev >= 0))
+            return int(prev[k]), i, int(s[k])
+        owner[s] = i
+    return None
+
+
 def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     """Open and validate the dataset folder at ``path``.
 
-    Cheap checks always run: format and version, every file present with the
-    size ``meta.json`` records, dtypes and shapes, checksums of small files,
+    Cheap checks always run: format and version, every field of
+    ``meta.json`` (types, ranges, consistency), every file present with the
+    size ``meta.json`` records and the size its fields imply, checksums of
+    small ``.npy`` files and of sampled pages of the ``.bin`` files, the
+    recorded id range of ``indices.bin`` against ``num_nodes`` (a dataset
+    written before ooc recorded it has a small ``indices.bin`` scanned),
     ``indptr`` starting at 0, monotone and ending at ``num_edges``, labels in
-    ``[-1, num_classes)``, split ids in range. ``verify=True`` also scans
-    ``indices.bin`` for ids out of range.
+    ``[-1, num_classes)``, split ids in range, each in at most one split once.
+    ``verify=True`` also scans all of ``indices.bin``.
 
     Raises:
         DatasetError: naming the file and the problem.
     """
     path = Path(path)
     meta = _load_meta(path)
-    n, e = int(meta["num_nodes"]), int(meta["num_edges"])
+    mp = path / "meta.json"
+    n, e = meta["num_nodes"], meta["num_edges"]
     files = meta["files"]
+    idt = np.dtype(meta["index_dtype"])
+    layout = FeatureLayout(n, meta["feature_dim"], meta["feature_dtype"])
+    implied = {"features.bin": layout.file_bytes, "indices.bin": padded_bytes(e * idt.itemsize)}
+    for name, want in implied.items():
+        if files[name]["bytes"] != want:
+            raise DatasetError(mp, f"lists {name} with {files[name]['bytes']} bytes, but its "
+                                   f"num_nodes/num_edges/feature fields give {want}")
     for name in REQUIRED_FILES:
-        if name not in files:
-            raise DatasetError(path / "meta.json", f"does not list {name}")
-        _check_size(path / name, int(files[name]["bytes"]))
+        _check_size(path / name, files[name]["bytes"])
         digest = files[name].get("sha256")
         if digest is not None and sha256_file(path / name) != digest:
             raise DatasetError(path / name, "checksum does not match meta.json (corrupted file)")
-
-    idt = np.dtype(meta["index_dtype"])
-    if idt != index_dtype(n):
-        raise DatasetError(path / "meta.json", f"index_dtype {idt} does not fit num_nodes {n}")
-    layout = FeatureLayout(n, int(meta["feature_dim"]), meta["feature_dtype"])
-    _check_size(path / "features.bin", layout.file_bytes)
-    _check_size(path / "indices.bin", padded_bytes(e * idt.itemsize))
+        digest = files[name].get("sampled_sha256")
+        if digest is not None and sampled_sha256(path / name, files[name]["bytes"]) != digest:
+            raise DatasetError(path / name, "checksum of sampled pages does not match meta.json "
+                                            "(corrupted file)")
 
     indptr = _load_npy(path / "indptr.npy", np.int64, (n + 1,))
     if indptr[0] != 0 or indptr[-1] != e:
@@ -234,29 +413,33 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     if n and np.any(indptr[1:] < indptr[:-1]):
         bad = int(np.argmax(indptr[1:] < indptr[:-1]))
         raise DatasetError(path / "indptr.npy", f"not monotone (decreases at node {bad})")
-    indices = (np.memmap(path / "indices.bin", dtype=idt, mode="r", shape=(e,))
-               if e else np.zeros(0, dtype=idt))
-    if verify and e:
-        # plain chunked reads: a memmap scan would count the whole file as RSS
-        step = 1 << 22
-        with open(path / "indices.bin", "rb") as f:
-            for a in range(0, e, step):
-                chunk = np.fromfile(f, dtype=idt, count=min(step, e - a))
-                if chunk.min() < 0 or chunk.max() >= n:
-                    raise DatasetError(path / "indices.bin",
-                                       f"node id out of range [0, {n}) near edge {a}")
+    ipath = path / "indices.bin"
+    if e and "index_range" in meta:
+        lo, hi = meta["index_range"]
+        if lo < 0 or hi >= n or lo > hi:
+            raise DatasetError(mp, f"index_range [{lo}, {hi}] of indices.bin is not within "
+                                   f"[0, {n}) (corrupted meta.json or file)")
+    if e and (verify or ("index_range" not in meta and files["indices.bin"]["bytes"] <= INDEX_SCAN_LIMIT)):
+        scan_index_range(ipath, idt, e, n)
+    indices = (np.memmap(ipath, dtype=idt, mode="r", shape=(e,)) if e else np.zeros(0, dtype=idt))
 
     labels = _load_npy(path / "labels.npy", np.int64, (n,), mmap=True)
-    c = int(meta["num_classes"])
+    c = meta["num_classes"]
     if n and (labels.min() < -1 or labels.max() >= c):
         raise DatasetError(path / "labels.npy",
                            f"label out of range [-1, {c}) (min {labels.min()}, max {labels.max()})")
+    names = ("train_idx.npy", "val_idx.npy", "test_idx.npy")
     splits = []
-    for name in ("train_idx.npy", "val_idx.npy", "test_idx.npy"):
+    for name in names:
         s = _load_npy(path / name, np.int64, None)
         if s.size and (s.min() < 0 or s.max() >= n):
             raise DatasetError(path / name, f"node id out of range [0, {n})")
         splits.append(s)
+    clash = split_overlap(splits, n)
+    if clash is not None:
+        i, j, v = clash
+        what = "twice" if i == j else f"also in {names[i]}"
+        raise DatasetError(path / names[j], f"node {v} is listed {what}")
     return Dataset(path=path, meta=meta, indptr=indptr, indices=indices,
                    features=MmapFeatures(path / "features.bin", layout), labels=labels,
                    train_idx=splits[0], val_idx=splits[1], test_idx=splits[2], layout=layout)

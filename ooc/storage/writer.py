@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from .atomic import atomic_dir, write_json
-from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, REQUIRED_FILES,
-                      open_dataset, sha256_file)
+from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, REQUIRED_FILES,
+                      open_dataset, replace_problem, sampled_sha256, scan_index_range, sha256_file,
+                      split_overlap)
 from .errors import DatasetError, OocError
 from .layout import FEATURE_DTYPES, FeatureLayout, RowView, index_dtype, padded_bytes
 
@@ -44,14 +45,22 @@ class DatasetWriter:
             w.write_splits(train, val, test)        # int64 ids
 
     Leaving the block with an exception removes the temp folder; leaving it
-    normally writes ``meta.json``, validates the result with
-    :func:`open_dataset` and renames. ``OSError`` (e.g. a full disk) becomes an
-    :class:`OocError` naming the output folder.
+    normally scans ``indices.bin`` once (ids in range; the min and max go to
+    ``meta.json`` as ``index_range``), writes ``meta.json`` with checksums,
+    validates the result with :func:`open_dataset` and renames. ``OSError``
+    (e.g. a full disk) becomes an :class:`OocError` naming the output folder.
+
+    Feature rows are checked for NaN and infinities as stored (a float16
+    overflow counts): rows passed to :meth:`check_features` while streaming,
+    the rest read back at the end. Any is an error unless
+    ``allow_nonfinite``; the count goes to ``meta.json`` as
+    ``nonfinite_features``. ``overwrite`` replaces only an ooc dataset folder.
     """
 
     def __init__(self, out: str | os.PathLike, num_nodes: int, feature_dim: int,
                  feature_dtype: str = "float32", name: str = "", directed: bool = True,
-                 overwrite: bool = False, source: dict[str, Any] | None = None):
+                 overwrite: bool = False, source: dict[str, Any] | None = None,
+                 allow_nonfinite: bool = False, features_name: str = "features"):
         if feature_dtype not in FEATURE_DTYPES:
             raise OocError(f"feature dtype must be one of {FEATURE_DTYPES}, got {feature_dtype!r}")
         if num_nodes < 0 or feature_dim < 1:
@@ -70,11 +79,16 @@ class DatasetWriter:
         self.tmp: Path | None = None
         self._indices: np.memmap | None = None
         self._features: np.memmap | None = None
+        self.allow_nonfinite = allow_nonfinite
+        self.features_name = features_name
+        self.nonfinite = 0
+        self.first_nonfinite = -1
+        self._rows_checked = 0
 
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
         try:
-            self._ctx = atomic_dir(self.out, overwrite=self.overwrite)
+            self._ctx = atomic_dir(self.out, overwrite=self.overwrite, replaceable=replace_problem)
             self.tmp = self._ctx.__enter__()
         except FileExistsError as e:
             raise OocError(str(e)) from None
@@ -139,21 +153,53 @@ class DatasetWriter:
                               if self.layout.file_bytes else np.zeros(0, np.uint8))
         return self.layout.view(self._features)
 
+    def check_features(self, start: int, rows: np.ndarray) -> None:
+        """Count NaN/inf in feature rows ``start .. start+len(rows)`` ([n, D],
+        any float dtype; counted after conversion to the stored dtype). Rows
+        must come in order; rows not passed here are read back at the end."""
+        if start != self._rows_checked:
+            return
+        rows = np.asarray(rows, dtype=self.layout.dtype)
+        bad = ~np.isfinite(rows)
+        if bad.any():
+            if self.first_nonfinite < 0:
+                self.first_nonfinite = start + int(np.argmax(bad.any(axis=1)))
+            self.nonfinite += int(bad.sum())
+        self._rows_checked = start + rows.shape[0]
+
     def write_labels(self, labels: np.ndarray, num_classes: int | None = None) -> None:
-        """Labels int64 [N], -1 where unlabeled."""
+        """Labels int64 [N], -1 where unlabeled; at most ``MAX_CLASSES`` classes."""
         labels = np.asarray(labels, dtype=np.int64)
         if labels.shape != (self.num_nodes,):
             raise OocError(f"labels have shape {labels.shape}, expected ({self.num_nodes},)")
-        self.num_classes = int(num_classes if num_classes is not None
-                               else (labels.max() + 1 if labels.size else 0))
+        top = int(labels.max()) + 1 if labels.size else 0
+        self.num_classes = int(num_classes if num_classes is not None else top)
+        if self.num_classes > MAX_CLASSES or top > self.num_classes:
+            raise OocError(f"labels: {max(top, self.num_classes)} classes (largest label {top - 1}); "
+                           f"labels must be below num_classes <= {MAX_CLASSES}")
         np.save(self.tmp / "labels.npy", labels)
 
-    def write_splits(self, train: np.ndarray, val: np.ndarray, test: np.ndarray) -> None:
-        for name, ids in (("train_idx", train), ("val_idx", val), ("test_idx", test)):
+    def write_splits(self, train: np.ndarray, val: np.ndarray, test: np.ndarray,
+                     names: tuple[str, str, str] = ("train_idx", "val_idx", "test_idx")) -> None:
+        """Split node ids (int64); ``names`` (e.g. the input files) go into errors.
+
+        Raises:
+            OocError: an id out of range, listed twice in a split, or in two splits.
+        """
+        splits = []
+        for name, ids in zip(names, (train, val, test)):
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
-                raise OocError(f"{name}: node id out of range [0, {self.num_nodes})")
-            np.save(self.tmp / f"{name}.npy", ids)
+                v = int(ids.min()) if ids.min() < 0 else int(ids.max())
+                raise OocError(f"{name}: node id {v} out of range [0, {self.num_nodes})")
+            splits.append(ids)
+        clash = split_overlap(splits, self.num_nodes)
+        if clash is not None:
+            i, j, v = clash
+            what = f"lists node {v} twice" if i == j else f"and {names[i]} both list node {v}"
+            raise OocError(f"{names[j]}: {what} (each node may be in at most one split, once)")
+        for key, ids in zip(("train_idx", "val_idx", "test_idx"), splits):
+            np.save(self.tmp / f"{key}.npy", ids)
 
     # -- finish ------------------------------------------------------------
     def _finish(self) -> None:
@@ -167,12 +213,24 @@ class DatasetWriter:
             if not (self.tmp / name).exists():
                 np.save(self.tmp / name, np.zeros(0, dtype=np.int64))
         self._close_maps()
+        self._check_remaining_features()
+        if self.nonfinite and not self.allow_nonfinite:
+            raise OocError(f"{self.features_name}: {self.nonfinite} feature values are NaN or "
+                           f"infinite as {self.layout.dtype} (first at node {self.first_nonfinite}); "
+                           f"pass --allow-nonfinite to keep them")
+        idt = index_dtype(self.num_nodes)
+        try:
+            lo, hi = scan_index_range(self.tmp / "indices.bin", idt, self.num_edges, self.num_nodes)
+        except DatasetError as e:
+            raise OocError(f"{self.out}: the written dataset is invalid: {e.problem}") from None
         files = {}
         for name in REQUIRED_FILES:
             p = self.tmp / name
             entry: dict[str, Any] = {"bytes": p.stat().st_size}
             if name.endswith(".npy") and entry["bytes"] <= CHECKSUM_LIMIT:
                 entry["sha256"] = sha256_file(p)
+            elif name.endswith(".bin"):
+                entry["sampled_sha256"] = sampled_sha256(p, entry["bytes"])
             files[name] = entry
         meta = {
             "format": FORMAT_NAME,
@@ -181,18 +239,33 @@ class DatasetWriter:
             "num_nodes": self.num_nodes,
             "num_edges": self.num_edges,
             "directed": self.directed,
-            "index_dtype": index_dtype(self.num_nodes).name,
+            "index_dtype": idt.name,
+            "index_range": [lo, hi],
             **self.layout.to_meta(),
             "num_classes": self.num_classes,
+            "nonfinite_features": self.nonfinite,
             "files": files,
             "source": self.source,
             **self.extra_meta,
         }
         write_json(self.tmp / "meta.json", meta)
         try:
-            open_dataset(self.tmp, verify=True)
+            open_dataset(self.tmp)
         except DatasetError as e:
             raise OocError(f"{self.out}: the written dataset is invalid: {e.problem}") from None
+
+    def _check_remaining_features(self, step_bytes: int = 16 << 20) -> None:
+        """Read back the feature rows :meth:`check_features` did not see."""
+        n = self.num_nodes
+        if self._rows_checked >= n:
+            return
+        mm = np.memmap(self.tmp / "features.bin", dtype=np.uint8, mode="r",
+                       shape=(self.layout.file_bytes,))
+        view = self.layout.view(mm)
+        step = max(1, step_bytes // self.layout.row_bytes)
+        for a in range(self._rows_checked, n, step):
+            self.check_features(a, view[a:min(n, a + step)])
+        del view, mm
 
 
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -228,6 +301,7 @@ def write_dataset(out: str | os.PathLike, indptr: np.ndarray, indices: np.ndarra
     with DatasetWriter(out, n, d, feature_dtype, **kwargs) as w:
         w.write_indptr(indptr)
         w.indices()[:] = indices
+        w.check_features(0, features)
         w.features()[0:n] = features
         if labels is not None:
             w.write_labels(labels, num_classes)

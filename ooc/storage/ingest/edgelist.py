@@ -26,10 +26,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..dataset import MAX_CLASSES, replace_problem
 from ..errors import OocError
 from ..layout import FeatureLayout, index_dtype, padded_bytes
 from ..writer import DatasetWriter
 from . import _kernels as K
+from . import limits as L
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
@@ -46,11 +48,24 @@ def _progress(total: int | None, desc: str, enabled: bool, unit: str = "B"):
                 disable=not enabled, leave=False, dynamic_ncols=True)
 
 
-def check_out(out, overwrite: bool) -> Path:
-    """Refuse an existing output folder early (before any pass over the input)."""
+def check_out(out, overwrite: bool, inputs=()) -> Path:
+    """Refuse an output early (before any pass over the input) when it exists
+    and may not be replaced: without ``overwrite``, when it is not an ooc
+    dataset folder, or when it is or holds one of ``inputs`` (paths or None)."""
     out = Path(out)
-    if out.exists() and not overwrite:
+    if not os.path.lexists(out):
+        return out
+    if not overwrite:
         raise _err(out, "already exists (pass --overwrite to replace it)")
+    problem = replace_problem(out)
+    if problem:
+        raise _err(out, problem)
+    real = out.resolve()
+    for p in inputs:
+        if p is not None and os.path.lexists(p):
+            q = Path(p).resolve()
+            if q == real or real in q.parents:
+                raise _err(out, f"holds the input {p}; --overwrite would delete it")
     return out
 
 
@@ -133,6 +148,10 @@ class EdgeSource:
     def where(self, edge: int) -> str:
         return f"edge {edge}"
 
+    def max_edges(self) -> int | None:
+        """Most edges the source can hold (None: unknown)."""
+        return getattr(self, "num_edges", None)
+
     def describe(self) -> dict[str, Any]:
         return {"path": os.fspath(self.path)}
 
@@ -142,7 +161,7 @@ class ArrayEdges(EdgeSource):
 
     def __init__(self, src: np.ndarray, dst: np.ndarray, name: str = "<edges>"):
         self.src, self.dst, self.path = src, dst, name
-        self.nbytes = int(src.shape[0])
+        self.nbytes = self.num_edges = int(src.shape[0])
 
     def chunks(self, chunk_edges, num_nodes):
         e = self.src.shape[0]
@@ -234,6 +253,9 @@ class TextEdges(EdgeSource):
 
     def _open(self):
         return gzip.open(self.path, "rb") if self.gz else open(self.path, "rb")
+
+    def max_edges(self) -> int | None:
+        return None if self.gz else self.nbytes // 4  # the shortest line is "0 1\n"
 
     def chunks(self, chunk_edges, num_nodes):
         block = max(1 << 16, min(self.block_bytes, chunk_edges * 8))
@@ -350,7 +372,8 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
     the first bad edge for ids that are negative or out of range.
     """
     known = num_nodes >= 0
-    counts = np.zeros(num_nodes if known else 1 << 16, dtype=np.int64)
+    limit = num_nodes if known else L.id_node_limit(source.max_edges())
+    counts = np.zeros(num_nodes if known else min(1 << 16, limit), dtype=np.int64)
     maxid = -1
     with _progress(source.nbytes, "count", progress, source.unit) as bar:
         for src, dst, first, nb in source.chunks(_chunk_edges(buffer_bytes), num_nodes):
@@ -360,8 +383,14 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
                 v = s if (s < 0 or (known and s >= num_nodes)) else d
                 what = "negative node id" if v < 0 else f"node id out of range [0, {num_nodes})"
                 raise _err(source.path, f"{source.where(first + bad)}: {what}: {v}")
+            if not known and mx >= limit:
+                k = int(np.argmax(np.maximum(src, dst)))
+                raise _err(source.path, f"{source.where(first + k)}: node id {int(mx)} would make "
+                                        f"{int(mx) + 1} nodes, more than {limit} (the limit from the "
+                                        f"input's size and the available memory); pass --num-nodes "
+                                        f"if the graph really has that many")
             if not known and mx >= counts.shape[0]:
-                grown = np.zeros(max(2 * counts.shape[0], int(mx) + 1), dtype=np.int64)
+                grown = np.zeros(min(limit, max(2 * counts.shape[0], int(mx) + 1)), dtype=np.int64)
                 grown[:counts.shape[0]] = counts
                 counts = grown
             maxid = max(maxid, int(mx))
@@ -370,6 +399,13 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
     if not known:
         counts = counts[:maxid + 1].copy()
     return counts
+
+
+def check_not_empty(source: EdgeSource, counts: np.ndarray) -> None:
+    """Refuse a graph with no nodes or no edges (after self-loop removal)."""
+    if counts.shape[0] == 0 or not counts.any():
+        raise _err(source.path, "the graph has no edges (empty input, only comments, or every "
+                                "edge a removed self-loop); ooc needs at least one edge")
 
 
 def _windows(indptr: np.ndarray, cap: int) -> list[tuple[int, int]]:
@@ -485,7 +521,9 @@ class FeatureSink:
             raise ValueError("feature chunks must start at a page boundary")
         local = FeatureLayout(rows.shape[0], lay.dim, lay.dtype)
         buf = np.zeros(local.file_bytes, dtype=np.uint8)
-        local.view(buf)[0:rows.shape[0]] = rows
+        view = local.view(buf)
+        view[0:rows.shape[0]] = rows
+        self.w.check_features(start, view[0:rows.shape[0]])
         fd = os.open(self.path, os.O_WRONLY)
         try:
             _pwrite_all(fd, buf, int(lay.row_offsets(np.array([start]))[0]))
@@ -555,6 +593,9 @@ def load_labels(path, num_nodes: int) -> tuple[np.ndarray, int]:
     a = a.astype(np.int64)
     if a.size and a.min() < -1:
         raise _err(r.path, f"label {a.min()} at node {int(np.argmin(a))} is below -1")
+    if a.size and a.max() >= MAX_CLASSES:
+        raise _err(r.path, f"label {a.max()} at node {int(np.argmax(a))} is not below "
+                           f"{MAX_CLASSES} (labels are class ids 0, 1, ...)")
     return a, int(a.max() + 1) if a.size else 0
 
 
@@ -582,17 +623,21 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                     remove_self_loops: bool = False, features=None, feature_dtype: str | None = None,
                     labels=None, train_idx=None, val_idx=None, test_idx=None,
                     name: str = "", buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False,
-                    progress: bool = True, stats: dict | None = None) -> Path:
+                    progress: bool = True, stats: dict | None = None,
+                    allow_nonfinite: bool = False) -> Path:
     """Convert an edge list (text/CSV, ``.npy`` [2,E] or [E,2], raw int32/int64
     pairs) to a dataset folder at ``out`` and return its path.
 
     The node count is ``num_nodes``, else the features' row count, else the
-    labels' length, else max id + 1. Without ``features`` every node gets one
-    feature of value 1.0. Labels/splits are ``.npy`` files (splits: ids or
-    boolean masks). Memory: O(N) plus ``buffer_bytes``.
+    labels' length, else max id + 1 (bounded: see :mod:`.limits`). Without
+    ``features`` every node gets one feature of value 1.0. Labels/splits are
+    ``.npy`` files (splits: ids or boolean masks; a node in two splits or
+    twice in one is an error). A graph without edges is an error, and so are
+    NaN/inf features unless ``allow_nonfinite``. Memory: O(N) plus
+    ``buffer_bytes``.
     """
     t0 = time.perf_counter()
-    out = check_out(out, overwrite)
+    out = check_out(out, overwrite, (edges, features, labels, train_idx, val_idx, test_idx))
     source = open_edges(edges, fmt, header)
     feat = open_features(features) if features is not None else None
     if labels is not None:
@@ -601,11 +646,20 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
         if p is not None:
             check_input(p)
     n_hint = num_nodes if num_nodes is not None else (feat.shape[0] if feat is not None else -1)
+    if num_nodes is not None:
+        if num_nodes < 1:
+            raise OocError(f"--num-nodes must be at least 1, got {num_nodes}")
+        L.check_node_count(num_nodes, f"--num-nodes {num_nodes}")
+    elif feat is not None:
+        L.check_node_count(int(n_hint), f"{feat.path} ({n_hint} rows)")
     if n_hint < 0 and labels is not None:
         lr = NpyReader(labels)
         n_hint = lr.shape[0] if lr.shape else -1
+        if n_hint >= 0:
+            L.check_node_count(int(n_hint), f"{lr.path} ({n_hint} labels)")
     counts = count_pass(source, int(n_hint), undirected, remove_self_loops, buffer_bytes, progress)
     n = counts.shape[0]
+    check_not_empty(source, counts)
     if feat is not None:
         open_features(features, n)
     lab = load_labels(labels, n) if labels is not None else None
@@ -618,7 +672,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                 "dedup": dedup, "self_loops_removed": remove_self_loops,
                 "features": str(features) if features is not None else "constant 1.0"}
     with DatasetWriter(out, n, dim, feature_dtype, name=name, directed=not undirected,
-                       overwrite=overwrite, source=meta_src) as w:
+                       overwrite=overwrite, source=meta_src, allow_nonfinite=allow_nonfinite,
+                       features_name=str(features)) as w:
         st = scatter_passes(w, source, counts, undirected, dedup, remove_self_loops,
                             buffer_bytes, progress)
         if feat is not None:
@@ -627,7 +682,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
             write_constant_features(w)
         if lab is not None:
             w.write_labels(*lab)
-        w.write_splits(*splits)
+        w.write_splits(*splits, names=tuple(str(p or k) for p, k in (
+            (train_idx, "train_idx"), (val_idx, "val_idx"), (test_idx, "test_idx"))))
         st.update(num_nodes=n, num_edges=w.num_edges)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)

@@ -24,8 +24,10 @@ import numpy as np
 
 from ..writer import DatasetWriter
 from . import _kernels as K
+from ..dataset import MAX_CLASSES
+from . import limits as L
 from .edgelist import (DEFAULT_BUFFER, FeatureSink, TextEdges, _err, _progress, check_input,
-                       check_out, count_pass, scatter_passes)
+                       check_not_empty, check_out, count_pass, scatter_passes)
 
 
 def _line_blocks(path: Path, block: int = 8 << 20) -> Iterator[tuple[bytes, int]]:
@@ -90,12 +92,15 @@ def _feature_dim(path: Path) -> int:
 def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, dedup: bool = False,
                remove_self_loops: bool = False, feature_dtype: str = "float32", name: str = "",
                buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False, progress: bool = True,
-               stats: dict | None = None) -> Path:
+               stats: dict | None = None, allow_nonfinite: bool = False) -> Path:
     """Convert an OGB node-property dataset folder ``root`` (holding ``raw/``
-    and ``split/``) to a dataset folder ``out`` and return its path."""
+    and ``split/``) to a dataset folder ``out`` and return its path.
+
+    Refused like :func:`~.edgelist.ingest_edgelist`: no edges, a node in two
+    splits, NaN/inf features unless ``allow_nonfinite``."""
     t0 = time.perf_counter()
     root = Path(root)
-    out = check_out(out, overwrite)
+    out = check_out(out, overwrite, (root,))
     if not root.is_dir():
         raise _err(root, "not found (expected an OGB dataset folder with raw/ and split/)")
     raw = root / "raw"
@@ -121,7 +126,10 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
         nn = _read_column(nn_path)
         if nn.size != 1:
             raise _err(nn_path, f"holds {nn.size} graphs; only single-graph node datasets are supported")
+        if nn[0] != round(nn[0]) or nn[0] < 1:
+            raise _err(nn_path, f"node count {nn[0]} is not a positive integer")
         n = int(nn[0])
+        L.check_node_count(n, f"{nn_path} ({n} nodes)")
     elif labels is not None:
         n = labels.shape[0]
     else:
@@ -129,10 +137,12 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
     source = TextEdges(edge_path)
     counts = count_pass(source, n, undirected, remove_self_loops, buffer_bytes, progress)
     n = counts.shape[0]
+    check_not_empty(source, counts)
     if labels is not None:
         if labels.ndim != 1 or labels.shape[0] != n:
             raise _err(label_path, f"has {labels.shape[0]} rows, the graph has {n} nodes")
-        bad = ~np.isnan(labels) & ((labels != np.round(labels)) | (labels < 0))
+        bad = ~np.isnan(labels) & ((labels != np.round(labels)) | (labels < 0)
+                                    | (labels >= MAX_CLASSES))
         if bad.any():
             raise _err(label_path, f"line {int(np.argmax(bad)) + 1}: label {labels[bad][0]} is not a class id")
         y = np.where(np.isnan(labels), -1, labels).astype(np.int64)
@@ -142,7 +152,8 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
     meta_src = {"kind": "ogb", "root": str(root), "split": split, "undirected_added": undirected,
                 "dedup": dedup, "self_loops_removed": remove_self_loops}
     with DatasetWriter(out, n, dim, feature_dtype, name=name or root.name, directed=not undirected,
-                       overwrite=overwrite, source=meta_src) as w:
+                       overwrite=overwrite, source=meta_src, allow_nonfinite=allow_nonfinite,
+                       features_name=str(feat_path)) as w:
         st = scatter_passes(w, source, counts, undirected, dedup, remove_self_loops, buffer_bytes, progress)
         sink = FeatureSink(w)
         if feat_path.exists():
@@ -154,7 +165,8 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
         sink.sync()
         if labels is not None:
             w.write_labels(y, int(y.max()) + 1 if y.size else 0)
-        w.write_splits(*splits)
+        w.write_splits(*splits, names=tuple(str(p) for p in split_files) if split_files
+                       else ("train", "valid", "test"))
         st.update(num_nodes=n, num_edges=w.num_edges)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)

@@ -32,10 +32,11 @@ def raw_dir(root, name: str) -> Path:
 
 
 def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bool = True,
-                     buffer_bytes: int | None = None, stats: dict | None = None) -> Path:
+                     buffer_bytes: int | None = None, stats: dict | None = None,
+                     allow_nonfinite: bool = False) -> Path:
     """Convert Planetoid ``name`` (Cora, CiteSeer, PubMed) under ``root`` to ``out``."""
     t0 = time.perf_counter()
-    out = check_out(out, overwrite)
+    out = check_out(out, overwrite, (root,))
     if name.lower() not in NAMES:
         raise OocError(f"unknown Planetoid dataset {name!r} (one of Cora, CiteSeer, PubMed)")
     folder = raw_dir(root, name)
@@ -64,9 +65,11 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
     src = {"kind": "planetoid", "name": NAMES[prefix], "raw_dir": str(folder),
            "reader": "torch_geometric.io.planetoid.read_planetoid_data", "split": "public"}
     with DatasetWriter(out, n, x.shape[1], "float32", name=NAMES[prefix], directed=False,
-                       overwrite=overwrite, source=src) as w:
+                       overwrite=overwrite, source=src, allow_nonfinite=allow_nonfinite,
+                       features_name=f"{folder}/ind.{prefix}.allx") as w:
         w.write_indptr(indptr)
         w.indices()[:] = indices
+        w.check_features(0, x)
         w.features()[0:n] = x
         w.write_labels(y, int(y.max()) + 1)
         w.write_splits(*splits)

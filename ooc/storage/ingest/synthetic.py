@@ -29,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM
 from ..errors import OocError
 from ..layout import FEATURE_DTYPES
 from ..writer import DatasetWriter
 from . import _kernels as K
+from . import limits as L
 from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, _progress, check_out,
                        count_pass, scatter_passes)
 
@@ -86,7 +88,8 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                        val_fraction: float = 0.05, test_fraction: float | None = None, seed: int = 0,
                        undirected: bool = True, overwrite: bool = False, progress: bool = True,
                        p_in: float = 0.85, signal: float = 1.0, noise: float | None = None,
-                       buffer_bytes: int = DEFAULT_BUFFER, stats: dict | None = None) -> Path:
+                       buffer_bytes: int = DEFAULT_BUFFER, stats: dict | None = None,
+                       allow_nonfinite: bool = False) -> Path:
     """Generate a synthetic dataset folder at ``out`` and return its path.
 
     ``test_fraction=None`` puts every node outside train/val into test.
@@ -95,23 +98,35 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
     with 8 classes and 64 dims).
     """
     t0 = time.perf_counter()
+    for flag, v in (("--avg-degree", avg_degree), ("--train-fraction", train_fraction),
+                    ("--val-fraction", val_fraction), ("--test-fraction", test_fraction),
+                    ("--p-in", p_in), ("--noise", noise), ("signal", signal)):
+        if v is not None and not math.isfinite(v):
+            raise OocError(f"{flag} must be a finite number, got {v}")
     if nodes < 2:
         raise OocError(f"--nodes must be at least 2, got {nodes}")
-    if classes < 1 or classes > nodes:
-        raise OocError(f"--classes must be in [1, nodes], got {classes}")
-    if avg_degree <= 0:
-        raise OocError(f"--avg-degree must be positive, got {avg_degree}")
-    if feature_dim < 1:
-        raise OocError(f"--feature-dim must be positive, got {feature_dim}")
+    L.check_node_count(nodes, f"--nodes {nodes}")
+    if classes < 1 or classes > min(nodes, MAX_CLASSES):
+        raise OocError(f"--classes must be in [1, min(nodes, {MAX_CLASSES})], got {classes}")
+    if not 0 < avg_degree <= nodes:
+        raise OocError(f"--avg-degree must be in (0, nodes], got {avg_degree}")
+    if not 1 <= feature_dim <= MAX_FEATURE_DIM:
+        raise OocError(f"--feature-dim must be in [1, {MAX_FEATURE_DIM}], got {feature_dim}")
     if dtype not in FEATURE_DTYPES:
         raise OocError(f"--dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
+    if not 0 <= seed < 2**63:
+        raise OocError(f"--seed must be in [0, 2**63), got {seed}")
+    if noise is not None and noise < 0:
+        raise OocError(f"--noise must be >= 0, got {noise}")
+    if signal < 0:
+        raise OocError(f"signal must be >= 0, got {signal}")
     if test_fraction is None:
         test_fraction = max(0.0, 1.0 - train_fraction - val_fraction)
     fr = (train_fraction, val_fraction, test_fraction)
     if min(fr) < 0 or sum(fr) > 1 + 1e-9:
         raise OocError(f"split fractions must be >= 0 and sum to at most 1, got {fr}")
     if not 0 <= p_in <= 1:
-        raise OocError(f"p_in must be in [0, 1], got {p_in}")
+        raise OocError(f"--p-in must be in [0, 1], got {p_in}")
     out = check_out(out, overwrite)
     if noise is None:
         noise = 0.7 * signal
@@ -127,7 +142,8 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
               "p_in": p_in, "rmat": list(RMAT), "signal": signal, "noise": noise,
               "fractions": list(fr), "generated_pairs": num_gen}
     with DatasetWriter(out, nodes, feature_dim, dtype, name=Path(out).name, directed=not undirected,
-                       overwrite=overwrite, source=params) as w:
+                       overwrite=overwrite, source=params, allow_nonfinite=allow_nonfinite,
+                       features_name="synthetic features") as w:
         st = scatter_passes(w, source, counts, undirected, True, True, buffer_bytes, progress)
         sink = FeatureSink(w)
         step = sink.chunk_rows(max(1 << 20, min(64 << 20, buffer_bytes // 4)))

@@ -1,0 +1,103 @@
+"""How many nodes an ingest may allocate for, decided before it allocates.
+
+Ingest memory is O(N): about :data:`BYTES_PER_NODE` bytes per node (the
+count pass's degrees, ``indptr``, the final ``indptr`` and per-window
+cursors) plus the ingest buffer. N comes from ``--num-nodes``, the features'
+rows, or the largest id in the edges; one stray huge id must not make the
+process allocate until the kernel kills it. So:
+
+- a node count given or implied by an input file must fit in three quarters
+  of the memory available now (``MemAvailable``, and the memory cgroup's
+  limit minus its usage when this process runs in one);
+- a count implied by the largest edge id must in addition be at most twice
+  the number of edges the input can hold (every node an edge touches), or
+  :data:`MIN_NODES_FROM_IDS` when that is more; an input whose edge count
+  cannot be bounded from its size (gzip) has only the memory limit.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import OocError
+
+BYTES_PER_NODE = 32
+#: Largest ids up to this many nodes are always accepted without --num-nodes
+#: (when memory allows).
+MIN_NODES_FROM_IDS = 1 << 22
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_room() -> int | None:
+    """Bytes this process's memory cgroup (v1 or v2) may still grow by; None
+    without a limit."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrl, rel = line.split(":", 2)
+        rel = rel.lstrip("/")
+        if "memory" in ctrl.split(","):
+            base = Path("/sys/fs/cgroup/memory") / rel
+            limit, usage = (_read_int(base / "memory.limit_in_bytes"),
+                            _read_int(base / "memory.usage_in_bytes"))
+        elif ctrl == "":
+            base = Path("/sys/fs/cgroup") / rel
+            limit, usage = _read_int(base / "memory.max"), _read_int(base / "memory.current")
+        else:
+            continue
+        if limit is not None and usage is not None and limit < (1 << 60):
+            return max(0, limit - usage)
+    return None
+
+
+def available_memory() -> int:
+    """Bytes of memory available to this process now (``MemAvailable``, or the
+    cgroup's room when smaller)."""
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    room = cgroup_room()
+    return avail if room is None else min(avail, room)
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / (1 << 30):.1f} GiB"
+
+
+def memory_node_limit() -> int:
+    """Most nodes whose ingest fits in three quarters of the available memory."""
+    return int(available_memory() * 3 // 4) // BYTES_PER_NODE
+
+
+def check_node_count(num_nodes: int, what: str) -> None:
+    """Refuse a node count whose ingest would not fit in memory.
+
+    ``what`` says where the count comes from (e.g. ``--num-nodes 3000000000``).
+    """
+    limit = memory_node_limit()
+    if num_nodes > limit:
+        raise OocError(f"{what}: {num_nodes} nodes need about {_gib(num_nodes * BYTES_PER_NODE)} "
+                       f"of memory to ingest, more than the {_gib(limit * BYTES_PER_NODE)} "
+                       f"available (three quarters of free memory)")
+
+
+def id_node_limit(max_edges: int | None) -> int:
+    """Most nodes the largest edge id may imply without ``--num-nodes``, for an
+    input that holds at most ``max_edges`` edges (None: unknown)."""
+    mem = memory_node_limit()
+    return mem if max_edges is None else min(mem, max(MIN_NODES_FROM_IDS, 2 * max_edges))
