@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .cli import add_io_backend_arg, add_report_arg, main_wrapper
+from .jit import note_if_cold
 from .storage.atomic import write_json
 from .storage.errors import DatasetError, OocError
 
@@ -41,8 +42,11 @@ DEFAULTS: dict[str, Any] = dict(
     feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
     memory_budget=None, io_backend="auto",
     workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
-    optimizer_sync="average", halo_hops=None,
+    optimizer_sync="average", halo_hops=None, no_eval=False,
 )
+#: Kernel modules a training run compiles on its first run on a machine.
+TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",
+                 "ooc.executor._cache_kernels", "ooc.storage._direct_kernels")
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
                    "lr", "weight_decay")
@@ -200,12 +204,70 @@ def _settings(given: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, 
     return s
 
 
+#: Range of the integer and float options that TrainConfig does not hold:
+#: (settings key, lowest, highest, integer, open low end, open high end); None = no bound.
+OPTION_LIMITS = (
+    ("queue_depth", 1, 4096, True, False, False), ("io_threads", 1, 1024, True, False, False),
+    ("superbatch_size", 1, None, True, False, False),
+    ("checkpoint_every", 1, None, True, False, False), ("workers", 1, 256, True, False, False),
+    ("partitions", 1, 1 << 16, True, False, False), ("sync_every", 1, None, True, False, False),
+    ("halo_hops", 1, 64, True, False, False),
+    ("compute_fraction", 0, 1, False, True, True),
+)
+#: Size options: (settings key, smallest accepted byte count).
+SIZE_LIMITS = (("memory_budget", 1), ("runtime_disk_budget", 1), ("feature_cache_size", 0),
+               ("neighbor_cache_size", 0))
+
+
+def _size(key: str, value: Any) -> int | None:
+    """Bytes of a size option (``512MiB``, ``8GiB``); None when not given."""
+    from .cli import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except Exception:  # noqa: BLE001 - argparse error type
+        raise OocError(f"--{key.replace('_', '-')} {value!r}: not a size (e.g. 512MiB, 8GiB)") \
+            from None
+
+
+def _check_options(s: dict[str, Any], progress: bool):
+    """Range-check every option; returns the run's ``TrainConfig``.
+
+    Runs before the dataset is opened or created, so bad input touches no file.
+    """
+    from .cli import check_range
+
+    for key, lo, hi, integer, lo_open, hi_open in OPTION_LIMITS:
+        check_range(f"--{key.replace('_', '-')}", s.get(key), lo, hi, integer=integer,
+                    lo_open=lo_open, hi_open=hi_open)
+    for key, lo in SIZE_LIMITS:
+        v = _size(key, s.get(key))
+        if v is not None and v < lo:
+            hint = " (leave the option out for no budget)" if key == "memory_budget" else ""
+            raise OocError(f"--{key.replace('_', '-')} {s[key]}: must be at least {lo} "
+                           f"byte{'s' if lo != 1 else ''}{hint}")
+    from .executor.trainer import TrainConfig
+
+    config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
+                         batch_size=s["batch_size"], eval_batch_size=s["eval_batch_size"],
+                         hidden=s["hidden"], dropout=s["dropout"], heads=s["heads"], lr=s["lr"],
+                         weight_decay=s["weight_decay"], epochs=s["epochs"], seed=s["seed"],
+                         eval_every=s["eval_every"], device=s["device"],
+                         num_threads=s["threads"], progress=progress, mode=s["mode"])
+    config.validate()
+    if s["no_eval"]:
+        config.eval_every = 10**9
+        config.eval_final = False
+    return config
+
+
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     resume = bool(given.pop("resume", False))
     progress = not given.pop("no_progress", False)
-    no_eval = bool(given.pop("no_eval", False))
     report_path = given.pop("report", None)
     ckdir = given.pop("checkpoint_dir", None)
     sizes_path = given.pop("sizes", None)
@@ -220,13 +282,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .executor.checkpoint import latest_checkpoint, load_checkpoint
 
         ck_path = latest_checkpoint(ckdir)
-        saved = load_checkpoint(ck_path).get("args") or {}
+        ck_state = load_checkpoint(ck_path)
+        saved = ck_state.get("args") or {}
     s = _settings(given, saved)
-    # bad input fails here, before torch and the kernels are loaded
+    no_eval = bool(s["no_eval"])
+    config = _check_options(s, progress)  # before any file is touched
     if s["data"] is None:
         s["data"] = str(default_dataset())
     dataset = open_dataset(s["data"])
     s["data"] = str(Path(s["data"]).resolve())  # checkpoints resume from any folder
+    if resume:
+        from .executor.checkpoint import check_dataset
+
+        check_dataset(ck_state, dataset, ck_path)
+        del ck_state
     if sizes_path is not None:
         from .executor.profiler import load_sizes
 
@@ -235,30 +304,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if key not in given and sizes.get(key) is not None:
                 s[key] = sizes[key]
         if "mode" not in given and sizes.get("mode"):
-            s["mode"] = sizes["mode"]
+            s["mode"] = config.mode = sizes["mode"]
 
-    from .executor.trainer import Trainer, TrainConfig
-    config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
-                         batch_size=s["batch_size"], eval_batch_size=s["eval_batch_size"],
-                         hidden=s["hidden"], dropout=s["dropout"], heads=s["heads"], lr=s["lr"],
-                         weight_decay=s["weight_decay"], epochs=s["epochs"], seed=s["seed"],
-                         eval_every=s["eval_every"], device=s["device"],
-                         num_threads=s["threads"], progress=progress, mode=s["mode"])
-    if no_eval:
-        config.eval_every = 10**9
-        config.eval_final = False
-    from .cli import parse_size
     from .executor.modes import ModeOptions
+    from .executor.trainer import Trainer
 
     def size(key):
-        v = s.get(key)
-        if v is None:
-            return None
-        try:
-            return parse_size(v)
-        except Exception:  # noqa: BLE001 - argparse error type
-            raise OocError(f"--{key.replace('_', '-')} {v!r}: not a size (e.g. 512MiB, 8GiB)") \
-                from None
+        return _size(key, s.get(key))
 
     options = ModeOptions(superbatch_size=s["superbatch_size"], runtime_dir=s["runtime_dir"],
                           runtime_disk_budget=size("runtime_disk_budget"),
@@ -266,32 +318,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                           neighbor_cache_size=size("neighbor_cache_size"),
                           queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
                           memory_budget=size("memory_budget"), io_backend=s["io_backend"])
-    if s["checkpoint_every"] < 1:
-        raise OocError(f"--checkpoint-every must be >= 1, got {s['checkpoint_every']}")
     from .executor.distributed import run_cli, wants_averaging
     if wants_averaging(s):
         return run_cli(dataset, config, options, s, list(sys.argv[1:] if argv is None else argv),
                        ckdir, ck_path, report_path, list(DEFAULTS))
     t0 = time.perf_counter()
+    note_if_cold(TRAIN_KERNELS, "the sampling, cache and changeset kernels")
     trainer = Trainer(dataset, config, options=options)
-    if ck_path is not None:
-        trainer.resume(ck_path)
-        print(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
-    print(f"ooc.train: {dataset.path} ({dataset.num_nodes:,} nodes, {dataset.num_edges:,} edges, "
-          f"{dataset.feature_dim} features, {dataset.num_classes} classes, "
-          f"{len(dataset.train_idx):,} training nodes); model {config.model} "
-          f"{trainer.model.dims}, fanouts {s['fanouts']}, batch {config.batch_size}, "
-          f"mode {config.mode}, device {trainer.device}, "
-          f"reader {trainer.mode_info.get('reader_backend', 'n/a')}")
-    args = {k: s[k] for k in DEFAULTS}
-    while trainer.epoch < config.epochs:
-        trainer.train_epoch()
-        if ckdir is not None and (trainer.epoch % s["checkpoint_every"] == 0
-                                  or trainer.epoch == config.epochs):
-            trainer.save(ckdir, args=args)
-    val_acc = None if no_eval else trainer.evaluate(dataset.val_idx)
-    test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)
-    trainer.close()
+    try:
+        if ck_path is not None:
+            trainer.resume(ck_path)
+            print(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
+        print(f"ooc.train: {dataset.path} ({dataset.num_nodes:,} nodes, "
+              f"{dataset.num_edges:,} edges, {dataset.feature_dim} features, "
+              f"{dataset.num_classes} classes, {len(dataset.train_idx):,} training nodes); "
+              f"model {config.model} {trainer.model.dims}, fanouts {s['fanouts']}, batch "
+              f"{config.batch_size}, mode {config.mode}, device {trainer.device}, "
+              f"reader {trainer.mode_info.get('reader_backend', 'n/a')}")
+        args = {k: s[k] for k in DEFAULTS}
+        while trainer.epoch < config.epochs:
+            trainer.train_epoch()
+            if ckdir is not None and (trainer.epoch % s["checkpoint_every"] == 0
+                                      or trainer.epoch == config.epochs):
+                trainer.save(ckdir, args=args)
+        val_acc = None if no_eval else trainer.evaluate(dataset.val_idx)
+        test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)
+    finally:
+        trainer.close()
     total = time.perf_counter() - t0
     rep = trainer.report(val_acc=val_acc, test_acc=test_acc, total_time_s=round(total, 3),
                          resumed_from=str(ck_path) if ck_path else None,

@@ -10,14 +10,23 @@ with ``weights_only=True``)::
     rng: {torch, cuda, numpy, python},
     args: {...},                    # the run's settings (JSON-friendly values)
     history: [...],                 # per-epoch metrics so far (for the report)
+    dataset_fingerprint: "9f2c...", # sha256 of the training dataset's meta.json (see below)
     extra: {...}
+
+Resuming checks that the checkpoint belongs to the dataset at hand
+(:func:`check_dataset`): :func:`dataset_fingerprint` hashes the dataset's
+``meta.json`` without the fields that name it rather than describe it
+(``name``, ``source``), so a renamed or moved copy of a dataset resumes and a
+different graph with the same dimensions does not.
 
 It is written to a temp file beside the target, fsynced and renamed, so a
 crash never leaves a half-written ``epoch_*.pt``.
 """
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import random
 import re
@@ -65,6 +74,40 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path:
         why = "does not exist" if not d.exists() else "has no epoch_*.pt checkpoints"
         raise CheckpointError(f"{d}: cannot resume, the checkpoint folder {why}")
     return found[-1][1]
+
+
+#: meta.json fields left out of :func:`dataset_fingerprint` (where the data came from).
+_UNHASHED_META = ("name", "source")
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """sha256 (hex) of a dataset's ``meta.json`` contents minus ``name``/``source``.
+
+    ``dataset``: an opened :class:`ooc.storage.Dataset` (its ``meta`` dict).
+    meta.json records the sizes and the sha256 of the small files (indptr,
+    labels, splits), so two graphs with the same dimensions differ here.
+    """
+    meta = {k: v for k, v in dict(dataset.meta).items() if k not in _UNHASHED_META}
+    blob = json.dumps(meta, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def check_dataset(state: dict[str, Any], dataset: Any, path: str | os.PathLike) -> None:
+    """Refuse to resume checkpoint ``state`` (from ``path``) on another dataset.
+
+    Raises:
+        CheckpointError: the checkpoint records a fingerprint and it is not
+            the one of ``dataset``. A checkpoint without one is accepted.
+    """
+    theirs = state.get("dataset_fingerprint")
+    if theirs is None:
+        return
+    mine = dataset_fingerprint(dataset)
+    if theirs != mine:
+        where = (state.get("extra") or {}).get("dataset") or "another dataset"
+        raise CheckpointError(f"{path}: checkpoint was trained on {where} (meta.json fingerprint "
+                              f"{theirs[:12]}), not on {dataset.path} ({mine[:12]}); resume on "
+                              f"the same dataset or start a new --checkpoint-dir")
 
 
 def _to_py(value: Any) -> Any:
@@ -115,11 +158,13 @@ def save_checkpoint(directory: str | os.PathLike, epoch: int, model: GNN,
                     optimizer: torch.optim.Optimizer | dict[str, Any] | None = None,
                     args: dict[str, Any] | None = None,
                     history: list[dict[str, Any]] | None = None,
-                    extra: dict[str, Any] | None = None) -> Path:
+                    extra: dict[str, Any] | None = None, dataset: Any = None) -> Path:
     """Write ``directory/epoch_{epoch:04d}.pt`` atomically and return its path.
 
     ``optimizer``: the optimizer, or its ``state_dict()`` (model averaging
-    saves the averaged state of the local optimizers).
+    saves the averaged state of the local optimizers). ``dataset``: the
+    training dataset, whose :func:`dataset_fingerprint` is stored (None: no
+    fingerprint, e.g. a model saved for inference only).
     """
     state = {
         "format": CHECKPOINT_FORMAT,
@@ -134,6 +179,8 @@ def save_checkpoint(directory: str | os.PathLike, epoch: int, model: GNN,
         "history": _to_py(history or []),
         "extra": _to_py(extra or {}),
     }
+    if dataset is not None:
+        state["dataset_fingerprint"] = dataset_fingerprint(dataset)
     path = checkpoint_path(directory, epoch)
     buf = io.BytesIO()
     torch.save(state, buf)

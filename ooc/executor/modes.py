@@ -29,8 +29,11 @@ cache 25% of the full neighbor cache).
 """
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
+import re
+import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -393,13 +396,9 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
             s = superbatch_size_for_budget(opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
             info["runtime_bytes_per_batch"] = int(bpb)
         s = max(1, min(int(s), nb))
-        rt = Path(opts.runtime_dir) if opts.runtime_dir else Path(dataset.path) / "runtime"
-        try:
-            rt.mkdir(parents=True, exist_ok=True)
-            rt = Path(tempfile.mkdtemp(prefix=f"run{os.getpid()}-", dir=rt))
-        except OSError as e:
-            raise OocError(f"{rt}: cannot create the runtime folder ({e.strerror or e})") from None
-        closers.append(lambda: _rmtree(rt))
+        rt, remove_rt = runtime_folder(Path(opts.runtime_dir) if opts.runtime_dir
+                                       else Path(dataset.path) / "runtime")
+        closers.append(remove_rt)
         insp = Inspector(sampler, rt, s, changesets=_changeset_fn(dataset.num_nodes,
                                                                   cache.capacity, config.device))
         train = SuperbatchPipeline(insp, dataset.train_idx, config.batch_size, config.seed,
@@ -414,7 +413,55 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
     return ModePipeline(mode, train, eval_factory, features, info, closers)
 
 
-def _rmtree(path: Path) -> None:
-    import shutil
+#: Runtime folders are named ``run<pid>-<random>`` inside the runtime parent.
+_RUN_FOLDER = re.compile(r"^run(\d+)-")
 
-    shutil.rmtree(path, ignore_errors=True)
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (signal 0 probe)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def remove_stale_runs(parent: Path) -> list[Path]:
+    """Delete ``parent/run<pid>-*`` folders whose process no longer exists
+    (runs killed before they could clean up); returns what was removed."""
+    removed = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _RUN_FOLDER.match(p.name)
+        if m and p.is_dir() and not p.is_symlink() and not pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def runtime_folder(parent: Path) -> tuple[Path, Callable[[], None]]:
+    """A fresh ``parent/run<pid>-<random>`` folder for this run's runtime files and
+    the function that removes it (and ``parent`` when this call created it and it is
+    empty again). Stale folders of dead processes in ``parent`` are removed first."""
+    created = not parent.exists()
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_runs(parent)
+        rt = Path(tempfile.mkdtemp(prefix=f"run{os.getpid()}-", dir=parent))
+    except OSError as e:
+        raise OocError(f"{parent}: cannot create the runtime folder ({e.strerror or e})") from None
+
+    def remove() -> None:
+        shutil.rmtree(rt, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # only when empty
+
+    return rt, remove

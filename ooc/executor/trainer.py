@@ -16,6 +16,7 @@ checkpoint of epoch ``e - 1``.
 from __future__ import annotations
 
 import contextlib
+import math
 import resource
 import sys
 import time
@@ -31,8 +32,8 @@ from tqdm.auto import tqdm
 from ..memory import peak_rss_bytes
 from ..storage.errors import OocError
 from .batch import to_data
-from .checkpoint import (load_checkpoint, model_from_checkpoint, save_checkpoint,
-                         set_rng_state)
+from .checkpoint import (check_dataset, load_checkpoint, model_from_checkpoint,
+                         save_checkpoint, set_rng_state)
 from .models import GNN, build_model
 
 #: Stages timed in every epoch (seconds); modes may add more.
@@ -71,18 +72,25 @@ class TrainConfig:
         return len(self.fanouts)
 
     def validate(self) -> None:
+        """Range-check every setting (one-line :class:`OocError` naming the CLI option)."""
+        from ..cli import check_range
+
         if not self.fanouts or any((f == 0 or f < -1) for f in self.fanouts):
             raise OocError(f"bad fanouts {self.fanouts}: need one per layer, each > 0 or -1 (all)")
-        for name in ("batch_size", "hidden", "epochs", "eval_every", "heads"):
-            if int(getattr(self, name)) < 1:
-                raise OocError(f"--{name.replace('_', '-')} must be >= 1, "
-                               f"got {getattr(self, name)}")
-        if self.eval_batch_size is not None and self.eval_batch_size < 1:
-            raise OocError(f"--eval-batch-size must be >= 1, got {self.eval_batch_size}")
-        if not self.lr > 0:
-            raise OocError(f"--lr must be > 0, got {self.lr}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise OocError(f"--dropout must be in [0, 1), got {self.dropout}")
+        for name, option, lo, hi in LIMITS:
+            check_range(option, getattr(self, name), lo, hi, integer=True)
+        check_range("--lr", self.lr, 0, None, lo_open=True)
+        check_range("--weight-decay", self.weight_decay, 0, None)
+        check_range("--dropout", self.dropout, 0, 1, hi_open=True)
+
+
+#: Integer settings of :class:`TrainConfig`: (field, CLI option, lowest, highest); a
+#: None value passes (``num_threads``: all cores; ``eval_batch_size``: ``batch_size``).
+LIMITS = (("batch_size", "--batch-size", 1, 1 << 30),
+          ("eval_batch_size", "--eval-batch-size", 1, 1 << 30),
+          ("hidden", "--hidden", 1, 1 << 16), ("heads", "--heads", 1, 256),
+          ("epochs", "--epochs", 1, 10**9), ("eval_every", "--eval-every", 1, None),
+          ("seed", "--seed", 0, (1 << 63) - 1), ("num_threads", "--threads", 1, 4096))
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -104,6 +112,10 @@ def epoch_torch_seed(seed: int, epoch: int) -> int:
     x = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
     x ^= x >> 31
     return x & ((1 << 63) - 1)
+
+
+class NonFiniteLoss(OocError):
+    """The training loss became NaN or infinite; the step was not taken."""
 
 
 class Timers:
@@ -188,6 +200,8 @@ class Trainer:
         self.epoch = 0  # the last completed epoch
         self.history: list[dict[str, Any]] = []
         self.timers = Timers()
+        #: called after every training and evaluation batch (a worker's heartbeat)
+        self.on_batch: Callable[[], None] | None = None
         self.nodes_seen = 0
         self.batches_seen = 0
 
@@ -211,7 +225,7 @@ class Trainer:
         self.model.train()
         timers = Timers()
         producer = self.train_producer
-        loss_sum, correct, count, nodes = 0.0, 0, 0, 0
+        loss_sum, correct, count, nodes, nb = 0.0, 0, 0, 0, 0
         t_start = time.perf_counter()
         bar = tqdm(total=len(producer), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch",
                    leave=False, disable=(None if cfg.progress else True), dynamic_ncols=True)
@@ -233,16 +247,25 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 out = self._forward(data)
                 loss = F.cross_entropy(out, data.y, ignore_index=-1)
+                loss_v = float(loss.item())
+                if not math.isfinite(loss_v):
+                    bar.close()
+                    raise NonFiniteLoss(f"{self.dataset.path}: training loss is {loss_v} at "
+                                        f"epoch {epoch}, batch {nb + 1} of {len(producer)} "
+                                        f"(non-finite features, or --lr too high); the weights "
+                                        f"of epoch {epoch - 1} are unchanged")
                 loss.backward()
                 self.optimizer.step()
                 labeled = data.y >= 0
                 n = int(labeled.sum())
-                loss_v = float(loss.item())
                 loss_sum += loss_v * n
                 correct += int((out.argmax(-1)[labeled] == data.y[labeled]).sum())
                 count += n
             nodes += int(len(batch.node_ids))
+            nb += 1
             self.batches_seen += 1
+            if self.on_batch is not None:
+                self.on_batch()
             bar.update(1)
             bar.set_postfix(loss=f"{loss_v:.4f}", refresh=False)
         bar.close()
@@ -312,6 +335,8 @@ class Trainer:
             labeled = data.y >= 0
             correct += int((pred[labeled] == data.y[labeled]).sum())
             count += int(labeled.sum())
+            if self.on_batch is not None:
+                self.on_batch()
         self.model.train()
         return correct, count
 
@@ -338,11 +363,18 @@ class Trainer:
         return save_checkpoint(checkpoint_dir, self.epoch, self.model, self.optimizer,
                                args=args if args is not None else cfg, history=self.history,
                                extra={"config": cfg, "dataset": str(self.dataset.path),
-                                      "num_nodes": self.dataset.num_nodes})
+                                      "num_nodes": self.dataset.num_nodes},
+                               dataset=self.dataset)
 
     def resume(self, path: str | Path) -> dict[str, Any]:
-        """Continue from a checkpoint file: weights, optimizer, epoch, history, RNG."""
+        """Continue from a checkpoint file: weights, optimizer, epoch, history, RNG.
+
+        Raises:
+            OocError: the checkpoint is of another dataset (meta.json
+                fingerprint) or another model.
+        """
         state = load_checkpoint(path, map_location="cpu")
+        check_dataset(state, self.dataset, path)
         mine = dict(self.model.config)
         theirs = dict(state["model_config"])
         if theirs != mine:
