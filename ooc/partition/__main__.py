@@ -10,7 +10,6 @@ one-line reason, leaving no output behind.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Sequence
 
@@ -99,12 +98,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                                progress=not args.quiet and sys.stderr.isatty(), **params)
     report["rss_baseline_bytes"] = rss0
     if args.report:
-        write_json(args.report, report)
-    summary = {k: report[k] for k in ("algo", "p", "replication_factor", "node_balance",
-                                      "edge_balance", "edge_cut", "time_s")}
-    summary["peak_rss"] = format_size(report["peak_rss_bytes"])
-    print(json.dumps(summary))
+        try:
+            write_json(args.report, report)
+        except OSError as e:
+            raise OocError(f"{args.report}: cannot write the report ({e.strerror or e})") \
+                from None
+    print(summary_line(report, args.out, split=not args.no_split)
+          + (f"; report {args.report}" if args.report else ""))
     return 0
+
+
+def summary_line(report: dict, out: str, split: bool) -> str:
+    """The one-line summary printed at the end, like the other CLIs'."""
+    what = f"{report['p']} partitions in {out}" if split else f"assignment in {out}"
+    return (f"ooc.partition: {report['algo']} -> {what}: replication factor "
+            f"{report['replication_factor']:.3f}, node balance {report['node_balance']:.3f}, "
+            f"edge balance {report['edge_balance']:.3f}, edge cut {report['edge_cut']:.3f}, "
+            f"{report['time_s']:.1f} s, peak RSS {format_size(report['peak_rss_bytes'])}")
 
 
 if __name__ == "__main__":
