@@ -5,8 +5,9 @@
 
 Computes ``h1`` .. ``hL`` (``hL`` = model output) and ``pred`` for every node
 of the dataset into the Zarr group ``--out``, layer by layer from full
-in-neighbourhoods (see :mod:`ooc.executor.inference`). Re-running the same
-command after a crash resumes from the chunks already written. The report
+in-neighbourhoods (see :mod:`ooc.executor.inference`). The group is built in
+``.<out name>.partial`` beside ``--out`` and renamed when complete; re-running
+the same command after a crash resumes from the chunks already written there. The report
 holds per-layer timings, bytes read, the previous-layer cache hit ratio, peak
 RSS and, when the dataset has labels, train/val/test accuracy.
 """
@@ -56,13 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
+    from .cli import check_range
     from .executor.checkpoint import load_model
-    from .executor.inference import layerwise_inference
+    from .executor.inference import check_options, layerwise_inference
     from .storage import OocError, open_dataset
 
-    if args.chunk_rows < 1:
-        raise OocError(f"--chunk-rows must be >= 1, got {args.chunk_rows}")
-    if args.threads:
+    # every option is checked before a file is read or written
+    check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy)
+    check_range("--threads", args.threads, 1, 4096, integer=True)
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     ds = open_dataset(args.data)
     model = load_model(args.checkpoint)
@@ -78,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep["checkpoint"] = str(args.checkpoint)
     rep["ru_maxrss_bytes"] = peak_rss_bytes()
     if args.report:
-        write_json(args.report, rep)
+        try:
+            write_json(args.report, rep)
+        except OSError as e:
+            raise OocError(f"{args.report}: cannot write report ({e.strerror or e})") from None
     acc = rep.get("test_accuracy")
     hit = rep.get("cache_hit_ratio")
     print(f"ooc.infer: {rep['num_nodes']} nodes, {rep['num_layers']} layers -> {args.out} "

@@ -11,7 +11,7 @@ import torch
 
 from ooc.executor.chunk_cache import ChunkCache, simulate
 from ooc.executor.inference import (SAFETY_BYTES, compute_order, layerwise_inference,
-                                    plan_memory, read_embeddings)
+                                    partial_path, plan_memory, read_embeddings)
 from ooc.executor.models import build_model
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
 
@@ -229,12 +229,14 @@ def test_resume_after_crash_gives_same_arrays(synth, tmp_path):
     out = tmp_path / "crash.zarr"
     with pytest.raises(Crash):
         layerwise_inference(ds, model, out, on_chunk=crash_at(1, 5), **kw)
-    prog = json.loads((out / "progress.json").read_text())
+    assert not out.exists()  # only the partial folder, under another name
+    prog = json.loads((partial_path(out) / "progress.json").read_text())
     assert prog["layers_done"] == 1 and prog["chunks_done"] == 6
     seen = []
     rep = layerwise_inference(ds, model, out, on_chunk=lambda l, c: seen.append((l, c)), **kw)
     assert rep["resumed"] and rep["resumed_chunks"] == 16 + 6
     assert seen[0] == (1, 6) and len(seen) == 10 + 16
+    assert not partial_path(out).exists()
     for name in ("h1", "h2", "h3", "pred"):
         np.testing.assert_array_equal(read_embeddings(out, name), read_embeddings(full, name))
     # a finished run resumes to a no-op

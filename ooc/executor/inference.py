@@ -47,10 +47,21 @@ the previous layer and blocks touch most chunks (ids without locality), bytes
 read grow as blocks x chunks -- give the cache the previous layer if the budget
 allows, or use a locality order (PDS).
 
-Resume: ``progress.json`` in the group records the finished layers and the
-output chunks of the current layer, updated after each chunk is written and
-fsynced; a run with the same dataset, model, order and chunk size continues
-from there (finished chunks and layers are skipped).
+Atomic output: everything is written into ``.<name>.partial`` beside
+``out`` (:func:`partial_path`) and renamed to ``out`` when every array is
+complete, so a killed or failed run never leaves anything at ``out`` that
+opens as a store. With ``overwrite`` an existing output of ``ooc.infer`` is
+replaced by that rename (an atomic exchange of the two names where Linux
+offers ``renameat2``); a folder that is not one is never replaced. A full
+disk removes the partial folder and raises a one-line :class:`OocError`.
+The partial folder is locked (``flock``) while a run writes it.
+
+Resume: ``progress.json`` in the partial folder records the finished layers
+and the output chunks of the current layer, updated after each chunk is
+written and fsynced; a run with the same dataset, model, order and chunk size
+continues from there (finished chunks and layers are skipped); a partial
+folder of another run is discarded. A finished output of the same run is left
+as it is (the report is read from it).
 
 Model protocol (what a user's own ``torch.nn.Module`` needs):
 
@@ -75,6 +86,9 @@ Model protocol (what a user's own ``torch.nn.Module`` needs):
 """
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -275,17 +289,12 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         The report: per-layer timings, bytes read, cache hit ratios, peak RSS,
         accuracies when labels exist.
     """
-    import zarr
-
     t_start = time.perf_counter()
+    budget = _parse_size(memory_budget)
+    check_options(budget, chunk_rows, block_rows, cache_chunks, policy)
+    chunk_rows = int(chunk_rows)
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
-    budget = _parse_size(memory_budget)
-    if policy not in POLICIES:
-        raise OocError(f"unknown cache policy {policy!r} (choose one of {', '.join(POLICIES)})")
-    chunk_rows = int(chunk_rows)
-    if chunk_rows < 1:
-        raise OocError(f"chunk_rows must be >= 1, got {chunk_rows}")
     if not hasattr(model, "layer") or not hasattr(model, "num_layers"):
         raise OocError("the model does not follow the layer-wise protocol "
                        "(needs num_layers and layer(l, x, edge_index, edge_weight))")
@@ -295,13 +304,7 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     out = Path(out)
 
     perm, order_name = compute_order(dataset, order, partition)
-    if perm is None:
-        perm_a = np.arange(n, dtype=np.int64)
-        rowof = perm_a
-    else:
-        perm_a = perm
-        rowof = np.empty(n, dtype=np.int64)
-        rowof[perm] = np.arange(n, dtype=np.int64)
+    perm_a = np.arange(n, dtype=np.int64) if perm is None else perm
     order_digest = "natural" if perm is None else hashlib.sha256(perm.tobytes()).hexdigest()[:24]
 
     fingerprint = {"dataset": str(dataset.path.resolve()), "num_nodes": n,
@@ -309,35 +312,191 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
                    "order": order_name, "order_digest": order_digest,
                    "model": _model_digest(model), "num_layers": num_layers}
 
-    # ---- open or create the output group (resume when it is ours) ----
+    gcn = getattr(model, "kind", None) == "gcn" or bool(getattr(model, "gcn_norm", False))
+    # every layer's minimum (two output chunk buffers) must fit: fail now, before any file
+    trim_malloc()
+    rows = min(chunk_rows, max(n, 1))
+    dims = [dataset.feature_dim]
+    for l in range(num_layers):
+        dims.append(_probe_out_dim(model, l, dims[-1], gcn))
+        plan_memory(budget, _rss(), rows, dims[-2], dims[-1], True, cache_chunks)
+    num_chunks = -(-n // chunk_rows) if n else 0
+
+    # ---- a finished output of this run: nothing to compute ----
+    if out.exists() or out.is_symlink():
+        old = _read_progress(out)
+        if old is not None and old.get("fingerprint") == fingerprint and old.get("complete"):
+            return _finished_report(dataset, out, perm_a, fingerprint, num_layers, num_chunks,
+                                    dims, budget, t_start, policy, order_name,
+                                    _model_name(model))
+        why = _not_replaceable(out)
+        if not overwrite:
+            raise OocError(f"{out}: already exists and is not a finished run of this model, "
+                           "dataset, order and chunk size (pass overwrite=True / --overwrite "
+                           "to replace it)")
+        if why:
+            raise OocError(f"{out}: {why}; --overwrite replaces only an ooc.infer output")
+
+    work = partial_path(out)
+    with _locked_partial(work) as lock_fd:
+        try:
+            report = _infer_into(work, out, lock_fd, dataset, model, fingerprint, perm, perm_a,
+                                 order_name, gcn, dims, budget, chunk_rows, num_chunks, policy,
+                                 features, block_rows, cache_chunks, progress, on_chunk)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                shutil.rmtree(work, ignore_errors=True)
+                raise OocError(f"{e.filename or work}: no space left on the device; the "
+                               f"partial output {work} was removed") from None
+            raise OocError(f"{e.filename or work}: {e.strerror or e} (the partial output "
+                           f"stays in {work}; the same command resumes)") from None
+    report["time_s"] = time.perf_counter() - t_start
+    return report
+
+
+def partial_path(out: str | os.PathLike) -> Path:
+    """Where :func:`layerwise_inference` builds ``out`` before renaming it:
+    ``.<name>.partial`` in the same folder."""
+    out = Path(out)
+    return out.parent / f".{out.name}.partial"
+
+
+def check_options(budget: int, chunk_rows: int, block_rows: int | None,
+                  cache_chunks: int | None, policy: str) -> None:
+    """Range-check the inference settings (one-line :class:`OocError` naming the option)."""
+    from ..cli import check_range
+
+    check_range("--memory-budget", budget, 1, None, integer=True)
+    check_range("--chunk-rows", chunk_rows, 1, 1 << 24, integer=True)
+    check_range("--block-rows", block_rows, 1, None, integer=True)
+    check_range("cache_chunks", cache_chunks, 0, None, integer=True)
+    if policy not in POLICIES:
+        raise OocError(f"unknown cache policy {policy!r} (choose one of {', '.join(POLICIES)})")
+
+
+def _read_progress(folder: Path) -> dict | None:
+    """``folder/progress.json`` as a dict; None when absent or unreadable."""
+    try:
+        old = json.loads((folder / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return old if isinstance(old, dict) and isinstance(old.get("fingerprint"), dict) else None
+
+
+def _not_replaceable(out: Path) -> str | None:
+    """Why ``out`` is not an output of this module that ``overwrite`` may replace."""
+    if out.is_symlink() or not out.is_dir():
+        return "is not a folder"
+    if _read_progress(out) is None:
+        return f"has no {PROGRESS_FILE} of ooc.infer (not an inference output)"
+    return None
+
+
+@contextlib.contextmanager
+def _locked_partial(work: Path):
+    """Create ``work`` (when absent) and hold an exclusive ``flock`` on it."""
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise OocError(f"{work}: cannot create the output folder ({e.strerror or e})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OocError(f"{work}: another ooc.infer is writing this output") from None
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _swap_in(work: Path, out: Path) -> None:
+    """Rename the finished ``work`` folder to ``out`` (replacing an old ``out``)."""
+    from ..storage import atomic
+
+    if os.path.lexists(out):
+        exchange = getattr(atomic, "exchange", None)
+        if exchange is not None and exchange(work, out):
+            shutil.rmtree(work, ignore_errors=True)  # now the old output
+        else:
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(work, out)
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(work, out)
+    _fsync_path(out.parent)
+
+
+def _finished_report(dataset, out: Path, perm: np.ndarray, fingerprint: dict, num_layers: int,
+                     num_chunks: int, dims: list[int], budget: int, t_start: float, policy: str,
+                     order_name: str, model_name: str) -> dict:
+    """The report of an output that is already complete (read, nothing written)."""
+    import zarr
+
+    group = zarr.open_group(str(out), mode="r")
+    report = _base_report(dataset, out, fingerprint, num_layers, num_chunks, budget, policy,
+                          order_name, "none", True, model_name)
+    report.update(dims=dims, resumed_chunks=num_layers * num_chunks,
+                  layers=[{"layer": l + 1, "skipped": True} for l in range(num_layers)])
+    report.update(_predictions(dataset, group, f"h{num_layers}", perm,
+                               int(fingerprint["chunk_rows"]), num_chunks, write=False))
+    rss = _rss()
+    report.update(peak_rss_bytes=rss, start_rss_bytes=rss, within_budget=rss <= budget,
+                  bytes_read=0, cache_hit_ratio=None, time_s=time.perf_counter() - t_start)
+    return report
+
+
+def _model_name(model) -> str:
+    return getattr(model, "kind", type(model).__name__)
+
+
+def _base_report(dataset, out: Path, fingerprint: dict, num_layers: int, num_chunks: int,
+                 budget: int, policy: str, order_name: str, reader_name: str,
+                 resumed: bool, model_name: str) -> dict:
+    """The report's fields known before any layer runs."""
+    return {
+        "dataset": str(dataset.path), "out": str(out), "num_nodes": dataset.num_nodes,
+        "num_edges": dataset.num_edges, "num_layers": num_layers,
+        "model": model_name, "order": order_name,
+        "policy": policy, "feature_reader": reader_name,
+        "chunk_rows": int(fingerprint["chunk_rows"]), "num_chunks": num_chunks,
+        "memory_budget_bytes": budget, "resumed": resumed, "resumed_chunks": 0, "layers": [],
+    }
+
+
+def _infer_into(work: Path, out: Path, lock_fd: int, dataset: Dataset, model, fingerprint: dict,
+                perm, perm_a, order_name: str, gcn: bool, dims: list[int], budget: int,
+                chunk_rows: int, num_chunks: int, policy: str, features, block_rows,
+                cache_chunks, progress: bool, on_chunk) -> dict:
+    """Compute every layer into ``work`` (resuming what it holds) and rename it to ``out``."""
+    import zarr
+
+    n = dataset.num_nodes
+    num_layers = len(dims) - 1
     state = {"fingerprint": fingerprint, "layers_done": 0, "layer": 0, "chunks_done": 0,
              "complete": False}
-    pfile = out / PROGRESS_FILE
-    if out.exists():
-        old = None
-        if pfile.is_file():
-            try:
-                old = json.loads(pfile.read_text())
-            except (OSError, json.JSONDecodeError):
-                old = None
-        if old is not None and old.get("fingerprint") == fingerprint:
-            state = old
-        elif overwrite:
-            shutil.rmtree(out)
-        else:
-            raise OocError(f"{out}: already exists and is not a resumable run of this model, "
-                           "dataset, order and chunk size (pass overwrite=True / --overwrite)")
+    pfile = work / PROGRESS_FILE
+    old = _read_progress(work)
+    if old is not None and old.get("fingerprint") == fingerprint:
+        state = old
+    elif any(work.iterdir()):  # a partial output of another run: start over
+        for p in work.iterdir():
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     resumed = bool(state["layers_done"] or state["chunks_done"])
-    group = zarr.open_group(str(out), mode="a")
+    rowof = perm_a
+    if perm is not None:
+        rowof = np.empty(n, dtype=np.int64)
+        rowof[perm] = np.arange(n, dtype=np.int64)
+    group = zarr.open_group(str(work), mode="a")
     group.attrs.update({"format": "ooc-layerwise-inference", "order": order_name,
                         "chunk_rows": chunk_rows, "num_layers": num_layers,
-                        "arrays": [f"h{i + 1}" for i in range(num_layers)]})
+                        "arrays": [f"h{i + 1}" for i in range(num_layers)], "complete": False})
     if perm is not None and "row_of_node" not in group:
         group.create_array("row_of_node", data=rowof, chunks=(max(chunk_rows, 1 << 20),),
                            compressors=None)
     write_json(pfile, state)
 
-    gcn = getattr(model, "kind", None) == "gcn" or bool(getattr(model, "gcn_norm", False))
     dinv = None
     if gcn:
         deg = nonloop_in_degree(dataset.indptr, np.asarray(dataset.indices)) + 1
@@ -347,60 +506,50 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     indptr = dataset.indptr
     indices = np.asarray(dataset.indices)
     scratch = np.full(n, -1, dtype=np.int64)
-    num_chunks = -(-n // chunk_rows) if n else 0
+    report = _base_report(dataset, out, fingerprint, num_layers, num_chunks, budget, policy,
+                          order_name, reader_name, resumed, _model_name(model))
+    report["dims"] = dims
 
-    report: dict[str, Any] = {
-        "dataset": str(dataset.path), "out": str(out), "num_nodes": n,
-        "num_edges": dataset.num_edges, "num_layers": num_layers,
-        "model": getattr(model, "kind", type(model).__name__), "order": order_name,
-        "policy": policy, "feature_reader": reader_name, "chunk_rows": chunk_rows,
-        "num_chunks": num_chunks, "memory_budget_bytes": budget, "resumed": resumed,
-        "resumed_chunks": 0, "layers": [],
-    }
+    try:
+        with _PeakRss() as peak, torch.inference_mode():
+            trim_malloc()
+            base_rss = _rss()
+            report["start_rss_bytes"] = base_rss
+            rows = min(chunk_rows, max(n, 1))
+            for l in range(num_layers):  # the budget still holds every layer's minimum
+                plan_memory(budget, base_rss, rows, dims[l], dims[l + 1], True, cache_chunks)
+            for l in range(num_layers):
+                name = f"h{l + 1}"
+                if l < state["layers_done"]:
+                    report["resumed_chunks"] += num_chunks
+                    report["layers"].append({"layer": l + 1, "skipped": True})
+                    continue
+                peak.reset()
+                lrep = _run_layer(l, model, dataset, group, name, reader, perm_a, rowof, indptr,
+                                  indices, scratch, dinv, budget, chunk_rows, num_chunks, policy,
+                                  block_rows, cache_chunks, state, pfile, on_chunk, progress)
+                lrep["peak_rss"] = peak.sample()
+                report["resumed_chunks"] += lrep.pop("resumed_chunks")
+                report["layers"].append(lrep)
+                state.update(layers_done=l + 1, layer=l + 1, chunks_done=0)
+                write_json(pfile, state)
 
-    with _PeakRss() as peak, torch.inference_mode():
-        trim_malloc()
-        base_rss = _rss()
-        report["start_rss_bytes"] = base_rss
-        # every layer's minimum (two output chunk buffers) must fit: fail now, not mid-run
-        rows = min(chunk_rows, max(n, 1))
-        d = dataset.feature_dim
-        dims = [d]
-        for l in range(num_layers):
-            d_out = _probe_out_dim(model, l, d, gcn)
-            plan_memory(budget, base_rss, rows, d, d_out, True, cache_chunks)
-            dims.append(d_out)
-            d = d_out
-        report["dims"] = dims
-        for l in range(num_layers):
-            name = f"h{l + 1}"
-            if l < state["layers_done"]:
-                report["resumed_chunks"] += num_chunks
-                report["layers"].append({"layer": l + 1, "skipped": True})
-                continue
-            peak.reset()
-            lrep = _run_layer(l, model, dataset, group, name, reader, perm_a, rowof, indptr,
-                              indices, scratch, dinv, budget, chunk_rows, num_chunks, policy,
-                              block_rows, cache_chunks, state, pfile, on_chunk, progress)
-            lrep["peak_rss"] = peak.sample()
-            report["resumed_chunks"] += lrep.pop("resumed_chunks")
-            report["layers"].append(lrep)
-            state.update(layers_done=l + 1, layer=l + 1, chunks_done=0)
-            write_json(pfile, state)
-
-        # ---- predictions and accuracy ----
-        t0 = time.perf_counter()
-        acc = _predictions(dataset, group, f"h{num_layers}", perm_a, chunk_rows, num_chunks)
-        report["predict_s"] = time.perf_counter() - t0
-        report.update(acc)
-    if reader_name == "direct":
-        reader.close()
+            # ---- predictions and accuracy ----
+            t0 = time.perf_counter()
+            acc = _predictions(dataset, group, f"h{num_layers}", perm_a, chunk_rows, num_chunks)
+            report["predict_s"] = time.perf_counter() - t0
+            report.update(acc)
+    finally:
+        if reader_name == "direct":
+            reader.close()
+    group.attrs["complete"] = True
     state["complete"] = True
     write_json(pfile, state)
+    _fsync_path(work)
+    _swap_in(work, out)
     report["peak_rss_bytes"] = peak.peak
     report["within_budget"] = peak.peak <= budget
     report["bytes_read"] = int(sum(x.get("bytes_read", 0) for x in report["layers"]))
-    report["time_s"] = time.perf_counter() - t_start
     done = [x for x in report["layers"] if not x.get("skipped")]
     hits = sum(x["cache"]["hits"] for x in done if x.get("cache"))
     miss = sum(x["cache"]["misses"] for x in done if x.get("cache"))
@@ -624,12 +773,16 @@ def _run_layer(l, model, dataset, group, name, reader, perm, rowof, indptr, indi
 
 
 def _predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows: int,
-                 num_chunks: int) -> dict:
-    """Write ``pred`` (argmax of the last layer, processing order) and accuracies."""
+                 num_chunks: int, write: bool = True) -> dict:
+    """Write ``pred`` (argmax of the last layer, processing order) and accuracies
+    (``write=False``: read ``pred`` as it is)."""
     n = perm.shape[0]
     arr = group[name]
-    pred_arr = group.create_array("pred", shape=(n,), dtype="int64", chunks=(chunk_rows,),
-                                  compressors=None, fill_value=-1, overwrite=True)
+    if write:
+        pred_arr = group.create_array("pred", shape=(n,), dtype="int64", chunks=(chunk_rows,),
+                                      compressors=None, fill_value=-1, overwrite=True)
+    else:
+        pred_arr = group["pred"]
     has_labels = dataset.num_classes > 0
     splits = {"train": dataset.train_idx, "val": dataset.val_idx, "test": dataset.test_idx}
     split_of = None
@@ -641,8 +794,11 @@ def _predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_row
     total = np.zeros(4, dtype=np.int64)
     for c in range(num_chunks):
         c0, c1 = c * chunk_rows, min(n, (c + 1) * chunk_rows)
-        p = np.asarray(arr[c0:c1]).argmax(axis=1).astype(np.int64)
-        pred_arr[c0:c1] = p
+        if write:
+            p = np.asarray(arr[c0:c1]).argmax(axis=1).astype(np.int64)
+            pred_arr[c0:c1] = p
+        else:
+            p = np.asarray(pred_arr[c0:c1])
         if has_labels:
             nodes = perm[c0:c1]
             y = np.asarray(dataset.labels[nodes])
