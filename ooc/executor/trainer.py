@@ -356,6 +356,12 @@ class Trainer:
             self._pipeline.close()
             self._pipeline = None
 
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- checkpoints ---------------------------------------------------------
     def save(self, checkpoint_dir: str | Path, args: dict[str, Any] | None = None) -> Path:
         """Checkpoint the last completed epoch into ``checkpoint_dir``."""
