@@ -98,6 +98,71 @@ def test_save_load_beside_dataset(dataset):
     open_dataset(dataset.path, verify=True)   # the extra folder does not disturb the dataset
 
 
+def test_corrupt_saved_cache_is_rebuilt(dataset, tmp_path):
+    """A saved cache whose counts or ids do not fit the dataset is rebuilt, not trusted."""
+    import shutil
+
+    path = tmp_path / "ds"
+    shutil.copytree(dataset.path, path, ignore=shutil.ignore_patterns("neighbor_cache"))
+    ds = open_dataset(path)
+    budget = 8 * ds.num_nodes + 6000
+    good = load_or_build_neighbor_cache(ds, budget)
+    folder = cache_dir(path, budget)
+    ca = np.load(folder / "cache_array.npy")
+    v = int(np.flatnonzero(good.address_table >= 0)[0])
+    ca[good.address_table[v] + 1] = 10**6          # an id out of range
+    np.save(folder / "cache_array.npy", ca)
+    again = load_or_build_neighbor_cache(ds, budget)
+    np.testing.assert_array_equal(again.cache_array, good.cache_array)
+    np.testing.assert_array_equal(np.load(folder / "cache_array.npy"), good.cache_array)
+
+
+def test_bad_index_while_building_names_position(dataset, tmp_path):
+    import shutil
+
+    from ooc.storage import DatasetError
+
+    path = tmp_path / "ds"
+    shutil.copytree(dataset.path, path, ignore=shutil.ignore_patterns("neighbor_cache"))
+    ds = open_dataset(path)   # corrupted after the checks at open: the kernels find it
+    mm = np.memmap(path / "indices.bin", dtype=np.int32, mode="r+")
+    mm[123] = -3
+    mm.flush()
+    del mm
+    with pytest.raises(DatasetError, match=r"indices.bin: node id -3 at position 123 is out of range"):
+        load_or_build_neighbor_cache(ds, 8 * ds.num_nodes + 6000)
+
+
+def test_read_only_dataset_uses_user_cache(dataset, tmp_path, monkeypatch):
+    """When the dataset folder cannot take the cache, it goes to $OOC_CACHE keyed by meta.json."""
+    import shutil
+
+    from ooc.inspector import neighbor_cache as NC
+    from ooc.storage import atomic
+
+    path = tmp_path / "ro"
+    shutil.copytree(dataset.path, path, ignore=shutil.ignore_patterns("neighbor_cache"))
+    ds = open_dataset(path)
+    monkeypatch.setenv("OOC_CACHE", str(tmp_path / "user"))
+    real_mkdtemp = atomic.tempfile.mkdtemp
+
+    def read_only(prefix="", dir=None):
+        if str(dir).startswith(str(path)):
+            raise OSError(30, "Read-only file system", str(dir))
+        return real_mkdtemp(prefix=prefix, dir=dir)
+
+    monkeypatch.setattr(atomic.tempfile, "mkdtemp", read_only)
+    budget = 8 * ds.num_nodes + 6000
+    c = load_or_build_neighbor_cache(ds, budget)
+    user = NC.user_cache_dir(ds, budget)
+    assert user.is_relative_to(tmp_path / "user") and (user / "meta.json").exists()
+    assert not (path / "neighbor_cache" / str(budget) / "meta.json").exists()
+    again = load_or_build_neighbor_cache(ds, budget)
+    np.testing.assert_array_equal(again.cache_array, c.cache_array)
+    ref = build_neighbor_cache(ds.indptr, ds.indices, budget)
+    np.testing.assert_array_equal(c.cache_array, ref.cache_array)
+
+
 def sample_all(dataset, source, group_size=16):
     batches = epoch_batches(dataset.train_idx, 25, seed=5, epoch=1)
     seeds = [derive_seed(5, 1, i) for i in range(len(batches))]

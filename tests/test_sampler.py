@@ -184,6 +184,32 @@ def test_bad_input(graph):
     assert empty.num_sampled_nodes == [0, 0] and empty.num_sampled_edges == [0]
 
 
+@pytest.mark.parametrize("bad_id", [2**31 - 1, -3, 600])
+def test_neighbour_id_out_of_range_names_position(graph, tmp_path, bad_id):
+    """A bad id anywhere a sample reaches is a DatasetError naming the file and
+    the id's position (not a crash); found against a brute-force search of the
+    positions the sample read."""
+    from ooc.storage import DatasetError
+
+    indptr, indices = graph
+    n = indptr.shape[0] - 1
+    path = tmp_path / "indices.bin"
+    mm = np.memmap(path, dtype=np.int32, mode="w+", shape=indices.shape)
+    mm[:] = indices
+    seeds = np.arange(0, n, 7)
+    ok = NeighborSampler(indptr, mm, [5, 5]).sample(seeds, 3)
+    hop1 = ok.edge_index[:, :ok.num_sampled_edges[0]]
+    # the position of the first hop-1 edge: its target's list holds its source
+    v = ok.node_ids[hop1[1, 0]]
+    u = ok.node_ids[hop1[0, 0]]
+    pos = int(indptr[v] + np.flatnonzero(indices[indptr[v]:indptr[v + 1]] == u)[0])
+    mm[pos] = bad_id
+    mm.flush()
+    with pytest.raises(DatasetError, match=rf"indices.bin: node id {bad_id} at position {pos} "
+                                           rf"is out of range \[0, {n}\)"):
+        NeighborSampler(indptr, mm, [5, 5]).sample(seeds, 3)
+
+
 def test_pyg_graphsage_trim_to_layer(graph):
     torch = pytest.importorskip("torch")
     pytest.importorskip("torch_geometric")

@@ -79,8 +79,38 @@ def fill_cache(nodes, addr, indptr, indices, cache_array):
 
 @nb.njit(cache=True)
 def out_degrees(indices, num_nodes, start, stop, deg):
+    """deg[indices[e]] += 1 for e in [start, stop); returns the first e whose
+    id is outside ``[0, num_nodes)`` (counting stops there), else -1."""
     for e in range(start, stop):
-        deg[indices[e]] += 1
+        v = indices[e]
+        if v < 0 or v >= num_nodes:
+            return e
+        deg[v] += 1
+    return -1
+
+
+@nb.njit(parallel=True, cache=True)
+def check_cache(address_table, cache_array, indptr, num_nodes, status):
+    """Validate a neighbor cache against ``indptr`` (int64 [N+1]).
+
+    ``status[v]`` (int8 [N], zeroed) becomes 1 when v's entry is outside
+    ``cache_array`` or its count is not v's in-degree, 2 when one of its
+    neighbour ids is outside ``[0, num_nodes)``.
+    """
+    m = cache_array.shape[0]
+    for v in prange(address_table.shape[0]):
+        a = address_table[v]
+        if a == -1:
+            continue
+        d = indptr[v + 1] - indptr[v]
+        if a < 0 or a + 1 + d > m or cache_array[a] != d:
+            status[v] = 1
+            continue
+        for j in range(d):
+            u = cache_array[a + 1 + j]
+            if u < 0 or u >= num_nodes:
+                status[v] = 2
+                break
 
 
 @nb.njit(parallel=True, cache=True)

@@ -141,12 +141,16 @@ def check_seeds(nodes, ptr, num_nodes, bad):
 
 
 @nb.njit(parallel=True, cache=True)
-def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, src, dst, new_nodes, new_cnt):
+def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, num_nodes, src, dst, new_nodes,
+              new_cnt, bad):
     """Map sampled neighbours to local ids, appending unseen ones in frontier order.
 
     For batch b the frontier is the last ``front_ptr[b+1]-front_ptr[b]`` of its
     ``all_ptr[b+1]-all_ptr[b]`` nodes so far. New nodes of batch b go to
     ``new_nodes[offsets[front_ptr[b]]:]``; their count to ``new_cnt[b]``.
+    Every neighbour id is bounds-checked: ``bad[b]`` (preset to -1) gets the
+    position in ``nbr`` of batch b's first id outside ``[0, num_nodes)``, and
+    that batch stops there.
     """
     for b in prange(all_ptr.shape[0] - 1):
         a0 = all_ptr[b]
@@ -177,6 +181,9 @@ def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, src, dst, new_nodes, 
             ldst = n0 - fcnt + (i - f0)
             for e in range(offsets[i], offsets[i + 1]):
                 u = nbr[e]
+                if u < 0 or u >= num_nodes:
+                    bad[b] = e
+                    break
                 h = _slot(u, mask)
                 lid = -1
                 while True:
@@ -194,6 +201,8 @@ def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, src, dst, new_nodes, 
                     h = (h + 1) & mask
                 src[e] = lid
                 dst[e] = ldst
+            if bad[b] >= 0:
+                break
         new_cnt[b] = cnt
 
 
@@ -219,8 +228,17 @@ def merge_nodes(all_nodes, all_ptr, new_nodes, new_src, new_cnt, out_nodes, out_
 
 @nb.njit(parallel=True, cache=True)
 def gather_in_memory(edge_pos, indices, out):
+    """out[e] = indices[edge_pos[e]]; returns how many positions lay outside
+    ``indices`` (their ``out`` is left unset)."""
+    m = indices.shape[0]
+    outside = 0
     for e in prange(edge_pos.shape[0]):
-        out[e] = indices[edge_pos[e]]
+        p = edge_pos[e]
+        if p < 0 or p >= m:
+            outside += 1
+        else:
+            out[e] = indices[p]
+    return outside
 
 
 # ---------------------------------------------------------------- pure Python twins

@@ -12,11 +12,19 @@ memmap of ``indices.bin`` reads it sequentially.
 
 Built once and saved beside the dataset as
 ``<dataset>/neighbor_cache/<budget_bytes>/`` (written atomically; dataset
-readers ignore the extra folder) and loaded at the start of each superbatch
-sample.
+readers ignore the extra folder), or, when the dataset folder is not
+writable, in the user cache folder (``$OOC_CACHE``, else
+``$XDG_CACHE_HOME/ooc`` or ``~/.cache/ooc``) under
+``neighbor_cache/<dataset identity>/<budget_bytes>/``, the identity being a
+hash of the dataset's ``meta.json`` (sizes and checksums of its files). A
+saved cache is checked against ``indptr`` when loaded (entries inside the
+array, counts equal to the in-degrees, ids in range) and rebuilt when it
+does not match; ids out of range while building are an error naming
+``indices.bin`` and the position.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -25,11 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from ooc.storage.atomic import atomic_dir, write_json
+from ooc.storage.dataset import index_range_error
+from ooc.storage.errors import DatasetError
 
 from . import _neighbor_cache_kernels as NK
 
 __all__ = ["NeighborCache", "build_neighbor_cache", "cache_dir", "load_or_build_neighbor_cache",
-           "full_cache_bytes", "compute_out_degrees"]
+           "full_cache_bytes", "compute_out_degrees", "user_cache_dir"]
 
 CACHE_VERSION = 1
 
@@ -75,24 +85,68 @@ class NeighborCache:
 
     @classmethod
     def load(cls, folder: str | os.PathLike, mmap: bool = False) -> "NeighborCache":
-        """Load a saved cache (into RAM unless ``mmap``)."""
+        """Load a saved cache (into RAM unless ``mmap``).
+
+        Raises:
+            DatasetError: a file is missing, unreadable or does not match meta.json.
+        """
         folder = Path(folder)
-        meta = json.loads((folder / "meta.json").read_text())
-        if meta.get("version") != CACHE_VERSION:
-            raise ValueError(f"{folder / 'meta.json'}: unknown neighbor cache version {meta.get('version')}")
-        mode = "r" if mmap else None
-        at = np.load(folder / "address_table.npy", mmap_mode=mode)
-        ca = np.load(folder / "cache_array.npy", mmap_mode=mode)
-        if at.dtype != np.int64 or at.shape != (meta["num_nodes"],) or ca.shape != (meta["cache_entries"],):
-            raise ValueError(f"{folder}: neighbor cache files do not match meta.json")
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+            if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION:
+                raise DatasetError(folder / "meta.json", "not a neighbor cache of version "
+                                                         f"{CACHE_VERSION}")
+            mode = "r" if mmap else None
+            at = np.load(folder / "address_table.npy", mmap_mode=mode, allow_pickle=False)
+            ca = np.load(folder / "cache_array.npy", mmap_mode=mode, allow_pickle=False)
+            ok = (at.dtype == np.int64 and at.shape == (meta.get("num_nodes"),)
+                  and ca.dtype.name == meta.get("index_dtype")
+                  and ca.shape == (meta.get("cache_entries"),))
+        except (OSError, ValueError, EOFError, UnicodeDecodeError) as e:
+            raise DatasetError(folder, f"unreadable neighbor cache ({e})") from None
+        if not ok:
+            raise DatasetError(folder, "neighbor cache files do not match its meta.json")
         return cls(at, ca, meta)
+
+    def check(self, indptr: np.ndarray, indices_path: str | os.PathLike = "indices.bin") -> None:
+        """Check the cache against ``indptr`` (int64 [N+1]) and the id range.
+
+        Raises:
+            DatasetError: naming ``indices_path`` and the position of an id out
+                of range, or the cache (an entry that does not fit ``indptr``).
+        """
+        indptr = np.ascontiguousarray(indptr, dtype=np.int64)
+        n = indptr.shape[0] - 1
+        if self.address_table.shape != (n,):
+            raise DatasetError(indices_path, f"neighbor cache covers {self.address_table.shape[0]} "
+                                             f"nodes, the graph has {n}")
+        status = np.zeros(n, dtype=np.int8)
+        NK.check_cache(self.address_table, self.cache_array, indptr, n, status)
+        bad = np.flatnonzero(status)
+        if not bad.size:
+            return
+        v = int(bad[0])
+        if status[v] == 1:
+            raise DatasetError(indices_path, f"neighbor cache entry of node {v} does not match "
+                                             f"its in-degree")
+        ids = self.neighbors(v)
+        j = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
+        raise index_range_error(Path(indices_path), int(indptr[v]) + j, int(ids[j]), n)
 
 
 def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np.ndarray:
-    """int64 [N] out-degrees from an indices array/memmap, streamed in chunks."""
+    """int64 [N] out-degrees from an indices array/memmap, streamed in chunks.
+
+    Raises:
+        DatasetError: an id outside ``[0, num_nodes)``, naming the file and position.
+    """
     deg = np.zeros(num_nodes, dtype=np.int64)
     for a in range(0, indices.shape[0], chunk):
-        NK.out_degrees(np.asarray(indices[a:a + chunk]), num_nodes, 0, min(chunk, indices.shape[0] - a), deg)
+        part = np.asarray(indices[a:a + chunk])
+        e = NK.out_degrees(part, num_nodes, 0, part.shape[0], deg)
+        if e >= 0:
+            path = getattr(indices, "filename", None) or "indices.bin"
+            raise index_range_error(Path(path), a + int(e), int(part[e]), num_nodes)
     return deg
 
 
@@ -154,21 +208,61 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
 
 
 def cache_dir(dataset_path: str | os.PathLike, budget_bytes: int) -> Path:
-    """Where the cache of ``budget_bytes`` for a dataset lives."""
+    """Where the cache of ``budget_bytes`` for a dataset lives beside it."""
     return Path(dataset_path) / "neighbor_cache" / str(int(budget_bytes))
 
 
-def load_or_build_neighbor_cache(dataset, budget_bytes: int) -> NeighborCache:
-    """Load ``<dataset>/neighbor_cache/<budget>/``, building and saving it first if absent.
+def user_cache_dir(dataset, budget_bytes: int) -> Path:
+    """Where the cache lives when the dataset folder is not writable: the user
+    cache folder, keyed by a hash of the dataset's ``meta.json``."""
+    from ooc.storage.probe import cache_dir as user_root
 
-    ``dataset`` is an :class:`ooc.storage.Dataset`.
-    """
-    folder = cache_dir(dataset.path, budget_bytes)
-    if (folder / "meta.json").exists():
+    ident = hashlib.sha256((Path(dataset.path) / "meta.json").read_bytes()).hexdigest()[:24]
+    return user_root() / "neighbor_cache" / ident / str(int(budget_bytes))
+
+
+def _load_valid(folder: Path, dataset) -> NeighborCache | None:
+    """The cache saved in ``folder`` if it is there, readable and fits the dataset."""
+    if not (folder / "meta.json").exists():
+        return None
+    try:
         cache = NeighborCache.load(folder)
-        if (cache.meta.get("num_nodes") == dataset.num_nodes
-                and cache.meta.get("num_edges") == dataset.num_edges):
-            return cache
+        if cache.meta.get("num_edges") != dataset.num_edges:
+            return None
+        cache.check(dataset.indptr, dataset.file("indices.bin"))
+    except DatasetError:
+        return None
+    return cache
+
+
+def load_or_build_neighbor_cache(dataset, budget_bytes: int) -> NeighborCache:
+    """Load the dataset's neighbor cache of ``budget_bytes``, building and saving it
+    first if there is none that fits (see the module docstring for where).
+
+    ``dataset`` is an :class:`ooc.storage.Dataset`. A cache that cannot be saved
+    anywhere is still returned (and built again next time).
+
+    Raises:
+        DatasetError: ``indices.bin`` holds an id out of range (file and position named).
+    """
+    here = cache_dir(dataset.path, budget_bytes)
+    try:
+        there = user_cache_dir(dataset, budget_bytes)
+    except OSError:
+        there = None
+    for folder in (here, there):
+        if folder is not None:
+            cache = _load_valid(folder, dataset)
+            if cache is not None:
+                return cache
     cache = build_neighbor_cache(dataset.indptr, dataset.indices, budget_bytes)
-    cache.save(folder, overwrite=True)
+    cache.check(dataset.indptr, dataset.file("indices.bin"))
+    for folder in (here, there):
+        if folder is None:
+            continue
+        try:
+            cache.save(folder, overwrite=True)
+            break
+        except OSError:
+            continue
     return cache

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..storage.errors import DatasetError
 from . import _neighbor_cache_kernels as NK
 from . import _sampler_kernels as K
 
 __all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors", "CachedNeighbors",
-           "DirectNeighbors", "open_neighbor_source"]
+           "DirectNeighbors", "open_neighbor_source", "source_path"]
 
 PAGE = 4096
 
@@ -87,7 +88,10 @@ class InMemoryNeighbors(NeighborSource):
 
     def gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
-        K.gather_in_memory(req.edge_pos, self.indices, out)
+        if K.gather_in_memory(req.edge_pos, self.indices, out):
+            raise DatasetError(source_path(self), f"holds {self.indices.shape[0]} ids, but a "
+                                                  f"neighbour list reaches position "
+                                                  f"{int(req.edge_pos.max())} (indptr does not match)")
         return out
 
 
@@ -201,14 +205,25 @@ class DirectNeighbors(NeighborSource):
             self.reader = None
 
 
+def source_path(source) -> str:
+    """The indices file a neighbour source reads, for error messages: its
+    ``path``, its memmap's file name, or those of its ``fallback``."""
+    for obj in (source, getattr(source, "fallback", None)):
+        p = getattr(obj, "path", None) or getattr(getattr(obj, "indices", None), "filename", None)
+        if p:
+            return os.fspath(p)
+    return "indices.bin"
+
+
 def open_neighbor_source(dataset, cache_bytes: int | None = None, direct: bool = True,
                          queue_depth: int = 64, io_backend: str = "auto") -> NeighborSource:
     """The neighbour source for an :class:`ooc.storage.Dataset`.
 
     ``direct=False``: the ``indices.bin`` memmap. Otherwise O_DIRECT reads of
-    ``indices.bin`` behind the neighbor cache of ``cache_bytes`` (loaded from
-    ``<dataset>/neighbor_cache/<cache_bytes>/``, built and saved there the
-    first time); no cache when ``cache_bytes`` is None or 0. Close it when done.
+    ``indices.bin`` behind the neighbor cache of ``cache_bytes`` (see
+    :func:`~.neighbor_cache.load_or_build_neighbor_cache`: built the first time
+    and saved beside the dataset, or in the user cache folder when the dataset
+    is read-only); no cache when ``cache_bytes`` is None or 0. Close it when done.
     """
     if not direct:
         return InMemoryNeighbors(dataset.indices)

@@ -23,8 +23,9 @@ from typing import Sequence
 import numba
 import numpy as np
 
+from ..storage.dataset import index_range_error
 from . import _sampler_kernels as K
-from .neighbors import InMemoryNeighbors, NeighborRequest, NeighborSource
+from .neighbors import InMemoryNeighbors, NeighborRequest, NeighborSource, source_path
 
 __all__ = ["SampledBatch", "NeighborSampler", "derive_seed", "epoch_batches"]
 
@@ -149,6 +150,10 @@ class NeighborSampler:
         """Sample many batches on all cores; ``batch_seeds[i]`` seeds batch i.
 
         Identical to ``[self.sample(s, b) for s, b in zip(...)]``.
+
+        Raises:
+            DatasetError: a neighbour id from the source is outside
+                ``[0, N)``; names the indices file and the id's position.
         """
         if len(seed_batches) != len(batch_seeds):
             raise ValueError("seed_batches and batch_seeds differ in length")
@@ -196,7 +201,13 @@ class NeighborSampler:
             dst = np.empty(m, dtype=np.int64)
             new_nodes = np.empty(m, dtype=np.int64)
             new_cnt = np.zeros(B, dtype=np.int64)
-            K.hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, src, dst, new_nodes, new_cnt)
+            bad_pos = np.full(B, -1, dtype=np.int64)
+            K.hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, self.num_nodes, src, dst,
+                        new_nodes, new_cnt, bad_pos)
+            if (bad_pos >= 0).any():
+                e = int(bad_pos[bad_pos >= 0].min())
+                raise index_range_error(source_path(self.source), int(epos[e]), int(nbr[e]),
+                                        self.num_nodes)
             eptr = offsets[front_ptr]
             hop_new.append(new_cnt)
             hop_edges.append((src, dst, eptr))
