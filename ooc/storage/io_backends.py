@@ -42,12 +42,13 @@ from .notes import note
 #: name -> "module:Class" (imported on first use, so a broken binding is never
 #: imported by a process that does not read with it).
 REGISTRY: dict[str, str] = {
+    "io_uring": "ooc.storage.io_uring:NativeUringBackend",
     "liburing": "ooc.storage.io_liburing:LiburingBackend",
     "preadv": "ooc.storage.io_preadv:PreadvBackend",
     "mmap": "ooc.storage.io_mmap:MmapBackend",
 }
 #: What ``backend="auto"`` tries, in order.
-AUTO_ORDER: tuple[str, ...] = ("liburing", "preadv", "mmap")
+AUTO_ORDER: tuple[str, ...] = ("io_uring", "liburing", "preadv", "mmap")
 #: Every accepted ``backend=`` / ``--io-backend`` value.
 CHOICES: tuple[str, ...] = ("auto",) + tuple(REGISTRY)
 
