@@ -1,24 +1,33 @@
-"""Benchmark the direct reader against fio: 4 KiB random-read IOPS and feature gather.
+"""Benchmark the direct reader's backends against fio: 4 KiB random reads, and feature gather.
 
-    python tools/bench_reader.py --file /var/tmp/ooc_bench.bin --size 2GiB \
-        --depths 1,16,64,128 --seconds 5 --report bench_out/reader.json
+    python tools/bench_reader.py --file /var/tmp/ooc_bench_reader.bin --size 2GiB \
+        --depths 1,16,64,128 --seconds 3 --repeat 3 --report bench_out/reader.json
 
-Creates the file when missing (random bytes), drops it from the page cache
-(``posix_fadvise(DONTNEED)``) before every run, then for every queue depth
-measures ``DirectReader.read_pages`` (io_uring, preadv, mmap backends) on
-batches of random unique pages, and ``fio --ioengine=io_uring --direct=1``
-when fio is installed; ``ratio`` is ours / fio at the same depth. Then
-``DirectFeatures.read`` throughput on batches of random row ids, the same
-file viewed as a dim-128 float32 feature table. Prints a markdown table;
-``--report`` writes the numbers as JSON.
+Two files: ``--file`` on the disk, and ``--tmpfs-file`` on tmpfs (RAM; a read
+there costs CPU and no device time, so it measures what a backend costs per
+read). Both are created when missing (random bytes; the tmpfs one is removed
+at the end when this run created it). For every file and queue depth,
+``--repeat`` interleaved rounds each run fio (``--direct=1``, io_uring
+engine; see ``tools/fio.py``) and every backend (``DirectReader.read_pages``
+on batches of ``--batch`` random unique pages, the file dropped from the page
+cache first), the order rotated each round; the table gives medians, and the
+ratio is the median of the per-round ratios (the disk's speed drifts). CPU
+per read counts every thread of the process (io_uring's ``iou-wrk`` workers
+and preadv threads included), as fio's does.
+
+A backend whose probe fails here (e.g. the python ``liburing`` wheel dying
+of SIGILL on a CPU without AVX-512) is left out of the table, with the
+probe's verdict printed and written to the report. Then
+``DirectFeatures.read`` (native engine) on batches of random rows of the
+disk file viewed as a dim-128 float32 table. ``--report`` writes JSON with
+``native_vs_fio`` (disk IOPS ratio by queue depth), ``native_vs_fio_tmpfs``
+and ``native_cpu_vs_fio_tmpfs`` (CPU per read, ours / fio's, on tmpfs).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,17 +35,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fio  # noqa: E402  (tools/fio.py)
+
+from ooc.cli import parse_size  # noqa: E402
 from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, aligned_empty  # noqa: E402
+from ooc.storage import io_backends, probe  # noqa: E402
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
-
-
-def parse_size(s: str) -> int:
-    s = s.strip()
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = s.lower().rstrip("ib").rstrip("b") if s.lower().endswith(("ib", "b")) else s.lower()
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(float(t))
 
 
 def make_file(path: Path, size: int) -> None:
@@ -79,31 +83,12 @@ def bench_reader(path: Path, backend: str, qd: int, seconds: float, batch: int,
         dt = time.perf_counter() - t0 - t_plan  # page-id generation is not the reader's cost
         cpu = time.process_time() - c0 - t_plan
         s = r.stats
-        return {"backend": r.backend, "queue_depth": qd, "o_direct": r.o_direct,
+        return {"backend": r.backend, "label": r.backend_label, "queue_depth": qd,
+                "o_direct": r.o_direct,
                 "seconds": dt, "pages": s.pages, "read_ops": s.read_ops,
                 "iops": s.read_ops / dt, "pages_per_s": s.pages / dt,
                 "mb_per_s": s.bytes_read / dt / 1e6,
                 "cpu_us_per_op": cpu / max(1, s.read_ops) * 1e6, "cpu_util": cpu / dt}
-
-
-def bench_fio(path: Path, qd: int, seconds: float) -> dict | None:
-    fio = shutil.which("fio")
-    if fio is None:
-        return None
-    drop_page_cache(path)
-    cmd = [fio, "--name=r", f"--filename={path}", "--rw=randread", "--bs=4k", "--direct=1",
-           "--ioengine=io_uring", f"--iodepth={qd}", f"--runtime={seconds:g}", "--time_based",
-           "--output-format=json"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        print(f"fio failed: {res.stderr.strip()[:200]}", file=sys.stderr)
-        return None
-    j = json.loads(res.stdout[res.stdout.index("{"):])
-    job = j["jobs"][0]
-    rd = job["read"]
-    cpu_s = (job.get("usr_cpu", 0) + job.get("sys_cpu", 0)) / 100 * job.get("job_runtime", 0) / 1e3
-    return {"iops": rd["iops"], "mb_per_s": rd["bw_bytes"] / 1e6,
-            "cpu_us_per_op": cpu_s / max(1, rd["total_ios"]) * 1e6, "cmd": " ".join(cmd)}
 
 
 def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
@@ -135,95 +120,184 @@ def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
                 "ms_per_batch": dt / (n / rows) * 1e3}
 
 
+
+
+def usable_backends(names: list[str], path: Path) -> tuple[list[str], dict[str, str]]:
+    """The backends that work on ``path`` here, and why each other one does not."""
+    ok, excluded = [], {}
+    for b in names:
+        cls = io_backends.backend_class(b)
+        if cls.probe_in_child:
+            v = probe.verdict(b, io_backends.REGISTRY[b], str(path))
+            if not v.ok:
+                excluded[b] = v.reason
+                continue
+        ok.append(b)
+    return ok, excluded
+
+
+def median(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def measure(path: Path, where: str, depths: list[int], backends: list[str], args) -> list[dict]:
+    """Interleaved rounds of fio and every backend at every depth on one file; median rows."""
+    rows = []
+    for qd in depths:
+        runs: dict[str, list[dict]] = {b: [] for b in backends}
+        fios: list[dict | None] = []
+        for rep in range(args.repeat):
+            order = ["fio"] + backends
+            k = rep % len(order)
+            order = order[k:] + order[:k]
+            res: dict[str, dict] = {}
+            f = None
+            for b in order:
+                if b == "fio":
+                    if not args.no_fio:
+                        drop_page_cache(path)
+                        f = fio.run_fio(path, qd, args.seconds)
+                    continue
+                res[b] = bench_reader(path, b, qd, args.seconds, args.batch,
+                                      args.seed + 1000 * rep + qd)
+            fios.append(f)
+            for b, r in res.items():
+                r["fio_iops"] = f["iops"] if f else None
+                r["fio_cpu_us_per_op"] = f["cpu_us_per_op"] if f else None
+                r["ratio_vs_fio"] = r["iops"] / f["iops"] if f else None
+                r["cpu_vs_fio"] = r["cpu_us_per_op"] / f["cpu_us_per_op"] \
+                    if f and f["cpu_us_per_op"] > 0 else None
+                runs[b].append(r)
+                print(f"{where} qd={qd:4d} {b:9s} {r['iops']:9.0f} IOPS "
+                      f"{r['cpu_us_per_op']:6.2f} us/op"
+                      + (f"  fio {f['iops']:9.0f} IOPS {f['cpu_us_per_op']:6.2f} us/op  "
+                         f"ratio {r['ratio_vs_fio']:.2f}" if f else ""), file=sys.stderr)
+        for b in backends:
+            rs = runs[b]
+            med = {k: median([r[k] for r in rs]) for k in
+                   ("iops", "pages_per_s", "mb_per_s", "cpu_us_per_op", "cpu_util",
+                    "fio_iops", "fio_cpu_us_per_op", "ratio_vs_fio", "cpu_vs_fio")}
+            rows.append({"file": where, "backend": b, "label": rs[0]["label"],
+                         "queue_depth": qd, "o_direct": rs[0]["o_direct"], **med,
+                         "fio_job_cpu_us_per_op": median(
+                             [f["job_cpu_us_per_op"] for f in fios if f]),
+                         "runs": rs, "fio_runs": fios})
+    return rows
+
+
+def by_depth(rows: list[dict], where: str, key: str) -> dict[str, float]:
+    return {str(r["queue_depth"]): r[key] for r in rows
+            if r["file"] == where and r["backend"] == "io_uring" and r[key] is not None}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--file", default="/var/tmp/ooc_bench_reader.bin", type=Path,
-                    help="benchmark file (created when missing; default %(default)s)")
-    ap.add_argument("--size", default="2GiB", help="file size (default %(default)s)")
+                    help="benchmark file on the disk (created when missing; default %(default)s)")
+    ap.add_argument("--size", default="2GiB", help="its size (default %(default)s)")
+    ap.add_argument("--tmpfs-file", default="/dev/shm/ooc_bench_reader.bin",
+                    help="file on tmpfs for the CPU cost per read ('none' to skip; "
+                         "default %(default)s)")
+    ap.add_argument("--tmpfs-size", default="1GiB", help="its size (default %(default)s)")
     ap.add_argument("--depths", default="1,16,64,128", help="queue depths (default %(default)s)")
-    ap.add_argument("--backends", default="io_uring,preadv,mmap")
-    ap.add_argument("--seconds", type=float, default=5.0, help="per measurement (default 5)")
+    ap.add_argument("--backends", default="io_uring,liburing,preadv",
+                    help="backends to measure (default %(default)s; also: mmap)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="per measurement (default 3)")
     ap.add_argument("--batch", type=int, default=4096, help="random pages per read_pages call")
     ap.add_argument("--feature-rows", type=int, default=10000)
     ap.add_argument("--feature-dim", type=int, default=128)
     ap.add_argument("--no-fio", action="store_true")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="interleaved fio/ours rounds per depth; medians are reported "
-                         "(the disk's speed drifts, so single runs mislead; default 3)")
+                    help="interleaved rounds per depth; medians are reported (default 3)")
     ap.add_argument("--report", type=Path, help="write the results as JSON here")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     try:
         size = parse_size(args.size)
-    except ValueError:
-        print(f"bench_reader: bad --size {args.size!r}", file=sys.stderr)
+        tmpfs_size = parse_size(args.tmpfs_size)
+        depths = [int(x) for x in args.depths.split(",") if x]
+    except ValueError as e:
+        print(f"bench_reader: {e}", file=sys.stderr)
         return 2
-    depths = [int(x) for x in args.depths.split(",") if x]
-    backends = [b for b in args.backends.split(",") if b]
-    make_file(args.file, size)
-
-    rows = []
-    for qd in depths:
-        runs: dict[str, list[dict]] = {b: [] for b in backends}
-        for rep in range(args.repeat):
-            fio = None if args.no_fio else bench_fio(args.file, qd, args.seconds)
-            for b in backends:
-                r = bench_reader(args.file, b, qd, args.seconds, args.batch,
-                                 args.seed + 1000 * rep + qd)
-                r["fio_iops"] = fio["iops"] if fio else None
-                r["fio_cpu_us_per_op"] = fio["cpu_us_per_op"] if fio else None
-                r["ratio_vs_fio"] = r["iops"] / fio["iops"] if fio else None
-                runs[b].append(r)
-                print(f"qd={qd:4d} {b:9s} {r['iops']:10.0f} IOPS"
-                      + (f"  fio {fio['iops']:10.0f}  ratio {r['ratio_vs_fio']:.2f}"
-                         if fio else ""), file=sys.stderr)
-        for b in backends:
-            rs = runs[b]
-            med = {k: float(np.median([r[k] for r in rs]))
-                   for k in ("iops", "pages_per_s", "mb_per_s", "cpu_us_per_op", "cpu_util")}
-            fio_l = [r["fio_iops"] for r in rs if r["fio_iops"]]
-            fcpu = [r["fio_cpu_us_per_op"] for r in rs if r["fio_cpu_us_per_op"]]
-            rat_l = [r["ratio_vs_fio"] for r in rs if r["ratio_vs_fio"]]
-            rows.append({"backend": rs[0]["backend"], "queue_depth": qd,
-                         "o_direct": rs[0]["o_direct"], **med,
-                         "fio_iops": float(np.median(fio_l)) if fio_l else None,
-                         "ratio_vs_fio": float(np.median(rat_l)) if rat_l else None,
-                         "fio_cpu_us_per_op": float(np.median(fcpu)) if fcpu else None,
-                         "runs": rs})
+    names = [b for b in args.backends.split(",") if b]
+    for b in names:
+        if b not in io_backends.REGISTRY:
+            print(f"bench_reader: unknown backend {b!r} (choose from "
+                  f"{', '.join(io_backends.REGISTRY)})", file=sys.stderr)
+            return 2
+    if not args.no_fio and not fio.available():
+        print("bench_reader: fio is not installed (apt-get install -y fio); fio columns empty",
+              file=sys.stderr)
+    files = [("disk", args.file, size)]
+    tmpfs_created = False
+    if args.tmpfs_file != "none":
+        tp = Path(args.tmpfs_file)
+        tmpfs_created = not tp.exists()
+        files.append(("tmpfs", tp, tmpfs_size))
+    rows: list[dict] = []
+    excluded: dict[str, str] = {}
+    try:
+        for where, path, sz in files:
+            make_file(path, sz)
+            backends, why = usable_backends(names, path)
+            for b, reason in why.items():
+                print(f"bench_reader: {b} left out on {where}: {reason}", file=sys.stderr)
+                excluded.setdefault(b, reason)
+            rows += measure(path, where, depths, backends, args)
+    finally:
+        if tmpfs_created:
+            Path(args.tmpfs_file).unlink(missing_ok=True)
     feats = []
-    for qd in depths:
-        if qd < 16:
-            continue
-        feats.append(bench_features(args.file, qd, args.seconds, args.feature_rows,
-                                    args.feature_dim, "io_uring" if "io_uring" in backends
-                                    else backends[0], args.seed))
+    if "io_uring" not in excluded and "io_uring" in names:
+        for qd in depths:
+            if qd >= 16:
+                feats.append(bench_features(args.file, qd, args.seconds, args.feature_rows,
+                                            args.feature_dim, "io_uring", args.seed))
 
-    print(f"\n4 KiB random reads, {args.file} ({size >> 20} MiB), batches of {args.batch} "
-          f"random pages, page cache dropped before each run; medians of {args.repeat} "
-          f"interleaved rounds of {args.seconds:g} s (ratio: median of per-round ratios)\n")
-    print("| backend | QD | IOPS | MB/s | fio IOPS | ours/fio | CPU µs/op | fio CPU µs/op "
-          "| CPU util |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n4 KiB random reads, batches of {args.batch} random pages; disk: {args.file} "
+          f"({size >> 20} MiB, dropped from the page cache before each run); tmpfs: "
+          f"{args.tmpfs_file} ({tmpfs_size >> 20} MiB); medians of {args.repeat} interleaved "
+          f"rounds of {args.seconds:g} s; ratios are medians of per-round ratios\n")
+    print("| file | backend | QD | IOPS | fio IOPS | ours/fio | CPU µs/read | fio CPU µs/read "
+          "| CPU ours/fio |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "-"
+
     for r in rows:
-        fio_s = f"{r['fio_iops']:.0f}" if r["fio_iops"] else "-"
-        rat = f"{r['ratio_vs_fio']:.2f}" if r["ratio_vs_fio"] else "-"
-        print(f"| {r['backend']} | {r['queue_depth']} | {r['iops']:.0f} | {r['mb_per_s']:.1f} "
-              f"| {fio_s} | {rat} | {r['cpu_us_per_op']:.1f} | "
-              f"{r['fio_cpu_us_per_op'] or float('nan'):.1f} | {r['cpu_util']:.0%} |")
-    print(f"\nDirectFeatures.read, batches of {args.feature_rows} random rows, "
-          f"dim {args.feature_dim} float32\n")
-    print("| backend | QD | rows/s | row MB/s | read IOPS | disk MB/s | ms/batch |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for f in feats:
-        print(f"| {f['backend']} | {f['queue_depth']} | {f['rows_per_s']:.0f} | "
-              f"{f['row_mb_per_s']:.1f} | {f['iops']:.0f} | {f['disk_mb_per_s']:.1f} | "
-              f"{f['ms_per_batch']:.1f} |")
+        print(f"| {r['file']} | {r['label']} | {r['queue_depth']} | {r['iops']:,.0f} | "
+              f"{f(r['fio_iops'], ',.0f')} | {f(r['ratio_vs_fio'], '.2f')} | "
+              f"{r['cpu_us_per_op']:.2f} | {f(r['fio_cpu_us_per_op'], '.2f')} | "
+              f"{f(r['cpu_vs_fio'], '.2f')} |")
+    for b, reason in excluded.items():
+        print(f"\n{b}: left out ({reason})")
+    if feats:
+        print(f"\nDirectFeatures.read, batches of {args.feature_rows} random rows, "
+              f"dim {args.feature_dim} float32, disk file\n")
+        print("| backend | QD | rows/s | row MB/s | read IOPS | disk MB/s | ms/batch |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for ft in feats:
+            print(f"| {ft['backend']} | {ft['queue_depth']} | {ft['rows_per_s']:.0f} | "
+                  f"{ft['row_mb_per_s']:.1f} | {ft['iops']:.0f} | {ft['disk_mb_per_s']:.1f} | "
+                  f"{ft['ms_per_batch']:.1f} |")
+    report = {"command": " ".join([sys.executable, *sys.argv]),
+              "file": str(args.file), "size": size, "tmpfs_file": args.tmpfs_file,
+              "tmpfs_size": tmpfs_size, "batch_pages": args.batch, "repeat": args.repeat,
+              "seconds": args.seconds, "excluded": excluded,
+              "native_vs_fio": by_depth(rows, "disk", "ratio_vs_fio"),
+              "native_vs_fio_tmpfs": by_depth(rows, "tmpfs", "ratio_vs_fio"),
+              "native_cpu_vs_fio_tmpfs": by_depth(rows, "tmpfs", "cpu_vs_fio"),
+              "random_reads": rows, "features": feats}
+    print("\nnative_vs_fio (disk): " + json.dumps(report["native_vs_fio"]))
+    print("native_cpu_vs_fio_tmpfs: " + json.dumps(report["native_cpu_vs_fio_tmpfs"]))
     if args.report:
         args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps({"file": str(args.file), "size": size,
-                                           "batch_pages": args.batch, "random_reads": rows,
-                                           "features": feats}, indent=2))
+        tmp = args.report.with_name(f".{args.report.name}.tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        os.replace(tmp, args.report)
     return 0
 
 
