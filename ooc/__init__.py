@@ -29,7 +29,16 @@ def load_model(path, map_location="cpu"):
     return _load(path, map_location=map_location)
 
 
+def __getattr__(name: str):
+    # torch and PyG load only when the loader is asked for: `import ooc` stays light
+    if name == "NodeLoader":
+        from .executor.loader import NodeLoader
+
+        return NodeLoader
+    raise AttributeError(f"module 'ooc' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 
-__all__ = ["Dataset", "DatasetError", "OocError", "load_model", "open_dataset", "write_dataset",
-           "__version__"]
+__all__ = ["Dataset", "DatasetError", "NodeLoader", "OocError", "load_model", "open_dataset",
+           "write_dataset", "__version__"]

@@ -307,7 +307,8 @@ def _cuda() -> bool:
         return False
 
 
-def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -> ModePipeline:
+def build_mode(dataset, config, options: ModeOptions | None = None, plan=None,
+               seeds: np.ndarray | None = None, shuffle: bool = True) -> ModePipeline:
     """The pipeline of ``config.mode`` over ``dataset``.
 
     Args:
@@ -317,11 +318,15 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
         options: cache and I/O settings (defaults: :class:`ModeOptions`).
         plan: a :class:`~ooc.executor.budget.MemoryPlan` giving cache sizes and
             the superbatch size where ``options`` leaves them open.
+        seeds: the training pipeline's seed nodes (int64 [n]; default the
+            dataset's ``train_idx``), split into batches of ``config.batch_size``
+            in a per-epoch seeded shuffle when ``shuffle``.
     """
     from ..storage.direct import DirectFeatures, DirectReader
 
     opts = options or ModeOptions()
     opts.validate()
+    seeds = np.asarray(dataset.train_idx if seeds is None else seeds, dtype=np.int64)
     mode = config.mode
     if mode not in MODES:
         raise OocError(f"unknown mode {mode!r} (choose one of {', '.join(MODES)})")
@@ -379,18 +384,18 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
         cache.fill_static(hot_nodes(dataset)[:cache.capacity], features)
 
     if mode in ("baseline", "static"):
-        train = OnDemandPipeline(sampler, dataset.train_idx, config.batch_size, config.seed,
-                                 features, shuffle=True, cache=cache)
+        train = OnDemandPipeline(sampler, seeds, config.batch_size, config.seed,
+                                 features, shuffle=shuffle, cache=cache)
     else:
         from ..inspector.pipeline import (Inspector, measure_bytes_per_batch,
                                           superbatch_size_for_budget)
 
-        nb = -(-len(dataset.train_idx) // config.batch_size)
+        nb = max(1, -(-len(seeds) // config.batch_size))
         s = opts.superbatch_size
         if s is None and plan is not None and plan.superbatch_size:
             s = plan.superbatch_size
         if s is None:
-            sb = epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1, shuffle=True)
+            sb = epoch_batches(seeds, config.batch_size, config.seed, 1, shuffle=shuffle)
             bseeds = [derive_seed(config.seed, 1, b) for b in range(len(sb))]
             bpb = measure_bytes_per_batch(sampler, sb, bseeds, with_changesets=True, probes=2)
             s = superbatch_size_for_budget(opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
@@ -401,8 +406,8 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None) -
         closers.append(remove_rt)
         insp = Inspector(sampler, rt, s, changesets=_changeset_fn(dataset.num_nodes,
                                                                   cache.capacity, config.device))
-        train = SuperbatchPipeline(insp, dataset.train_idx, config.batch_size, config.seed,
-                                   features, cache, shuffle=True)
+        train = SuperbatchPipeline(insp, seeds, config.batch_size, config.seed,
+                                   features, cache, shuffle=shuffle)
         info.update(superbatch_size=s, runtime_dir=str(rt))
 
     def eval_factory(ids: np.ndarray) -> BatchPipeline:

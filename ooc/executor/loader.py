@@ -1,0 +1,197 @@
+"""``ooc.NodeLoader``: out-of-core mini-batches for a user's own PyG model and loop.
+
+The loader is what the trainer and the CLI run on, handed to the user: each
+``iter()`` is one epoch of ``torch_geometric.data.Data`` batches in PyG
+``NeighborLoader`` conventions, sampled and gathered by one of the presets
+(:data:`ooc.executor.modes.MODES`)::
+
+    with ooc.NodeLoader(ds, num_neighbors=[10, 10], batch_size=1024,
+                        input_nodes="train", shuffle=True) as loader:
+        for epoch in range(10):
+            for data in loader:                      # the next epoch
+                out = model(data.x, data.edge_index)[:data.batch_size]
+                loss = F.cross_entropy(out, data.y)
+
+Under ``preset="ooc"`` the inspector samples superbatches ahead, precomputes
+Belady changesets, and the feature cache serves the rows; ``"static"`` keeps a
+degree-ordered static cache; ``"baseline"`` reads memmaps through the page
+cache. The batches are the same in every preset for one seed.
+"""
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..storage.errors import OocError
+from .batch import to_data
+
+SPLITS = ("train", "val", "test")
+
+
+def resolve_input_nodes(dataset, input_nodes) -> np.ndarray:
+    """Seed node ids (int64 [n]) for ``"train"``/``"val"``/``"test"``, an id array, or None (all).
+
+    Raises :class:`OocError` for an unknown split name, a non-integer or
+    multi-dimensional array, or ids outside ``[0, num_nodes)``.
+    """
+    n = dataset.num_nodes
+    if input_nodes is None:
+        return np.arange(n, dtype=np.int64)
+    if isinstance(input_nodes, str):
+        if input_nodes not in SPLITS:
+            raise OocError(f"input_nodes {input_nodes!r}: expected one of {', '.join(SPLITS)}, "
+                           f"an array of node ids, or None (all nodes)")
+        return np.asarray(getattr(dataset, f"{input_nodes}_idx"), dtype=np.int64)
+    ids = np.asarray(input_nodes.cpu().numpy() if hasattr(input_nodes, "cpu") else input_nodes)
+    if ids.dtype == bool:
+        if ids.shape != (n,):
+            raise OocError(f"input_nodes: a boolean mask needs shape ({n},), got {ids.shape}")
+        return np.flatnonzero(ids).astype(np.int64)
+    if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
+        raise OocError(f"input_nodes: expected a 1-D array of integer node ids, got shape "
+                       f"{ids.shape} of {ids.dtype}")
+    ids = ids.astype(np.int64, copy=False)
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        bad = ids[(ids < 0) | (ids >= n)][0]
+        raise OocError(f"input_nodes: node id {bad} out of range [0, {n})")
+    return ids
+
+
+class NodeLoader:
+    """Mini-batches of an on-disk dataset as PyG ``Data``, out of core.
+
+    Args:
+        dataset: an opened :class:`ooc.storage.Dataset` or a dataset folder.
+        num_neighbors: neighbours sampled per layer (``-1`` = all), as in PyG.
+        batch_size: seeds per batch.
+        input_nodes: ``"train"``, ``"val"``, ``"test"``, an int array of node ids
+            or a boolean mask, or None (all nodes).
+        shuffle: a fresh seeded order of the seeds every epoch.
+        preset: ``"ooc"`` (Ginex: neighbor cache, superbatch inspector, Belady
+            feature cache), ``"static"`` (neighbor cache, static feature cache)
+            or ``"baseline"`` (memmaps, page cache).
+        memory_budget: bytes the process may hold (the caches get what is left
+            after the measured working memory; see :mod:`ooc.executor.budget`).
+        seed: sampling seed; the same seed gives the same batches in every preset.
+        io_backend: reader of the O_DIRECT presets (``"auto"``, ``"io_uring"``, ...).
+        num_threads: sampler threads (default: all cores).
+        labels: attach ``data.y`` (the seeds' labels; -1 where unlabeled).
+        **options: cache and I/O settings of :class:`~ooc.executor.modes.ModeOptions`
+            (``feature_cache_size``, ``neighbor_cache_size``, ``superbatch_size``,
+            ``runtime_dir``, ``runtime_disk_budget``, ``queue_depth``, ``io_threads``).
+
+    Each ``iter()`` runs the next epoch (the first is epoch 1, as the trainer's;
+    :meth:`set_epoch` picks one). ``len()`` is the number of batches per epoch.
+    Each ``Data`` has ``x`` (float32 [n, dim]), ``edge_index`` (int64 [2, m],
+    row 0 = neighbour, row 1 = sampled node, local ids), ``y`` (int64
+    [batch_size]), ``n_id`` (int64 [n], seeds first), ``batch_size``,
+    ``num_sampled_nodes`` and ``num_sampled_edges`` (per hop). Close the loader
+    (or use it as a context manager) to release its readers, threads and
+    runtime files; garbage collection does the same.
+    """
+
+    def __init__(self, dataset, num_neighbors: Sequence[int] = (10, 10), batch_size: int = 1024,
+                 input_nodes=None, shuffle: bool = False, preset: str = "ooc",
+                 memory_budget: int | str | None = None, seed: int = 0, io_backend: str = "auto",
+                 num_threads: int | None = None, labels: bool = True, **options: Any):
+        from ..storage import open_dataset
+        from .modes import MODES, ModeOptions, build_mode
+        from .trainer import TrainConfig
+
+        if isinstance(dataset, (str, Path)):
+            dataset = open_dataset(dataset)
+        if preset not in MODES:
+            raise OocError(f"preset {preset!r}: expected one of {', '.join(MODES)}")
+        fanouts = [int(f) for f in num_neighbors]
+        if not fanouts or any(f == 0 or f < -1 for f in fanouts):
+            raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
+                           f"> 0 or -1 (all)")
+        if int(batch_size) < 1:
+            raise OocError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(memory_budget, str):
+            from ..cli import parse_size
+
+            memory_budget = parse_size(memory_budget)
+        try:
+            opts = ModeOptions(io_backend=io_backend, memory_budget=memory_budget, **options)
+        except TypeError as e:
+            raise OocError(f"NodeLoader: {e}") from None
+        self.dataset = dataset
+        self.seeds = resolve_input_nodes(dataset, input_nodes)
+        self.preset = preset
+        self.batch_size = int(batch_size)
+        self.config = TrainConfig(fanouts=fanouts, batch_size=self.batch_size, seed=int(seed),
+                                  mode=preset, num_threads=num_threads, progress=False)
+        self.config.validate()
+        self.memory_plan = None
+        if memory_budget:
+            from .budget import plan_memory
+
+            self.memory_plan = plan_memory(dataset, self.config, int(memory_budget), opts)
+        self._labels = dataset.labels if labels else None
+        self._mode = build_mode(dataset, self.config, opts, plan=self.memory_plan,
+                                seeds=self.seeds, shuffle=shuffle)
+        self._finalizer = weakref.finalize(self, self._mode.close)
+        self._next_epoch = 1
+
+    # -- epochs -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._mode.train)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch (>= 1) the next ``iter()`` runs; it decides the order and samples."""
+        if int(epoch) < 1:
+            raise ValueError(f"epoch must be >= 1, got {epoch}")
+        self._next_epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next ``iter()`` runs."""
+        return self._next_epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self._finalizer.alive:
+            raise OocError("NodeLoader is closed")
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        return self._epoch(epoch)
+
+    def _epoch(self, epoch: int) -> Iterator[Any]:
+        labels = self._labels
+        for batch, rows in self._mode.train.batches(epoch):
+            y = None
+            if labels is not None:
+                seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
+                y = np.asarray(labels[seeds], dtype=np.int64)
+            yield to_data(batch, rows, y)
+
+    # -- what happened ------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Stage seconds of the last epoch, I/O counters and the feature-cache hit ratio so far,
+        and the preset's set-up (cache sizes, reader backend)."""
+        train = self._mode.train
+        return {"preset": self.preset, "batches_per_epoch": len(self),
+                "stage_seconds": train.stage_times(), "io": train.io_stats(),
+                "setup": dict(self._mode.info)}
+
+    # -- lifetime -----------------------------------------------------------------
+    def close(self) -> None:
+        """Release readers, threads and runtime files (idempotent)."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> "NodeLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"NodeLoader({self.dataset.path}, num_neighbors={self.config.fanouts}, "
+                f"batch_size={self.batch_size}, seeds={len(self.seeds)}, preset={self.preset!r})")

@@ -1,0 +1,164 @@
+"""ooc.NodeLoader: a user's own PyG model and loop over out-of-core batches."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ooc
+from conftest import community_graph, require_cora
+from ooc.storage import OocError
+
+PRESETS = ["baseline", "static", "ooc"]
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    path = community_graph(tmp_path_factory.mktemp("loader") / "g", n=600)
+    return ooc.open_dataset(path)
+
+
+@pytest.fixture(scope="module")
+def cora(tmp_path_factory):
+    from ooc.storage.ingest import ingest_planetoid
+
+    raw = require_cora()
+    out = tmp_path_factory.mktemp("cora") / "cora"
+    ingest_planetoid(raw.parent.parent, "Cora", out)
+    return ooc.open_dataset(out)
+
+
+def _batches(ds, preset, **kw):
+    with ooc.NodeLoader(ds, num_neighbors=[4, 3], batch_size=64, input_nodes="train",
+                        shuffle=True, preset=preset, seed=7, superbatch_size=3, **kw) as loader:
+        return [list(loader) for _ in range(2)], loader.stats()
+
+
+def test_batches_follow_the_graph(graph):
+    """Every batch against the dataset itself: edges are in-edges of the CSC, x are the
+    feature rows of n_id, y the seeds' labels, the seeds an epoch's permutation."""
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    feats = np.asarray(graph.features.read(np.arange(graph.num_nodes)), dtype=np.float32)
+    epochs, stats = _batches(graph, "ooc")
+    assert stats["setup"]["reader_backend"]
+    for batches in epochs:
+        seeds = np.concatenate([d.n_id[:d.batch_size].numpy() for d in batches])
+        assert sorted(seeds.tolist()) == sorted(np.asarray(graph.train_idx).tolist())
+        for d in batches:
+            n_id = d.n_id.numpy()
+            assert len(np.unique(n_id)) == len(n_id)
+            np.testing.assert_array_equal(d.x.numpy(), feats[n_id])
+            np.testing.assert_array_equal(d.y.numpy(), np.asarray(graph.labels)[n_id[:d.batch_size]])
+            src, dst = n_id[d.edge_index[0].numpy()], n_id[d.edge_index[1].numpy()]
+            for s, t in zip(src, dst):
+                assert s in indices[indptr[t]:indptr[t + 1]]
+            assert sum(d.num_sampled_nodes) == len(n_id)
+            assert sum(d.num_sampled_edges) == d.edge_index.shape[1]
+            assert d.num_sampled_nodes[0] == d.batch_size
+    # the two epochs differ (a new shuffle each iter())
+    assert not all(torch.equal(a.n_id, b.n_id) for a, b in zip(*epochs))
+
+
+def test_presets_yield_identical_batches(graph):
+    ref, _ = _batches(graph, "baseline")
+    for preset in ("static", "ooc"):
+        got, _ = _batches(graph, preset)
+        for ea, eb in zip(ref, got):
+            assert len(ea) == len(eb)
+            for a, b in zip(ea, eb):
+                for key in ("n_id", "edge_index", "x", "y"):
+                    assert torch.equal(a[key], b[key]), (preset, key)
+
+
+def test_set_epoch_and_len(graph):
+    with ooc.NodeLoader(graph, num_neighbors=[3], batch_size=50, input_nodes="val",
+                        shuffle=True, preset="static") as loader:
+        assert len(loader) == -(-len(graph.val_idx) // 50)
+        loader.set_epoch(3)
+        a = [d.n_id for d in loader]
+        assert loader.epoch == 4
+        loader.set_epoch(3)
+        b = [d.n_id for d in loader]
+        assert len(a) == len(loader) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_input_nodes_kinds(graph):
+    ids = np.array([5, 3, 9, 1])
+    mask = np.zeros(graph.num_nodes, bool)
+    mask[ids] = True
+    for nodes, want in [(ids, ids), (torch.from_numpy(ids), ids), (mask, np.sort(ids)),
+                        (None, np.arange(graph.num_nodes))]:
+        with ooc.NodeLoader(graph, num_neighbors=[2], batch_size=1000, input_nodes=nodes,
+                            preset="baseline") as loader:
+            (d,) = list(loader)
+            np.testing.assert_array_equal(d.n_id[:d.batch_size].numpy(), want)
+    for bad, msg in [("training", "expected one of train"), (np.array([0, graph.num_nodes]),
+                     "out of range"), (np.array([[1, 2]]), "1-D"), (np.array([0.5]), "integer")]:
+        with pytest.raises(OocError, match=msg):
+            ooc.NodeLoader(graph, input_nodes=bad, preset="baseline")
+    with pytest.raises(OocError, match="preset"):
+        ooc.NodeLoader(graph, preset="fast")
+    with pytest.raises(OocError, match="num_neighbors"):
+        ooc.NodeLoader(graph, num_neighbors=[0])
+
+
+def test_runtime_files_cleaned_on_close_and_gc(graph):
+    rt = graph.path / "runtime"
+
+    def runs():
+        return sorted(rt.glob("run*")) if rt.exists() else []
+
+    before = runs()
+    loader = ooc.NodeLoader(graph, num_neighbors=[3, 3], batch_size=32, input_nodes="train",
+                            preset="ooc", superbatch_size=2)
+    next(iter(loader))  # an epoch left half-way
+    assert len(runs()) == len(before) + 1
+    loader.close()
+    assert runs() == before and loader.closed
+    with pytest.raises(OocError, match="closed"):
+        iter(loader)
+    loader = ooc.NodeLoader(graph, num_neighbors=[3, 3], batch_size=32, input_nodes="train",
+                            preset="ooc", superbatch_size=2)
+    for _ in loader:
+        pass
+    del loader
+    gc.collect()
+    assert runs() == before
+
+
+def test_stock_graphsage_on_cora_in_every_preset(cora):
+    """A hand-written loop with torch_geometric.nn.GraphSAGE over the loader: test accuracy
+    >= 0.78 on Cora in every preset (the presets give the same batches, so the same model)."""
+    from torch_geometric.nn import GraphSAGE
+
+    accs = {}
+    for preset in PRESETS:
+        torch.manual_seed(0)
+        model = GraphSAGE(cora.feature_dim, 128, num_layers=2, out_channels=cora.num_classes,
+                          dropout=0.5)
+        opt = torch.optim.Adam(model.parameters(), lr=0.005, weight_decay=5e-4)
+        kw = dict(num_neighbors=[10, 10], preset=preset, seed=0)
+        with ooc.NodeLoader(cora, batch_size=128, input_nodes="train", shuffle=True, **kw) as tr, \
+                ooc.NodeLoader(cora, batch_size=1024, input_nodes="test", **kw) as te:
+            for _ in range(20):
+                model.train()
+                for data in tr:
+                    opt.zero_grad()
+                    out = model(data.x, data.edge_index,
+                                num_sampled_nodes_per_hop=data.num_sampled_nodes,
+                                num_sampled_edges_per_hop=data.num_sampled_edges)
+                    F.cross_entropy(out[:data.batch_size], data.y).backward()
+                    opt.step()
+            model.eval()
+            correct = total = 0
+            te.set_epoch(1)
+            with torch.no_grad():
+                for data in te:
+                    pred = model(data.x, data.edge_index)[:data.batch_size].argmax(-1)
+                    correct += int((pred == data.y).sum())
+                    total += data.batch_size
+        accs[preset] = correct / total
+    assert all(a >= 0.78 for a in accs.values()), accs
