@@ -10,6 +10,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` would, for a
+    moment, in every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists (a zombie counts; another user's too)."""
     try:
@@ -110,6 +123,7 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
             raise FileExistsError(f"{final}: {problem}")
     tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(final)}{os.getpid()}-", dir=final.parent))
     try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the result from others
         yield tmp
         if os.path.lexists(final):
             if not exchange(tmp, final):
@@ -133,6 +147,7 @@ def atomic_file(final: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would hide the file from others
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
