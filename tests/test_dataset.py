@@ -220,3 +220,69 @@ def test_float16_and_wide_rows(tmp_path):
         assert ds.feature_dtype == dt
         np.testing.assert_array_equal(ds.features.read(np.arange(50)[::-1]), x[::-1])
         shutil.rmtree(p)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+@pytest.mark.parametrize("dim,dtype", [(3, "float32"), (5, "float16"), (2000, "float32")])
+@pytest.mark.parametrize("streamed", [0, 333, 1000])
+def test_nonfinite_features_counted(tmp_path, dim, dtype, streamed):
+    """NaN/inf counted as stored (float16 overflow included), whether the rows
+    were passed to check_features while writing or read back at the end;
+    against numpy's count on the stored dtype."""
+    n = 1000
+    rng = np.random.default_rng(dim)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    x[rng.integers(0, n, 7), rng.integers(0, dim, 7)] = np.nan
+    x[999, 0] = np.inf
+    x[400, dim - 1] = 1e6                      # finite in float32, inf in float16
+    with np.errstate(over="ignore"):
+        stored = x.astype(dtype)
+    bad = ~np.isfinite(stored)
+    with pytest.raises(OocError) as ei:
+        with DatasetWriter(tmp_path / "d", n, dim, dtype) as w:
+            w.write_indptr(np.zeros(n + 1, np.int64))
+            w.check_features(0, x[:streamed])
+            w.features()[0:n] = x
+    first = int(np.argmax(bad.any(axis=1)))
+    assert str(ei.value) == (f"features: {int(bad.sum())} feature values are NaN or infinite as "
+                             f"{dtype} (first at node {first}); pass --allow-nonfinite to keep them")
+    assert not (tmp_path / "d").exists() and list(tmp_path.iterdir()) == []
+    with DatasetWriter(tmp_path / "d", n, dim, dtype, allow_nonfinite=True) as w:
+        w.write_indptr(np.zeros(n + 1, np.int64))
+        w.features()[0:n] = x
+    assert open_dataset(tmp_path / "d").meta["nonfinite_features"] == int(bad.sum())
+
+
+def test_atomic_dir_replace_rules(tmp_path):
+    """overwrite replaces only what ``replaceable`` allows, leaves no temp
+    behind, removes temps of dead processes and keeps those of live ones."""
+    import subprocess
+    import sys
+
+    from ooc.storage.atomic import atomic_dir
+    from ooc.storage.dataset import replace_problem
+
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "thesis.tex").write_text("x")
+    with pytest.raises(FileExistsError, match="not an ooc dataset folder"):
+        with atomic_dir(tmp_path / "user", overwrite=True, replaceable=replace_problem):
+            pass
+    (tmp_path / "f.txt").write_text("y")
+    with pytest.raises(FileExistsError, match="not an ooc dataset folder"):
+        with atomic_dir(tmp_path / "f.txt", overwrite=True, replaceable=replace_problem):
+            pass
+    assert (tmp_path / "user" / "thesis.tex").read_text() == "x"
+    assert (tmp_path / "f.txt").read_text() == "y"
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    (tmp_path / f".ds.tmp-{p.pid}-dead").mkdir()
+    (tmp_path / f".ds.tmp-{os.getpid()}-live").mkdir()
+    for k in range(2):
+        with atomic_dir(tmp_path / "ds", overwrite=True, replaceable=replace_problem) as t:
+            (t / "meta.json").write_text(json.dumps({"format": "ooc-dataset", "k": k}))
+        assert json.loads((tmp_path / "ds" / "meta.json").read_text())["k"] == k
+    from ooc.storage.atomic import _umask
+
+    assert (tmp_path / "ds").stat().st_mode & 0o777 == 0o777 & ~_umask()   # not mkdtemp's 0700
+    assert sorted(q.name for q in tmp_path.iterdir()) == [
+        f".ds.tmp-{os.getpid()}-live", "ds", "f.txt", "user"]

@@ -13,7 +13,7 @@ from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, 
                       open_dataset, replace_problem, sampled_sha256, scan_index_range, sha256_file,
                       split_overlap)
 from .errors import DatasetError, OocError
-from .layout import FEATURE_DTYPES, FeatureLayout, RowView, index_dtype, padded_bytes
+from .layout import FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes
 
 
 def allocate(path: Path, nbytes: int) -> None:
@@ -159,7 +159,8 @@ class DatasetWriter:
         must come in order; rows not passed here are read back at the end."""
         if start != self._rows_checked:
             return
-        rows = np.asarray(rows, dtype=self.layout.dtype)
+        with np.errstate(over="ignore"):  # an overflow to inf is what is being counted
+            rows = np.asarray(rows, dtype=self.layout.dtype)
         bad = ~np.isfinite(rows)
         if bad.any():
             if self.first_nonfinite < 0:
@@ -255,17 +256,24 @@ class DatasetWriter:
             raise OocError(f"{self.out}: the written dataset is invalid: {e.problem}") from None
 
     def _check_remaining_features(self, step_bytes: int = 16 << 20) -> None:
-        """Read back the feature rows :meth:`check_features` did not see."""
-        n = self.num_nodes
+        """Read back (plain reads: no mapping in RSS) the feature rows
+        :meth:`check_features` did not see."""
+        lay, n = self.layout, self.num_nodes
         if self._rows_checked >= n:
             return
-        mm = np.memmap(self.tmp / "features.bin", dtype=np.uint8, mode="r",
-                       shape=(self.layout.file_bytes,))
-        view = self.layout.view(mm)
-        step = max(1, step_bytes // self.layout.row_bytes)
-        for a in range(self._rows_checked, n, step):
-            self.check_features(a, view[a:min(n, a + step)])
-        del view, mm
+        unit = lay.rows_per_page or 1                       # rows per whole-page group
+        group_bytes = PAGE * (1 if lay.rows_per_page else lay.pages_per_row)
+        step = unit * max(1, step_bytes // group_bytes)
+        with open(self.tmp / "features.bin", "rb") as f:
+            a = (self._rows_checked // unit) * unit
+            while a < n:
+                b = min(n, a + step)
+                local = FeatureLayout(b - a, lay.dim, lay.dtype)
+                f.seek((a // unit) * group_bytes)
+                buf = np.frombuffer(f.read(local.file_bytes), dtype=np.uint8)
+                rows = local.view(buf)[self._rows_checked - a:b - a]
+                self.check_features(self._rows_checked, rows)
+                a = b
 
 
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
