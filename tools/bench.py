@@ -22,9 +22,14 @@ What it does:
    ``--memory-budget`` set to the same size. The page cache counts against a
    v1 cgroup, so the baseline's only cache — the page cache — gets what the
    process leaves of the budget, as the application caches of static/ooc do.
-4. Writes ``--report`` (JSON) with per-mode epoch times, stage breakdowns,
-   miss ratio, read ops, bytes read, achieved gather IOPS, speedups and
-   ``gather_iops_vs_fio``, and a PNG chart of the time breakdown.
+4. ``in_ram`` (last): the compute floor. Every dataset file is read into
+   the page cache, then the baseline loop trains with no budget and no
+   cgroup, so every feature row is already in memory (its report's
+   ``proc_read_bytes`` shows whether anything still came from the disk).
+5. Writes ``--report`` (JSON) with per-mode epoch times, stage breakdowns,
+   miss ratio, read ops, bytes read, achieved gather IOPS, speedups,
+   ``gather_iops_vs_fio`` and ``ooc_over_in_ram`` (ooc epoch / in-RAM epoch;
+   every mode's in ``over_in_ram``), and a PNG chart of the time breakdown.
 
 The headline epoch is the last one (``--epochs``, default 2): epoch 1 also
 pays one-off costs (JIT compilation, the first superbatch's sampling before
@@ -37,7 +42,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,18 +49,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import fio  # noqa: E402  (tools/fio.py)
+import memcg  # noqa: E402  (tools/memcg.py)
+
 from ooc.cli import format_size, parse_size  # noqa: E402
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 MODES = ("baseline", "static", "ooc")
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+#: The in-RAM reference run: the baseline loop with every file in the page cache, no budget.
+IN_RAM = "in_ram"
 #: Default dataset (``generate_synthetic`` arguments).
 DEFAULT_DATASET = dict(nodes=1_100_000, avg_degree=10, feature_dim=1024, classes=8,
                        train_fraction=0.02, val_fraction=0.005, test_fraction=0.005, seed=0)
 
 
-def log(msg: str) -> None:
-    print(f"bench: {msg}", flush=True)
+log = memcg.log
 
 
 # -- dataset ---------------------------------------------------------------------------------
@@ -94,129 +101,52 @@ def batch_fraction(path: Path, batch_size: int, fanouts: list[int], probes: int 
     return sum(b.num_nodes for b in bs) / len(bs) / d.num_nodes
 
 
-# -- fio ----------------------------------------------------------------------------------------
-
-
-def run_fio(path: Path, queue_depth: int, seconds: int) -> dict:
-    fio = shutil.which("fio")
-    if fio is None:
-        log("fio is not installed (apt-get install -y fio); gather_iops_vs_fio is omitted")
-        return {"available": False}
-    for engine in ("io_uring", "libaio", "psync"):
-        cmd = [fio, "--name=randread", f"--filename={path}", "--rw=randread", "--bs=4k",
-               "--direct=1", f"--ioengine={engine}", f"--iodepth={queue_depth}", "--readonly",
-               f"--runtime={seconds}", "--time_based", "--numjobs=1", "--group_reporting",
-               "--output-format=json"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode == 0:
-            try:
-                j = json.loads(r.stdout[r.stdout.index("{"):])
-            except ValueError:
-                continue
-            rd = j["jobs"][0]["read"]
-            return {"available": True, "engine": engine, "queue_depth": queue_depth,
-                    "iops": float(rd["iops"]), "bw_bytes": float(rd["bw_bytes"]),
-                    "lat_mean_us": float(rd["lat_ns"]["mean"]) / 1e3, "seconds": seconds,
-                    "cpu_sys_pct": j["jobs"][0].get("sys_cpu"),
-                    "cpu_usr_pct": j["jobs"][0].get("usr_cpu")}
-    log(f"fio failed: {r.stderr.strip()[:200]}")
-    return {"available": False, "error": r.stderr.strip()[:500]}
-
-
-# -- cgroup ----------------------------------------------------------------------------------
-
-
-def make_cgroup(name: str, limit: int) -> Path | None:
-    if not (CGROUP_ROOT / "cgroup.procs").exists():
-        return None
-    cg = CGROUP_ROOT / name
-    try:
-        cg.mkdir(exist_ok=True)
-        (cg / "memory.limit_in_bytes").write_text(str(limit))
-        return cg
-    except OSError as e:
-        log(f"cannot create memory cgroup {cg}: {e}")
-        try:
-            cg.rmdir()
-        except OSError:
-            pass
-        return None
-
-
-def cgroup_stats(cg: Path) -> dict:
-    out = {}
-    for k in ("memory.max_usage_in_bytes", "memory.failcnt", "memory.limit_in_bytes"):
-        try:
-            out[k.split(".", 1)[1]] = int((cg / k).read_text())
-        except (OSError, ValueError):
-            pass
-    return out
-
-
-def remove_cgroup(cg: Path) -> None:
-    for _ in range(50):
-        try:
-            cg.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
-    log(f"could not remove cgroup {cg}")
-
-
 # -- one mode ------------------------------------------------------------------------------
 
 
+def warm_page_cache(folder: Path) -> int:
+    """Read every file under ``folder`` once (into the page cache); bytes read."""
+    n = 0
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                while chunk := fh.read(16 << 20):
+                    n += len(chunk)
+    return n
+
+
 def run_mode(mode: str, args, data: Path, workdir: Path) -> dict:
-    drop_page_cache(data)
+    """One training run of ``mode`` (or :data:`IN_RAM`: the baseline loop with the dataset
+    in the page cache, no budget, no cgroup)."""
+    in_ram = mode == IN_RAM
+    if in_ram:
+        t0 = time.perf_counter()
+        n = warm_page_cache(data)
+        log(f"{IN_RAM}: read {format_size(n)} into the page cache in "
+            f"{time.perf_counter() - t0:.0f}s")
+    else:
+        drop_page_cache(data)
     rep_path = workdir / f"{mode}.json"
-    train = [sys.executable, "-m", "ooc.train", "--data", str(data), "--mode", mode,
+    train = ["-m", "ooc.train", "--data", str(data), "--mode", "baseline" if in_ram else mode,
              "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
              "--fanouts", args.fanouts, "--hidden", str(args.hidden), "--seed", str(args.seed),
-             "--memory-budget", str(args.budget), "--queue-depth", str(args.queue_depth),
+             "--queue-depth", str(args.queue_depth),
              "--runtime-dir", str(workdir / "runtime"), "--no-progress", "--no-eval",
              "--device", "cpu", "--report", str(rep_path)]
+    if not in_ram:
+        train += ["--memory-budget", str(args.budget)]
     if args.superbatch_size:
         train += ["--superbatch-size", str(args.superbatch_size)]
-    cg = None if args.no_cgroup else make_cgroup(f"ooc-bench-{os.getpid()}-{mode}", args.budget)
-    if cg is not None:
-        # join the cgroup, then exec the trainer: everything it does counts
-        join = ("import os,sys; open(sys.argv[1],'w').write(str(os.getpid())); "
-                "os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
-        cmd = [sys.executable, "-c", join, str(cg / "cgroup.procs")] + train[1:]
-    else:
-        cmd = train
-    log(f"{mode}: {' '.join(train[1:])}" + (f"  [cgroup {cg.name}, limit "
-                                             f"{format_size(args.budget)}]" if cg else
-                                             "  [no cgroup]"))
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=str(Path(__file__).resolve().parents[1]),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            lines.append(line.rstrip())
-            print(f"  [{mode}] {line.rstrip()}", flush=True)
-    except BaseException:  # interrupted (Ctrl-C, SIGTERM): stop the run, leave no cgroup
-        proc.kill()
-        proc.wait()
-        if cg is not None:
-            remove_cgroup(cg)
-        raise
-    _, status, ru = os.wait4(proc.pid, 0)
-    rc = os.waitstatus_to_exitcode(status)
-    proc.returncode = rc
-    wall = time.perf_counter() - t0
-    res: dict = {"mode": mode, "rc": rc, "wall_s": round(wall, 2),
-                 "child_peak_rss_bytes": ru.ru_maxrss * 1024}
-    if cg is not None:
-        res["cgroup"] = cgroup_stats(cg)
-        remove_cgroup(cg)
-    if rc != 0 or not rep_path.exists():
-        res["error"] = "\n".join(lines[-5:])
+    limit = None if (args.no_cgroup or in_ram) else args.budget
+    run = memcg.run(mode, train, limit)
+    res: dict = {"mode": mode, "rc": run["rc"], "wall_s": run["wall_s"],
+                 "child_peak_rss_bytes": run["child_peak_rss_bytes"]}
+    if "cgroup" in run:
+        res["cgroup"] = run["cgroup"]
+    if run["rc"] != 0 or not rep_path.exists():
+        res["error"] = "\n".join(run["lines"][-5:]) or memcg.exit_words(run["rc"])
         return res
-    rep = json.loads(rep_path.read_text())
-    res["train_report"] = rep
+    res["train_report"] = json.loads(rep_path.read_text())
     return res
 
 
@@ -266,7 +196,7 @@ def chart(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in MODES if m in summary and "epoch_time_s" in summary[m]]
+    modes = [m for m in (*MODES, IN_RAM) if m in summary and "epoch_time_s" in summary[m]]
     main_stages = ["compute", "transfer", "convert", "stall"]
     bg_stages = ["sample", "inspect_sample", "inspect_changesets", "load", "switch", "gather",
                  "read", "update"]
@@ -305,9 +235,8 @@ def chart(summary: dict, path: Path) -> None:
 # -- main ------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """The dataset, budget and sampling options (shared with ``tools/bench_loader.py``)."""
     p.add_argument("--data", type=Path, default=None,
                    help="dataset folder (generated there if absent; default "
                         "$OOC_CACHE/bench-<nodes>-<dim>)")
@@ -319,32 +248,22 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--fanouts", default="10,5")
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--queue-depth", type=int, default=64)
-    p.add_argument("--superbatch-size", type=int, default=None)
-    p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--fio-seconds", type=int, default=15)
     p.add_argument("--no-cgroup", action="store_true")
     p.add_argument("--allow-small", action="store_true",
                    help="do not require the dataset to be 4x the budget")
-    p.add_argument("--workdir", type=Path, default=None)
-    p.add_argument("--report", type=Path, default=Path("bench.json"))
-    p.add_argument("--chart", type=Path, default=None, help="PNG (default: report with .png)")
-    args = p.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so an interrupted run removes its cgroup
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in MODES:
-            p.error(f"unknown mode {m!r}")
+
+
+def open_bench_dataset(args) -> tuple[Path, dict, int, float] | None:
+    """Generate or reuse the dataset of ``args``: ``(folder, spec, disk bytes, disk / budget)``,
+    or None (logged) when it is under 4x the budget without ``--allow-small``."""
+    from ooc.storage import open_dataset
+
     spec = dict(DEFAULT_DATASET, nodes=args.nodes, feature_dim=args.feature_dim,
                 avg_degree=args.avg_degree, train_fraction=args.train_fraction)
     root = Path(os.environ.get("OOC_CACHE", Path.home() / ".cache" / "ooc"))
-    data = args.data or root / f"bench-{args.nodes}-{args.feature_dim}"
-    data = ensure_dataset(data, spec)
-
-    from ooc.storage import open_dataset
+    data = ensure_dataset(args.data or root / f"bench-{args.nodes}-{args.feature_dim}", spec)
     d = open_dataset(data)
     disk = d.disk_bytes()
     ratio = disk / args.budget
@@ -353,15 +272,47 @@ def main(argv=None) -> int:
         f"{format_size(args.budget)} budget; {len(d.train_idx):,} training nodes")
     if ratio < 4 and not args.allow_small:
         log("the dataset must be at least 4x the budget (use --allow-small to override)")
+        return None
+    return data, spec, disk, ratio
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_args(p)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--superbatch-size", type=int, default=None)
+    p.add_argument("--modes", default=",".join((*MODES, IN_RAM)),
+                   help=f"modes to run; {IN_RAM}: the baseline loop with the dataset in the page "
+                        f"cache, no budget (the compute floor)")
+    p.add_argument("--fio-seconds", type=int, default=15)
+    p.add_argument("--workdir", type=Path, default=None)
+    p.add_argument("--report", type=Path, default=Path("bench.json"))
+    p.add_argument("--chart", type=Path, default=None, help="PNG (default: report with .png)")
+    args = p.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so an interrupted run removes its cgroup
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in (*MODES, IN_RAM):
+            p.error(f"unknown mode {m!r}")
+    opened = open_bench_dataset(args)
+    if opened is None:
         return 2
+    data, spec, disk, ratio = opened
     frac = batch_fraction(data, args.batch_size, [int(f) for f in args.fanouts.split(",")])
     log(f"one batch ({args.batch_size} seeds, fanouts {args.fanouts}) touches {frac:.2%} of the "
         f"nodes")
-    fio = run_fio(data / "features.bin", args.queue_depth, args.fio_seconds)
-    if fio.get("available"):
-        log(f"fio 4 KiB random read, QD {args.queue_depth} ({fio['engine']}): "
-            f"{fio['iops']:,.0f} IOPS, {fio['lat_mean_us']:.0f} us mean latency")
-    cg_ok = (not args.no_cgroup) and (CGROUP_ROOT / "cgroup.procs").exists()
+    drop_page_cache(data)
+    fio_res = fio.run_fio(data / "features.bin", args.queue_depth, args.fio_seconds)
+    if fio_res is None:
+        log("fio not installed (apt-get install -y fio) or failed: gather_iops_vs_fio omitted")
+        fio_res = {"available": False}
+    else:
+        fio_res["available"] = True
+        log(f"fio 4 KiB random read, QD {args.queue_depth} ({fio_res['engine']}): "
+            f"{fio_res['iops']:,.0f} IOPS, {fio_res['lat_mean_us']:.0f} us mean latency")
+    cg_ok = (not args.no_cgroup) and memcg.available()
     if not cg_ok:
         log("no memory cgroup (cgroup v1 memory controller not writable or --no-cgroup): "
             "the budget is enforced only by the trainer's own plan")
@@ -375,7 +326,7 @@ def main(argv=None) -> int:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
-    fio_iops = fio.get("iops") if fio.get("available") else None
+    fio_iops = fio_res.get("iops")
     summary = {m: summarize(results[m], fio_iops) for m in modes}
     sp = {}
 
@@ -388,14 +339,16 @@ def main(argv=None) -> int:
         sp["ooc_vs_static"] = et("static") / et("ooc")
     if et("static") and et("baseline"):
         sp["static_vs_baseline"] = et("baseline") / et("static")
+    over_ram = {f"{m}_over_in_ram": et(m) / et(IN_RAM) for m in MODES if et(m) and et(IN_RAM)}
     summary["speedup"] = sp
     report = {
         "command": " ".join([sys.executable, *sys.argv]),
         "dataset": {"path": str(data), "spec": spec, "disk_bytes": disk,
                     "disk_vs_budget": ratio, "batch_node_fraction": frac},
-        "budget_bytes": args.budget, "cgroup": cg_ok, "fio": fio,
+        "budget_bytes": args.budget, "cgroup": cg_ok, "fio": fio_res,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "modes": summary, "speedup": sp,
+        "modes": summary, "speedup": sp, "over_in_ram": over_ram,
+        "ooc_over_in_ram": over_ram.get("ooc_over_in_ram"),
         "gather_iops_vs_fio": summary.get("ooc", {}).get("gather_iops_vs_fio"),
         "machine": {"cpus": os.cpu_count()},
     }
@@ -419,6 +372,9 @@ def main(argv=None) -> int:
               f"{(s['update_switch_fraction'] or 0):>7.1%} "
               f"{format_size(s['child_peak_rss_bytes'] or 0):>9}")
     print("speedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))
+    if over_ram:
+        print("epoch / in-RAM epoch: " + ", ".join(f"{k.split('_')[0]} {v:.2f}"
+                                                   for k, v in over_ram.items()))
     print(f"report {args.report}, chart {png}")
     return 0
 

@@ -1,0 +1,260 @@
+"""The data path alone: sample, gather and build the ``Data`` of every batch, no model.
+
+    python tools/bench_loader.py --report bench_out/loader.json   # bench.py's dataset, 1 GiB
+
+What a GPU user's loader costs, without the model's compute on the same two
+cores hiding it. For each preset (``baseline``: memmaps with 16 copy threads,
+``static``: neighbor cache + static feature cache + O_DIRECT reads, ``ooc``:
+neighbor cache + inspector + Belady feature cache + O_DIRECT reads) a child
+process builds the same pipeline as ``python -m ooc.train --memory-budget``
+(same memory plan, cache sizes and superbatch size, a model built only so the
+plan measures what training would hold), then runs ``--epochs`` epochs of
+``batches(epoch)`` → ``to_data`` and throws each ``Data`` away. Every child
+runs in its own memory cgroup of the budget with the dataset dropped from
+the page cache first; ``--rounds`` rounds run the presets interleaved (the
+order rotated each round), and the table gives medians of the last epoch.
+fio (4 KiB random reads of ``features.bin`` at the same queue depth, see
+``tools/fio.py``) runs before and after.
+
+Columns: epoch seconds; batches/s; device reads (4 KiB pages the process read
+from the disk, ``/proc/self/io``: every file, io_uring workers included);
+device IOPS over the epoch; read IOPS inside the loader (feature reads /
+seconds spent in them, the O_DIRECT presets; the rate while the gather
+reads, comparable with fio at the same depth); CPU seconds of the epoch
+(every thread of the child) and CPU µs per device read. ``--report`` writes
+``speedup.ooc_vs_baseline``, ``speedup.ooc_vs_static`` (epoch-time ratios),
+``read_iops_vs_fio`` (ooc), the per-preset medians and every run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import fio  # noqa: E402  (tools/fio.py)
+import memcg  # noqa: E402  (tools/memcg.py)
+from bench import add_run_args, open_bench_dataset  # noqa: E402  (tools/bench.py)
+
+from ooc.cli import format_size  # noqa: E402
+from ooc.storage.pagecache import drop_page_cache  # noqa: E402
+
+PRESETS = ("baseline", "static", "ooc")
+log = memcg.log
+
+
+# -- the child: one preset's data path --------------------------------------------------------
+
+
+def child(spec: dict) -> int:
+    """Run ``spec["epochs"]`` data-path epochs of one preset; write the JSON report."""
+    from ooc.executor.modes import ModeOptions
+    from ooc.executor.trainer import Trainer, TrainConfig, _io_counters, _io_delta
+    from ooc.storage import open_dataset
+
+    d = open_dataset(spec["data"])
+    cfg = TrainConfig(mode=spec["preset"], fanouts=spec["fanouts"], batch_size=spec["batch_size"],
+                      hidden=spec["hidden"], seed=spec["seed"], epochs=spec["epochs"],
+                      device="cpu", progress=False, eval_final=False)
+    opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
+                       runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"])
+    t = Trainer(d, cfg, options=opts, log=lambda m: None)
+    epochs = []
+    try:
+        for e in range(1, spec["epochs"] + 1):
+            prod = t.train_producer
+            io0 = _io_counters(prod)
+            c0 = time.process_time()
+            w0 = time.perf_counter()
+            nb = nodes = 0
+            for batch, rows in prod.batches(e):
+                ids = np.asarray(batch.node_ids, dtype=np.int64)
+                data = t._to_data(batch, rows)
+                assert data.x.shape[0] == ids.shape[0]
+                nb += 1
+                nodes += int(ids.shape[0])
+            wall = time.perf_counter() - w0
+            cpu = time.process_time() - c0
+            io = _io_delta(io0, _io_counters(prod))
+            rec = {"epoch": e, "time_s": wall, "cpu_s": cpu, "batches": nb, "nodes": nodes,
+                   "stages_s": prod.stage_times(), "io": io}
+            epochs.append(rec)
+            print(f"epoch {e}: {wall:.2f}s, {nb} batches, cpu {cpu:.2f}s, "
+                  f"device {io.get('proc_read_bytes', 0) / 2**20:,.0f} MiB", flush=True)
+    finally:
+        t.close()
+    rep = {"preset": spec["preset"], "mode_info": t.mode_info,
+           "memory_plan": t.memory_plan.as_dict() if t.memory_plan else None,
+           "epochs": epochs,
+           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    tmp = Path(spec["report"] + ".tmp")
+    tmp.write_text(json.dumps(rep, default=str))
+    os.replace(tmp, spec["report"])
+    return 0
+
+
+# -- the parent ------------------------------------------------------------------------------
+
+
+def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
+    drop_page_cache(data)
+    report = workdir / f"{preset}-{rnd}.json"
+    spec = {"preset": preset, "data": str(data), "epochs": args.epochs,
+            "fanouts": [int(f) for f in args.fanouts.split(",")],
+            "batch_size": args.batch_size, "hidden": args.hidden, "seed": args.seed,
+            "queue_depth": args.queue_depth, "budget": args.budget,
+            "io_backend": args.io_backend, "runtime_dir": str(workdir / "runtime"),
+            "report": str(report)}
+    limit = None if args.no_cgroup else args.budget
+    run = memcg.run(f"{preset}-{rnd}", [str(Path(__file__).resolve()), "--child",
+                                         json.dumps(spec)], limit)
+    res = {"preset": preset, "round": rnd, "rc": run["rc"], "wall_s": run["wall_s"],
+           "child_peak_rss_bytes": run["child_peak_rss_bytes"], "cgroup": run.get("cgroup")}
+    if run["rc"] != 0 or not report.exists():
+        res["error"] = "\n".join(run["lines"][-5:]) or memcg.exit_words(run["rc"])
+        return res
+    rep = json.loads(report.read_text())
+    last = rep["epochs"][-1]
+    io = last["io"]
+    ep = last["time_s"]
+    dev_reads = io.get("proc_read_bytes", 0) / 4096
+    fr_ops = io.get("feature_read_ops")
+    fr_s = io.get("feature_read_s")
+    res.update({
+        "epoch_s": ep, "epoch_times_s": [e["time_s"] for e in rep["epochs"]],
+        "batches_per_s": last["batches"] / ep, "batches": last["batches"],
+        "device_reads": dev_reads, "device_iops": dev_reads / ep,
+        "feature_read_ops": fr_ops, "feature_read_s": fr_s,
+        "read_iops": (fr_ops / fr_s) if fr_ops and fr_s else None,
+        "feature_hit_ratio": io.get("feature_hit_ratio"),
+        "neighbor_cache_hit_ratio": io.get("neighbor_cache_hit_ratio"),
+        "cpu_s": last["cpu_s"], "cpu_us_per_read": last["cpu_s"] / dev_reads * 1e6
+        if dev_reads else None,
+        "stages_s": last["stages_s"], "mode_info": rep["mode_info"],
+        "peak_rss_bytes": rep["peak_rss_bytes"]})
+    return res
+
+
+def median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--child":
+        return child(json.loads(sys.argv[2]))
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_args(p)
+    p.add_argument("--epochs", type=int, default=2, help="per child; the last is reported")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the presets")
+    p.add_argument("--io-backend", default="auto", help="of the O_DIRECT presets")
+    p.add_argument("--presets", default=",".join(PRESETS))
+    p.add_argument("--fio-seconds", type=int, default=10)
+    p.add_argument("--report", type=Path, default=Path("loader.json"))
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    presets = [m.strip() for m in args.presets.split(",") if m.strip()]
+    for m in presets:
+        if m not in PRESETS:
+            p.error(f"unknown preset {m!r} (choose from {', '.join(PRESETS)})")
+    if args.epochs < 1 or args.rounds < 1:
+        p.error("--epochs and --rounds must be >= 1")
+    opened = open_bench_dataset(args)
+    if opened is None:
+        return 2
+    data, _, disk, _ = opened
+    feats = data / "features.bin"
+
+    def run_fio(when: str) -> dict | None:
+        drop_page_cache(feats)
+        f = fio.run_fio(feats, args.queue_depth, args.fio_seconds)
+        if f:
+            log(f"fio {when}: {f['iops']:,.0f} IOPS at QD {args.queue_depth} ({f['engine']})")
+        else:
+            log("fio not installed (apt-get install -y fio) or failed: no fio ratio")
+        return f
+
+    fio_before = run_fio("before")
+    workdir = Path(tempfile.mkdtemp(prefix="ooc-bench-loader-", dir=data.parent))
+    runs: list[dict] = []
+    try:
+        for rnd in range(args.rounds):
+            k = rnd % len(presets)
+            for preset in presets[k:] + presets[:k]:
+                runs.append(run_preset(preset, rnd, args, data, workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    fio_after = run_fio("after")
+    fio_iops = median([f["iops"] for f in (fio_before, fio_after) if f])
+
+    keys = ("epoch_s", "batches_per_s", "device_reads", "device_iops", "read_iops", "cpu_s",
+            "cpu_us_per_read", "feature_hit_ratio", "peak_rss_bytes")
+    summary: dict[str, dict] = {}
+    for m in presets:
+        ok = [r for r in runs if r["preset"] == m and "error" not in r]
+        if not ok:
+            summary[m] = {"error": next(r["error"] for r in runs if r["preset"] == m)}
+            continue
+        summary[m] = {k: median([r[k] for r in ok]) for k in keys}
+        summary[m]["rounds"] = len(ok)
+        summary[m]["reader"] = ok[0]["mode_info"].get("reader_backend", "mmap")
+        if summary[m]["read_iops"] and fio_iops:
+            summary[m]["read_iops_vs_fio"] = summary[m]["read_iops"] / fio_iops
+
+    def et(m):
+        return summary.get(m, {}).get("epoch_s")
+
+    sp = {}
+    for a, b in (("ooc", "baseline"), ("ooc", "static"), ("static", "baseline")):
+        if et(a) and et(b):
+            sp[f"{a}_vs_{b}"] = et(b) / et(a)
+    report = {"command": " ".join([sys.executable, *sys.argv]), "dataset": str(data),
+              "disk_bytes": disk, "budget_bytes": args.budget,
+              "settings": {k: (str(v) if isinstance(v, Path) else v)
+                           for k, v in vars(args).items()},
+              "fio": {"before": fio_before, "after": fio_after, "iops": fio_iops},
+              "presets": summary, "speedup": sp,
+              "read_iops_vs_fio": summary.get("ooc", {}).get("read_iops_vs_fio"),
+              "runs": runs}
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.report.with_name(f".{args.report.name}.tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str))
+    os.replace(tmp, args.report)
+
+    def f(x, fmt):
+        return format(x, fmt) if x is not None else "–"
+
+    print(f"\nData path alone (sample, gather, to_data; no model), last of {args.epochs} "
+          f"epochs, medians of {args.rounds} interleaved rounds, {format_size(args.budget)} "
+          f"cgroup each; fio {f(fio_iops, ',.0f')} IOPS (QD {args.queue_depth}, median of "
+          f"before/after)\n")
+    print("| preset | reader | epoch s | batches/s | device reads | device IOPS | read IOPS "
+          "in loader | vs fio | CPU s | CPU µs/read | feature hit | peak RSS |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for m in presets:
+        s = summary[m]
+        if "error" in s:
+            print(f"| {m} | failed: {s['error'][:120]} |")
+            continue
+        print(f"| {m} | {s['reader']} | {s['epoch_s']:.2f} | {s['batches_per_s']:.1f} | "
+              f"{s['device_reads']:,.0f} | {s['device_iops']:,.0f} | {f(s['read_iops'], ',.0f')} "
+              f"| {f(s.get('read_iops_vs_fio'), '.2f')} | {s['cpu_s']:.2f} | "
+              f"{f(s['cpu_us_per_read'], '.1f')} | {f(s['feature_hit_ratio'], '.3f')} | "
+              f"{format_size(s['peak_rss_bytes'] or 0)} |")
+    print("\nspeedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))
+    print(f"report {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
