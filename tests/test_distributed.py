@@ -122,12 +122,14 @@ def test_two_workers_sync_is_weighted_average_and_matches_one_worker(parted, tmp
 
 
 def test_killed_worker_ends_the_run_naming_the_rank(parted, tmp_path):
-    """Rank 1 dies (os._exit) after epoch 1: the run stops with its rank and reason."""
+    """Rank 1 gets SIGKILL (kill -9) after epoch 1: the run stops with its rank and reason,
+    in one line, as the last line."""
     data, parts = parted
-    r = cli(data, parts, "--workers", 2, "--epochs", 4, env={"OOC_FAIL_AT": "1:1"})
+    r = cli(data, parts, "--workers", 2, "--epochs", 4, env={"OOC_FAIL_AT": "1:1:kill"})
     assert r.returncode == 1
-    assert "ooc: worker rank 1 failed: exit code 3: ooc: injected exit after epoch 1" \
-        in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] == \
+        "ooc: worker rank 1 failed: killed by SIGKILL: ooc: injected kill after epoch 1 " \
+        "(OOC_FAIL_AT=1:1:kill)", r.stderr[-3000:]
     assert "epoch   2/4" not in r.stdout  # nobody trained on alone
 
 

@@ -42,6 +42,12 @@
 * **Failures.** The parent watches its children: the first one to exit
   non-zero is reported as ``ooc: worker rank R failed: <reason>`` (its exit
   status and last message), the others are terminated and the parent exits 1.
+  It also reads their heartbeats (:mod:`ooc.executor.heartbeat`): a worker
+  that is stopped, frozen or hung (no heartbeat, or no progress outside a
+  collective, for ``OOC_HEARTBEAT_TIMEOUT`` seconds, default 120) is killed
+  and named the same way, within that time plus one poll (at most 1 s) and
+  :data:`TERMINATE_GRACE_S` to stop the others; the workers waiting for it
+  in a collective are not blamed.
   A worker whose peer vanishes fails its collective (gloo reports the closed
   connection at once, or after the timeout) and exits 75 naming its rank; the
   parent treats that as a consequence and names the worker that caused it
@@ -51,21 +57,24 @@
   (:func:`~ooc.executor.checkpoint.save_checkpoint`): the averaged model, the
   epoch, the history and the run's settings (``--resume`` continues).
 
-Test hook: ``OOC_FAIL_AT=R:E[:raise]`` makes rank ``R`` end with
-``os._exit(3)`` (or raise) right after training epoch ``E``.
+Test hook: ``OOC_FAIL_AT=R:E[:how]`` makes rank ``R`` fail right after training
+epoch ``E`` (``how``: exit, raise, kill, stop, hang; see :func:`_maybe_fail`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import gc
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -76,6 +85,8 @@ import torch
 
 from ..storage.atomic import write_json
 from ..storage.errors import OocError
+from . import heartbeat as HB
+from .heartbeat import Heartbeat, HeartbeatMonitor
 from .averaging import (DEFAULT_COMPUTE_FRACTION, allocate_partitions, assign_partitions,
                         dataset_bytes, finish_average, flatten, optimizer_entries,
                         optimizer_state, unflatten, weighted_sum, zeros_like_state)
@@ -118,6 +129,8 @@ class Comm:
 
     def __init__(self, rank: int = 0, world_size: int = 1, initialized: bool = False):
         self.rank, self.world_size, self.initialized = rank, world_size, initialized
+        #: marks the time spent in collectives for the launcher (None: not watched)
+        self.heartbeat: Heartbeat | None = None
 
     @classmethod
     def from_env(cls, timeout_s: float | None = None) -> "Comm":
@@ -143,7 +156,9 @@ class Comm:
             import torch.distributed as dist
 
             try:
-                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                with (self.heartbeat.collective() if self.heartbeat is not None
+                      else contextlib.nullcontext()):
+                    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
             except RuntimeError as e:  # gloo: connection closed, or the timeout
                 msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise PeerLost(f"all_reduce failed, another worker died or timed out "
@@ -243,8 +258,11 @@ def wait_for_partitions(part_dir: Path, timeout_s: float) -> None:
 class LocalModel:
     """One partition's local model: a Trainer while resident, its states while not."""
 
-    def __init__(self, part: int, path: Path, config, options, log, resident_ok: bool):
+    def __init__(self, part: int, path: Path, config, options, log, resident_ok: bool,
+                 heartbeat: Heartbeat | None = None):
         from ..storage import open_dataset
+
+        self.heartbeat = heartbeat
 
         self.part, self.path = part, path
         self.dataset = open_dataset(path)
@@ -261,6 +279,8 @@ class LocalModel:
         from .trainer import Trainer
 
         if self.trainer is None:
+            if self.heartbeat is not None:
+                self.heartbeat.setup()
             opts = copy.copy(self.options)
             if opts.runtime_dir:
                 opts.runtime_dir = str(Path(opts.runtime_dir) / f"part_{self.part:03d}")
@@ -271,6 +291,8 @@ class LocalModel:
                 t.optimizer.load_state_dict(self.saved["optimizer"])
                 self.saved = None
             t.epoch = self.epoch
+            if self.heartbeat is not None:
+                t.on_batch = self.heartbeat.beat
             self.trainer = t
         return self.trainer
 
@@ -339,11 +361,13 @@ class AveragingTrainer:
         sync_every: ``K``.
         optimizer_sync: ``"average"`` (the local Adam states are averaged
             like the weights) or ``"reset"`` (every local Adam restarts).
+        heartbeat: this worker's :class:`~ooc.executor.heartbeat.Heartbeat`
+            (beats after every batch), or None.
     """
 
     def __init__(self, data, part_dir: Path, parts: int, config, options, comm: Comm,
                  sync_every: int = 1, log: Callable[[str], None] = print,
-                 optimizer_sync: str = "average"):
+                 optimizer_sync: str = "average", heartbeat: Heartbeat | None = None):
         from .models import build_model
 
         if sync_every < 1:
@@ -364,7 +388,7 @@ class AveragingTrainer:
         self.mine = self.assignment[comm.rank]
         resident_ok = options.memory_budget is None or len(self.mine) <= 1
         self.local = [LocalModel(j, self.part_dir / f"part_{j:03d}", self.config, options,
-                                 log, resident_ok) for j in self.mine]
+                                 log, resident_ok, heartbeat) for j in self.mine]
         for lm in self.local:
             if lm.dataset.feature_dim != data.feature_dim or \
                     lm.dataset.num_classes != data.num_classes:
@@ -485,13 +509,15 @@ class AveragingTrainer:
                                                     "partition_dir": str(self.part_dir),
                                                     "workers": self.comm.world_size,
                                                     "sync_every": self.sync_every,
-                                                    "optimizer_sync": self.optimizer_sync}})
+                                                    "optimizer_sync": self.optimizer_sync}},
+                               dataset=self.data)
 
     def resume(self, path: str | os.PathLike) -> dict[str, Any]:
         """Continue from a checkpoint of a sync: every local model loads its weights."""
-        from .checkpoint import load_checkpoint, model_from_checkpoint
+        from .checkpoint import check_dataset, load_checkpoint, model_from_checkpoint
 
         state = load_checkpoint(path)
+        check_dataset(state, self.data, path)
         if dict(state["model_config"]) != dict(self.model.config):
             raise OocError(f"{path}: checkpoint is for a different model or dataset")
         av = (state.get("extra") or {}).get("averaging")
@@ -527,17 +553,29 @@ class AveragingTrainer:
 
 
 def _maybe_fail(rank: int, epoch: int) -> None:
-    """The failure-injection hook (``OOC_FAIL_AT=R:E[:raise]``) for tests."""
+    """The failure-injection hook for tests: ``OOC_FAIL_AT=R:E[:how]`` makes rank ``R``
+    fail right after training epoch ``E``, ``how`` being ``exit`` (``os._exit(3)``, the
+    default), ``raise`` (an exception), ``kill`` (SIGKILL to itself), ``stop`` (SIGSTOP
+    to itself) or ``hang`` (the main thread sleeps for ever; the heartbeat thread runs)."""
     spec = os.environ.get(ENV_FAIL)
     if not spec:
         return
     bits = spec.split(":")
-    if int(bits[0]) == rank and int(bits[1]) == epoch:
-        if len(bits) > 2 and bits[2] == "raise":
-            raise RuntimeError(f"injected failure after epoch {epoch} ({ENV_FAIL}={spec})")
-        sys.stderr.write(f"ooc: injected exit after epoch {epoch} ({ENV_FAIL}={spec})\n")
-        sys.stderr.flush()
-        os._exit(3)
+    if int(bits[0]) != rank or int(bits[1]) != epoch:
+        return
+    how = bits[2] if len(bits) > 2 else "exit"
+    if how == "raise":
+        raise RuntimeError(f"injected failure after epoch {epoch} ({ENV_FAIL}={spec})")
+    sys.stderr.write(f"ooc: injected {how} after epoch {epoch} ({ENV_FAIL}={spec})\n")
+    sys.stderr.flush()
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif how == "hang":
+        while True:
+            time.sleep(3600)
+    os._exit(3)
 
 
 # -- the CLI ---------------------------------------------------------------------------------
@@ -595,13 +633,16 @@ def _worker(dataset, config, options, s, part_dir, parts, alloc, argv, ckdir, ck
     if rank != 0:
         config.progress = False
     t0 = time.perf_counter()
+    heartbeat = Heartbeat.from_env(rank) if world > 1 else None
     comm = Comm.from_env() if world > 1 else Comm()
+    comm.heartbeat = heartbeat
     log = print if rank == 0 else (lambda m: None)
     trainer = None
     try:
         trainer = AveragingTrainer(dataset, part_dir, parts, config, options, comm,
                                    sync_every=int(s["sync_every"]), log=log,
-                                   optimizer_sync=s.get("optimizer_sync") or "average")
+                                   optimizer_sync=s.get("optimizer_sync") or "average",
+                                   heartbeat=heartbeat)
         if ck_path is not None:
             trainer.resume(ck_path)
             log(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
@@ -659,6 +700,8 @@ def _worker(dataset, config, options, s, part_dir, parts, alloc, argv, ckdir, ck
         if trainer is not None:
             trainer.close()
         comm.close()
+        if heartbeat is not None:
+            heartbeat.close()
 
 
 def _gather_train_nodes(trainer: AveragingTrainer, comm: Comm) -> list[int]:
@@ -690,11 +733,18 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
     """Start ``workers`` copies of ``python -m ooc.train argv`` on 127.0.0.1 and watch them.
 
     Child output is forwarded (stdout of rank 0 as is, the rest prefixed
-    ``[rank R]``). The first child to exit non-zero ends the run: the others
-    get SIGTERM (SIGKILL after :data:`TERMINATE_GRACE_S`) and this returns 1
-    after printing ``ooc: worker rank R failed: <reason>``.
+    ``[rank R]``). The first child to exit non-zero, or to stop making progress
+    (:mod:`ooc.executor.heartbeat`: no heartbeat, or no progress, for
+    ``OOC_HEARTBEAT_TIMEOUT`` seconds), ends the run: a stalled worker gets
+    SIGKILL, the others SIGTERM (SIGKILL after :data:`TERMINATE_GRACE_S`), and
+    this returns 1 after printing ``ooc: worker rank R failed: <reason>``.
     """
     port = free_port()
+    hb_timeout = HB.timeout_s()
+    hb_dir = Path(tempfile.mkdtemp(prefix="ooc-heartbeat-"))
+    hb_path = HB.create_file(hb_dir / "heartbeat", workers)
+    monitor = HeartbeatMonitor(hb_path, workers, hb_timeout)
+    poll = HB.interval_s(hb_timeout)
     procs: list[subprocess.Popen] = []
     last_err: dict[int, str] = {}
     exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
@@ -714,7 +764,8 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
         for r in range(workers):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(workers), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+                       MASTER_PORT=str(port), PYTHONUNBUFFERED="1",
+                       **{HB.ENV_PATH: str(hb_path), HB.ENV_TIMEOUT: str(hb_timeout)})
             p = subprocess.Popen([python or sys.executable, "-m", "ooc.train", *argv], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  bufsize=1)
@@ -726,8 +777,19 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
             threading.Thread(target=lambda p=p, r=r: exits.put((r, p.wait())),
                              daemon=True).start()
         failed: tuple[int, int] | None = None
-        for _ in range(workers):
-            r, rc = exits.get()
+        stalled: tuple[int, str] | None = None
+        running = set(range(workers))
+        while running:
+            try:
+                r, rc = exits.get(timeout=poll)
+            except queue.Empty:
+                stalled = monitor.check(sorted(running))
+                if stalled is not None:
+                    with contextlib.suppress(OSError):
+                        procs[stalled[0]].kill()  # stopped or hung: SIGTERM may never land
+                    break
+                continue
+            running.discard(r)
             if rc != 0:
                 failed = (r, rc)
                 break
@@ -742,10 +804,14 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
                 if rc not in (0, PEER_LOST_RC):
                     failed = (r, rc)
                     break
-        if failed is not None:
+        if failed is not None or stalled is not None:
             _terminate(procs)
         for th in threads:
             th.join(timeout=2.0)
+        if stalled is not None:
+            print(f"ooc: worker rank {stalled[0]} failed: {stalled[1]}", file=sys.stderr,
+                  flush=True)
+            return 1
         if failed is None:
             return 0
         r, rc = failed
@@ -759,6 +825,7 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
         raise
     finally:
         _terminate(procs)
+        shutil.rmtree(hb_dir, ignore_errors=True)
 
 
 def _terminate(procs: list[subprocess.Popen]) -> None:

@@ -412,11 +412,10 @@ def _locked_partial(work: Path):
 
 def _swap_in(work: Path, out: Path) -> None:
     """Rename the finished ``work`` folder to ``out`` (replacing an old ``out``)."""
-    from ..storage import atomic
+    from ..storage.atomic import exchange
 
     if os.path.lexists(out):
-        exchange = getattr(atomic, "exchange", None)
-        if exchange is not None and exchange(work, out):
+        if exchange(work, out):
             shutil.rmtree(work, ignore_errors=True)  # now the old output
         else:
             old = out.parent / f".{out.name}.old-{os.getpid()}"

@@ -45,6 +45,7 @@ import numpy as np
 
 from ..inspector.neighbors import CachedNeighbors, DirectNeighbors, NeighborRequest, NeighborSource
 from ..inspector.sampler import NeighborSampler, epoch_batches, derive_seed
+from ..storage.atomic import pid_alive
 from ..storage.errors import OocError
 from ..storage.layout import RowTable
 from . import _mmap_kernels as MK
@@ -420,19 +421,6 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None,
 
 #: Runtime folders are named ``run<pid>-<random>`` inside the runtime parent.
 _RUN_FOLDER = re.compile(r"^run(\d+)-")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this machine (signal 0 probe)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    return True
 
 
 def remove_stale_runs(parent: Path) -> list[Path]:
