@@ -1,7 +1,7 @@
 """Bad input to the storage side (issue 17), table-driven, each case in its own process.
 
 Every case is a corrupt file or argument given to the real command-line
-entry point (``ooc.prepare`` / ``ooc.train`` ``main``) in a child process: a
+entry point (``ooc.prepare`` / ``ooc.train`` / ``ooc.partition`` ``main``) in a child process: a
 runner imports ooc once and forks one child per case, so a case that dies of
 a signal is a failed case, not a crashed test run (and 40 cases do not pay 40
 interpreter starts). Two cases also run as plain ``python -m`` commands.
@@ -37,9 +37,10 @@ N = 300  # nodes of the base dataset
 RUNNER = r"""
 import json, os, signal, sys, time
 cases = json.load(sys.stdin)
-import ooc.prepare, ooc.train
+import ooc.partition.__main__, ooc.prepare, ooc.train
 import ooc.executor.modes, ooc.executor.trainer, ooc.inspector.sampler, ooc.storage.ingest  # noqa
-mains = {"ooc.prepare": ooc.prepare.main, "ooc.train": ooc.train.main}
+mains = {"ooc.prepare": ooc.prepare.main, "ooc.train": ooc.train.main,
+         "ooc.partition": ooc.partition.__main__.main}
 results = {}
 for c in cases:
     pid = os.fork()
@@ -387,6 +388,11 @@ CASES = [
          _then(_copy_base, lambda d: _poke_indices(_ds(d), {11: -3}),
                lambda d: _refresh_checksums(_ds(d))),
          r"{d}/ds/indices.bin: node id -3 at position 11 is out of range"),
+    Case("indices-bad-partition", "ooc.partition", ["--data", "{d}/ds", "--parts", "2", "--out",
+                                                    "{d}/parts"],
+         _then(_copy_base, lambda d: _poke_indices(_ds(d), {77: 2**31 - 1}),
+               lambda d: _refresh_checksums(_ds(d))),
+         r"{d}/ds/indices.bin: node id 2147483647 at position 77 is out of range"),
     Case("indices-bad-legacy-meta", "ooc.train", TRAIN,
          _then(_copy_base, lambda d: _poke_indices(_ds(d), {5: -3}), lambda d: _refresh_checksums(_ds(d)),
                lambda d: _edit_meta(_ds(d), index_range=_DELETE)),

@@ -28,6 +28,7 @@ from typing import Iterator
 import numpy as np
 
 from ..storage import Dataset
+from ..storage.dataset import index_range_error
 
 #: Default number of edges per chunk (1 Mi edges = 4 MiB of int32 ids).
 DEFAULT_CHUNK_EDGES = 1 << 20
@@ -102,8 +103,12 @@ class EdgeStream:
                     if n <= 0:
                         raise OSError(f"{self.path}: short read at edge {a}")
                     got += n
+                src = buf[: b - a]
+                if src.min() < 0 or src.max() >= self.num_nodes:  # would crash the kernels
+                    k = int(np.flatnonzero((src < 0) | (src >= self.num_nodes))[0])
+                    raise index_range_error(self.path, a + k, int(src[k]), self.num_nodes)
                 first = int(np.searchsorted(self.indptr, a, side="right")) - 1
-                yield EdgeChunk(a, b, first, buf[: b - a])
+                yield EdgeChunk(a, b, first, src)
         finally:
             os.close(fd)
 
