@@ -335,3 +335,24 @@ def test_train_modes_read_with_the_engine(tiny_dataset, tmp_path, mode):
     assert info["reader_backend"] == "io_uring"
     assert info["neighbor_reader_backend"] == "io_uring"
     assert "ooc: note:" not in res.stderr  # no fallback
+
+
+def test_forked_child_refuses_the_parents_ring(tmp_path):
+    """The ring's memory is shared with a forked child: reading through it from both would
+    mix their requests, so the child gets an error naming the file instead."""
+    path = tmp_path / "f.bin"
+    data = _write(path, 4)
+    with _open(path, 4) as r:
+        out = r.scratch(4 * PAGE)
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                r.read_pages(np.arange(4), out)
+            except OocError as e:
+                code = 0 if "f.bin: io_uring reader opened by process" in str(e) else 2
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        r.read_pages(np.arange(4), out)  # the parent's reader is untouched
+        np.testing.assert_array_equal(out, data)

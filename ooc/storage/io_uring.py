@@ -123,6 +123,7 @@ class NativeUringBackend(ReadBackend):
             self.close()
             raise Refused(_setup_refusal(-r))
         self._st = st
+        self._pid = os.getpid()
         fds = np.array([self.fd], np.int32)
         self.fixed_files = K.ring_register(st, K.IORING_REGISTER_FILES, fds.ctypes.data, 1) == 0
 
@@ -178,6 +179,9 @@ class NativeUringBackend(ReadBackend):
         if self._st[K.S_RING_FD] < 0:
             raise OocError(f"{self.path}: io_uring reader is closed" + (
                 f" ({self._broken})" if self._broken else ""))
+        if os.getpid() != self._pid:  # a forked child shares the parent's ring memory
+            raise OocError(f"{self.path}: io_uring reader opened by process {self._pid} used in "
+                           f"process {os.getpid()} (after a fork): open a reader in this process")
         offs = np.ascontiguousarray(offs, dtype=np.int64)
         lens = np.ascontiguousarray(lens, dtype=np.int64)
         bufs = np.ascontiguousarray(bufs, dtype=np.int64)
