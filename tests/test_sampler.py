@@ -210,6 +210,15 @@ def test_neighbour_id_out_of_range_names_position(graph, tmp_path, bad_id):
         NeighborSampler(indptr, mm, [5, 5]).sample(seeds, 3)
 
 
+def test_indices_shorter_than_indptr(graph):
+    from ooc.storage import DatasetError
+
+    indptr, indices = graph
+    with pytest.raises(DatasetError, match=rf"holds {indices.shape[0] - 5} ids, but a neighbour "
+                                           rf"list reaches position"):
+        NeighborSampler(indptr, indices[:-5], [-1]).sample(np.arange(indptr.shape[0] - 1), 0)
+
+
 def test_pyg_graphsage_trim_to_layer(graph):
     torch = pytest.importorskip("torch")
     pytest.importorskip("torch_geometric")

@@ -273,7 +273,7 @@ def _load_meta(path: Path) -> dict:
         raise DatasetError(mp, f"cannot be read ({e.strerror})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
         raise DatasetError(mp, f"not an ooc dataset (format is not {FORMAT_NAME!r})")
-    if meta.get("version") != FORMAT_VERSION:
+    if not _is_int(meta.get("version")) or meta["version"] != FORMAT_VERSION:
         raise DatasetError(mp, f"unknown format version {meta.get('version')!r} "
                                f"(this ooc reads version {FORMAT_VERSION})")
     for key in ("num_nodes", "num_edges", "feature_dim", "feature_dtype",
