@@ -40,7 +40,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -154,11 +154,12 @@ class HeartbeatMonitor:
     """The launcher's view of the workers' slots (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike, workers: int, timeout: float,
-                 startup: float | None = None):
+                 startup: float | None = None, clock: Callable[[], float] = time.monotonic):
         self._mm, self.arr = _map(path)
         self.workers, self.timeout = int(workers), float(timeout)
         self.startup = max(self.timeout, STARTUP_S) if startup is None else float(startup)
-        now = time.monotonic()
+        self.clock = clock
+        now = clock()
         self.t0 = now
         self.last = self.arr.copy()
         self.beat_t = [now] * self.workers
@@ -169,7 +170,7 @@ class HeartbeatMonitor:
 
         ``alive``: the ranks still running (exited ones are judged by their status).
         """
-        now = time.monotonic()
+        now = self.clock()
         cur = self.arr.copy()
         for r in range(self.workers):
             if cur[r, BEATS] != self.last[r, BEATS]:
