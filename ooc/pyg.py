@@ -1,0 +1,494 @@
+"""PyG's remote-backend interfaces over an ooc dataset, topology and features on disk.
+
+PyG's own loaders run over a ``(FeatureStore, GraphStore)`` pair and a
+``BaseSampler``; this module gives all three for an ooc dataset, so a PyG
+training script keeps its loop and swaps where the data lives::
+
+    feature_store, graph_store, sampler = ooc.pyg.remote_backend(
+        "data/cora", num_neighbors=[10, 10], input_nodes="train", batch_size=1024,
+        shuffle=True, preset="ooc")
+    loader = torch_geometric.loader.NodeLoader(
+        (feature_store, graph_store), node_sampler=sampler, **sampler.loader_kwargs())
+
+The sampler samples with ooc's kernels (neighbor cache, O_DIRECT reads of
+``indices.bin``), never PyG's (no ``pyg-lib`` or ``torch-sparse`` needed),
+and the graph store never loads the adjacency into memory.
+
+**Seeing the future.** The Belady cache needs the coming batches. PyG's
+``DataLoader`` decides them, so ``sampler.batch_sampler`` hands it ooc's own
+epoch plan (the seeded order of :class:`ooc.NodeLoader`). In the loading
+process (``num_workers=0``) a planned batch is then served by an ooc
+pipeline running one batch ahead: under ``preset="ooc"`` the inspector
+samples superbatches ahead, precomputes Belady changesets and the feature
+cache serves the rows the feature store is asked for. A request the plan did
+not foresee (another batch order, a worker process, a second pass) is
+sampled on demand with the same sampler and read from disk: still correct,
+only without the cache. Batches are identical to :class:`ooc.NodeLoader`'s
+for the same settings.
+
+The stores and the sampler pickle by their settings and reopen the dataset in
+a worker process: ``sampler.loader_kwargs(num_workers=2)`` asks PyG's loader for
+spawned workers (numba's OpenMP thread pool cannot be forked once it ran).
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
+from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
+
+from .executor.loader import resolve_input_nodes
+from .inspector.sampler import derive_seed, epoch_batches
+from .storage import OocError, open_dataset
+
+__all__ = ["OocFeatureStore", "OocGraphStore", "OocSampler", "remote_backend"]
+
+_READ_ONLY = ("ooc.pyg: {what} is read-only: it serves the ooc dataset in {path}; write a new "
+              "dataset with python -m ooc.prepare instead")
+
+
+class EpochPlan:
+    """ooc's seeded order of seed batches per epoch (that of :class:`ooc.NodeLoader`).
+
+    ``positions(e)`` are index positions into ``seeds`` (int64 arrays), the
+    batches PyG's ``DataLoader`` gets from :attr:`OocSampler.batch_sampler`;
+    ``epoch`` is the epoch whose batches are being loaded (advanced by each
+    ``iter()`` of the batch sampler; 0 before the first).
+    """
+
+    def __init__(self, seeds: np.ndarray, batch_size: int, shuffle: bool, seed: int):
+        self.seeds = seeds
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._index: tuple[int, dict[bytes, int]] | None = None
+
+    def positions(self, epoch: int) -> list[np.ndarray]:
+        return epoch_batches(np.arange(len(self.seeds), dtype=np.int64), self.batch_size,
+                             self.seed, epoch, shuffle=self.shuffle)
+
+    def batch_index(self, epoch: int, input_id: np.ndarray) -> int | None:
+        """Which batch of ``epoch`` holds exactly the positions ``input_id``, or None."""
+        if epoch < 1:
+            return None
+        if self._index is None or self._index[0] != epoch:
+            self._index = (epoch, {_digest(p): b for b, p in enumerate(self.positions(epoch))})
+        return self._index[1].get(_digest(np.asarray(input_id, dtype=np.int64)))
+
+    def __len__(self) -> int:
+        return -(-len(self.seeds) // self.batch_size)
+
+
+def _digest(a: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(a, dtype=np.int64).tobytes(),
+                           digest_size=16).digest()
+
+
+class PlannedBatches(torch.utils.data.Sampler):
+    """The batch sampler for PyG's loader: each ``iter()`` is the plan's next epoch."""
+
+    def __init__(self, plan: EpochPlan):
+        self.plan = plan
+        self._unstarted = False  # an iterator was made and no batch drawn from it yet
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # The epoch advances now, not lazily: worker processes are started (and pickle the
+        # plan) before the loader draws the first batch. PyTorch's multi-worker iterator
+        # makes a second iterator before drawing from the first: that one is the same epoch.
+        if not self._unstarted:
+            self.plan.epoch += 1
+        self._unstarted = True
+        batches = [p.tolist() for p in self.plan.positions(self.plan.epoch)]
+
+        def draw() -> Iterator[list[int]]:
+            self._unstarted = False
+            yield from batches
+
+        return draw()
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next ``iter()`` loads ``epoch`` (>= 1)."""
+        if int(epoch) < 1:
+            raise ValueError(f"epoch must be >= 1, got {epoch}")
+        self.plan.epoch = int(epoch) - 1
+        self._unstarted = False
+
+
+class _Backend:
+    """What the stores and the sampler share: the dataset, the plan, the readers, and the
+    pipeline that serves planned batches. Pickles by its settings; a copy in another process
+    reopens the dataset and serves every request on demand."""
+
+    def __init__(self, settings: dict[str, Any], plan_epoch: int = 0, main: bool = True):
+        self.settings = settings
+        self.dataset = open_dataset(settings["path"])
+        ds = self.dataset
+        self.plan = EpochPlan(resolve_input_nodes(ds, settings["input_nodes"]),
+                              settings["batch_size"], settings["shuffle"], settings["seed"])
+        self.plan.epoch = plan_epoch
+        self.main = main and settings["plan_ahead"]
+        self.lock = threading.Lock()
+        self._loader = None      # ooc.NodeLoader serving planned batches (loading process)
+        self._ahead: Iterator | None = None
+        self._ahead_epoch = 0
+        self._ahead_next = 0
+        self._sampler = None     # on-demand sampler
+        self._rows = None        # on-demand feature reader
+        self.stash: tuple[torch.Tensor, torch.Tensor] | None = None  # (node, x) last planned
+        self.counts = {"planned_batches": 0, "on_demand_batches": 0,
+                       "planned_reads": 0, "on_demand_reads": 0}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings, "plan_epoch": self.plan.epoch}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["settings"], state["plan_epoch"], main=False)
+
+    # -- planned batches ---------------------------------------------------------------
+    def loader(self):
+        if self._loader is None:
+            from .executor.loader import NodeLoader
+
+            s = self.settings
+            self._loader = NodeLoader(self.dataset, s["num_neighbors"], s["batch_size"],
+                                      self.plan.seeds, s["shuffle"], s["preset"],
+                                      s["memory_budget"], s["seed"], s["io_backend"],
+                                      s["num_threads"], labels=False, **s["options"])
+        return self._loader
+
+    def take_planned(self, epoch: int, b: int):
+        """``(SampledBatch, rows)`` of planned batch ``b`` of ``epoch`` from the pipeline running
+        ahead, skipping batches the loader never asked for; None when ``b`` is behind it."""
+        if self._ahead is None or self._ahead_epoch != epoch:
+            self.close_ahead()
+            self._ahead = iter(self.loader()._mode.train.batches(epoch))
+            self._ahead_epoch, self._ahead_next = epoch, 0
+        if b < self._ahead_next:
+            return None
+        for item in self._ahead:
+            k = self._ahead_next
+            self._ahead_next += 1
+            if k == b:
+                return item
+        return None
+
+    def close_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+
+    # -- on demand -----------------------------------------------------------------------
+    def sampler(self):
+        if self._sampler is None:
+            from .inspector.neighbors import open_neighbor_source
+            from .inspector.sampler import NeighborSampler
+
+            s = self.settings
+            direct = s["preset"] != "baseline"
+            nbytes = s["options"].get("neighbor_cache_size")
+            if direct and nbytes is None:
+                from .executor.modes import default_sizes
+
+                nbytes = default_sizes(self.dataset)[1]
+            if nbytes is not None and nbytes < 8 * self.dataset.num_nodes:
+                nbytes = 0
+            src = open_neighbor_source(self.dataset, nbytes if direct else None, direct=direct,
+                                       queue_depth=s["options"].get("queue_depth", 64),
+                                       io_backend=s["io_backend"])
+            self._sampler = NeighborSampler(self.dataset.indptr, src, s["num_neighbors"],
+                                            num_threads=s["num_threads"])
+        return self._sampler
+
+    def read_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Feature rows of ``ids`` read from disk (O_DIRECT presets) or the memmap (baseline)."""
+        if self._rows is None:
+            s = self.settings
+            if s["preset"] == "baseline":
+                self._rows = self.dataset.features
+            else:
+                from .storage.direct import DirectFeatures
+
+                self._rows = DirectFeatures(self.dataset.file("features.bin"),
+                                            self.dataset.layout,
+                                            queue_depth=s["options"].get("queue_depth", 64),
+                                            backend=s["io_backend"])
+        return self._rows.read(ids)
+
+    def close(self) -> None:
+        self.close_ahead()
+        for obj in (self._loader, self._rows, getattr(self._sampler, "source", None)):
+            close = getattr(obj, "close", None)
+            if close is not None and obj is not self.dataset.features:
+                close()
+        self._loader = self._rows = self._sampler = None
+
+
+def _as_float32(rows: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
+
+
+class OocFeatureStore(FeatureStore):
+    """``x`` (float32 [N, dim]) and ``y`` (int64 [N]) of an ooc dataset, read-only.
+
+    Reads go through ooc's feature layers: rows of a batch the sampler served
+    from the plan come from its pipeline (the Belady cache under the ``ooc``
+    preset); other requests are read from ``features.bin`` with the preset's
+    reader. Group name ``None`` (a homogeneous graph).
+    """
+
+    def __init__(self, backend: _Backend):
+        super().__init__()
+        self._b = backend
+
+    def get_all_tensor_attrs(self) -> list[TensorAttr]:
+        return [TensorAttr(group_name=None, attr_name="x"),
+                TensorAttr(group_name=None, attr_name="y")]
+
+    def _check(self, attr: TensorAttr) -> str:
+        if attr.group_name is not None or attr.attr_name not in ("x", "y"):
+            raise KeyError(f"ooc.pyg: no tensor {attr.group_name!r}/{attr.attr_name!r} "
+                           f"(this store has x and y of group None)")
+        return attr.attr_name
+
+    def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...]:
+        ds = self._b.dataset
+        return (ds.num_nodes, ds.feature_dim) if self._check(attr) == "x" else (ds.num_nodes,)
+
+    def _ids(self, attr: TensorAttr) -> np.ndarray:
+        n = self._b.dataset.num_nodes
+        idx = attr.index
+        if idx is None:
+            return np.arange(n, dtype=np.int64)
+        if isinstance(idx, slice):
+            return np.arange(n, dtype=np.int64)[idx]
+        ids = np.asarray(idx.cpu().numpy() if isinstance(idx, torch.Tensor) else idx)
+        if ids.dtype == bool:
+            return np.flatnonzero(ids).astype(np.int64)
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            raise IndexError(f"ooc.pyg: node id {ids[(ids < 0) | (ids >= n)][0]} out of range "
+                             f"[0, {n}) for {self._b.dataset.path}")
+        return ids
+
+    def _get_tensor(self, attr: TensorAttr) -> torch.Tensor:
+        return self._multi_get_tensor([attr])[0]
+
+    def _multi_get_tensor(self, attrs: list[TensorAttr]) -> list[torch.Tensor]:
+        b = self._b
+        out: list[torch.Tensor] = []
+        x_for: dict[int, torch.Tensor] = {}
+        for attr in attrs:
+            name = self._check(attr)
+            if name == "y":
+                out.append(torch.from_numpy(np.asarray(b.dataset.labels[self._ids(attr)],
+                                                       dtype=np.int64)))
+                continue
+            key = id(attr.index)
+            if key not in x_for:
+                x_for[key] = self._x(attr)
+            out.append(x_for[key])
+        return out
+
+    def _x(self, attr: TensorAttr) -> torch.Tensor:
+        b = self._b
+        with b.lock:
+            stash, b.stash = b.stash, None
+        if stash is not None and isinstance(attr.index, torch.Tensor) and \
+                (stash[0] is attr.index or torch.equal(stash[0], attr.index)):
+            b.counts["planned_reads"] += 1
+            return stash[1]
+        b.counts["on_demand_reads"] += 1
+        return _as_float32(b.read_rows(self._ids(attr)))
+
+    def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
+        raise OocError(_READ_ONLY.format(what="the feature store", path=self._b.dataset.path))
+
+    def _remove_tensor(self, attr: TensorAttr) -> bool:
+        raise OocError(_READ_ONLY.format(what="the feature store", path=self._b.dataset.path))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_b": self._b}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__init__()
+        self._b = state["_b"]
+
+
+class OocGraphStore(GraphStore):
+    """The dataset's CSC adjacency (in-neighbours), read-only and never copied into RAM.
+
+    ``get_all_edge_attrs()`` reports one CSC edge attribute of size ``(N, N)``;
+    ``get_edge_index(edge_type=None, layout="csc")`` hands out ``(row,
+    colptr)`` as read-only tensors over the memory maps of ``indices.bin`` and
+    ``indptr.npy`` (pages are read only where touched).
+    """
+
+    def __init__(self, backend: _Backend):
+        super().__init__()
+        self._b = backend
+
+    def get_all_edge_attrs(self) -> list[EdgeAttr]:
+        n = self._b.dataset.num_nodes
+        return [EdgeAttr(edge_type=None, layout="csc", is_sorted=True, size=(n, n))]
+
+    def _get_edge_index(self, edge_attr: EdgeAttr):
+        ds = self._b.dataset
+        if edge_attr.edge_type is not None or str(edge_attr.layout.value) != "csc":
+            return None
+        with warnings.catch_warnings():
+            # read-only maps: PyTorch warns that writing would be undefined (nothing writes)
+            warnings.simplefilter("ignore", UserWarning)
+            row = torch.from_numpy(np.asarray(ds.indices[:ds.num_edges]))
+            colptr = torch.from_numpy(np.asarray(ds.indptr))
+        return row, colptr
+
+    def _put_edge_index(self, edge_index, edge_attr: EdgeAttr) -> bool:
+        raise OocError(_READ_ONLY.format(what="the graph store", path=self._b.dataset.path))
+
+    def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:
+        raise OocError(_READ_ONLY.format(what="the graph store", path=self._b.dataset.path))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_b": self._b}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__init__()
+        self._b = state["_b"]
+
+
+class OocSampler(BaseSampler):
+    """Neighbour sampling with ooc's sampler, returning PyG ``SamplerOutput``.
+
+    ``node`` (int64 [n], seeds first), ``row``/``col`` (int64 [m], local ids;
+    row = neighbour, col = sampled node), ``edge=None``, ``batch=None``,
+    ``num_sampled_nodes``/``num_sampled_edges`` per hop, ``metadata =
+    (input_id, time)`` as PyG's ``NeighborSampler``. Deterministic for one
+    seed: a planned batch b of epoch e uses ooc's batch seed ``(seed, e, b)``,
+    any other request a seed drawn from its node ids.
+
+    Attributes:
+        batch_sampler: ooc's epoch plan for PyG's loader (``batch_sampler=``).
+        input_nodes: the seed nodes the plan orders (int64 tensor).
+    """
+
+    def __init__(self, backend: _Backend):
+        self._b = backend
+        self.batch_sampler = PlannedBatches(backend.plan)
+
+    @property
+    def input_nodes(self) -> torch.Tensor:
+        return torch.from_numpy(self._b.plan.seeds)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next ``iter()`` of the loader loads (>= 1)."""
+        self.batch_sampler.set_epoch(epoch)
+
+    def loader_kwargs(self, num_workers: int = 0) -> dict[str, Any]:
+        """Keyword arguments for PyG's ``NodeLoader``/``NeighborLoader``: ooc's batch plan,
+        and with ``num_workers > 0`` spawned worker processes (numba's OpenMP pool cannot
+        be forked once used; the stores reopen the dataset in each worker)."""
+        kw: dict[str, Any] = {"input_nodes": self.input_nodes,
+                              "batch_sampler": self.batch_sampler}
+        if num_workers > 0:
+            kw.update(num_workers=int(num_workers), multiprocessing_context="spawn")
+        return kw
+
+    def sample_from_nodes(self, inputs: NodeSamplerInput, **kwargs) -> SamplerOutput:
+        b = self._b
+        seeds = inputs.node.cpu().numpy().astype(np.int64, copy=False)
+        epoch = b.plan.epoch
+        k = b.plan.batch_index(epoch, inputs.input_id.cpu().numpy()) \
+            if inputs.input_id is not None else None
+        if k is not None and not np.array_equal(b.plan.seeds[b.plan.positions(epoch)[k]],
+                                                seeds):
+            k = None  # positions of another node list: not this plan's batch
+        if k is not None and b.main:
+            with b.lock:
+                item = b.take_planned(epoch, k)
+            if item is not None:
+                batch, rows = item
+                out = self._output(batch, inputs)
+                with b.lock:
+                    b.stash = (out.node, _as_float32(rows))
+                b.counts["planned_batches"] += 1
+                return out
+        bseed = derive_seed(b.plan.seed, max(epoch, 1), k) if k is not None else \
+            int.from_bytes(_digest(seeds)[:8], "little") >> 1
+        b.counts["on_demand_batches"] += 1
+        return self._output(b.sampler().sample(seeds, bseed), inputs)
+
+    def sample_from_edges(self, inputs, neg_sampling=None):
+        raise OocError("ooc.pyg: edge-level sampling (link prediction) is not supported; "
+                       "use node-level loaders")
+
+    @staticmethod
+    def _output(batch, inputs: NodeSamplerInput) -> SamplerOutput:
+        ei = torch.from_numpy(np.asarray(batch.edge_index, dtype=np.int64))
+        return SamplerOutput(
+            node=torch.from_numpy(np.asarray(batch.node_ids, dtype=np.int64)),
+            row=ei[0], col=ei[1], edge=None, batch=None,
+            num_sampled_nodes=[int(v) for v in batch.num_sampled_nodes],
+            num_sampled_edges=[int(v) for v in batch.num_sampled_edges],
+            metadata=(inputs.input_id, inputs.time))
+
+    def stats(self) -> dict[str, Any]:
+        """Planned vs on-demand batches and reads, and the pipeline's counters when it ran."""
+        st: dict[str, Any] = dict(self._b.counts)
+        if self._b._loader is not None:
+            st["pipeline"] = self._b._loader.stats()
+        return st
+
+    def close(self) -> None:
+        """Release readers, threads and runtime files of the backend (stores included)."""
+        self._b.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_b": self._b}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_b"])
+
+
+def remote_backend(dataset, num_neighbors: Sequence[int] = (10, 10), input_nodes="train",
+                   batch_size: int = 1024, shuffle: bool = False, preset: str = "ooc",
+                   memory_budget: int | str | None = None, seed: int = 0,
+                   io_backend: str = "auto", num_threads: int | None = None,
+                   plan_ahead: bool = True, **options: Any
+                   ) -> tuple[OocFeatureStore, OocGraphStore, OocSampler]:
+    """``(feature_store, graph_store, sampler)`` for PyG's loaders over an ooc dataset.
+
+    Args mirror :class:`ooc.NodeLoader` (``input_nodes``, ``batch_size`` and
+    ``shuffle`` define the plan ``sampler.batch_sampler`` hands PyG's loader).
+    ``plan_ahead=False`` serves every batch on demand (no pipeline, no feature
+    cache). Call ``sampler.close()`` when done.
+    """
+    from .executor.modes import MODES
+
+    path = Path(dataset.path if hasattr(dataset, "path") else dataset)
+    if preset not in MODES:
+        raise OocError(f"preset {preset!r}: expected one of {', '.join(MODES)}")
+    fanouts = [int(f) for f in num_neighbors]
+    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
+        raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each > 0 "
+                       f"or -1 (all)")
+    if int(batch_size) < 1:
+        raise OocError(f"batch_size must be >= 1, got {batch_size}")
+    if not isinstance(input_nodes, (str, type(None))):
+        input_nodes = np.asarray(input_nodes.cpu().numpy() if hasattr(input_nodes, "cpu")
+                                 else input_nodes)
+    settings = dict(path=str(path), num_neighbors=fanouts, input_nodes=input_nodes,
+                    batch_size=int(batch_size), shuffle=bool(shuffle), preset=preset,
+                    memory_budget=memory_budget, seed=int(seed), io_backend=io_backend,
+                    num_threads=num_threads, plan_ahead=bool(plan_ahead), options=dict(options))
+    b = _Backend(settings)
+    return OocFeatureStore(b), OocGraphStore(b), OocSampler(b)
