@@ -68,19 +68,23 @@ class EpochPlan:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.epoch = 0
-        self._index: tuple[int, dict[bytes, int]] | None = None
+        self._cached: tuple[int, list[np.ndarray], dict[bytes, int]] | None = None
+
+    def _epoch(self, epoch: int) -> tuple[list[np.ndarray], dict[bytes, int]]:
+        if self._cached is None or self._cached[0] != epoch:
+            pos = epoch_batches(np.arange(len(self.seeds), dtype=np.int64), self.batch_size,
+                                self.seed, epoch, shuffle=self.shuffle)
+            self._cached = (epoch, pos, {_digest(p): b for b, p in enumerate(pos)})
+        return self._cached[1], self._cached[2]
 
     def positions(self, epoch: int) -> list[np.ndarray]:
-        return epoch_batches(np.arange(len(self.seeds), dtype=np.int64), self.batch_size,
-                             self.seed, epoch, shuffle=self.shuffle)
+        return self._epoch(epoch)[0]
 
     def batch_index(self, epoch: int, input_id: np.ndarray) -> int | None:
         """Which batch of ``epoch`` holds exactly the positions ``input_id``, or None."""
         if epoch < 1:
             return None
-        if self._index is None or self._index[0] != epoch:
-            self._index = (epoch, {_digest(p): b for b, p in enumerate(self.positions(epoch))})
-        return self._index[1].get(_digest(np.asarray(input_id, dtype=np.int64)))
+        return self._epoch(epoch)[1].get(_digest(np.asarray(input_id, dtype=np.int64)))
 
     def __len__(self) -> int:
         return -(-len(self.seeds) // self.batch_size)
@@ -147,6 +151,8 @@ class _Backend:
         self.stash: tuple[torch.Tensor, torch.Tensor] | None = None  # (node, x) last planned
         self.counts = {"planned_batches": 0, "on_demand_batches": 0,
                        "planned_reads": 0, "on_demand_reads": 0}
+        if self.main:
+            self.loader()  # planned, sized and warmed up now, not inside the first epoch
 
     def __getstate__(self) -> dict[str, Any]:
         return {"settings": self.settings, "plan_epoch": self.plan.epoch}
