@@ -83,6 +83,7 @@ def test_random_pages_match_numpy(data_file, qd):
             r.read_pages(pages, out)
             np.testing.assert_array_equal(out.reshape(k, PAGE), ref[pages])
         assert r._io.reads_plain == 0 and r._io.reads_fixed > 0  # registered buffer used
+        assert r._io.fixed_files
         assert _ring_idle(r._io._st)
 
 
@@ -356,3 +357,27 @@ def test_forked_child_refuses_the_parents_ring(tmp_path):
         assert os.waitstatus_to_exitcode(status) == 0
         r.read_pages(np.arange(4), out)  # the parent's reader is untouched
         np.testing.assert_array_equal(out, data)
+
+
+def test_runs_longer_than_one_sqe_are_split(tmp_path, monkeypatch):
+    """A run longer than one SQE may read is read in several: each SQE's length is capped and
+    the remainder goes through the short-read path."""
+    path = tmp_path / "f.bin"
+    data = _write(path, 64)
+    monkeypatch.setattr(K, "MAX_SQE_BYTES", 3 * PAGE)
+    # the kernel reads the module global at compile time: compile a fresh copy
+    read_runs = K.read_runs.py_func
+    import numba as nb
+
+    capped = nb.njit(nogil=True)(read_runs)
+    with _open(path, 4) as r:
+        out = r.scratch(64 * PAGE)
+        err = np.zeros(3, np.int64)
+        tail0 = int(r._io._st[K.S_SQ_TAIL_LOCAL])
+        rc = capped(r._io._st, 0, r._io.fixed_files, np.array([0, 10 * PAGE]),
+                    np.array([10 * PAGE, 54 * PAGE]), np.array([0, 10 * PAGE]),
+                    out.ctypes.data, -1, 4, err)
+        assert rc == K.OK
+        np.testing.assert_array_equal(out, data)
+        assert _ring_idle(r._io._st)
+        assert int(r._io._st[K.S_SQ_TAIL_LOCAL]) - tail0 == 4 + 18  # ceil(10/3) + ceil(54/3)

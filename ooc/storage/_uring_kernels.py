@@ -52,6 +52,7 @@ PROT_READ_WRITE = 0x3
 MAP_SHARED_POPULATE = 0x01 | 0x8000
 SQE_BYTES = 64
 CQE_BYTES = 16
+MAX_SQE_BYTES = 1 << 30
 EINTR = 4
 EAGAIN = 11
 EBUSY = 16
@@ -326,7 +327,8 @@ def read_runs(st, fd, fixed_file, offs, lens, bufs, base, buf_index, queue_depth
         err: int64 ``[3]``, set on ``READ_FAILED``: run index, bytes it read before
             the failure, and the failing result (0: end of file, < 0: -errno).
 
-    A short read is resubmitted for its remainder; ``-EAGAIN``/``-EINTR`` results
+    A short read is resubmitted for its remainder (a run over ``MAX_SQE_BYTES`` is read
+    in several SQEs that way); ``-EAGAIN``/``-EINTR`` results
     are resubmitted. After the first failure nothing new is submitted and the
     reads in flight are reaped, so none is left writing into the buffer. Returns
     ``OK``, ``READ_FAILED``, or -errno when ``io_uring_enter`` itself fails
@@ -362,8 +364,9 @@ def read_runs(st, fd, fixed_file, offs, lens, bufs, base, buf_index, queue_depth
                     i = nxt
                     nxt += 1
                 d = done[i]
-                _push_read(st, sq_tail, fd, sqe_flags, offs[i] + d, lens[i] - d,
-                           base + bufs[i] + d, buf_index, i)
+                # one SQE reads at most MAX_SQE_BYTES (len is a u32); the rest is a short read
+                _push_read(st, sq_tail, fd, sqe_flags, offs[i] + d,
+                           min(lens[i] - d, MAX_SQE_BYTES), base + bufs[i] + d, buf_index, i)
                 sq_tail = (sq_tail + 1) & 0xFFFFFFFF
                 inflight += 1
                 queued += 1

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import numpy as np
 
@@ -83,6 +84,7 @@ class NativeUringBackend(ReadBackend):
     Attributes:
         fixed_files: whether the file is registered with the ring.
         reads_fixed, reads_plain: runs read into registered / unregistered buffers.
+        busy_s: seconds spent in the engine (submitting, waiting, reaping).
         registrations: buffer registrations made.
         fixed_refused: why the last refused buffer registration failed ('' if none).
     """
@@ -109,6 +111,7 @@ class NativeUringBackend(ReadBackend):
         self._broken = ""
         self.fixed_files = False
         self.reads_fixed = self.reads_plain = self.registrations = 0
+        self.busy_s = 0.0
         self.fixed_refused = ""
         self.fd = self.open_fd(direct=True)
         if not self.o_direct:
@@ -191,8 +194,10 @@ class NativeUringBackend(ReadBackend):
         idx = self._buffer_index(out)
         err = np.zeros(3, np.int64)
         fd = 0 if self.fixed_files else self.fd
+        t0 = time.perf_counter()
         r = K.read_runs(self._st, fd, self.fixed_files, offs, lens, bufs, out.ctypes.data,
                         idx, self.queue_depth, err)
+        self.busy_s += time.perf_counter() - t0
         if idx >= 0:
             self.reads_fixed += n
         else:
