@@ -794,16 +794,23 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
                 failed = (r, rc)
                 break
         if failed is not None and failed[1] == PEER_LOST_RC:
-            # a consequence: the worker that caused it is probably still exiting
+            # a consequence: the worker that caused it is probably still exiting, or
+            # stopped or hung (its collective timed out on the others' side first)
             t_end = time.monotonic() + CAUSE_WAIT_S
             while time.monotonic() < t_end:
                 try:
-                    r, rc = exits.get(timeout=max(0.01, t_end - time.monotonic()))
+                    r, rc = exits.get(timeout=max(0.01, min(poll, t_end - time.monotonic())))
                 except queue.Empty:
-                    break
+                    continue
+                running.discard(r)
                 if rc not in (0, PEER_LOST_RC):
                     failed = (r, rc)
                     break
+            else:
+                stalled = monitor.check(sorted(running), limit=CAUSE_WAIT_S)
+                if stalled is not None:
+                    with contextlib.suppress(OSError):
+                        procs[stalled[0]].kill()
         if failed is not None or stalled is not None:
             _terminate(procs)
         for th in threads:

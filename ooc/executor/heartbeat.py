@@ -165,10 +165,12 @@ class HeartbeatMonitor:
         self.beat_t = [now] * self.workers
         self.prog_t = [now] * self.workers
 
-    def check(self, alive: list[int]) -> tuple[int, str] | None:
+    def check(self, alive: list[int], limit: float | None = None) -> tuple[int, str] | None:
         """``(rank, reason)`` of a worker that stopped making progress, else None.
 
-        ``alive``: the ranks still running (exited ones are judged by their status).
+        ``alive``: the ranks still running (exited ones are judged by their
+        status). ``limit``: seconds of silence that count (default the
+        timeout; the launcher passes less once a worker reported a lost peer).
         """
         now = self.clock()
         cur = self.arr.copy()
@@ -178,27 +180,25 @@ class HeartbeatMonitor:
             if cur[r, PROGRESS] != self.last[r, PROGRESS] or cur[r, PHASE] != self.last[r, PHASE]:
                 self.prog_t[r] = now
         self.last = cur
+        lim = self.timeout if limit is None else float(limit)
+        why = (f"limit {ENV_TIMEOUT}={self.timeout:g}s" if limit is None
+               else "seen after another worker lost its peer")
         for r in alive:
             if cur[r, BEATS] == 0:
                 if now - self.t0 > self.startup:
                     return r, f"no heartbeat within {self.startup:.0f}s of its start"
                 continue
             quiet = now - self.beat_t[r]
-            if quiet > self.timeout:
+            if quiet > lim:
                 return r, (f"no heartbeat for {quiet:.1f}s (the process is stopped, or frozen "
-                           f"in native code); limit {ENV_TIMEOUT}={self.timeout:g}s")
+                           f"in native code); {why}")
             idle = now - self.prog_t[r]
-            if cur[r, PHASE] == WORK and idle > self.timeout:
-                return r, (f"no progress for {idle:.1f}s while working (hung); limit "
-                           f"{ENV_TIMEOUT}={self.timeout:g}s")
+            if cur[r, PHASE] == WORK and idle > lim:
+                return r, f"no progress for {idle:.1f}s while working (hung); {why}"
         waiting = [r for r in alive if cur[r, BEATS] and cur[r, PHASE] == COLLECTIVE
-                   and now - self.prog_t[r] > self.timeout]
+                   and now - self.prog_t[r] > lim]
         if alive and len(waiting) == len(alive):
             r = min(waiting, key=lambda q: (cur[q, COLLECTIVES], -self.prog_t[q]))
             return r, (f"stuck in collective #{int(cur[r, COLLECTIVES])} for "
-                       f"{now - self.prog_t[r]:.1f}s with every other worker waiting; limit "
-                       f"{ENV_TIMEOUT}={self.timeout:g}s")
+                       f"{now - self.prog_t[r]:.1f}s with every other worker waiting; {why}")
         return None
-
-    def pid(self, rank: int) -> int:
-        return int(self.arr[rank, PID])
