@@ -19,8 +19,10 @@ fio (4 KiB random reads of ``features.bin`` at the same queue depth, see
 Columns: epoch seconds; batches/s; device reads (4 KiB pages the process read
 from the disk, ``/proc/self/io``: every file, io_uring workers included);
 device IOPS over the epoch; read IOPS inside the loader (feature reads /
-seconds spent in them, the O_DIRECT presets; the rate while the gather
-reads, comparable with fio at the same depth); CPU seconds of the epoch
+seconds spent in the feature source's ``read``, page planning and row
+extraction included; the O_DIRECT presets); engine IOPS (the same reads /
+seconds inside the native io_uring engine: the rate while the ring reads,
+comparable with fio at the same depth); CPU seconds of the epoch
 (every thread of the child) and CPU µs per device read. ``--report`` writes
 ``speedup.ooc_vs_baseline``, ``speedup.ooc_vs_static`` (epoch-time ratios),
 ``read_iops_vs_fio`` (ooc), the per-preset medians and every run.
@@ -55,6 +57,17 @@ log = memcg.log
 # -- the child: one preset's data path --------------------------------------------------------
 
 
+def engine_counters(trainer) -> dict:
+    """Runs read and seconds spent by the native io_uring engine of the feature reader
+    (empty for other readers)."""
+    src = getattr(trainer.features, "inner", trainer.features)
+    io = getattr(getattr(src, "reader", None), "_io", None)
+    if io is None or not hasattr(io, "busy_s"):
+        return {}
+    return {"engine_runs": io.reads_fixed + io.reads_plain, "engine_busy_s": io.busy_s,
+            "engine_reads_plain": io.reads_plain}
+
+
 def child(spec: dict) -> int:
     """Run ``spec["epochs"]`` data-path epochs of one preset; write the JSON report."""
     from ooc.executor.modes import ModeOptions
@@ -73,6 +86,7 @@ def child(spec: dict) -> int:
         for e in range(1, spec["epochs"] + 1):
             prod = t.train_producer
             io0 = _io_counters(prod)
+            io0.update(engine_counters(t))
             c0 = time.process_time()
             w0 = time.perf_counter()
             nb = nodes = 0
@@ -84,7 +98,9 @@ def child(spec: dict) -> int:
                 nodes += int(ids.shape[0])
             wall = time.perf_counter() - w0
             cpu = time.process_time() - c0
-            io = _io_delta(io0, _io_counters(prod))
+            io1 = _io_counters(prod)
+            io1.update(engine_counters(t))
+            io = _io_delta(io0, io1)
             rec = {"epoch": e, "time_s": wall, "cpu_s": cpu, "batches": nb, "nodes": nodes,
                    "stages_s": prod.stage_times(), "io": io}
             epochs.append(rec)
@@ -135,6 +151,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
         "device_reads": dev_reads, "device_iops": dev_reads / ep,
         "feature_read_ops": fr_ops, "feature_read_s": fr_s,
         "read_iops": (fr_ops / fr_s) if fr_ops and fr_s else None,
+        "engine_iops": (io["engine_runs"] / io["engine_busy_s"])
+        if io.get("engine_busy_s") else None,
         "feature_hit_ratio": io.get("feature_hit_ratio"),
         "neighbor_cache_hit_ratio": io.get("neighbor_cache_hit_ratio"),
         "cpu_s": last["cpu_s"], "cpu_us_per_read": last["cpu_s"] / dev_reads * 1e6
@@ -197,7 +215,8 @@ def main(argv=None) -> int:
     fio_after = run_fio("after")
     fio_iops = median([f["iops"] for f in (fio_before, fio_after) if f])
 
-    keys = ("epoch_s", "batches_per_s", "device_reads", "device_iops", "read_iops", "cpu_s",
+    keys = ("epoch_s", "batches_per_s", "device_reads", "device_iops", "read_iops",
+            "engine_iops", "cpu_s",
             "cpu_us_per_read", "feature_hit_ratio", "peak_rss_bytes")
     summary: dict[str, dict] = {}
     for m in presets:
@@ -208,8 +227,9 @@ def main(argv=None) -> int:
         summary[m] = {k: median([r[k] for r in ok]) for k in keys}
         summary[m]["rounds"] = len(ok)
         summary[m]["reader"] = ok[0]["mode_info"].get("reader_backend", "mmap")
-        if summary[m]["read_iops"] and fio_iops:
-            summary[m]["read_iops_vs_fio"] = summary[m]["read_iops"] / fio_iops
+        for k in ("read_iops", "engine_iops"):
+            if summary[m][k] and fio_iops:
+                summary[m][f"{k}_vs_fio"] = summary[m][k] / fio_iops
 
     def et(m):
         return summary.get(m, {}).get("epoch_s")
@@ -225,6 +245,7 @@ def main(argv=None) -> int:
               "fio": {"before": fio_before, "after": fio_after, "iops": fio_iops},
               "presets": summary, "speedup": sp,
               "read_iops_vs_fio": summary.get("ooc", {}).get("read_iops_vs_fio"),
+              "engine_iops_vs_fio": summary.get("ooc", {}).get("engine_iops_vs_fio"),
               "runs": runs}
     args.report.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.report.with_name(f".{args.report.name}.tmp")
@@ -239,8 +260,9 @@ def main(argv=None) -> int:
           f"cgroup each; fio {f(fio_iops, ',.0f')} IOPS (QD {args.queue_depth}, median of "
           f"before/after)\n")
     print("| preset | reader | epoch s | batches/s | device reads | device IOPS | read IOPS "
-          "in loader | vs fio | CPU s | CPU µs/read | feature hit | peak RSS |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "in loader | vs fio | engine IOPS | vs fio | CPU s | CPU µs/read | feature hit "
+          "| peak RSS |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in presets:
         s = summary[m]
         if "error" in s:
@@ -248,7 +270,8 @@ def main(argv=None) -> int:
             continue
         print(f"| {m} | {s['reader']} | {s['epoch_s']:.2f} | {s['batches_per_s']:.1f} | "
               f"{s['device_reads']:,.0f} | {s['device_iops']:,.0f} | {f(s['read_iops'], ',.0f')} "
-              f"| {f(s.get('read_iops_vs_fio'), '.2f')} | {s['cpu_s']:.2f} | "
+              f"| {f(s.get('read_iops_vs_fio'), '.2f')} | {f(s['engine_iops'], ',.0f')} | "
+              f"{f(s.get('engine_iops_vs_fio'), '.2f')} | {s['cpu_s']:.2f} | "
               f"{f(s['cpu_us_per_read'], '.1f')} | {f(s['feature_hit_ratio'], '.3f')} | "
               f"{format_size(s['peak_rss_bytes'] or 0)} |")
     print("\nspeedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))

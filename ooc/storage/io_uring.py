@@ -43,7 +43,7 @@ from .errors import OocError
 from .io_backends import ReadBackend, Refused
 
 #: Bump when the engine changes (part of the probe's cache key, with ooc's and numba's versions).
-ENGINE_VERSION = 1
+ENGINE_VERSION = 2
 #: Largest buffer the kernel registers as one (IORING_REGISTER_BUFFERS caps an iovec at 1 GiB).
 MAX_FIXED_BYTES = 1 << 30
 _SYSCTL = "/proc/sys/kernel/io_uring_disabled"
