@@ -268,3 +268,31 @@ def test_heartbeat_thread_and_marks(tmp_path):
         assert slots[0].tolist() == [0] * HB.SLOT  # another rank's slot is untouched
     finally:
         hb.close()
+
+
+CHILD = r"""
+import sys, time
+from ooc.executor.heartbeat import Heartbeat, create_file
+hb = Heartbeat(create_file(sys.argv[1], 1), 0, interval=0.05)
+open(sys.argv[2], "w").close()
+time.sleep(120)
+"""
+
+
+def test_worker_exits_when_its_launcher_is_gone(tmp_path):
+    """A shell starts a process with a Heartbeat and exits (as a launcher killed with -9
+    would): the orphan notices within a beat and exits, saying why."""
+    import psutil
+
+    (tmp_path / "child.py").write_text(CHILD)
+    ready, log = tmp_path / "ready", tmp_path / "child.err"
+    sh = (f"{sys.executable} {tmp_path / 'child.py'} {tmp_path / 'hb'} {ready} 2> {log} & "
+          f"echo $!; while [ ! -e {ready} ]; do sleep 0.1; done")
+    p = subprocess.run(["sh", "-c", sh], cwd=REPO, capture_output=True, text=True,
+                       timeout=GUARD_S)
+    pid = int(p.stdout.split()[0])
+    try:
+        psutil.Process(pid).wait(timeout=GUARD_S)  # raises TimeoutExpired if it lives on
+    except psutil.NoSuchProcess:
+        pass
+    assert "its launcher" in log.read_text() and "is gone; exiting" in log.read_text()

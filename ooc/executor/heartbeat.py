@@ -30,13 +30,16 @@ the first worker that is
   collectives (it is behind the others), else the one that entered last;
 * **not started**: no beat within ``max(timeout, STARTUP_S)`` of the launch.
 
-A worker killed outright is seen by its exit status, not here.
+A worker killed outright is seen by its exit status, not here. The other way
+round, a worker whose launcher dies (its parent process changes) exits with
+:data:`LAUNCHER_GONE_RC` within one beat instead of training on unwatched.
 """
 from __future__ import annotations
 
 import contextlib
 import mmap
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -50,6 +53,9 @@ ENV_TIMEOUT = "OOC_HEARTBEAT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 120.0
 #: Seconds a worker may take from its launch to its first heartbeat (imports, at least).
 STARTUP_S = 120.0
+
+#: Exit status of a worker whose launcher died (its heartbeat thread ends the process).
+LAUNCHER_GONE_RC = 76
 
 BEATS, PROGRESS, PHASE, COLLECTIVES, PID = range(5)
 SLOT = 8  # int64 fields per worker (5 used)
@@ -105,6 +111,7 @@ class Heartbeat:
         self.slot[:] = 0
         self.slot[PID] = os.getpid()
         self.interval = float(interval)
+        self._ppid = os.getppid()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ooc-heartbeat", daemon=True)
         self._thread.start()
@@ -121,6 +128,11 @@ class Heartbeat:
         self.slot[BEATS] += 1
         while not self._stop.wait(self.interval):
             self.slot[BEATS] += 1
+            if os.getppid() != self._ppid:  # the launcher died (kill -9): nobody watches
+                sys.stderr.write(f"ooc: worker pid {os.getpid()}: its launcher (pid "
+                                 f"{self._ppid}) is gone; exiting\n")
+                sys.stderr.flush()
+                os._exit(LAUNCHER_GONE_RC)
 
     def beat(self) -> None:
         """One unit of work done (a batch): progress, and the phase is ``WORK``."""
