@@ -394,7 +394,8 @@ def _not_replaceable(out: Path) -> str | None:
 
 @contextlib.contextmanager
 def _locked_partial(work: Path):
-    """Create ``work`` (when absent) and hold an exclusive ``flock`` on it."""
+    """Create ``work`` (when absent) and hold an exclusive ``flock`` on it; an empty
+    ``work`` is removed afterwards."""
     try:
         work.mkdir(parents=True, exist_ok=True)
         fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
@@ -407,6 +408,8 @@ def _locked_partial(work: Path):
             raise OocError(f"{work}: another ooc.infer is writing this output") from None
         yield fd
     finally:
+        with contextlib.suppress(OSError):
+            work.rmdir()  # only when empty: the run failed before writing anything
         os.close(fd)
 
 
