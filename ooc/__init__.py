@@ -13,11 +13,11 @@ import os as _os
 # or numba start their pools; an explicit setting wins.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .memory import limit_malloc_arenas as _limit_arenas  # noqa: E402
+from .memory import tune_malloc as _tune_malloc  # noqa: E402
 
-# the gather, loader and inspector threads each get a malloc arena by default;
-# memory one frees is then not reused by the others and RSS creeps past budgets
-_limit_arenas(2)
+# the gather, loader and inspector threads each get a malloc arena by default, and
+# batch-sized arrays stay resident after they are freed; both make RSS creep past budgets
+_tune_malloc()
 
 from .storage import Dataset, DatasetError, OocError, open_dataset, write_dataset  # noqa: E402
 

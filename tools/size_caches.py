@@ -166,9 +166,9 @@ def main(argv=None) -> int:
     from ooc.executor.modes import ModeOptions
     from ooc.executor.profiler import plot_curves, profile
     from ooc.executor.trainer import TrainConfig
-    from ooc.memory import limit_malloc_arenas
+    from ooc.memory import tune_malloc
 
-    limit_malloc_arenas()
+    tune_malloc()
     config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
                          batch_size=s["batch_size"], hidden=s["hidden"], dropout=s["dropout"],
                          heads=s["heads"], lr=s["lr"], weight_decay=s["weight_decay"],

@@ -1,38 +1,64 @@
-"""The memory budget: measured working memory per stage, the rest to the caches.
+"""The memory budget: measured working memory, the rest to the caches.
 
 Ginex §3.5: cache sizes are the memory left after the peak usage of each
 stage and a reserve, found by a short offline profile. Here the profile runs
-in the training process itself, before the caches exist:
+in the training process itself, before any cache exists, and everything it
+adds up is resident set size (``VmRSS``/``VmHWM``: anonymous memory and the
+file pages this process maps):
 
-1. ``setup``: RSS now (interpreter, torch, the dataset's in-memory arrays,
-   the model).
-2. ``probe``: the kernel's RSS high-water mark is reset
-   (``/proc/self/clear_refs`` ← 5) and a few batches are sampled with the
-   mode's uncached neighbour path, gathered with its uncached feature path
-   (every row a miss: the largest read buffers) and one training step is
-   run on a copy of the model; the new ``VmHWM`` is the peak of one
-   sample → gather → train iteration, readers' buffers included.
-3. What the probe cannot see, computed: the batches queued between the
-   stages (``PREFETCH + 2`` batches of rows), the feature cache's
-   address table (int32 [N]) and free list, and for ``ooc`` the superbatch
-   in flight (runtime samples of up to three superbatches: being sampled,
-   having its changesets computed, being consumed) plus the changeset pass
-   (Belady simulation arrays over N and over the superbatch's accesses).
+1. ``setup_rss``: RSS once the mode's numba kernels are loaded (interpreter,
+   torch and PyG, the dataset's in-memory arrays, the model). On a cold numba
+   cache the kernels are first compiled in a child process
+   (:func:`compile_kernels`), so this process never holds LLVM's compile-time
+   memory and a first run measures what later runs do.
+2. ``loop_peak``: the worst moment of the training loop, reproduced
+   deterministically. The pipeline holds at most ``PREFETCH + 2`` gathered
+   batches (the queue, the one being gathered, the one training), so the
+   probe samples that many batches of epoch 1 with the mode's uncached
+   neighbour path, gathers all their rows with its uncached feature path
+   (every row a miss: the largest reader buffers) and runs one training step
+   on a copy of the model (Adam state included) with the largest of them;
+   the kernel's high-water mark (reset through ``/proc/self/clear_refs``)
+   gives the peak above ``setup_rss``. Evaluation (larger batches on
+   Planetoid splits) is probed the same way with a no-grad forward, and the
+   larger of the two counts.
+3. Computed: the feature cache's tables beside its rows (int32 [N] address
+   table, and for ``ooc`` the switch's bool [N] mask), the transient of
+   building the neighbor cache or the degree order (N-sized temporaries and
+   the ``indices.bin`` pages a build maps, before the feature cache is
+   filled: counted where larger than the loop), and for ``ooc`` the
+   superbatch in flight (runtime samples of up to three superbatches: being
+   sampled, having its changesets computed, being consumed; plus the
+   changeset pass's arrays over N and over the superbatch's accesses).
 
-``free = budget - working - reserve``. The neighbor cache (``static`` and
-``ooc``; its int64 [N] address table counts in it) takes
-``neighbor_fraction`` of ``free`` (capped at the full cache; in this engine
-sampling runs while training, so both caches are resident at once), and the
-feature cache the rest: ``rows = free_left / (row_bytes + 8)``.
+``free = budget - working - reserve`` with ``reserve = max(48 MiB, budget/10)``
+(:func:`default_reserve`). The neighbor cache (``static`` and ``ooc``; its
+int64 [N] address table counts in it) takes ``neighbor_fraction`` of
+``free`` (capped at the full cache; sampling runs while training, so both
+caches are resident at once), and the feature cache the rest:
+``rows = free_left / (row_bytes + 8)``.
 
-A budget below the working memory fails with the smallest budget that can
-work.
+A budget below ``working + reserve`` is refused with the smallest budget
+that works: the smallest whole MiB ``B`` with ``B - default_reserve(B) >=
+(1 + STABILITY) x working`` (the same reserve rule as the check, and room
+for the measurement's run-to-run spread), so the suggestion is accepted as
+it is. For ``ooc`` with an automatic superbatch size the suggestion is for
+the smallest superbatch (1 batch); larger budgets get larger superbatches.
+
+``baseline`` reads through memmaps: the pages it touches are in its RSS
+until dropped. Its readers drop them (``MADV_DONTNEED``) after every
+request, so its RSS holds one request's pages; the page cache keeps them
+(the baseline's cache is the kernel's, outside the process and bounded by a
+memory cgroup where one is used).
 """
 from __future__ import annotations
 
 import copy
 import gc
+import math
 import os
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +72,9 @@ from ..storage.errors import OocError
 from .pipelines import PREFETCH
 
 MiB = 1 << 20
+#: Relative run-to-run spread of the measured working memory that a suggested
+#: budget allows for (measured: under 1% on Cora and on the bench dataset).
+STABILITY = 0.02
 
 
 @dataclass
@@ -60,25 +89,161 @@ class MemoryPlan:
     feature_cache_bytes: int = 0
     neighbor_cache_bytes: int = 0
     superbatch_size: int | None = None
+    #: the smallest budget that works with these options (what a refusal suggests)
     min_budget: int = 0
-    #: peak RSS (absolute, bytes) of the probe's sample stage and of its main loop
-    #: (gather + one training step), each from a fresh high-water mark
+    #: peak RSS (absolute, bytes) of the probe: ``sample`` (sampling the batches in
+    #: flight), ``train_loop`` (their rows gathered + one training step), ``eval_loop``
     stage_peaks: dict[str, int] = field(default_factory=dict)
     runtime_bytes_per_batch: float = 0.0
     ids_per_batch: float = 0.0
     #: superbatch size the runtime disk budget alone allows (before the memory cap)
     superbatch_size_disk: int | None = None
+    #: how the numba kernels were made ready before ``setup_rss`` was measured
+    kernels: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def default_reserve(budget: int) -> int:
-    """Headroom for what the single-batch probe cannot see (allocator slack,
-    the inspector's threads working beside the gather thread): 10% of the
-    budget, at least 48 MiB. Measured on the 4.3 GiB bench dataset at 1 GiB:
-    5% left the peak 3% over the budget."""
-    return max(48 * MiB, budget // 10)
+    """Headroom for what the probe cannot see (allocator slack, the order in
+    which the pipeline's threads allocate): 10% of the budget, at least 48 MiB."""
+    return max(48 * MiB, int(budget) // 10)
+
+
+def smallest_budget(need: int) -> int:
+    """The smallest whole-MiB budget ``B`` with ``B - default_reserve(B) >= need``."""
+    need = int(need)
+    b = max(need + 48 * MiB, math.ceil(need * 10 / 9))
+    b = -(-b // MiB) * MiB
+    while b - MiB >= 0 and (b - MiB) - default_reserve(b - MiB) >= need:
+        b -= MiB
+    while b - default_reserve(b) < need:
+        b += MiB
+    return b
+
+
+def suggest_budget(need: int) -> int:
+    """The budget a refusal names: :func:`smallest_budget` of ``need`` plus the
+    measurement's run-to-run spread (:data:`STABILITY`)."""
+    return smallest_budget(math.ceil(int(need) * (1 + STABILITY)))
+
+
+# -- the kernels, compiled before anything is measured ------------------------------------------
+
+
+def compile_kernels(dataset, config, options=None, timeout: float = 600.0) -> str:
+    """Compile (or find in numba's on-disk cache) every kernel ``config.mode``
+    runs, in a child process, so that this process only loads them.
+
+    A kernel compiled in this process leaves LLVM's compile-time memory
+    behind (~150 MiB measured on a cold cache, which ``malloc_trim`` does not
+    return): the first run would measure, and hold, more than later ones.
+    The child runs :func:`warm_up_kernels` and samples and gathers one small
+    batch of the dataset with the mode's uncached paths (the probe's
+    kernels, with the dataset's dtypes). Returns how it went, in words; on
+    any failure the kernels compile in this process instead.
+    """
+    opts = options or _default_options()
+    stamp = _kernels_stamp(dataset, config.mode)
+    if stamp is not None and stamp.exists():
+        return "loaded from numba's cache (compiled by an earlier run)"
+    cmd = [sys.executable, "-c", "import sys; from ooc.executor.budget import _child_main; "
+           "_child_main(sys.argv[1:])", config.mode, str(dataset.path),
+           ",".join(str(f) for f in config.fanouts), str(config.num_threads or 0),
+           str(opts.queue_depth), str(opts.io_threads), getattr(opts, "io_backend", "auto")]
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+        if p.returncode == 0:
+            if stamp is not None:
+                try:
+                    stamp.parent.mkdir(parents=True, exist_ok=True)
+                    stamp.touch()
+                except OSError:
+                    pass
+            return "compiled (or loaded from numba's cache) in a child process"
+        why = (p.stdout.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+    except (OSError, subprocess.SubprocessError) as e:
+        why = str(e)
+    return f"child process failed ({why}); compiled in this process"
+
+
+def _kernels_stamp(dataset, mode: str):
+    """A file that exists once a child compiled the kernels of ``mode`` for this
+    feature/index dtype with the current kernel sources (``_*kernels.py``,
+    where every numba kernel of ooc lives) and numba version; it lives beside
+    numba's cache (``NUMBA_CACHE_DIR``, else ``ooc/__pycache__``)."""
+    import hashlib
+    from pathlib import Path
+
+    import numba
+
+    pkg = Path(__file__).resolve().parents[1]
+    h = hashlib.sha1(f"{numba.__version__}|{mode}|{np.dtype(dataset.feature_dtype).str}|"
+                     f"{np.dtype(dataset.index_dtype).str}".encode())
+    try:
+        for f in sorted(pkg.rglob("_*kernels.py")):
+            st = f.stat()
+            h.update(f"{f.relative_to(pkg)}:{st.st_mtime_ns}:{st.st_size}".encode())
+    except OSError:
+        return None
+    root = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else pkg / "__pycache__"
+    return root / f"ooc-kernels-{h.hexdigest()[:20]}.ok"
+
+
+def _default_options():
+    from .modes import ModeOptions
+
+    return ModeOptions()
+
+
+def _child_main(argv: list[str]) -> None:
+    """``compile_kernels``'s child: MODE DATA FANOUTS THREADS QUEUE_DEPTH IO_THREADS BACKEND."""
+    from ..inspector.sampler import NeighborSampler
+    from ..storage import open_dataset
+
+    mode, path, fanouts, threads, qd, io_threads, backend = argv
+    ds = open_dataset(path)
+    warm_up_kernels(mode, ds.feature_dim, ds.feature_dtype)
+    opts = _default_options()
+    opts.queue_depth, opts.io_threads = int(qd), int(io_threads)
+    if hasattr(opts, "io_backend"):
+        opts.io_backend = backend
+    nsrc, feats, closers = _uncached_sources(ds, mode, opts)
+    try:
+        sampler = NeighborSampler(ds.indptr, nsrc, [int(f) for f in fanouts.split(",")],
+                                  num_threads=int(threads) or None)
+        seeds = np.asarray(ds.train_idx[:8], dtype=np.int64)
+        if len(seeds):
+            b = sampler.sample_many([seeds, seeds], [1, 2])[0]
+            feats.read(b.node_ids)
+    finally:
+        for c in closers:
+            c()
+
+
+def _uncached_sources(dataset, mode: str, opts):
+    """The mode's neighbour source and feature source without caches, and their closers."""
+    if mode == "baseline":
+        from .modes import ThreadedMmapFeatures, ThreadedMmapNeighbors
+
+        nsrc = ThreadedMmapNeighbors(dataset.indices, opts.io_threads)
+        feats = ThreadedMmapFeatures(dataset.file("features.bin"), dataset.layout,
+                                     opts.io_threads)
+    else:
+        from ..inspector.neighbors import DirectNeighbors
+        from ..storage.direct import DirectFeatures, DirectReader
+
+        backend = getattr(opts, "io_backend", "auto")
+        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth,
+                              backend=backend)
+        nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
+                               dtype=dataset.index_dtype)
+        nsrc._own = True
+        feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
+                               queue_depth=opts.queue_depth, backend=backend)
+    return nsrc, feats, [nsrc.close, feats.close]
 
 
 def warm_up_kernels(mode: str, dim: int, dtype) -> None:
@@ -125,32 +290,30 @@ def warm_up_kernels(mode: str, dim: int, dtype) -> None:
         precompute_changesets([np.array([0, 1]), np.array([1, 2]), np.array([0, 3])], n, 2)
 
 
-def plan_memory(dataset, config, budget: int, options=None, model=None, probes: int = 2,
+def plan_memory(dataset, config, budget: int, options=None, model=None,
                 neighbor_fraction: float = 0.25, reserve: int | None = None) -> MemoryPlan:
     """Measure the working memory of ``config.mode`` and size the caches.
 
     Args:
         dataset: an opened dataset.
-        config: the :class:`~ooc.executor.trainer.TrainConfig`.
+        config: the :class:`~ooc.executor.trainer.TrainConfig` (mode, fanouts,
+            batch sizes, seed, whether it evaluates).
         budget: bytes the process may use.
         options: :class:`~ooc.executor.modes.ModeOptions` (explicit cache sizes
             are kept and count against the budget; superbatch size).
-        model: the model to probe a training step with (a copy is trained);
-            None skips the step.
-        probes: batches in the probe.
+        model: the model to probe a training step (and evaluation) with, on a
+            copy; None probes sampling and gathering only.
         neighbor_fraction: share of the free memory for the neighbor cache.
         reserve: bytes held back (default :func:`default_reserve`).
 
     Raises:
-        OocError: the budget is below the working memory (the message gives
-            the smallest budget that can work).
+        OocError: the budget is below what the mode needs (the message gives
+            the smallest budget that works, see :func:`suggest_budget`).
     """
     from ..inspector.neighbor_cache import full_cache_bytes
-    from ..inspector.pipeline import bytes_per_batch
-    from ..inspector.sampler import NeighborSampler, derive_seed, epoch_batches
-    from .modes import ModeOptions, ThreadedMmapFeatures, ThreadedMmapNeighbors, drop_mapping
+    from ..inspector.sampler import epoch_batches
 
-    opts = options or ModeOptions()
+    opts = options or _default_options()
     mode = config.mode
     budget = int(budget)
     reserve = default_reserve(budget) if reserve is None else int(reserve)
@@ -158,104 +321,69 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
     row_bytes = dataset.layout.row_bytes
     stages: dict[str, int] = {}
 
-    warm_up_kernels(mode, dataset.feature_dim, dataset.feature_dtype)
+    kernels = compile_kernels(dataset, config, opts)
+    warm_up_kernels(mode, dataset.feature_dim, dataset.feature_dtype)  # loads them here
     gc.collect()
-    trim_malloc()  # LLVM's freed compile-time memory, when the warm-up compiled
+    trim_malloc()
     setup = rss_bytes()
     stages["setup_rss"] = setup
 
-    # -- probe: sample, gather (all misses), one training step -------------------------------
-    seed_batches = epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1,
-                                 shuffle=True)
-    k = max(1, min(probes, len(seed_batches)))
-    bseeds = [derive_seed(config.seed, 1, b) for b in range(k)]
-    closers = []
-    if mode == "baseline":
-        nsrc = ThreadedMmapNeighbors(dataset.indices, opts.io_threads)
-        feats = ThreadedMmapFeatures(dataset.file("features.bin"), dataset.layout,
-                                     opts.io_threads)
-        closers += [nsrc.close, feats.close]
-    else:
-        from ..inspector.neighbors import DirectNeighbors
-        from ..storage.direct import DirectFeatures, DirectReader
-
-        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth,
-                              backend=opts.io_backend)
-        nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
-                               dtype=dataset.index_dtype)
-        nsrc._own = True
-        feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
-                               queue_depth=opts.queue_depth, backend=opts.io_backend)
-        closers += [nsrc.close, feats.close]
-    hwm_ok = reset_hwm()
-    sampler = NeighborSampler(dataset.indptr, nsrc, list(config.fanouts),
-                              num_threads=config.num_threads)
-    batches = sampler.sample_many(seed_batches[:k], bseeds)
-    ids_per_batch = float(np.mean([b.num_nodes for b in batches]))
-    # the stage peaks (Ginex §3.5): sample, then main loop (gather + step) from a fresh
-    # high-water mark; their maximum is the HWM of the whole probe
-    peak_sample = hwm_bytes() if hwm_ok else max(rss_bytes(), setup)
-    hwm_ok = reset_hwm() and hwm_ok
-    rows = [feats.read(b.node_ids) for b in batches]
-    if model is not None:
-        _probe_step(model, batches[0], rows[0], dataset)
-    peak_main = hwm_bytes() if hwm_ok else max(rss_bytes(), setup)
-    peak = max(peak_sample, peak_main)
-    bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
-    for c in closers:
-        c()
-    del batches, rows
-    if mode == "baseline":
-        drop_mapping(dataset.indices)
-    gc.collect()
-    stages["probe_peak"] = max(0, peak - setup)
-    stage_peaks = {"sample": int(peak_sample), "main_loop": int(peak_main)}
-    batch_rows_bytes = int(ids_per_batch * row_bytes)
-    # the prefetch queue + the one the gather thread holds + the one computing
-    stages["queued_batches"] = (PREFETCH + 2) * batch_rows_bytes
+    probe = _probe(dataset, config, opts, model)
+    peaks = probe["peaks"]
+    loop = max(0, max(peaks.values()) - setup)
+    stages["loop_peak"] = loop
+    bpb, ids_per_batch = probe["bytes_per_batch"], probe["ids_per_batch"]
 
     # -- computed parts -------------------------------------------------------------------------
+    explicit_f = opts.feature_cache_size
+    explicit_n = opts.neighbor_cache_size if mode != "baseline" else 0
+    loop_parts = loop
     if mode != "baseline":
-        stages["feature_address_table"] = 4 * n
+        stages["feature_cache_tables"] = (4 + (1 if mode == "ooc" else 0)) * n
+        loop_parts += stages["feature_cache_tables"]
     s = s_disk = None
+    nb = len(epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1, shuffle=True))
+
+    def sb_bytes(size: int) -> int:
+        samples = 3 * size * bpb
+        changeset = 24 * n + 40 * size * ids_per_batch
+        return int(samples + changeset)
+
     if mode == "ooc":
         from ..inspector.pipeline import superbatch_size_for_budget
 
-        nb = len(seed_batches)
-        if opts.superbatch_size:
-            s_disk = None
-        else:
+        if not opts.superbatch_size:
             s_disk = superbatch_size_for_budget(opts.runtime_disk_budget, bpb, ahead=1)
-        s = opts.superbatch_size or min(s_disk, nb)
-        s = max(1, min(int(s), nb))
-
-        def sb_bytes(size: int) -> int:
-            samples = 3 * size * bpb
-            changeset = 24 * n + 40 * size * ids_per_batch
-            return int(samples + changeset)
-
-        # keep the superbatch's memory to at most a quarter of what the probe leaves
-        room = budget - setup - stages["probe_peak"] - reserve
-        if opts.superbatch_size is None and room > 0:
-            while s > 1 and sb_bytes(s) > room // 4:
-                s = max(1, s // 2)
+        s = max(1, min(int(opts.superbatch_size or s_disk), nb))
+    # building the neighbor cache or the degree order happens before the feature cache
+    # is filled: it needs room beside the neighbor cache, not beside the loop
+    build = _build_transient(dataset, mode, explicit_n)
+    fixed = setup + max(loop_parts, build)
+    if mode == "ooc" and not opts.superbatch_size:
+        # the superbatch in flight takes at most a quarter of what the rest leaves
+        room = budget - reserve - fixed
+        while s > 1 and sb_bytes(s) > room // 4:
+            s = max(1, s // 2)
+    if build > loop_parts:
+        stages["build_transient_above_loop"] = build - loop_parts
+    if mode == "ooc":
         stages["superbatch"] = sb_bytes(s)
-    working = setup + sum(v for key, v in stages.items() if key != "setup_rss")
+    working = fixed + stages.get("superbatch", 0)
+    extra = (explicit_f or 0) + (explicit_n or 0)
+    smallest = fixed + (sb_bytes(1) if mode == "ooc" and not opts.superbatch_size
+                        else stages.get("superbatch", 0))
     plan = MemoryPlan(budget=budget, reserve=reserve, working=working, stages=stages,
-                      superbatch_size=s, min_budget=working + reserve,
-                      stage_peaks=stage_peaks, runtime_bytes_per_batch=float(bpb),
-                      ids_per_batch=ids_per_batch,
-                      superbatch_size_disk=s_disk)
+                      superbatch_size=s, min_budget=suggest_budget(smallest + extra),
+                      stage_peaks={k: int(v) for k, v in peaks.items()},
+                      runtime_bytes_per_batch=float(bpb), ids_per_batch=ids_per_batch,
+                      superbatch_size_disk=s_disk, kernels=kernels)
     free = budget - working - reserve
-    explicit_f = opts.feature_cache_size
-    explicit_n = opts.neighbor_cache_size if mode != "baseline" else 0
-    need_min = working + reserve + (explicit_f or 0) + (explicit_n or 0)
-    plan.min_budget = need_min
-    if free < (explicit_f or 0) + (explicit_n or 0) or free < 0:
-        raise OocError(f"--memory-budget {_fmt(budget)} is below the working memory of mode "
-                       f"{mode} ({_fmt(working)} + {_fmt(reserve)} reserve"
-                       + (" + the requested caches" if explicit_f or explicit_n else "")
-                       + f"); the smallest budget that can work is {_fmt(need_min)}")
+    if free < extra:
+        raise OocError(f"--memory-budget {_fmt(budget)} is below what mode {mode} needs: "
+                       f"{_fmt(working)} working memory"
+                       + (f" + {_fmt(extra)} of requested caches" if extra else "")
+                       + f" + {_fmt(reserve)} reserve; the smallest budget that works is "
+                       f"{plan.min_budget // MiB}MiB")
     if mode == "baseline":
         return plan  # no application caches: the rest is the page cache's
     full_n = full_cache_bytes(dataset.indptr, dataset.index_dtype.itemsize)
@@ -277,8 +405,83 @@ def plan_memory(dataset, config, budget: int, options=None, model=None, probes: 
     return plan
 
 
-def _probe_step(model, batch, rows, dataset) -> None:
-    """One forward/backward/Adam step on a copy of ``model`` (RNG state kept)."""
+def _build_transient(dataset, mode: str, explicit_n: int | None) -> int:
+    """Bytes above ``setup_rss`` (besides the neighbor cache itself) while the
+    mode is built: ``static`` orders the nodes by degree (three int64 [N]
+    arrays), and a neighbor cache not yet on disk is built from N-sized
+    int64/float64 temporaries (in/out degrees, candidates, ratios, order,
+    costs, sums: eleven), both reading ``indices.bin`` through a memmap whose
+    pages stay mapped until the build drops them."""
+    if mode == "baseline":
+        return 0
+    n = dataset.num_nodes
+    indices_bytes = int(dataset.file("indices.bin").stat().st_size)
+    out = 0
+    if mode == "static":
+        out = 24 * n + indices_bytes
+    if explicit_n is None or explicit_n >= 8 * n:
+        out = max(out, 88 * n + indices_bytes)
+    return out
+
+
+def _probe(dataset, config, opts, model) -> dict[str, Any]:
+    """Reproduce the loop's fullest moment and measure its peak RSS (absolute).
+
+    Returns ``peaks`` (``sample``, ``train_loop``, ``eval_loop`` when the
+    config evaluates), ``bytes_per_batch`` (runtime files) and ``ids_per_batch``.
+    """
+    from ..inspector.pipeline import bytes_per_batch
+    from ..inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    from .modes import EVAL_SEED_OFFSET, drop_mapping
+
+    held = PREFETCH + 2
+    nsrc, feats, closers = _uncached_sources(dataset, config.mode, opts)
+    peaks: dict[str, int] = {}
+    try:
+        sampler = NeighborSampler(dataset.indptr, nsrc, list(config.fanouts),
+                                  num_threads=config.num_threads)
+
+        def hold(ids, bs, seed, epoch, shuffle, key_sample, key_loop, train):
+            seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:held]
+            ok = reset_hwm()
+            batches = sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
+                                                          for b in range(len(seed_batches))])
+            if key_sample:
+                peaks[key_sample] = hwm_bytes() if ok else rss_bytes()
+            rows = [feats.read(b.node_ids) for b in batches]
+            big = int(np.argmax([b.num_nodes for b in batches]))
+            if model is not None:
+                _probe_step(model, batches[big], rows[big], dataset, train=train)
+            peaks[key_loop] = hwm_bytes() if ok else rss_bytes()
+            del rows
+            gc.collect()
+            trim_malloc()
+            return batches
+
+        batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
+                       "sample", "train_loop", True)
+        bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
+        ids_per_batch = float(np.mean([b.num_nodes for b in batches]))
+        del batches
+        evaluates = config.eval_final or config.eval_every <= config.epochs
+        if model is not None and evaluates:
+            split = max((dataset.val_idx, dataset.test_idx), key=len)
+            if len(split):
+                hold(split, config.eval_batch_size or config.batch_size,
+                     config.seed + EVAL_SEED_OFFSET, 0, False, None, "eval_loop", False)
+    finally:
+        for c in closers:
+            c()
+        if config.mode == "baseline":
+            drop_mapping(dataset.indices)
+        gc.collect()
+        trim_malloc()
+    return {"peaks": peaks, "bytes_per_batch": bpb, "ids_per_batch": ids_per_batch}
+
+
+def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
+    """One forward/backward/Adam step (``train``) or one no-grad forward in eval
+    mode on a copy of ``model``; the RNG state is kept."""
     import torch
     import torch.nn.functional as F
 
@@ -287,17 +490,24 @@ def _probe_step(model, batch, rows, dataset) -> None:
     state = torch.get_rng_state()
     try:
         m = copy.deepcopy(model)
-        m.train()
-        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
         ids = np.asarray(batch.node_ids, dtype=np.int64)
         y = np.asarray(dataset.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
         dev = next(m.parameters()).device
         data = to_data(batch, rows, y).to(dev)
-        out = m(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
-        loss = F.cross_entropy(out[:data.batch_size], data.y, ignore_index=-1)
-        loss.backward()
-        opt.step()
-        del m, opt, data, out, loss
+        if train:
+            m.train()
+            opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+            out = m(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
+            loss = F.cross_entropy(out[:data.batch_size], data.y, ignore_index=-1)
+            loss.backward()
+            opt.step()
+            del opt, loss
+        else:
+            m.eval()
+            with torch.no_grad():
+                out = m(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
+                out[:data.batch_size].argmax(-1)
+        del m, data, out
     finally:
         torch.set_rng_state(state)
 
@@ -315,8 +525,9 @@ def child_peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
-__all__ = ["MemoryPlan", "anon_rss_bytes", "child_peak_rss", "default_reserve", "hwm_bytes",
-           "plan_memory", "reset_hwm", "rss_bytes"]
+__all__ = ["MemoryPlan", "STABILITY", "anon_rss_bytes", "child_peak_rss", "compile_kernels",
+           "default_reserve", "hwm_bytes", "plan_memory", "reset_hwm", "rss_bytes",
+           "smallest_budget", "suggest_budget"]
 
 if os.name != "posix":  # pragma: no cover
     raise ImportError("ooc.executor.budget needs /proc (Linux)")

@@ -168,6 +168,9 @@ class ThreadedMmapFeatures(RowTable):
                 for a, b in _chunks(n, self.threads, 64)]
         for f in futs:
             f.result()
+        # the pages leave this process's RSS (the page cache keeps them): a memory
+        # budget bounds the process, the page cache is the kernel's (see executor.budget)
+        advise(self.buf, mmap.MADV_DONTNEED)
         self.requests += 1
         self.rows += n
         return out
@@ -197,6 +200,7 @@ class ThreadedMmapNeighbors(NeighborSource):
                 for a, b in _chunks(req.size, self.threads, 1024)]
         for f in futs:
             f.result()
+        advise(self.indices, mmap.MADV_DONTNEED)  # as ThreadedMmapFeatures.read
         return out
 
     def close(self) -> None:
