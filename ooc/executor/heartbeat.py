@@ -4,18 +4,18 @@ The parent of ``python -m ooc.train --workers Q`` creates one small file
 (``Q`` slots of int64 counters, shared through ``mmap``) and passes its path to
 the workers (``OOC_HEARTBEAT``). Each worker writes only its own slot:
 
-============  =================================================================
-field         written by
-============  =================================================================
-``beats``     a daemon thread, every ``interval`` seconds: the process runs
-``progress``  the training loop after every batch (training and evaluation)
-              and around every collective: the work moves on
-``phase``     ``SETUP`` (starting, opening a pipeline: not judged on
-              progress), ``WORK`` (from the first finished batch on: judged),
-              ``COLLECTIVE`` (inside an all_reduce: waiting on the others)
-``collectives``  how many collectives this worker has entered
-``pid``       the worker's process id
-============  =================================================================
+================  ==================================================================
+field             written by
+================  ==================================================================
+``beats``         a daemon thread, every ``interval`` seconds: the process runs
+``progress``      the training loop after every batch (training and evaluation)
+                  and around every collective: the work moves on
+``phase``         ``SETUP`` (starting, opening a pipeline: not judged on
+                  progress), ``WORK`` (from the first finished batch on: judged),
+                  ``COLLECTIVE`` (inside an all_reduce: waiting on the others)
+``collectives``   how many collectives this worker has entered
+``pid``           the worker's process id
+================  ==================================================================
 
 The parent (:class:`HeartbeatMonitor`) reads the slots every poll and names
 the first worker that is
