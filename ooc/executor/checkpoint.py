@@ -170,7 +170,7 @@ def save_checkpoint(directory: str | os.PathLike, epoch: int, model: GNN,
         "format": CHECKPOINT_FORMAT,
         "version": CHECKPOINT_VERSION,
         "epoch": int(epoch),
-        "model_config": dict(model.config),
+        "model_config": describe_model(model),
         "model_state": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "optimizer_state": (optimizer.state_dict() if isinstance(optimizer, torch.optim.Optimizer)
                             else optimizer),
@@ -219,8 +219,29 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return state
 
 
+#: Key of :func:`describe_model` for a model that is not one of ooc's built-in GNNs.
+USER_MODEL = "user_model"
+
+
+def describe_model(model: torch.nn.Module) -> dict[str, Any]:
+    """What a checkpoint records of its model: a built-in :class:`GNN`'s build arguments, or
+    for any other module its class and the shape of every parameter and buffer (enough to
+    refuse resuming into another model; the module itself is the user's to rebuild)."""
+    config = getattr(model, "config", None)
+    if isinstance(model, GNN) and isinstance(config, dict):
+        return dict(config)
+    cls = type(model)
+    return {USER_MODEL: f"{cls.__module__}.{cls.__qualname__}",
+            "shapes": {k: list(v.shape) for k, v in model.state_dict().items()}}
+
+
 def model_from_checkpoint(state: dict[str, Any], path: str | os.PathLike = "checkpoint") -> GNN:
     """Rebuild the model a loaded checkpoint describes and load its weights."""
+    if USER_MODEL in state["model_config"]:
+        raise CheckpointError(
+            f"{path}: the checkpoint holds a user model ({state['model_config'][USER_MODEL]}); "
+            f"build it and load torch.load(path)['model_state'] into it, or resume with "
+            f"Trainer(dataset, model=...).resume(path)")
     try:
         model = build_model(**state["model_config"])
         model.load_state_dict(state["model_state"])

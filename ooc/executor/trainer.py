@@ -16,6 +16,7 @@ checkpoint of epoch ``e - 1``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import resource
 import sys
@@ -32,8 +33,8 @@ from tqdm.auto import tqdm
 from ..memory import peak_rss_bytes
 from ..storage.errors import OocError
 from .batch import to_data
-from .checkpoint import (check_dataset, load_checkpoint, model_from_checkpoint,
-                         save_checkpoint, set_rng_state)
+from .checkpoint import (check_dataset, describe_model, load_checkpoint, save_checkpoint,
+                         set_rng_state)
 from .models import GNN, build_model
 
 #: Stages timed in every epoch (seconds); modes may add more.
@@ -114,6 +115,28 @@ def epoch_torch_seed(seed: int, epoch: int) -> int:
     return x & ((1 << 63) - 1)
 
 
+def model_call(model: torch.nn.Module) -> Callable[[Any], torch.Tensor]:
+    """How the trainer calls ``model`` on a batch ``Data``; returns its output for every node.
+
+    ooc's built-in :class:`GNN` takes the per-hop counts positionally; a model whose
+    ``forward`` accepts ``num_sampled_nodes_per_hop`` / ``num_sampled_edges_per_hop``
+    (PyG's ``GraphSAGE``, ``GCN``, ``GAT``, ...) gets them by keyword and trims each
+    layer's computation to the hops it needs; any other model is called as
+    ``model(x, edge_index)``.
+    """
+    if isinstance(model, GNN):
+        return lambda d: model(d.x, d.edge_index, d.num_sampled_nodes, d.num_sampled_edges)
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "num_sampled_nodes_per_hop" in params and "num_sampled_edges_per_hop" in params:
+        return lambda d: model(d.x, d.edge_index,
+                               num_sampled_nodes_per_hop=d.num_sampled_nodes,
+                               num_sampled_edges_per_hop=d.num_sampled_edges)
+    return lambda d: model(d.x, d.edge_index)
+
+
 class NonFiniteLoss(OocError):
     """The training loss became NaN or infinite; the step was not taken."""
 
@@ -160,9 +183,12 @@ class Trainer:
         print(t.evaluate(t.dataset.test_idx))
     """
 
-    def __init__(self, dataset, config: TrainConfig, pipeline=None,
+    def __init__(self, dataset, config: TrainConfig | None = None, pipeline=None,
                  log: Callable[[str], None] | None = None, options=None,
-                 allow_empty_train: bool = False):
+                 allow_empty_train: bool = False, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+        config = config if config is not None else TrainConfig()
         config.validate()
         self.dataset = dataset
         self.config = config
@@ -173,11 +199,18 @@ class Trainer:
         if len(dataset.train_idx) == 0 and not allow_empty_train:
             raise OocError(f"{dataset.path}: dataset has an empty training split")
         torch.manual_seed(config.seed)
-        self.model: GNN = build_model(config.model, dataset.feature_dim, config.hidden,
-                                      dataset.num_classes, config.num_layers,
-                                      dropout=config.dropout, heads=config.heads).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
-                                          weight_decay=config.weight_decay)
+        if model is None:
+            model = build_model(config.model, dataset.feature_dim, config.hidden,
+                                dataset.num_classes, config.num_layers,
+                                dropout=config.dropout, heads=config.heads)
+        elif not isinstance(model, torch.nn.Module):
+            raise OocError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        self.model: torch.nn.Module = model.to(self.device)
+        self._call = model_call(self.model)
+        self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(
+            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.loss = loss if loss is not None else \
+            (lambda out, y: F.cross_entropy(out, y, ignore_index=-1))
         self.memory_plan = None
         self.mode_info: dict[str, Any] = {}
         self._pipeline = None
@@ -213,7 +246,7 @@ class Trainer:
         return to_data(batch, rows, y)
 
     def _forward(self, data) -> torch.Tensor:
-        out = self.model(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
+        out = self._call(data)
         return out[:data.batch_size]
 
     # -- epochs --------------------------------------------------------------
@@ -246,7 +279,7 @@ class Trainer:
             with timers("compute"):
                 self.optimizer.zero_grad(set_to_none=True)
                 out = self._forward(data)
-                loss = F.cross_entropy(out, data.y, ignore_index=-1)
+                loss = self.loss(out, data.y)
                 loss_v = float(loss.item())
                 if not math.isfinite(loss_v):
                     bar.close()
@@ -381,15 +414,18 @@ class Trainer:
         """
         state = load_checkpoint(path, map_location="cpu")
         check_dataset(state, self.dataset, path)
-        mine = dict(self.model.config)
+        mine = describe_model(self.model)
         theirs = dict(state["model_config"])
         if theirs != mine:
             diff = ", ".join(f"{k}={theirs.get(k)!r} (now {mine.get(k)!r})"
                              for k in sorted(set(mine) | set(theirs))
                              if theirs.get(k) != mine.get(k))
             raise OocError(f"{path}: checkpoint is for a different model or dataset: {diff}")
-        model = model_from_checkpoint(state, path)
-        self.model.load_state_dict(model.state_dict())
+        try:
+            self.model.load_state_dict(state["model_state"])
+        except RuntimeError as e:
+            raise OocError(f"{path}: model weights do not load "
+                           f"({str(e).splitlines()[0][:200]})") from None
         if state.get("optimizer_state") is not None:
             try:
                 self.optimizer.load_state_dict(state["optimizer_state"])
@@ -416,7 +452,7 @@ class Trainer:
                         "feature_dim": ds.feature_dim, "num_classes": ds.num_classes,
                         "train": int(len(ds.train_idx)), "val": int(len(ds.val_idx)),
                         "test": int(len(ds.test_idx))},
-            "model": dict(self.model.config),
+            "model": describe_model(self.model),
             "config": asdict(self.config),
             "val_acc": last_val,
             "test_acc": None,
