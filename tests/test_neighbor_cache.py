@@ -227,7 +227,9 @@ def test_real_direct_reader(dataset):
     cache = build_neighbor_cache(dataset.indptr, dataset.indices,
                                  8 * n + full_cache_bytes(dataset.indptr, 4) // 4)
     used = []
-    for backend in ["auto", "io_uring", "preadv", "mmap"]:
+    from ooc.storage.io_backends import REGISTRY
+
+    for backend in ["auto", *REGISTRY]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
