@@ -177,12 +177,13 @@ def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, num_nodes, src, dst, 
             keys[h] = u
             vals[h] = i
         cnt = 0
+        bad_e = -1
         for i in range(f0, f1):
             ldst = n0 - fcnt + (i - f0)
             for e in range(offsets[i], offsets[i + 1]):
                 u = nbr[e]
                 if u < 0 or u >= num_nodes:
-                    bad[b] = e
+                    bad_e = e
                     break
                 h = _slot(u, mask)
                 lid = -1
@@ -201,8 +202,9 @@ def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, num_nodes, src, dst, 
                     h = (h + 1) & mask
                 src[e] = lid
                 dst[e] = ldst
-            if bad[b] >= 0:
+            if bad_e >= 0:
                 break
+        bad[b] = bad_e
         new_cnt[b] = cnt
 
 
@@ -228,17 +230,10 @@ def merge_nodes(all_nodes, all_ptr, new_nodes, new_src, new_cnt, out_nodes, out_
 
 @nb.njit(parallel=True, cache=True)
 def gather_in_memory(edge_pos, indices, out):
-    """out[e] = indices[edge_pos[e]]; returns how many positions lay outside
-    ``indices`` (their ``out`` is left unset)."""
-    m = indices.shape[0]
-    outside = 0
+    """out[e] = indices[edge_pos[e]] (positions within ``indices``: the sampler
+    checks ``len(indices) >= indptr[-1]`` once)."""
     for e in prange(edge_pos.shape[0]):
-        p = edge_pos[e]
-        if p < 0 or p >= m:
-            outside += 1
-        else:
-            out[e] = indices[p]
-    return outside
+        out[e] = indices[edge_pos[e]]
 
 
 # ---------------------------------------------------------------- pure Python twins

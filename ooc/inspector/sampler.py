@@ -135,6 +135,8 @@ class NeighborSampler:
         self.num_nodes = self.indptr.shape[0] - 1
         if not isinstance(source, NeighborSource):
             source = InMemoryNeighbors(source)
+        if isinstance(source, InMemoryNeighbors):
+            source.check_length(int(self.indptr[-1]))
         self.source = source
         self.fanouts = [int(f) for f in fanouts]
         if not self.fanouts or any(f < -1 for f in self.fanouts):
