@@ -15,7 +15,7 @@ from ooc.executor.inference import (SAFETY_BYTES, compute_order, layerwise_infer
 from ooc.executor.models import build_model
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
 
-CORA_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "planetoid" / "Cora" / "raw"
+from conftest import CORA_RAW, require_cora
 TOL = 1e-4
 
 
@@ -74,8 +74,7 @@ def _cora_arrays(tmp: Path):
 
 @pytest.fixture(scope="module")
 def cora(tmp_path_factory):
-    if not CORA_RAW.is_dir():
-        pytest.skip("Cora raw files not available")
+    require_cora()
     tmp = tmp_path_factory.mktemp("cora")
     a = _cora_arrays(tmp)
     path = write_dataset(tmp / "cora", num_classes=7, **a)

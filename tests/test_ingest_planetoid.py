@@ -12,12 +12,12 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 PLANETOID = SHARED / "data" / "planetoid"
 CORA_RAW = PLANETOID / "Cora" / "raw"
 
-needs_cora = pytest.mark.skipif(not CORA_RAW.is_dir(), reason=f"{CORA_RAW} not present")
+# fails with a clear message (conftest.require_cora) when ../shared is absent
+needs_cora = pytest.mark.usefixtures("cora_raw")
 
 
 @needs_cora
 def test_cora_identical_to_pyg(tmp_path):
-    pytest.importorskip("torch_geometric")
     from torch_geometric.datasets import Planetoid
 
     copy = tmp_path / "pyg"

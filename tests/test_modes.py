@@ -113,7 +113,7 @@ def test_cli_mode_report(ds, tmp_path, mode):
         assert r["mode_info"]["feature_cache_rows"] == 8192 // d.layout.row_bytes
 
 
-@pytest.mark.skipif(not CORA_RAW.exists(), reason="Cora raw files not available")
+@pytest.mark.usefixtures("cora_raw")
 def test_ooc_mode_cora_accuracy(tmp_path):
     from ooc.prepare import main as prepare
     from ooc.train import main

@@ -92,7 +92,7 @@ def test_bad_size_and_planetoid_missing(tmp_path, capsys):
     assert "ind.cora.x: not found" in msg
 
 
-@pytest.mark.skipif(not (CORA / "Cora" / "raw").is_dir(), reason="no Cora raw files")
+@pytest.mark.usefixtures("cora_raw")
 def test_planetoid_cli(tmp_path):
     assert main(["planetoid", "--root", str(CORA), "--name", "Cora", "--out", str(tmp_path / "cora"),
                  "--report", str(tmp_path / "r.json")]) == 0

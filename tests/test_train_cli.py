@@ -130,7 +130,7 @@ def test_subprocess_exit_code(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr
 
 
-@pytest.mark.skipif(not CORA_RAW.is_dir(), reason="Cora raw files not available")
+@pytest.mark.usefixtures("cora_raw")
 def test_cora_acceptance(tmp_path):
     """The foundation issue's criterion: SAGE, fanouts 10,10, 50 epochs -> test_acc >= 0.78."""
     from ooc.prepare import main as prepare_main
