@@ -85,21 +85,32 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pl, name=False)
 
     s = sub.add_parser("synthetic", help="power-law graph with communities (labels) and noisy features")
-    s.add_argument("--nodes", type=int, default=100_000)
-    s.add_argument("--avg-degree", type=float, default=10.0, help="mean in-degree (before dedup)")
-    s.add_argument("--feature-dim", type=int, default=64)
-    s.add_argument("--dtype", choices=("float32", "float16"), default="float32")
-    s.add_argument("--classes", type=int, default=8)
-    s.add_argument("--train-fraction", type=float, default=0.1)
-    s.add_argument("--val-fraction", type=float, default=0.05)
-    s.add_argument("--test-fraction", type=float, default=None, help="default: all remaining nodes")
-    s.add_argument("--p-in", type=float, default=0.85, help="probability an edge stays in its community")
-    s.add_argument("--noise", type=float, default=None, help="feature noise std (default 0.7)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--nodes", type=int, default=100_000, help="number of nodes (default 100000)")
+    s.add_argument("--avg-degree", type=float, default=10.0,
+                   help="mean in-degree before duplicate edges are merged (default 10)")
+    s.add_argument("--feature-dim", type=int, default=64,
+                   help="features per node (default 64)")
+    s.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="feature dtype on disk (default float32)")
+    s.add_argument("--classes", type=int, default=8,
+                   help="communities, which are the labels (default 8)")
+    s.add_argument("--train-fraction", type=float, default=0.1,
+                   help="share of the nodes in the training split (default 0.1)")
+    s.add_argument("--val-fraction", type=float, default=0.05,
+                   help="share of the nodes in the validation split (default 0.05)")
+    s.add_argument("--test-fraction", type=float, default=None,
+                   help="share of the nodes in the test split (default: all remaining nodes)")
+    s.add_argument("--p-in", type=float, default=0.85,
+                   help="probability an edge stays inside its community (default 0.85)")
+    s.add_argument("--noise", type=float, default=None,
+                   help="standard deviation of the feature noise (default 0.7: features alone "
+                        "give about half the accuracy)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     d = s.add_mutually_exclusive_group()
     d.add_argument("--undirected", dest="undirected", action="store_true", default=True,
                    help="store both directions of every edge (default)")
-    d.add_argument("--directed", dest="undirected", action="store_false")
+    d.add_argument("--directed", dest="undirected", action="store_false",
+                   help="store each generated edge in one direction only")
     _common(s)
     return ap
 
@@ -135,10 +146,15 @@ def write_report(report: str, data: dict, out: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .storage import ingest
+    from .storage.ingest.limits import available_memory
 
     check_report_path(args.report)
     if args.buffer < MIN_BUFFER:
         raise OocError(f"--buffer must be at least 1MiB, got {args.buffer} bytes")
+    avail = available_memory()
+    if args.buffer > avail:
+        raise OocError(f"--buffer {args.buffer} bytes is more than the {avail} bytes of memory "
+                       f"available now")
     t0 = time.perf_counter()
     stats: dict = {}
     progress = not args.no_progress
