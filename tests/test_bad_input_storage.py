@@ -362,6 +362,9 @@ CASES = [
     Case("read-only-dataset", "ooc.train", _train("ooc") + ["--neighbor-cache-size", "64KiB"],
          _then(_copy_base, _immutable), rc=0, adds_files=True, check=_check_user_cache,
          env={"OOC_CACHE": "{d}/user"}),
+    Case("buffer-larger-than-memory", "ooc.prepare", ["synthetic", "--buffer", "1000TiB", "--out",
+                                                      "{d}/out"], lambda d: None,
+         r"--buffer \d+ bytes is more than the \d+ bytes of memory available now"),
     Case("report-folder-missing", "ooc.prepare", ["synthetic", "--nodes", "100", "--out", "{d}/out",
                                                   "--report", "{d}/nope/r.json"],
          lambda d: None, r"{d}/nope: --report's folder does not exist"),
@@ -527,3 +530,30 @@ def test_python_m_train_on_corrupted_indices(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"ooc: {ds}/indices.bin: node id 2147483647 at position \d+ .*", last), last
     _bad_position(ds, last)
+
+
+def test_node_limit_follows_the_memory_cgroup(tmp_path):
+    """In a memory cgroup of 256 MiB, a node count whose ingest needs more is
+    refused before anything is allocated, with the cgroup's room as the bound."""
+    root = Path("/sys/fs/cgroup/memory")
+    cg = root / f"ooc-test-{os.getpid()}"
+    try:
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(256 << 20))
+    except OSError as e:
+        pytest.skip(f"cannot create a memory cgroup (v1, needs root): {e}")
+    try:
+        (tmp_path / "e.txt").write_text("0 1\n")
+        r = subprocess.run(
+            [sys.executable, "-m", "ooc.prepare", "edgelist", str(tmp_path / "e.txt"),
+             "--num-nodes", "20000000", "--buffer", "16MiB", "--out", str(tmp_path / "out")],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+            preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
+    finally:
+        cg.rmdir()
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    m = re.fullmatch(r"ooc: --num-nodes 20000000: 20000000 nodes need about 0.6 GiB of memory to "
+                     r"ingest, more than the ([\d.]+) GiB available \(three quarters of free memory\)",
+                     r.stderr.strip().splitlines()[-1])
+    assert m and float(m.group(1)) <= round(0.75 * 256 / 1024, 1), r.stderr  # printed to 0.1 GiB
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.txt"]

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..dataset import MAX_CLASSES, replace_problem
+from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
 from ..errors import OocError
 from ..layout import FeatureLayout, index_dtype, padded_bytes
 from ..writer import DatasetWriter
@@ -568,6 +568,8 @@ def open_features(path, num_nodes: int | None = None) -> NpyReader:
         raise _err(r.path, f"features have dtype {r.dtype}; expected numbers")
     if r.shape[1] < 1:
         raise _err(r.path, "features have zero columns")
+    if r.shape[1] > MAX_FEATURE_DIM:
+        raise _err(r.path, f"features have {r.shape[1]} columns, more than {MAX_FEATURE_DIM}")
     if num_nodes is not None and r.shape[0] != num_nodes:
         raise _err(r.path, f"features have {r.shape[0]} rows, the graph has {num_nodes} nodes")
     return r
