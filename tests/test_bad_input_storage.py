@@ -557,3 +557,32 @@ def test_node_limit_follows_the_memory_cgroup(tmp_path):
                      r.stderr.strip().splitlines()[-1])
     assert m and float(m.group(1)) <= round(0.75 * 256 / 1024, 1), r.stderr  # printed to 0.1 GiB
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.txt"]
+
+
+def test_kill_9_during_ingest_then_rerun(tmp_path):
+    """A real kill -9 mid-ingest leaves only its hidden temp folder; the next run
+    on the same output removes it and writes the dataset."""
+    import signal
+    import time
+
+    args = [sys.executable, "-m", "ooc.prepare", "synthetic", "--nodes", "300000", "--avg-degree",
+            "8", "--feature-dim", "16", "--out", str(tmp_path / "g"), "--no-progress"]
+    p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    temps: list[Path] = []
+    while time.time() < deadline and not temps and p.poll() is None:
+        temps = list(tmp_path.glob(f".g.tmp-{p.pid}-*"))
+        time.sleep(0.05)
+    if not temps:
+        p.kill()
+        p.wait()
+        pytest.skip("the ingest finished before its temp folder could be seen")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (tmp_path / "g").exists() and temps[0].exists()
+    r = subprocess.run(args[:4] + ["--nodes", "500", "--avg-degree", "4", "--feature-dim", "4",
+                                   "--out", str(tmp_path / "g"), "--no-progress"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["g"]
+    assert open_dataset(tmp_path / "g").num_nodes == 500
