@@ -286,3 +286,30 @@ def test_atomic_dir_replace_rules(tmp_path):
     assert (tmp_path / "ds").stat().st_mode & 0o777 == 0o777 & ~_umask()   # not mkdtemp's 0700
     assert sorted(q.name for q in tmp_path.iterdir()) == [
         f".ds.tmp-{os.getpid()}-live", "ds", "f.txt", "user"]
+
+
+def test_split_overlap_against_brute_force():
+    """split_overlap reports an id in an earlier split, else a repeat in the same
+    split, else None; against a plain-Python walk of the same rule."""
+    from ooc.storage.dataset import split_overlap
+
+    def brute(splits):
+        seen: dict[int, int] = {}
+        for i, s in enumerate(splits):
+            for v in s.tolist():
+                if v in seen:
+                    return seen[v], i, v
+            repeats = sorted(v for v in set(s.tolist()) if s.tolist().count(v) > 1)
+            if repeats:
+                return i, i, repeats[0]
+            seen.update((v, i) for v in s.tolist())
+        return None
+
+    rng = np.random.default_rng(0)
+    found = 0
+    for _ in range(1000):
+        splits = [rng.choice(20, rng.integers(0, 6)).astype(np.int64) for _ in range(3)]
+        got = split_overlap(splits, 20)
+        assert got == brute(splits), splits
+        found += got is not None
+    assert 100 < found < 1000

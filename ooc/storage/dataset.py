@@ -356,14 +356,14 @@ def split_overlap(splits: list[np.ndarray], num_nodes: int) -> tuple[int, int, i
     for i, s in enumerate(splits):
         if s.size == 0:
             continue
-        u, first, counts = np.unique(s, return_index=True, return_counts=True)
-        if u.size < s.size:
-            return i, i, int(u[np.argmax(counts > 1)])
         prev = owner[s]
         if (prev >= 0).any():
             k = int(np.argmax(prev >= 0))
             return int(prev[k]), i, int(s[k])
         owner[s] = i
+        if np.count_nonzero(owner == i) < s.size:  # O(N), no sort on the common path
+            u, counts = np.unique(s, return_counts=True)
+            return i, i, int(u[np.argmax(counts > 1)])
     return None
 
 
