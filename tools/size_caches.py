@@ -12,19 +12,17 @@ the superbatch size and the expected epoch time, with the arithmetic; draws
 Belady / static degree-ordered / LRU miss-ratio curves. The logic is
 :mod:`ooc.executor.profiler`.
 
-``--verify-epochs N`` then trains N epochs with the recommendation in a
-subprocess inside a cgroup-v1 memory cgroup limited to the budget (the
-cgroup code of tools/bench.py) and adds measured vs predicted to the report.
+``--verify`` then trains one epoch with the recommendation in a subprocess
+inside a cgroup-v1 memory cgroup limited to the budget (tools/memcg.py) and
+prints predicted vs measured miss ratio, epoch time and peak memory side by
+side (also in the report, ``verification``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,9 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-batches", type=int, help="batches sampled for the rates and "
                    "curves (default: the superbatch, at most 128)")
     p.add_argument("--plot", metavar="PNG", help="miss-ratio curve plot")
-    p.add_argument("--verify-epochs", type=int, help="then train this many epochs with the "
-                   "recommendation inside a memory cgroup at the budget, and report measured "
-                   "vs predicted")
+    p.add_argument("--verify", action="store_true", help="then train one epoch with the "
+                   "recommendation inside a memory cgroup at the budget, and print predicted "
+                   "vs measured side by side (needs --report: ooc.train reads its sizes)")
+    p.add_argument("--verify-epochs", type=int, help="as --verify, training this many epochs "
+                   "(the first is compared)")
     add_report_arg(p)
     return p
 
@@ -82,9 +82,11 @@ def _size(name: str, v) -> int:
 
 
 def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
-    """Train ``epochs`` epochs with ``--sizes`` inside a memory cgroup at the budget."""
+    """Train ``epochs`` epochs with ``--sizes`` in a memory cgroup limited to the budget
+    (tools/memcg.py); the first epoch's measured miss ratio and time against the
+    predicted ones."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench  # tools/bench.py: the cgroup helpers
+    import memcg  # tools/memcg.py
 
     from ooc.storage.pagecache import drop_page_cache
 
@@ -92,53 +94,48 @@ def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     data = rep["dataset"]["path"]
     drop_page_cache(data)
     out = report_path.with_name(report_path.stem + ".train.json")
-    train = [sys.executable, "-m", "ooc.train", "--data", data, "--sizes", str(report_path),
+    train = ["-m", "ooc.train", "--data", data, "--sizes", str(report_path),
              "--epochs", str(epochs), "--no-progress", "--no-eval", "--report", str(out)]
     for k in ("mode", "model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay",
               "dropout", "seed", "device", "threads", "queue_depth", "runtime_dir"):
         if settings.get(k) is not None:
             train += [f"--{k.replace('_', '-')}", str(settings[k])]
-    cg = bench.make_cgroup(f"ooc-size-caches-{os.getpid()}", budget)
-    procs = str(cg / "cgroup.procs") if cg is not None else None
-
-    def join_cgroup() -> None:  # in the child, before exec: only it is limited
-        fd = os.open(procs, os.O_WRONLY)
-        try:
-            os.write(fd, str(os.getpid()).encode())
-        finally:
-            os.close(fd)
-
-    print(f"size_caches: verifying: {' '.join(train[1:])}"
-          + (f" [cgroup limit {format_size(budget)}]" if cg else " [no cgroup]"), flush=True)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(train, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=join_cgroup if procs else None)
-    lines = [ln.rstrip() for ln in proc.stdout]  # type: ignore[union-attr]
-    _, status, ru = os.wait4(proc.pid, 0)
-    rc = os.waitstatus_to_exitcode(status)
-    proc.returncode = rc
-    res: dict = {"rc": rc, "wall_s": time.perf_counter() - t0, "cgroup": cg is not None,
-                 "child_peak_rss_bytes": ru.ru_maxrss * 1024, "command": train[1:]}
-    if cg is not None:
-        res["cgroup_stats"] = bench.cgroup_stats(cg)
-        bench.remove_cgroup(cg)
-    if rc != 0 or not out.exists():
-        res["error"] = "\n".join(lines[-5:])
+    run = memcg.run("verify", train, budget if memcg.available() else None)
+    res: dict = {"rc": run["rc"], "wall_s": run["wall_s"], "cgroup": run.get("cgroup"),
+                 "child_peak_rss_bytes": run["child_peak_rss_bytes"], "command": train}
+    if run["rc"] != 0 or not out.exists():
+        res["error"] = memcg.exit_words(run["rc"]) + ": " + " | ".join(run["lines"][-3:])
         return res
     tr = json.loads(out.read_text())
-    times = [e["time_s"] for e in tr["epochs"]]
-    steady = times[1:] or times
-    pred = rep["recommendation"]["expected_epoch_s"]
-    med = statistics.median(steady)
-    res.update(epoch_times_s=times, median_epoch_s=med, predicted_epoch_s=pred,
-               relative_error=(pred - med) / med if med else None,
+    out.unlink()
+    e1 = tr["epochs"][0]
+    io = e1.get("io", {})
+    rec = rep["recommendation"]
+    res.update(epoch_times_s=[e["time_s"] for e in tr["epochs"]],
+               measured_epoch_s=e1["time_s"], predicted_epoch_s=rec["expected_epoch_s"],
+               measured_miss_ratio=(io.get("feature_misses", 0) / io["feature_lookups"]
+                                    if io.get("feature_lookups") else None),
+               predicted_miss_ratio=rec["predicted_miss_ratio"],
                peak_rss_bytes=tr.get("peak_rss_bytes"),
                within_budget=(tr.get("peak_rss_bytes") or 0) <= budget,
-               miss_ratio=[1 - e.get("io", {}).get("feature_hit_ratio", 0.0) for e in tr["epochs"]],
-               predicted_miss_ratio=rep["recommendation"]["predicted_miss_ratio"],
-               timers=[e["timers"] for e in tr["epochs"]], mode_info=tr.get("mode_info"))
-    out.unlink()
+               timers=e1["timers"], mode_info=tr.get("mode_info"))
     return res
+
+
+def print_verification(v: dict, budget: int) -> None:
+    """Predicted vs measured, side by side."""
+    cg = v.get("cgroup") or {}
+    rows = [("miss ratio (epoch 1)", f"{v['predicted_miss_ratio']:.3f}",
+             "n/a" if v["measured_miss_ratio"] is None else f"{v['measured_miss_ratio']:.3f}"),
+            ("epoch 1 time", f"{v['predicted_epoch_s']:.2f} s", f"{v['measured_epoch_s']:.2f} s"),
+            ("peak RSS (VmHWM)", f"<= {format_size(budget)}", format_size(v["peak_rss_bytes"])),
+            ("cgroup max usage", f"<= {format_size(budget)}",
+             format_size(cg["max_usage_in_bytes"]) if "max_usage_in_bytes" in cg
+             else "no cgroup")]
+    print("size_caches: verified (one training run with these sizes):")
+    print(f"  {'':22} {'predicted':>14} {'measured':>14}")
+    for name, p, m in rows:
+        print(f"  {name:22} {p:>14} {m:>14}")
 
 
 @main_wrapper
@@ -147,6 +144,8 @@ def main(argv=None) -> int:
     report_path = given.pop("report", None)
     plot_path = given.pop("plot", None)
     verify_epochs = given.pop("verify_epochs", None)
+    if given.pop("verify", False) and verify_epochs is None:
+        verify_epochs = 1
     trace = given.pop("trace_batches", None)
     budget = _size("memory-budget", given.pop("memory_budget"))
     reserve = given.pop("reserve", None)
@@ -154,7 +153,8 @@ def main(argv=None) -> int:
     if trace is not None and trace < 1:
         raise OocError(f"--trace-batches must be >= 1, got {trace}")
     if verify_epochs is not None and (verify_epochs < 1 or report_path is None):
-        raise OocError("--verify-epochs needs N >= 1 and --report (ooc.train reads its sizes)")
+        raise OocError("--verify needs --report (ooc.train reads its sizes), and "
+                       "--verify-epochs N >= 1")
 
     from ooc.storage import open_dataset
     from ooc.train import _settings, parse_fanouts
@@ -203,14 +203,9 @@ def main(argv=None) -> int:
         rep["verification"] = v
         write_json(report_path, rep)
         if "error" in v:
-            print(f"size_caches: verification run failed (rc {v['rc']}): {v['error']}")
+            print(f"size_caches: verification run failed ({v['error']})")
             return 1
-        print(f"size_caches: verified: epochs {[round(t, 2) for t in v['epoch_times_s']]} s, "
-              f"median {v['median_epoch_s']:.2f}s vs predicted {v['predicted_epoch_s']:.2f}s "
-              f"({v['relative_error']:+.0%}); peak RSS {format_size(v['peak_rss_bytes'])} "
-              f"(budget {format_size(rep['budget_bytes'])}), cgroup max usage "
-              f"{format_size(v.get('cgroup_stats', {}).get('max_usage_in_bytes', 0))}, "
-              f"failcnt {v.get('cgroup_stats', {}).get('failcnt')}")
+        print_verification(v, rep["budget_bytes"])
     return 0
 
 

@@ -3,13 +3,12 @@
 ``profile(dataset, config, options, budget)`` runs, in this process:
 
 1. **The memory plan** — :func:`ooc.executor.budget.plan_memory`, the very code
-   ``python -m ooc.train --memory-budget`` runs (auto sizing): setup RSS, then
-   a probe of a few batches whose sample stage and main loop (gather + one
-   training step) each get their own peak RSS (``VmHWM`` reset between them),
-   plus the computed parts (queued batches, address table, superbatch in
-   flight, changeset pass). It gives the recommended cache bytes and the
-   superbatch size; a budget below the working memory fails with the smallest
-   budget that can work.
+   ``python -m ooc.train --memory-budget`` runs (auto sizing): setup RSS, the
+   peak of the loop's fullest moment (batches in flight gathered, one
+   training step, evaluation), the computed parts (cache tables, build
+   transients, the superbatch in flight). It gives the recommended cache
+   bytes and the superbatch size; a budget too small fails with the smallest
+   budget that works.
 2. **The stages with the recommended sizes** — the mode is built exactly as
    training builds it (:func:`ooc.executor.modes.build_mode`, so the neighbor
    cache is built and saved once and training reuses it), then timed on the
@@ -20,9 +19,15 @@
    Belady feature cache (read seconds per missed row, seconds per lookup),
    cache updates, and a few training steps (convert + transfer + compute).
    Each stage's wall and process-CPU seconds are recorded, and its peak RSS.
-3. **Miss-ratio curves** of the sampled trace at 1%..100% of the feature
-   table for Belady (per superbatch, free initial load, as the executor
-   runs it), the static degree-ordered cache (PaGraph) and LRU.
+3. **The epoch training will run, simulated** (:func:`simulate_epoch`): the
+   whole of epoch 1 is sampled (the seeds training uses; ``trace_batches``
+   caps it) and the mode's cache replayed over it: for ``ooc`` the very
+   changeset code training runs, superbatches of the recommended size, the
+   cache carried from one to the next, each switch's reads counted apart.
+   The predicted miss ratio is its gather misses over lookups, what
+   training reports. **Miss-ratio curves** repeat it at 1%..100% of the
+   feature table (``ooc`` at this superbatch size, the static
+   degree-ordered cache, LRU for reference).
 4. **The expected epoch time** from those rates (see :func:`predict_epoch`).
 
 The report (a JSON-friendly dict) carries the measurements, the
@@ -184,36 +189,85 @@ def predict_epoch(mode: str, num_batches: int, superbatch_size: int | None,
     return out
 
 
-# -- miss-ratio curves -----------------------------------------------------------------------
+# -- the schedule training runs, simulated -------------------------------------------------
 
 
-def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
-                hot_order: np.ndarray, capacities: np.ndarray, threads: int = 2
-                ) -> dict[str, list[float]]:
-    """Miss ratios of the trace at each capacity (rows) for the three policies.
+def simulate_epoch(mode: str, trace: list[np.ndarray], num_nodes: int, capacity: int,
+                   superbatch_size: int | None = None, hot_order: np.ndarray | None = None,
+                   device: str = "cpu") -> dict[str, int]:
+    """Feature-cache misses of one training epoch, counted as the trainer counts them.
 
-    Belady runs per superbatch of ``superbatch_size`` batches with a free
-    initial load (as the executor's changesets do; ``belady_with_init`` adds
-    each superbatch's initial load, the rows a cache switch reads); LRU and
-    the static cache (``hot_order[:K]``, filled once, the fill not counted)
-    run over the whole trace, LRU from a cold start.
+    Args:
+        trace: the epoch's batches in order, each the int64 node ids one batch
+            gathers (``SampledBatch.node_ids``).
+        capacity: feature-cache rows.
+        superbatch_size: ``ooc``: batches per superbatch.
+        hot_order: ``static``: node ids by decreasing out-degree.
+
+    ``ooc`` runs the changesets training runs (:func:`ooc.executor.modes._changeset_fn`:
+    Belady per superbatch of ``superbatch_size`` batches, the cache carried from one
+    superbatch to the next) and replays them on a bool [N] residency mask: a switch
+    reads the ``init`` ids not yet cached (``switch_reads``), batch i misses the ids
+    not cached when it is gathered, then its changeset is applied. ``static`` caches
+    ``hot_order[:capacity]``; ``baseline`` has no cache. Returns ``lookups``,
+    ``misses`` (gather misses: the trainer's ``feature_misses``), ``switch_reads``
+    and ``superbatches``.
+    """
+    lookups = int(sum(len(t) for t in trace))
+    cap = int(min(capacity, num_nodes))
+    out = {"lookups": lookups, "misses": lookups, "switch_reads": 0, "superbatches": 0}
+    if mode == "baseline" or cap <= 0:
+        return out
+    cached = np.zeros(num_nodes, dtype=bool)
+    if mode == "static":
+        cached[np.asarray(hot_order, dtype=np.int64)[:cap]] = True
+        out["misses"] = int(sum(int((~cached[t]).sum()) for t in trace))
+        return out
+    from .modes import _changeset_fn
+
+    fn = _changeset_fn(num_nodes, cap, device)
+    s = max(1, int(superbatch_size or len(trace)))
+    misses = switch = 0
+    for a in range(0, len(trace), s):
+        cs = fn(trace[a:a + s])
+        init = np.asarray(cs.init_ids, dtype=np.int64)
+        switch += int((~cached[init]).sum())
+        cached[:] = False
+        cached[init] = True
+        for j, ids in enumerate(trace[a:a + s]):
+            misses += int((~cached[ids]).sum())
+            in_ids, out_ids, _ = cs.step(j)
+            cached[np.asarray(out_ids, dtype=np.int64)] = False
+            cached[np.asarray(in_ids, dtype=np.int64)] = True
+        out["superbatches"] += 1
+    out.update(misses=misses, switch_reads=switch)
+    return out
+
+
+def miss_curves(mode: str, trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
+                hot_order: np.ndarray, capacities: np.ndarray, device: str = "cpu"
+                ) -> dict[str, Any]:
+    """Miss ratios of the epoch ``trace`` at each capacity (rows).
+
+    ``ooc``: :func:`simulate_epoch` of the ``ooc`` schedule with this superbatch
+    size (gather misses, what training reports; ``ooc_with_switch`` adds the
+    switches' reads); ``static_degree``: the degree-ordered static cache; ``lru``:
+    LRU from a cold start over the whole trace, for reference.
     """
     from ..inspector import policies as P
 
-    accesses = int(sum(len(t) for t in trace))
     caps = np.asarray(capacities, dtype=np.int64)
-    bel = np.zeros(len(caps), np.int64)
-    init = np.zeros(len(caps), np.int64)
-    s = max(1, int(superbatch_size))
-    for a in range(0, len(trace), s):
-        bel += P.miss_curve_belady(trace[a:a + s], caps, threads=threads)
-        distinct = len(np.unique(np.concatenate(trace[a:a + s])))
-        init += np.minimum(caps, distinct)
-    lru = P.miss_curve_lru(trace, caps)
-    static = P.miss_curve_static(trace, hot_order, caps)
-    r = lambda m: [float(v) / max(accesses, 1) for v in m]  # noqa: E731
-    return {"belady": r(bel), "belady_with_init": r(bel + init), "static_degree": r(static),
-            "lru": r(lru), "accesses": accesses}
+    acc = max(1, int(sum(len(t) for t in trace)))
+    ooc, ooc_sw, static = [], [], []
+    for c in caps:
+        r = simulate_epoch("ooc", trace, num_nodes, int(c), superbatch_size, device=device)
+        ooc.append(r["misses"] / acc)
+        ooc_sw.append((r["misses"] + r["switch_reads"]) / acc)
+        static.append(simulate_epoch("static", trace, num_nodes, int(c),
+                                     hot_order=hot_order)["misses"] / acc)
+    lru = [float(v) / acc for v in P.miss_curve_lru(trace, caps)]
+    return {"ooc": ooc, "ooc_with_switch": ooc_sw, "static_degree": static, "lru": lru,
+            "accesses": acc}
 
 
 # -- the profile ------------------------------------------------------------------------------
@@ -265,7 +319,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
                                  shuffle=True)
     nb = len(seed_batches)
     S = int(plan.superbatch_size or nb)
-    T = int(trace_batches or 128)
+    T = int(trace_batches or nb)
     T = max(1, min(T, nb))
     S0 = max(1, min(S, T))   # the superbatch the stages are timed on
 
@@ -371,24 +425,21 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     finally:
         mp.close()
 
-    # -- miss curves ------------------------------------------------------------------------------
-    log("size_caches: miss-ratio curves (Belady, static degree-ordered, LRU)")
+    # -- the epoch training will run, simulated; curves over the cache size --------------------
+    log(f"size_caches: simulating the {mode} schedule over {T} batches (cache carried across "
+        f"superbatches of {S}) and the miss-ratio curves")
+    hot = hot_nodes(dataset)
+    cs_device = "cpu" if not gpu["available"] else "cuda"
+    t0 = time.perf_counter()
+    sim = simulate_epoch(mode, trace, n, int(plan.feature_cache_rows), S, hot_order=hot,
+                         device=cs_device)
     caps = sorted({max(1, int(round(f * n))) for f in CURVE_FRACTIONS}
                   | ({int(plan.feature_cache_rows)} if plan.feature_cache_rows else set()))
-    caps_arr = np.array(caps, np.int64)
-    t0 = time.perf_counter()
-    curves = miss_curves(trace, n, S if mode == "ooc" else T, hot_nodes(dataset), caps_arr,
-                         threads=max(1, min(4, os.cpu_count() or 1)))
+    curves = miss_curves(mode, trace, n, S, hot, np.array(caps, np.int64), device=cs_device)
     curves_s = time.perf_counter() - t0
     rec_rows = int(plan.feature_cache_rows)
-    i_rec = caps.index(rec_rows) if rec_rows in caps else None
-    policy = {"ooc": "belady", "static": "static_degree"}.get(mode)
-    if policy and i_rec is not None:
-        pred_miss = curves[policy][i_rec]
-    elif mode == "baseline":
-        pred_miss = 1.0
-    else:
-        pred_miss = 1.0
+    policy = {"ooc": "ooc", "static": "static_degree"}.get(mode)
+    pred_miss = sim["misses"] / max(sim["lookups"], 1)
     measured_miss = misses / max(lookups, 1)
 
     # -- rates and the expected epoch -----------------------------------------------------------
@@ -415,11 +466,12 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     }
     switch_s = 0.0
     if mode == "ooc":
-        # the init set of a superbatch is about the cache's capacity (min with the ids seen)
-        init_rows = min(cache.capacity, int(len(cs.init_ids) * max(1.0, S / S0))) if cs else 0
-        switch_s = init_rows * (read_switch / max(switched, 1)) if switched else \
-            init_rows * per_row_read
+        # the simulated switch reads, scaled from the trace to the epoch, per superbatch
+        k = max(1, -(-nb // S))
+        rows_per_switch = sim["switch_reads"] * (nb / T) / k
+        switch_s = rows_per_switch * (read_switch / switched if switched else per_row_read)
     epoch = predict_epoch(mode, nb, S, per_batch, switch_s, cores)
+    from .pipelines import PREFETCH
 
     # -- recommendation and its arithmetic ------------------------------------------------------
     st = plan.stages
@@ -428,34 +480,27 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     feat_total = plan.feature_cache_rows * (row_bytes + 8)
     arith = [
         f"budget B = {_fmt(budget)}; reserve R = {_fmt(reserve)} "
-        f"(max(48 MiB, 10% of B): allocator slack, threads the probe cannot see)",
-        f"measured: setup RSS {_fmt(st['setup_rss'])}; peak(sample stage) "
-        f"{_fmt(peaks.get('sample', 0))}; peak(main loop: gather + one training step) "
-        f"{_fmt(peaks.get('main_loop', 0))}",
-        "working memory W = setup + probe peak above setup + queued batches (4 x batch rows)"
-        + (" + feature address table (int32 [N])" if mode != "baseline" else "")
-        + (" + superbatch in flight (3 x S x bytes/batch + changeset pass 24N + 40 S ids)"
-           if mode == "ooc" else "")
-        + " = " + " + ".join(_fmt(v) for v in st.values()) + f" = {_fmt(working)}",
+        f"(max(48 MiB, 10% of B): allocator slack, the order the pipeline's threads allocate in)",
+        f"measured: setup RSS {_fmt(st['setup_rss'])} (kernels {plan.kernels}); peak with "
+        f"{PREFETCH + 2} batches in flight: sampled {_fmt(peaks.get('sample', 0))}, gathered + "
+        f"one training step {_fmt(peaks.get('train_loop', 0))}"
+        + (f", evaluation {_fmt(peaks['eval_loop'])}" if "eval_loop" in peaks else ""),
+        "working memory W = " + " + ".join(st) + " = "
+        + " + ".join(_fmt(v) for v in st.values()) + f" = {_fmt(working)}",
         f"free F = B - W - R = {_fmt(budget)} - {_fmt(working)} - {_fmt(reserve)} = "
-        f"{_fmt(budget - working - reserve)}",
+        f"{_fmt(budget - working - reserve)}; smallest budget that works: "
+        f"{plan.min_budget // MiB} MiB",
     ]
     if mode != "baseline":
         nbytes = plan.neighbor_cache_bytes
         arith += [
-            f"sampling and training run at the same time here, so each stage's peak includes "
-            f"the other stage's cache: peak(sample stage) = W + feature cache "
-            f"{plan.feature_cache_rows:,} rows x ({row_bytes} + 8) B = {_fmt(working)} + "
-            f"{_fmt(feat_total)} = {_fmt(working + feat_total)}",
-            f"neighbor cache = B - peak(sample stage) - R = {_fmt(budget)} - "
-            f"{_fmt(working + feat_total)} - {_fmt(reserve)} = "
-            f"{_fmt(budget - working - feat_total - reserve)} -> {_fmt(nbytes)} "
-            f"(split: min(full cache, 25% of F); the rest to features)",
-            f"peak(main loop) = W + neighbor cache = {_fmt(working + nbytes)}; feature cache = "
-            f"B - peak(main loop) - R = {_fmt(budget - working - nbytes - reserve)} -> "
-            f"{plan.feature_cache_rows:,} rows x {row_bytes} B = {_fmt(plan.feature_cache_bytes)}"
-            f" ({plan.feature_cache_rows / n:.1%} of the {n:,} rows; 8 B/row of slot "
-            f"bookkeeping)",
+            f"neighbor cache = min(full cache, 25% of F) = {_fmt(nbytes)} (sampling runs while "
+            f"training: both caches are resident at once)",
+            f"feature cache = (F - neighbor cache) / (row {row_bytes} B + 8 B of slot "
+            f"bookkeeping) = {plan.feature_cache_rows:,} rows = "
+            f"{_fmt(plan.feature_cache_bytes)} ({plan.feature_cache_rows / n:.1%} of the "
+            f"{n:,} rows); W + caches = {_fmt(working + nbytes + feat_total)} <= B - R = "
+            f"{_fmt(budget - reserve)}",
         ]
     if mode == "ooc":
         bpb = plan.runtime_bytes_per_batch
@@ -464,8 +509,8 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
             f"{_fmt(options.runtime_disk_budget)} / (2 x {_fmt(bpb)}) = "
             f"{plan.superbatch_size_disk if plan.superbatch_size_disk is not None else 'n/a'}"
             f"; capped by the epoch ({nb} batches) and so that the superbatch in flight "
-            f"(samples and the changeset pass) takes at most 1/4 of B - setup - probe - R: "
-            f"S = {plan.superbatch_size}")
+            f"(samples and the changeset pass) takes at most 1/4 of what the rest of W "
+            f"leaves of B - R: S = {plan.superbatch_size}")
         if runtime:
             arith.append(f"measured runtime files: {_fmt(runtime['bytes_per_batch'])} per batch "
                          f"(planned upper bound {_fmt(bpb)}), {_fmt(runtime['superbatch_bytes'])} "
@@ -499,8 +544,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
         "runtime_disk_budget_bytes": int(options.runtime_disk_budget),
         "measured": {
             "setup_rss_bytes": st["setup_rss"],
-            "peak_rss_bytes": {"sample_stage": peaks.get("sample"),
-                               "main_loop": peaks.get("main_loop")},
+            "peak_rss_bytes": dict(peaks),
             "profile_peak_rss_bytes": {k: v.peak for k, v in stages.items() if v.wall}
             | {"build_mode": build_st.peak},
             "stage_seconds": {k: {"wall": v.wall, "cpu": v.cpu} for k, v in stages.items()},
@@ -529,6 +573,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
             "min_budget_bytes": int(plan.min_budget),
             "predicted_miss_ratio": pred_miss,
             "predicted_miss_policy": policy,
+            "simulated_trace": {**sim, "batches": T, "superbatch_size": S},
             "expected_epoch_s": epoch["epoch_s"],
             "epoch_model": epoch,
             "per_batch_s": {k: {"wall": v[0], "cpu": v[1]} for k, v in per_batch.items()},
@@ -613,7 +658,7 @@ def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, A
 
 
 def plot_curves(report: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Miss ratio vs feature-cache size for the three policies, the
+    """Miss ratio vs feature-cache size of the schedule training runs, the
     recommended size marked; PNG written to a temp name, then renamed."""
     import matplotlib
     matplotlib.use("Agg")
@@ -622,40 +667,46 @@ def plot_curves(report: dict[str, Any], path: str | os.PathLike) -> Path:
     mc = report["miss_curves"]
     rec = report["recommendation"]
     ds = report["dataset"]
+    cfg = report["config"]
+    mode = cfg["mode"]
     x = np.array(mc["capacity_fraction"]) * 100
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for key, label, style in (("belady", "Belady (ooc; per superbatch, initial load free)", "-o"),
-                              ("belady_with_init", "Belady + each superbatch's initial load",
-                               ":o"),
-                              ("static_degree", "static degree-ordered (PaGraph; filled once)",
-                               "-s"),
-                              ("lru", "LRU (cold start)", "-^")):
-        ax.plot(x, np.array(mc[key]) * 100, style, ms=4, lw=1.8, label=label,
-                color={"belady_with_init": "C0"}.get(key, {"static_degree": "C1",
-                                                           "lru": "C2"}.get(key, "C0")))
+    sb = rec.get("superbatch_size")
+    series = [("ooc", f"ooc as trained (Belady changesets, superbatch {sb}, cache carried)",
+               "-o", "C0"),
+              ("ooc_with_switch", "ooc, counting the superbatch switches' reads", ":o", "C0"),
+              ("static_degree", "static degree-ordered (PaGraph)", "-s", "C1"),
+              ("lru", "LRU, cold start (reference)", "-^", "C2")]
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    for key, label, style, color in series:
+        if key.startswith("ooc") and mode != "ooc":
+            continue
+        ax.plot(x, np.array(mc[key]) * 100, style, ms=4, lw=1.8, label=label, color=color)
     fr = rec["feature_cache_fraction"] * 100
-    ax.axvline(fr, color="k", ls="--", lw=1.2)
-    ax.annotate(f"recommended: {rec['feature_cache_rows']:,} rows\n"
-                f"({fr:.1f}%, {_fmt(rec['feature_cache_bytes'])}) -> predicted miss "
-                f"{rec['predicted_miss_ratio']:.1%}",
-                xy=(fr, rec["predicted_miss_ratio"] * 100), xytext=(12, 45),
-                textcoords="offset points", fontsize=9,
+    pm = rec["predicted_miss_ratio"] * 100
+    if fr > 0:
+        ax.axvline(fr, color="k", ls="--", lw=1.2)
+        ax.plot([fr], [pm], "k*", ms=12, zorder=5)
+    # the callout sits in the lower left of the axes, inside the canvas whatever the point
+    ax.annotate(f"recommended: {rec['feature_cache_rows']:,} rows "
+                f"({fr:.1f}%, {_fmt(rec['feature_cache_bytes'])})\n"
+                f"predicted miss ratio {pm:.1f}%, epoch {rec['expected_epoch_s']:.1f} s",
+                xy=(max(fr, x.min()), pm), xycoords="data", xytext=(0.03, 0.06),
+                textcoords="axes fraction", fontsize=9, ha="left", va="bottom",
                 bbox=dict(boxstyle="round", fc="white", ec="0.6"),
                 arrowprops=dict(arrowstyle="->", color="0.3"))
     ax.set_xscale("log")
-    ticks = [1, 2, 5, 10, 20, 50, 100]
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100) if t >= x.min() * 0.9]
     ax.set_xticks(ticks, [f"{t}%" for t in ticks])
-    ax.set_xlim(x.min() * 0.9, 105)
-    ax.set_ylim(0, 100)
+    ax.set_xlim(x.min() * 0.9, 110)
+    ax.set_ylim(0, 105)
     ax.set_xlabel(f"feature cache size (% of the {ds['num_nodes']:,}-row feature table, log scale)")
-    ax.set_ylabel("miss ratio (% of feature lookups read from disk)")
-    cfg = report["config"]
-    ax.set_title(f"Feature-cache miss ratio, {report['measured']['trace_batches']} sampled batches "
-                 f"(batch {cfg['batch_size']}, fanouts {','.join(map(str, cfg['fanouts']))}; "
-                 f"{report['measured']['batch_node_fraction']:.1%} of nodes per batch)",
-                 fontsize=10)
+    ax.set_ylabel("miss ratio (% of feature lookups read)")
+    m = report["measured"]
+    ax.set_title(f"Feature-cache miss ratio of one {mode} epoch ({m['trace_batches']} batches "
+                 f"of {cfg['batch_size']}, fanouts {','.join(map(str, cfg['fanouts']))};\n"
+                 f"{m['batch_node_fraction']:.1%} of the nodes per batch)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper right")
+    ax.legend(loc="upper right", fontsize=8.5)
     fig.tight_layout()
     out = Path(path)
     tmp = out.with_name(out.name + ".tmp.png")
@@ -670,4 +721,4 @@ def plot_curves(report: dict[str, Any], path: str | os.PathLike) -> Path:
 
 
 __all__ = ["CURVE_FRACTIONS", "load_sizes", "miss_curves", "plot_curves", "predict_epoch",
-           "profile", "sizes_block"]
+           "profile", "simulate_epoch", "sizes_block"]
