@@ -28,8 +28,9 @@ from ooc.storage import open_dataset, write_dataset
 
 #: (case id, cli, argv, expected exit code, regex of the one stderr line); ``{D}``
 #: is the dataset, ``{NAN}`` a dataset whose features hold a NaN, ``{CK}`` a
-#: checkpoint, ``{OUT}`` a fresh output path, ``{USER}`` a user's folder,
-#: ``{FILE}`` a user's file, ``{OTHER}`` a finished inference output of another model.
+#: checkpoint, ``{TRAINED}`` a checkpoint folder trained on ``{D}``, ``{OUT}`` a fresh
+#: output path, ``{USER}`` a user's folder, ``{FILE}`` a user's file, ``{OTHER}`` a
+#: finished inference output of another model.
 TRAIN = "--data {D} --fanouts 3,3 --batch-size 20 --hidden 8 --epochs 1 --no-progress " \
         "--mode baseline"
 CASES = [
@@ -68,6 +69,14 @@ CASES = [
     ("superbatch-0", "train", TRAIN + " --superbatch-size 0", 2, r"--superbatch-size 0"),
     ("nan-loss", "train", TRAIN.replace("{D}", "{NAN}") + " --no-eval", 2,
      r"training loss is nan at epoch 1, batch 1 of \d+ "),
+    ("resume-other-dataset", "train", "--data {NAN} --checkpoint-dir {TRAINED} --resume "
+     "--no-progress", 2, r"epoch_0001.pt: checkpoint was trained on .*/d \(meta.json fingerprint"),
+    ("resume-no-checkpoints", "train", "--data {D} --checkpoint-dir {USER} --resume", 2,
+     r"thesis: cannot resume, the checkpoint folder has no epoch_\*.pt checkpoints"),
+    ("infer-checkpoint-is-dataset", "infer", "--checkpoint {D}", 2,
+     r"/d: cannot resume, the checkpoint folder has no epoch_\*.pt"),
+    ("infer-out-unwritable", "infer", "--out /proc/ooc-test/emb.zarr", 2,
+     r"ooc: /proc/ooc-test/.emb.zarr.partial: cannot create the output folder"),
     ("infer-block-rows-0", "infer", "--block-rows 0", 2, r"--block-rows 0: must be an integer"),
     ("infer-block-rows-neg", "infer", "--block-rows=-5", 2, r"--block-rows -5: must be"),
     ("infer-threads-0", "infer", "--threads 0", 2, r"--threads 0: must be an integer"),
@@ -137,6 +146,12 @@ def world(tmp_path_factory):
     torch.manual_seed(0)
     model = build_model("sage", 8, 8, 3, num_layers=2)
     ck = save_checkpoint(user / "ck", 1, model)
+    from ooc import train as train_cli
+
+    assert train_cli.main(["--data", str(data), "--fanouts", "3,3", "--batch-size", "50",
+                           "--hidden", "8", "--epochs", "1", "--mode", "baseline",
+                           "--no-progress", "--no-eval", "--checkpoint-dir",
+                           str(user / "trained")]) == 0
     other = build_model("sage", 8, 8, 3, num_layers=2)
     layerwise_inference(data, other, user / "other.zarr", memory_budget="4GiB")
     (user / "thesis").mkdir()
@@ -144,7 +159,7 @@ def world(tmp_path_factory):
     (user / "notes.txt").write_text("my notes\n")
     subst = {"{D}": str(data), "{NAN}": str(nan), "{CK}": str(ck), "{OUT}": str(root / "out.zarr"),
              "{USER}": str(user / "thesis"), "{FILE}": str(user / "notes.txt"),
-             "{OTHER}": str(user / "other.zarr")}
+             "{OTHER}": str(user / "other.zarr"), "{TRAINED}": str(user / "trained")}
     infer_base = "--data {D} --checkpoint {CK} --out {OUT} --memory-budget 4GiB --no-progress"
     cases = []
     for cid, cli, argv, _, _ in CASES:
