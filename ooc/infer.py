@@ -18,13 +18,18 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .cli import add_report_arg, format_size, main_wrapper, parse_size, peak_rss_bytes
+from .cli import (add_io_backend_arg, add_report_arg, format_size, main_wrapper, parse_size,
+                  peak_rss_bytes)
 from .storage.atomic import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ooc.infer", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m ooc.infer",
+        description="Layer-wise full-graph inference, out of core: computes every layer's "
+                    "embeddings (h1 .. hL) and the predictions of every node into a Zarr group. "
+                    "The group is built beside --out under a temporary name and renamed when "
+                    "complete; the same command after a crash resumes from the chunks written.")
     p.add_argument("--data", required=True, type=Path, help="dataset folder")
     p.add_argument("--checkpoint", required=True, type=Path,
                    help="checkpoint file written by ooc.train (or its folder: the latest)")
@@ -46,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layer-0 feature reader (default: O_DIRECT when available)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out when it holds another run (same run: resumed)")
+    add_io_backend_arg(p)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_report_arg(p)
@@ -65,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # every option is checked before a file is read or written
     check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy)
     check_range("--threads", args.threads, 1, 4096, integer=True)
+    features = args.features
+    if args.io_backend not in (None, "auto"):
+        if features == "mmap":
+            raise OocError(f"--io-backend {args.io_backend} reads with O_DIRECT; it does not go "
+                           f"with --features mmap")
+        features = args.io_backend
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     ds = open_dataset(args.data)
@@ -76,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep = layerwise_inference(ds, model, args.out, memory_budget=args.memory_budget,
                               chunk_rows=args.chunk_rows, order=args.order,
                               partition=args.partition, policy=args.policy,
-                              features=args.features, block_rows=args.block_rows,
+                              features=features, block_rows=args.block_rows,
                               overwrite=args.overwrite, progress=not args.no_progress)
     rep["checkpoint"] = str(args.checkpoint)
     rep["ru_maxrss_bytes"] = peak_rss_bytes()

@@ -91,3 +91,25 @@ def test_explicit_backend_that_crashed_is_one_line(env):
     r = _train(env, "--io-backend", "crashy")
     assert r.returncode == 2, r.stderr[-3000:]
     assert_one_line_error(r.stderr, "crashy unavailable", "crashed in a probe (SIGILL)")
+
+
+def test_infer_reads_with_the_backend_asked_for(env, tmp_path):
+    """ooc.infer takes --io-backend; its report names the reader; a conflict is one line."""
+    root, data, e = env
+    ck = tmp_path / "ck"
+    r = _train(env, "--checkpoint-dir", str(ck), "--io-backend", "preadv")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = tmp_path / "infer.json"
+    base = [sys.executable, "-m", "ooc.infer", "--data", str(data), "--checkpoint", str(ck),
+            "--no-progress", "--memory-budget", "1GiB"]
+    r = subprocess.run(base + ["--out", str(tmp_path / "emb.zarr"), "--io-backend", "preadv",
+                               "--report", str(rep)], capture_output=True, text=True, env=e,
+                       timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(rep.read_text())["feature_reader"] == "direct (preadv)"
+    r = subprocess.run(base + ["--out", str(tmp_path / "emb2.zarr"), "--io-backend", "preadv",
+                               "--features", "mmap"], capture_output=True, text=True, env=e,
+                       timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "--io-backend preadv", "--features mmap")
+    assert not (tmp_path / "emb2.zarr").exists()

@@ -172,14 +172,17 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
     if features is not None and not isinstance(features, str):
         return features, type(features).__name__
     kind = features or "auto"
-    if kind in ("auto", "direct"):
-        try:
-            from ..storage.direct import DirectFeatures  # type: ignore[import-not-found]
+    if kind == "mmap":
+        return dataset.features, "mmap"
+    from ..storage.direct import DirectFeatures
 
-            return DirectFeatures(dataset.file("features.bin"), dataset.layout), "direct"
-        except Exception as e:  # noqa: BLE001 - absent module or refused O_DIRECT
-            if kind == "direct":
-                raise OocError(f"direct feature reader unavailable: {e}") from None
+    backend = "auto" if kind in ("auto", "direct") else kind
+    try:
+        f = DirectFeatures(dataset.file("features.bin"), dataset.layout, backend=backend)
+        return f, f"direct ({f.backend})"
+    except (OocError, ValueError) as e:
+        if kind != "auto":
+            raise OocError(f"direct feature reader unavailable: {e}") from None
     return dataset.features, "mmap"
 
 
@@ -277,7 +280,9 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         partition: partition assignment (array or ``owner.npy`` path) for PDS.
         policy: previous-layer chunk cache policy: ``belady``, ``lru``, ``fifo``.
         features: layer-0 reader: ``auto`` (O_DIRECT reader when available,
-            else memmap), ``direct``, ``mmap`` or an object with ``read(ids)``.
+            else memmap), ``direct``, ``mmap``, a backend of
+            :data:`ooc.storage.io_backends.REGISTRY` (``io_uring``, ``preadv``, ...)
+            or an object with ``read(ids)``.
         block_rows: at most this many targets per block (default: chunk_rows).
         cache_chunks: force the cache capacity in chunks (default: from budget).
         overwrite: replace an existing output that belongs to another run.
@@ -542,7 +547,7 @@ def _infer_into(work: Path, out: Path, lock_fd: int, dataset: Dataset, model, fi
             report["predict_s"] = time.perf_counter() - t0
             report.update(acc)
     finally:
-        if reader_name == "direct":
+        if reader_name.startswith("direct"):
             reader.close()
     group.attrs["complete"] = True
     state["complete"] = True
