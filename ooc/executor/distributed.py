@@ -760,6 +760,9 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
         stream.close()
 
     threads = []
+    t_start = time.perf_counter()
+    print(f"ooc.train: starting {workers} worker processes on 127.0.0.1:{port} (each loads "
+          f"torch, PyG and the kernels before its first line)", flush=True)
     try:
         for r in range(workers):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(workers), LOCAL_RANK=str(r),
@@ -820,6 +823,8 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
                   flush=True)
             return 1
         if failed is None:
+            print(f"ooc.train: {workers} workers finished in "
+                  f"{time.perf_counter() - t_start:.1f}s, start-up included", flush=True)
             return 0
         r, rc = failed
         reason = _describe_exit(rc)
