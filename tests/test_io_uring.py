@@ -381,3 +381,69 @@ def test_runs_longer_than_one_sqe_are_split(tmp_path, monkeypatch):
         np.testing.assert_array_equal(out, data)
         assert _ring_idle(r._io._st)
         assert int(r._io._st[K.S_SQ_TAIL_LOCAL]) - tail0 == 4 + 18  # ceil(10/3) + ceil(54/3)
+
+
+SECCOMP_SCRIPT = r"""
+import ctypes, struct, sys
+import numpy as np
+
+errno_value = int(sys.argv[2])
+# seccomp filter: io_uring_setup (425) fails with errno_value, everything else is allowed
+prog = [(0x20, 0, 0, 0),                      # A = seccomp_data.nr
+        (0x15, 0, 1, 425),                    # if A == 425
+        (0x06, 0, 0, 0x00050000 | errno_value),  # return ERRNO(errno_value)
+        (0x06, 0, 0, 0x7FFF0000)]             # return ALLOW
+raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
+buf = ctypes.create_string_buffer(raw)
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(prog), ctypes.addressof(buf))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0                                   # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # SECCOMP_MODE_FILTER
+
+from ooc.storage import DirectReader, OocError
+from ooc.storage.io_backends import Refused
+from ooc.storage.io_uring import NativeUringBackend
+
+path = sys.argv[1]
+try:
+    NativeUringBackend(path, 8192, 4)
+    print("not refused")
+    sys.exit(1)
+except Refused as e:
+    print("refused:", e)
+try:
+    DirectReader(path, backend="io_uring")
+    print("explicit backend opened")
+    sys.exit(1)
+except OocError as e:
+    print("explicit:", e)
+with DirectReader(path) as r:  # auto: the probe child inherits the filter, so it refuses too
+    print("auto:", r.backend)
+"""
+
+
+@pytest.mark.parametrize("err,words", [(errno.EPERM, "io_uring_setup refused (EPERM): "),
+                                       (errno.ENOSYS, "this kernel has no io_uring (ENOSYS)")])
+def test_refused_where_io_uring_is_forbidden(tmp_path, err, words):
+    """Under a seccomp filter that fails io_uring_setup (as container runtimes do), the
+    engine is refused with the reason (no crash) and ``auto`` reads with another backend."""
+    f = tmp_path / "f.bin"
+    _write(f, 2)
+    script = tmp_path / "seccomp.py"
+    script.write_text(SECCOMP_SCRIPT)
+    env = dict(os.environ, OOC_CACHE=str(tmp_path / "cache"))  # keep this verdict to itself
+    res = subprocess.run([sys.executable, str(script), str(f), str(err)], capture_output=True,
+                         text=True, timeout=300, cwd=REPO, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("refused: ") and words in lines[0]
+    assert lines[1].startswith("explicit: ") and "f.bin: I/O backend io_uring unavailable" in lines[1]
+    assert words in lines[1]
+    assert lines[2] in ("auto: preadv", "auto: liburing")
+    note = [ln for ln in res.stderr.splitlines() if ln.startswith("ooc: note: ")]
+    assert len(note) == 1 and f"io_uring {U.NativeUringBackend.version()} refused: " in note[0]
+    reader = {"auto: preadv": "preadv threads (O_DIRECT)",
+              "auto: liburing": "io_uring (python liburing)"}[lines[2]]
+    assert words in note[0] and note[0].endswith(f"reading with {reader}")
