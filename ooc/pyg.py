@@ -43,7 +43,7 @@ import torch
 from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-from .executor.loader import resolve_input_nodes
+from .executor.loader import check_loader_args, resolve_input_nodes
 from .inspector.sampler import derive_seed, epoch_batches
 from .storage import OocError, open_dataset
 
@@ -243,7 +243,23 @@ def _as_float32(rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
 
 
-class OocFeatureStore(FeatureStore):
+class _OnBackend:
+    """A store over the shared :class:`_Backend`: pickled by it, every write refused."""
+
+    _b: _Backend
+    _what = "the store"
+
+    def _refuse(self, *args, **kwargs) -> bool:
+        raise OocError(_READ_ONLY.format(what=self._what, path=self._b.dataset.path))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_b": self._b}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_b"])
+
+
+class OocFeatureStore(_OnBackend, FeatureStore):
     """``x`` (float32 [N, dim]) and ``y`` (int64 [N]) of an ooc dataset, read-only.
 
     Reads go through ooc's feature layers: rows of a batch the sampler served
@@ -316,21 +332,11 @@ class OocFeatureStore(FeatureStore):
         b.counts["on_demand_reads"] += 1
         return _as_float32(b.read_rows(self._ids(attr)))
 
-    def _put_tensor(self, tensor, attr: TensorAttr) -> bool:
-        raise OocError(_READ_ONLY.format(what="the feature store", path=self._b.dataset.path))
-
-    def _remove_tensor(self, attr: TensorAttr) -> bool:
-        raise OocError(_READ_ONLY.format(what="the feature store", path=self._b.dataset.path))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_b": self._b}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__init__()
-        self._b = state["_b"]
+    _what = "the feature store"
+    _put_tensor = _remove_tensor = _OnBackend._refuse
 
 
-class OocGraphStore(GraphStore):
+class OocGraphStore(_OnBackend, GraphStore):
     """The dataset's CSC adjacency (in-neighbours), read-only and never copied into RAM.
 
     ``get_all_edge_attrs()`` reports one CSC edge attribute of size ``(N, N)``;
@@ -358,18 +364,8 @@ class OocGraphStore(GraphStore):
             colptr = torch.from_numpy(np.asarray(ds.indptr))
         return row, colptr
 
-    def _put_edge_index(self, edge_index, edge_attr: EdgeAttr) -> bool:
-        raise OocError(_READ_ONLY.format(what="the graph store", path=self._b.dataset.path))
-
-    def _remove_edge_index(self, edge_attr: EdgeAttr) -> bool:
-        raise OocError(_READ_ONLY.format(what="the graph store", path=self._b.dataset.path))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_b": self._b}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__init__()
-        self._b = state["_b"]
+    _what = "the graph store"
+    _put_edge_index = _remove_edge_index = _OnBackend._refuse
 
 
 class OocSampler(BaseSampler):
@@ -478,17 +474,8 @@ def remote_backend(dataset, num_neighbors: Sequence[int] = (10, 10), input_nodes
     ``plan_ahead=False`` serves every batch on demand (no pipeline, no feature
     cache). Call ``sampler.close()`` when done.
     """
-    from .executor.modes import MODES
-
     path = Path(dataset.path if hasattr(dataset, "path") else dataset)
-    if preset not in MODES:
-        raise OocError(f"preset {preset!r}: expected one of {', '.join(MODES)}")
-    fanouts = [int(f) for f in num_neighbors]
-    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-        raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each > 0 "
-                       f"or -1 (all)")
-    if int(batch_size) < 1:
-        raise OocError(f"batch_size must be >= 1, got {batch_size}")
+    fanouts = check_loader_args(num_neighbors, batch_size, preset)
     if not isinstance(input_nodes, (str, type(None))):
         input_nodes = np.asarray(input_nodes.cpu().numpy() if hasattr(input_nodes, "cpu")
                                  else input_nodes)

@@ -40,6 +40,40 @@ def assert_one_line_error(stderr: str, *needles: str) -> str:
     return last
 
 
+#: A stand-in native binding: ``Crash`` kills its process with a signal in its constructor,
+#: as a wheel built for another CPU does; ``Refuse`` refuses as a kernel without io_uring.
+STAND_IN_BINDING = """
+import os, signal
+from ooc.storage.io_backends import ReadBackend, Refused
+
+class Crash(ReadBackend):
+    name = "crashy"
+    probe_in_child = True
+
+    @classmethod
+    def version(cls):
+        return "{version}"
+
+    def __init__(self, path, size, queue_depth):
+        os.kill(os.getpid(), signal.{sig})
+
+class Refuse(ReadBackend):
+    name = "refusing"
+
+    def __init__(self, path, size, queue_depth):
+        raise Refused("io_uring_setup failed: Operation not permitted")
+"""
+
+
+def write_stand_in_binding(folder: Path, module: str, sig: str = "SIGILL",
+                           version: str = "9.9") -> Path:
+    """``folder/module.py`` holding :data:`STAND_IN_BINDING` (put ``folder`` on PYTHONPATH)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{module}.py"
+    path.write_text(STAND_IN_BINDING.replace("{sig}", sig).replace("{version}", version))
+    return path
+
+
 def random_graph(n: int, e: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random directed edges (src, dst), int64 [e] each."""
     rng = np.random.default_rng(seed)

@@ -15,6 +15,8 @@ from ooc.storage import (
 from ooc.storage import io_backends as B
 from ooc.storage import notes, probe
 
+from conftest import write_stand_in_binding
+
 BACKENDS = list(B.REGISTRY)
 
 
@@ -187,37 +189,13 @@ def test_no_fd_leak(raw_file, backend):
         r.read_pages(np.arange(1), aligned_empty(PAGE))
 
 
-CRASHY = """
-import os, signal
-from ooc.storage.io_backends import ReadBackend, Refused
-
-class Crash(ReadBackend):
-    name = "crashy"
-    probe_in_child = True
-
-    @classmethod
-    def version(cls):
-        return "0.{sig}"
-
-    def __init__(self, path, size, queue_depth):
-        os.kill(os.getpid(), signal.{sig})   # what a wheel built for another CPU does
-
-class Refuse(ReadBackend):
-    name = "refusing"
-
-    def __init__(self, path, size, queue_depth):
-        raise Refused("io_uring_setup failed: Operation not permitted")
-"""
-
-
 @pytest.fixture
 def crashy(tmp_path, monkeypatch, request):
     """A stand-in native binding that kills its process with ``request.param`` (a signal
     name), registered first in the auto order, with its own empty verdict cache."""
     sig = getattr(request, "param", "SIGILL")
     mod = tmp_path / "mods"
-    mod.mkdir()
-    (mod / f"crashy_{sig.lower()}.py").write_text(CRASHY.replace("{sig}", sig))
+    write_stand_in_binding(mod, f"crashy_{sig.lower()}", sig, version=f"0.{sig}")
     monkeypatch.syspath_prepend(str(mod))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(mod)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))

@@ -16,23 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_one_line_error, community_graph
-
-BINDING = """
-import os, signal
-from ooc.storage.io_backends import ReadBackend
-
-class Crash(ReadBackend):
-    name = "crashy"
-    probe_in_child = True
-
-    @classmethod
-    def version(cls):
-        return "9.9"
-
-    def __init__(self, path, size, queue_depth):
-        os.kill(os.getpid(), signal.SIGILL)
-"""
+from conftest import assert_one_line_error, community_graph, write_stand_in_binding
 
 # ooc.train's main with the stand-in binding registered first in the auto order
 RUNNER = """
@@ -48,7 +32,7 @@ sys.exit(main(sys.argv[1:]))
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("fresh")
-    (root / "crashy_binding.py").write_text(BINDING)
+    write_stand_in_binding(root, "crashy_binding")
     (root / "runner.py").write_text(RUNNER)
     data = community_graph(root / "graph", n=300)
     e = dict(os.environ, PYTHONPATH=os.pathsep.join(

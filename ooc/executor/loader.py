@@ -60,6 +60,21 @@ def resolve_input_nodes(dataset, input_nodes) -> np.ndarray:
     return ids
 
 
+def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset: str) -> list[int]:
+    """The fanouts (int list) after checking the loader arguments; OocError naming a bad one."""
+    from .modes import MODES
+
+    if preset not in MODES:
+        raise OocError(f"preset {preset!r}: expected one of {', '.join(MODES)}")
+    fanouts = [int(f) for f in num_neighbors]
+    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
+        raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
+                       f"> 0 or -1 (all)")
+    if int(batch_size) < 1:
+        raise OocError(f"batch_size must be >= 1, got {batch_size}")
+    return fanouts
+
+
 class NodeLoader:
     """Mini-batches of an on-disk dataset as PyG ``Data``, out of core.
 
@@ -98,19 +113,12 @@ class NodeLoader:
                  memory_budget: int | str | None = None, seed: int = 0, io_backend: str = "auto",
                  num_threads: int | None = None, labels: bool = True, **options: Any):
         from ..storage import open_dataset
-        from .modes import MODES, ModeOptions, build_mode
+        from .modes import ModeOptions, build_mode
         from .trainer import TrainConfig
 
         if isinstance(dataset, (str, Path)):
             dataset = open_dataset(dataset)
-        if preset not in MODES:
-            raise OocError(f"preset {preset!r}: expected one of {', '.join(MODES)}")
-        fanouts = [int(f) for f in num_neighbors]
-        if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-            raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
-                           f"> 0 or -1 (all)")
-        if int(batch_size) < 1:
-            raise OocError(f"batch_size must be >= 1, got {batch_size}")
+        fanouts = check_loader_args(num_neighbors, batch_size, preset)
         if isinstance(memory_budget, str):
             from ..cli import parse_size
 
