@@ -10,16 +10,18 @@ import numba as nb
 
 
 @nb.njit(nogil=True, cache=True)
-def copy_rows(src, offsets, row_bytes, out, start, end):
-    """out[k] = src[offsets[k] : offsets[k] + row_bytes] for k in [start, end).
+def copy_rows(src, offsets, order, row_bytes, out, start, end):
+    """out[r] = src[offsets[r] : offsets[r] + row_bytes] for r = order[k], k in [start, end).
 
-    src uint8 [file_bytes] (a memmap); offsets int64 [n] byte offsets;
-    out uint8 [n, row_bytes].
+    src uint8 [file_bytes] (a memmap); offsets int64 [n] byte offsets; order
+    int64 [n], a permutation (the rows in file order, so a chunk is one
+    region of the file); out uint8 [n, row_bytes].
     """
     for k in range(start, end):
-        o = offsets[k]
+        r = order[k]
+        o = offsets[r]
         for j in range(row_bytes):
-            out[k, j] = src[o + j]
+            out[r, j] = src[o + j]
 
 
 @nb.njit(nogil=True, cache=True)

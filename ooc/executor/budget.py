@@ -46,9 +46,11 @@ it is. For ``ooc`` with an automatic superbatch size the suggestion is for
 the smallest superbatch (1 batch); larger budgets get larger superbatches.
 
 ``baseline`` reads through memmaps: the pages it touches are in its RSS
-until dropped. Its readers drop them (``MADV_DONTNEED``) after every
-request, so its RSS holds one request's pages; the page cache keeps them
-(the baseline's cache is the kernel's, outside the process and bounded by a
+until dropped, and each fault also maps the page-cache pages around it
+(fault-around). Its readers drop them (``MADV_DONTNEED``) as they go, so its
+RSS holds a bounded window of the files (:func:`_mapped_pages_bound`,
+counted as ``mapped_file_pages``); the page cache keeps the pages (the
+baseline's cache is the kernel's, outside the process and bounded by a
 memory cgroup where one is used).
 """
 from __future__ import annotations
@@ -338,7 +340,10 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     explicit_f = opts.feature_cache_size
     explicit_n = opts.neighbor_cache_size if mode != "baseline" else 0
     loop_parts = loop
-    if mode != "baseline":
+    if mode == "baseline":
+        stages["mapped_file_pages"] = _mapped_pages_bound(dataset, opts, probe["max_edges"])
+        loop_parts += stages["mapped_file_pages"]
+    else:
         stages["feature_cache_tables"] = (4 + (1 if mode == "ooc" else 0)) * n
         loop_parts += stages["feature_cache_tables"]
     s = s_disk = None
@@ -405,6 +410,22 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     return plan
 
 
+def _mapped_pages_bound(dataset, opts, max_edges: int) -> int:
+    """``baseline``: the most of the memmapped files its readers map at once. A page
+    fault maps the page-cache pages around it too (fault-around, 64 KiB), so a
+    warm page cache maps more than the pages read: the feature reader drops
+    each chunk's region when it is copied (``io_threads`` chunks in flight), the
+    neighbour reader the whole map after each request (a request touches at
+    most one window per sampled edge). The probe runs on a cold page cache, so
+    it measures none of this and the bound counts all of it."""
+    from .modes import FAULT_AROUND_BYTES, MMAP_CHUNK_ROWS
+
+    w = FAULT_AROUND_BYTES
+    feats = opts.io_threads * MMAP_CHUNK_ROWS * (dataset.layout.row_bytes + w)
+    nbrs = min(int(dataset.file("indices.bin").stat().st_size), int(max_edges) * w)
+    return int(feats + nbrs)
+
+
 def _build_transient(dataset, mode: str, explicit_n: int | None) -> int:
     """Bytes above ``setup_rss`` (besides the neighbor cache itself) while the
     mode is built: ``static`` orders the nodes by degree (three int64 [N]
@@ -435,6 +456,12 @@ def _probe(dataset, config, opts, model) -> dict[str, Any]:
     from .modes import EVAL_SEED_OFFSET, drop_mapping
 
     held = PREFETCH + 2
+    if config.mode == "baseline":
+        # a cold page cache: faults map no neighbouring pages (their bound is computed)
+        from ..storage.pagecache import drop_page_cache
+
+        for name in ("features.bin", "indices.bin"):
+            drop_page_cache(dataset.file(name))
     nsrc, feats, closers = _uncached_sources(dataset, config.mode, opts)
     peaks: dict[str, int] = {}
     try:
@@ -461,6 +488,7 @@ def _probe(dataset, config, opts, model) -> dict[str, Any]:
         batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
                        "sample", "train_loop", True)
         bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
+        max_edges = max(int(sum(b.num_sampled_edges)) for b in batches)
         ids_per_batch = float(np.mean([b.num_nodes for b in batches]))
         del batches
         evaluates = config.eval_final or config.eval_every <= config.epochs
@@ -476,7 +504,8 @@ def _probe(dataset, config, opts, model) -> dict[str, Any]:
             drop_mapping(dataset.indices)
         gc.collect()
         trim_malloc()
-    return {"peaks": peaks, "bytes_per_batch": bpb, "ids_per_batch": ids_per_batch}
+    return {"peaks": peaks, "bytes_per_batch": bpb, "ids_per_batch": ids_per_batch,
+            "max_edges": max_edges}
 
 
 def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:

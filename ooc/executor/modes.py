@@ -127,6 +127,12 @@ def advise(arr: np.ndarray, advice: int) -> bool:
         return False
 
 
+#: Rows one baseline copy task reads before it drops their pages from the process.
+MMAP_CHUNK_ROWS = 32
+#: The kernel's fault-around window (``fault_around_bytes``, 64 KiB by default).
+FAULT_AROUND_BYTES = 64 << 10
+
+
 def _chunks(n: int, threads: int, min_chunk: int) -> list[tuple[int, int]]:
     k = max(1, min(threads * 4, -(-n // max(1, min_chunk))))
     step = -(-n // k)
@@ -163,17 +169,27 @@ class ThreadedMmapFeatures(RowTable):
         if ids.min() < 0 or ids.max() >= lay.num_rows:
             raise IndexError(f"{self.path}: row id out of range [0, {lay.num_rows})")
         offs = lay.row_offsets(ids)
+        order = np.argsort(offs, kind="stable")
         ob = out.view(np.uint8).reshape(n, lay.row_bytes)
-        futs = [self.pool.submit(MK.copy_rows, self.buf, offs, lay.row_bytes, ob, a, b)
-                for a, b in _chunks(n, self.threads, 64)]
+        futs = [self.pool.submit(self._copy, offs, order, ob, a, min(n, a + MMAP_CHUNK_ROWS))
+                for a in range(0, n, MMAP_CHUNK_ROWS)]
         for f in futs:
             f.result()
-        # the pages leave this process's RSS (the page cache keeps them): a memory
-        # budget bounds the process, the page cache is the kernel's (see executor.budget)
-        advise(self.buf, mmap.MADV_DONTNEED)
         self.requests += 1
         self.rows += n
         return out
+
+    def _copy(self, offs, order, ob, a: int, b: int) -> None:
+        """Copy rows ``order[a:b]`` (one region of the file), then drop the region's
+        pages from this process (the page cache keeps them): a fault maps the
+        page-cache pages around it too (fault-around, 64 KiB), so at most
+        ``threads x MMAP_CHUNK_ROWS x (row + 64 KiB)`` of the file is mapped at once
+        (the bound :mod:`ooc.executor.budget` counts)."""
+        MK.copy_rows(self.buf, offs, order, self.layout.row_bytes, ob, a, b)
+        w = FAULT_AROUND_BYTES
+        lo = int(offs[order[a]]) // w * w
+        hi = min(len(self.buf), -(-(int(offs[order[b - 1]]) + self.layout.row_bytes) // w) * w)
+        self.buf._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def stats(self) -> dict:
         return {"requests": self.requests, "rows": self.rows}
