@@ -35,6 +35,7 @@ import numpy as np
 from ooc.storage.atomic import atomic_dir, write_json
 from ooc.storage.dataset import index_range_error
 from ooc.storage.errors import DatasetError
+from ooc.storage.pagecache import release_mapped
 
 from . import _neighbor_cache_kernels as NK
 
@@ -134,6 +135,10 @@ class NeighborCache:
         raise index_range_error(Path(indices_path), int(indptr[v]) + j, int(ids[j]), n)
 
 
+#: Neighbour ids copied from the ``indices.bin`` memmap between two releases of its pages.
+FILL_SLICE_ENTRIES = 1 << 24
+
+
 def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np.ndarray:
     """int64 [N] out-degrees from an indices array/memmap, streamed in chunks.
 
@@ -147,6 +152,7 @@ def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 2
         if e >= 0:
             path = getattr(indices, "filename", None) or "indices.bin"
             raise index_range_error(Path(path), a + int(e), int(part[e]), num_nodes)
+        release_mapped(indices)  # the scan's file pages leave this process's RSS as it goes
     return deg
 
 
@@ -191,7 +197,12 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
     address_table = np.full(n, -1, dtype=np.int64)
     address_table[chosen] = addr
     cache_array = np.empty(entries, dtype=dtype)
-    NK.fill_cache(chosen, addr, indptr, indices, cache_array)
+    # filled in slices, releasing the memmap's pages after each: the peak holds the cache
+    # and one slice's pages, never all of indices.bin
+    step = max(1, FILL_SLICE_ENTRIES * chosen.shape[0] // max(1, entries))
+    for a in range(0, chosen.shape[0], step):
+        NK.fill_cache(chosen[a:a + step], addr[a:a + step], indptr, indices, cache_array)
+        release_mapped(indices)
     meta = {
         "version": CACHE_VERSION,
         "policy": "out_in_degree_ratio",

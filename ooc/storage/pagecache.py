@@ -25,3 +25,30 @@ def drop_page_cache(path: str | os.PathLike) -> int:
         finally:
             os.close(fd)
     return n
+
+
+def mapping_of(arr) -> "mmap.mmap | None":
+    """The ``mmap`` behind a numpy memmap (or a view of one), else None."""
+    import mmap
+
+    mm = getattr(arr, "_mmap", None)
+    base = getattr(arr, "base", None)
+    while mm is None and base is not None:
+        mm = base if isinstance(base, mmap.mmap) else getattr(base, "_mmap", None)
+        base = getattr(base, "base", None)
+    return mm
+
+
+def release_mapped(arr) -> bool:
+    """Drop the pages of a read-only memmap this process touched from its RSS
+    (``MADV_DONTNEED``; the page cache keeps them). False when ``arr`` is not a map."""
+    import mmap
+
+    mm = mapping_of(arr)
+    if mm is None:
+        return False
+    try:
+        mm.madvise(mmap.MADV_DONTNEED)
+        return True
+    except (OSError, ValueError):
+        return False
