@@ -14,6 +14,8 @@ from ooc.executor.inference import read_embeddings
 from ooc.executor.models import build_model
 from ooc.infer import main
 
+from conftest import assert_one_line_error
+
 
 @pytest.fixture
 def run(small_dataset, tmp_path):
@@ -63,4 +65,4 @@ def test_cli_bad_input_is_one_line(run, tmp_path):
     ):
         p = subprocess.run(base + extra, capture_output=True, text=True)
         assert p.returncode == 2, p.stderr
-        assert msg in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert_one_line_error(p.stderr, msg)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import CORA_RAW, REPO, community_graph
+from conftest import CORA_RAW, REPO, assert_one_line_error, community_graph
 from ooc import train as train_cli
 
 QUIET = ["--no-progress", "--mode", "baseline"]  # this file tests the baseline loop
@@ -127,7 +127,7 @@ def test_subprocess_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ooc.train", "--data", str(tmp_path / "nope")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
-    assert len(r.stderr.strip().splitlines()) == 1 and "nope" in r.stderr
+    assert_one_line_error(r.stderr, "nope")
 
 
 @pytest.mark.usefixtures("cora_raw")
