@@ -39,10 +39,11 @@ class Spy(torch.nn.Module):
 
 
 def test_stock_models_get_per_hop_counts_by_keyword(ds):
+    torch.manual_seed(0)  # the model's initial weights, whatever ran before
     spy = Spy(ds)
-    with Trainer(ds, _cfg(), model=spy) as t:
-        t.train_epoch()
-        assert t.evaluate(ds.val_idx) > 0.5
+    with Trainer(ds, _cfg(epochs=6, lr=0.02), model=spy) as t:
+        t.fit()
+        assert t.evaluate(ds.val_idx) > 0.6  # 3 classes: chance is 1/3
         rep = t.report()
     assert spy.calls and all(n is not None and e is not None and len(n) == 3 and len(e) == 2
                              for n, e in spy.calls)
