@@ -66,3 +66,32 @@ def test_cli_bad_input_is_one_line(run, tmp_path):
         p = subprocess.run(base + extra, capture_output=True, text=True)
         assert p.returncode == 2, p.stderr
         assert_one_line_error(p.stderr, msg)
+
+
+def test_corrupted_indices_is_one_line_not_a_signal(tmp_path):
+    """An id out of range in a page of indices.bin the sampled checksum does not cover:
+    the dataset opens, and ooc.infer ends with one line naming the file and position."""
+    from ooc.storage import csc_from_edges, write_dataset
+    from ooc.storage.dataset import sampled_pages
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    indptr, indices = csc_from_edges(rng.integers(0, n, 150_000), rng.integers(0, n, 150_000), n)
+    path = write_dataset(tmp_path / "d", indptr, indices,
+                         rng.standard_normal((n, 8)).astype(np.float32), rng.integers(0, 3, n),
+                         np.arange(100), np.arange(100, 200), np.arange(200, 300), num_classes=3)
+    f = path / "indices.bin"
+    sampled = set(sampled_pages(f.stat().st_size).tolist())
+    page = next(p for p in range(1, f.stat().st_size // 4096) if p not in sampled)
+    raw = np.fromfile(f, dtype=np.int32)
+    pos = page * 1024 + 7
+    raw[pos] = 2**31 - 1
+    raw.tofile(f)
+    ckpt = tmp_path / "m.pt"
+    save_checkpoint(ckpt.parent / "ck", 1, build_model("sage", 8, 16, 3, 2))
+    r = subprocess.run([sys.executable, "-m", "ooc.infer", "--data", str(path), "--checkpoint",
+                        str(ckpt.parent / "ck"), "--out", str(tmp_path / "e.zarr"),
+                        "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert_one_line_error(r.stderr, "indices.bin", f"position {pos}")
+    assert not (tmp_path / "e.zarr").exists()

@@ -300,6 +300,10 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     chunk_rows = int(chunk_rows)
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
+    # the layer kernels index with every id of indices.bin: all are checked first (one
+    # streaming pass, the size of one layer's neighbour reads), so a corrupted page the
+    # sampled checksum missed is one error naming the position, not a SIGSEGV
+    dataset.check_indices()
     if not hasattr(model, "layer") or not hasattr(model, "num_layers"):
         raise OocError("the model does not follow the layer-wise protocol "
                        "(needs num_layers and layer(l, x, edge_index, edge_weight))")
