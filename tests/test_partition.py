@@ -426,3 +426,25 @@ def test_halo_one_hop_is_the_plain_split(tmp_path, capsys):
         e1 = int(d1.indptr[n_own])
         np.testing.assert_array_equal(d2.indptr[:n_own + 1], d1.indptr[:n_own + 1])
         np.testing.assert_array_equal(np.asarray(d2.indices)[:e1], np.asarray(d1.indices))
+
+
+def test_partitions_of_a_dataset_ingested_with_nonfinite_features(tmp_path):
+    """A dataset kept with --allow-nonfinite partitions; its NaN rows go to the partitions."""
+    from ooc.storage import csc_from_edges, open_dataset, write_dataset
+
+    rng = np.random.default_rng(0)
+    n = 200
+    indptr, indices = csc_from_edges(rng.integers(0, n, 1500), rng.integers(0, n, 1500), n)
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    x[7, 2] = np.nan
+    path = write_dataset(tmp_path / "d", indptr, indices, x, rng.integers(0, 2, n),
+                         np.arange(100), np.arange(100, 150), np.arange(150, 200),
+                         num_classes=2, allow_nonfinite=True)
+    assert open_dataset(path).meta["nonfinite_features"] == 1
+    assert main(["--data", str(path), "--parts", "2", "--out", str(tmp_path / "p"),
+                 "--quiet"]) == 0
+    total = 0
+    for part in sorted(p for p in (tmp_path / "p").iterdir() if p.is_dir()):
+        d = open_dataset(part)
+        total += int(np.isnan(d.features.read(np.arange(d.num_nodes))).sum())
+    assert total >= 1

@@ -128,7 +128,9 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     with DatasetWriter(out, nq, dataset.feature_dim, dataset.layout.dtype,
                        name=f"{src_meta.get('name', '')}-{name}",
                        directed=bool(src_meta.get("directed", True)),
-                       source={"partition_of": str(dataset.path)}) as w:
+                       source={"partition_of": str(dataset.path)},
+                       # the source was ingested with --allow-nonfinite: its partitions keep them
+                       allow_nonfinite=int(src_meta.get("nonfinite_features", 0) or 0) > 0) as w:
         w.extra_meta["partition"] = {"part": q, "parts": parts, "algo": algo,
                                      "num_owned": int(n_own), "num_replicas": int(n_rep),
                                      "halo_hops": int(halo_hops),
