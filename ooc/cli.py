@@ -37,6 +37,14 @@ def format_size(nbytes: float) -> str:
     return f"{nbytes:.1f} TiB"
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the one-line error of every ooc command line:
+    ``ooc: <problem> (see <prog> --help)`` on stderr, exit code 2, no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"ooc: {message} (see {self.prog} --help)\n")
+
+
 def fail(message: str) -> NoReturn:
     """Print ``ooc: message`` (one line) to stderr and exit with code 2."""
     print(f"ooc: {message}".splitlines()[0] if message else "ooc: error", file=sys.stderr)

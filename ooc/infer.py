@@ -18,13 +18,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .cli import (add_io_backend_arg, add_report_arg, format_size, main_wrapper, parse_size,
-                  peak_rss_bytes)
+from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, format_size, main_wrapper,
+                  parse_size, peak_rss_bytes)
 from .storage.atomic import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m ooc.infer",
         description="Layer-wise full-graph inference, out of core: computes every layer's "
                     "embeddings (h1 .. hL) and the predictions of every node into a Zarr group. "

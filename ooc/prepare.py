@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .cli import add_report_arg, main_wrapper, parse_size, peak_rss_bytes
+from .cli import ArgumentParser, add_report_arg, main_wrapper, parse_size, peak_rss_bytes
 from .storage.atomic import write_json
 from .storage.errors import OocError
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
@@ -51,7 +51,7 @@ def _graph_opts(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m ooc.prepare", description=__doc__.split("\n\n")[0],
+    ap = ArgumentParser(prog="python -m ooc.prepare", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="{edgelist,ogb,planetoid,synthetic}")
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cli import add_io_backend_arg, add_report_arg, main_wrapper
+from .cli import ArgumentParser, add_io_backend_arg, add_report_arg, main_wrapper
 from .jit import note_if_cold
 from .storage.atomic import write_json
 from .storage.errors import DatasetError, OocError
@@ -89,7 +89,7 @@ def default_dataset(log=print) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m ooc.train",
         description="Train a GNN (GraphSAGE, GCN, GAT) on an on-disk ooc dataset. "
                     "Without --data, trains on a small synthetic dataset created once in "

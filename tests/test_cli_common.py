@@ -20,3 +20,24 @@ def test_parse_size_rejects(text):
 def test_format_size():
     assert format_size(1536) == "1.5 KiB"
     assert format_size(12) == "12 B"
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "ooc.train", "--threads", "abc"],
+    ["-m", "ooc.prepare", "synthetic", "--nodes", "x", "--out", "unused"],
+    ["-m", "ooc.partition", "--data", "d"],
+    ["-m", "ooc.infer", "--data", "d"],
+    ["tools/size_caches.py", "--bogus"],
+])
+def test_argument_errors_are_one_line(argv):
+    """argparse's own errors (a bad type, a missing option) are one line too, exit 2."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, assert_one_line_error
+
+    r = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert_one_line_error(r.stderr, "--help")
+    assert not (REPO / "unused").exists()

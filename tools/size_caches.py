@@ -27,14 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.cli import add_report_arg, format_size, main_wrapper, parse_size  # noqa: E402
+from ooc.cli import ArgumentParser, add_report_arg, format_size, main_wrapper, parse_size  # noqa: E402
 from ooc.storage.errors import OocError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python tools/size_caches.py",
+    p = ArgumentParser(prog="python tools/size_caches.py",
                                 description=__doc__.split("\n")[0],
                                 argument_default=argparse.SUPPRESS)
     p.add_argument("--data", metavar="DIR", required=True, help="dataset folder")

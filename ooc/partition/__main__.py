@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..cli import add_report_arg, format_size, main_wrapper
+from ..cli import ArgumentParser, add_report_arg, format_size, main_wrapper
 from ..memory import peak_rss_bytes
 from ..storage import OocError
 from ..storage.atomic import write_json
@@ -22,7 +22,7 @@ from .edges import DEFAULT_CHUNK_EDGES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m ooc.partition",
         description="Partition an ooc dataset (SPRING or a streaming baseline) into "
                     "per-partition datasets with full in-neighbour replication.")
