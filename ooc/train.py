@@ -248,7 +248,7 @@ def _check_options(s: dict[str, Any], progress: bool):
             hint = " (leave the option out for no budget)" if key == "memory_budget" else ""
             raise OocError(f"--{key.replace('_', '-')} {s[key]}: must be at least {lo} "
                            f"byte{'s' if lo != 1 else ''}{hint}")
-    from .executor.trainer import TrainConfig
+    from .executor.config import TrainConfig
 
     config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
                          batch_size=s["batch_size"], eval_batch_size=s["eval_batch_size"],
@@ -307,7 +307,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             s["mode"] = config.mode = sizes["mode"]
 
     from .executor.modes import ModeOptions
-    from .executor.trainer import Trainer
 
     def size(key):
         return _size(key, s.get(key))
@@ -318,12 +317,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                           neighbor_cache_size=size("neighbor_cache_size"),
                           queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
                           memory_budget=size("memory_budget"), io_backend=s["io_backend"])
+    note_if_cold(TRAIN_KERNELS, "the sampling, cache and changeset kernels")
+    if options.memory_budget:
+        # a first run compiles the kernels in a child process; started before torch is
+        # imported here, the two processes together stay within a budget's cgroup
+        from .executor.budget import compile_kernels
+
+        compile_kernels(dataset, config, options)
     from .executor.distributed import run_cli, wants_averaging
+    from .executor.trainer import Trainer
     if wants_averaging(s):
         return run_cli(dataset, config, options, s, list(sys.argv[1:] if argv is None else argv),
                        ckdir, ck_path, report_path, list(DEFAULTS))
     t0 = time.perf_counter()
-    note_if_cold(TRAIN_KERNELS, "the sampling, cache and changeset kernels")
     trainer = Trainer(dataset, config, options=options)
     try:
         if ck_path is not None:

@@ -114,7 +114,7 @@ class NodeLoader:
                  num_threads: int | None = None, labels: bool = True, **options: Any):
         from ..storage import open_dataset
         from .modes import ModeOptions, build_mode
-        from .trainer import TrainConfig
+        from .config import TrainConfig
 
         if isinstance(dataset, (str, Path)):
             dataset = open_dataset(dataset)

@@ -65,7 +65,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import numpy as np
-import torch
 
 from ..storage.errors import OocError
 from . import _changeset_kernels as K
@@ -131,9 +130,7 @@ class FlatChangesets:
         :func:`precompute_changesets`) or any object with ``init_ids`` and
         ``steps`` (each with ``in_ids``, ``out_ids``, ``in_positions``)."""
         def arr(x) -> np.ndarray:
-            if isinstance(x, torch.Tensor):
-                x = x.detach().cpu().numpy()
-            return np.asarray(x, dtype=np.int64)
+            return np.asarray(_host(x), dtype=np.int64)
 
         if isinstance(cs, FlatChangesets):
             return cls(cs.init_ids, cs.in_ids, cs.in_positions, cs.in_ptr, cs.out_ids, cs.out_ptr)
@@ -177,13 +174,18 @@ class Changesets(FlatChangesets):
         return all(np.array_equal(getattr(self, n), getattr(other, n)) for n in names)
 
 
+def _host(x):
+    """A torch tensor as a host numpy array (torch is imported only by callers that use it)."""
+    if type(x).__module__.startswith("torch"):
+        return x.detach().cpu().numpy()
+    return x
+
+
 def flatten_batches(batches: Sequence) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate batches (1-D int arrays or tensors) into (flat int64 [T], ptr int64 [S+1])."""
     arrs = []
     for i, b in enumerate(batches):
-        if isinstance(b, torch.Tensor):
-            b = b.detach().cpu().numpy()
-        a = np.asarray(b)
+        a = np.asarray(_host(b))
         if a.ndim != 1:
             raise OocError(f"changesets: batch {i} must be 1-D, got shape {a.shape}")
         if a.size and a.dtype.kind not in "iu":
@@ -260,14 +262,15 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
     capacity = int(capacity)
     num_nodes = int(num_nodes)
     _check(flat, num_nodes, capacity, S)
-    dev = torch.device(device)
     if method == "auto":
-        method = "torch" if dev.type != "cpu" else "numba"
+        method = "numba" if str(device).split(":")[0] == "cpu" else "torch"
     if method == "numba":
         cs = _numba_changesets(flat, ptr, num_nodes, capacity)
     elif method == "torch":
+        import torch
+
         with torch.inference_mode():
-            cs = _torch_changesets(flat, ptr, capacity, dev)
+            cs = _torch_changesets(flat, ptr, capacity, torch.device(device))
     else:
         raise OocError(f"changesets: unknown method {method!r} (auto, torch, numba)")
     cs.num_accesses = int(flat.shape[0])
@@ -356,7 +359,9 @@ def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacit
 
 
 def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
-                      dev: torch.device) -> Changesets:
+                      dev: "torch.device") -> Changesets:
+    import torch
+
     S = len(ptr_np) - 1
     T = flat_np.shape[0]
     i64 = torch.int64

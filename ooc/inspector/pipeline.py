@@ -144,7 +144,14 @@ class Inspector:
 
         def changeset_loop() -> None:
             while True:
-                item = to_cs.get()
+                try:
+                    item = to_cs.get(timeout=0.1)
+                except queue.Empty:
+                    # a consumer that closed early drains to_cs to free the sampler, and
+                    # may take the end marker with it: the stop flag ends this loop then
+                    if stop.is_set():
+                        return
+                    continue
                 if item is None or isinstance(item, BaseException) or stop.is_set():
                     ready.put(item)
                     return
