@@ -113,7 +113,8 @@ def summary_line(report: dict, out: str, split: bool) -> str:
     what = f"{report['p']} partitions in {out}" if split else f"assignment in {out}"
     return (f"ooc.partition: {report['algo']} -> {what}: replication factor "
             f"{report['replication_factor']:.3f}, node balance {report['node_balance']:.3f}, "
-            f"edge balance {report['edge_balance']:.3f}, edge cut {report['edge_cut']:.3f}, "
+            f"edge balance {report['edge_balance']:.3f}, edge cut {int(report['edge_cut']):,} "
+            f"({report['edge_cut_ratio']:.1%} of the edges), "
             f"{report['time_s']:.1f} s, peak RSS {format_size(report['peak_rss_bytes'])}")
 
 
