@@ -27,16 +27,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.cli import ArgumentParser, add_report_arg, format_size, main_wrapper, parse_size  # noqa: E402
+from ooc.cli import (ArgumentParser, add_io_backend_arg, add_report_arg, format_size,  # noqa: E402
+                     main_wrapper, parse_size)
 from ooc.storage.errors import OocError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python tools/size_caches.py",
-                                description=__doc__.split("\n")[0],
-                                argument_default=argparse.SUPPRESS)
+    p = ArgumentParser(prog="python tools/size_caches.py", description=__doc__.split("\n")[0],
+                       argument_default=argparse.SUPPRESS)
     p.add_argument("--data", metavar="DIR", required=True, help="dataset folder")
     p.add_argument("--memory-budget", metavar="SIZE", required=True,
                    help="memory the training process may use")
@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, help="sampler threads")
     p.add_argument("--queue-depth", type=int)
+    add_io_backend_arg(p)
     p.add_argument("--runtime-dir", metavar="DIR")
     p.add_argument("--reserve", metavar="SIZE", help="headroom (default max(48MiB, 10%% of "
                    "the budget))")
@@ -97,7 +98,7 @@ def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     train = ["-m", "ooc.train", "--data", data, "--sizes", str(report_path),
              "--epochs", str(epochs), "--no-progress", "--no-eval", "--report", str(out)]
     for k in ("mode", "model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay",
-              "dropout", "seed", "device", "threads", "queue_depth", "runtime_dir"):
+              "dropout", "seed", "device", "threads", "queue_depth", "runtime_dir", "io_backend"):
         if settings.get(k) is not None:
             train += [f"--{k.replace('_', '-')}", str(settings[k])]
     run = memcg.run("verify", train, budget if memcg.available() else None)
@@ -175,7 +176,8 @@ def main(argv=None) -> int:
                          seed=s["seed"], device=s["device"], num_threads=s["threads"],
                          progress=False, mode=s["mode"])
     options = ModeOptions(runtime_dir=s["runtime_dir"], runtime_disk_budget=disk,
-                          queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]))
+                          queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
+                          io_backend=s["io_backend"])
     options.validate()
     rep = profile(dataset, config, options, budget, reserve=reserve, trace_batches=trace)
     rep["command"] = " ".join([sys.executable, *sys.argv]) if argv is None else \

@@ -338,6 +338,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
                                   "update", "compute")}
     with _Stage() as build_st:
         mp = build_mode(dataset, config, rec)
+    reader_backend = mp.info.get("reader_backend")
     gpu: dict[str, Any] = {"available": bool(torch.cuda.is_available())}
     try:
         pipe = mp.train
@@ -562,6 +563,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
             "build_mode_s": build_st.wall,
             "curves_s": curves_s,
             "gpu": gpu,
+            "reader_backend": reader_backend,
         },
         "memory_plan": plan.as_dict(),
         "recommendation": {
