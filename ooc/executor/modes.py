@@ -47,6 +47,7 @@ from ..inspector.neighbors import CachedNeighbors, DirectNeighbors, NeighborRequ
 from ..inspector.sampler import NeighborSampler, epoch_batches, derive_seed
 from ..storage.atomic import pid_alive
 from ..storage.errors import OocError
+from ..storage.pagecache import mapping_of
 from ..storage.layout import RowTable
 from . import _mmap_kernels as MK
 from .feature_cache import FeatureCache
@@ -112,12 +113,7 @@ class ModeOptions:
 
 def advise(arr: np.ndarray, advice: int) -> bool:
     """``madvise`` the whole mapping behind a numpy memmap; False when not a map."""
-    mm = getattr(arr, "_mmap", None)
-    if mm is None:
-        base = getattr(arr, "base", None)
-        while base is not None and mm is None:
-            mm = base if isinstance(base, mmap.mmap) else getattr(base, "_mmap", None)
-            base = getattr(base, "base", None)
+    mm = mapping_of(arr)
     if mm is None:
         return False
     try:

@@ -171,7 +171,7 @@ def load_class(target: str) -> type[ReadBackend]:
 def check_choice(name: str) -> str:
     """``name`` if it is a valid ``io_backend`` value, else a ValueError naming the choices."""
     if name != "auto" and name not in REGISTRY:
-        raise ValueError(f"io_backend must be one of {', '.join(CHOICES)}, not {name!r}")
+        raise ValueError(f"io_backend must be one of auto, {', '.join(REGISTRY)}, not {name!r}")
     return name
 
 
@@ -185,8 +185,7 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
     """
     from . import probe
 
-    if backend not in REGISTRY:
-        check_choice(backend)
+    check_choice(backend)
     order = AUTO_ORDER if backend == "auto" else (backend,)
     tried: list[str] = []
     for name in order:
