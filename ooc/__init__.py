@@ -24,7 +24,7 @@ from .storage import Dataset, DatasetError, OocError, open_dataset, write_datase
 
 def load_model(path, map_location="cpu"):
     """The trained model in a checkpoint file (or the newest in a folder), in eval mode."""
-    from .executor.checkpoint import load_model as _load
+    from .executor.training.checkpoint import load_model as _load
 
     return _load(path, map_location=map_location)
 
@@ -32,7 +32,7 @@ def load_model(path, map_location="cpu"):
 def __getattr__(name: str):
     # torch and PyG load only when the loader is asked for: `import ooc` stays light
     if name == "NodeLoader":
-        from .executor.loader import NodeLoader
+        from .executor.loader.node_loader import NodeLoader
 
         return NodeLoader
     raise AttributeError(f"module 'ooc' has no attribute {name!r}")

@@ -5,7 +5,7 @@
 
 Computes ``h1`` .. ``hL`` (``hL`` = model output) and ``pred`` for every node
 of the dataset into the Zarr group ``--out``, layer by layer from full
-in-neighbourhoods (see :mod:`ooc.executor.inference`). The group is built in
+in-neighbourhoods (see :mod:`ooc.executor.inference.layerwise`). The group is built in
 ``.<out name>.partial`` beside ``--out`` and renamed when complete; re-running
 the same command after a crash resumes from the chunks already written there. The report
 holds per-layer timings, bytes read, the previous-layer cache hit ratio, peak
@@ -64,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from .cli import check_range
-    from .executor.checkpoint import load_model
-    from .executor.inference import check_options, layerwise_inference
+    from .executor.training.checkpoint import load_model
+    from .executor.inference.layerwise import check_options, layerwise_inference
     from .storage import OocError, open_dataset
 
     # every option is checked before a file is read or written

@@ -43,7 +43,7 @@ import torch
 from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-from .executor.loader import check_loader_args, resolve_input_nodes
+from .executor.loader.node_loader import check_loader_args, resolve_input_nodes
 from .inspector.sampler import derive_seed, epoch_batches
 from .storage import OocError, open_dataset
 
@@ -163,7 +163,7 @@ class _Backend:
     # -- planned batches ---------------------------------------------------------------
     def loader(self):
         if self._loader is None:
-            from .executor.loader import NodeLoader
+            from .executor.loader.node_loader import NodeLoader
 
             s = self.settings
             self._loader = NodeLoader(self.dataset, s["num_neighbors"], s["batch_size"],
@@ -203,7 +203,7 @@ class _Backend:
             direct = s["preset"] != "baseline"
             nbytes = s["options"].get("neighbor_cache_size")
             if direct and nbytes is None:
-                from .executor.modes import default_sizes
+                from .executor.loader.stack import default_sizes
 
                 nbytes = default_sizes(self.dataset)[1]
             if nbytes is not None and nbytes < 8 * self.dataset.num_nodes:

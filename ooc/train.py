@@ -46,7 +46,7 @@ DEFAULTS: dict[str, Any] = dict(
 )
 #: Kernel modules a training run compiles on its first run on a machine.
 TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",
-                 "ooc.executor._cache_kernels", "ooc.storage._direct_kernels")
+                 "ooc.executor.cache._cache_kernels", "ooc.storage._direct_kernels")
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
                    "lr", "weight_decay")
@@ -248,7 +248,7 @@ def _check_options(s: dict[str, Any], progress: bool):
             hint = " (leave the option out for no budget)" if key == "memory_budget" else ""
             raise OocError(f"--{key.replace('_', '-')} {s[key]}: must be at least {lo} "
                            f"byte{'s' if lo != 1 else ''}{hint}")
-    from .executor.config import TrainConfig
+    from .executor.training.config import TrainConfig
 
     config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
                          batch_size=s["batch_size"], eval_batch_size=s["eval_batch_size"],
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if resume:
         if ckdir is None:
             raise OocError("--resume needs --checkpoint-dir DIR")
-        from .executor.checkpoint import latest_checkpoint, load_checkpoint
+        from .executor.training.checkpoint import latest_checkpoint, load_checkpoint
 
         ck_path = latest_checkpoint(ckdir)
         ck_state = load_checkpoint(ck_path)
@@ -292,12 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     dataset = open_dataset(s["data"])
     s["data"] = str(Path(s["data"]).resolve())  # checkpoints resume from any folder
     if resume:
-        from .executor.checkpoint import check_dataset
+        from .executor.training.checkpoint import check_dataset
 
         check_dataset(ck_state, dataset, ck_path)
         del ck_state
     if sizes_path is not None:
-        from .executor.profiler import load_sizes
+        from .executor.sizing.profiler import load_sizes
 
         sizes = load_sizes(sizes_path, dataset)
         for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size"):
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "mode" not in given and sizes.get("mode"):
             s["mode"] = config.mode = sizes["mode"]
 
-    from .executor.modes import ModeOptions
+    from .executor.loader.stack import ModeOptions
 
     def size(key):
         return _size(key, s.get(key))
@@ -321,11 +321,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.memory_budget:
         # a first run compiles the kernels in a child process; started before torch is
         # imported here, the two processes together stay within a budget's cgroup
-        from .executor.budget import compile_kernels
+        from .executor.sizing.budget import compile_kernels
 
         compile_kernels(dataset, config, options)
-    from .executor.distributed import run_cli, wants_averaging
-    from .executor.trainer import Trainer
+    from .executor.distributed.workers import run_cli, wants_averaging
+    from .executor.training.trainer import Trainer
     if wants_averaging(s):
         return run_cli(dataset, config, options, s, list(sys.argv[1:] if argv is None else argv),
                        ckdir, ck_path, report_path, list(DEFAULTS))

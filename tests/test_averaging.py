@@ -1,4 +1,4 @@
-"""Model averaging and workload allocation (ooc.executor.averaging): pure functions."""
+"""Model averaging and workload allocation (ooc.executor.distributed.averaging): pure functions."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ooc.executor.averaging import (allocate_partitions, assign_partitions, dataset_bytes,
+from ooc.executor.distributed.averaging import (allocate_partitions, assign_partitions, dataset_bytes,
                                     finish_average, flatten, unflatten, weighted_average,
                                     weighted_sum, zeros_like_state)
 from ooc.storage import OocError

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from conftest import REPO, community_graph
-from ooc.executor.checkpoint import save_checkpoint
-from ooc.executor.models import build_model
+from ooc.executor.training.checkpoint import save_checkpoint
+from ooc.executor.training.models import build_model
 from ooc.storage import open_dataset, write_dataset
 
 #: (case id, cli, argv, expected exit code, regex of the one stderr line); ``{D}``
@@ -132,7 +132,7 @@ def snapshot(root: Path) -> dict[str, str]:
 def world(tmp_path_factory):
     """The user's files: a dataset, a NaN copy, a checkpoint, a finished output of another
     model, a folder and a file of theirs; and the cases' results (one child process)."""
-    from ooc.executor.inference import layerwise_inference
+    from ooc.executor.inference.layerwise import layerwise_inference
 
     root = tmp_path_factory.mktemp("bad")
     user = root / "user"

@@ -38,7 +38,7 @@ RUNNER = r"""
 import json, os, signal, sys, time
 cases = json.load(sys.stdin)
 import ooc.partition.__main__, ooc.prepare, ooc.train
-import ooc.executor.modes, ooc.executor.trainer, ooc.inspector.sampler, ooc.storage.ingest  # noqa
+import ooc.executor.loader.stack, ooc.executor.training.trainer, ooc.inspector.sampler, ooc.storage.ingest  # noqa
 mains = {"ooc.prepare": ooc.prepare.main, "ooc.train": ooc.train.main,
          "ooc.partition": ooc.partition.__main__.main}
 results = {}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ooc.executor.budget import STABILITY, default_reserve, smallest_budget, suggest_budget
+from ooc.executor.sizing.budget import STABILITY, default_reserve, smallest_budget, suggest_budget
 from ooc.storage.ingest import generate_synthetic
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,10 +15,10 @@ import torch
 
 from conftest import REPO, community_graph
 from ooc import train as train_cli
-from ooc.executor.averaging import weighted_average
-from ooc.executor.checkpoint import load_checkpoint
-from ooc.executor.distributed import ensure_partitions, launch
-from ooc.executor.trainer import TrainConfig, Trainer
+from ooc.executor.distributed.averaging import weighted_average
+from ooc.executor.training.checkpoint import load_checkpoint
+from ooc.executor.distributed.workers import ensure_partitions, launch
+from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.storage import OocError, open_dataset
 
 P = 4

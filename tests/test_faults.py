@@ -20,8 +20,8 @@ import torch
 from conftest import REPO, community_graph
 from ooc import train as train_cli
 from ooc.executor import heartbeat as HB
-from ooc.executor.checkpoint import load_checkpoint
-from ooc.executor.distributed import ensure_partitions, launch
+from ooc.executor.training.checkpoint import load_checkpoint
+from ooc.executor.distributed.workers import ensure_partitions, launch
 
 #: hang guard only (each run takes seconds)
 GUARD_S = 300
@@ -36,7 +36,7 @@ def hit():
     if count[0] == K:
         os.kill(os.getpid(), signal.SIGKILL)
 if which == "train":
-    import ooc.executor.trainer as T
+    import ooc.executor.training.trainer as T
     orig = T.Trainer._to_data
     def patched(self, batch, rows):
         hit()
@@ -44,7 +44,7 @@ if which == "train":
     T.Trainer._to_data = patched
     from ooc.train import main
 else:
-    import ooc.executor.inference as I
+    import ooc.executor.inference.layerwise as I
     orig = I._fsync_path
     def patched(path):
         orig(path)
@@ -135,9 +135,9 @@ def test_kill9_during_inference_leaves_no_store_and_resumes(graph, tmp_path):
     resumes from the partial folder and gives the straight run's arrays."""
     import zarr
 
-    from ooc.executor.checkpoint import save_checkpoint
-    from ooc.executor.inference import partial_path, read_embeddings
-    from ooc.executor.models import build_model
+    from ooc.executor.training.checkpoint import save_checkpoint
+    from ooc.executor.inference.layerwise import partial_path, read_embeddings
+    from ooc.executor.training.models import build_model
 
     data, _ = graph
     torch.manual_seed(0)
@@ -272,7 +272,7 @@ def test_heartbeat_thread_and_marks(tmp_path):
 
 CHILD = r"""
 import sys, time
-from ooc.executor.heartbeat import Heartbeat, create_file
+from ooc.executor.distributed.heartbeat import Heartbeat, create_file
 hb = Heartbeat(create_file(sys.argv[1], 1), 0, interval=0.05)
 open(sys.argv[2], "w").close()
 time.sleep(120)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ooc.executor.feature_cache import FeatureCache
+from ooc.executor.cache.feature_cache import FeatureCache
 
 
 class ArraySource:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from ooc.executor.checkpoint import save_checkpoint
-from ooc.executor.inference import read_embeddings
-from ooc.executor.models import build_model
+from ooc.executor.training.checkpoint import save_checkpoint
+from ooc.executor.inference.layerwise import read_embeddings
+from ooc.executor.training.models import build_model
 from ooc.infer import main
 
 from conftest import assert_one_line_error

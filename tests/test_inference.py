@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from ooc.executor.chunk_cache import ChunkCache, simulate
-from ooc.executor.inference import (SAFETY_BYTES, compute_order, layerwise_inference,
+from ooc.executor.cache.chunk_cache import ChunkCache, simulate
+from ooc.executor.inference.layerwise import (SAFETY_BYTES, compute_order, layerwise_inference,
                                     partial_path, plan_memory, read_embeddings)
-from ooc.executor.models import build_model
+from ooc.executor.training.models import build_model
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
 
 from conftest import CORA_RAW, require_cora

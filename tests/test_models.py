@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ooc.executor.models import GNN, build_model
+from ooc.executor.training.models import GNN, build_model
 from ooc.storage.errors import OocError
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from ooc.executor.modes import MODES, ModeOptions, build_mode
-from ooc.executor.trainer import TrainConfig, Trainer
+from ooc.executor.loader.stack import MODES, ModeOptions, build_mode
+from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.inspector.sampler import NeighborSampler
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 

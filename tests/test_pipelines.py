@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from ooc.executor.feature_cache import FeatureCache
-from ooc.executor.pipelines import OnDemandPipeline, SuperbatchPipeline
+from ooc.executor.cache.feature_cache import FeatureCache
+from ooc.executor.loader.pipelines import OnDemandPipeline, SuperbatchPipeline
 from ooc.inspector.pipeline import Inspector
 from ooc.inspector.sampler import NeighborSampler
 from ooc.storage import csc_from_edges, open_dataset, write_dataset

@@ -1,4 +1,4 @@
-"""tools/size_caches.py (ooc.executor.profiler): report fields, plot, bad input, --sizes."""
+"""tools/size_caches.py (ooc.executor.sizing.profiler): report fields, plot, bad input, --sizes."""
 import json
 import os
 import re
@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from ooc.executor.budget import default_reserve
-from ooc.executor.profiler import load_sizes, predict_epoch, simulate_epoch
+from ooc.executor.sizing.budget import default_reserve
+from ooc.executor.sizing.profiler import load_sizes, predict_epoch, simulate_epoch
 from ooc.storage.errors import OocError
 from ooc.storage.ingest import generate_synthetic
 

@@ -7,7 +7,7 @@ import torch
 
 from ooc.executor import (CheckpointError, TrainConfig, Trainer, load_model,
                           to_data)
-from ooc.executor.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from ooc.executor.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from ooc.inspector.sampler import NeighborSampler
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
 

@@ -37,10 +37,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.executor._inference_kernels import access_plan, plan_blocks  # noqa: E402
-from ooc.executor.chunk_cache import simulate  # noqa: E402
-from ooc.executor.inference import _feature_reader, layerwise_inference, read_embeddings  # noqa: E402
-from ooc.executor.models import build_model  # noqa: E402
+from ooc.executor.inference._kernels import access_plan, plan_blocks  # noqa: E402
+from ooc.executor.cache.chunk_cache import simulate  # noqa: E402
+from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings  # noqa: E402
+from ooc.executor.training.models import build_model  # noqa: E402
 from ooc.storage import csc_from_edges, open_dataset, write_dataset  # noqa: E402
 
 

@@ -70,8 +70,8 @@ def engine_counters(trainer) -> dict:
 
 def child(spec: dict) -> int:
     """Run ``spec["epochs"]`` data-path epochs of one preset; write the JSON report."""
-    from ooc.executor.modes import ModeOptions
-    from ooc.executor.trainer import Trainer, TrainConfig, _io_counters, _io_delta
+    from ooc.executor.loader.stack import ModeOptions
+    from ooc.executor.training.trainer import Trainer, TrainConfig, _io_counters, _io_delta
     from ooc.storage import open_dataset
 
     d = open_dataset(spec["data"])

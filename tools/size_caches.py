@@ -10,7 +10,7 @@ sampling / changeset / gather / compute rates, CUDA memory of the changeset
 pass when a GPU is present; recommends the neighbor and feature cache bytes,
 the superbatch size and the expected epoch time, with the arithmetic; draws
 Belady / static degree-ordered / LRU miss-ratio curves. The logic is
-:mod:`ooc.executor.profiler`.
+:mod:`ooc.executor.sizing.profiler`.
 
 ``--verify`` then trains one epoch with the recommendation in a subprocess
 inside a cgroup-v1 memory cgroup limited to the budget (tools/memcg.py) and
@@ -164,9 +164,9 @@ def main(argv=None) -> int:
     dataset = open_dataset(s["data"])  # bad input fails here, before torch is loaded
     disk = _size("runtime-disk-budget", s["runtime_disk_budget"])
 
-    from ooc.executor.modes import ModeOptions
-    from ooc.executor.profiler import plot_curves, profile
-    from ooc.executor.trainer import TrainConfig
+    from ooc.executor.loader.stack import ModeOptions
+    from ooc.executor.sizing.profiler import plot_curves, profile
+    from ooc.executor.training.trainer import TrainConfig
     from ooc.memory import tune_malloc
 
     tune_malloc()

@@ -1,4 +1,4 @@
-"""Executor: the loader, models, the training loop, checkpoints, caches, inference.
+"""Executor: the loader, caches, training, distributed training, inference and sizing.
 
 The names below load their module (and torch / PyG with it) on first use, so
 that code needing only the executor's numba parts (the kernel compile child
@@ -9,15 +9,15 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "to_data": "batch",
-    "CheckpointError": "checkpoint", "latest_checkpoint": "checkpoint",
-    "list_checkpoints": "checkpoint", "load_checkpoint": "checkpoint",
-    "load_model": "checkpoint", "save_checkpoint": "checkpoint",
-    "layerwise_inference": "inference", "read_embeddings": "inference",
-    "GNN": "models", "MODEL_KINDS": "models", "build_model": "models",
-    "FeatureCache": "feature_cache", "FeatureSource": "feature_cache",
-    "TrainConfig": "trainer", "Trainer": "trainer",
-    "NodeLoader": "loader",
+    "to_data": "loader.batch",
+    "CheckpointError": "training.checkpoint", "latest_checkpoint": "training.checkpoint",
+    "list_checkpoints": "training.checkpoint", "load_checkpoint": "training.checkpoint",
+    "load_model": "training.checkpoint", "save_checkpoint": "training.checkpoint",
+    "layerwise_inference": "inference.layerwise", "read_embeddings": "inference.layerwise",
+    "GNN": "training.models", "MODEL_KINDS": "training.models", "build_model": "training.models",
+    "FeatureCache": "cache.feature_cache", "FeatureSource": "cache.feature_cache",
+    "TrainConfig": "training.trainer", "Trainer": "training.trainer",
+    "NodeLoader": "loader.node_loader",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -28,7 +28,7 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import trim_to_layer
 
-from ..storage.errors import OocError
+from ...storage.errors import OocError
 
 MODEL_KINDS = ("sage", "gcn", "gat")
 

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..storage.atomic import atomic_file
-from ..storage.errors import OocError
+from ...storage.atomic import atomic_file
+from ...storage.errors import OocError
 from .models import GNN, build_model
 
 CHECKPOINT_FORMAT = "ooc-checkpoint"

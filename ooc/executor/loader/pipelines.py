@@ -26,9 +26,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..inspector.pipeline import Inspector
-from ..inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
-from .feature_cache import FeatureCache, FeatureSource
+from ...inspector.pipeline import Inspector
+from ...inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
+from ..cache.feature_cache import FeatureCache, FeatureSource
 
 _END = object()
 

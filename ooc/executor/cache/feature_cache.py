@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..storage.errors import OocError
+from ...storage.errors import OocError
 from . import _cache_kernels as K
 
 

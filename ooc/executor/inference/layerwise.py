@@ -101,14 +101,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..memory import trim_malloc
-from ..storage.atomic import write_json
-from ..storage.dataset import Dataset, open_dataset
-from ..storage.errors import OocError
-from ..storage.layout import PAGE
-from ._inference_kernels import (access_plan, build_local, count_block_keys, nonloop_in_degree,
+from ...memory import trim_malloc
+from ...storage.atomic import write_json
+from ...storage.dataset import Dataset, open_dataset
+from ...storage.errors import OocError
+from ...storage.layout import PAGE
+from ._kernels import (access_plan, build_local, count_block_keys, nonloop_in_degree,
                                  plan_blocks)
-from .chunk_cache import POLICIES, ChunkCache, simulate
+from ..cache.chunk_cache import POLICIES, ChunkCache, simulate
 
 PROGRESS_FILE = "progress.json"
 ORDERS = ("auto", "natural", "pds", "degree")
@@ -119,7 +119,7 @@ SAFETY_BYTES = 48 * MiB
 
 # ----------------------------------------------------------------------------- helpers
 def _parse_size(x: int | str) -> int:
-    from ..cli import parse_size
+    from ...cli import parse_size
 
     return parse_size(x) if isinstance(x, str) else int(x)
 
@@ -174,7 +174,7 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
     kind = features or "auto"
     if kind == "mmap":
         return dataset.features, "mmap"
-    from ..storage.direct import DirectFeatures
+    from ...storage.direct import DirectFeatures
 
     backend = "auto" if kind in ("auto", "direct") else kind
     try:
@@ -271,7 +271,7 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     Args:
         dataset: an opened dataset or its folder.
         model: a model following the protocol in the module docstring
-            (the project's :class:`~ooc.executor.models.GNN` does).
+            (the project's :class:`~ooc.executor.training.models.GNN` does).
         out: the Zarr group folder to write (``h1`` .. ``hL``, ``pred``).
         memory_budget: bytes (or ``"512MiB"``) the whole process may hold.
         chunk_rows: rows per Zarr chunk of every layer array.
@@ -373,7 +373,7 @@ def partial_path(out: str | os.PathLike) -> Path:
 def check_options(budget: int, chunk_rows: int, block_rows: int | None,
                   cache_chunks: int | None, policy: str) -> None:
     """Range-check the inference settings (one-line :class:`OocError` naming the option)."""
-    from ..cli import check_range
+    from ...cli import check_range
 
     check_range("--memory-budget", budget, 1, None, integer=True)
     check_range("--chunk-rows", chunk_rows, 1, 1 << 24, integer=True)
@@ -424,7 +424,7 @@ def _locked_partial(work: Path):
 
 def _swap_in(work: Path, out: Path) -> None:
     """Rename the finished ``work`` folder to ``out`` (replacing an old ``out``)."""
-    from ..storage.atomic import exchange
+    from ...storage.atomic import exchange
 
     if os.path.lexists(out):
         if exchange(work, out):

@@ -1,10 +1,10 @@
 """The epoch loop: sample, gather, transfer, compute; evaluation; metrics.
 
 One code path for every mode. A :class:`Trainer` owns the model, the
-optimizer and the mode's pipelines (:func:`ooc.executor.modes.build_mode`):
+optimizer and the mode's pipelines (:func:`ooc.executor.loader.stack.build_mode`):
 a training pipeline and a factory of evaluation pipelines, each yielding
 ``(batch, rows)`` pairs prepared on background threads
-(:mod:`ooc.executor.pipelines`).
+(:mod:`ooc.executor.loader.pipelines`).
 
 Determinism: the model is initialised after ``torch.manual_seed(seed)``; the
 batch order and sampled batches of epoch ``e`` come from ``(seed, e)``
@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..memory import peak_rss_bytes
-from ..storage.errors import OocError
-from .batch import to_data
+from ...memory import peak_rss_bytes
+from ...storage.errors import OocError
+from ..loader.batch import to_data
 from .checkpoint import (check_dataset, describe_model, load_checkpoint, save_checkpoint,
                          set_rng_state)
 from .config import LIMITS, TrainConfig  # noqa: F401  (re-exported from here too)
@@ -168,13 +168,13 @@ class Trainer:
         self.mode_info: dict[str, Any] = {}
         self._pipeline = None
         if pipeline is None:
-            from .modes import MODES, ModeOptions, build_mode
+            from ..loader.stack import MODES, ModeOptions, build_mode
 
             if config.mode not in MODES:
                 raise OocError(f"unknown mode {config.mode!r} (choose one of {', '.join(MODES)})")
             options = options or ModeOptions()
             if options.memory_budget:
-                from .budget import plan_memory
+                from ..sizing.budget import plan_memory
 
                 self.memory_plan = plan_memory(dataset, config, options.memory_budget, options,
                                                model=self.model)

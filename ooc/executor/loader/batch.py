@@ -1,6 +1,6 @@
 """Sampled batches to PyG ``Data`` objects (NeighborLoader conventions).
 
-Every mode's pipeline (:mod:`ooc.executor.pipelines`) yields ``(batch,
+Every mode's pipeline (:mod:`ooc.executor.loader.pipelines`) yields ``(batch,
 rows)`` pairs; :func:`to_data` turns one into the ``Data`` a stock PyG model
 (with ``trim_to_layer``) consumes.
 """

@@ -3,7 +3,7 @@
 The loader is what the trainer and the CLI run on, handed to the user: each
 ``iter()`` is one epoch of ``torch_geometric.data.Data`` batches in PyG
 ``NeighborLoader`` conventions, sampled and gathered by one of the presets
-(:data:`ooc.executor.modes.MODES`)::
+(:data:`ooc.executor.loader.stack.MODES`)::
 
     with ooc.NodeLoader(ds, num_neighbors=[10, 10], batch_size=1024,
                         input_nodes="train", shuffle=True) as loader:
@@ -25,7 +25,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..storage.errors import OocError
+from ...storage.errors import OocError
 from .batch import to_data
 
 SPLITS = ("train", "val", "test")
@@ -62,7 +62,7 @@ def resolve_input_nodes(dataset, input_nodes) -> np.ndarray:
 
 def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset: str) -> list[int]:
     """The fanouts (int list) after checking the loader arguments; OocError naming a bad one."""
-    from .modes import MODES
+    from .stack import MODES
 
     if preset not in MODES:
         raise OocError(f"preset {preset!r}: expected one of {', '.join(MODES)}")
@@ -89,12 +89,12 @@ class NodeLoader:
             feature cache), ``"static"`` (neighbor cache, static feature cache)
             or ``"baseline"`` (memmaps, page cache).
         memory_budget: bytes the process may hold (the caches get what is left
-            after the measured working memory; see :mod:`ooc.executor.budget`).
+            after the measured working memory; see :mod:`ooc.executor.sizing.budget`).
         seed: sampling seed; the same seed gives the same batches in every preset.
         io_backend: reader of the O_DIRECT presets (``"auto"``, ``"io_uring"``, ...).
         num_threads: sampler threads (default: all cores).
         labels: attach ``data.y`` (the seeds' labels; -1 where unlabeled).
-        **options: cache and I/O settings of :class:`~ooc.executor.modes.ModeOptions`
+        **options: cache and I/O settings of :class:`~ooc.executor.loader.stack.ModeOptions`
             (``feature_cache_size``, ``neighbor_cache_size``, ``superbatch_size``,
             ``runtime_dir``, ``runtime_disk_budget``, ``queue_depth``, ``io_threads``).
 
@@ -112,15 +112,15 @@ class NodeLoader:
                  input_nodes=None, shuffle: bool = False, preset: str = "ooc",
                  memory_budget: int | str | None = None, seed: int = 0, io_backend: str = "auto",
                  num_threads: int | None = None, labels: bool = True, **options: Any):
-        from ..storage import open_dataset
-        from .modes import ModeOptions, build_mode
-        from .config import TrainConfig
+        from ...storage import open_dataset
+        from .stack import ModeOptions, build_mode
+        from ..training.config import TrainConfig
 
         if isinstance(dataset, (str, Path)):
             dataset = open_dataset(dataset)
         fanouts = check_loader_args(num_neighbors, batch_size, preset)
         if isinstance(memory_budget, str):
-            from ..cli import parse_size
+            from ...cli import parse_size
 
             memory_budget = parse_size(memory_budget)
         try:
@@ -136,7 +136,7 @@ class NodeLoader:
         self.config.validate()
         self.memory_plan = None
         if memory_budget:
-            from .budget import plan_memory
+            from ..sizing.budget import plan_memory
 
             self.memory_plan = plan_memory(dataset, self.config, int(memory_budget), opts)
         self._labels = dataset.labels if labels else None

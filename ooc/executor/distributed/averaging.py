@@ -1,6 +1,6 @@
 """Model averaging and workload allocation (SDT-GNN §III-C, §III-D; DESIGN.md §6).
 
-Pure functions, no process group: :mod:`ooc.executor.distributed` drives them.
+Pure functions, no process group: :mod:`ooc.executor.distributed.workers` drives them.
 
 * **Workload allocation** (:func:`allocate_partitions`): with ``q`` workers of
   ``M`` bytes each, ``T`` of which the computation needs, and ``S`` bytes of
@@ -34,7 +34,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from ..storage.errors import OocError
+from ...storage.errors import OocError
 
 #: Default share of the per-worker memory budget that the computation needs (T / M).
 DEFAULT_COMPUTE_FRACTION = 2.0 / 3.0

@@ -1,4 +1,4 @@
-"""numba kernels for layer-wise inference (see :mod:`ooc.executor.inference`).
+"""numba kernels for layer-wise inference (see :mod:`ooc.executor.inference.layerwise`).
 
 All kernels take the CSC adjacency (``indptr`` int64 [N+1], ``indices``
 int32/int64 [E], in-neighbours of v are ``indices[indptr[v]:indptr[v+1]]``),
@@ -151,20 +151,6 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
     for i in range(nn):
         scratch[nodes[i]] = -1
     return nodes[:nn].copy(), src[:k].copy(), dst[:k].copy()
-
-
-@numba.njit(cache=True)
-def next_use(seq, num_keys):
-    """For every position i of ``seq``, the next position holding the same
-    key, or ``len(seq)`` when there is none (Belady's look-ahead)."""
-    n = seq.shape[0]
-    nxt = np.empty(n, dtype=np.int64)
-    last = np.full(num_keys, n, dtype=np.int64)
-    for i in range(n - 1, -1, -1):
-        k = seq[i]
-        nxt[i] = last[k]
-        last[k] = i
-    return nxt
 
 
 @numba.njit(cache=True)

@@ -2,7 +2,7 @@
 
 ``profile(dataset, config, options, budget)`` runs, in this process:
 
-1. **The memory plan** — :func:`ooc.executor.budget.plan_memory`, the very code
+1. **The memory plan** — :func:`ooc.executor.sizing.budget.plan_memory`, the very code
    ``python -m ooc.train --memory-budget`` runs (auto sizing): setup RSS, the
    peak of the loop's fullest moment (batches in flight gathered, one
    training step, evaluation), the computed parts (cache tables, build
@@ -10,7 +10,7 @@
    bytes and the superbatch size; a budget too small fails with the smallest
    budget that works.
 2. **The stages with the recommended sizes** — the mode is built exactly as
-   training builds it (:func:`ooc.executor.modes.build_mode`, so the neighbor
+   training builds it (:func:`ooc.executor.loader.stack.build_mode`, so the neighbor
    cache is built and saved once and training reuses it), then timed on the
    first ``trace_batches`` batches of epoch 1 (the same seeds training uses):
    superbatch sampling and its runtime files (bytes per batch measured on the
@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..storage.errors import OocError
+from ...storage.errors import OocError
 
 #: Cache sizes of the miss-ratio curves, as fractions of the feature table.
 CURVE_FRACTIONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
@@ -57,7 +57,7 @@ MiB = 1 << 20
 
 
 def _fmt(n: float) -> str:
-    from ..cli import format_size
+    from ...cli import format_size
 
     return format_size(n)
 
@@ -204,7 +204,7 @@ def simulate_epoch(mode: str, trace: list[np.ndarray], num_nodes: int, capacity:
         superbatch_size: ``ooc``: batches per superbatch.
         hot_order: ``static``: node ids by decreasing out-degree.
 
-    ``ooc`` runs the changesets training runs (:func:`ooc.executor.modes._changeset_fn`:
+    ``ooc`` runs the changesets training runs (:func:`ooc.executor.loader.stack._changeset_fn`:
     Belady per superbatch of ``superbatch_size`` batches, the cache carried from one
     superbatch to the next) and replays them on a bool [N] residency mask: a switch
     reads the ``init`` ids not yet cached (``switch_reads``), batch i misses the ids
@@ -223,7 +223,7 @@ def simulate_epoch(mode: str, trace: list[np.ndarray], num_nodes: int, capacity:
         cached[np.asarray(hot_order, dtype=np.int64)[:cap]] = True
         out["misses"] = int(sum(int((~cached[t]).sum()) for t in trace))
         return out
-    from .modes import _changeset_fn
+    from ..loader.stack import _changeset_fn
 
     fn = _changeset_fn(num_nodes, cap, device)
     s = max(1, int(superbatch_size or len(trace)))
@@ -254,7 +254,7 @@ def miss_curves(mode: str, trace: list[np.ndarray], num_nodes: int, superbatch_s
     switches' reads); ``static_degree``: the degree-ordered static cache; ``lru``:
     LRU from a cold start over the whole trace, for reference.
     """
-    from ..inspector import policies as P
+    from ...inspector import policies as P
 
     caps = np.asarray(capacities, dtype=np.int64)
     acc = max(1, int(sum(len(t) for t in trace)))
@@ -280,11 +280,11 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
 
     Args:
         dataset: an opened dataset.
-        config: :class:`~ooc.executor.trainer.TrainConfig` (mode, model, fanouts, ...).
-        options: :class:`~ooc.executor.modes.ModeOptions` (runtime disk budget,
+        config: :class:`~ooc.executor.training.trainer.TrainConfig` (mode, model, fanouts, ...).
+        options: :class:`~ooc.executor.loader.stack.ModeOptions` (runtime disk budget,
             queue depth, runtime dir; explicit cache sizes are kept).
         budget: memory budget, bytes.
-        reserve: headroom bytes (default :func:`~ooc.executor.budget.default_reserve`).
+        reserve: headroom bytes (default :func:`~ooc.executor.sizing.budget.default_reserve`).
         trace_batches: batches sampled for the rates and curves (default: the
             superbatch size, at most 128, at most the epoch).
         compute_steps: training steps timed (the first is warm-up, not counted).
@@ -295,10 +295,10 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     """
     import torch
 
-    from ..inspector.sampler import derive_seed, epoch_batches
+    from ...inspector.sampler import derive_seed, epoch_batches
     from .budget import default_reserve, plan_memory
-    from .models import build_model
-    from .trainer import resolve_device
+    from ..training.models import build_model
+    from ..training.trainer import resolve_device
 
     t_start = time.perf_counter()
     config.validate()
@@ -331,7 +331,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     log(f"size_caches: building the {mode} mode with the recommended sizes "
         f"(feature cache {_fmt(plan.feature_cache_bytes)}, neighbor cache "
         f"{_fmt(plan.neighbor_cache_bytes)}, superbatch {plan.superbatch_size})")
-    from .modes import build_mode, hot_nodes
+    from ..loader.stack import build_mode, hot_nodes
 
     stages: dict[str, _Stage] = {k: _Stage() for k in
                                  ("sample", "write", "changesets", "load", "switch", "gather",
@@ -356,10 +356,10 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
         if mode == "ooc":
             import tempfile
 
-            from ..inspector.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
+            from ...inspector.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
                                              read_samples, remove_superbatch, write_changesets,
                                              write_samples)
-            from .modes import _changeset_fn
+            from ..loader.stack import _changeset_fn
 
             rt = Path(mp.info["runtime_dir"])
             folder = Path(tempfile.mkdtemp(prefix="profile-", dir=rt))
@@ -472,7 +472,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
         rows_per_switch = sim["switch_reads"] * (nb / T) / k
         switch_s = rows_per_switch * (read_switch / switched if switched else per_row_read)
     epoch = predict_epoch(mode, nb, S, per_batch, switch_s, cores)
-    from .pipelines import PREFETCH
+    from ..loader.pipelines import PREFETCH
 
     # -- recommendation and its arithmetic ------------------------------------------------------
     st = plan.stages
@@ -607,7 +607,7 @@ def _time_steps(model, optimizer, batches, rows_list, dataset, device, stage: _S
     import torch
     import torch.nn.functional as F
 
-    from .batch import to_data
+    from ..loader.batch import to_data
 
     model.train()
     walls, cpus = [], []
@@ -638,7 +638,7 @@ def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, A
     """CUDA peak memory of the changeset pass over the trace, scaled to S batches."""
     import torch
 
-    from ..inspector.changesets import precompute_changesets
+    from ...inspector.changesets import precompute_changesets
 
     dev = torch.device("cuda")
     torch.cuda.synchronize(dev)

@@ -65,7 +65,7 @@ PHASES = {SETUP: "setting up", WORK: "working", COLLECTIVE: "in a collective"}
 
 def timeout_s() -> float:
     """The heartbeat timeout: ``OOC_HEARTBEAT_TIMEOUT`` seconds, default 120."""
-    from ..storage.errors import OocError
+    from ...storage.errors import OocError
 
     v = os.environ.get(ENV_TIMEOUT)
     try:

@@ -12,7 +12,7 @@
   (``init_method="env://"``, timeout ``OOC_DIST_TIMEOUT`` seconds, default
   1800). ``Q = 1`` runs in this process with no process group: the same math.
 * **Work.** Partition ``j`` belongs to worker ``j mod Q``. A worker trains one
-  local model per partition (a :class:`~ooc.executor.trainer.Trainer` on the
+  local model per partition (a :class:`~ooc.executor.training.trainer.Trainer` on the
   partition dataset with the chosen ``--mode`` and its own
   ``--memory-budget``), one after the other. All local models start from the
   same initial weights (the Trainer seeds torch with ``--seed``).
@@ -42,7 +42,7 @@
 * **Failures.** The parent watches its children: the first one to exit
   non-zero is reported as ``ooc: worker rank R failed: <reason>`` (its exit
   status and last message), the others are terminated and the parent exits 1.
-  It also reads their heartbeats (:mod:`ooc.executor.heartbeat`): a worker
+  It also reads their heartbeats (:mod:`ooc.executor.distributed.heartbeat`): a worker
   that is stopped, frozen or hung (no heartbeat, or no progress outside a
   collective, for ``OOC_HEARTBEAT_TIMEOUT`` seconds, default 120) is killed
   and named the same way, within that time plus one poll (at most 1 s) and
@@ -54,7 +54,7 @@
   when one exits with another status within a few seconds. Under torchrun,
   torchrun's agent stops the group; every worker's message names its rank.
 * **Checkpoints** come from rank 0 only, after a sync, atomically
-  (:func:`~ooc.executor.checkpoint.save_checkpoint`): the averaged model, the
+  (:func:`~ooc.executor.training.checkpoint.save_checkpoint`): the averaged model, the
   epoch, the history and the run's settings (``--resume`` continues).
 
 Test hook: ``OOC_FAIL_AT=R:E[:how]`` makes rank ``R`` fail right after training
@@ -83,8 +83,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..storage.atomic import write_json
-from ..storage.errors import OocError
+from ...storage.atomic import write_json
+from ...storage.errors import OocError
 from . import heartbeat as HB
 from .heartbeat import Heartbeat, HeartbeatMonitor
 from .averaging import (DEFAULT_COMPUTE_FRACTION, allocate_partitions, assign_partitions,
@@ -232,7 +232,7 @@ def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.Pa
         return out
     if out.exists():
         raise OocError(f"{out}: exists but has no partition.json (not a partition folder)")
-    from ..partition import partition_dataset
+    from ...partition import partition_dataset
 
     t0 = time.perf_counter()
     log(f"ooc.train: partitioning {data} into {parts} parts with SPRING -> {out}")
@@ -260,7 +260,7 @@ class LocalModel:
 
     def __init__(self, part: int, path: Path, config, options, log, resident_ok: bool,
                  heartbeat: Heartbeat | None = None):
-        from ..storage import open_dataset
+        from ...storage import open_dataset
 
         self.heartbeat = heartbeat
 
@@ -276,7 +276,7 @@ class LocalModel:
 
     def open(self):
         """The Trainer (built, and its states restored, if it was swapped out)."""
-        from .trainer import Trainer
+        from ..training.trainer import Trainer
 
         if self.trainer is None:
             if self.heartbeat is not None:
@@ -354,21 +354,21 @@ class AveragingTrainer:
         data: the full dataset (opened), for the model's shapes and the report.
         part_dir: the partition folder (``part_000/`` ...).
         parts: ``P``.
-        config: the run's :class:`~ooc.executor.trainer.TrainConfig` (its
+        config: the run's :class:`~ooc.executor.training.trainer.TrainConfig` (its
             evaluation settings are ignored: evaluation follows each sync).
-        options: :class:`~ooc.executor.modes.ModeOptions` of every local pipeline.
+        options: :class:`~ooc.executor.loader.stack.ModeOptions` of every local pipeline.
         comm: the process group (:class:`Comm`).
         sync_every: ``K``.
         optimizer_sync: ``"average"`` (the local Adam states are averaged
             like the weights) or ``"reset"`` (every local Adam restarts).
-        heartbeat: this worker's :class:`~ooc.executor.heartbeat.Heartbeat`
+        heartbeat: this worker's :class:`~ooc.executor.distributed.heartbeat.Heartbeat`
             (beats after every batch), or None.
     """
 
     def __init__(self, data, part_dir: Path, parts: int, config, options, comm: Comm,
                  sync_every: int = 1, log: Callable[[str], None] = print,
                  optimizer_sync: str = "average", heartbeat: Heartbeat | None = None):
-        from .models import build_model
+        from ..training.models import build_model
 
         if sync_every < 1:
             raise OocError(f"--sync-every must be >= 1, got {sync_every}")
@@ -494,7 +494,7 @@ class AveragingTrainer:
         """Rank 0 writes the averaged model (call right after a sync)."""
         if self.comm.rank != 0:
             return None
-        from .checkpoint import save_checkpoint
+        from ..training.checkpoint import save_checkpoint
 
         opt = None
         if self.opt_state is not None:
@@ -514,7 +514,7 @@ class AveragingTrainer:
 
     def resume(self, path: str | os.PathLike) -> dict[str, Any]:
         """Continue from a checkpoint of a sync: every local model loads its weights."""
-        from .checkpoint import check_dataset, load_checkpoint, model_from_checkpoint
+        from ..training.checkpoint import check_dataset, load_checkpoint, model_from_checkpoint
 
         state = load_checkpoint(path)
         check_dataset(state, self.data, path)
@@ -713,7 +713,7 @@ def _gather_train_nodes(trainer: AveragingTrainer, comm: Comm) -> list[int]:
 
 
 def _peak_rss() -> int:
-    from ..memory import peak_rss_bytes
+    from ...memory import peak_rss_bytes
 
     return peak_rss_bytes()
 
@@ -734,7 +734,7 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
 
     Child output is forwarded (stdout of rank 0 as is, the rest prefixed
     ``[rank R]``). The first child to exit non-zero, or to stop making progress
-    (:mod:`ooc.executor.heartbeat`: no heartbeat, or no progress, for
+    (:mod:`ooc.executor.distributed.heartbeat`: no heartbeat, or no progress, for
     ``OOC_HEARTBEAT_TIMEOUT`` seconds), ends the run: a stalled worker gets
     SIGKILL, the others SIGTERM (SIGKILL after :data:`TERMINATE_GRACE_S`), and
     this returns 1 after printing ``ooc: worker rank R failed: <reason>``.

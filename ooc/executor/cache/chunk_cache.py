@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._inference_kernels import next_use
+from ._chunk_kernels import next_use
 
 POLICIES = ("belady", "lru", "fifo")
 

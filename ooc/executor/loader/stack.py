@@ -2,7 +2,7 @@
 
 Every mode hands the trainer the same thing: a pipeline whose
 ``batches(epoch)`` yields ``(SampledBatch, rows)`` (see
-:mod:`ooc.executor.pipelines`), an evaluation pipeline factory and the feature
+:mod:`ooc.executor.loader.pipelines`), an evaluation pipeline factory and the feature
 source. Only the schedule and the I/O path differ, never the batches:
 
 ``baseline`` (the papers' PyG+)
@@ -19,11 +19,11 @@ source. Only the schedule and the I/O path differ, never the batches:
 ``ooc`` (Ginex)
     The same neighbor cache; the :class:`~ooc.inspector.pipeline.Inspector`
     samples superbatches ahead and precomputes Belady changesets; the
-    :class:`~ooc.executor.pipelines.SuperbatchPipeline` switches and updates
+    :class:`~ooc.executor.loader.pipelines.SuperbatchPipeline` switches and updates
     the feature cache; misses read with O_DIRECT.
 
 Cache sizes come from :class:`ModeOptions` (explicit sizes), else from a
-:class:`~ooc.executor.budget.MemoryPlan` (``--memory-budget``), else from
+:class:`~ooc.executor.sizing.budget.MemoryPlan` (``--memory-budget``), else from
 defaults scaled to the dataset (feature cache 10% of the rows, neighbor
 cache 25% of the full neighbor cache).
 """
@@ -43,14 +43,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..inspector.neighbors import CachedNeighbors, DirectNeighbors, NeighborRequest, NeighborSource
-from ..inspector.sampler import NeighborSampler, epoch_batches, derive_seed
-from ..storage.atomic import pid_alive
-from ..storage.errors import OocError
-from ..storage.pagecache import mapping_of
-from ..storage.layout import RowTable
+from ...inspector.neighbors import CachedNeighbors, DirectNeighbors, NeighborRequest, NeighborSource
+from ...inspector.sampler import NeighborSampler, epoch_batches, derive_seed
+from ...storage.atomic import pid_alive
+from ...storage.errors import OocError
+from ...storage.pagecache import mapping_of
+from ...storage.layout import RowTable
 from . import _mmap_kernels as MK
-from .feature_cache import FeatureCache
+from ..cache.feature_cache import FeatureCache
 from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
 
 MODES = ("baseline", "static", "ooc")
@@ -73,7 +73,7 @@ class ModeOptions:
         neighbor_cache_size: neighbor cache bytes (address table included).
         queue_depth: io_uring queue depth of the O_DIRECT readers.
         io_threads: threads of the baseline's memmap copies.
-        memory_budget: bytes the process may use (see :mod:`ooc.executor.budget`).
+        memory_budget: bytes the process may use (see :mod:`ooc.executor.sizing.budget`).
         io_backend: the O_DIRECT readers' backend (``auto`` or a name of
             :data:`ooc.storage.io_backends.REGISTRY`); baseline reads through memmaps.
     """
@@ -89,7 +89,7 @@ class ModeOptions:
     io_backend: str = "auto"
 
     def validate(self) -> None:
-        from ..storage.io_backends import check_choice
+        from ...storage.io_backends import check_choice
 
         try:
             check_choice(self.io_backend)
@@ -180,7 +180,7 @@ class ThreadedMmapFeatures(RowTable):
         pages from this process (the page cache keeps them): a fault maps the
         page-cache pages around it too (fault-around, 64 KiB), so at most
         ``threads x MMAP_CHUNK_ROWS x (row + 64 KiB)`` of the file is mapped at once
-        (the bound :mod:`ooc.executor.budget` counts)."""
+        (the bound :mod:`ooc.executor.sizing.budget` counts)."""
         MK.copy_rows(self.buf, offs, order, self.layout.row_bytes, ob, a, b)
         w = FAULT_AROUND_BYTES
         lo = int(offs[order[a]]) // w * w
@@ -278,7 +278,7 @@ def drop_mapping(arr: np.ndarray) -> None:
 
 def hot_nodes(dataset) -> np.ndarray:
     """Node ids by decreasing out-degree (ties by id): the static cache order."""
-    from ..inspector.neighbor_cache import compute_out_degrees
+    from ...inspector.neighbor_cache import compute_out_degrees
 
     deg = compute_out_degrees(dataset.indices, dataset.num_nodes)
     drop_mapping(dataset.indices)
@@ -287,7 +287,7 @@ def hot_nodes(dataset) -> np.ndarray:
 
 def default_sizes(dataset) -> tuple[int, int]:
     """(feature cache bytes, neighbor cache bytes) without a budget."""
-    from ..inspector.neighbor_cache import full_cache_bytes
+    from ...inspector.neighbor_cache import full_cache_bytes
 
     row = dataset.layout.row_bytes
     feat = (dataset.num_nodes // 10) * row
@@ -301,7 +301,7 @@ def _changeset_fn(num_nodes: int, capacity: int, device: str):
     of a whole initial set). Superbatches come in order from the inspector's one
     changeset thread, across epochs; if the executor stops early its cache differs from
     that state and the switch reads the difference: still exact."""
-    from ..inspector import changesets as C
+    from ...inspector import changesets as C
 
     if device in (None, "auto"):
         device = "cuda" if _cuda() else "cpu"
@@ -330,16 +330,16 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None,
 
     Args:
         dataset: an opened :class:`ooc.storage.Dataset`.
-        config: a :class:`~ooc.executor.trainer.TrainConfig` (mode, fanouts,
+        config: a :class:`~ooc.executor.training.trainer.TrainConfig` (mode, fanouts,
             batch sizes, seed, threads, device).
         options: cache and I/O settings (defaults: :class:`ModeOptions`).
-        plan: a :class:`~ooc.executor.budget.MemoryPlan` giving cache sizes and
+        plan: a :class:`~ooc.executor.sizing.budget.MemoryPlan` giving cache sizes and
             the superbatch size where ``options`` leaves them open.
         seeds: the training pipeline's seed nodes (int64 [n]; default the
             dataset's ``train_idx``), split into batches of ``config.batch_size``
             in a per-epoch seeded shuffle when ``shuffle``.
     """
-    from ..storage.direct import DirectFeatures, DirectReader
+    from ...storage.direct import DirectFeatures, DirectReader
 
     opts = options or ModeOptions()
     opts.validate()
@@ -375,7 +375,7 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None,
         nsrc._own = True
         closers.append(nsrc.close)
         if nbr_bytes >= 8 * dataset.num_nodes:
-            from ..inspector.neighbor_cache import load_or_build_neighbor_cache
+            from ...inspector.neighbor_cache import load_or_build_neighbor_cache
 
             ncache = load_or_build_neighbor_cache(dataset, int(nbr_bytes))
             drop_mapping(dataset.indices)
@@ -404,7 +404,7 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None,
         train = OnDemandPipeline(sampler, seeds, config.batch_size, config.seed,
                                  features, shuffle=shuffle, cache=cache)
     else:
-        from ..inspector.pipeline import (Inspector, measure_bytes_per_batch,
+        from ...inspector.pipeline import (Inspector, measure_bytes_per_batch,
                                           superbatch_size_for_budget)
 
         nb = max(1, -(-len(seeds) // config.batch_size))

@@ -66,12 +66,12 @@ from typing import Any
 
 import numpy as np
 
-from ..memory import anon_rss_bytes, trim_malloc
-from ..memory import current_rss_bytes as rss_bytes
-from ..memory import peak_rss_bytes as hwm_bytes
-from ..memory import reset_peak_rss as reset_hwm
-from ..storage.errors import OocError
-from .pipelines import PREFETCH
+from ...memory import anon_rss_bytes, trim_malloc
+from ...memory import current_rss_bytes as rss_bytes
+from ...memory import peak_rss_bytes as hwm_bytes
+from ...memory import reset_peak_rss as reset_hwm
+from ...storage.errors import OocError
+from ..loader.pipelines import PREFETCH
 
 MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
@@ -150,7 +150,7 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0) -> st
     stamp = _kernels_stamp(dataset, config.mode)
     if stamp is not None and stamp.exists():
         return "loaded from numba's cache (compiled by an earlier run)"
-    cmd = [sys.executable, "-c", "import sys; from ooc.executor.budget import _child_main; "
+    cmd = [sys.executable, "-c", "import sys; from ooc.executor.sizing.budget import _child_main; "
            "_child_main(sys.argv[1:])", config.mode, str(dataset.path),
            ",".join(str(f) for f in config.fanouts), str(config.num_threads or 0),
            str(opts.queue_depth), str(opts.io_threads), getattr(opts, "io_backend", "auto")]
@@ -181,7 +181,7 @@ def _kernels_stamp(dataset, mode: str):
 
     import numba
 
-    pkg = Path(__file__).resolve().parents[1]
+    pkg = Path(__file__).resolve().parents[2]
     h = hashlib.sha1(f"{numba.__version__}|{mode}|{np.dtype(dataset.feature_dtype).str}|"
                      f"{np.dtype(dataset.index_dtype).str}".encode())
     try:
@@ -195,15 +195,15 @@ def _kernels_stamp(dataset, mode: str):
 
 
 def _default_options():
-    from .modes import ModeOptions
+    from ..loader.stack import ModeOptions
 
     return ModeOptions()
 
 
 def _child_main(argv: list[str]) -> None:
     """``compile_kernels``'s child: MODE DATA FANOUTS THREADS QUEUE_DEPTH IO_THREADS BACKEND."""
-    from ..inspector.sampler import NeighborSampler
-    from ..storage import open_dataset
+    from ...inspector.sampler import NeighborSampler
+    from ...storage import open_dataset
 
     mode, path, fanouts, threads, qd, io_threads, backend = argv
     ds = open_dataset(path)
@@ -228,14 +228,14 @@ def _child_main(argv: list[str]) -> None:
 def _uncached_sources(dataset, mode: str, opts):
     """The mode's neighbour source and feature source without caches, and their closers."""
     if mode == "baseline":
-        from .modes import ThreadedMmapFeatures, ThreadedMmapNeighbors
+        from ..loader.stack import ThreadedMmapFeatures, ThreadedMmapNeighbors
 
         nsrc = ThreadedMmapNeighbors(dataset.indices, opts.io_threads)
         feats = ThreadedMmapFeatures(dataset.file("features.bin"), dataset.layout,
                                      opts.io_threads)
     else:
-        from ..inspector.neighbors import DirectNeighbors
-        from ..storage.direct import DirectFeatures, DirectReader
+        from ...inspector.neighbors import DirectNeighbors
+        from ...storage.direct import DirectFeatures, DirectReader
 
         backend = getattr(opts, "io_backend", "auto")
         reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth,
@@ -259,11 +259,11 @@ def warm_up_kernels(mode: str, dim: int, dtype) -> None:
     The probe below covers the sampler and the readers; this covers the
     neighbor cache, the feature cache and the changeset pass.
     """
-    from ..inspector.changesets import precompute_changesets
-    from ..inspector.neighbor_cache import build_neighbor_cache
-    from ..inspector.neighbors import CachedNeighbors, InMemoryNeighbors
-    from ..inspector.sampler import NeighborSampler
-    from .feature_cache import FeatureCache
+    from ...inspector.changesets import precompute_changesets
+    from ...inspector.neighbor_cache import build_neighbor_cache
+    from ...inspector.neighbors import CachedNeighbors, InMemoryNeighbors
+    from ...inspector.sampler import NeighborSampler
+    from ..cache.feature_cache import FeatureCache
 
     n = 32
     src = np.arange(4 * n, dtype=np.int64) % n
@@ -298,10 +298,10 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
 
     Args:
         dataset: an opened dataset.
-        config: the :class:`~ooc.executor.trainer.TrainConfig` (mode, fanouts,
+        config: the :class:`~ooc.executor.training.trainer.TrainConfig` (mode, fanouts,
             batch sizes, seed, whether it evaluates).
         budget: bytes the process may use.
-        options: :class:`~ooc.executor.modes.ModeOptions` (explicit cache sizes
+        options: :class:`~ooc.executor.loader.stack.ModeOptions` (explicit cache sizes
             are kept and count against the budget; superbatch size).
         model: the model to probe a training step (and evaluation) with, on a
             copy; None probes sampling and gathering only.
@@ -312,8 +312,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
         OocError: the budget is below what the mode needs (the message gives
             the smallest budget that works, see :func:`suggest_budget`).
     """
-    from ..inspector.neighbor_cache import full_cache_bytes
-    from ..inspector.sampler import epoch_batches
+    from ...inspector.neighbor_cache import full_cache_bytes
+    from ...inspector.sampler import epoch_batches
 
     opts = options or _default_options()
     mode = config.mode
@@ -355,7 +355,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
         return int(samples + changeset)
 
     if mode == "ooc":
-        from ..inspector.pipeline import superbatch_size_for_budget
+        from ...inspector.pipeline import superbatch_size_for_budget
 
         if not opts.superbatch_size:
             s_disk = superbatch_size_for_budget(opts.runtime_disk_budget, bpb, ahead=1)
@@ -418,7 +418,7 @@ def _mapped_pages_bound(dataset, opts, max_edges: int) -> int:
     neighbour reader the whole map after each request (a request touches at
     most one window per sampled edge). The probe runs on a cold page cache, so
     it measures none of this and the bound counts all of it."""
-    from .modes import FAULT_AROUND_BYTES, MMAP_CHUNK_ROWS
+    from ..loader.stack import FAULT_AROUND_BYTES, MMAP_CHUNK_ROWS
 
     w = FAULT_AROUND_BYTES
     feats = opts.io_threads * MMAP_CHUNK_ROWS * (dataset.layout.row_bytes + w)
@@ -451,14 +451,14 @@ def _probe(dataset, config, opts, model) -> dict[str, Any]:
     Returns ``peaks`` (``sample``, ``train_loop``, ``eval_loop`` when the
     config evaluates), ``bytes_per_batch`` (runtime files) and ``ids_per_batch``.
     """
-    from ..inspector.pipeline import bytes_per_batch
-    from ..inspector.sampler import NeighborSampler, derive_seed, epoch_batches
-    from .modes import EVAL_SEED_OFFSET, drop_mapping
+    from ...inspector.pipeline import bytes_per_batch
+    from ...inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ..loader.stack import EVAL_SEED_OFFSET, drop_mapping
 
     held = PREFETCH + 2
     if config.mode == "baseline":
         # a cold page cache: faults map no neighbouring pages (their bound is computed)
-        from ..storage.pagecache import drop_page_cache
+        from ...storage.pagecache import drop_page_cache
 
         for name in ("features.bin", "indices.bin"):
             drop_page_cache(dataset.file(name))
@@ -514,7 +514,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
     import torch
     import torch.nn.functional as F
 
-    from .batch import to_data
+    from ..loader.batch import to_data
 
     state = torch.get_rng_state()
     try:
@@ -542,7 +542,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
 
 
 def _fmt(nbytes: float) -> str:
-    from ..cli import format_size
+    from ...cli import format_size
 
     return format_size(nbytes)
 
@@ -559,4 +559,4 @@ __all__ = ["MemoryPlan", "STABILITY", "anon_rss_bytes", "child_peak_rss", "compi
            "smallest_budget", "suggest_budget"]
 
 if os.name != "posix":  # pragma: no cover
-    raise ImportError("ooc.executor.budget needs /proc (Linux)")
+    raise ImportError("ooc.executor.sizing.budget needs /proc (Linux)")

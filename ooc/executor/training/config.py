@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..storage.errors import OocError
+from ...storage.errors import OocError
 
 
 @dataclass
@@ -39,7 +39,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Range-check every setting (one-line :class:`OocError` naming the CLI option)."""
-        from ..cli import check_range
+        from ...cli import check_range
 
         if not self.fanouts or any((f == 0 or f < -1) for f in self.fanouts):
             raise OocError(f"bad fanouts {self.fanouts}: need one per layer, each > 0 or -1 (all)")

@@ -1,0 +1,1 @@
+"""Layer-wise inference: every layer over all nodes, embeddings on disk (Zarr)."""
