@@ -1,0 +1,177 @@
+"""The models layer-wise inference runs: one layer at a time on a local graph.
+
+:func:`as_layerwise` turns a model into a :class:`LayerwiseModel`:
+
+* a model with ``num_layers`` and ``layer(l, x, edge_index, edge_weight=None)``
+  (ooc's :class:`~ooc.executor.training.models.GNN`, or a user's own module
+  following the protocol in :mod:`ooc.executor.inference.layerwise`) is used
+  as it is; ``kind == "gcn"`` or ``gcn_norm = True`` asks for full-graph GCN
+  weights;
+* a stock PyG :class:`torch_geometric.nn.models.basic_gnn.BasicGNN`
+  (``GraphSAGE``, ``GCN``, ``GAT``, ``GIN``, ``EdgeCNN``, ``PNA``) is run from its
+  parts: ``convs[l]``, then for all but the last layer the norm and the
+  activation in the order ``act_first`` says (dropout is the identity in eval
+  mode). What cannot be computed one layer at a time on a node's
+  in-neighbourhood is refused with one line: jumping knowledge, norms over the
+  whole graph (``InstanceNorm``, ``GraphNorm``, ``LayerNorm(mode="graph")``,
+  batch norm without running statistics), and GCN convolutions with
+  ``improved=True`` or normalisation without self loops.
+
+GCN: a ``GCNConv`` with ``normalize=True`` is called with ``normalize`` off and
+the full-graph weights ``1/sqrt(deg(src) deg(dst))`` (in-degree without self
+loops + 1, one self loop per target) that ``gcn_norm`` computes on the whole
+graph; the flag is restored after the call.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ...storage.errors import OocError
+
+LayerFn = Callable[[int, Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+@dataclass
+class LayerwiseModel:
+    """A model as layer-wise inference sees it.
+
+    Attributes:
+        module: the user's module (put in eval mode; its state dict is the
+            run's fingerprint).
+        num_layers: number of layers.
+        layer: ``layer(l, x, edge_index, edge_weight)`` -> [n_local, d_out]
+            (x float32 [n_local, d_in], edge_index int64 [2, m] local ids,
+            row 0 = source, row 1 = target).
+        gcn_norm: the layers take full-graph GCN weights (``edge_weight`` float32
+            [m], self loops in ``edge_index``).
+        name: the model's name in the report.
+    """
+    module: torch.nn.Module
+    num_layers: int
+    layer: LayerFn
+    gcn_norm: bool
+    name: str
+
+    def digest(self) -> str:
+        """A digest of the state dict (weights and buffers)."""
+        h = hashlib.sha256()
+        for k, v in self.module.state_dict().items():
+            h.update(k.encode())
+            h.update(v.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:24]
+
+    def out_dim(self, l: int, d_in: int) -> int:
+        """Width of layer ``l``'s output, found by running it on one node."""
+        x = torch.zeros(1, d_in)
+        if self.gcn_norm:
+            return int(self.layer(l, x, torch.zeros(2, 1, dtype=torch.long), torch.ones(1)).shape[-1])
+        return int(self.layer(l, x, torch.zeros(2, 0, dtype=torch.long), None).shape[-1])
+
+
+def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
+    """``model`` as a :class:`LayerwiseModel` (put in eval mode), or a one-line
+    :class:`OocError` saying why it cannot be run layer by layer."""
+    from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+    if hasattr(model, "layer") and hasattr(model, "num_layers"):
+        model.eval()
+        gcn = getattr(model, "kind", None) == "gcn" or bool(getattr(model, "gcn_norm", False))
+        return LayerwiseModel(model, int(model.num_layers), model.layer, gcn,
+                              str(getattr(model, "kind", type(model).__name__)))
+    if isinstance(model, BasicGNN):
+        return _stock(model)
+    raise OocError("the model does not follow the layer-wise protocol "
+                   "(needs num_layers and layer(l, x, edge_index, edge_weight)) and is not a "
+                   "stock PyG BasicGNN (GraphSAGE, GCN, GAT, GIN, EdgeCNN, PNA)")
+
+
+# ----------------------------------------------------------------------------- stock PyG
+def _stock(model) -> LayerwiseModel:
+    """A stock PyG ``BasicGNN`` run layer by layer (see the module docstring)."""
+    name = type(model).__name__
+    if model.jk_mode is not None or hasattr(model, "lin"):
+        raise OocError(f"{name}(jk={model.jk_mode!r}): jumping knowledge combines every "
+                       "layer's output; layer-wise inference runs one layer at a time")
+    for l in range(model.num_layers - 1):
+        why = _norm_problem(model.norms[l])
+        if why:
+            raise OocError(f"{name}: norms[{l}] {why}; layer-wise inference supports "
+                           "BatchNorm with running statistics, LayerNorm(mode='node') or none")
+    gcn = _gcn_normalises(model)
+    model.eval()
+    return LayerwiseModel(model, int(model.num_layers), _StockLayers(model, gcn), gcn, name)
+
+
+def _norm_problem(norm: torch.nn.Module) -> str | None:
+    """Why ``norm`` is not a per-node map in eval mode (None when it is)."""
+    from torch_geometric.nn import norm as pyg_norm
+
+    if isinstance(norm, (torch.nn.Identity, torch.nn.LayerNorm)):
+        return None
+    if isinstance(norm, pyg_norm.LayerNorm):
+        return None if norm.mode == "node" else \
+            f"LayerNorm(mode={norm.mode!r}) normalises over the whole graph"
+    bn = norm.module if isinstance(norm, pyg_norm.BatchNorm) else norm
+    if isinstance(bn, torch.nn.modules.batchnorm._BatchNorm):
+        return None if bn.track_running_stats else \
+            "BatchNorm without running statistics normalises over the whole graph"
+    return f"{type(norm).__name__} is not known to act on each node alone"
+
+
+def _gcn_normalises(model) -> bool:
+    """Whether the convolutions are GCNConv with the normalisation of ``gcn_norm`` with
+    self loops (then they take full-graph weights); refuses the variants it cannot match."""
+    from torch_geometric.nn import GCNConv
+
+    convs = [c for c in model.convs if isinstance(c, GCNConv)]
+    if not convs:
+        return False
+    norm = {bool(c.normalize) for c in convs}
+    if len(convs) != len(model.convs) or len(norm) != 1:
+        raise OocError(f"{type(model).__name__}: GCN convolutions mixed with others or with "
+                       "and without normalize; layer-wise inference needs one kind")
+    if not norm.pop():
+        return False  # a plain sum over in-edges: exact on the local graph as it is
+    for c in convs:
+        if c.improved or not c.add_self_loops:
+            raise OocError(f"{type(model).__name__}: GCNConv(improved={c.improved}, "
+                           f"add_self_loops={c.add_self_loops}) is not supported layer-wise "
+                           "(full-graph weights are computed for improved=False with self loops)")
+    return True
+
+
+class _StockLayers:
+    """``layer(l, x, edge_index, edge_weight)`` of a stock ``BasicGNN``: conv, then
+    (all but the last layer) norm and activation as ``act_first`` orders them."""
+
+    def __init__(self, model, gcn: bool):
+        self.model = model
+        self.gcn = gcn
+
+    def _conv(self, l: int, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None) -> Tensor:
+        conv = self.model.convs[l]
+        if not self.gcn:
+            return conv(x, edge_index)
+        conv.normalize = False  # the weights are final: full-graph gcn_norm
+        try:
+            return conv(x, edge_index, edge_weight)
+        finally:
+            conv.normalize = True
+
+    def __call__(self, l: int, x: Tensor, edge_index: Tensor,
+                 edge_weight: Tensor | None = None) -> Tensor:
+        m = self.model
+        h = self._conv(l, x, edge_index, edge_weight)
+        if l == m.num_layers - 1:
+            return h
+        if m.act is not None and m.act_first:
+            h = m.act(h)
+        h = m.norms[l](h)
+        if m.act is not None and not m.act_first:
+            h = m.act(h)
+        return m.dropout(h)

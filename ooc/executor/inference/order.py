@@ -1,0 +1,74 @@
+"""The processing order of layer-wise inference: which node each output row holds.
+
+Rows of every layer array are written in processing order; ``perm`` maps row
+-> node (int64 [N]) and ``rowof`` its inverse, node -> row.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from ...storage.dataset import Dataset
+from ...storage.errors import OocError
+
+ORDERS = ("auto", "natural", "pds", "degree")
+
+
+def _partition_of(dataset: Dataset, order: Any, partition: Any) -> tuple[np.ndarray | None, Any]:
+    """The partition assignment the order uses (or None) and the order's name."""
+    if isinstance(order, np.ndarray) or (not isinstance(order, str) and order is not None):
+        return np.asarray(order), "pds"
+    if partition is not None:
+        if isinstance(partition, (str, os.PathLike)):
+            return np.load(partition), order
+        return np.asarray(partition), order
+    if order in ("auto", "pds") and (dataset.path / "owner.npy").is_file():
+        return np.load(dataset.path / "owner.npy"), order
+    return None, order
+
+
+def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
+                  ) -> tuple[np.ndarray | None, str]:
+    """The processing order ``perm`` (row -> node, int64 [N]) or None for node id order.
+
+    ``order``: ``auto``, ``natural``, ``pds``, ``degree``, or a partition
+    assignment array (PDS over it). ``partition``: assignment array or path
+    to an ``owner.npy``.
+    """
+    owner, order = _partition_of(dataset, order, partition)
+    if order == "auto":
+        order = "pds" if owner is not None else "natural"
+    if order not in ORDERS:
+        raise OocError(f"unknown order {order!r} (choose one of {', '.join(ORDERS)} "
+                       "or pass a partition assignment array)")
+    if order == "natural":
+        return None, "natural"
+    deg = dataset.in_degrees()
+    if order == "degree":
+        return np.argsort(-deg, kind="stable").astype(np.int64), "degree"
+    if owner is None:
+        raise OocError("order 'pds' needs a partitioning: pass partition= (owner.npy from "
+                       "`python -m ooc.partition`) or put owner.npy in the dataset folder")
+    owner = np.asarray(owner).reshape(-1)
+    if owner.shape[0] != dataset.num_nodes:
+        raise OocError(f"partition assignment has {owner.shape[0]} entries, the graph "
+                       f"{dataset.num_nodes} nodes")
+    return np.lexsort((-deg, owner)).astype(np.int64), "pds"
+
+
+def order_digest(perm: np.ndarray | None) -> str:
+    """``natural`` for node id order, else a digest of ``perm`` (for the run's fingerprint)."""
+    return "natural" if perm is None else hashlib.sha256(perm.tobytes()).hexdigest()[:24]
+
+
+def rows_and_nodes(perm: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(perm, rowof)`` as int64 [N] arrays; the same identity array twice in node id order."""
+    if perm is None:
+        ident = np.arange(n, dtype=np.int64)
+        return ident, ident
+    rowof = np.empty(n, dtype=np.int64)
+    rowof[perm] = np.arange(n, dtype=np.int64)
+    return perm, rowof

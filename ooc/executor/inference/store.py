@@ -1,0 +1,246 @@
+"""The Zarr output of layer-wise inference: the partial folder, its progress record,
+the layer arrays, predictions and the atomic swap into place.
+
+Layout of a finished output (a Zarr v3 group): ``h1`` .. ``hL`` float32
+[N, d_l] chunked by ``chunk_rows`` rows, ``pred`` int64 [N], ``row_of_node``
+int64 [N] when rows are not in node id order, and ``progress.json``.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ...storage.atomic import write_json
+from ...storage.dataset import Dataset
+from ...storage.errors import OocError
+
+PROGRESS_FILE = "progress.json"
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or folder; a path that cannot be opened is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def partial_path(out: str | os.PathLike) -> Path:
+    """Where :func:`~ooc.executor.inference.layerwise.layerwise_inference` builds ``out``
+    before renaming it: ``.<name>.partial`` in the same folder."""
+    out = Path(out)
+    return out.parent / f".{out.name}.partial"
+
+
+def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = None) -> np.ndarray:
+    """Rows of array ``name`` (``h1`` .. ``hL``, ``pred``) for node ids ``ids``
+    (all nodes, in node id order, when None), undoing the processing order."""
+    import zarr
+
+    g = zarr.open_group(str(out), mode="r")
+    arr = g[name]
+    n = arr.shape[0]
+    ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+    if "row_of_node" in g:
+        rows = np.asarray(g["row_of_node"][:])[ids]
+    else:
+        rows = ids
+    if rows.size and np.all(np.diff(rows) == 1):
+        return np.asarray(arr[int(rows[0]):int(rows[-1]) + 1])
+    return np.asarray(arr.oindex[rows] if arr.ndim == 1 else arr.oindex[rows, :])
+
+
+# ----------------------------------------------------------------------------- progress
+def read_progress(folder: Path) -> dict | None:
+    """``folder/progress.json`` as a dict; None when absent or unreadable."""
+    try:
+        old = json.loads((folder / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return old if isinstance(old, dict) and isinstance(old.get("fingerprint"), dict) else None
+
+
+@dataclass
+class Progress:
+    """What ``progress.json`` of the partial folder records, and the hook called per chunk.
+
+    ``state``: ``fingerprint`` (the run), ``layers_done``, ``layer`` (the one
+    being written), ``chunks_done`` (its finished output chunks), ``complete``.
+    """
+    path: Path
+    state: dict
+    on_chunk: Callable[[int, int], None] | None = None
+
+    @classmethod
+    def open(cls, work: Path, fingerprint: dict,
+             on_chunk: Callable[[int, int], None] | None = None) -> "Progress":
+        """Resume the record of ``work`` when it is of the same run; else empty ``work``."""
+        state = {"fingerprint": fingerprint, "layers_done": 0, "layer": 0, "chunks_done": 0,
+                 "complete": False}
+        old = read_progress(work)
+        if old is not None and old.get("fingerprint") == fingerprint:
+            state = old
+        elif any(work.iterdir()):  # a partial output of another run: start over
+            for p in work.iterdir():
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        return cls(work / PROGRESS_FILE, state, on_chunk)
+
+    @property
+    def resumed(self) -> bool:
+        return bool(self.state["layers_done"] or self.state["chunks_done"])
+
+    def save(self) -> None:
+        write_json(self.path, self.state)
+
+    def first_chunk(self, l: int, exists: bool) -> int:
+        """The first output chunk of layer ``l`` still to write (0 unless resuming it)."""
+        return int(self.state["chunks_done"]) if (self.state["layer"] == l and exists) else 0
+
+    def chunk_written(self, l: int, c: int) -> None:
+        self.state["chunks_done"] = c + 1
+        self.save()
+
+    def layer_written(self, l: int) -> None:
+        self.state.update(layers_done=l + 1, layer=l + 1, chunks_done=0)
+        self.save()
+
+    def finish(self) -> None:
+        self.state["complete"] = True
+        self.save()
+
+
+# ----------------------------------------------------------------------------- the group
+def open_group(work: Path, order_name: str, chunk_rows: int, num_layers: int,
+               perm: np.ndarray | None, rowof: np.ndarray):
+    """Open (or create) the Zarr group in ``work`` and write its attributes and,
+    for a processing order other than node ids, ``row_of_node``."""
+    import zarr
+
+    group = zarr.open_group(str(work), mode="a")
+    group.attrs.update({"format": "ooc-layerwise-inference", "order": order_name,
+                        "chunk_rows": chunk_rows, "num_layers": num_layers,
+                        "arrays": [f"h{i + 1}" for i in range(num_layers)], "complete": False})
+    if perm is not None and "row_of_node" not in group:
+        group.create_array("row_of_node", data=rowof, chunks=(max(chunk_rows, 1 << 20),),
+                           compressors=None)
+    return group
+
+
+def layer_array(group, name: str, n: int, d_out: int, chunk_rows: int):
+    """``group[name]`` when it exists, else a new float32 [n, d_out] array."""
+    if name in group:
+        return group[name]
+    return group.create_array(name, shape=(n, d_out), dtype="float32",
+                              chunks=(chunk_rows, d_out), compressors=None, fill_value=0.0,
+                              overwrite=True)
+
+
+def write_chunk(group, arr, name: str, c: int, c0: int, buf: np.ndarray) -> None:
+    """Write rows ``c0..`` of output chunk ``c`` and fsync its file."""
+    arr[c0:c0 + buf.shape[0]] = buf
+    fsync_path(Path(group.store.root) / name / "c" / str(c) / "0")
+
+
+def _split_codes(dataset: Dataset, n: int) -> np.ndarray:
+    """int8 [N]: 1 train, 2 val, 3 test, 0 none."""
+    split_of = np.zeros(n, dtype=np.int8)
+    for code, ids in ((1, dataset.train_idx), (2, dataset.val_idx), (3, dataset.test_idx)):
+        split_of[ids] = code
+    return split_of
+
+
+def predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows: int,
+                num_chunks: int, write: bool = True) -> dict:
+    """Write ``pred`` (argmax of the last layer, processing order) and accuracies
+    (``write=False``: read ``pred`` as it is)."""
+    n = perm.shape[0]
+    arr = group[name]
+    if write:
+        pred_arr = group.create_array("pred", shape=(n,), dtype="int64", chunks=(chunk_rows,),
+                                      compressors=None, fill_value=-1, overwrite=True)
+    else:
+        pred_arr = group["pred"]
+    has_labels = dataset.num_classes > 0
+    split_of = _split_codes(dataset, n) if has_labels else None
+    correct = np.zeros(4, dtype=np.int64)
+    total = np.zeros(4, dtype=np.int64)
+    for c in range(num_chunks):
+        c0, c1 = c * chunk_rows, min(n, (c + 1) * chunk_rows)
+        if write:
+            p = np.asarray(arr[c0:c1]).argmax(axis=1).astype(np.int64)
+            pred_arr[c0:c1] = p
+        else:
+            p = np.asarray(pred_arr[c0:c1])
+        if has_labels:
+            nodes = perm[c0:c1]
+            y = np.asarray(dataset.labels[nodes])
+            sp = split_of[nodes]
+            correct += np.bincount(sp[(p == y) & (y >= 0)], minlength=4)
+            total += np.bincount(sp[y >= 0], minlength=4)
+    res: dict[str, Any] = {"predictions": "pred"}
+    if has_labels:
+        res["accuracy"] = {k: (float(correct[i] / total[i]) if total[i] else None)
+                           for i, k in ((1, "train"), (2, "val"), (3, "test"))}
+        res["test_accuracy"] = res["accuracy"]["test"]
+    return res
+
+
+# ----------------------------------------------------------------------------- atomic output
+def not_replaceable(out: Path) -> str | None:
+    """Why ``out`` is not an output of this module that ``overwrite`` may replace."""
+    if out.is_symlink() or not out.is_dir():
+        return "is not a folder"
+    if read_progress(out) is None:
+        return f"has no {PROGRESS_FILE} of ooc.infer (not an inference output)"
+    return None
+
+
+@contextlib.contextmanager
+def locked_partial(work: Path):
+    """Create ``work`` (when absent) and hold an exclusive ``flock`` on it; an empty
+    ``work`` is removed afterwards."""
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise OocError(f"{work}: cannot create the output folder ({e.strerror or e})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OocError(f"{work}: another ooc.infer is writing this output") from None
+        yield fd
+    finally:
+        with contextlib.suppress(OSError):
+            work.rmdir()  # only when empty: the run failed before writing anything
+        os.close(fd)
+
+
+def swap_in(work: Path, out: Path) -> None:
+    """Rename the finished ``work`` folder to ``out`` (replacing an old ``out``)."""
+    from ...storage.atomic import exchange
+
+    fsync_path(work)
+    if os.path.lexists(out):
+        if exchange(work, out):
+            shutil.rmtree(work, ignore_errors=True)  # now the old output
+        else:
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.rename(out, old)
+            os.rename(work, out)
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(work, out)
+    fsync_path(out.parent)
