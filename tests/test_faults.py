@@ -44,13 +44,13 @@ if which == "train":
     T.Trainer._to_data = patched
     from ooc.train import main
 else:
-    import ooc.executor.inference.layerwise as I
-    orig = I._fsync_path
+    import ooc.executor.inference.store as I
+    orig = I.fsync_path
     def patched(path):
         orig(path)
         if "/c/" in str(path):  # an output chunk, durably written
             hit()
-    I._fsync_path = patched
+    I.fsync_path = patched
     from ooc.infer import main
 sys.exit(main(sys.argv[3:]))
 """
