@@ -337,8 +337,11 @@ def _feature_file(tmp_path, num_rows, dim, dtype, seed=0):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dim,dtype", [(7, "float32"), (128, "float32"), (100, "float16"),
-                                       (1024, "float32"), (3000, "float16"), (2048, "float16")])
+                                       (1024, "float32"), (3000, "float16"), (2048, "float16"),
+                                       (3072, "float32"), (1500, "float32")])
 def test_features_match_numpy(tmp_path, backend, dim, dtype):
+    """Rows smaller than a page (7, 128, 100), exactly a page (1024 f32, 2048 f16), three
+    pages (3072 f32) and not a multiple of a page (3000 f16, 1500 f32)."""
     path, lay, rows = _feature_file(tmp_path, 500, dim, dtype)
     _backend_or_skip(backend, path)
     rng = np.random.default_rng(dim)
@@ -361,6 +364,86 @@ def test_features_match_numpy(tmp_path, backend, dim, dtype):
             f.read(np.array([500]))
         with pytest.raises(IndexError):
             f.read(np.array([-1]))
+
+
+def _whole_rows_direct(backend) -> bool:
+    """Whether this backend reads whole-page rows straight into the caller's rows."""
+    return B.backend_class(backend).fresh_buffers
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,dtype", [(1024, "float32"), (2048, "float32"), (3000, "float16"),
+                                       (100, "float32")])
+def test_feature_rows_take_the_direct_path_where_they_can(tmp_path, backend, dim, dtype):
+    """Whole-page rows land in the returned array with no page buffer (counted in
+    ``rows_direct``) on every backend that allows it; an O_DIRECT read into a caller's
+    array that is not page-aligned, and rows that are not whole pages, go through the page
+    buffer (``rows_copied``). Either way the bytes are numpy's."""
+    path, lay, rows = _feature_file(tmp_path, 400, dim, dtype)
+    _backend_or_skip(backend, path)
+    whole = lay.row_bytes % PAGE == 0
+    rng = np.random.default_rng(5)
+    with DirectFeatures(path, lay, queue_depth=16, backend=backend) as f:
+        direct = whole and _whole_rows_direct(backend)
+        ids = rng.integers(0, 400, 300)
+        got = f.read(ids)
+        np.testing.assert_array_equal(got, rows[ids])
+        assert (f.stats.rows_direct, f.stats.rows_copied) == ((300, 0) if direct else (0, 300))
+        if direct:
+            assert got.ctypes.data % PAGE == 0
+        # a caller's page-aligned array
+        out = aligned_empty(300 * lay.row_bytes).view(dtype).reshape(300, dim)
+        f.stats.reset()
+        assert f.read(ids, out=out) is out
+        np.testing.assert_array_equal(out, rows[ids])
+        assert f.stats.rows_direct == (300 if direct else 0)
+        # a caller's array off a page boundary
+        raw = aligned_empty(300 * lay.row_bytes + PAGE)
+        off = raw[64:64 + 300 * lay.row_bytes].view(dtype).reshape(300, dim)
+        f.stats.reset()
+        assert f.read(ids, out=off) is off
+        np.testing.assert_array_equal(off, rows[ids])
+        aligned_only = f.reader.o_direct or not direct
+        assert f.stats.rows_copied == (300 if aligned_only else 0)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if _whole_rows_direct(b)])
+def test_whole_rows_merge_into_runs_only_where_the_target_is_contiguous(tmp_path, backend):
+    """Rows next to each other in the file and in ``ids`` are one read (up to
+    ``max_read_bytes``); rows next to each other in the file only are not; a repeated id
+    is read once."""
+    path, lay, rows = _feature_file(tmp_path, 200, 2048, "float32")  # 2 pages a row
+    _backend_or_skip(backend, path)
+    with DirectFeatures(path, lay, queue_depth=8, backend=backend,
+                        max_read_bytes=6 * PAGE) as f:
+        cases = [
+            (np.arange(10, 19), 3, 18),             # 9 rows, 3 per run
+            (np.arange(18, 9, -1), 9, 18),          # file order reversed in the target
+            (np.array([7, 3, 7, 4, 7, 5]), 4, 8),   # 7 read once; 3, 4, 5 not adjacent in ids
+            (np.array([3, 4, 5, 5, 6]), 2, 8),      # the repeat splits the target run
+        ]
+        for ids, ops, pages in cases:
+            f.stats.reset()
+            np.testing.assert_array_equal(f.read(ids), rows[ids])
+            assert (f.stats.read_ops, f.stats.pages) == (ops, pages), ids
+
+
+def test_feature_read_refuses_a_wrong_out(tmp_path):
+    path, lay, rows = _feature_file(tmp_path, 50, 1024, "float32")
+    ids = np.array([1, 2, 3])
+    with DirectFeatures(path, lay) as f:
+        for bad in (np.empty((3, 1023), np.float32), np.empty((4, 1024), np.float32),
+                    np.empty((3, 1024), np.float64), np.empty((1024, 3), np.float32).T,
+                    np.empty((0, 1024), np.float32)):
+            with pytest.raises(ValueError) as e:
+                f.read(ids, out=bad)
+            msg = str(e.value)
+            assert "\n" not in msg and "features_1024_float32.bin" in msg
+            assert "float32" in msg and "(3, 1024)" in msg
+        empty = np.empty((0, 1024), np.float32)
+        assert f.read(np.array([], np.int64), out=empty) is empty
+        assert f.read(np.array([], np.int64)).shape == (0, 1024)
+        assert f.stats.requests == 0
 
 
 def test_features_truncated(tmp_path):

@@ -130,6 +130,48 @@ def test_feature_rows_match_numpy(tmp_path):
         np.testing.assert_array_equal(f.read(ids), x[ids])
 
 
+def test_rows_read_once_are_not_registered(tmp_path):
+    """Whole-page rows read straight into a new array each call are plain reads (no
+    registration per call); the page buffer of smaller rows stays registered once."""
+    x = np.random.default_rng(3).standard_normal((700, 1024)).astype(np.float32)
+    path = tmp_path / "features.bin"
+    x.tofile(path)  # 4 KiB rows: the file is the rows
+    rng = np.random.default_rng(4)
+    with DirectFeatures(path, FeatureLayout(700, 1024, "float32"), queue_depth=16,
+                        backend="io_uring") as f:
+        io = f.reader._io
+        for _ in range(5):
+            ids = rng.integers(0, 700, 500)
+            np.testing.assert_array_equal(f.read(ids), x[ids])
+        assert io.registrations == 0 and io.reads_fixed == 0
+        assert io.reads_plain == f.stats.read_ops and f.stats.rows_direct == 2500
+    small = FeatureLayout(7000, 100, "float32")  # the same file as 10 rows per page
+    y = x[:, :1000].reshape(7000, 100)
+    with DirectFeatures(path, small, queue_depth=16, backend="io_uring") as f:
+        io = f.reader._io
+        f.reader.scratch(small.file_bytes)  # the page buffer at its largest: registered once
+        for _ in range(5):
+            ids = rng.integers(0, small.num_rows, 500)
+            np.testing.assert_array_equal(f.read(ids), y[ids])
+        assert io.registrations == 1 and io.reads_plain == 0 and f.stats.rows_copied == 2500
+
+
+def test_scratch_buffer_is_registered_once_per_growth(data_file):
+    """Ranges read into the reader's page buffer register the whole buffer: larger
+    requests that still fit in it do not register again."""
+    from ooc.storage import read_ranges
+
+    path, data = data_file
+    with _open(path, 8) as r:
+        r.scratch(200 * PAGE)
+        for npages in (10, 50, 120, 200):
+            starts = np.arange(npages, dtype=np.int64) * 5 * PAGE + 100
+            buf, off = read_ranges(r, starts, starts + 10)
+            np.testing.assert_array_equal(buf[off[-1]:off[-1] + 10],
+                                          data[starts[-1]:starts[-1] + 10])
+        assert r._io.registrations == 1 and r._io.reads_plain == 0
+
+
 def test_unregistered_buffers_read_the_same(data_file, monkeypatch):
     """Buffers the kernel will not register are read with plain reads, and counted."""
     path, data = data_file

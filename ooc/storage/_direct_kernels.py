@@ -1,8 +1,15 @@
-"""Numba kernels of the direct reader: page planning and row extraction.
+"""Numba kernels of the direct reader: read planning and row extraction.
 
 All kernels work on int64 page ids and byte offsets; ``PAGE`` is 4096.
 They are pure functions of their inputs (no I/O) and are tested through
-``ooc.storage.direct``.
+``ooc.storage.direct``. A read plan is *runs*: run j reads ``lens[j]`` bytes
+at file offset ``offs[j]`` into the target buffer at byte ``bufs[j]`` (int64
+``[nruns]`` each, multiples of ``PAGE``).
+
+The planning kernels are short (well under a millisecond for a batch) and
+keep the GIL: releasing it would make the caller wait to take it back from a
+busy thread, which costs more than the kernel. ``extract_rows`` and
+``copy_rows`` move megabytes and release it.
 """
 from __future__ import annotations
 
@@ -12,22 +19,22 @@ import numpy as np
 PAGE = 4096
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True)
 def plan_runs(pages, max_run_pages):
-    """Group sorted unique ``pages`` into runs of consecutive pages.
+    """Runs reading sorted unique ``pages`` into consecutive slots of a page buffer.
 
-    Returns ``(run_first_page, run_npages, run_slot, status)``: run ``j``
-    reads pages ``run_first_page[j] .. + run_npages[j]`` into request slots
-    ``run_slot[j] ..`` (slot k of the request is ``out[k*PAGE:(k+1)*PAGE]``).
-    A run never exceeds ``max_run_pages``. ``status`` is 0, or 1 when
-    ``pages`` is not strictly increasing, or 2 when a page id is negative.
+    Adjacent pages are merged into one run of at most ``max_run_pages`` pages;
+    slot k of the request is ``buffer[k*PAGE:(k+1)*PAGE]``. Returns ``(offs,
+    lens, bufs, status)`` (see the module docstring); ``status`` is 0, or 1
+    when ``pages`` is not strictly increasing, or 2 when a page id is negative.
     """
     n = pages.shape[0]
-    first = np.empty(n, np.int64)
-    npg = np.empty(n, np.int64)
-    slot = np.empty(n, np.int64)
+    offs = np.empty(n, np.int64)
+    lens = np.empty(n, np.int64)
+    bufs = np.empty(n, np.int64)
     nr = 0
     status = 0
+    max_len = max_run_pages * PAGE
     for k in range(n):
         p = pages[k]
         if p < 0:
@@ -38,17 +45,73 @@ def plan_runs(pages, max_run_pages):
             if p <= q:
                 status = 1
                 break
-            if p == q + 1 and npg[nr - 1] < max_run_pages:
-                npg[nr - 1] += 1
+            if p == q + 1 and lens[nr - 1] < max_len:
+                lens[nr - 1] += PAGE
                 continue
-        first[nr] = p
-        npg[nr] = 1
-        slot[nr] = k
+        offs[nr] = p * PAGE
+        lens[nr] = PAGE
+        bufs[nr] = k * PAGE
         nr += 1
-    return first[:nr], npg[:nr], slot[:nr], status
+    return offs[:nr], lens[:nr], bufs[:nr], status
+
+
+@nb.njit(cache=True)
+def plan_row_reads(ids, pages_per_row, num_rows, max_run_pages):
+    """Runs reading whole-page rows ``ids`` straight into their places in a row array.
+
+    Rows are ``pages_per_row * PAGE`` bytes, in the file and in the target
+    (``target[i]`` gets row ``ids[i]``). Each distinct row is read once, into
+    its first position; a run covers rows ``r, r+1, ..`` that are also next
+    to each other in the target, up to ``max_run_pages`` pages. Returns
+    ``(offs, lens, bufs, dup_dst, dup_src, bad)``: after the reads,
+    ``target[dup_dst[k]] = target[dup_src[k]]`` fills the repeated ids;
+    ``bad`` is the position of the first id out of ``[0, num_rows)``, or -1.
+    """
+    n = ids.shape[0]
+    for i in range(n):
+        if ids[i] < 0 or ids[i] >= num_rows:
+            e = np.empty(0, np.int64)
+            return e, e, e, e, e, i
+    row_bytes = pages_per_row * PAGE
+    max_len = max(1, max_run_pages // pages_per_row) * row_bytes
+    order = np.argsort(ids, kind="mergesort")  # stable: a row's first position comes first
+    offs = np.empty(n, np.int64)
+    lens = np.empty(n, np.int64)
+    bufs = np.empty(n, np.int64)
+    dup_dst = np.empty(n, np.int64)
+    dup_src = np.empty(n, np.int64)
+    nr = 0
+    nd = 0
+    prev_row = -1
+    prev_pos = -1
+    for j in range(n):
+        i = order[j]
+        r = ids[i]
+        if r == prev_row:
+            dup_dst[nd] = i
+            dup_src[nd] = prev_pos
+            nd += 1
+            continue
+        if nr > 0 and r == prev_row + 1 and i == prev_pos + 1 and lens[nr - 1] < max_len:
+            lens[nr - 1] += row_bytes
+        else:
+            offs[nr] = r * row_bytes
+            lens[nr] = row_bytes
+            bufs[nr] = i * row_bytes
+            nr += 1
+        prev_row = r
+        prev_pos = i
+    return offs[:nr], lens[:nr], bufs[:nr], dup_dst[:nd], dup_src[:nd], -1
 
 
 @nb.njit(cache=True, nogil=True)
+def copy_rows(rows, dst, src):
+    """``rows[dst[k]] = rows[src[k]]`` for every k (``rows`` uint8 [n, row_bytes])."""
+    for k in range(dst.shape[0]):
+        rows[dst[k], :] = rows[src[k], :]
+
+
+@nb.njit(cache=True)
 def _sorted_unique(keys):
     """(unique sorted keys, index of each key in that list)."""
     n = keys.shape[0]
@@ -66,7 +129,7 @@ def _sorted_unique(keys):
     return uniq[:nu], inv
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True)
 def feature_pages(ids, rows_per_page, pages_per_row, num_rows):
     """Pages holding rows ``ids`` and, per id, the slot of its first page.
 
@@ -100,6 +163,20 @@ def feature_pages(ids, rows_per_page, pages_per_row, num_rows):
     return pages, slot, -1
 
 
+@nb.njit(cache=True)
+def plan_page_reads(ids, rows_per_page, pages_per_row, num_rows, max_run_pages):
+    """Runs reading the pages of rows ``ids`` into a page buffer (:func:`feature_pages`
+    then :func:`plan_runs` in one call).
+
+    Returns ``(offs, lens, bufs, slot, npages, bad)``: ``slot[i]`` is the buffer
+    page holding the first page of ``ids[i]``, ``npages`` the pages read, ``bad``
+    the position of the first id out of ``[0, num_rows)`` or -1.
+    """
+    pages, slot, bad = feature_pages(ids, rows_per_page, pages_per_row, num_rows)
+    offs, lens, bufs, _ = plan_runs(pages, max_run_pages)
+    return offs, lens, bufs, slot, pages.shape[0], bad
+
+
 @nb.njit(cache=True, nogil=True)
 def extract_rows(buf, ids, slot, rows_per_page, row_bytes, out):
     """Copy row bytes from the page buffer: ``out[i] = row ids[i]``.
@@ -114,7 +191,7 @@ def extract_rows(buf, ids, slot, rows_per_page, row_bytes, out):
         out[i, :] = buf[start:start + row_bytes]
 
 
-@nb.njit(cache=True, nogil=True)
+@nb.njit(cache=True)
 def range_pages(starts, ends):
     """Pages covering byte ranges ``[starts[i], ends[i])``.
 

@@ -12,6 +12,8 @@ On top of the reader:
 
 * :class:`DirectFeatures` — ``read(ids)`` of feature rows of ``features.bin``
   (GraphBolt's ``Feature.read``), pages deduplicated within the request.
+  Rows of whole pages are read straight into the returned rows (no copy);
+  smaller rows are read into a page buffer and copied out.
 * :func:`read_ranges` / :func:`read_index_ranges` — byte ranges (neighbour
   lists of ``indices.bin``) read with each page once.
 
@@ -62,17 +64,21 @@ def _is_aligned(a: np.ndarray) -> bool:
 class ReadStats:
     """Counters of one reader since it was opened (or since :meth:`reset`)."""
 
-    requests: int = 0    #: read_pages calls with at least one page
-    read_ops: int = 0    #: syscall-level reads (io_uring SQEs, preadv calls, mmap runs)
-    pages: int = 0       #: pages delivered
-    bytes_read: int = 0  #: bytes delivered
+    requests: int = 0     #: batched reads with at least one page
+    read_ops: int = 0     #: syscall-level reads (io_uring SQEs, preadv calls, mmap runs)
+    pages: int = 0        #: pages delivered
+    bytes_read: int = 0   #: bytes delivered
+    rows_direct: int = 0  #: feature rows read straight into the caller's rows
+    rows_copied: int = 0  #: feature rows read into the page buffer and copied out
 
     def reset(self) -> None:
         self.requests = self.read_ops = self.pages = self.bytes_read = 0
+        self.rows_direct = self.rows_copied = 0
 
     def as_dict(self) -> dict:
         return {"requests": self.requests, "read_ops": self.read_ops,
-                "pages": self.pages, "bytes_read": self.bytes_read}
+                "pages": self.pages, "bytes_read": self.bytes_read,
+                "rows_direct": self.rows_direct, "rows_copied": self.rows_copied}
 
 
 def _close_backend(holder: list) -> None:
@@ -151,6 +157,16 @@ class DirectReader:
             self._scratch = aligned_empty(max(int(nbytes), 2 * self._scratch.size))
         return self._scratch[:nbytes]
 
+    def _read_into_scratch(self, pages: np.ndarray) -> np.ndarray:
+        """:meth:`read_pages` into the scratch buffer; its first ``len(pages)`` pages.
+
+        The backend is handed the whole buffer, not the slice: a backend that
+        registers it then does so once per growth, not once per larger request.
+        """
+        buf = self.scratch(pages.shape[0] * PAGE)
+        self.read_pages(pages, self._scratch)
+        return buf
+
     def read_pages(self, pages: np.ndarray, out: np.ndarray) -> None:
         """Read ``pages`` (int64 sorted unique page ids) into ``out``.
 
@@ -171,7 +187,7 @@ class DirectReader:
             raise ValueError(f"out has {out.size} bytes, {n} pages need {n * PAGE}")
         if not _is_aligned(out) and self.o_direct:
             raise ValueError("out must be page aligned (use aligned_empty)")
-        first, npg, slot, status = K.plan_runs(pages, self.max_run_pages)
+        offs, lens, bufs, status = K.plan_runs(pages, self.max_run_pages)
         if status == 1:
             raise ValueError("pages must be sorted and unique")
         if status == 2:
@@ -183,14 +199,21 @@ class DirectReader:
                     f"or not padded to 4 KiB") if last == self.num_pages and tail else "past the end"
             raise OocError(f"{self.path}: page {last} requested but the file has "
                            f"{self.size} bytes ({self.num_pages} whole pages): {what}")
+        self._read_runs(offs, lens, bufs, out, n, reuse=True)
+
+    def _read_runs(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
+                   out: np.ndarray, npages: int, reuse: bool) -> None:
+        """Hand planned runs (int64 ``[nruns]`` byte offsets, lengths, offsets in
+        ``out``) of ``npages`` pages in all to the backend and count them. ``reuse``:
+        whether ``out`` will be read into again (a backend may register it)."""
         with self._lock:
             if self.closed:
                 raise OocError(f"{self.path}: reader is closed")
-            self._io.read_runs(first * PAGE, npg * PAGE, slot * PAGE, out)
-            self.stats.read_ops += first.shape[0]
+            self._io.read_runs(offs, lens, bufs, out, reuse=reuse)
+            self.stats.read_ops += offs.shape[0]
             self.stats.requests += 1
-            self.stats.pages += n
-            self.stats.bytes_read += n * PAGE
+            self.stats.pages += npages
+            self.stats.bytes_read += npages * PAGE
 
 
 # ---------------------------------------------------------------- helpers
@@ -213,13 +236,11 @@ def read_ranges(reader: DirectReader, byte_starts: np.ndarray, byte_ends: np.nda
         raise ValueError(f"bad byte range {bad}: [{starts[bad]}, {ends[bad]})")
     need = pages.shape[0] * PAGE
     if out is None:
-        buf = reader.scratch(need)
-    else:
-        if out.size < need:
-            raise ValueError(f"out has {out.size} bytes, the ranges need {need}")
-        buf = out
-    reader.read_pages(pages, buf)
-    return buf, offsets
+        return reader._read_into_scratch(pages), offsets
+    if out.size < need:
+        raise ValueError(f"out has {out.size} bytes, the ranges need {need}")
+    reader.read_pages(pages, out)
+    return out, offsets
 
 
 def read_index_ranges(reader: DirectReader, starts: np.ndarray, ends: np.ndarray,
@@ -243,8 +264,17 @@ class DirectFeatures(RowTable):
     """Feature rows of ``features.bin`` read with a :class:`DirectReader`.
 
     ``read(ids)`` returns ``[len(ids), dim]`` rows in the file's dtype, in the
-    order of ``ids`` (ids may repeat, any order); the pages of a request are
-    deduplicated and read in one batched submission into a reused buffer.
+    order of ``ids`` (ids may repeat, any order), read in one batched
+    submission with each page read once:
+
+    * rows of whole pages (``row_bytes`` a multiple of 4096) are read straight
+      into the returned array: ``out`` when given and page-aligned (or when
+      the backend does not bypass the page cache), else a new page-aligned
+      array. A repeated id is read once and copied.
+    * other rows (several per page, or padded to whole pages) are read into
+      the reader's page buffer and copied out (``extract_rows``).
+
+    ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
     """
 
     def __init__(self, path, layout: FeatureLayout, queue_depth: int = 64,
@@ -273,8 +303,7 @@ class DirectFeatures(RowTable):
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         pages, slot, bad = K.feature_pages(ids, lay.rows_per_page, lay.pages_per_row,
                                            lay.num_rows)
-        if bad >= 0:
-            raise IndexError(f"{self.path}: row id {ids[bad]} out of range [0, {lay.num_rows})")
+        self._check_ids(ids, bad)
         return pages, slot
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -282,19 +311,42 @@ class DirectFeatures(RowTable):
         lay = self.layout
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         n = ids.shape[0]
+        whole = lay.row_bytes % PAGE == 0
         if out is None:
-            out = np.empty((n, lay.dim), dtype=lay.dtype)
+            out = (aligned_empty(n * lay.row_bytes).view(lay.dtype).reshape(n, lay.dim) if whole
+                   else np.empty((n, lay.dim), dtype=lay.dtype))
         elif out.shape != (n, lay.dim) or out.dtype != np.dtype(lay.dtype) \
                 or not out.flags.c_contiguous:
-            raise ValueError(f"out must be C-contiguous {lay.dtype} of shape {(n, lay.dim)}")
+            raise ValueError(f"{self.path}: out must be a C-contiguous {lay.dtype} array of "
+                             f"shape {(n, lay.dim)}, got {out.dtype} {out.shape}")
         if n == 0:
             return out
-        pages, slot = self.pages_of(ids)
-        buf = self.reader.scratch(pages.shape[0] * PAGE)
-        self.reader.read_pages(pages, buf)
-        K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes,
-                       out.view(np.uint8).reshape(n, lay.row_bytes))
+        r = self.reader
+        rows = out.view(np.uint8).reshape(n, lay.row_bytes)
+        if whole and r._io.fresh_buffers and (_is_aligned(out) or not r.o_direct):
+            offs, lens, bufs, dst, src, bad = K.plan_row_reads(ids, lay.pages_per_row,
+                                                               lay.num_rows, r.max_run_pages)
+            self._check_ids(ids, bad)
+            r._read_runs(offs, lens, bufs, rows.reshape(-1),
+                         (n - dst.shape[0]) * lay.pages_per_row, reuse=False)
+            if dst.shape[0]:
+                K.copy_rows(rows, dst, src)
+            r.stats.rows_direct += n
+            return out
+        offs, lens, bufs, slot, npages, bad = K.plan_page_reads(
+            ids, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
+        self._check_ids(ids, bad)
+        buf = r.scratch(npages * PAGE)
+        # the whole buffer, as in DirectReader._read_into_scratch
+        r._read_runs(offs, lens, bufs, r._scratch, npages, reuse=True)
+        K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes, rows)
+        r.stats.rows_copied += n
         return out
+
+    def _check_ids(self, ids: np.ndarray, bad: int) -> None:
+        if bad >= 0:
+            raise IndexError(f"{self.path}: row id {ids[bad]} out of range "
+                             f"[0, {self.layout.num_rows})")
 
     def close(self) -> None:
         self.reader.close()

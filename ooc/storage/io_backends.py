@@ -77,6 +77,9 @@ class ReadBackend:
     label: ClassVar[str] = ""
     #: The python module of a binding the backend wraps (its file is part of the probe key).
     binding: ClassVar[str] = ""
+    #: Reading into a buffer used once costs nothing extra (False: the backend keeps
+    #: state per buffer, so callers should read into a reused buffer).
+    fresh_buffers: ClassVar[bool] = True
 
     def __init__(self, path: str, size: int, queue_depth: int):
         self.path = path
@@ -93,12 +96,14 @@ class ReadBackend:
         return self.label or self.name
 
     def read_runs(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
-                  out: np.ndarray) -> None:
+                  out: np.ndarray, reuse: bool = True) -> None:
         """Read run i: ``lens[i]`` bytes at file offset ``offs[i]`` into ``out[bufs[i]:]``.
 
         ``offs``, ``lens``, ``bufs`` are int64 ``[n]`` multiples of 4096; ``out`` a
-        page-aligned uint8 array large enough for every run. Raises
-        :class:`OocError` naming the file on a short read or an I/O error.
+        page-aligned uint8 array large enough for every run. ``reuse``: whether
+        ``out`` will be read into again (a backend may then set it up once, e.g.
+        register it with the kernel). Raises :class:`OocError` naming the file on
+        a short read or an I/O error.
         """
         raise NotImplementedError
 

@@ -79,6 +79,7 @@ class LiburingBackend(ReadBackend):
     label = "io_uring (python liburing)"
     probe_in_child = True
     binding = "liburing"
+    fresh_buffers = False  # one memoryview per page of every buffer, kept for ever
 
     @classmethod
     def version(cls) -> str:
@@ -133,7 +134,7 @@ class LiburingBackend(ReadBackend):
             fd, self.fd = self.fd, -1
             os.close(fd)
 
-    def read_runs(self, offs, lens, bufs, out) -> None:
+    def read_runs(self, offs, lens, bufs, out, reuse: bool = True) -> None:
         if self.ring is None:
             raise self.short_read(0, 0, -errno.EBADF)
         L = _L

@@ -44,7 +44,7 @@ class MmapBackend(ReadBackend):
             except BufferError:  # an exported view is alive; the GC frees it
                 pass
 
-    def read_runs(self, offs, lens, bufs, out) -> None:
+    def read_runs(self, offs, lens, bufs, out, reuse: bool = True) -> None:
         # a page of the mapping past the file's current end faults with SIGBUS:
         # check the size first (one stat per request)
         try:

@@ -43,7 +43,7 @@ class PreadvBackend(ReadBackend):
             fd, self.fd = self.fd, -1
             os.close(fd)
 
-    def read_runs(self, offs, lens, bufs, out) -> None:
+    def read_runs(self, offs, lens, bufs, out, reuse: bool = True) -> None:
         fd = self.fd
         offs_l = offs.tolist()
         lens_l = lens.tolist()

@@ -15,9 +15,13 @@ reads in flight are reaped before the error is raised (``OocError`` naming
 the file), so no read is left writing into a buffer handed back.
 
 Registered resources: the file is registered once (``IOSQE_FIXED_FILE``);
-the buffer read into is registered (``IORING_OP_READ_FIXED``: the kernel
-does not pin its pages per read) the first time it is seen, and
-re-registered when a later buffer lies outside it. The backend keeps a
+a buffer that will be read into again (``reuse=True``: the reader's page
+buffer) is registered (``IORING_OP_READ_FIXED``: the kernel does not pin its
+pages per read) the first time it is seen, and re-registered when a later
+such buffer lies outside it. A buffer read into once (``reuse=False``: the
+rows returned by ``DirectFeatures.read``) is read with plain
+``IORING_OP_READ`` unless it lies in the registered buffer: registering
+costs more than it saves on one batch (about 14 ms per 32 MiB). The backend keeps a
 reference to the array owning the registered memory, so the memory cannot be
 freed (and its address reused by other pages) while the kernel holds it.
 Where the kernel refuses the registration (``RLIMIT_MEMLOCK`` for users
@@ -43,7 +47,7 @@ from .errors import OocError
 from .io_backends import ReadBackend, Refused
 
 #: Bump when the engine changes (part of the probe's cache key, with ooc's and numba's versions).
-ENGINE_VERSION = 2
+ENGINE_VERSION = 3
 #: Largest buffer the kernel registers as one (IORING_REGISTER_BUFFERS caps an iovec at 1 GiB).
 MAX_FIXED_BYTES = 1 << 30
 _SYSCTL = "/proc/sys/kernel/io_uring_disabled"
@@ -144,14 +148,17 @@ class NativeUringBackend(ReadBackend):
             os.close(fd)
 
     # ------------------------------------------------------------------ buffers
-    def _buffer_index(self, out: np.ndarray) -> int:
-        """0 when ``out`` lies in the registered buffer (registering it now if needed), -1 when
-        it is read with plain reads (its registration was refused)."""
+    def _buffer_index(self, out: np.ndarray, reuse: bool) -> int:
+        """0 when ``out`` lies in the registered buffer (registering it now if needed and
+        ``reuse``), -1 when it is read with plain reads (used once, or its registration was
+        refused)."""
         a = out.ctypes.data
         e = a + out.nbytes
         reg = self._reg
         if reg is not None and reg[1] <= a and e <= reg[2]:
             return 0
+        if not reuse:
+            return -1
         ref = self._reg_refused
         if ref is not None and ref[1] <= a and e <= ref[2]:
             return -1
@@ -178,7 +185,7 @@ class NativeUringBackend(ReadBackend):
         return 0
 
     # --------------------------------------------------------------------- read
-    def read_runs(self, offs, lens, bufs, out) -> None:
+    def read_runs(self, offs, lens, bufs, out, reuse: bool = True) -> None:
         if self._st[K.S_RING_FD] < 0:
             raise OocError(f"{self.path}: io_uring reader is closed" + (
                 f" ({self._broken})" if self._broken else ""))
@@ -191,7 +198,7 @@ class NativeUringBackend(ReadBackend):
         n = offs.shape[0]
         if n == 0:
             return
-        idx = self._buffer_index(out)
+        idx = self._buffer_index(out, reuse)
         err = np.zeros(3, np.int64)
         fd = 0 if self.fixed_files else self.fd
         t0 = time.perf_counter()
