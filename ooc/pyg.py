@@ -147,7 +147,7 @@ class _Backend:
         self._ahead_epoch = 0
         self._ahead_next = 0
         self._sampler = None     # on-demand sampler
-        self._rows = None        # on-demand feature reader
+        self._sources = None     # on-demand readers (ooc.executor.loader.readers.Sources)
         self.stash: tuple[torch.Tensor, torch.Tensor] | None = None  # (node, x) last planned
         self.counts = {"planned_batches": 0, "on_demand_batches": 0,
                        "planned_reads": 0, "on_demand_reads": 0}
@@ -177,7 +177,7 @@ class _Backend:
         ahead, skipping batches the loader never asked for; None when ``b`` is behind it."""
         if self._ahead is None or self._ahead_epoch != epoch:
             self.close_ahead()
-            self._ahead = iter(self.loader()._mode.train.batches(epoch))
+            self._ahead = iter(self.loader()._stack.train.batches(epoch))
             self._ahead_epoch, self._ahead_next = epoch, 0
         if b < self._ahead_next:
             return None
@@ -194,49 +194,39 @@ class _Backend:
             self._ahead = None
 
     # -- on demand -----------------------------------------------------------------------
+    def sources(self):
+        """The preset's uncached readers with its neighbor cache
+        (:func:`ooc.executor.loader.stack.open_sources`), opened on first use."""
+        if self._sources is None:
+            from .executor.loader.presets import resolve_preset
+            from .executor.loader.stack import ModeOptions, cache_sizes, open_sources
+
+            s = self.settings
+            opts = ModeOptions(io_backend=s["io_backend"], **s["options"])
+            preset = resolve_preset(s["preset"])
+            self._sources = open_sources(self.dataset, preset, opts,
+                                         cache_sizes(self.dataset, opts)[1])
+        return self._sources
+
     def sampler(self):
         if self._sampler is None:
-            from .inspector.neighbors import open_neighbor_source
             from .inspector.sampler import NeighborSampler
 
             s = self.settings
-            direct = s["preset"] != "baseline"
-            nbytes = s["options"].get("neighbor_cache_size")
-            if direct and nbytes is None:
-                from .executor.loader.stack import default_sizes
-
-                nbytes = default_sizes(self.dataset)[1]
-            if nbytes is not None and nbytes < 8 * self.dataset.num_nodes:
-                nbytes = 0
-            src = open_neighbor_source(self.dataset, nbytes if direct else None, direct=direct,
-                                       queue_depth=s["options"].get("queue_depth", 64),
-                                       io_backend=s["io_backend"])
-            self._sampler = NeighborSampler(self.dataset.indptr, src, s["num_neighbors"],
-                                            num_threads=s["num_threads"])
+            self._sampler = NeighborSampler(self.dataset.indptr, self.sources().neighbors,
+                                            s["num_neighbors"], num_threads=s["num_threads"])
         return self._sampler
 
     def read_rows(self, ids: np.ndarray) -> np.ndarray:
-        """Feature rows of ``ids`` read from disk (O_DIRECT presets) or the memmap (baseline)."""
-        if self._rows is None:
-            s = self.settings
-            if s["preset"] == "baseline":
-                self._rows = self.dataset.features
-            else:
-                from .storage.direct import DirectFeatures
-
-                self._rows = DirectFeatures(self.dataset.file("features.bin"),
-                                            self.dataset.layout,
-                                            queue_depth=s["options"].get("queue_depth", 64),
-                                            backend=s["io_backend"])
-        return self._rows.read(ids)
+        """Feature rows of ``ids`` read from disk with the preset's feature reader."""
+        return self.sources().features.read(ids)
 
     def close(self) -> None:
         self.close_ahead()
-        for obj in (self._loader, self._rows, getattr(self._sampler, "source", None)):
-            close = getattr(obj, "close", None)
-            if close is not None and obj is not self.dataset.features:
-                close()
-        self._loader = self._rows = self._sampler = None
+        for obj in (self._loader, self._sources):
+            if obj is not None:
+                obj.close()
+        self._loader = self._sources = self._sampler = None
 
 
 def _as_float32(rows: np.ndarray) -> torch.Tensor:

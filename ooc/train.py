@@ -98,8 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS)
     d = DEFAULTS
     p.add_argument("--data", metavar="DIR", help="dataset folder (python -m ooc.prepare)")
-    p.add_argument("--mode", choices=["baseline", "static", "ooc"],
-                   help=f"pipeline (default {d['mode']}): baseline = memmaps and the page cache, "
+    from .executor.loader.presets import PRESET_NAMES
+
+    p.add_argument("--mode", choices=PRESET_NAMES,
+                   help=f"preset (default {d['mode']}): baseline = memmaps and the page cache, "
                         "no app caches (PyG+); static = neighbor cache + static degree-ordered "
                         "feature cache, O_DIRECT (Ali+PG); ooc = neighbor cache + superbatch "
                         "inspector + Belady feature cache, O_DIRECT (Ginex)")

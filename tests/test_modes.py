@@ -1,10 +1,12 @@
-"""The three modes through one code path: identical batches and rows, identical losses."""
+"""The three presets through one code path: identical batches and rows, identical losses;
+presets composed of other readers and policies plug in at one place."""
 import json
 
 import numpy as np
 import pytest
 
-from ooc.executor.loader.stack import MODES, ModeOptions, build_mode
+from ooc.executor.loader.presets import PRESET_NAMES as MODES
+from ooc.executor.loader.stack import ModeOptions, build_stack
 from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.inspector.sampler import NeighborSampler
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
@@ -49,7 +51,7 @@ def _opts(tmp_path, row_bytes):
 def test_every_batch_bit_identical(ds, tmp_path, mode):
     d, x = ds
     cfg = _cfg(mode)
-    mp = build_mode(d, cfg, _opts(tmp_path, d.layout.row_bytes))
+    mp = build_stack(d, cfg, _opts(tmp_path, d.layout.row_bytes))
     ref = NeighborSampler(d.indptr, np.asarray(d.indices), cfg.fanouts)
     try:
         for epoch in (1, 2):
@@ -126,3 +128,48 @@ def test_ooc_mode_cora_accuracy(tmp_path):
                  "--eval-every", "50", "--no-progress", "--device", "cpu",
                  "--report", str(rep)]) == 0
     assert json.loads(rep.read_text())["test_acc"] >= 0.78
+
+
+def test_composed_presets_plug_in(ds, tmp_path):
+    """A preset of O_DIRECT readers and no feature cache, and a cache policy object in
+    place of a preset name, build through the same stack and give the same batches."""
+    from ooc.executor.cache.policies import BeladyCache, NoCache, StaticCache
+    from ooc.executor.loader.presets import Preset, resolve_preset
+    from ooc.executor.loader.readers import DirectReaders
+
+    d, x = ds
+    cfg = _cfg("ooc")
+    ref = NeighborSampler(d.indptr, np.asarray(d.indices), cfg.fanouts)
+    presets = [Preset("direct-nocache", DirectReaders(), NoCache()), StaticCache(),
+               BeladyCache(superbatch_size=3)]
+    for preset in presets:
+        mp = build_stack(d, cfg, _opts(tmp_path, d.layout.row_bytes), preset=preset)
+        try:
+            sb, bseeds = mp.train.plan(1)
+            k = 0
+            for batch, rows in mp.train.batches(1):
+                assert batch.equals(ref.sample(sb[k], bseeds[k]))
+                np.testing.assert_array_equal(rows, x[batch.node_ids])
+                k += 1
+            assert k == len(sb)
+            st = mp.train.io_stats()
+            info = mp.info
+            assert info["readers"] == "direct"
+            assert info["cache_policy"] == resolve_preset(preset).policy.name
+            if isinstance(preset, Preset):
+                assert "feature_cache_rows" not in info
+                assert st["feature_misses"] == st["feature_lookups"]
+            else:
+                assert 0 < st["feature_misses"] < st["feature_lookups"]
+            if isinstance(preset, BeladyCache):
+                assert info["superbatch_size"] == 3
+        finally:
+            mp.close()
+
+
+def test_unknown_preset_is_one_line(ds):
+    from ooc.executor.loader.presets import resolve_preset
+    from ooc.storage.errors import OocError
+
+    with pytest.raises(OocError, match=r"unknown preset 'fast' \(choose one of baseline, static, ooc"):
+        resolve_preset("fast")

@@ -255,19 +255,25 @@ def test_real_direct_reader(dataset):
         own.close()
 
 
-def test_open_neighbor_source(dataset):
+def test_open_sources_of_each_preset(dataset):
+    """The loader stack's one assembly of the neighbour path: every preset's readers,
+    with and without the neighbor cache, sample what the in-memory indices sample."""
     import warnings
 
-    from ooc.inspector import open_neighbor_source
+    from ooc.executor.loader.presets import PRESETS
+    from ooc.executor.loader.stack import ModeOptions, open_sources
+    from ooc.inspector.neighbors import InMemoryNeighbors
 
-    ref = sample_all(dataset, open_neighbor_source(dataset, direct=False))
+    ref = sample_all(dataset, InMemoryNeighbors(dataset.indices))
     budget = 8 * dataset.num_nodes + 5000
-    for cb in [None, budget]:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            src = open_neighbor_source(dataset, cache_bytes=cb)
-        try:
-            assert all(a.equals(b) for a, b in zip(sample_all(dataset, src), ref))
-        finally:
-            src.close()
-    assert (dataset.path / "neighbor_cache" / str(budget) / "meta.json").exists()
+    for preset in PRESETS.values():
+        for cb in [0, budget]:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                src = open_sources(dataset, preset, ModeOptions(io_threads=4), cb)
+            try:
+                assert all(a.equals(b) for a, b in zip(sample_all(dataset, src.neighbors), ref))
+                assert src.info["neighbor_cache_bytes"] == (0 if not (cb and preset.neighbor_cache)
+                                                            else src.neighbors.cache.nbytes)
+            finally:
+                src.close()

@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory the training process may use")
     p.add_argument("--runtime-disk-budget", metavar="SIZE", help="disk for runtime files "
                    "(default 1GiB)")
-    p.add_argument("--mode", choices=["baseline", "static", "ooc"], help="default ooc")
+    from ooc.executor.loader.presets import PRESET_NAMES
+
+    p.add_argument("--mode", choices=PRESET_NAMES, help="preset (default ooc)")
     p.add_argument("--model", choices=["sage", "gcn", "gat"])
     p.add_argument("--fanouts", metavar="F1,F2,..")
     p.add_argument("--layers", type=int)
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
     disk = _size("runtime-disk-budget", s["runtime_disk_budget"])
 
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.sizing.profiler import plot_curves, profile
+    from ooc.executor.sizing.profiler import profile
     from ooc.executor.training.trainer import TrainConfig
     from ooc.memory import tune_malloc
 
@@ -191,6 +193,8 @@ def main(argv=None) -> int:
           f"{r['expected_epoch_s']:.2f}s; train with: python -m ooc.train --data {s['data']} "
           f"--sizes {report_path or 'sizes.json'}")
     if plot_path:
+        from ooc.executor.sizing.plot import plot_curves
+
         plot_curves(rep, plot_path)
         rep["plot"] = str(plot_path)
     if report_path:

@@ -2,7 +2,7 @@
 from .changesets import Changesets, ChangesetStep, precompute_changesets
 from .neighbor_cache import NeighborCache, build_neighbor_cache, load_or_build_neighbor_cache
 from .neighbors import (CachedNeighbors, DirectNeighbors, InMemoryNeighbors, NeighborRequest,
-                        NeighborSource, open_neighbor_source)
+                        MmapNeighbors, NeighborSource)
 from .policies import (count_misses_belady, count_misses_lru, count_misses_static, degree_order,
                        miss_curve_belady, miss_curve_lru, miss_curve_static)
 from .sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
@@ -12,5 +12,5 @@ __all__ = [
     "degree_order", "miss_curve_belady", "miss_curve_lru", "miss_curve_static", "precompute_changesets",
     "CachedNeighbors", "DirectNeighbors", "InMemoryNeighbors", "NeighborCache", "NeighborRequest",
     "NeighborSampler", "NeighborSource", "SampledBatch", "build_neighbor_cache", "derive_seed",
-    "epoch_batches", "load_or_build_neighbor_cache", "open_neighbor_source",
+    "MmapNeighbors", "epoch_batches", "load_or_build_neighbor_cache",
 ]

@@ -12,20 +12,26 @@ Sources:
 - :class:`DirectNeighbors` — ``indices.bin`` read with O_DIRECT page reads
   through :class:`ooc.storage.direct.DirectReader`, all pages of a request
   submitted together.
+- :class:`MmapNeighbors` — the ``indices.bin`` memmap copied by a pool of
+  threads with readahead off (the ``baseline`` preset's sampling I/O).
 """
 from __future__ import annotations
 
+import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..storage.errors import DatasetError
+from ..storage.pagecache import advise
+from . import _mmap_neighbors_kernels as MK
 from . import _neighbor_cache_kernels as NK
 from . import _sampler_kernels as K
 
 __all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors", "CachedNeighbors",
-           "DirectNeighbors", "open_neighbor_source", "source_path"]
+           "DirectNeighbors", "MmapNeighbors", "source_path"]
 
 PAGE = 4096
 
@@ -209,6 +215,35 @@ class DirectNeighbors(NeighborSource):
             self.reader = None
 
 
+class MmapNeighbors(NeighborSource):
+    """Neighbour ids from the ``indices.bin`` memmap, copied by ``threads`` threads
+    (readahead off, ``MADV_RANDOM``) with a nogil kernel, so page faults overlap.
+    After each request the map's pages leave the process (the page cache keeps
+    them): a request maps at most one fault-around window per wanted id."""
+
+    def __init__(self, indices: np.ndarray, threads: int = 16):
+        self.indices = indices
+        self.threads = int(threads)
+        advise(indices, mmap.MADV_RANDOM)
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ooc-mmap-nbr")
+
+    def gather(self, req: NeighborRequest) -> np.ndarray:
+        out = np.empty(req.size, dtype=np.int64)
+        if req.size == 0:
+            return out
+        k = max(1, min(self.threads * 4, -(-req.size // 1024)))
+        step = -(-req.size // k)
+        futs = [self.pool.submit(MK.gather_ids, self.indices, req.edge_pos, out, a,
+                                 min(req.size, a + step)) for a in range(0, req.size, step)]
+        for f in futs:
+            f.result()
+        advise(self.indices, mmap.MADV_DONTNEED)
+        return out
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
 def source_path(source) -> str:
     """The indices file a neighbour source reads, for error messages: its
     ``path``, its memmap's file name, or those of its ``fallback``."""
@@ -217,32 +252,6 @@ def source_path(source) -> str:
         if p:
             return os.fspath(p)
     return "indices.bin"
-
-
-def open_neighbor_source(dataset, cache_bytes: int | None = None, direct: bool = True,
-                         queue_depth: int = 64, io_backend: str = "auto") -> NeighborSource:
-    """The neighbour source for an :class:`ooc.storage.Dataset`.
-
-    ``direct=False``: the ``indices.bin`` memmap. Otherwise O_DIRECT reads of
-    ``indices.bin`` behind the neighbor cache of ``cache_bytes`` (see
-    :func:`~.neighbor_cache.load_or_build_neighbor_cache`: built the first time
-    and saved beside the dataset, or in the user cache folder when the dataset
-    is read-only); no cache when ``cache_bytes`` is None or 0. Close it when done.
-    """
-    if not direct:
-        return InMemoryNeighbors(dataset.indices)
-    from ooc.storage.direct import DirectReader
-
-    from .neighbor_cache import load_or_build_neighbor_cache
-
-    reader = DirectReader(dataset.file("indices.bin"), queue_depth=queue_depth,
-                          backend=io_backend)
-    src = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
-                          dtype=dataset.index_dtype)
-    src._own = True
-    if cache_bytes:
-        return CachedNeighbors(load_or_build_neighbor_cache(dataset, int(cache_bytes)), src)
-    return src
 
 
 def _aligned_empty(nbytes: int) -> np.ndarray:

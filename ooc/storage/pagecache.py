@@ -44,11 +44,17 @@ def release_mapped(arr) -> bool:
     (``MADV_DONTNEED``; the page cache keeps them). False when ``arr`` is not a map."""
     import mmap
 
+    return advise(arr, mmap.MADV_DONTNEED)
+
+
+def advise(arr, advice: int) -> bool:
+    """``madvise`` the whole mapping behind a numpy memmap; False when ``arr``
+    is not a map (or the kernel refuses the advice)."""
     mm = mapping_of(arr)
     if mm is None:
         return False
     try:
-        mm.madvise(mmap.MADV_DONTNEED)
+        mm.madvise(advice)
         return True
     except (OSError, ValueError):
         return False

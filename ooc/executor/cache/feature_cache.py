@@ -12,11 +12,10 @@ updated.
 """
 from __future__ import annotations
 
-from typing import Protocol
-
 import numpy as np
 
 from ...storage.errors import OocError
+from ...storage.features import Feature
 from . import _cache_kernels as K
 
 
@@ -24,12 +23,6 @@ def _bits(a: np.ndarray) -> np.ndarray:
     """The same memory viewed as unsigned ints of the item size (numba has no
     float16; the kernels only copy bits)."""
     return a.view(f"u{a.dtype.itemsize}")
-
-
-class FeatureSource(Protocol):
-    """Anything with ``read(ids) -> [len(ids), D]`` (memmap or O_DIRECT reader)."""
-
-    def read(self, ids: np.ndarray) -> np.ndarray: ...
 
 
 class FeatureCache:
@@ -66,7 +59,7 @@ class FeatureCache:
         """int64 ids currently cached (sorted)."""
         return np.flatnonzero(self.address_table >= 0)
 
-    def switch(self, init_ids: np.ndarray, source: FeatureSource) -> int:
+    def switch(self, init_ids: np.ndarray, source: Feature) -> int:
         """Make the cache hold exactly ``init_ids`` (≤ capacity).
 
         Rows already cached stay where they are; others are evicted and the
@@ -92,7 +85,7 @@ class FeatureCache:
                                  np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
         return len(new)
 
-    def gather(self, ids: np.ndarray, source: FeatureSource, out: np.ndarray | None = None
+    def gather(self, ids: np.ndarray, source: Feature, out: np.ndarray | None = None
                ) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]) into ``out`` ([n, D]): hits from the
         cache, misses in one batched read from ``source``.
@@ -127,6 +120,39 @@ class FeatureCache:
             K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
                                  _bits(self.cache), slots)
 
-    def fill_static(self, ids: np.ndarray, source: FeatureSource) -> None:
+    def fill_static(self, ids: np.ndarray, source: Feature) -> None:
         """Fill once with ``ids`` (the static PaGraph policy)."""
         self.switch(np.asarray(ids, dtype=np.int64)[: self.capacity], source)
+
+
+class CachedFeature:
+    """A :class:`~ooc.storage.features.Feature` served through a :class:`FeatureCache`:
+    hits from the cache, misses from ``fallback`` (GraphBolt's cached feature over a
+    disk feature). The cache's content is its policy's business; this only reads.
+    """
+
+    def __init__(self, cache: FeatureCache, fallback: Feature):
+        self.cache = cache
+        self.fallback = fallback
+        self.misses = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.fallback.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.fallback.dtype
+
+    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        rows, miss = self.cache.gather(ids, self.fallback, out)
+        self.misses += miss
+        return rows
+
+    def stats(self) -> dict:
+        c = self.cache
+        return {"lookups": c.lookups, "hits": c.hits, "misses": self.misses,
+                "hit_ratio": c.hits / c.lookups if c.lookups else 0.0}
+
+    def close(self) -> None:
+        self.fallback.close()

@@ -3,7 +3,7 @@
 The loader is what the trainer and the CLI run on, handed to the user: each
 ``iter()`` is one epoch of ``torch_geometric.data.Data`` batches in PyG
 ``NeighborLoader`` conventions, sampled and gathered by one of the presets
-(:data:`ooc.executor.loader.stack.MODES`)::
+(:data:`ooc.executor.loader.presets.PRESETS`), or a cache policy::
 
     with ooc.NodeLoader(ds, num_neighbors=[10, 10], batch_size=1024,
                         input_nodes="train", shuffle=True) as loader:
@@ -60,12 +60,11 @@ def resolve_input_nodes(dataset, input_nodes) -> np.ndarray:
     return ids
 
 
-def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset: str) -> list[int]:
+def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> list[int]:
     """The fanouts (int list) after checking the loader arguments; OocError naming a bad one."""
-    from .stack import MODES
+    from .presets import resolve_preset
 
-    if preset not in MODES:
-        raise OocError(f"preset {preset!r}: expected one of {', '.join(MODES)}")
+    resolve_preset(preset)
     fanouts = [int(f) for f in num_neighbors]
     if not fanouts or any(f == 0 or f < -1 for f in fanouts):
         raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
@@ -87,7 +86,9 @@ class NodeLoader:
         shuffle: a fresh seeded order of the seeds every epoch.
         preset: ``"ooc"`` (Ginex: neighbor cache, superbatch inspector, Belady
             feature cache), ``"static"`` (neighbor cache, static feature cache)
-            or ``"baseline"`` (memmaps, page cache).
+            or ``"baseline"`` (memmaps, page cache); or a cache policy object
+            (:mod:`ooc.executor.cache.policies`, e.g. ``BeladyCache(superbatch_size=8)``)
+            or a :class:`~ooc.executor.loader.presets.Preset`.
         memory_budget: bytes the process may hold (the caches get what is left
             after the measured working memory; see :mod:`ooc.executor.sizing.budget`).
         seed: sampling seed; the same seed gives the same batches in every preset.
@@ -109,11 +110,12 @@ class NodeLoader:
     """
 
     def __init__(self, dataset, num_neighbors: Sequence[int] = (10, 10), batch_size: int = 1024,
-                 input_nodes=None, shuffle: bool = False, preset: str = "ooc",
+                 input_nodes=None, shuffle: bool = False, preset: Any = "ooc",
                  memory_budget: int | str | None = None, seed: int = 0, io_backend: str = "auto",
                  num_threads: int | None = None, labels: bool = True, **options: Any):
         from ...storage import open_dataset
-        from .stack import ModeOptions, build_mode
+        from .presets import resolve_preset
+        from .stack import ModeOptions, build_stack
         from ..training.config import TrainConfig
 
         if isinstance(dataset, (str, Path)):
@@ -129,25 +131,26 @@ class NodeLoader:
             raise OocError(f"NodeLoader: {e}") from None
         self.dataset = dataset
         self.seeds = resolve_input_nodes(dataset, input_nodes)
-        self.preset = preset
+        self.preset = resolve_preset(preset)
         self.batch_size = int(batch_size)
         self.config = TrainConfig(fanouts=fanouts, batch_size=self.batch_size, seed=int(seed),
-                                  mode=preset, num_threads=num_threads, progress=False)
+                                  num_threads=num_threads, progress=False)
         self.config.validate()
         self.memory_plan = None
         if memory_budget:
             from ..sizing.budget import plan_memory
 
-            self.memory_plan = plan_memory(dataset, self.config, int(memory_budget), opts)
+            self.memory_plan = plan_memory(dataset, self.config, int(memory_budget), opts,
+                                           preset=self.preset)
         self._labels = dataset.labels if labels else None
-        self._mode = build_mode(dataset, self.config, opts, plan=self.memory_plan,
-                                seeds=self.seeds, shuffle=shuffle)
-        self._finalizer = weakref.finalize(self, self._mode.close)
+        self._stack = build_stack(dataset, self.config, opts, plan=self.memory_plan,
+                                  seeds=self.seeds, shuffle=shuffle, preset=self.preset)
+        self._finalizer = weakref.finalize(self, self._stack.close)
         self._next_epoch = 1
 
     # -- epochs -----------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._mode.train)
+        return len(self._stack.train)
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch (>= 1) the next ``iter()`` runs; it decides the order and samples."""
@@ -169,7 +172,7 @@ class NodeLoader:
 
     def _epoch(self, epoch: int) -> Iterator[Any]:
         labels = self._labels
-        for batch, rows in self._mode.train.batches(epoch):
+        for batch, rows in self._stack.train.batches(epoch):
             y = None
             if labels is not None:
                 seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
@@ -180,10 +183,10 @@ class NodeLoader:
     def stats(self) -> dict[str, Any]:
         """Stage seconds of the last epoch, I/O counters and the feature-cache hit ratio so far,
         and the preset's set-up (cache sizes, reader backend)."""
-        train = self._mode.train
-        return {"preset": self.preset, "batches_per_epoch": len(self),
+        train = self._stack.train
+        return {"preset": self.preset.name, "batches_per_epoch": len(self),
                 "stage_seconds": train.stage_times(), "io": train.io_stats(),
-                "setup": dict(self._mode.info)}
+                "setup": dict(self._stack.info)}
 
     # -- lifetime -----------------------------------------------------------------
     def close(self) -> None:
@@ -202,4 +205,4 @@ class NodeLoader:
 
     def __repr__(self) -> str:
         return (f"NodeLoader({self.dataset.path}, num_neighbors={self.config.fanouts}, "
-                f"batch_size={self.batch_size}, seeds={len(self.seeds)}, preset={self.preset!r})")
+                f"batch_size={self.batch_size}, seeds={len(self.seeds)}, preset={self.preset.name!r})")

@@ -28,7 +28,8 @@ import numpy as np
 
 from ...inspector.pipeline import Inspector
 from ...inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
-from ..cache.feature_cache import FeatureCache, FeatureSource
+from ...storage.features import Feature
+from ..cache.feature_cache import FeatureCache
 
 _END = object()
 
@@ -103,7 +104,7 @@ class BatchPipeline:
     """
 
     def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
-                 source: FeatureSource, cache: FeatureCache | None = None, prefetch: int = PREFETCH):
+                 source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH):
         self.seeds = np.asarray(seeds, dtype=np.int64)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
@@ -169,7 +170,7 @@ class OnDemandPipeline(BatchPipeline):
     static feature cache that is never updated)."""
 
     def __init__(self, sampler: NeighborSampler, seeds: np.ndarray, batch_size: int, seed: int,
-                 source: FeatureSource, shuffle: bool = True, cache: FeatureCache | None = None,
+                 source: Feature, shuffle: bool = True, cache: FeatureCache | None = None,
                  prefetch: int = PREFETCH):
         super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
         self.sampler = sampler
@@ -196,10 +197,11 @@ class SuperbatchPipeline(BatchPipeline):
     """
 
     def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
-                 source: FeatureSource, cache: FeatureCache, shuffle: bool = True,
+                 source: Feature, cache: FeatureCache, shuffle: bool = True,
                  prefetch: int = PREFETCH):
         super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
         self.inspector = inspector
+        self.sampler = inspector.sampler
 
     def _superbatches(self, epoch: int) -> Iterator[tuple[Any, Any, Any]]:
         """Loader thread: loads the next superbatch's files while the current one trains."""

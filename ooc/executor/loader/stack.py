@@ -1,26 +1,22 @@
-"""The three training modes, built from a dataset, a config and a memory plan.
+"""The loader's stack: one function that assembles readers, caches and a pipeline.
 
-Every mode hands the trainer the same thing: a pipeline whose
-``batches(epoch)`` yields ``(SampledBatch, rows)`` (see
-:mod:`ooc.executor.loader.pipelines`), an evaluation pipeline factory and the feature
-source. Only the schedule and the I/O path differ, never the batches:
+:func:`build_stack` is the only place the I/O stack is put together, for every
+consumer (``ooc.NodeLoader``, the trainer, the PyG remote backend, the memory
+planner's probe, the profiler). What it builds is the preset's
+(:mod:`ooc.executor.loader.presets`):
 
-``baseline`` (the papers' PyG+)
-    Sampling over the ``indices.bin`` memmap, gather from the
-    ``features.bin`` memmap; no application caches, the OS page cache is the
-    cache. Given its best shot: readahead off (``madvise(MADV_RANDOM)``) on
-    both maps, and ``io_threads`` threads (default 16, > 2× the cores) copying
-    rows and neighbour ids out of the maps with nogil numba kernels, so page
-    faults overlap.
-``static`` (Ali+PG)
-    The Ginex neighbor cache in front of O_DIRECT reads of ``indices.bin``,
-    and a static feature cache of the highest out-degree nodes in front of
-    O_DIRECT reads of ``features.bin``; each batch sampled then gathered.
-``ooc`` (Ginex)
-    The same neighbor cache; the :class:`~ooc.inspector.pipeline.Inspector`
-    samples superbatches ahead and precomputes Belady changesets; the
-    :class:`~ooc.executor.loader.pipelines.SuperbatchPipeline` switches and updates
-    the feature cache; misses read with O_DIRECT.
+1. the preset's readers open ``indices.bin`` and ``features.bin``
+   (:mod:`ooc.executor.loader.readers`);
+2. the Ginex neighbor cache goes in front of the neighbour reads when the
+   readers allow one and its size is at least the address table;
+3. a :class:`~ooc.executor.cache.feature_cache.FeatureCache` of the policy's
+   size, filled by the policy (:mod:`ooc.executor.cache.policies`);
+4. the training pipeline of the policy's ``schedule`` (:data:`SCHEDULES`):
+   ``on_demand`` samples then gathers each batch; ``superbatch`` runs the
+   :class:`~ooc.inspector.pipeline.Inspector` ahead with the policy's changesets.
+
+Every stack yields the same batches for one seed; only the I/O path and the
+schedule differ.
 
 Cache sizes come from :class:`ModeOptions` (explicit sizes), else from a
 :class:`~ooc.executor.sizing.budget.MemoryPlan` (``--memory-budget``), else from
@@ -30,30 +26,26 @@ cache 25% of the full neighbor cache).
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import re
 import shutil
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ...inspector.neighbors import CachedNeighbors, DirectNeighbors, NeighborRequest, NeighborSource
-from ...inspector.sampler import NeighborSampler, epoch_batches, derive_seed
+from ...inspector.neighbors import CachedNeighbors
+from ...inspector.sampler import NeighborSampler, derive_seed, epoch_batches
 from ...storage.atomic import pid_alive
 from ...storage.errors import OocError
-from ...storage.pagecache import mapping_of
-from ...storage.layout import RowTable
-from . import _mmap_kernels as MK
+from ...storage.pagecache import release_mapped
 from ..cache.feature_cache import FeatureCache
 from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
+from .presets import Preset, resolve_preset
+from .readers import Sources, TimedFeature
 
-MODES = ("baseline", "static", "ooc")
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
 
@@ -108,155 +100,28 @@ class ModeOptions:
             raise OocError(f"--runtime-disk-budget must be positive, got {self.runtime_disk_budget}")
 
 
-# -- baseline readers: memmaps with many I/O threads -----------------------------------------
+@dataclass
+class Stack:
+    """What :func:`build_stack` gives its consumer. Unpacks as ``(train, eval_factory, features)``.
 
-
-def advise(arr: np.ndarray, advice: int) -> bool:
-    """``madvise`` the whole mapping behind a numpy memmap; False when not a map."""
-    mm = mapping_of(arr)
-    if mm is None:
-        return False
-    try:
-        mm.madvise(advice)
-        return True
-    except (OSError, ValueError):
-        return False
-
-
-#: Rows one baseline copy task reads before it drops their pages from the process.
-MMAP_CHUNK_ROWS = 32
-#: The kernel's fault-around window (``fault_around_bytes``, 64 KiB by default).
-FAULT_AROUND_BYTES = 64 << 10
-
-
-def _chunks(n: int, threads: int, min_chunk: int) -> list[tuple[int, int]]:
-    k = max(1, min(threads * 4, -(-n // max(1, min_chunk))))
-    step = -(-n // k)
-    return [(a, min(n, a + step)) for a in range(0, n, step)]
-
-
-class ThreadedMmapFeatures(RowTable):
-    """Rows of ``features.bin`` copied out of a memmap by a pool of threads.
-
-    ``read(ids)`` → [len(ids), dim] in the file dtype. Readahead is off
-    (``MADV_RANDOM``); each thread copies a chunk of rows with a nogil numba
-    kernel, so up to ``threads`` page faults are in flight. Counters:
-    ``stats()`` gives requests and rows; the bytes the kernel read show in
-    the process's ``/proc/self/io``.
+    Attributes:
+        preset: the preset it was built from.
+        train: the training pipeline (``batches(epoch)`` yields ``(SampledBatch, rows)``).
+        eval_factory: ids (int64 [n]) -> an on-demand pipeline over them, in order.
+        features: the uncached feature source, timed.
+        info: what was built (sizes, readers, superbatch size, runtime folder).
     """
 
-    def __init__(self, path, layout, threads: int = 16):
-        self.path = Path(path)
-        self.layout = layout
-        self.threads = int(threads)
-        self.buf = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(layout.file_bytes,))
-        advise(self.buf, mmap.MADV_RANDOM)
-        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ooc-mmap")
-        self.requests = 0
-        self.rows = 0
-
-    def read(self, ids: np.ndarray) -> np.ndarray:
-        lay = self.layout
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        n = ids.shape[0]
-        out = np.empty((n, lay.dim), dtype=lay.dtype)
-        if n == 0:
-            return out
-        if ids.min() < 0 or ids.max() >= lay.num_rows:
-            raise IndexError(f"{self.path}: row id out of range [0, {lay.num_rows})")
-        offs = lay.row_offsets(ids)
-        order = np.argsort(offs, kind="stable")
-        ob = out.view(np.uint8).reshape(n, lay.row_bytes)
-        futs = [self.pool.submit(self._copy, offs, order, ob, a, min(n, a + MMAP_CHUNK_ROWS))
-                for a in range(0, n, MMAP_CHUNK_ROWS)]
-        for f in futs:
-            f.result()
-        self.requests += 1
-        self.rows += n
-        return out
-
-    def _copy(self, offs, order, ob, a: int, b: int) -> None:
-        """Copy rows ``order[a:b]`` (one region of the file), then drop the region's
-        pages from this process (the page cache keeps them): a fault maps the
-        page-cache pages around it too (fault-around, 64 KiB), so at most
-        ``threads x MMAP_CHUNK_ROWS x (row + 64 KiB)`` of the file is mapped at once
-        (the bound :mod:`ooc.executor.sizing.budget` counts)."""
-        MK.copy_rows(self.buf, offs, order, self.layout.row_bytes, ob, a, b)
-        w = FAULT_AROUND_BYTES
-        lo = int(offs[order[a]]) // w * w
-        hi = min(len(self.buf), -(-(int(offs[order[b - 1]]) + self.layout.row_bytes) // w) * w)
-        self.buf._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-
-    def stats(self) -> dict:
-        return {"requests": self.requests, "rows": self.rows}
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
-class ThreadedMmapNeighbors(NeighborSource):
-    """Neighbour ids from the ``indices.bin`` memmap, copied by a thread pool
-    (readahead off): the baseline's sampling I/O."""
-
-    def __init__(self, indices: np.ndarray, threads: int = 16):
-        self.indices = indices
-        self.threads = int(threads)
-        advise(indices, mmap.MADV_RANDOM)
-        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ooc-mmap-nbr")
-
-    def gather(self, req: NeighborRequest) -> np.ndarray:
-        out = np.empty(req.size, dtype=np.int64)
-        if req.size == 0:
-            return out
-        futs = [self.pool.submit(MK.gather_ids, self.indices, req.edge_pos, out, a, b)
-                for a, b in _chunks(req.size, self.threads, 1024)]
-        for f in futs:
-            f.result()
-        advise(self.indices, mmap.MADV_DONTNEED)  # as ThreadedMmapFeatures.read
-        return out
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
-class TimedSource:
-    """A feature source that counts the seconds spent in ``read`` (``read_s``)."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.read_s = 0.0
-
-    def read(self, ids: np.ndarray) -> np.ndarray:
-        t0 = time.perf_counter()
-        try:
-            return self.inner.read(ids)
-        finally:
-            self.read_s += time.perf_counter() - t0
-
-    def stats(self) -> dict:
-        s = self.inner.stats
-        s = s() if callable(s) else s
-        d = dict(s) if isinstance(s, dict) else s.as_dict()
-        d["read_s"] = self.read_s
-        return d
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
-# -- building a mode --------------------------------------------------------------------------
-
-
-@dataclass
-class ModePipeline:
-    """What a mode gives the trainer. Unpacks as ``(train, eval_factory, features)``."""
-
-    mode: str
+    preset: Preset
     train: BatchPipeline
     eval_factory: Callable[[np.ndarray], BatchPipeline]
     features: Any
     info: dict = field(default_factory=dict)
     _close: list = field(default_factory=list, repr=False)
+
+    @property
+    def mode(self) -> str:
+        return self.preset.name
 
     def __iter__(self):
         return iter((self.train, self.eval_factory, self.features))
@@ -270,21 +135,6 @@ class ModePipeline:
         self._close.clear()
 
 
-def drop_mapping(arr: np.ndarray) -> None:
-    """Unmap the pages of a read-only memmap touched so far from this
-    process (they leave its RSS; the page cache keeps them)."""
-    advise(arr, mmap.MADV_DONTNEED)
-
-
-def hot_nodes(dataset) -> np.ndarray:
-    """Node ids by decreasing out-degree (ties by id): the static cache order."""
-    from ...inspector.neighbor_cache import compute_out_degrees
-
-    deg = compute_out_degrees(dataset.indices, dataset.num_nodes)
-    drop_mapping(dataset.indices)
-    return np.argsort(-deg, kind="stable")
-
-
 def default_sizes(dataset) -> tuple[int, int]:
     """(feature cache bytes, neighbor cache bytes) without a budget."""
     from ...inspector.neighbor_cache import full_cache_bytes
@@ -295,42 +145,120 @@ def default_sizes(dataset) -> tuple[int, int]:
     return feat, nbr
 
 
-def _changeset_fn(num_nodes: int, capacity: int, device: str):
-    """Changesets of successive superbatches, each starting from the cache the previous
-    one leaves (``keep_unused`` + ``cached``: the switch reads only new entries instead
-    of a whole initial set). Superbatches come in order from the inspector's one
-    changeset thread, across epochs; if the executor stops early its cache differs from
-    that state and the switch reads the difference: still exact."""
-    from ...inspector import changesets as C
-
-    if device in (None, "auto"):
-        device = "cuda" if _cuda() else "cpu"
-    state: dict[str, Any] = {"cached": None}
-
-    def changesets(ids):
-        cs = C.precompute_changesets(ids, num_nodes, capacity, device=device,
-                                     cached=state["cached"], keep_unused=True)
-        state["cached"] = C.final_state(cs)
-        return cs
-
-    return changesets
+def cache_sizes(dataset, opts: ModeOptions, plan=None) -> tuple[int, int]:
+    """(feature cache bytes, neighbor cache bytes): explicit options, else the plan's,
+    else :func:`default_sizes`."""
+    feat, nbr = default_sizes(dataset)
+    if plan is not None:
+        feat, nbr = plan.feature_cache_bytes, plan.neighbor_cache_bytes
+    if opts.feature_cache_size is not None:
+        feat = opts.feature_cache_size
+    if opts.neighbor_cache_size is not None:
+        nbr = opts.neighbor_cache_size
+    return int(feat), int(nbr)
 
 
-def _cuda() -> bool:
-    try:
-        import torch
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False
+def open_sources(dataset, preset: Preset, opts: ModeOptions,
+                 neighbor_cache_bytes: int = 0) -> Sources:
+    """The preset's readers over ``dataset``, with the neighbor cache of
+    ``neighbor_cache_bytes`` in front of the neighbour reads when the readers allow
+    one and it holds at least the address table (int64 [N]); loaded from disk or
+    built and saved the first time (see :mod:`ooc.inspector.neighbor_cache`)."""
+    src = preset.readers.open(dataset, opts)
+    src.info.update(neighbor_cache_bytes=0, neighbor_cache_nodes=0)
+    if preset.neighbor_cache and neighbor_cache_bytes >= 8 * dataset.num_nodes:
+        from ...inspector.neighbor_cache import load_or_build_neighbor_cache
+
+        try:
+            ncache = load_or_build_neighbor_cache(dataset, int(neighbor_cache_bytes))
+        except BaseException:
+            src.close()
+            raise
+        release_mapped(dataset.indices)
+        src.neighbors = CachedNeighbors(ncache, src.neighbors)
+        src.info.update(neighbor_cache_bytes=ncache.nbytes, neighbor_cache_nodes=ncache.num_cached)
+    return src
 
 
-def build_mode(dataset, config, options: ModeOptions | None = None, plan=None,
-               seeds: np.ndarray | None = None, shuffle: bool = True) -> ModePipeline:
-    """The pipeline of ``config.mode`` over ``dataset``.
+@dataclass
+class _Parts:
+    """What a schedule builds its training pipeline from."""
+
+    dataset: Any
+    config: Any
+    opts: ModeOptions
+    plan: Any
+    preset: Preset
+    sampler: NeighborSampler
+    features: Any
+    cache: FeatureCache | None
+    seeds: np.ndarray
+    shuffle: bool
+    info: dict
+    closers: list
+
+
+def _on_demand(p: _Parts) -> BatchPipeline:
+    return OnDemandPipeline(p.sampler, p.seeds, p.config.batch_size, p.config.seed,
+                            p.features, shuffle=p.shuffle, cache=p.cache)
+
+
+def superbatch_size(p: _Parts) -> int:
+    """Batches per superbatch: the policy object's, the option, the plan's, else the largest
+    whose runtime files fit the runtime disk budget (Ginex §3.5); at most the epoch."""
+    from ...inspector.pipeline import measure_bytes_per_batch, superbatch_size_for_budget
+
+    cfg = p.config
+    nb = max(1, -(-len(p.seeds) // cfg.batch_size))
+    s = getattr(p.preset.policy, "superbatch_size", None) or p.opts.superbatch_size
+    if s is None and p.plan is not None and p.plan.superbatch_size:
+        s = p.plan.superbatch_size
+    if s is None:
+        sb = epoch_batches(p.seeds, cfg.batch_size, cfg.seed, 1, shuffle=p.shuffle)
+        bseeds = [derive_seed(cfg.seed, 1, b) for b in range(len(sb))]
+        bpb = measure_bytes_per_batch(p.sampler, sb, bseeds, with_changesets=True, probes=2)
+        s = superbatch_size_for_budget(p.opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
+        p.info["runtime_bytes_per_batch"] = int(bpb)
+    return max(1, min(int(s), nb))
+
+
+def _superbatch(p: _Parts) -> BatchPipeline:
+    from ...inspector.pipeline import Inspector
+
+    s = superbatch_size(p)
+    rt, remove_rt = runtime_folder(Path(p.opts.runtime_dir) if p.opts.runtime_dir
+                                   else Path(p.dataset.path) / "runtime")
+    p.closers.append(remove_rt)
+    changesets = p.preset.policy.changesets(p.dataset.num_nodes, p.cache.capacity,
+                                            p.config.device)
+    insp = Inspector(p.sampler, rt, s, changesets=changesets)
+    p.info.update(superbatch_size=s, runtime_dir=str(rt))
+    return SuperbatchPipeline(insp, p.seeds, p.config.batch_size, p.config.seed,
+                              p.features, p.cache, shuffle=p.shuffle)
+
+
+#: Training pipelines by a policy's ``schedule``.
+SCHEDULES: dict[str, Callable[[_Parts], BatchPipeline]] = {
+    "on_demand": _on_demand, "superbatch": _superbatch}
+
+
+def _feature_cache(dataset, preset: Preset, nbytes: int, info: dict) -> FeatureCache | None:
+    if not preset.policy.caches:
+        return None
+    rows = int(min(dataset.num_nodes, max(0, nbytes) // dataset.layout.row_bytes))
+    cache = FeatureCache(dataset.num_nodes, rows, dataset.feature_dim, dataset.feature_dtype)
+    info.update(feature_cache_rows=cache.capacity, feature_cache_bytes=cache.cache.nbytes)
+    return cache
+
+
+def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
+                seeds: np.ndarray | None = None, shuffle: bool = True,
+                preset: "str | Preset | Any | None" = None) -> Stack:
+    """The loader stack of ``preset`` (default ``config.mode``) over ``dataset``.
 
     Args:
         dataset: an opened :class:`ooc.storage.Dataset`.
-        config: a :class:`~ooc.executor.training.trainer.TrainConfig` (mode, fanouts,
+        config: a :class:`~ooc.executor.training.config.TrainConfig` (mode, fanouts,
             batch sizes, seed, threads, device).
         options: cache and I/O settings (defaults: :class:`ModeOptions`).
         plan: a :class:`~ooc.executor.sizing.budget.MemoryPlan` giving cache sizes and
@@ -338,101 +266,40 @@ def build_mode(dataset, config, options: ModeOptions | None = None, plan=None,
         seeds: the training pipeline's seed nodes (int64 [n]; default the
             dataset's ``train_idx``), split into batches of ``config.batch_size``
             in a per-epoch seeded shuffle when ``shuffle``.
+        preset: a preset name, a :class:`~ooc.executor.loader.presets.Preset` or a
+            :class:`~ooc.executor.cache.policies.CachePolicy`.
     """
-    from ...storage.direct import DirectFeatures, DirectReader
-
     opts = options or ModeOptions()
     opts.validate()
+    preset = resolve_preset(config.mode if preset is None else preset)
     seeds = np.asarray(dataset.train_idx if seeds is None else seeds, dtype=np.int64)
-    mode = config.mode
-    if mode not in MODES:
-        raise OocError(f"unknown mode {mode!r} (choose one of {', '.join(MODES)})")
-    closers: list = []
-    info: dict[str, Any] = {"mode": mode}
+    feat_bytes, nbr_bytes = cache_sizes(dataset, opts, plan)
+    src = open_sources(dataset, preset, opts, nbr_bytes if preset.neighbor_cache else 0)
+    info: dict[str, Any] = {"mode": preset.name, "readers": preset.readers.name,
+                            "cache_policy": preset.policy.name, **src.info}
+    closers = list(src.closers)
+    try:
+        features = TimedFeature(src.features)
+        sampler = NeighborSampler(dataset.indptr, src.neighbors, list(config.fanouts),
+                                  num_threads=config.num_threads)
+        cache = _feature_cache(dataset, preset, feat_bytes, info)
+        if cache is not None:
+            preset.policy.fill(cache, dataset, features)
+        parts = _Parts(dataset, config, opts, plan, preset, sampler, features, cache, seeds,
+                       shuffle, info, closers)
+        train = SCHEDULES[preset.policy.schedule](parts)
+    except BaseException:
+        for c in reversed(closers):
+            c()
+        raise
     eval_bs = config.eval_batch_size or config.batch_size
-    row_bytes = dataset.layout.row_bytes
-
-    if mode == "baseline":
-        nsrc = ThreadedMmapNeighbors(dataset.indices, opts.io_threads)
-        features = ThreadedMmapFeatures(dataset.file("features.bin"), dataset.layout,
-                                        opts.io_threads)
-        closers += [nsrc.close, features.close]
-        cache = None
-        info.update(io_threads=opts.io_threads, readahead="off (MADV_RANDOM)",
-                    reader_backend="mmap", neighbor_reader_backend="mmap")
-    else:
-        feat_bytes, nbr_bytes = default_sizes(dataset)
-        if plan is not None:
-            feat_bytes, nbr_bytes = plan.feature_cache_bytes, plan.neighbor_cache_bytes
-        if opts.feature_cache_size is not None:
-            feat_bytes = opts.feature_cache_size
-        if opts.neighbor_cache_size is not None:
-            nbr_bytes = opts.neighbor_cache_size
-        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth,
-                              backend=opts.io_backend)
-        nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
-                               dtype=dataset.index_dtype)
-        nsrc._own = True
-        closers.append(nsrc.close)
-        if nbr_bytes >= 8 * dataset.num_nodes:
-            from ...inspector.neighbor_cache import load_or_build_neighbor_cache
-
-            ncache = load_or_build_neighbor_cache(dataset, int(nbr_bytes))
-            drop_mapping(dataset.indices)
-            nsrc = CachedNeighbors(ncache, nsrc)
-            info["neighbor_cache_bytes"] = ncache.nbytes
-            info["neighbor_cache_nodes"] = ncache.num_cached
-        else:
-            info["neighbor_cache_bytes"] = 0
-            info["neighbor_cache_nodes"] = 0
-        features = DirectFeatures(dataset.file("features.bin"), dataset.layout,
-                                  queue_depth=opts.queue_depth, backend=opts.io_backend)
-        closers.append(features.close)
-        rows = int(min(dataset.num_nodes, max(0, feat_bytes) // row_bytes))
-        cache = FeatureCache(dataset.num_nodes, rows, dataset.feature_dim, dataset.feature_dtype)
-        info.update(feature_cache_rows=cache.capacity, feature_cache_bytes=cache.cache.nbytes,
-                    queue_depth=opts.queue_depth, reader_backend=features.backend,
-                    neighbor_reader_backend=reader.backend)
-    features = TimedSource(features)
-    sampler = NeighborSampler(dataset.indptr, nsrc, list(config.fanouts),
-                              num_threads=config.num_threads)
-
-    if mode == "static" and cache is not None and cache.capacity:
-        cache.fill_static(hot_nodes(dataset)[:cache.capacity], features)
-
-    if mode in ("baseline", "static"):
-        train = OnDemandPipeline(sampler, seeds, config.batch_size, config.seed,
-                                 features, shuffle=shuffle, cache=cache)
-    else:
-        from ...inspector.pipeline import (Inspector, measure_bytes_per_batch,
-                                          superbatch_size_for_budget)
-
-        nb = max(1, -(-len(seeds) // config.batch_size))
-        s = opts.superbatch_size
-        if s is None and plan is not None and plan.superbatch_size:
-            s = plan.superbatch_size
-        if s is None:
-            sb = epoch_batches(seeds, config.batch_size, config.seed, 1, shuffle=shuffle)
-            bseeds = [derive_seed(config.seed, 1, b) for b in range(len(sb))]
-            bpb = measure_bytes_per_batch(sampler, sb, bseeds, with_changesets=True, probes=2)
-            s = superbatch_size_for_budget(opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
-            info["runtime_bytes_per_batch"] = int(bpb)
-        s = max(1, min(int(s), nb))
-        rt, remove_rt = runtime_folder(Path(opts.runtime_dir) if opts.runtime_dir
-                                       else Path(dataset.path) / "runtime")
-        closers.append(remove_rt)
-        insp = Inspector(sampler, rt, s, changesets=_changeset_fn(dataset.num_nodes,
-                                                                  cache.capacity, config.device))
-        train = SuperbatchPipeline(insp, seeds, config.batch_size, config.seed,
-                                   features, cache, shuffle=shuffle)
-        info.update(superbatch_size=s, runtime_dir=str(rt))
 
     def eval_factory(ids: np.ndarray) -> BatchPipeline:
         # the feature cache only serves hits here (never updated), whatever its state
         return OnDemandPipeline(sampler, ids, eval_bs, config.seed + EVAL_SEED_OFFSET, features,
                                 shuffle=False, cache=cache)
 
-    return ModePipeline(mode, train, eval_factory, features, info, closers)
+    return Stack(preset, train, eval_factory, features, info, closers)
 
 
 #: Runtime folders are named ``run<pid>-<random>`` inside the runtime parent.

@@ -48,7 +48,7 @@ the smallest superbatch (1 batch); larger budgets get larger superbatches.
 ``baseline`` reads through memmaps: the pages it touches are in its RSS
 until dropped, and each fault also maps the page-cache pages around it
 (fault-around). Its readers drop them (``MADV_DONTNEED``) as they go, so its
-RSS holds a bounded window of the files (:func:`_mapped_pages_bound`,
+RSS holds a bounded window of the files (its readers' ``mapped_bytes_bound``,
 counted as ``mapped_file_pages``); the page cache keeps the pages (the
 baseline's cache is the kernel's, outside the process and bounded by a
 memory cgroup where one is used).
@@ -134,9 +134,10 @@ def suggest_budget(need: int) -> int:
 # -- the kernels, compiled before anything is measured ------------------------------------------
 
 
-def compile_kernels(dataset, config, options=None, timeout: float = 600.0) -> str:
-    """Compile (or find in numba's on-disk cache) every kernel ``config.mode``
-    runs, in a child process, so that this process only loads them.
+def compile_kernels(dataset, config, options=None, timeout: float = 600.0,
+                    preset=None) -> str:
+    """Compile (or find in numba's on-disk cache) every kernel the preset
+    (default ``config.mode``) runs, in a child process, so that this process only loads them.
 
     A kernel compiled in this process leaves LLVM's compile-time memory
     behind (~150 MiB measured on a cold cache, which ``malloc_trim`` does not
@@ -146,14 +147,18 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0) -> st
     kernels, with the dataset's dtypes). Returns how it went, in words; on
     any failure the kernels compile in this process instead.
     """
+    from ..loader.presets import resolve_preset
+
+    preset = resolve_preset(config.mode if preset is None else preset)
     opts = options or _default_options()
-    stamp = _kernels_stamp(dataset, config.mode)
+    key = f"{preset.readers.name}-{preset.policy.name}"
+    stamp = _kernels_stamp(dataset, key)
     if stamp is not None and stamp.exists():
         return "loaded from numba's cache (compiled by an earlier run)"
     cmd = [sys.executable, "-c", "import sys; from ooc.executor.sizing.budget import _child_main; "
-           "_child_main(sys.argv[1:])", config.mode, str(dataset.path),
+           "_child_main(sys.argv[1:])", preset.readers.name, preset.policy.name, str(dataset.path),
            ",".join(str(f) for f in config.fanouts), str(config.num_threads or 0),
-           str(opts.queue_depth), str(opts.io_threads), getattr(opts, "io_backend", "auto")]
+           str(opts.queue_depth), str(opts.io_threads), opts.io_backend]
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=timeout)
@@ -201,55 +206,36 @@ def _default_options():
 
 
 def _child_main(argv: list[str]) -> None:
-    """``compile_kernels``'s child: MODE DATA FANOUTS THREADS QUEUE_DEPTH IO_THREADS BACKEND."""
+    """``compile_kernels``'s child: READERS POLICY DATA FANOUTS THREADS QUEUE_DEPTH
+    IO_THREADS BACKEND (a policy not in :data:`~ooc.executor.cache.policies.POLICIES`
+    is warmed up as the base policy; its own kernels then compile in the parent)."""
     from ...inspector.sampler import NeighborSampler
     from ...storage import open_dataset
+    from ..cache.policies import POLICIES, CachePolicy
+    from ..loader.presets import Preset
+    from ..loader.readers import READERS
+    from ..loader.stack import open_sources
 
-    mode, path, fanouts, threads, qd, io_threads, backend = argv
+    readers, policy, path, fanouts, threads, qd, io_threads, backend = argv
+    preset = Preset("child", READERS[readers](), POLICIES.get(policy, CachePolicy)())
     ds = open_dataset(path)
-    warm_up_kernels(mode, ds.feature_dim, ds.feature_dtype)
+    warm_up_kernels(preset, ds.feature_dim, ds.feature_dtype)
     opts = _default_options()
-    opts.queue_depth, opts.io_threads = int(qd), int(io_threads)
-    if hasattr(opts, "io_backend"):
-        opts.io_backend = backend
-    nsrc, feats, closers = _uncached_sources(ds, mode, opts)
+    opts.queue_depth, opts.io_threads, opts.io_backend = int(qd), int(io_threads), backend
+    src = open_sources(ds, preset, opts)
     try:
-        sampler = NeighborSampler(ds.indptr, nsrc, [int(f) for f in fanouts.split(",")],
+        sampler = NeighborSampler(ds.indptr, src.neighbors, [int(f) for f in fanouts.split(",")],
                                   num_threads=int(threads) or None)
         seeds = np.asarray(ds.train_idx[:8], dtype=np.int64)
         if len(seeds):
             b = sampler.sample_many([seeds, seeds], [1, 2])[0]
-            feats.read(b.node_ids)
+            src.features.read(b.node_ids)
     finally:
-        for c in closers:
-            c()
+        src.close()
 
 
-def _uncached_sources(dataset, mode: str, opts):
-    """The mode's neighbour source and feature source without caches, and their closers."""
-    if mode == "baseline":
-        from ..loader.stack import ThreadedMmapFeatures, ThreadedMmapNeighbors
-
-        nsrc = ThreadedMmapNeighbors(dataset.indices, opts.io_threads)
-        feats = ThreadedMmapFeatures(dataset.file("features.bin"), dataset.layout,
-                                     opts.io_threads)
-    else:
-        from ...inspector.neighbors import DirectNeighbors
-        from ...storage.direct import DirectFeatures, DirectReader
-
-        backend = getattr(opts, "io_backend", "auto")
-        reader = DirectReader(dataset.file("indices.bin"), queue_depth=opts.queue_depth,
-                              backend=backend)
-        nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
-                               dtype=dataset.index_dtype)
-        nsrc._own = True
-        feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
-                               queue_depth=opts.queue_depth, backend=backend)
-    return nsrc, feats, [nsrc.close, feats.close]
-
-
-def warm_up_kernels(mode: str, dim: int, dtype) -> None:
-    """Compile (or load from numba's on-disk cache) every kernel the mode runs
+def warm_up_kernels(preset, dim: int, dtype) -> None:
+    """Compile (or load from numba's on-disk cache) every kernel the preset runs
     after planning, on a tiny in-memory graph, before anything is measured.
 
     On a first run (cold cache) numba compiles a kernel the first time it is
@@ -257,9 +243,8 @@ def warm_up_kernels(mode: str, dim: int, dtype) -> None:
     mid-epoch, with the caches already full, would push the peak past the
     budget; compiled here, that transient happens while nothing else is held.
     The probe below covers the sampler and the readers; this covers the
-    neighbor cache, the feature cache and the changeset pass.
+    neighbor cache, the feature cache and the policy's own kernels.
     """
-    from ...inspector.changesets import precompute_changesets
     from ...inspector.neighbor_cache import build_neighbor_cache
     from ...inspector.neighbors import CachedNeighbors, InMemoryNeighbors
     from ...inspector.sampler import NeighborSampler
@@ -272,33 +257,34 @@ def warm_up_kernels(mode: str, dim: int, dtype) -> None:
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     indices = src[order].astype(np.int32)
-    if mode != "baseline":
+    if preset.neighbor_cache:
         cache = build_neighbor_cache(indptr, indices, 8 * n + 64)
         source = CachedNeighbors(cache, InMemoryNeighbors(indices))
         NeighborSampler(indptr, source, [3, 2]).sample_many(
             [np.arange(4, dtype=np.int64), np.arange(4, 8, dtype=np.int64)], [1, 2])
+    if preset.policy.caches:
         x = np.zeros((n, dim), dtype=np.dtype(dtype))
 
         class _Rows:
             @staticmethod
-            def read(ids: np.ndarray) -> np.ndarray:
+            def read(ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
                 return x[ids]
 
         fc = FeatureCache(n, 4, dim, x.dtype)
         fc.switch(np.array([0, 1]), _Rows)
         rows, _ = fc.gather(np.array([0, 2, 3]), _Rows)
         fc.update(np.array([2]), np.array([0]), np.array([1]), rows)
-    if mode == "ooc":
-        precompute_changesets([np.array([0, 1]), np.array([1, 2]), np.array([0, 3])], n, 2)
+    preset.policy.warm_up(n)
 
 
 def plan_memory(dataset, config, budget: int, options=None, model=None,
-                neighbor_fraction: float = 0.25, reserve: int | None = None) -> MemoryPlan:
-    """Measure the working memory of ``config.mode`` and size the caches.
+                neighbor_fraction: float = 0.25, reserve: int | None = None,
+                preset=None) -> MemoryPlan:
+    """Measure the working memory of the preset and size its caches.
 
     Args:
         dataset: an opened dataset.
-        config: the :class:`~ooc.executor.training.trainer.TrainConfig` (mode, fanouts,
+        config: the :class:`~ooc.executor.training.config.TrainConfig` (mode, fanouts,
             batch sizes, seed, whether it evaluates).
         budget: bytes the process may use.
         options: :class:`~ooc.executor.loader.stack.ModeOptions` (explicit cache sizes
@@ -307,184 +293,167 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
             copy; None probes sampling and gathering only.
         neighbor_fraction: share of the free memory for the neighbor cache.
         reserve: bytes held back (default :func:`default_reserve`).
+        preset: a preset name, :class:`~ooc.executor.loader.presets.Preset` or cache
+            policy (default ``config.mode``).
 
     Raises:
-        OocError: the budget is below what the mode needs (the message gives
+        OocError: the budget is below what the preset needs (the message gives
             the smallest budget that works, see :func:`suggest_budget`).
     """
-    from ...inspector.neighbor_cache import full_cache_bytes
-    from ...inspector.sampler import epoch_batches
+    from ..loader.presets import resolve_preset
 
+    preset = resolve_preset(config.mode if preset is None else preset)
     opts = options or _default_options()
-    mode = config.mode
     budget = int(budget)
     reserve = default_reserve(budget) if reserve is None else int(reserve)
-    n = dataset.num_nodes
-    row_bytes = dataset.layout.row_bytes
     stages: dict[str, int] = {}
 
-    kernels = compile_kernels(dataset, config, opts)
-    warm_up_kernels(mode, dataset.feature_dim, dataset.feature_dtype)  # loads them here
+    kernels = compile_kernels(dataset, config, opts, preset=preset)
+    warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype)  # loads them here
     gc.collect()
     trim_malloc()
-    setup = rss_bytes()
-    stages["setup_rss"] = setup
-
-    probe = _probe(dataset, config, opts, model)
-    peaks = probe["peaks"]
-    loop = max(0, max(peaks.values()) - setup)
-    stages["loop_peak"] = loop
-    bpb, ids_per_batch = probe["bytes_per_batch"], probe["ids_per_batch"]
-
-    # -- computed parts -------------------------------------------------------------------------
-    explicit_f = opts.feature_cache_size
-    explicit_n = opts.neighbor_cache_size if mode != "baseline" else 0
-    loop_parts = loop
-    if mode == "baseline":
-        stages["mapped_file_pages"] = _mapped_pages_bound(dataset, opts, probe["max_edges"])
-        loop_parts += stages["mapped_file_pages"]
-    else:
-        stages["feature_cache_tables"] = (4 + (1 if mode == "ooc" else 0)) * n
-        loop_parts += stages["feature_cache_tables"]
-    s = s_disk = None
-    nb = len(epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1, shuffle=True))
-
-    def sb_bytes(size: int) -> int:
-        samples = 3 * size * bpb
-        changeset = 24 * n + 40 * size * ids_per_batch
-        return int(samples + changeset)
-
-    if mode == "ooc":
-        from ...inspector.pipeline import superbatch_size_for_budget
-
-        if not opts.superbatch_size:
-            s_disk = superbatch_size_for_budget(opts.runtime_disk_budget, bpb, ahead=1)
-        s = max(1, min(int(opts.superbatch_size or s_disk), nb))
-    # building the neighbor cache or the degree order happens before the feature cache
+    setup = stages["setup_rss"] = rss_bytes()
+    probe = _probe(dataset, config, opts, model, preset)
+    loop = stages["loop_peak"] = max(0, max(probe["peaks"].values()) - setup)
+    loop_parts = loop + _computed_parts(dataset, preset, opts, probe["max_edges"], stages)
+    explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0
+    # building the neighbor cache or the static order happens before the feature cache
     # is filled: it needs room beside the neighbor cache, not beside the loop
-    build = _build_transient(dataset, mode, explicit_n)
-    fixed = setup + max(loop_parts, build)
-    if mode == "ooc" and not opts.superbatch_size:
-        # the superbatch in flight takes at most a quarter of what the rest leaves
-        room = budget - reserve - fixed
-        while s > 1 and sb_bytes(s) > room // 4:
-            s = max(1, s // 2)
+    build = _build_transient(dataset, preset, explicit_n)
     if build > loop_parts:
         stages["build_transient_above_loop"] = build - loop_parts
-    if mode == "ooc":
-        stages["superbatch"] = sb_bytes(s)
+    fixed = setup + max(loop_parts, build)
+    sb = _SuperbatchPlan(dataset, config, opts, probe, preset) if preset.policy.schedule == "superbatch" \
+        else None
+    if sb is not None:
+        stages["superbatch"] = sb.size_within(budget - reserve - fixed)
     working = fixed + stages.get("superbatch", 0)
-    extra = (explicit_f or 0) + (explicit_n or 0)
-    smallest = fixed + (sb_bytes(1) if mode == "ooc" and not opts.superbatch_size
-                        else stages.get("superbatch", 0))
+    extra = (opts.feature_cache_size or 0) + (explicit_n or 0)
+    smallest = fixed + (sb.smallest() if sb is not None else 0)
     plan = MemoryPlan(budget=budget, reserve=reserve, working=working, stages=stages,
-                      superbatch_size=s, min_budget=suggest_budget(smallest + extra),
-                      stage_peaks={k: int(v) for k, v in peaks.items()},
-                      runtime_bytes_per_batch=float(bpb), ids_per_batch=ids_per_batch,
-                      superbatch_size_disk=s_disk, kernels=kernels)
+                      superbatch_size=sb.size if sb else None,
+                      min_budget=suggest_budget(smallest + extra),
+                      stage_peaks={k: int(v) for k, v in probe["peaks"].items()},
+                      runtime_bytes_per_batch=float(probe["bytes_per_batch"]),
+                      ids_per_batch=probe["ids_per_batch"],
+                      superbatch_size_disk=sb.size_disk if sb else None, kernels=kernels)
     free = budget - working - reserve
     if free < extra:
-        raise OocError(f"--memory-budget {_fmt(budget)} is below what mode {mode} needs: "
+        raise OocError(f"--memory-budget {_fmt(budget)} is below what mode {preset.name} needs: "
                        f"{_fmt(working)} working memory"
                        + (f" + {_fmt(extra)} of requested caches" if extra else "")
                        + f" + {_fmt(reserve)} reserve; the smallest budget that works is "
                        f"{plan.min_budget // MiB}MiB")
-    if mode == "baseline":
-        return plan  # no application caches: the rest is the page cache's
-    full_n = full_cache_bytes(dataset.indptr, dataset.index_dtype.itemsize)
-    if explicit_n is not None:
-        nbytes = int(explicit_n)
-    else:
-        nbytes = int(min(full_n, neighbor_fraction * free))
-        if nbytes < 8 * n + 8 * n // 8:   # not even the address table plus a few lists
-            nbytes = 0
-    left = free - nbytes
-    if explicit_f is not None:
-        fbytes = int(explicit_f)
-    else:
-        frows = int(min(n, max(0, left) // (row_bytes + 8)))
-        fbytes = frows * row_bytes
-    plan.neighbor_cache_bytes = nbytes
-    plan.feature_cache_bytes = fbytes
-    plan.feature_cache_rows = int(min(n, fbytes // row_bytes))
+    if preset.caches:
+        _split_free(plan, dataset, preset, opts, free, neighbor_fraction)
     return plan
 
 
-def _mapped_pages_bound(dataset, opts, max_edges: int) -> int:
-    """``baseline``: the most of the memmapped files its readers map at once. A page
-    fault maps the page-cache pages around it too (fault-around, 64 KiB), so a
-    warm page cache maps more than the pages read: the feature reader drops
-    each chunk's region when it is copied (``io_threads`` chunks in flight), the
-    neighbour reader the whole map after each request (a request touches at
-    most one window per sampled edge). The probe runs on a cold page cache, so
-    it measures none of this and the bound counts all of it."""
-    from ..loader.stack import FAULT_AROUND_BYTES, MMAP_CHUNK_ROWS
-
-    w = FAULT_AROUND_BYTES
-    feats = opts.io_threads * MMAP_CHUNK_ROWS * (dataset.layout.row_bytes + w)
-    nbrs = min(int(dataset.file("indices.bin").stat().st_size), int(max_edges) * w)
-    return int(feats + nbrs)
+def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int]) -> int:
+    """What the probe cannot measure, added to ``stages``: the file pages the
+    readers may keep mapped (``mapped_file_pages``) and the feature cache's
+    tables beside its rows (``feature_cache_tables``). Returns their sum."""
+    mapped = preset.readers.mapped_bytes_bound(dataset, opts, max_edges)
+    if mapped:
+        stages["mapped_file_pages"] = mapped
+    tables = preset.policy.table_bytes_per_node * dataset.num_nodes
+    if tables:
+        stages["feature_cache_tables"] = tables
+    return mapped + tables
 
 
-def _build_transient(dataset, mode: str, explicit_n: int | None) -> int:
+class _SuperbatchPlan:
+    """The superbatch in flight: runtime samples of up to three superbatches (being
+    sampled, having its changesets computed, being consumed) and the changeset
+    pass's arrays over N and over the superbatch's accesses."""
+
+    def __init__(self, dataset, config, opts, probe: dict[str, Any], preset):
+        from ...inspector.pipeline import superbatch_size_for_budget
+        from ...inspector.sampler import epoch_batches
+
+        self.n = dataset.num_nodes
+        self.bpb, self.ids = probe["bytes_per_batch"], probe["ids_per_batch"]
+        self.explicit = getattr(preset.policy, "superbatch_size", None) or opts.superbatch_size
+        self.size_disk = None if self.explicit else \
+            superbatch_size_for_budget(opts.runtime_disk_budget, self.bpb, ahead=1)
+        nb = len(epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1, shuffle=True))
+        self.size = max(1, min(int(self.explicit or self.size_disk), nb))
+
+    def bytes(self, size: int) -> int:
+        return int(3 * size * self.bpb + 24 * self.n + 40 * size * self.ids)
+
+    def size_within(self, room: int) -> int:
+        """Halve an automatic size until the superbatch takes at most a quarter of
+        ``room`` (what the rest of the working memory leaves); its bytes."""
+        while not self.explicit and self.size > 1 and self.bytes(self.size) > room // 4:
+            self.size = max(1, self.size // 2)
+        return self.bytes(self.size)
+
+    def smallest(self) -> int:
+        """Bytes of the smallest superbatch the options allow (1 batch when automatic)."""
+        return self.bytes(self.size if self.explicit else 1)
+
+
+def _split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
+                neighbor_fraction: float) -> None:
+    """The free memory to the caches: the neighbor cache ``neighbor_fraction`` of it
+    (capped at the full cache; none when not even the address table and a few lists
+    fit), the feature cache the rest at ``row_bytes + 8`` per row."""
+    from ...inspector.neighbor_cache import full_cache_bytes
+
+    n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
+    nbytes = 0
+    if preset.neighbor_cache:
+        if opts.neighbor_cache_size is not None:
+            nbytes = int(opts.neighbor_cache_size)
+        else:
+            full_n = full_cache_bytes(dataset.indptr, dataset.index_dtype.itemsize)
+            nbytes = int(min(full_n, neighbor_fraction * free))
+            if nbytes < 8 * n + 8 * n // 8:
+                nbytes = 0
+    fbytes = 0
+    if preset.policy.caches:
+        if opts.feature_cache_size is not None:
+            fbytes = int(opts.feature_cache_size)
+        else:
+            fbytes = int(min(n, max(0, free - nbytes) // (row_bytes + 8))) * row_bytes
+    plan.neighbor_cache_bytes = nbytes
+    plan.feature_cache_bytes = fbytes
+    plan.feature_cache_rows = int(min(n, fbytes // row_bytes))
+
+
+def _build_transient(dataset, preset, explicit_n: int | None) -> int:
     """Bytes above ``setup_rss`` (besides the neighbor cache itself) while the
-    mode is built: ``static`` orders the nodes by degree (three int64 [N]
-    arrays), and a neighbor cache not yet on disk is built from N-sized
-    int64/float64 temporaries (in/out degrees, candidates, ratios, order,
-    costs, sums: eleven), both reading ``indices.bin`` through a memmap whose
-    pages stay mapped until the build drops them."""
-    if mode == "baseline":
-        return 0
+    stack is built: the policy's fill (``static`` orders the nodes by degree),
+    and a neighbor cache not yet on disk, built from N-sized int64/float64
+    temporaries (in/out degrees, candidates, ratios, order, costs, sums: eleven),
+    both reading ``indices.bin`` through a memmap whose pages stay mapped until
+    the build drops them."""
+    out = preset.policy.build_bytes(dataset) if preset.policy.caches else 0
     n = dataset.num_nodes
-    indices_bytes = int(dataset.file("indices.bin").stat().st_size)
-    out = 0
-    if mode == "static":
-        out = 24 * n + indices_bytes
-    if explicit_n is None or explicit_n >= 8 * n:
-        out = max(out, 88 * n + indices_bytes)
+    if preset.neighbor_cache and (explicit_n is None or explicit_n >= 8 * n):
+        out = max(out, 88 * n + int(dataset.file("indices.bin").stat().st_size))
     return out
 
 
-def _probe(dataset, config, opts, model) -> dict[str, Any]:
+def _probe(dataset, config, opts, model, preset) -> dict[str, Any]:
     """Reproduce the loop's fullest moment and measure its peak RSS (absolute).
 
     Returns ``peaks`` (``sample``, ``train_loop``, ``eval_loop`` when the
-    config evaluates), ``bytes_per_batch`` (runtime files) and ``ids_per_batch``.
+    config evaluates), ``bytes_per_batch`` (runtime files), ``ids_per_batch``
+    and ``max_edges`` (the most sampled edges of one batch).
     """
     from ...inspector.pipeline import bytes_per_batch
-    from ...inspector.sampler import NeighborSampler, derive_seed, epoch_batches
-    from ..loader.stack import EVAL_SEED_OFFSET, drop_mapping
+    from ...inspector.sampler import NeighborSampler
+    from ..loader.stack import EVAL_SEED_OFFSET, open_sources
 
-    held = PREFETCH + 2
-    if config.mode == "baseline":
-        # a cold page cache: faults map no neighbouring pages (their bound is computed)
-        from ...storage.pagecache import drop_page_cache
-
-        for name in ("features.bin", "indices.bin"):
-            drop_page_cache(dataset.file(name))
-    nsrc, feats, closers = _uncached_sources(dataset, config.mode, opts)
+    preset.readers.before_probe(dataset)
+    src = open_sources(dataset, preset, opts)
     peaks: dict[str, int] = {}
     try:
-        sampler = NeighborSampler(dataset.indptr, nsrc, list(config.fanouts),
+        sampler = NeighborSampler(dataset.indptr, src.neighbors, list(config.fanouts),
                                   num_threads=config.num_threads)
-
-        def hold(ids, bs, seed, epoch, shuffle, key_sample, key_loop, train):
-            seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:held]
-            ok = reset_hwm()
-            batches = sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
-                                                          for b in range(len(seed_batches))])
-            if key_sample:
-                peaks[key_sample] = hwm_bytes() if ok else rss_bytes()
-            rows = [feats.read(b.node_ids) for b in batches]
-            big = int(np.argmax([b.num_nodes for b in batches]))
-            if model is not None:
-                _probe_step(model, batches[big], rows[big], dataset, train=train)
-            peaks[key_loop] = hwm_bytes() if ok else rss_bytes()
-            del rows
-            gc.collect()
-            trim_malloc()
-            return batches
-
+        hold = _Holder(sampler, src.features, model, dataset, peaks)
         batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
                        "sample", "train_loop", True)
         bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
@@ -498,45 +467,67 @@ def _probe(dataset, config, opts, model) -> dict[str, Any]:
                 hold(split, config.eval_batch_size or config.batch_size,
                      config.seed + EVAL_SEED_OFFSET, 0, False, None, "eval_loop", False)
     finally:
-        for c in closers:
-            c()
-        if config.mode == "baseline":
-            drop_mapping(dataset.indices)
+        src.close()
+        preset.readers.after_probe(dataset)
         gc.collect()
         trim_malloc()
     return {"peaks": peaks, "bytes_per_batch": bpb, "ids_per_batch": ids_per_batch,
             "max_edges": max_edges}
 
 
+class _Holder:
+    """Holds what the pipeline holds at its fullest (``PREFETCH + 2`` batches sampled
+    and gathered, one step on the largest) and records the peak RSS."""
+
+    def __init__(self, sampler, features, model, dataset, peaks: dict[str, int]):
+        self.sampler, self.features, self.model = sampler, features, model
+        self.dataset, self.peaks = dataset, peaks
+
+    def __call__(self, ids, bs: int, seed: int, epoch: int, shuffle: bool,
+                 key_sample: str | None, key_loop: str, train: bool) -> list:
+        from ...inspector.sampler import derive_seed, epoch_batches
+
+        seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:PREFETCH + 2]
+        ok = reset_hwm()
+        batches = self.sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
+                                                          for b in range(len(seed_batches))])
+        if key_sample:
+            self.peaks[key_sample] = hwm_bytes() if ok else rss_bytes()
+        rows = [self.features.read(b.node_ids) for b in batches]
+        big = int(np.argmax([b.num_nodes for b in batches]))
+        if self.model is not None:
+            _probe_step(self.model, batches[big], rows[big], self.dataset, train=train)
+        self.peaks[key_loop] = hwm_bytes() if ok else rss_bytes()
+        del rows
+        gc.collect()
+        trim_malloc()
+        return batches
+
+
 def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
-    """One forward/backward/Adam step (``train``) or one no-grad forward in eval
-    mode on a copy of ``model``; the RNG state is kept."""
+    """One training step with Adam (``train``) or one no-grad forward in eval mode,
+    on a copy of ``model`` (:mod:`ooc.executor.training.step`); the RNG state is kept."""
     import torch
-    import torch.nn.functional as F
 
     from ..loader.batch import to_data
+    from ..training.step import default_loss, eval_forward, model_call, train_step
 
     state = torch.get_rng_state()
     try:
         m = copy.deepcopy(model)
         ids = np.asarray(batch.node_ids, dtype=np.int64)
         y = np.asarray(dataset.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
-        dev = next(m.parameters()).device
-        data = to_data(batch, rows, y).to(dev)
+        data = to_data(batch, rows, y).to(next(m.parameters()).device)
+        call = model_call(m)
         if train:
             m.train()
             opt = torch.optim.Adam(m.parameters(), lr=1e-3)
-            out = m(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
-            loss = F.cross_entropy(out[:data.batch_size], data.y, ignore_index=-1)
-            loss.backward()
-            opt.step()
-            del opt, loss
+            train_step(call, opt, default_loss, data)
+            del opt
         else:
             m.eval()
-            with torch.no_grad():
-                out = m(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
-                out[:data.batch_size].argmax(-1)
-        del m, data, out
+            eval_forward(call, data).argmax(-1)
+        del m, data, call
     finally:
         torch.set_rng_state(state)
 

@@ -10,7 +10,7 @@
    bytes and the superbatch size; a budget too small fails with the smallest
    budget that works.
 2. **The stages with the recommended sizes** — the mode is built exactly as
-   training builds it (:func:`ooc.executor.loader.stack.build_mode`, so the neighbor
+   training builds it (:func:`ooc.executor.loader.stack.build_stack`, so the neighbor
    cache is built and saved once and training reuses it), then timed on the
    first ``trace_batches`` batches of epoch 1 (the same seeds training uses):
    superbatch sampling and its runtime files (bytes per batch measured on the
@@ -40,7 +40,7 @@ import gc
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -137,140 +137,161 @@ def load_sizes(path: str | os.PathLike, dataset=None) -> dict[str, Any]:
 # -- the epoch-time model --------------------------------------------------------------------
 
 
-def predict_epoch(mode: str, num_batches: int, superbatch_size: int | None,
+def _superbatch_epoch(nb: int, superbatch_size: int | None, w: dict, c: dict,
+                      switch_s: float, cores: int) -> dict[str, Any]:
+    s = max(1, min(int(superbatch_size or nb), nb))
+    k = -(-nb // s)
+    startup = s * (w["sample"] + w["changesets"])
+    rest = nb - s
+    terms = {"compute_thread": nb * w["compute"],
+             "gather_thread": nb * (w["gather"] + w["load"]),
+             "inspector_threads": rest * (w["sample"] + w["changesets"]),
+             "cpu_bound": (nb * (c["compute"] + c["gather"] + c["load"])
+                           + rest * (c["sample"] + c["changesets"])) / cores}
+    overlap = max(terms.values())
+    return {"superbatches": k, "startup_s": startup, "overlapped_s": overlap,
+            "switches_s": k * switch_s, "terms_s": terms,
+            "formula": "startup S*(sample+changesets) + max(terms) + superbatches*switch",
+            "epoch_s": startup + overlap + k * switch_s}
+
+
+def _on_demand_epoch(nb: int, superbatch_size: int | None, w: dict, c: dict,
+                     switch_s: float, cores: int) -> dict[str, Any]:
+    terms = {"compute_thread": nb * w["compute"],
+             "pipeline_thread": nb * (w["sample"] + w["gather"]),
+             "cpu_bound": nb * (c["compute"] + c["sample"] + c["gather"]) / cores}
+    return {"terms_s": terms, "formula": "max(terms)", "epoch_s": max(terms.values())}
+
+
+#: The epoch-time model of each schedule (see :func:`predict_epoch`).
+EPOCH_MODELS = {"superbatch": _superbatch_epoch, "on_demand": _on_demand_epoch}
+
+
+def predict_epoch(preset, num_batches: int, superbatch_size: int | None,
                   per_batch: dict[str, tuple[float, float]], switch_s: float,
                   cores: int) -> dict[str, Any]:
     """Expected seconds of one training epoch from per-batch stage costs.
 
     Args:
+        preset: a preset name, preset or cache policy (its schedule picks the model).
         per_batch: stage -> (wall seconds, process-CPU seconds) per batch, for
-            ``sample`` (sampling + writing runtime files; on-demand modes:
+            ``sample`` (sampling + writing runtime files; on-demand schedule:
             sampling only), ``changesets``, ``load``, ``gather`` (at the
             predicted miss ratio, updates included) and ``compute``
             (convert + transfer + forward/backward/step).
-        switch_s: seconds of one cache switch (``ooc``, per superbatch).
+        switch_s: seconds of one cache switch (superbatch schedule, per superbatch).
         cores: CPUs the process may use.
 
-    ``ooc``: the first superbatch is sampled and its changesets computed before
-    training starts (``startup``); then the main loop runs ``num_batches``
-    batches while the inspector prepares the rest. Its threads overlap, so
-    that part takes the longest of (the main thread's compute, the gather
-    thread's gather + load, the inspector's sampling + changesets, all their
-    CPU seconds over the cores), plus one switch per superbatch.
-    ``static`` / ``baseline``: sampling and gather run on the pipeline thread
-    beside the compute thread: the longer of the two, or the CPU bound.
+    Superbatch schedule (``ooc``): the first superbatch is sampled and its
+    changesets computed before training starts (``startup``); then the main
+    loop runs ``num_batches`` batches while the inspector prepares the rest.
+    Its threads overlap, so that part takes the longest of (the main thread's
+    compute, the gather thread's gather + load, the inspector's sampling +
+    changesets, all their CPU seconds over the cores), plus one switch per
+    superbatch. On-demand schedule (``static``, ``baseline``): sampling and
+    gather run on the pipeline thread beside the compute thread: the longer of
+    the two, or the CPU bound.
     """
+    from ..loader.presets import resolve_preset
+
+    schedule = resolve_preset(preset).policy.schedule
     w = {k: v[0] for k, v in per_batch.items()}
     c = {k: v[1] for k, v in per_batch.items()}
     nb = int(num_batches)
     out: dict[str, Any] = {"num_batches": nb, "cores": cores}
-    if mode == "ooc":
-        s = max(1, min(int(superbatch_size or nb), nb))
-        k = -(-nb // s)
-        startup = s * (w["sample"] + w["changesets"])
-        rest = nb - s
-        terms = {"compute_thread": nb * w["compute"],
-                 "gather_thread": nb * (w["gather"] + w["load"]),
-                 "inspector_threads": rest * (w["sample"] + w["changesets"]),
-                 "cpu_bound": (nb * (c["compute"] + c["gather"] + c["load"])
-                               + rest * (c["sample"] + c["changesets"])) / cores}
-        overlap = max(terms.values())
-        total = startup + overlap + k * switch_s
-        out.update(superbatches=k, startup_s=startup, overlapped_s=overlap,
-                   switches_s=k * switch_s, terms_s=terms,
-                   formula="startup S*(sample+changesets) + max(terms) + superbatches*switch")
-    else:
-        terms = {"compute_thread": nb * w["compute"],
-                 "pipeline_thread": nb * (w["sample"] + w["gather"]),
-                 "cpu_bound": nb * (c["compute"] + c["sample"] + c["gather"]) / cores}
-        total = max(terms.values())
-        out.update(terms_s=terms, formula="max(terms)")
-    out["epoch_s"] = total
+    out.update(EPOCH_MODELS[schedule](nb, superbatch_size, w, c, switch_s, cores))
     return out
 
 
 # -- the schedule training runs, simulated -------------------------------------------------
 
 
-def simulate_epoch(mode: str, trace: list[np.ndarray], num_nodes: int, capacity: int,
+def simulate_epoch(preset, trace: list[np.ndarray], num_nodes: int, capacity: int,
                    superbatch_size: int | None = None, hot_order: np.ndarray | None = None,
                    device: str = "cpu") -> dict[str, int]:
-    """Feature-cache misses of one training epoch, counted as the trainer counts them.
+    """Feature-cache misses of one training epoch, counted as the trainer counts them:
+    the preset's policy replayed over ``trace`` (see
+    :meth:`ooc.executor.cache.policies.CachePolicy.simulate`).
 
     Args:
+        preset: a preset name, preset or cache policy.
         trace: the epoch's batches in order, each the int64 node ids one batch
             gathers (``SampledBatch.node_ids``).
         capacity: feature-cache rows.
-        superbatch_size: ``ooc``: batches per superbatch.
-        hot_order: ``static``: node ids by decreasing out-degree.
-
-    ``ooc`` runs the changesets training runs (:func:`ooc.executor.loader.stack._changeset_fn`:
-    Belady per superbatch of ``superbatch_size`` batches, the cache carried from one
-    superbatch to the next) and replays them on a bool [N] residency mask: a switch
-    reads the ``init`` ids not yet cached (``switch_reads``), batch i misses the ids
-    not cached when it is gathered, then its changeset is applied. ``static`` caches
-    ``hot_order[:capacity]``; ``baseline`` has no cache. Returns ``lookups``,
-    ``misses`` (gather misses: the trainer's ``feature_misses``), ``switch_reads``
-    and ``superbatches``.
+        superbatch_size: batches per superbatch (superbatch schedule).
+        hot_order: node ids by decreasing out-degree (static policy).
     """
-    lookups = int(sum(len(t) for t in trace))
-    cap = int(min(capacity, num_nodes))
-    out = {"lookups": lookups, "misses": lookups, "switch_reads": 0, "superbatches": 0}
-    if mode == "baseline" or cap <= 0:
-        return out
-    cached = np.zeros(num_nodes, dtype=bool)
-    if mode == "static":
-        cached[np.asarray(hot_order, dtype=np.int64)[:cap]] = True
-        out["misses"] = int(sum(int((~cached[t]).sum()) for t in trace))
-        return out
-    from ..loader.stack import _changeset_fn
+    from ..loader.presets import resolve_preset
 
-    fn = _changeset_fn(num_nodes, cap, device)
-    s = max(1, int(superbatch_size or len(trace)))
-    misses = switch = 0
-    for a in range(0, len(trace), s):
-        cs = fn(trace[a:a + s])
-        init = np.asarray(cs.init_ids, dtype=np.int64)
-        switch += int((~cached[init]).sum())
-        cached[:] = False
-        cached[init] = True
-        for j, ids in enumerate(trace[a:a + s]):
-            misses += int((~cached[ids]).sum())
-            in_ids, out_ids, _ = cs.step(j)
-            cached[np.asarray(out_ids, dtype=np.int64)] = False
-            cached[np.asarray(in_ids, dtype=np.int64)] = True
-        out["superbatches"] += 1
-    out.update(misses=misses, switch_reads=switch)
-    return out
+    return resolve_preset(preset).policy.simulate(trace, num_nodes, capacity, superbatch_size,
+                                                  hot_order=hot_order, device=device)
 
 
-def miss_curves(mode: str, trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
+def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
                 hot_order: np.ndarray, capacities: np.ndarray, device: str = "cpu"
                 ) -> dict[str, Any]:
     """Miss ratios of the epoch ``trace`` at each capacity (rows).
 
-    ``ooc``: :func:`simulate_epoch` of the ``ooc`` schedule with this superbatch
-    size (gather misses, what training reports; ``ooc_with_switch`` adds the
-    switches' reads); ``static_degree``: the degree-ordered static cache; ``lru``:
-    LRU from a cold start over the whole trace, for reference.
+    ``ooc``: the Belady schedule at this superbatch size (gather misses, what
+    training reports; ``ooc_with_switch`` adds the switches' reads);
+    ``static_degree``: the degree-ordered static cache; ``lru``: LRU from a cold
+    start over the whole trace, for reference.
     """
     from ...inspector import policies as P
+    from ..cache.policies import BeladyCache, StaticCache
 
     caps = np.asarray(capacities, dtype=np.int64)
     acc = max(1, int(sum(len(t) for t in trace)))
-    ooc, ooc_sw, static = [], [], []
+    belady, static = BeladyCache(), StaticCache()
+    ooc, ooc_sw, stat = [], [], []
     for c in caps:
-        r = simulate_epoch("ooc", trace, num_nodes, int(c), superbatch_size, device=device)
+        r = belady.simulate(trace, num_nodes, int(c), superbatch_size, device=device)
         ooc.append(r["misses"] / acc)
         ooc_sw.append((r["misses"] + r["switch_reads"]) / acc)
-        static.append(simulate_epoch("static", trace, num_nodes, int(c),
-                                     hot_order=hot_order)["misses"] / acc)
+        stat.append(static.simulate(trace, num_nodes, int(c), hot_order=hot_order)["misses"] / acc)
     lru = [float(v) / acc for v in P.miss_curve_lru(trace, caps)]
-    return {"ooc": ooc, "ooc_with_switch": ooc_sw, "static_degree": static, "lru": lru,
+    return {"ooc": ooc, "ooc_with_switch": ooc_sw, "static_degree": stat, "lru": lru,
             "accesses": acc}
 
 
 # -- the profile ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Shape:
+    """The epoch and the part of it the profile looks at (batches)."""
+
+    nb: int        # batches per epoch
+    S: int         # superbatch size (the epoch when there are no superbatches)
+    T: int         # batches traced (rates, simulation, curves)
+    S0: int        # the superbatch the stages are timed on
+
+    @classmethod
+    def of(cls, nb: int, plan, trace_batches: int | None) -> "_Shape":
+        S = int(plan.superbatch_size or nb)
+        T = max(1, min(int(trace_batches or nb), nb))
+        return cls(nb, S, T, max(1, min(S, T)))
+
+
+@dataclass
+class _Measured:
+    """What the stages measured with the recommended sizes."""
+
+    stages: dict[str, _Stage]
+    build: _Stage
+    reader_backend: str | None
+    trace: list
+    batches: list
+    ids_per_batch: float
+    runtime: dict[str, Any] = field(default_factory=dict)
+    gpu: dict[str, Any] = field(default_factory=dict)
+    misses: int = 0
+    lookups: int = 0
+    switched: int = 0
+    read_switch: float = 0.0
+    read_gather: float = 0.0
+    gather_batches: int = 0
+    step_s: tuple[float, float] = (0.0, 0.0)
 
 
 def profile(dataset, config, options, budget: int, reserve: int | None = None,
@@ -280,7 +301,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
 
     Args:
         dataset: an opened dataset.
-        config: :class:`~ooc.executor.training.trainer.TrainConfig` (mode, model, fanouts, ...).
+        config: :class:`~ooc.executor.training.config.TrainConfig` (mode, model, fanouts, ...).
         options: :class:`~ooc.executor.loader.stack.ModeOptions` (runtime disk budget,
             queue depth, runtime dir; explicit cache sizes are kept).
         budget: memory budget, bytes.
@@ -295,190 +316,221 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     """
     import torch
 
-    from ...inspector.sampler import derive_seed, epoch_batches
+    from ...inspector.sampler import epoch_batches
+    from ..loader.presets import resolve_preset
     from .budget import default_reserve, plan_memory
-    from ..training.models import build_model
-    from ..training.trainer import resolve_device
 
     t_start = time.perf_counter()
     config.validate()
+    preset = resolve_preset(config.mode)
+    model, optimizer, device = _model_for(dataset, config)
+    reserve = default_reserve(int(budget)) if reserve is None else int(reserve)
+    log(f"size_caches: memory plan (the same code as ooc.train --memory-budget) under "
+        f"{_fmt(budget)}")
+    plan = plan_memory(dataset, config, int(budget), options, model=model, reserve=reserve,
+                       preset=preset)
+    seed_batches = epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1,
+                                 shuffle=True)
+    shape = _Shape.of(len(seed_batches), plan, trace_batches)
+    gpu = {"available": bool(torch.cuda.is_available())}
+    m = _measure(dataset, config, options, plan, preset, shape, seed_batches, gpu,
+                 (model, optimizer, device, compute_steps), log)
+    log(f"size_caches: simulating the {preset.name} schedule over {shape.T} batches (cache "
+        f"carried across superbatches of {shape.S}) and the miss-ratio curves")
+    sim, curves = _simulate(dataset, preset, plan, shape, m, gpu)
+    rates = _rates(m, sim, shape, preset)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    epoch = predict_epoch(preset, shape.nb, shape.S, rates["per_batch"], rates["switch_s"], cores)
+    arith = _arithmetic(dataset, preset, options, plan, budget, reserve, shape, m, rates, epoch)
+    report = _report(dataset, config, preset, options, plan, budget, reserve, shape, m, sim,
+                     curves, rates, epoch, arith, device)
+    report["profile_s"] = time.perf_counter() - t_start
+    return report
+
+
+def _model_for(dataset, config):
+    """The config's model (seeded as training seeds it), its Adam optimizer and device."""
+    import torch
+
+    from ..training.models import build_model
+    from ..training.trainer import resolve_device
+
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
     model = build_model(config.model, dataset.feature_dim, config.hidden, dataset.num_classes,
                         config.num_layers, dropout=config.dropout, heads=config.heads).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
-    reserve = default_reserve(int(budget)) if reserve is None else int(reserve)
-    log(f"size_caches: memory plan (the same code as ooc.train --memory-budget) under "
-        f"{_fmt(budget)}")
-    plan = plan_memory(dataset, config, int(budget), options, model=model, reserve=reserve)
-    mode = config.mode
-    n = dataset.num_nodes
-    row_bytes = dataset.layout.row_bytes
-    seed_batches = epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1,
-                                 shuffle=True)
-    nb = len(seed_batches)
-    S = int(plan.superbatch_size or nb)
-    T = int(trace_batches or nb)
-    T = max(1, min(T, nb))
-    S0 = max(1, min(S, T))   # the superbatch the stages are timed on
+    return model, optimizer, device
 
-    # -- the mode with the recommended sizes, built as training builds it -------------------------
+
+def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches, gpu,
+             training, log) -> _Measured:
+    """Build the stack with the recommended sizes, as training builds it, and time its
+    stages on the first ``shape.T`` batches of epoch 1."""
+    from ...inspector.sampler import derive_seed
+    from ..loader.stack import build_stack
+
     rec = replace(options, feature_cache_size=plan.feature_cache_bytes,
                   neighbor_cache_size=plan.neighbor_cache_bytes,
-                  superbatch_size=plan.superbatch_size if mode == "ooc" else None,
-                  memory_budget=None)
-    log(f"size_caches: building the {mode} mode with the recommended sizes "
+                  superbatch_size=plan.superbatch_size, memory_budget=None)
+    log(f"size_caches: building the {preset.name} mode with the recommended sizes "
         f"(feature cache {_fmt(plan.feature_cache_bytes)}, neighbor cache "
         f"{_fmt(plan.neighbor_cache_bytes)}, superbatch {plan.superbatch_size})")
-    from ..loader.stack import build_mode, hot_nodes
-
-    stages: dict[str, _Stage] = {k: _Stage() for k in
-                                 ("sample", "write", "changesets", "load", "switch", "gather",
-                                  "update", "compute")}
+    stages = {k: _Stage() for k in ("sample", "write", "changesets", "load", "switch", "gather",
+                                    "update", "compute")}
     with _Stage() as build_st:
-        mp = build_mode(dataset, config, rec)
-    reader_backend = mp.info.get("reader_backend")
-    gpu: dict[str, Any] = {"available": bool(torch.cuda.is_available())}
+        stack = build_stack(dataset, config, rec, preset=preset)
     try:
-        pipe = mp.train
-        sampler = pipe.inspector.sampler if mode == "ooc" else pipe.sampler
-        cache = pipe.cache
-        features = mp.features
-        bseeds = [derive_seed(config.seed, 1, b) for b in range(T)]
-        log(f"size_caches: sampling {T} batches (superbatch sampling stage)")
+        pipe = stack.train
+        log(f"size_caches: sampling {shape.T} batches (superbatch sampling stage)")
         with stages["sample"]:
-            batches = sampler.sample_many(seed_batches[:T], bseeds)
+            batches = pipe.sampler.sample_many(
+                seed_batches[:shape.T], [derive_seed(config.seed, 1, b) for b in range(shape.T)])
         trace = [np.asarray(b.node_ids, dtype=np.int64) for b in batches]
-        ids_per_batch = float(np.mean([len(t) for t in trace]))
-        runtime: dict[str, Any] = {}
+        m = _Measured(stages, build_st, stack.info.get("reader_backend"), trace, batches,
+                      float(np.mean([len(t) for t in trace])))
         cs = None
-        if mode == "ooc":
-            import tempfile
-
-            from ...inspector.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
-                                             read_samples, remove_superbatch, write_changesets,
-                                             write_samples)
-            from ..loader.stack import _changeset_fn
-
-            rt = Path(mp.info["runtime_dir"])
-            folder = Path(tempfile.mkdtemp(prefix="profile-", dir=rt))
-            try:
-                with stages["write"]:
-                    samples = SuperbatchSamples.from_batches(batches[:S0], len(config.fanouts))
-                    sbytes = write_samples(folder, samples)
-                fn = _changeset_fn(n, cache.capacity, config.device)
-                fn(trace[:2])  # warm-up: the first call may compile the kernels (not timed)
-                with stages["changesets"]:
-                    cs = FlatChangesets.from_changesets(fn(trace[:S0]))
-                if gpu["available"]:
-                    gpu.update(_gpu_changesets(trace[:S0], n, cache.capacity, S))
-                cbytes = write_changesets(folder, cs)
-                with stages["load"]:
-                    samples, cs = read_samples(folder), read_changesets(folder)
-            finally:
-                remove_superbatch(folder)
-                try:
-                    folder.rmdir()
-                except OSError:
-                    pass
-            runtime = {"sample_bytes_per_batch": sbytes / S0,
-                       "changeset_bytes_per_batch": cbytes / S0,
-                       "bytes_per_batch": (sbytes + cbytes) / S0,
-                       "planned_bytes_per_batch": plan.runtime_bytes_per_batch,
-                       "superbatch_bytes": (sbytes + cbytes) / S0 * S}
+        if preset.policy.schedule == "superbatch":
+            cs = _superbatch_stages(stack, preset, config, shape, m, gpu)
         if not gpu["available"]:
             gpu["note"] = "no CUDA device: the changeset pass runs on the CPU (numba)"
-
-        # -- main loop: switch, gather, update, compute ------------------------------------------
+        m.gpu = gpu
         log("size_caches: main loop stage (gather with the feature cache, training steps)")
-        read0 = features.read_s
-        misses = lookups = updated = 0
-        rows_list = []
-        steps = max(2, min(int(compute_steps), T))
-        if mode == "ooc":
-            with stages["switch"]:
-                switched = cache.switch(cs.init_ids, features)
-        else:
-            switched = 0
-        read_switch = features.read_s - read0
-        gather_batches = min(S0, 32) if mode != "baseline" else min(T, 8)
-        for j in range(gather_batches):
-            with stages["gather"]:
-                if cache is not None:
-                    rows, m = cache.gather(trace[j], features)
-                else:
-                    rows, m = features.read(trace[j]), len(trace[j])
-            misses += m
-            lookups += len(trace[j])
-            if cs is not None:
-                with stages["update"]:
-                    i_ids, o_ids, i_pos = cs.step(j)
-                    cache.update(i_ids, o_ids, i_pos, rows)
-                updated += len(i_ids)
-            if j < steps:
-                rows_list.append(rows)
-            del rows
-        read_gather = features.read_s - read0 - read_switch
-        step_s = _time_steps(model, optimizer, batches[:steps], rows_list, dataset, device,
-                             stages["compute"])
-        del rows_list
+        _main_loop(stack, cs, shape, m, dataset, training)
     finally:
-        mp.close()
+        stack.close()
+    return m
 
-    # -- the epoch training will run, simulated; curves over the cache size --------------------
-    log(f"size_caches: simulating the {mode} schedule over {T} batches (cache carried across "
-        f"superbatches of {S}) and the miss-ratio curves")
-    hot = hot_nodes(dataset)
-    cs_device = "cpu" if not gpu["available"] else "cuda"
+
+def _superbatch_stages(stack, preset, config, shape: _Shape, m: _Measured, gpu: dict):
+    """Write, compute and load one superbatch's runtime files (timed); its changesets."""
+    import tempfile
+
+    from ...inspector.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
+                                      read_samples, remove_superbatch, write_changesets,
+                                      write_samples)
+
+    st, S0, n = m.stages, shape.S0, stack.train.cache.num_nodes
+    capacity = stack.train.cache.capacity
+    folder = Path(tempfile.mkdtemp(prefix="profile-", dir=Path(stack.info["runtime_dir"])))
+    try:
+        with st["write"]:
+            samples = SuperbatchSamples.from_batches(m.batches[:S0], len(config.fanouts))
+            sbytes = write_samples(folder, samples)
+        fn = preset.policy.changesets(n, capacity, config.device)
+        fn(m.trace[:2])  # warm-up: the first call may compile the kernels (not timed)
+        with st["changesets"]:
+            cs = FlatChangesets.from_changesets(fn(m.trace[:S0]))
+        if gpu["available"]:
+            gpu.update(_gpu_changesets(m.trace[:S0], n, capacity, shape.S))
+        cbytes = write_changesets(folder, cs)
+        with st["load"]:
+            samples, cs = read_samples(folder), read_changesets(folder)
+    finally:
+        remove_superbatch(folder)
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+    m.runtime = {"sample_bytes_per_batch": sbytes / S0, "changeset_bytes_per_batch": cbytes / S0,
+                 "bytes_per_batch": (sbytes + cbytes) / S0,
+                 "superbatch_bytes": (sbytes + cbytes) / S0 * shape.S}
+    return cs
+
+
+def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> None:
+    """Switch (with changesets), gather through the cache, apply the changesets, and
+    time a few training steps."""
+    model, optimizer, device, compute_steps = training
+    features, cache, st = stack.features, stack.train.cache, m.stages
+    read0 = features.read_s
+    if cs is not None:
+        with st["switch"]:
+            m.switched = cache.switch(cs.init_ids, features)
+    m.read_switch = features.read_s - read0
+    m.gather_batches = min(shape.S0, 32) if cache is not None else min(shape.T, 8)
+    steps = max(2, min(int(compute_steps), shape.T))
+    rows_list = []
+    for j in range(m.gather_batches):
+        with st["gather"]:
+            if cache is not None:
+                rows, miss = cache.gather(m.trace[j], features)
+            else:
+                rows, miss = features.read(m.trace[j]), len(m.trace[j])
+        m.misses += miss
+        m.lookups += len(m.trace[j])
+        if cs is not None:
+            with st["update"]:
+                i_ids, o_ids, i_pos = cs.step(j)
+                cache.update(i_ids, o_ids, i_pos, rows)
+        if j < steps:
+            rows_list.append(rows)
+        del rows
+    m.read_gather = features.read_s - read0 - m.read_switch
+    m.step_s = _time_steps(model, optimizer, m.batches[:steps], rows_list, dataset, device,
+                           st["compute"])
+
+
+def _simulate(dataset, preset, plan, shape: _Shape, m: _Measured, gpu: dict):
+    """The epoch's misses under the recommended size, and the miss-ratio curves."""
+    from ..cache.policies import degree_order
+
+    n = dataset.num_nodes
+    hot = degree_order(dataset)
+    device = "cuda" if gpu["available"] else "cpu"
     t0 = time.perf_counter()
-    sim = simulate_epoch(mode, trace, n, int(plan.feature_cache_rows), S, hot_order=hot,
-                         device=cs_device)
+    sim = simulate_epoch(preset, m.trace, n, int(plan.feature_cache_rows), shape.S,
+                         hot_order=hot, device=device)
     caps = sorted({max(1, int(round(f * n))) for f in CURVE_FRACTIONS}
                   | ({int(plan.feature_cache_rows)} if plan.feature_cache_rows else set()))
-    curves = miss_curves(mode, trace, n, S, hot, np.array(caps, np.int64), device=cs_device)
-    curves_s = time.perf_counter() - t0
-    rec_rows = int(plan.feature_cache_rows)
-    policy = {"ooc": "ooc", "static": "static_degree"}.get(mode)
-    pred_miss = sim["misses"] / max(sim["lookups"], 1)
-    measured_miss = misses / max(lookups, 1)
+    curves = miss_curves(m.trace, n, shape.S, hot, np.array(caps, np.int64), device=device)
+    curves["capacity_rows"] = caps
+    curves["curves_s"] = time.perf_counter() - t0
+    return sim, curves
 
-    # -- rates and the expected epoch -----------------------------------------------------------
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    per_row_read = read_gather / max(misses, 1)
-    g = stages["gather"]
-    gather_other = max(0.0, g.wall - read_gather) / max(lookups, 1)
-    gather_cpu_per_lookup = g.cpu / max(lookups, 1)
-    pred_miss_rows = pred_miss * ids_per_batch
-    gather_wall = pred_miss_rows * per_row_read + ids_per_batch * gather_other
-    # CPU: scale the measured CPU by the predicted vs measured miss rows (reads dominate)
-    gather_cpu = g.cpu / max(gather_batches, 1) * (
-        (pred_miss_rows + 1) / (misses / max(gather_batches, 1) + 1)) if misses else \
-        gather_cpu_per_lookup * ids_per_batch
-    u = stages["update"]
-    upd = (u.wall / max(gather_batches, 1), u.cpu / max(gather_batches, 1))
+
+def _rates(m: _Measured, sim: dict, shape: _Shape, preset) -> dict[str, Any]:
+    """Per-batch (wall, CPU) seconds of each stage at the predicted miss ratio, and
+    the seconds of one switch."""
+    st, T, S0 = m.stages, shape.T, shape.S0
+    pred_miss = sim["misses"] / max(sim["lookups"], 1)
+    per_row_read = m.read_gather / max(m.misses, 1)
+    g = st["gather"]
+    gather_other = max(0.0, g.wall - m.read_gather) / max(m.lookups, 1)
+    pred_miss_rows = pred_miss * m.ids_per_batch
+    gather_wall = pred_miss_rows * per_row_read + m.ids_per_batch * gather_other
+    gb = max(m.gather_batches, 1)
+    # CPU: the measured CPU scaled by the predicted vs measured miss rows (reads dominate)
+    gather_cpu = (g.cpu / gb * ((pred_miss_rows + 1) / (m.misses / gb + 1)) if m.misses
+                  else g.cpu / max(m.lookups, 1) * m.ids_per_batch)
+    u = st["update"]
     per_batch: dict[str, tuple[float, float]] = {
-        "sample": ((stages["sample"].wall + stages["write"].wall) / T,
-                   (stages["sample"].cpu + stages["write"].cpu) / T),
-        "changesets": (stages["changesets"].wall / S0, stages["changesets"].cpu / S0),
-        "load": (stages["load"].wall / S0, stages["load"].cpu / S0),
-        "gather": (gather_wall + upd[0], gather_cpu + upd[1]),
-        "compute": step_s,
+        "sample": ((st["sample"].wall + st["write"].wall) / T,
+                   (st["sample"].cpu + st["write"].cpu) / T),
+        "changesets": (st["changesets"].wall / S0, st["changesets"].cpu / S0),
+        "load": (st["load"].wall / S0, st["load"].cpu / S0),
+        "gather": (gather_wall + u.wall / gb, gather_cpu + u.cpu / gb),
+        "compute": m.step_s,
     }
     switch_s = 0.0
-    if mode == "ooc":
+    if sim["superbatches"]:
         # the simulated switch reads, scaled from the trace to the epoch, per superbatch
-        k = max(1, -(-nb // S))
-        rows_per_switch = sim["switch_reads"] * (nb / T) / k
-        switch_s = rows_per_switch * (read_switch / switched if switched else per_row_read)
-    epoch = predict_epoch(mode, nb, S, per_batch, switch_s, cores)
+        k = max(1, -(-shape.nb // shape.S))
+        rows_per_switch = sim["switch_reads"] * (shape.nb / T) / k
+        switch_s = rows_per_switch * (m.read_switch / m.switched if m.switched else per_row_read)
+    return {"per_batch": per_batch, "switch_s": switch_s, "pred_miss": pred_miss,
+            "pred_miss_rows": pred_miss_rows, "per_row_read": per_row_read,
+            "gather_other": gather_other, "measured_miss": m.misses / max(m.lookups, 1)}
+
+
+def _arithmetic(dataset, preset, options, plan, budget, reserve, shape: _Shape, m: _Measured,
+                rates: dict, epoch: dict) -> list[str]:
+    """The recommendation's arithmetic, as text lines."""
     from ..loader.pipelines import PREFETCH
 
-    # -- recommendation and its arithmetic ------------------------------------------------------
-    st = plan.stages
-    peaks = plan.stage_peaks
-    working = plan.working
-    feat_total = plan.feature_cache_rows * (row_bytes + 8)
+    st, peaks, working = plan.stages, plan.stage_peaks, plan.working
+    n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
     arith = [
         f"budget B = {_fmt(budget)}; reserve R = {_fmt(reserve)} "
         f"(max(48 MiB, 10% of B): allocator slack, the order the pipeline's threads allocate in)",
@@ -492,8 +544,9 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
         f"{_fmt(budget - working - reserve)}; smallest budget that works: "
         f"{plan.min_budget // MiB} MiB",
     ]
-    if mode != "baseline":
+    if preset.caches:
         nbytes = plan.neighbor_cache_bytes
+        feat_total = plan.feature_cache_rows * (row_bytes + 8)
         arith += [
             f"neighbor cache = min(full cache, 25% of F) = {_fmt(nbytes)} (sampling runs while "
             f"training: both caches are resident at once)",
@@ -503,67 +556,82 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
             f"{n:,} rows); W + caches = {_fmt(working + nbytes + feat_total)} <= B - R = "
             f"{_fmt(budget - reserve)}",
         ]
-    if mode == "ooc":
-        bpb = plan.runtime_bytes_per_batch
-        arith.append(
-            f"superbatch S = runtime disk budget / ((ahead 1 + 1) x bytes per batch) = "
-            f"{_fmt(options.runtime_disk_budget)} / (2 x {_fmt(bpb)}) = "
-            f"{plan.superbatch_size_disk if plan.superbatch_size_disk is not None else 'n/a'}"
-            f"; capped by the epoch ({nb} batches) and so that the superbatch in flight "
-            f"(samples and the changeset pass) takes at most 1/4 of what the rest of W "
-            f"leaves of B - R: S = {plan.superbatch_size}")
-        if runtime:
-            arith.append(f"measured runtime files: {_fmt(runtime['bytes_per_batch'])} per batch "
-                         f"(planned upper bound {_fmt(bpb)}), {_fmt(runtime['superbatch_bytes'])} "
-                         f"per superbatch")
-        if gpu.get("changeset_peak_bytes_for_S") is not None:
-            arith.append(f"changeset pass on CUDA: {_fmt(gpu['changeset_peak_bytes_trace'])} peak "
-                         f"for {S0} batches -> {_fmt(gpu['changeset_peak_bytes_for_S'])} for S "
-                         f"(limit {_fmt(gpu['total_bytes'])})")
+    if plan.superbatch_size:
+        arith += _superbatch_arithmetic(options, plan, shape, m)
     terms = epoch["terms_s"]
     arith.append(
-        f"epoch = {epoch['formula']}: " + (f"startup {epoch['startup_s']:.2f}s + " if mode == "ooc"
-                                           else "")
+        f"epoch = {epoch['formula']}: "
+        + (f"startup {epoch['startup_s']:.2f}s + " if "startup_s" in epoch else "")
         + "max(" + ", ".join(f"{k} {v:.2f}s" for k, v in terms.items()) + ")"
-        + (f" + {epoch['superbatches']} x switch {switch_s:.2f}s" if mode == "ooc" else "")
+        + (f" + {epoch['superbatches']} x switch {rates['switch_s']:.2f}s"
+           if "superbatches" in epoch else "")
         + f" = {epoch['epoch_s']:.2f}s; per batch: "
-        + ", ".join(f"{k} {v[0] * 1e3:.1f} ms" for k, v in per_batch.items())
-        + f"; gather at the predicted miss ratio {pred_miss:.3f} "
-          f"({pred_miss_rows:,.0f} rows x {per_row_read * 1e6:.1f} us/row read)")
+        + ", ".join(f"{k} {v[0] * 1e3:.1f} ms" for k, v in rates["per_batch"].items())
+        + f"; gather at the predicted miss ratio {rates['pred_miss']:.3f} "
+          f"({rates['pred_miss_rows']:,.0f} rows x {rates['per_row_read'] * 1e6:.1f} us/row read)")
+    return arith
 
-    fr = [c / n for c in caps]
-    report: dict[str, Any] = {
+
+def _superbatch_arithmetic(options, plan, shape: _Shape, m: _Measured) -> list[str]:
+    bpb = plan.runtime_bytes_per_batch
+    out = [f"superbatch S = runtime disk budget / ((ahead 1 + 1) x bytes per batch) = "
+           f"{_fmt(options.runtime_disk_budget)} / (2 x {_fmt(bpb)}) = "
+           f"{plan.superbatch_size_disk if plan.superbatch_size_disk is not None else 'n/a'}"
+           f"; capped by the epoch ({shape.nb} batches) and so that the superbatch in flight "
+           f"(samples and the changeset pass) takes at most 1/4 of what the rest of W "
+           f"leaves of B - R: S = {plan.superbatch_size}"]
+    if m.runtime:
+        out.append(f"measured runtime files: {_fmt(m.runtime['bytes_per_batch'])} per batch "
+                   f"(planned upper bound {_fmt(bpb)}), {_fmt(m.runtime['superbatch_bytes'])} "
+                   f"per superbatch")
+    gpu = m.gpu
+    if gpu.get("changeset_peak_bytes_for_S") is not None:
+        out.append(f"changeset pass on CUDA: {_fmt(gpu['changeset_peak_bytes_trace'])} peak "
+                   f"for {shape.S0} batches -> {_fmt(gpu['changeset_peak_bytes_for_S'])} for S "
+                   f"(limit {_fmt(gpu['total_bytes'])})")
+    return out
+
+
+def _report(dataset, config, preset, options, plan, budget, reserve, shape: _Shape,
+            m: _Measured, sim, curves, rates, epoch, arith, device) -> dict[str, Any]:
+    n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
+    st, g = m.stages, m.stages["gather"]
+    if m.runtime:
+        m.runtime["planned_bytes_per_batch"] = plan.runtime_bytes_per_batch
+    caps = curves.pop("capacity_rows")
+    curves_s = curves.pop("curves_s")
+    return {
         "tool": "size_caches",
         "dataset": {"path": str(Path(dataset.path).resolve()), "num_nodes": n,
                     "num_edges": dataset.num_edges, "feature_dim": dataset.feature_dim,
                     "row_bytes": row_bytes, "feature_bytes": n * row_bytes,
                     "disk_bytes": dataset.disk_bytes(), "train_nodes": int(len(dataset.train_idx))},
-        "config": {"mode": mode, "model": config.model, "fanouts": list(config.fanouts),
+        "config": {"mode": preset.name, "model": config.model, "fanouts": list(config.fanouts),
                    "batch_size": config.batch_size, "hidden": config.hidden,
                    "device": str(device), "seed": config.seed},
         "budget_bytes": int(budget), "reserve_bytes": int(reserve),
         "runtime_disk_budget_bytes": int(options.runtime_disk_budget),
         "measured": {
-            "setup_rss_bytes": st["setup_rss"],
-            "peak_rss_bytes": dict(peaks),
-            "profile_peak_rss_bytes": {k: v.peak for k, v in stages.items() if v.wall}
-            | {"build_mode": build_st.peak},
-            "stage_seconds": {k: {"wall": v.wall, "cpu": v.cpu} for k, v in stages.items()},
-            "trace_batches": T, "ids_per_batch": ids_per_batch,
-            "batch_node_fraction": ids_per_batch / n,
-            "runtime_files": runtime,
-            "sampling_batches_per_s": T / max(stages["sample"].wall, 1e-9),
-            "sampling_nodes_per_s": T * ids_per_batch / max(stages["sample"].wall, 1e-9),
-            "gather_rows_per_s": lookups / max(g.wall, 1e-9),
-            "read_s_per_missed_row": per_row_read,
-            "gather_s_per_lookup_besides_reads": gather_other,
-            "gather_measured_miss_ratio": measured_miss,
-            "switch_rows_read": int(switched),
-            "compute_s_per_batch": step_s[0],
-            "build_mode_s": build_st.wall,
+            "setup_rss_bytes": plan.stages["setup_rss"],
+            "peak_rss_bytes": dict(plan.stage_peaks),
+            "profile_peak_rss_bytes": {k: v.peak for k, v in st.items() if v.wall}
+            | {"build_mode": m.build.peak},
+            "stage_seconds": {k: {"wall": v.wall, "cpu": v.cpu} for k, v in st.items()},
+            "trace_batches": shape.T, "ids_per_batch": m.ids_per_batch,
+            "batch_node_fraction": m.ids_per_batch / n,
+            "runtime_files": m.runtime,
+            "sampling_batches_per_s": shape.T / max(st["sample"].wall, 1e-9),
+            "sampling_nodes_per_s": shape.T * m.ids_per_batch / max(st["sample"].wall, 1e-9),
+            "gather_rows_per_s": m.lookups / max(g.wall, 1e-9),
+            "read_s_per_missed_row": rates["per_row_read"],
+            "gather_s_per_lookup_besides_reads": rates["gather_other"],
+            "gather_measured_miss_ratio": rates["measured_miss"],
+            "switch_rows_read": int(m.switched),
+            "compute_s_per_batch": m.step_s[0],
+            "build_mode_s": m.build.wall,
             "curves_s": curves_s,
-            "gpu": gpu,
-            "reader_backend": reader_backend,
+            "gpu": m.gpu,
+            "reader_backend": m.reader_backend,
         },
         "memory_plan": plan.as_dict(),
         "recommendation": {
@@ -573,29 +641,28 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
             "neighbor_cache_bytes": int(plan.neighbor_cache_bytes),
             "superbatch_size": plan.superbatch_size,
             "min_budget_bytes": int(plan.min_budget),
-            "predicted_miss_ratio": pred_miss,
-            "predicted_miss_policy": policy,
-            "simulated_trace": {**sim, "batches": T, "superbatch_size": S},
+            "predicted_miss_ratio": rates["pred_miss"],
+            "predicted_miss_policy": preset.policy.curve,
+            "simulated_trace": {**sim, "batches": shape.T, "superbatch_size": shape.S},
             "expected_epoch_s": epoch["epoch_s"],
             "epoch_model": epoch,
-            "per_batch_s": {k: {"wall": v[0], "cpu": v[1]} for k, v in per_batch.items()},
-            "train_args": _train_args(plan, mode),
+            "per_batch_s": {k: {"wall": v[0], "cpu": v[1]}
+                            for k, v in rates["per_batch"].items()},
+            "train_args": _train_args(plan, preset),
         },
         "arithmetic": arith,
-        "miss_curves": {"capacity_rows": caps, "capacity_fraction": fr,
-                        "recommended_rows": rec_rows, **curves},
+        "miss_curves": {"capacity_rows": caps, "capacity_fraction": [c / n for c in caps],
+                        "recommended_rows": int(plan.feature_cache_rows), **curves},
         "sizes": sizes_block(dataset, config, plan),
-        "profile_s": time.perf_counter() - t_start,
     }
-    return report
 
 
-def _train_args(plan, mode: str) -> list[str]:
+def _train_args(plan, preset) -> list[str]:
     a = []
-    if mode != "baseline":
+    if preset.caches:
         a += ["--feature-cache-size", str(int(plan.feature_cache_bytes)),
               "--neighbor-cache-size", str(int(plan.neighbor_cache_bytes))]
-    if mode == "ooc" and plan.superbatch_size:
+    if plan.superbatch_size:
         a += ["--superbatch-size", str(int(plan.superbatch_size))]
     return a
 
@@ -605,23 +672,19 @@ def _time_steps(model, optimizer, batches, rows_list, dataset, device, stage: _S
     """(wall, CPU) seconds per training step (convert + transfer + step); the
     first step is warm-up and not counted."""
     import torch
-    import torch.nn.functional as F
 
     from ..loader.batch import to_data
+    from ..training.step import default_loss, model_call, train_step
 
     model.train()
+    call = model_call(model)
     walls, cpus = [], []
     for i, (b, rows) in enumerate(zip(batches, rows_list)):
         ids = np.asarray(b.node_ids, dtype=np.int64)
         t0, c0 = time.perf_counter(), time.process_time()
         y = np.asarray(dataset.labels[ids[:int(b.num_seeds)]], dtype=np.int64)
         data = to_data(b, rows, y).to(device)
-        optimizer.zero_grad(set_to_none=True)
-        out = model(data.x, data.edge_index, data.num_sampled_nodes, data.num_sampled_edges)
-        loss = F.cross_entropy(out[:data.batch_size], data.y, ignore_index=-1)
-        loss.backward()
-        optimizer.step()
-        float(loss.item())
+        train_step(call, optimizer, default_loss, data)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i:
@@ -656,71 +719,5 @@ def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, A
             "changeset_s_trace": dt, "fits": scaled <= 0.8 * total}
 
 
-# -- the plot ----------------------------------------------------------------------------------
-
-
-def plot_curves(report: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Miss ratio vs feature-cache size of the schedule training runs, the
-    recommended size marked; PNG written to a temp name, then renamed."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mc = report["miss_curves"]
-    rec = report["recommendation"]
-    ds = report["dataset"]
-    cfg = report["config"]
-    mode = cfg["mode"]
-    x = np.array(mc["capacity_fraction"]) * 100
-    sb = rec.get("superbatch_size")
-    series = [("ooc", f"ooc as trained (Belady changesets, superbatch {sb}, cache carried)",
-               "-o", "C0"),
-              ("ooc_with_switch", "ooc, counting the superbatch switches' reads", ":o", "C0"),
-              ("static_degree", "static degree-ordered (PaGraph)", "-s", "C1"),
-              ("lru", "LRU, cold start (reference)", "-^", "C2")]
-    fig, ax = plt.subplots(figsize=(8.5, 5.2))
-    for key, label, style, color in series:
-        if key.startswith("ooc") and mode != "ooc":
-            continue
-        ax.plot(x, np.array(mc[key]) * 100, style, ms=4, lw=1.8, label=label, color=color)
-    fr = rec["feature_cache_fraction"] * 100
-    pm = rec["predicted_miss_ratio"] * 100
-    if fr > 0:
-        ax.axvline(fr, color="k", ls="--", lw=1.2)
-        ax.plot([fr], [pm], "k*", ms=12, zorder=5)
-    # the callout sits in the lower left of the axes, inside the canvas whatever the point
-    ax.annotate(f"recommended: {rec['feature_cache_rows']:,} rows "
-                f"({fr:.1f}%, {_fmt(rec['feature_cache_bytes'])})\n"
-                f"predicted miss ratio {pm:.1f}%, epoch {rec['expected_epoch_s']:.1f} s",
-                xy=(max(fr, x.min()), pm), xycoords="data", xytext=(0.03, 0.06),
-                textcoords="axes fraction", fontsize=9, ha="left", va="bottom",
-                bbox=dict(boxstyle="round", fc="white", ec="0.6"),
-                arrowprops=dict(arrowstyle="->", color="0.3"))
-    ax.set_xscale("log")
-    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100) if t >= x.min() * 0.9]
-    ax.set_xticks(ticks, [f"{t}%" for t in ticks])
-    ax.set_xlim(x.min() * 0.9, 110)
-    ax.set_ylim(0, 105)
-    ax.set_xlabel(f"feature cache size (% of the {ds['num_nodes']:,}-row feature table, log scale)")
-    ax.set_ylabel("miss ratio (% of feature lookups read)")
-    m = report["measured"]
-    ax.set_title(f"Feature-cache miss ratio of one {mode} epoch ({m['trace_batches']} batches "
-                 f"of {cfg['batch_size']}, fanouts {','.join(map(str, cfg['fanouts']))};\n"
-                 f"{m['batch_node_fraction']:.1%} of the nodes per batch)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8.5)
-    fig.tight_layout()
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp.png")
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, out)
-    except OSError as e:
-        raise OocError(f"{out}: cannot write the plot ({e.strerror or e})") from None
-    finally:
-        plt.close(fig)
-    return out
-
-
-__all__ = ["CURVE_FRACTIONS", "load_sizes", "miss_curves", "plot_curves", "predict_epoch",
+__all__ = ["CURVE_FRACTIONS", "load_sizes", "miss_curves", "predict_epoch",
            "profile", "simulate_epoch", "sizes_block"]

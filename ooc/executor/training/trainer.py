@@ -1,7 +1,7 @@
 """The epoch loop: sample, gather, transfer, compute; evaluation; metrics.
 
 One code path for every mode. A :class:`Trainer` owns the model, the
-optimizer and the mode's pipelines (:func:`ooc.executor.loader.stack.build_mode`):
+optimizer and the mode's pipelines (:func:`ooc.executor.loader.stack.build_stack`):
 a training pipeline and a factory of evaluation pipelines, each yielding
 ``(batch, rows)`` pairs prepared on background threads
 (:mod:`ooc.executor.loader.pipelines`).
@@ -16,7 +16,6 @@ checkpoint of epoch ``e - 1``.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import resource
 import sys
@@ -27,7 +26,6 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ...memory import peak_rss_bytes
@@ -37,15 +35,13 @@ from .checkpoint import (check_dataset, describe_model, load_checkpoint, save_ch
                          set_rng_state)
 from .config import LIMITS, TrainConfig  # noqa: F401  (re-exported from here too)
 from .models import GNN, build_model
+from .step import default_loss, eval_forward, model_call, train_step  # noqa: F401
 
 #: Stages timed in every epoch (seconds); modes may add more.
 STAGES = ("sample", "gather", "transfer", "compute")
 #: Stages shown in the per-epoch line (when timed).
 REPORT_STAGES = ("sample", "inspect_sample", "inspect_changesets", "load", "switch", "gather",
                  "read", "update", "convert", "transfer", "compute", "stall")
-#: Offset of the seed stream used to sample evaluation batches.
-EVAL_SEED_OFFSET = 0x5EED
-
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; ``cuda`` without CUDA is an error."""
@@ -66,28 +62,6 @@ def epoch_torch_seed(seed: int, epoch: int) -> int:
     x = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
     x ^= x >> 31
     return x & ((1 << 63) - 1)
-
-
-def model_call(model: torch.nn.Module) -> Callable[[Any], torch.Tensor]:
-    """How the trainer calls ``model`` on a batch ``Data``; returns its output for every node.
-
-    ooc's built-in :class:`GNN` takes the per-hop counts positionally; a model whose
-    ``forward`` accepts ``num_sampled_nodes_per_hop`` / ``num_sampled_edges_per_hop``
-    (PyG's ``GraphSAGE``, ``GCN``, ``GAT``, ...) gets them by keyword and trims each
-    layer's computation to the hops it needs; any other model is called as
-    ``model(x, edge_index)``.
-    """
-    if isinstance(model, GNN):
-        return lambda d: model(d.x, d.edge_index, d.num_sampled_nodes, d.num_sampled_edges)
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "num_sampled_nodes_per_hop" in params and "num_sampled_edges_per_hop" in params:
-        return lambda d: model(d.x, d.edge_index,
-                               num_sampled_nodes_per_hop=d.num_sampled_nodes,
-                               num_sampled_edges_per_hop=d.num_sampled_edges)
-    return lambda d: model(d.x, d.edge_index)
 
 
 class NonFiniteLoss(OocError):
@@ -124,7 +98,7 @@ class Trainer:
         dataset: an opened dataset (:func:`ooc.open_dataset`).
         config: the run's settings.
         pipeline: ``(train_pipeline, eval_pipeline_factory, features)``;
-            defaults to ``build_mode(dataset, config, options, plan)``.
+            defaults to ``build_stack(dataset, config, options, plan)``.
         log: where one-line messages go (default: ``tqdm.write`` to stdout).
         allow_empty_train: accept a dataset without training nodes (a
             partition that is only evaluated; do not call ``train_epoch``).
@@ -162,23 +136,22 @@ class Trainer:
         self._call = model_call(self.model)
         self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        self.loss = loss if loss is not None else \
-            (lambda out, y: F.cross_entropy(out, y, ignore_index=-1))
+        self.loss = loss if loss is not None else default_loss
         self.memory_plan = None
         self.mode_info: dict[str, Any] = {}
         self._pipeline = None
         if pipeline is None:
-            from ..loader.stack import MODES, ModeOptions, build_mode
+            from ..loader.presets import resolve_preset
+            from ..loader.stack import ModeOptions, build_stack
 
-            if config.mode not in MODES:
-                raise OocError(f"unknown mode {config.mode!r} (choose one of {', '.join(MODES)})")
+            resolve_preset(config.mode)
             options = options or ModeOptions()
             if options.memory_budget:
                 from ..sizing.budget import plan_memory
 
                 self.memory_plan = plan_memory(dataset, config, options.memory_budget, options,
                                                model=self.model)
-            pipeline = build_mode(dataset, config, options, plan=self.memory_plan)
+            pipeline = build_stack(dataset, config, options, plan=self.memory_plan)
             self._pipeline = pipeline
             self.mode_info = dict(pipeline.info)
         self.train_producer, self.eval_producer_factory, self.features = pipeline
@@ -197,10 +170,6 @@ class Trainer:
         ids = np.asarray(batch.node_ids, dtype=np.int64)
         y = np.asarray(self.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
         return to_data(batch, rows, y)
-
-    def _forward(self, data) -> torch.Tensor:
-        out = self._call(data)
-        return out[:data.batch_size]
 
     # -- epochs --------------------------------------------------------------
     def train_epoch(self) -> dict[str, Any]:
@@ -230,18 +199,13 @@ class Trainer:
             with timers("transfer", sync=self.device):
                 data = data.to(self.device, non_blocking=True)
             with timers("compute"):
-                self.optimizer.zero_grad(set_to_none=True)
-                out = self._forward(data)
-                loss = self.loss(out, data.y)
-                loss_v = float(loss.item())
+                out, loss_v = train_step(self._call, self.optimizer, self.loss, data)
                 if not math.isfinite(loss_v):
                     bar.close()
                     raise NonFiniteLoss(f"{self.dataset.path}: training loss is {loss_v} at "
                                         f"epoch {epoch}, batch {nb + 1} of {len(producer)} "
                                         f"(non-finite features, or --lr too high); the weights "
                                         f"of epoch {epoch - 1} are unchanged")
-                loss.backward()
-                self.optimizer.step()
                 labeled = data.y >= 0
                 n = int(labeled.sum())
                 loss_sum += loss_v * n
@@ -317,7 +281,7 @@ class Trainer:
         for item in producer.batches(0):
             batch, rows = item
             data = self._to_data(batch, rows).to(self.device)
-            pred = self._forward(data).argmax(-1)
+            pred = eval_forward(self._call, data).argmax(-1)
             labeled = data.y >= 0
             correct += int((pred[labeled] == data.y[labeled]).sum())
             count += int(labeled.sum())

@@ -1,6 +1,6 @@
-"""numba kernels of the ``baseline`` memmap readers (nogil: run from many threads).
+"""numba kernels of :mod:`ooc.storage.mmap_features` (nogil: run from many threads).
 
-Each call copies a chunk of rows (or neighbour ids) out of a memory map; the
+Each call copies a chunk of rows out of a memory map; the
 page faults of one thread overlap with those of the others because the kernels
 release the GIL.
 """
@@ -22,10 +22,3 @@ def copy_rows(src, offsets, order, row_bytes, out, start, end):
         o = offsets[r]
         for j in range(row_bytes):
             out[r, j] = src[o + j]
-
-
-@nb.njit(nogil=True, cache=True)
-def gather_ids(indices, edge_pos, out, start, end):
-    """out[k] = indices[edge_pos[k]] for k in [start, end) (int32/int64 memmap)."""
-    for k in range(start, end):
-        out[k] = indices[edge_pos[k]]

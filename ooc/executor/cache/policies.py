@@ -1,0 +1,219 @@
+"""Feature-cache policies: what a preset's feature cache holds and when it changes.
+
+A policy is an object the loader's stack, the memory planner and the profiler
+ask instead of branching on a preset name:
+
+``schedule``
+    how the loader runs batches for it: ``"on_demand"`` (sample a batch, then
+    gather it) or ``"superbatch"`` (the inspector samples a superbatch ahead and
+    the policy's :meth:`~CachePolicy.changesets` say what enters and leaves the
+    cache after each batch).
+``caches``, ``table_bytes_per_node``
+    whether there is a feature cache at all, and its bookkeeping bytes per
+    node beside the cached rows (the planner's ``feature_cache_tables``).
+:meth:`~CachePolicy.fill`, :meth:`~CachePolicy.build_bytes`
+    what happens to the cache before the first batch, and the memory that takes.
+:meth:`~CachePolicy.simulate`
+    the epoch's misses replayed on a residency mask, as training counts them
+    (the profiler's prediction).
+
+:data:`POLICIES` has the built-in ones: :class:`NoCache` (``baseline``),
+:class:`StaticCache` (``static``: PaGraph's highest out-degree nodes) and
+:class:`BeladyCache` (``ooc``: Ginex's superbatch changesets). A new policy is a
+subclass registered here; a preset pairs it with a reader
+(:mod:`ooc.executor.loader.presets`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+
+from ...storage.errors import OocError
+from .feature_cache import FeatureCache
+
+#: A policy's changeset function: the superbatch's batches (int64 node ids each)
+#: -> an :class:`ooc.inspector.changesets.Changesets`.
+ChangesetFn = Callable[[Sequence[np.ndarray]], Any]
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """Base policy: a feature cache whose content never changes after :meth:`fill`."""
+
+    name: ClassVar[str] = "cache"
+    schedule: ClassVar[str] = "on_demand"
+    caches: ClassVar[bool] = True
+    #: int32 address table [N] of :class:`FeatureCache`
+    table_bytes_per_node: ClassVar[int] = 4
+    #: the profiler's miss-ratio curve that shows this policy (None: none)
+    curve: ClassVar[str | None] = None
+
+    def fill(self, cache: FeatureCache, dataset, features) -> None:
+        """Fill ``cache`` before the first batch (reading rows from ``features``)."""
+
+    def build_bytes(self, dataset) -> int:
+        """Transient bytes :meth:`fill` needs above the cache itself."""
+        return 0
+
+    def changesets(self, num_nodes: int, capacity: int, device: str | None) -> ChangesetFn:
+        raise OocError(f"cache policy {self.name!r} has no changesets (schedule {self.schedule})")
+
+    def warm_up(self, num_nodes: int) -> None:
+        """Compile the policy's kernels on a tiny input (the planner's warm-up)."""
+
+    def initial_mask(self, num_nodes: int, capacity: int, dataset=None,
+                     hot_order: np.ndarray | None = None) -> np.ndarray:
+        """bool [N]: the nodes cached when the epoch starts."""
+        return np.zeros(num_nodes, dtype=bool)
+
+    def simulate(self, trace: Sequence[np.ndarray], num_nodes: int, capacity: int,
+                 superbatch_size: int | None = None, hot_order: np.ndarray | None = None,
+                 device: str = "cpu") -> dict[str, int]:
+        """Misses of one epoch over ``trace`` (int64 node ids per batch, in order).
+
+        Returns ``lookups``, ``misses`` (gather misses, the trainer's
+        ``feature_misses``), ``switch_reads`` and ``superbatches``.
+        """
+        lookups = int(sum(len(t) for t in trace))
+        out = {"lookups": lookups, "misses": lookups, "switch_reads": 0, "superbatches": 0}
+        cap = int(min(capacity, num_nodes))
+        if not self.caches or cap <= 0:
+            return out
+        cached = self.initial_mask(num_nodes, cap, hot_order=hot_order)
+        out["misses"] = int(sum(int((~cached[t]).sum()) for t in trace))
+        return out
+
+
+@dataclass(frozen=True)
+class NoCache(CachePolicy):
+    """No feature cache: every row is read (the OS page cache is the only cache)."""
+
+    name: ClassVar[str] = "none"
+    caches: ClassVar[bool] = False
+    table_bytes_per_node: ClassVar[int] = 0
+
+
+def degree_order(dataset) -> np.ndarray:
+    """int64 [N]: node ids by decreasing out-degree, ties by id (the static order).
+    Reads ``indices.bin`` once through its memmap and drops its pages after."""
+    from ...inspector.neighbor_cache import compute_out_degrees
+    from ...storage.pagecache import release_mapped
+
+    deg = compute_out_degrees(dataset.indices, dataset.num_nodes)
+    release_mapped(dataset.indices)
+    return np.argsort(-deg, kind="stable")
+
+
+@dataclass(frozen=True)
+class StaticCache(CachePolicy):
+    """PaGraph / AliGraph: the ``capacity`` highest out-degree nodes, filled once."""
+
+    name: ClassVar[str] = "static"
+    curve: ClassVar[str | None] = "static_degree"
+
+    def fill(self, cache: FeatureCache, dataset, features) -> None:
+        if cache.capacity:
+            cache.fill_static(degree_order(dataset)[:cache.capacity], features)
+
+    def build_bytes(self, dataset) -> int:
+        # three int64 [N] arrays (degrees, argsort, its result) and indices.bin mapped
+        return 24 * dataset.num_nodes + int(dataset.file("indices.bin").stat().st_size)
+
+    def initial_mask(self, num_nodes: int, capacity: int, dataset=None,
+                     hot_order: np.ndarray | None = None) -> np.ndarray:
+        if hot_order is None:
+            hot_order = degree_order(dataset)
+        cached = np.zeros(num_nodes, dtype=bool)
+        cached[np.asarray(hot_order, dtype=np.int64)[:capacity]] = True
+        return cached
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@dataclass(frozen=True)
+class BeladyCache(CachePolicy):
+    """Ginex: the inspector samples a superbatch ahead and the cache follows
+    Belady's optimal changesets over it, carried from one superbatch to the next.
+
+    Attributes:
+        superbatch_size: batches per superbatch; None: from the memory plan or
+            the runtime disk budget (see :mod:`ooc.executor.loader.stack`).
+        device: where changesets are computed (``auto``: CUDA when available).
+    """
+
+    superbatch_size: int | None = None
+    device: str | None = None
+
+    name: ClassVar[str] = "belady"
+    schedule: ClassVar[str] = "superbatch"
+    #: the address table and the changeset pass's int8 [N] marks
+    table_bytes_per_node: ClassVar[int] = 5
+    curve: ClassVar[str | None] = "ooc"
+
+    def changesets(self, num_nodes: int, capacity: int, device: str | None) -> ChangesetFn:
+        """Changesets of successive superbatches, each starting from the cache the
+        previous one leaves (``keep_unused`` + ``cached``: a switch reads only new
+        entries). Superbatches come in order from the inspector's one changeset
+        thread, across epochs; if the executor stops early its cache differs from
+        that state and the switch reads the difference: still exact."""
+        from ...inspector import changesets as C
+
+        device = self.device or device
+        if device in (None, "auto"):
+            device = "cuda" if _cuda() else "cpu"
+        state: dict[str, Any] = {"cached": None}
+
+        def changesets(ids: Sequence[np.ndarray]):
+            cs = C.precompute_changesets(ids, num_nodes, capacity, device=device,
+                                         cached=state["cached"], keep_unused=True)
+            state["cached"] = C.final_state(cs)
+            return cs
+
+        return changesets
+
+    def warm_up(self, num_nodes: int) -> None:
+        from ...inspector.changesets import precompute_changesets
+
+        precompute_changesets([np.array([0, 1]), np.array([1, 2]), np.array([0, 3])],
+                              max(4, num_nodes), 2)
+
+    def simulate(self, trace: Sequence[np.ndarray], num_nodes: int, capacity: int,
+                 superbatch_size: int | None = None, hot_order: np.ndarray | None = None,
+                 device: str = "cpu") -> dict[str, int]:
+        """Replays the changesets training runs on a bool [N] residency mask: a
+        switch reads the ``init`` ids not yet cached (``switch_reads``), batch i
+        misses the ids not cached when it is gathered, then its changeset applies."""
+        out = super().simulate(trace, num_nodes, 0)
+        cap = int(min(capacity, num_nodes))
+        if cap <= 0:
+            return out
+        fn = self.changesets(num_nodes, cap, device)
+        s = max(1, int(superbatch_size or self.superbatch_size or len(trace)))
+        cached = np.zeros(num_nodes, dtype=bool)
+        misses = switch = 0
+        for a in range(0, len(trace), s):
+            cs = fn(trace[a:a + s])
+            init = np.asarray(cs.init_ids, dtype=np.int64)
+            switch += int((~cached[init]).sum())
+            cached[:] = False
+            cached[init] = True
+            for j, ids in enumerate(trace[a:a + s]):
+                misses += int((~cached[ids]).sum())
+                in_ids, out_ids, _ = cs.step(j)
+                cached[np.asarray(out_ids, dtype=np.int64)] = False
+                cached[np.asarray(in_ids, dtype=np.int64)] = True
+            out["superbatches"] += 1
+        out.update(misses=misses, switch_reads=switch)
+        return out
+
+
+#: Built-in policies by name.
+POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (NoCache, StaticCache, BeladyCache)}

@@ -1,0 +1,154 @@
+"""Readers: how a preset reads ``indices.bin`` and ``features.bin`` without caches.
+
+A reader kind opens the two uncached sources of a dataset, a
+:class:`~ooc.inspector.neighbors.NeighborSource` and a
+:class:`~ooc.storage.features.Feature`, and tells the memory planner what it maps:
+
+:class:`MmapReaders` (``baseline``)
+    both files through memmaps, readahead off, ``io_threads`` threads copying
+    with nogil kernels so page faults overlap; the page cache is the cache.
+:class:`DirectReaders` (``static``, ``ooc``)
+    O_DIRECT reads through a read backend (``--io-backend``: io_uring, liburing,
+    preadv, mmap); a neighbor cache may sit in front of the neighbour reads.
+
+:class:`TimedFeature` wraps a feature to count the seconds spent in ``read``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from ...inspector.neighbors import DirectNeighbors, MmapNeighbors, NeighborSource
+from ...storage.features import Feature
+
+
+@dataclass
+class Sources:
+    """A dataset's uncached sources, what describes them, and how to close them."""
+
+    neighbors: NeighborSource
+    features: Feature
+    info: dict[str, Any] = field(default_factory=dict)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for c in reversed(self.closers):
+            c()
+        self.closers.clear()
+
+
+class Readers:
+    """A reader kind (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    #: whether a neighbor cache may sit in front of its neighbour reads
+    neighbor_cache: ClassVar[bool] = False
+
+    def open(self, dataset, options) -> Sources:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def mapped_bytes_bound(self, dataset, options, max_edges: int) -> int:
+        """The most of the files the readers map into the process at once (bytes)."""
+        return 0
+
+    def before_probe(self, dataset) -> None:
+        """Make the planner's probe see what it must measure (see :class:`MmapReaders`)."""
+
+    def after_probe(self, dataset) -> None:
+        """Undo what the probe left mapped."""
+
+
+class MmapReaders(Readers):
+    name: ClassVar[str] = "mmap"
+
+    def open(self, dataset, options) -> Sources:
+        from ...storage.mmap_features import ThreadedMmapFeatures
+
+        nsrc = MmapNeighbors(dataset.indices, options.io_threads)
+        feats = ThreadedMmapFeatures(dataset.file("features.bin"), dataset.layout,
+                                     options.io_threads)
+        info = {"io_threads": options.io_threads, "readahead": "off (MADV_RANDOM)",
+                "reader_backend": "mmap", "neighbor_reader_backend": "mmap"}
+        return Sources(nsrc, feats, info, [nsrc.close, feats.close])
+
+    def mapped_bytes_bound(self, dataset, options, max_edges: int) -> int:
+        """A page fault maps the page-cache pages around it too (fault-around,
+        64 KiB), so a warm page cache maps more than the pages read: the feature
+        reader drops each chunk's region when it is copied (``io_threads`` chunks
+        in flight), the neighbour reader the whole map after each request (a
+        request touches at most one window per sampled edge)."""
+        from ...storage.mmap_features import FAULT_AROUND_BYTES, mapped_bytes_bound
+
+        feats = mapped_bytes_bound(dataset.layout, options.io_threads)
+        nbrs = min(int(dataset.file("indices.bin").stat().st_size),
+                   int(max_edges) * FAULT_AROUND_BYTES)
+        return int(feats + nbrs)
+
+    def before_probe(self, dataset) -> None:
+        """A cold page cache: faults then map no neighbouring pages (their bound
+        is :meth:`mapped_bytes_bound`, computed, not measured)."""
+        from ...storage.pagecache import drop_page_cache
+
+        for name in ("features.bin", "indices.bin"):
+            drop_page_cache(dataset.file(name))
+
+    def after_probe(self, dataset) -> None:
+        from ...storage.pagecache import release_mapped
+
+        release_mapped(dataset.indices)
+
+
+class DirectReaders(Readers):
+    name: ClassVar[str] = "direct"
+    neighbor_cache: ClassVar[bool] = True
+
+    def open(self, dataset, options) -> Sources:
+        from ...storage.direct import DirectFeatures, DirectReader
+
+        reader = DirectReader(dataset.file("indices.bin"), queue_depth=options.queue_depth,
+                              backend=options.io_backend)
+        nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
+                               dtype=dataset.index_dtype)
+        nsrc._own = True
+        try:
+            feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
+                                   queue_depth=options.queue_depth, backend=options.io_backend)
+        except BaseException:
+            nsrc.close()
+            raise
+        info = {"queue_depth": options.queue_depth, "reader_backend": feats.backend,
+                "neighbor_reader_backend": reader.backend}
+        return Sources(nsrc, feats, info, [nsrc.close, feats.close])
+
+
+#: Reader kinds by name.
+READERS: dict[str, type[Readers]] = {r.name: r for r in (MmapReaders, DirectReaders)}
+
+
+class TimedFeature:
+    """A feature that counts the seconds spent in ``read`` (``read_s``); the rest
+    of the :class:`~ooc.storage.features.Feature` protocol passes through."""
+
+    def __init__(self, inner: Feature):
+        self.inner = inner
+        self.read_s = 0.0
+
+    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.read(ids, out)
+        finally:
+            self.read_s += time.perf_counter() - t0
+
+    def stats(self) -> dict:
+        s = self.inner.stats
+        s = s() if callable(s) else s
+        d = dict(s) if isinstance(s, dict) else s.as_dict()
+        d["read_s"] = self.read_s
+        return d
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
