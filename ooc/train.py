@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .executor.sizing.budget import compile_kernels
 
         compile_kernels(dataset, config, options)
-    from .executor.distributed.workers import run_cli, wants_averaging
+    from .executor.distributed.cli import run_cli, wants_averaging
     from .executor.training.trainer import Trainer
     if wants_averaging(s):
         return run_cli(dataset, config, options, s, list(sys.argv[1:] if argv is None else argv),

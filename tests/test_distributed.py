@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from conftest import REPO, community_graph
+from fault_injection import fault_env
 from ooc import train as train_cli
-from ooc.executor.distributed.averaging import weighted_average
+from ooc.executor.distributed import ensure_partitions, launch
 from ooc.executor.training.checkpoint import load_checkpoint
-from ooc.executor.distributed.workers import ensure_partitions, launch
 from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.storage import OocError, open_dataset
 
@@ -55,6 +55,14 @@ def assert_same(a, b, **tol):
         torch.testing.assert_close(a[k], b[k], **tol)
 
 
+def weighted_mean(states, weights):
+    """``sum_j w_j states[j] / sum_j w_j`` per entry, in float64, in the entries' dtype (the
+    averaging rule written out independently of ooc's code)."""
+    total = float(sum(weights))
+    return {k: (sum(s[k].double() * w for s, w in zip(states, weights)) / total).to(v.dtype)
+            for k, v in states[0].items()}
+
+
 def reference_average(parts, epochs):
     """Each partition's local model trained ``epochs`` epochs here from the same init,
     averaged with its training-node count as weight: (weights, model, Adam state)."""
@@ -75,7 +83,7 @@ def reference_average(parts, epochs):
         weights.append(len(ds.train_idx))
     assert min(weights) > 0 and len(set(weights)) > 1  # the weights matter
     assert not torch.equal(opts[0]["0.exp_avg"], opts[1]["0.exp_avg"])  # the average matters
-    return weights, weighted_average(states, weights), weighted_average(opts, weights)
+    return weights, weighted_mean(states, weights), weighted_mean(opts, weights)
 
 
 def test_two_workers_sync_is_weighted_average_and_matches_one_worker(parted, tmp_path, capsys):
@@ -125,11 +133,11 @@ def test_killed_worker_ends_the_run_naming_the_rank(parted, tmp_path):
     """Rank 1 gets SIGKILL (kill -9) after epoch 1: the run stops with its rank and reason,
     in one line, as the last line."""
     data, parts = parted
-    r = cli(data, parts, "--workers", 2, "--epochs", 4, env={"OOC_FAIL_AT": "1:1:kill"})
+    r = cli(data, parts, "--workers", 2, "--epochs", 4, env=fault_env(1, 1, "kill"))
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1] == \
         "ooc: worker rank 1 failed: killed by SIGKILL: ooc: injected kill after epoch 1 " \
-        "(OOC_FAIL_AT=1:1:kill)", r.stderr[-3000:]
+        "(OOC_TEST_FAULT=1:1:kill)", r.stderr[-3000:]
     assert "epoch   2/4" not in r.stdout  # nobody trained on alone
 
 

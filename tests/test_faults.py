@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from conftest import REPO, community_graph
+from fault_injection import fault_env
 from ooc import train as train_cli
-from ooc.executor import heartbeat as HB
+from ooc.executor.distributed import ensure_partitions, heartbeat as HB, launch
 from ooc.executor.training.checkpoint import load_checkpoint
-from ooc.executor.distributed.workers import ensure_partitions, launch
 
 #: hang guard only (each run takes seconds)
 GUARD_S = 300
@@ -188,9 +188,8 @@ def test_stopped_or_hung_worker_is_named(parted, monkeypatch, capsys, how, env, 
     import psutil
 
     data, parts = parted
-    for k, v in env.items():
+    for k, v in {**env, **fault_env(1, 1, how)}.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv("OOC_FAIL_AT", f"1:1:{how}")
     rc = launch(["--data", str(data), "--partition-dir", str(parts), "--partitions", "2",
                  "--workers", "2", "--epochs", "3", "--fanouts", "3,3", "--batch-size", "20",
                  "--hidden", "8", "--mode", "baseline", "--no-progress"], 2)

@@ -1,6 +1,7 @@
 """Model averaging and workload allocation (SDT-GNN §III-C, §III-D; DESIGN.md §6).
 
-Pure functions, no process group: :mod:`ooc.executor.distributed.workers` drives them.
+Pure functions, no process group:
+:mod:`ooc.executor.distributed.averaging_trainer` drives them.
 
 * **Workload allocation** (:func:`allocate_partitions`): with ``q`` workers of
   ``M`` bytes each, ``T`` of which the computation needs, and ``S`` bytes of
@@ -139,7 +140,7 @@ def optimizer_state(entries: Mapping[str, torch.Tensor], num_params: int
             for i in range(num_params)}
 
 
-def averageable(name: str, value: torch.Tensor) -> bool:
+def averageable(value: torch.Tensor) -> bool:
     """Whether a state entry is averaged (floating tensors); others are kept as they are."""
     return torch.is_tensor(value) and value.is_floating_point()
 
@@ -156,7 +157,7 @@ def weighted_sum(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence
     out: dict[str, torch.Tensor] = {}
     for state, w in zip(states, weights):
         for k, v in state.items():
-            if not averageable(k, v):
+            if not averageable(v):
                 continue
             term = v.detach().to("cpu", torch.float64) * float(w)
             if k in out:
@@ -169,7 +170,7 @@ def weighted_sum(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence
 def zeros_like_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A float64 zero for every floating entry of ``state`` (an empty partial sum)."""
     return {k: torch.zeros(v.shape, dtype=torch.float64) for k, v in state.items()
-            if averageable(k, v)}
+            if averageable(v)}
 
 
 def finish_average(total: Mapping[str, torch.Tensor], weight: float,
@@ -187,14 +188,6 @@ def finish_average(total: Mapping[str, torch.Tensor], weight: float,
         else:
             out[k] = v.detach().clone()
     return out
-
-
-def weighted_average(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
-                     ) -> dict[str, torch.Tensor]:
-    """In one process: ``sum_j alpha_j states[j]`` with ``alpha_j = weights[j] / sum(weights)``."""
-    if not states:
-        raise ValueError("no states to average")
-    return finish_average(weighted_sum(states, weights), float(sum(weights)), states[0])
 
 
 def flatten(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> torch.Tensor:

@@ -47,6 +47,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .environment import seconds_from_env
+
 ENV_PATH = "OOC_HEARTBEAT"
 ENV_TIMEOUT = "OOC_HEARTBEAT_TIMEOUT"
 #: Seconds without a heartbeat or without progress after which a worker is declared failed.
@@ -60,21 +62,11 @@ LAUNCHER_GONE_RC = 76
 BEATS, PROGRESS, PHASE, COLLECTIVES, PID = range(5)
 SLOT = 8  # int64 fields per worker (5 used)
 SETUP, WORK, COLLECTIVE = 0, 1, 2
-PHASES = {SETUP: "setting up", WORK: "working", COLLECTIVE: "in a collective"}
 
 
 def timeout_s() -> float:
     """The heartbeat timeout: ``OOC_HEARTBEAT_TIMEOUT`` seconds, default 120."""
-    from ...storage.errors import OocError
-
-    v = os.environ.get(ENV_TIMEOUT)
-    try:
-        t = float(v) if v else DEFAULT_TIMEOUT_S
-    except ValueError:
-        t = float("nan")
-    if not t > 0 or t == float("inf"):
-        raise OocError(f"{ENV_TIMEOUT}={v!r}: expected a positive number of seconds")
-    return t
+    return seconds_from_env(ENV_TIMEOUT, DEFAULT_TIMEOUT_S)
 
 
 def interval_s(timeout: float) -> float:

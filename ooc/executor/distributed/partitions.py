@@ -1,0 +1,86 @@
+"""The partition folder of a multi-worker run: how many partitions, where, made when missing.
+
+``P`` comes from ``--partitions`` or the workload allocation rule
+(:func:`~ooc.executor.distributed.averaging.allocate_partitions`); the folder
+from ``--partition-dir`` or :func:`default_partition_dir`. Rank 0 (or the
+launcher) partitions the dataset with SPRING when the folder does not exist
+yet; the other ranks wait for it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ...storage.errors import OocError
+from .averaging import DEFAULT_COMPUTE_FRACTION, allocate_partitions, dataset_bytes
+
+
+def default_partition_dir(data: str | os.PathLike, parts: int, halo_hops: int = 1) -> Path:
+    """``<data>.partitions/spring_p<P>`` (``spring_p<P>_h<H>`` for an ``H``-hop halo) beside
+    the dataset (the partitioner refuses to write inside the dataset folder)."""
+    d = Path(data).resolve()
+    name = f"spring_p{int(parts)}" + (f"_h{int(halo_hops)}" if int(halo_hops) != 1 else "")
+    return d.parent / f"{d.name}.partitions" / name
+
+
+def resolve_partitions(data: str | os.PathLike, workers: int, parts: int | None,
+                       memory_budget: int | None, compute_fraction: float | None
+                       ) -> tuple[int, dict[str, Any]]:
+    """``P`` and how it was chosen (the allocation rule when ``parts`` is None)."""
+    s = dataset_bytes(data)
+    frac = DEFAULT_COMPUTE_FRACTION if compute_fraction is None else float(compute_fraction)
+    info: dict[str, Any] = {"data_bytes": s, "memory_budget": memory_budget,
+                            "compute_fraction": frac, "workers": workers}
+    if parts is not None:
+        if int(parts) < 1:
+            raise OocError(f"--partitions must be >= 1, got {parts}")
+        info["rule"] = "given"
+        return int(parts), info
+    p = allocate_partitions(s, workers, memory_budget, compute_fraction=frac)
+    info["rule"] = ("p = q (no --memory-budget)" if memory_budget is None else
+                    "p = q (S <= q(M - T))" if p == workers else "p = ceil(S / (M - T))")
+    return p, info
+
+
+def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.PathLike | None,
+                      seed: int = 0, log: Callable[[str], None] = print,
+                      halo_hops: int = 1) -> Path:
+    """The partition folder for ``parts`` partitions; partitioned with SPRING if missing.
+
+    ``halo_hops``: hops of in-neighbourhood each partition holds for its owned
+    nodes (1: SDT-GNN's full in-neighbour lists; the number of layers: every
+    owned node's sampled neighbourhood is the one of the whole graph). An
+    existing folder is used as it is.
+    """
+    out = Path(part_dir) if part_dir else default_partition_dir(data, parts, halo_hops)
+    meta = out / "partition.json"
+    if meta.is_file():
+        p = json.loads(meta.read_text()).get("p")
+        if p != parts:
+            raise OocError(f"{out}: holds {p} partitions, not --partitions {parts}")
+        return out
+    if out.exists():
+        raise OocError(f"{out}: exists but has no partition.json (not a partition folder)")
+    from ...partition import partition_dataset
+
+    t0 = time.perf_counter()
+    log(f"ooc.train: partitioning {data} into {parts} parts with SPRING -> {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rep = partition_dataset(data, out, parts, "spring", seed=seed, halo_hops=halo_hops)
+    log(f"ooc.train: partitioned in {time.perf_counter() - t0:.1f}s (edge cut "
+        f"{rep['edge_cut_ratio']:.3f}, replication {rep['replication_factor']:.2f}, with "
+        f"the {halo_hops}-hop halo {rep.get('halo_replication_factor', 0):.2f})")
+    return out
+
+
+def wait_for_partitions(part_dir: Path, timeout_s: float) -> None:
+    """Wait until rank 0 has written ``part_dir`` (torchrun: rank 0 partitions)."""
+    t_end = time.monotonic() + timeout_s
+    while not (part_dir / "partition.json").is_file():
+        if time.monotonic() > t_end:
+            raise OocError(f"{part_dir}: rank 0 did not write the partitions within "
+                           f"{timeout_s:.0f}s")
+        time.sleep(0.5)
