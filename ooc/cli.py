@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import re
 import sys
 from typing import Callable, NoReturn, Sequence
@@ -84,10 +83,6 @@ def add_io_backend_arg(p: argparse.ArgumentParser) -> None:
                         f"first that works here, in the order {', '.join(AUTO_ORDER)} (a "
                         "native backend is probed in a child process first; a fallback is "
                         "one note on stderr)")
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
 def check_range(option: str, value: float | int | None, lo: float | None = None,

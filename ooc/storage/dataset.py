@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .features import check_out
 from .errors import DatasetError
 from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowTable, RowView, index_dtype,
                      padded_bytes)
@@ -122,15 +122,17 @@ class MmapFeatures(RowTable):
             self._view = self.layout.view(self._mm)
         return self._view
 
-    def advise_random(self) -> None:
-        """Turn kernel readahead off for this mapping (MADV_RANDOM)."""
-        self._open()
-        if isinstance(self._mm, np.memmap) and self._mm._mmap is not None:
-            self._mm._mmap.madvise(mmap.MADV_RANDOM)
+    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``ids`` (int64 [n]) as an array [n, dim] of the file's dtype (into ``out``
+        when given: the :class:`~ooc.storage.features.Feature` protocol)."""
+        rows = self._open()[np.asarray(ids, dtype=np.int64)]
+        if out is None:
+            return rows
+        check_out(out, len(rows), self.layout.dim, self.layout.dtype, str(self.path))[:] = rows
+        return out
 
-    def read(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` (int64 [n]) as an array [n, dim] of the file's dtype."""
-        return self._open()[np.asarray(ids, dtype=np.int64)]
+    def stats(self) -> dict:
+        return {}
 
     def close(self) -> None:
         self._view = None

@@ -156,21 +156,6 @@ class EdgeSource:
         return {"path": os.fspath(self.path)}
 
 
-class ArrayEdges(EdgeSource):
-    """Edges from in-memory (or memmapped) arrays."""
-
-    def __init__(self, src: np.ndarray, dst: np.ndarray, name: str = "<edges>"):
-        self.src, self.dst, self.path = src, dst, name
-        self.nbytes = self.num_edges = int(src.shape[0])
-
-    def chunks(self, chunk_edges, num_nodes):
-        e = self.src.shape[0]
-        for a in range(0, e, chunk_edges):
-            b = min(e, a + chunk_edges)
-            yield (np.ascontiguousarray(self.src[a:b], dtype=np.int64),
-                   np.ascontiguousarray(self.dst[a:b], dtype=np.int64), a, b - a)
-
-
 class BinEdges(EdgeSource):
     """Raw binary (src, dst) pairs of int32 or int64, native byte order."""
 
