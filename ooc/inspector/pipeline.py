@@ -103,106 +103,139 @@ class Inspector:
         yielded superbatch. Closing the generator early stops them and removes
         the runtime files.
         """
-        self.stats = stats = InspectorStats()
-        s = self.superbatch_size
-        groups = [list(range(a, min(a + s, len(seed_batches)))) for a in range(0, len(seed_batches), s)]
-        self.runtime_dir.mkdir(parents=True, exist_ok=True)
-        slots = threading.Semaphore(self.ahead + 1)
-        stop = threading.Event()
-        to_cs: queue.Queue = queue.Queue(maxsize=1)
-        ready: queue.Queue = queue.Queue()
-        num_layers = len(self.sampler.fanouts)
+        self.stats = InspectorStats()
+        yield from _EpochRun(self, seed_batches, batch_seeds, tag).superbatches()
 
-        def sampler_loop() -> None:
+    def _folder(self, tag: str, k: int) -> Path:
+        return superbatch_dir(self.runtime_dir / tag if tag else self.runtime_dir, k)
+
+
+class _EpochRun:
+    """One epoch of the inspector: a sampling thread and a changeset thread joined by
+    queues, at most ``ahead + 1`` superbatches on disk (a semaphore slot each)."""
+
+    def __init__(self, insp: Inspector, seed_batches: Sequence[np.ndarray],
+                 batch_seeds: Sequence[int], tag: str):
+        self.insp, self.seed_batches, self.batch_seeds, self.tag = insp, seed_batches, \
+            batch_seeds, tag
+        s, n = insp.superbatch_size, len(seed_batches)
+        self.groups = [list(range(a, min(a + s, n))) for a in range(0, n, s)]
+        self.stats = insp.stats
+        self.slots = threading.Semaphore(insp.ahead + 1)
+        self.stop = threading.Event()
+        self.to_cs: queue.Queue = queue.Queue(maxsize=1)
+        self.ready: queue.Queue = queue.Queue()
+
+    # -- the sampling thread --------------------------------------------------------------
+    def _sample_loop(self) -> None:
+        try:
+            for k, group in enumerate(self.groups):
+                if not self._take_slot():
+                    return
+                self.to_cs.put(self._sample_group(k, group))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self.to_cs.put(e)
+            return
+        self.to_cs.put(None)
+
+    def _take_slot(self) -> bool:
+        """Wait for room on disk; False once the run is stopped."""
+        while not self.slots.acquire(timeout=0.1):
+            if self.stop.is_set():
+                return False
+        return not self.stop.is_set()
+
+    def _sample_group(self, k: int, group: list[int]) -> tuple[Superbatch, SuperbatchSamples]:
+        """Sample superbatch ``k`` and write its samples file."""
+        insp, stats = self.insp, self.stats
+        t0 = time.perf_counter()
+        batches = insp.sampler.sample_many([self.seed_batches[i] for i in group],
+                                           [self.batch_seeds[i] for i in group])
+        samples = SuperbatchSamples.from_batches(batches, len(insp.sampler.fanouts))
+        del batches
+        t1 = time.perf_counter()
+        folder = insp._folder(self.tag, k)
+        remove_superbatch(folder)
+        nbytes = write_samples(folder, samples)
+        t2 = time.perf_counter()
+        stats.sample_s += t1 - t0
+        stats.write_s += t2 - t1
+        stats.bytes_written += nbytes
+        sb = Superbatch(k, folder, group, insp.changesets is not None,
+                        {"sample_s": t1 - t0, "write_s": t2 - t1}, nbytes, self.slots.release)
+        return sb, samples
+
+    # -- the changeset thread -------------------------------------------------------------
+    def _changeset_loop(self) -> None:
+        while True:
             try:
-                for k, group in enumerate(groups):
-                    while not slots.acquire(timeout=0.1):
-                        if stop.is_set():
-                            return
-                    if stop.is_set():
-                        return
-                    t0 = time.perf_counter()
-                    batches = self.sampler.sample_many([seed_batches[i] for i in group],
-                                                       [batch_seeds[i] for i in group])
-                    samples = SuperbatchSamples.from_batches(batches, num_layers)
-                    del batches
-                    t1 = time.perf_counter()
-                    folder = self._folder(tag, k)
-                    remove_superbatch(folder)
-                    nbytes = write_samples(folder, samples)
-                    t2 = time.perf_counter()
-                    stats.sample_s += t1 - t0
-                    stats.write_s += t2 - t1
-                    stats.bytes_written += nbytes
-                    sb = Superbatch(k, folder, group, self.changesets is not None,
-                                    {"sample_s": t1 - t0, "write_s": t2 - t1}, nbytes, slots.release)
-                    to_cs.put((sb, samples))
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                to_cs.put(e)
+                item = self.to_cs.get(timeout=0.1)
+            except queue.Empty:
+                # a consumer that closed early drains to_cs to free the sampler, and
+                # may take the end marker with it: the stop flag ends this loop then
+                if self.stop.is_set():
+                    return
+                continue
+            if item is None or isinstance(item, BaseException) or self.stop.is_set():
+                self.ready.put(item)
                 return
-            to_cs.put(None)
+            sb, samples = item
+            try:
+                self._write_changesets(sb, samples)
+            except BaseException as e:  # noqa: BLE001
+                self.ready.put(e)
+                return
+            self.stats.superbatches += 1
+            self.stats.batches += len(sb.batch_indices)
+            self.ready.put(sb)
 
-        def changeset_loop() -> None:
-            while True:
-                try:
-                    item = to_cs.get(timeout=0.1)
-                except queue.Empty:
-                    # a consumer that closed early drains to_cs to free the sampler, and
-                    # may take the end marker with it: the stop flag ends this loop then
-                    if stop.is_set():
-                        return
-                    continue
-                if item is None or isinstance(item, BaseException) or stop.is_set():
-                    ready.put(item)
-                    return
-                sb, samples = item
-                try:
-                    if self.changesets is not None:
-                        t0 = time.perf_counter()
-                        ids = [samples.ids(i) for i in range(len(samples))]
-                        cs = FlatChangesets.from_changesets(self.changesets(ids))
-                        sb.bytes_written += write_changesets(sb.folder, cs)
-                        dt = time.perf_counter() - t0
-                        sb.timings["changeset_s"] = dt
-                        stats.changeset_s += dt
-                        stats.bytes_written += cs.nbytes
-                        stats.cache_ids += len(cs.init_ids) + len(cs.in_ids)
-                except BaseException as e:  # noqa: BLE001
-                    ready.put(e)
-                    return
-                stats.superbatches += 1
-                stats.batches += len(sb.batch_indices)
-                ready.put(sb)
+    def _write_changesets(self, sb: Superbatch, samples: SuperbatchSamples) -> None:
+        fn = self.insp.changesets
+        if fn is None:
+            return
+        t0 = time.perf_counter()
+        cs = FlatChangesets.from_changesets(fn([samples.ids(i) for i in range(len(samples))]))
+        sb.bytes_written += write_changesets(sb.folder, cs)
+        dt = time.perf_counter() - t0
+        sb.timings["changeset_s"] = dt
+        self.stats.changeset_s += dt
+        self.stats.bytes_written += cs.nbytes
+        self.stats.cache_ids += len(cs.init_ids) + len(cs.in_ids)
 
-        threads = [threading.Thread(target=sampler_loop, name="ooc-sample", daemon=True),
-                   threading.Thread(target=changeset_loop, name="ooc-changesets", daemon=True)]
+    # -- the consumer ---------------------------------------------------------------------
+    def superbatches(self) -> Iterator[Superbatch]:
+        self.insp.runtime_dir.mkdir(parents=True, exist_ok=True)
+        threads = [threading.Thread(target=self._sample_loop, name="ooc-sample", daemon=True),
+                   threading.Thread(target=self._changeset_loop, name="ooc-changesets",
+                                    daemon=True)]
         for t in threads:
             t.start()
         try:
             while True:
-                item = ready.get()
+                item = self.ready.get()
                 if item is None:
                     break
                 if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
-            stop.set()
-            # unblock the sampler if it waits for a slot or on the queue
-            for _ in range(self.ahead + 2):
-                slots.release()
-            while any(t.is_alive() for t in threads):
-                try:
-                    to_cs.get_nowait()
-                except queue.Empty:
-                    pass
-                for t in threads:
-                    t.join(timeout=0.05)
-            for k in range(len(groups)):
-                remove_superbatch(self._folder(tag, k))
+            self._shutdown(threads)
 
-    def _folder(self, tag: str, k: int) -> Path:
-        return superbatch_dir(self.runtime_dir / tag if tag else self.runtime_dir, k)
+    def _shutdown(self, threads: list[threading.Thread]) -> None:
+        """Stop both threads (unblocking the sampler on a slot or the queue) and
+        remove every runtime file of the epoch."""
+        self.stop.set()
+        for _ in range(self.insp.ahead + 2):
+            self.slots.release()
+        while any(t.is_alive() for t in threads):
+            try:
+                self.to_cs.get_nowait()
+            except queue.Empty:
+                pass
+            for t in threads:
+                t.join(timeout=0.05)
+        for k in range(len(self.groups)):
+            remove_superbatch(self.insp._folder(self.tag, k))
 
 
 def superbatch_size_for_budget(runtime_disk_budget: int, bytes_per_batch: float, ahead: int = 1,
