@@ -360,6 +360,57 @@ def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacit
 
 def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
                       dev: "torch.device") -> Changesets:
+    """Belady changesets on a torch device: the trace's ids and next uses
+    (:func:`_torch_next_uses`), the initial cache (smallest first use), then one
+    eviction step per batch (:func:`_torch_step`)."""
+    import torch
+
+    S = len(ptr_np) - 1
+    i64 = torch.int64
+    t = _torch_next_uses(flat_np, ptr_np, dev)
+    U, M = t["U"], max(t["U"], 1)
+    # C_0: smallest (first use, id)
+    Kc = min(capacity, U)
+    key0 = t["first_use"] * M + torch.arange(U, device=dev, dtype=i64)
+    c_cid = torch.topk(key0, Kc, largest=False).indices if Kc < U else torch.arange(U, device=dev)
+    c_cid = torch.sort(c_cid).values
+    state = {"c_cid": c_cid, "c_next": t["first_use"][c_cid],
+             "incache": torch.zeros(U, dtype=torch.bool, device=dev)}
+    state["incache"][c_cid] = True
+    init_ids = t["uniq"][c_cid]
+    ptr_l = ptr_np.tolist()
+    ins, inpos, outs = [], [], []
+    hits = np.zeros(S, np.int64)
+    in_cnt = np.zeros(S, np.int64)
+    out_cnt = np.zeros(S, np.int64)
+    for i in range(S):
+        a, b = ptr_l[i], ptr_l[i + 1]
+        hits[i], in_c, pos, out_c = _torch_step(state, t["cid"][a:b], t["nxt"][a:b], i, S, Kc, M)
+        ins.append(in_c)
+        inpos.append(pos)
+        outs.append(out_c)
+        in_cnt[i] = pos.shape[0]
+        out_cnt[i] = out_c.shape[0]
+
+    def cat(xs):
+        return torch.cat(xs) if xs else torch.zeros(0, dtype=i64, device=dev)
+
+    def host(x):
+        return x.to(i64).cpu().numpy()
+
+    in_ptr = np.zeros(S + 1, np.int64)
+    out_ptr = np.zeros(S + 1, np.int64)
+    np.cumsum(in_cnt, out=in_ptr[1:])
+    np.cumsum(out_cnt, out=out_ptr[1:])
+    return Changesets(host(init_ids), host(t["uniq"][cat(ins)]), host(cat(inpos)), in_ptr,
+                      host(t["uniq"][cat(outs)]), out_ptr, np.diff(ptr_np) - hits, capacity,
+                      "torch")
+
+
+def _torch_next_uses(flat_np: np.ndarray, ptr_np: np.ndarray, dev: "torch.device") -> dict:
+    """The trace on the device: ``uniq`` (sorted distinct ids, [U]), ``cid`` (each
+    access's index into ``uniq``, [T]), ``nxt`` (the batch of the id's next access,
+    S = never, [T]) and ``first_use`` ([U]); all int64. Refuses an id twice in a batch."""
     import torch
 
     S = len(ptr_np) - 1
@@ -368,19 +419,17 @@ def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
     flat = torch.from_numpy(flat_np).to(dev)
     lens = torch.from_numpy(np.diff(ptr_np)).to(dev)
     it = torch.repeat_interleave(torch.arange(S, device=dev, dtype=i64), lens)
-    # pass 1: occurrences sorted by id (stable: each id's accesses in iteration order)
+    # occurrences sorted by id (stable: each id's accesses in iteration order)
     sid, perm = torch.sort(flat, stable=True)
     newgrp = torch.ones(T, dtype=torch.bool, device=dev)
     newgrp[1:] = sid[1:] != sid[:-1]
     cid_sorted = torch.cumsum(newgrp, 0) - 1
     uniq = sid[newgrp]
     U = int(uniq.shape[0])
-    M = max(U, 1)
-    if (2 * S + 2) * M > _I63:
-        raise OocError(f"changesets: {S} batches x {M} ids overflows the int64 keys")
+    if (2 * S + 2) * max(U, 1) > _I63:
+        raise OocError(f"changesets: {S} batches x {max(U, 1)} ids overflows the int64 keys")
     cid = torch.empty(T, dtype=i64, device=dev)
     cid[perm] = cid_sorted
-    # pass 2: next access iteration of every occurrence, first use of every id
     its = it[perm]
     nxt_sorted = torch.full((T,), S, dtype=i64, device=dev)
     if T > 1:
@@ -393,78 +442,47 @@ def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
         nxt_sorted[:-1] = torch.where(same, its[1:], torch.full_like(its[1:], S))
     nxt = torch.empty(T, dtype=i64, device=dev)
     nxt[perm] = nxt_sorted
-    first_use = its[newgrp]
-    del sid, perm, its, nxt_sorted, cid_sorted, newgrp, it
-    # C_0: smallest (first use, id)
-    Kc = min(capacity, U)
-    key0 = first_use * M + torch.arange(U, device=dev, dtype=i64)
-    c_cid = torch.topk(key0, Kc, largest=False).indices if Kc < U else torch.arange(U, device=dev)
-    c_cid = torch.sort(c_cid).values
-    c_next = first_use[c_cid]
-    init_ids = uniq[c_cid]
-    incache = torch.zeros(U, dtype=torch.bool, device=dev)
-    incache[c_cid] = True
-    # pass 3: simulate
-    ptr_l = ptr_np.tolist()
-    ins, inpos, outs = [], [], []
-    hits = np.zeros(S, np.int64)
-    in_cnt = np.zeros(S, np.int64)
-    out_cnt = np.zeros(S, np.int64)
-    for i in range(S):
-        a, b = ptr_l[i], ptr_l[i + 1]
-        u = cid[a:b]
-        nx = nxt[a:b]
-        miss = ~incache[u]
-        kidx = torch.nonzero(c_next != i).squeeze(1)
-        nk = int(kidx.shape[0])
-        hits[i] = int(c_cid.shape[0]) - nk  # cached entries next used now = the hits
-        cand_cid = torch.cat((c_cid.index_select(0, kidx), u))
-        cand_next = torch.cat((c_next.index_select(0, kidx), nx))
-        nc = int(cand_cid.shape[0])
-        finite = cand_next < S
-        nf = int(torch.count_nonzero(finite))
-        if nf <= Kc:
-            sel = finite
+    return {"uniq": uniq, "U": U, "cid": cid, "nxt": nxt, "first_use": its[newgrp]}
+
+
+def _torch_step(state: dict, u, nx, i: int, S: int, Kc: int, M: int):
+    """Batch ``i``: the cache (``state``: ``c_cid``/``c_next`` of the cached entries,
+    ``incache`` [U]) keeps the ``Kc`` candidates (cached entries and the batch's ids
+    ``u`` with next uses ``nx``) used again soonest. Returns (hits, inserted ids'
+    indices, their positions in the batch, evicted indices) and updates ``state``."""
+    import torch
+
+    i64, dev = torch.int64, u.device
+    c_cid, c_next, incache = state["c_cid"], state["c_next"], state["incache"]
+    miss = ~incache[u]
+    kidx = torch.nonzero(c_next != i).squeeze(1)
+    nk = int(kidx.shape[0])
+    hits = int(c_cid.shape[0]) - nk  # cached entries next used now = the hits
+    cand_cid = torch.cat((c_cid.index_select(0, kidx), u))
+    cand_next = torch.cat((c_next.index_select(0, kidx), nx))
+    nc = int(cand_cid.shape[0])
+    finite = cand_next < S
+    if int(torch.count_nonzero(finite)) <= Kc:
+        sel = finite
+    else:
+        flag = torch.cat((torch.zeros(nk, dtype=i64, device=dev), miss.to(i64)))
+        key = (cand_next * 2 + flag) * M + cand_cid
+        drop = nc - Kc
+        if Kc <= drop:
+            sel = torch.zeros(nc, dtype=torch.bool, device=dev)
+            if Kc:
+                sel[torch.topk(key, Kc, largest=False, sorted=False).indices] = True
         else:
-            flag = torch.cat((torch.zeros(nk, dtype=i64, device=dev), miss.to(i64)))
-            key = (cand_next * 2 + flag) * M + cand_cid
-            drop = nc - Kc
-            if Kc <= drop:
-                sel = torch.zeros(nc, dtype=torch.bool, device=dev)
-                if Kc:
-                    sel[torch.topk(key, Kc, largest=False, sorted=False).indices] = True
-            else:
-                sel = torch.ones(nc, dtype=torch.bool, device=dev)
-                sel[torch.topk(key, drop, largest=True, sorted=False).indices] = False
-        gone = ~sel
-        gone[nk:] &= ~miss
-        out_c = torch.sort(cand_cid[gone]).values
-        pos = torch.nonzero(sel[nk:] & miss).squeeze(1)
-        in_c = u.index_select(0, pos)
-        incache[out_c] = False
-        incache[in_c] = True
-        sidx = torch.nonzero(sel).squeeze(1)
-        c_cid = cand_cid.index_select(0, sidx)
-        c_next = cand_next.index_select(0, sidx)
-        ins.append(in_c)
-        inpos.append(pos)
-        outs.append(out_c)
-        in_cnt[i] = pos.shape[0]
-        out_cnt[i] = out_c.shape[0]
-
-    def cat(xs):
-        return torch.cat(xs) if xs else torch.zeros(0, dtype=i64, device=dev)
-
-    in_ids = uniq[cat(ins)]
-    out_ids = uniq[cat(outs)]
-    misses = np.diff(ptr_np) - hits
-
-    def host(t):
-        return t.to(i64).cpu().numpy()
-
-    in_ptr = np.zeros(S + 1, np.int64)
-    out_ptr = np.zeros(S + 1, np.int64)
-    np.cumsum(in_cnt, out=in_ptr[1:])
-    np.cumsum(out_cnt, out=out_ptr[1:])
-    return Changesets(host(init_ids), host(in_ids), host(cat(inpos)), in_ptr, host(out_ids), out_ptr,
-                      misses, capacity, "torch")
+            sel = torch.ones(nc, dtype=torch.bool, device=dev)
+            sel[torch.topk(key, drop, largest=True, sorted=False).indices] = False
+    gone = ~sel
+    gone[nk:] &= ~miss
+    out_c = torch.sort(cand_cid[gone]).values
+    pos = torch.nonzero(sel[nk:] & miss).squeeze(1)
+    in_c = u.index_select(0, pos)
+    incache[out_c] = False
+    incache[in_c] = True
+    sidx = torch.nonzero(sel).squeeze(1)
+    state["c_cid"] = cand_cid.index_select(0, sidx)
+    state["c_next"] = cand_next.index_select(0, sidx)
+    return hits, in_c, pos, out_c
