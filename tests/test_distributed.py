@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, community_graph
+from conftest import REPO, assert_one_line_error, community_graph
 from fault_injection import fault_env
 from ooc import train as train_cli
 from ooc.executor.distributed import ensure_partitions, launch
@@ -129,15 +129,20 @@ def test_two_workers_sync_is_weighted_average_and_matches_one_worker(parted, tmp
     assert_same(model_state(ck2, 4), model_state(ck1, 4), rtol=1e-5, atol=1e-6)
 
 
-def test_killed_worker_ends_the_run_naming_the_rank(parted, tmp_path):
-    """Rank 1 gets SIGKILL (kill -9) after epoch 1: the run stops with its rank and reason,
-    in one line, as the last line."""
+@pytest.mark.parametrize("how,status,message", [
+    ("kill", "killed by SIGKILL", "ooc: injected kill"),
+    # a traceback: rank 0 loses its peer in the all_reduce (exit 75), rank 1 is still named
+    ("raise", "exit code 1", "RuntimeError: injected raise"),
+])
+def test_failed_worker_ends_the_run_naming_the_rank(parted, tmp_path, how, status, message):
+    """Rank 1 gets SIGKILL (kill -9), or raises, after epoch 1: the run stops with its rank
+    and reason, in one line, as the last line."""
     data, parts = parted
-    r = cli(data, parts, "--workers", 2, "--epochs", 4, env=fault_env(1, 1, "kill"))
+    r = cli(data, parts, "--workers", 2, "--epochs", 4, env=fault_env(1, 1, how))
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1] == \
-        "ooc: worker rank 1 failed: killed by SIGKILL: ooc: injected kill after epoch 1 " \
-        "(OOC_TEST_FAULT=1:1:kill)", r.stderr[-3000:]
+        f"ooc: worker rank 1 failed: {status}: {message} after epoch 1 " \
+        f"(OOC_TEST_FAULT=1:1:{how})", r.stderr[-3000:]
     assert "epoch   2/4" not in r.stdout  # nobody trained on alone
 
 
@@ -169,6 +174,21 @@ def test_bad_input(parted, tmp_path):
         train_cli.main(["--data", str(data), "--workers", "1", "--sync-every", "0", *TRAIN])
     with pytest.raises(OocError, match="not a partition folder"):
         ensure_partitions(data, 2, tmp_path)
+
+
+@pytest.mark.parametrize("var,value", [("OOC_DIST_TIMEOUT", "soon"),
+                                       ("OOC_HEARTBEAT_TIMEOUT", "0")])
+def test_bad_timeout_setting_is_one_line_before_any_worker(parted, monkeypatch, capsys, var,
+                                                          value):
+    data, parts = parted
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as e:
+        train_cli.main(["--data", str(data), "--partition-dir", str(parts), "--partitions",
+                        str(P), "--workers", "2", *TRAIN])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert_one_line_error(out.err, f"{var}={value!r}", "positive number of seconds")
+    assert "starting" not in out.out  # no worker was started
 
 
 def test_auto_partitions_hold_the_model_depth_as_halo(tmp_path):

@@ -50,7 +50,8 @@ def run_cli(dataset, config, options, s: dict[str, Any], argv: Sequence[str],
 
 def _check_workers(s: dict[str, Any]) -> int:
     """``--workers`` (default ``WORLD_SIZE`` in a worker, else 1), checked against the
-    worker environment; also checks ``--sync-every``. Sets ``s["workers"]``."""
+    worker environment; also checks ``--sync-every`` and, with several workers,
+    ``OOC_DIST_TIMEOUT``. Sets ``s["workers"]``."""
     env_world = env_world_size()
     workers = int(s["workers"]) if s.get("workers") is not None else (env_world or 1)
     if workers < 1:
@@ -61,6 +62,8 @@ def _check_workers(s: dict[str, Any]) -> int:
     s["workers"] = workers
     if s.get("sync_every") is None or int(s["sync_every"]) < 1:
         raise OocError(f"--sync-every must be >= 1, got {s.get('sync_every')}")
+    if workers > 1:
+        dist_timeout_s()  # a bad OOC_DIST_TIMEOUT: one line here, not one per worker
     return workers
 
 
