@@ -273,52 +273,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     report_path = given.pop("report", None)
     ckdir = given.pop("checkpoint_dir", None)
     sizes_path = given.pop("sizes", None)
+    argv = list(sys.argv[1:] if argv is None else argv)
 
     from .storage import open_dataset
 
-    saved = None
-    ck_path = None
-    if resume:
-        if ckdir is None:
-            raise OocError("--resume needs --checkpoint-dir DIR")
-        from .executor.training.checkpoint import latest_checkpoint, load_checkpoint
-
-        ck_path = latest_checkpoint(ckdir)
-        ck_state = load_checkpoint(ck_path)
-        saved = ck_state.get("args") or {}
-    s = _settings(given, saved)
-    no_eval = bool(s["no_eval"])
+    ck_path, ck_state = _checkpoint_to_resume(ckdir) if resume else (None, None)
+    s = _settings(given, (ck_state.get("args") or {}) if ck_state is not None else None)
     config = _check_options(s, progress)  # before any file is touched
     if s["data"] is None:
         s["data"] = str(default_dataset())
     dataset = open_dataset(s["data"])
     s["data"] = str(Path(s["data"]).resolve())  # checkpoints resume from any folder
-    if resume:
+    if ck_state is not None:
         from .executor.training.checkpoint import check_dataset
 
         check_dataset(ck_state, dataset, ck_path)
         del ck_state
     if sizes_path is not None:
-        from .executor.sizing.profiler import load_sizes
-
-        sizes = load_sizes(sizes_path, dataset)
-        for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size"):
-            if key not in given and sizes.get(key) is not None:
-                s[key] = sizes[key]
-        if "mode" not in given and sizes.get("mode"):
-            s["mode"] = config.mode = sizes["mode"]
-
-    from .executor.loader.stack import ModeOptions
-
-    def size(key):
-        return _size(key, s.get(key))
-
-    options = ModeOptions(superbatch_size=s["superbatch_size"], runtime_dir=s["runtime_dir"],
-                          runtime_disk_budget=size("runtime_disk_budget"),
-                          feature_cache_size=size("feature_cache_size"),
-                          neighbor_cache_size=size("neighbor_cache_size"),
-                          queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
-                          memory_budget=size("memory_budget"), io_backend=s["io_backend"])
+        _apply_sizes(sizes_path, dataset, given, s, config)
+    options = _mode_options(s)
     note_if_cold(TRAIN_KERNELS, "the sampling, cache and changeset kernels")
     if options.memory_budget:
         # a first run compiles the kernels in a child process; started before torch is
@@ -327,11 +300,70 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         compile_kernels(dataset, config, options)
     from .executor.distributed.cli import run_cli, wants_averaging
-    from .executor.training.trainer import Trainer
     if wants_averaging(s):
-        return run_cli(dataset, config, options, s, list(sys.argv[1:] if argv is None else argv),
-                       ckdir, ck_path, report_path, list(DEFAULTS))
+        return run_cli(dataset, config, options, s, argv, ckdir, ck_path, report_path,
+                       list(DEFAULTS))
     t0 = time.perf_counter()
+    trainer, val_acc, test_acc = _train(dataset, config, options, s, ckdir, ck_path)
+    total = time.perf_counter() - t0
+    rep = trainer.report(val_acc=val_acc, test_acc=test_acc, total_time_s=round(total, 3),
+                         resumed_from=str(ck_path) if ck_path else None,
+                         checkpoint_dir=ckdir, argv=argv)
+    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+    print(f"ooc.train: done in {total:.1f}s: val_acc {fmt(val_acc)}  test_acc {fmt(test_acc)}  "
+          f"peak RSS {rep['peak_rss_bytes'] / 2**20:.0f} MiB"
+          + (f"  report {report_path}" if report_path else ""))
+    if report_path:
+        try:
+            write_json(report_path, rep)
+        except OSError as e:
+            raise OocError(f"{report_path}: cannot write report ({e.strerror or e})") from None
+    return 0
+
+
+def _checkpoint_to_resume(ckdir: str | None) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint in ``ckdir`` and its state (``--resume``)."""
+    if ckdir is None:
+        raise OocError("--resume needs --checkpoint-dir DIR")
+    from .executor.training.checkpoint import latest_checkpoint, load_checkpoint
+
+    ck_path = latest_checkpoint(ckdir)
+    return ck_path, load_checkpoint(ck_path)
+
+
+def _apply_sizes(sizes_path: str, dataset, given: dict, s: dict, config) -> None:
+    """Cache sizes, superbatch size and mode from a size_caches report, where the
+    command line leaves them out."""
+    from .executor.sizing.profiler import load_sizes
+
+    sizes = load_sizes(sizes_path, dataset)
+    for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size"):
+        if key not in given and sizes.get(key) is not None:
+            s[key] = sizes[key]
+    if "mode" not in given and sizes.get("mode"):
+        s["mode"] = config.mode = sizes["mode"]
+
+
+def _mode_options(s: dict):
+    """The loader stack's options from the settings."""
+    from .executor.loader.stack import ModeOptions
+
+    def size(key):
+        return _size(key, s.get(key))
+
+    return ModeOptions(superbatch_size=s["superbatch_size"], runtime_dir=s["runtime_dir"],
+                       runtime_disk_budget=size("runtime_disk_budget"),
+                       feature_cache_size=size("feature_cache_size"),
+                       neighbor_cache_size=size("neighbor_cache_size"),
+                       queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
+                       memory_budget=size("memory_budget"), io_backend=s["io_backend"])
+
+
+def _train(dataset, config, options, s: dict, ckdir, ck_path):
+    """Train in this process (resuming from ``ck_path``), checkpointing into ``ckdir``;
+    returns the closed trainer and the validation and test accuracies."""
+    from .executor.training.trainer import Trainer
+
     trainer = Trainer(dataset, config, options=options)
     try:
         if ck_path is not None:
@@ -349,24 +381,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if ckdir is not None and (trainer.epoch % s["checkpoint_every"] == 0
                                       or trainer.epoch == config.epochs):
                 trainer.save(ckdir, args=args)
+        no_eval = bool(s["no_eval"])
         val_acc = None if no_eval else trainer.evaluate(dataset.val_idx)
         test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)
     finally:
         trainer.close()
-    total = time.perf_counter() - t0
-    rep = trainer.report(val_acc=val_acc, test_acc=test_acc, total_time_s=round(total, 3),
-                         resumed_from=str(ck_path) if ck_path else None,
-                         checkpoint_dir=ckdir, argv=list(sys.argv[1:] if argv is None else argv))
-    fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-    print(f"ooc.train: done in {total:.1f}s: val_acc {fmt(val_acc)}  test_acc {fmt(test_acc)}  "
-          f"peak RSS {rep['peak_rss_bytes'] / 2**20:.0f} MiB"
-          + (f"  report {report_path}" if report_path else ""))
-    if report_path:
-        try:
-            write_json(report_path, rep)
-        except OSError as e:
-            raise OocError(f"{report_path}: cannot write report ({e.strerror or e})") from None
-    return 0
+    return trainer, val_acc, test_acc
 
 
 if __name__ == "__main__":
