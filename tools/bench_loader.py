@@ -25,7 +25,11 @@ seconds inside the native io_uring engine: the rate while the ring reads,
 comparable with fio at the same depth); CPU seconds of the epoch
 (every thread of the child) and CPU µs per device read. ``--report`` writes
 ``speedup.ooc_vs_baseline``, ``speedup.ooc_vs_static`` (epoch-time ratios),
-``read_iops_vs_fio`` (ooc), the per-preset medians and every run.
+``reads_vs_fio.<preset>`` (read IOPS inside the loader / fio's IOPS, for the
+O_DIRECT presets; ``read_iops_vs_fio`` is the ooc one), ``engine_vs_fio.<preset>``,
+the per-preset medians (with the seconds in the feature source's ``read`` and
+in the engine, and the rows read straight into the batch vs copied out of a
+page buffer) and every run.
 """
 from __future__ import annotations
 
@@ -150,6 +154,9 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
         "batches_per_s": last["batches"] / ep, "batches": last["batches"],
         "device_reads": dev_reads, "device_iops": dev_reads / ep,
         "feature_read_ops": fr_ops, "feature_read_s": fr_s,
+        "engine_busy_s": io.get("engine_busy_s"),
+        "feature_rows_direct": io.get("feature_rows_direct"),
+        "feature_rows_copied": io.get("feature_rows_copied"),
         "read_iops": (fr_ops / fr_s) if fr_ops and fr_s else None,
         "engine_iops": (io["engine_runs"] / io["engine_busy_s"])
         if io.get("engine_busy_s") else None,
@@ -216,8 +223,8 @@ def main(argv=None) -> int:
     fio_iops = median([f["iops"] for f in (fio_before, fio_after) if f])
 
     keys = ("epoch_s", "batches_per_s", "device_reads", "device_iops", "read_iops",
-            "engine_iops", "cpu_s",
-            "cpu_us_per_read", "feature_hit_ratio", "peak_rss_bytes")
+            "engine_iops", "cpu_s", "cpu_us_per_read", "feature_hit_ratio", "peak_rss_bytes",
+            "feature_read_s", "engine_busy_s", "feature_rows_direct", "feature_rows_copied")
     summary: dict[str, dict] = {}
     for m in presets:
         ok = [r for r in runs if r["preset"] == m and "error" not in r]
@@ -244,6 +251,10 @@ def main(argv=None) -> int:
                            for k, v in vars(args).items()},
               "fio": {"before": fio_before, "after": fio_after, "iops": fio_iops},
               "presets": summary, "speedup": sp,
+              "reads_vs_fio": {m: s["read_iops_vs_fio"] for m, s in summary.items()
+                               if s.get("read_iops_vs_fio") is not None},
+              "engine_vs_fio": {m: s["engine_iops_vs_fio"] for m, s in summary.items()
+                                if s.get("engine_iops_vs_fio") is not None},
               "read_iops_vs_fio": summary.get("ooc", {}).get("read_iops_vs_fio"),
               "engine_iops_vs_fio": summary.get("ooc", {}).get("engine_iops_vs_fio"),
               "runs": runs}
@@ -275,6 +286,15 @@ def main(argv=None) -> int:
               f"{f(s['cpu_us_per_read'], '.1f')} | {f(s['feature_hit_ratio'], '.3f')} | "
               f"{format_size(s['peak_rss_bytes'] or 0)} |")
     print("\nspeedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))
+    print("reads inside the loader vs fio: " + (", ".join(
+        f"{m} {v:.2f}x" for m, v in report["reads_vs_fio"].items()) or "–"))
+    for m in presets:
+        s = summary[m]
+        if s.get("feature_read_s") is not None and s.get("engine_busy_s") is not None:
+            print(f"{m}: {s['feature_read_s']:.2f} s in feature reads, {s['engine_busy_s']:.2f} s "
+                  f"of them in the engine; rows read into the batch "
+                  f"{f(s['feature_rows_direct'], ',.0f')}, copied from a page buffer "
+                  f"{f(s['feature_rows_copied'], ',.0f')}")
     print(f"report {args.report}")
     return 0
 
