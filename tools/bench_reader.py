@@ -18,8 +18,11 @@ and preadv threads included), as fio's does.
 A backend whose probe fails here (e.g. the python ``liburing`` wheel dying
 of SIGILL on a CPU without AVX-512) is left out of the table, with the
 probe's verdict printed and written to the report. Then
-``DirectFeatures.read`` (native engine) on batches of random rows of the
-disk file viewed as a dim-128 float32 table. ``--report`` writes JSON with
+``DirectFeatures.read(ids, out=...)`` (native engine) on batches of random
+rows of the disk file viewed as float32 tables of ``--feature-dims`` widths:
+whole-page rows (dim 1024) twice, read straight into a page-aligned ``out``
+and through the page buffer (``out`` off a page boundary, rows copied out).
+``--report`` writes JSON with
 ``native_vs_fio`` (disk IOPS ratio by queue depth), ``native_vs_fio_tmpfs``
 and ``native_cpu_vs_fio_tmpfs`` (CPU per read, ours / fio's, on tmpfs).
 """
@@ -92,13 +95,20 @@ def bench_reader(path: Path, backend: str, qd: int, seconds: float, batch: int,
 
 
 def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
-                   backend: str, seed: int) -> dict:
+                   backend: str, seed: int, aligned: bool) -> dict:
+    """``DirectFeatures.read(ids, out=out)`` of random rows for ``seconds``. ``aligned``:
+    ``out`` starts on a page (whole-page rows are then read straight into it), else 64
+    bytes past one (every row goes through the page buffer and is copied)."""
     drop_page_cache(path)
     size = path.stat().st_size
-    lay = FeatureLayout(size // PAGE * (PAGE // (dim * 4)), dim, "float32")
+    row_bytes = dim * 4
+    per_page = PAGE // row_bytes if row_bytes <= PAGE else 1
+    pages_per_row = 1 if row_bytes <= PAGE else -(-row_bytes // PAGE)
+    lay = FeatureLayout(size // PAGE * per_page // pages_per_row, dim, "float32")
     rng = np.random.default_rng(seed)
     with DirectFeatures(path, lay, queue_depth=qd, backend=backend) as f:
-        out = np.empty((rows, dim), np.float32)
+        shift = 0 if aligned else 64
+        out = aligned_empty(rows * row_bytes + shift)[shift:].view(np.float32).reshape(rows, dim)
         f.read(rng.integers(0, lay.num_rows, 16))
         f.stats.reset()
         t0 = time.perf_counter()
@@ -115,6 +125,7 @@ def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
         dt = time.perf_counter() - t0 - t_gen
         s = f.stats
         return {"backend": f.backend, "queue_depth": qd, "batch_rows": rows, "dim": dim,
+                "target": "rows" if s.rows_direct else "page buffer + copy",
                 "rows_per_s": n / dt, "row_mb_per_s": n * dim * 4 / dt / 1e6,
                 "iops": s.read_ops / dt, "disk_mb_per_s": s.bytes_read / dt / 1e6,
                 "ms_per_batch": dt / (n / rows) * 1e3}
@@ -207,7 +218,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="per measurement (default 3)")
     ap.add_argument("--batch", type=int, default=4096, help="random pages per read_pages call")
     ap.add_argument("--feature-rows", type=int, default=10000)
-    ap.add_argument("--feature-dim", type=int, default=128)
+    ap.add_argument("--feature-dims", default="128,1024",
+                    help="float32 row widths of the DirectFeatures runs; whole-page rows are "
+                         "measured read into the rows and through the page buffer "
+                         "(default %(default)s)")
     ap.add_argument("--no-fio", action="store_true")
     ap.add_argument("--repeat", type=int, default=3,
                     help="interleaved rounds per depth; medians are reported (default 3)")
@@ -218,6 +232,7 @@ def main(argv=None) -> int:
         size = parse_size(args.size)
         tmpfs_size = parse_size(args.tmpfs_size)
         depths = [int(x) for x in args.depths.split(",") if x]
+        dims = [int(x) for x in args.feature_dims.split(",") if x]
     except ValueError as e:
         print(f"bench_reader: {e}", file=sys.stderr)
         return 2
@@ -251,10 +266,14 @@ def main(argv=None) -> int:
             Path(args.tmpfs_file).unlink(missing_ok=True)
     feats = []
     if "io_uring" not in excluded and "io_uring" in names:
-        for qd in depths:
-            if qd >= 16:
-                feats.append(bench_features(args.file, qd, args.seconds, args.feature_rows,
-                                            args.feature_dim, "io_uring", args.seed))
+        for dim in dims:
+            for qd in depths:
+                if qd < 16:
+                    continue
+                for aligned in ((True, False) if dim * 4 % PAGE == 0 else (True,)):
+                    feats.append(bench_features(args.file, qd, args.seconds,
+                                                args.feature_rows, dim, "io_uring", args.seed,
+                                                aligned))
 
     print(f"\n4 KiB random reads, batches of {args.batch} random pages; disk: {args.file} "
           f"({size >> 20} MiB, dropped from the page cache before each run); tmpfs: "
@@ -275,12 +294,14 @@ def main(argv=None) -> int:
     for b, reason in excluded.items():
         print(f"\n{b}: left out ({reason})")
     if feats:
-        print(f"\nDirectFeatures.read, batches of {args.feature_rows} random rows, "
-              f"dim {args.feature_dim} float32, disk file\n")
-        print("| backend | QD | rows/s | row MB/s | read IOPS | disk MB/s | ms/batch |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print(f"\nDirectFeatures.read(ids, out=...), batches of {args.feature_rows} random "
+              f"float32 rows, disk file\n")
+        print("| backend | dim | read into | QD | rows/s | row MB/s | read IOPS | disk MB/s "
+              "| ms/batch |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
         for ft in feats:
-            print(f"| {ft['backend']} | {ft['queue_depth']} | {ft['rows_per_s']:.0f} | "
+            print(f"| {ft['backend']} | {ft['dim']} | {ft['target']} | {ft['queue_depth']} | "
+                  f"{ft['rows_per_s']:.0f} | "
                   f"{ft['row_mb_per_s']:.1f} | {ft['iops']:.0f} | {ft['disk_mb_per_s']:.1f} | "
                   f"{ft['ms_per_batch']:.1f} |")
     report = {"command": " ".join([sys.executable, *sys.argv]),
