@@ -21,12 +21,20 @@ target's community. Model: GraphSAGE (untrained, fixed seed), hidden = dim.
    degree), with Belady, LRU and FIFO, at a cache of ``--cache-frac`` of the
    chunks; the partition is SPRING's (``ooc.partition``) when it runs, else
    the generator's communities grouped into ``--parts`` parts.
+
+``--compare-tree DIR`` instead times layer-wise inference alone, this checkout
+against another one (e.g. an older commit's ``git worktree``), side by side:
+``--repeat`` rounds after one warm-up round (numba caches, page cache), each
+running both trees once in a child process (order alternating), on the same
+dataset and partition; the table gives the medians and the ratio other / this.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -140,6 +148,55 @@ def run_samplewise(ds, model, L, batch, budget_s, reader):
             "nodes_per_batch": nodes_tot / ran, "edges_per_batch": edges_tot / ran}, outs
 
 
+# ------------------------------------------------------------------ two trees
+#: run in a child process with a checkout's root on sys.path: one layer-wise run
+CHILD = r"""
+import json, sys, time
+root, data, owner, out, L, dim, classes, chunk_rows, budget = sys.argv[1:]
+sys.path.insert(0, root)
+import numpy as np, torch
+torch.set_num_threads(1)
+from ooc.executor.inference.layerwise import layerwise_inference
+from ooc.executor.training.models import build_model
+torch.manual_seed(0)
+model = build_model("sage", int(dim), int(dim), int(classes), num_layers=int(L)).eval()
+rep = layerwise_inference(data, model, out, memory_budget=budget, chunk_rows=int(chunk_rows),
+                          order=np.load(owner), overwrite=True)
+print(json.dumps({"time_s": rep["time_s"], "peak_rss": rep["peak_rss_bytes"],
+                  "bytes_read": rep["bytes_read"],
+                  "layers": [la["time_s"] for la in rep["layers"]]}))
+"""
+
+
+def compare_trees(args, dpath: Path, owner_path: Path, work: Path) -> dict:
+    """Median layer-wise time of this checkout and ``args.compare_tree``, run alternately."""
+    trees = {"this": str(Path(__file__).resolve().parents[1]),
+             "other": str(Path(args.compare_tree).resolve())}
+    rows = []
+    for r in range(-1, args.repeat):  # round -1 warms up (numba caches, page cache), not kept
+        for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
+            for L in args.layers:
+                out = work / f"cmp_{name}_L{L}.zarr"
+                p = subprocess.run([sys.executable, "-c", CHILD, trees[name], str(dpath),
+                                    str(owner_path), str(out), str(L), str(args.dim),
+                                    str(args.classes), str(args.chunk_rows),
+                                    str(args.memory_budget)],
+                                   capture_output=True, text=True, check=True)
+                res = json.loads(p.stdout.strip().splitlines()[-1])
+                if r >= 0:
+                    rows.append({"round": r, "tree": name, "L": L, **res})
+                shutil.rmtree(out, ignore_errors=True)
+    med = {L: {k: statistics.median(x["time_s"] for x in rows if x["tree"] == k and x["L"] == L)
+               for k in trees} for L in args.layers}
+    lines = [f"Layer-wise inference, {args.repeat} rounds, medians (this = "
+             f"{trees['this']}, other = {trees['other']})", "",
+             "| L | this | other | other / this |", "|---|---|---|---|"]
+    for L, m in med.items():
+        lines.append(f"| {L} | {m['this']:.2f} s | {m['other']:.2f} s | "
+                     f"{m['other'] / m['this']:.2f} |")
+    return {"trees": trees, "runs": rows, "median_s": med, "table": "\n".join(lines)}
+
+
 # ------------------------------------------------------------------ cache orders
 def order_perms(ds, owners: dict):
     deg = ds.in_degrees()
@@ -195,6 +252,9 @@ def main(argv=None) -> int:
     p.add_argument("--memory-budget", default="2GiB")
     p.add_argument("--samplewise-budget", type=float, default=60.0, help="seconds per L")
     p.add_argument("--workdir", default=None)
+    p.add_argument("--compare-tree", default=None,
+                   help="another checkout: time layer-wise inference of both, side by side")
+    p.add_argument("--repeat", type=int, default=5, help="rounds of --compare-tree")
     p.add_argument("--out", default="bench_out/inference.json")
     args = p.parse_args(argv)
 
@@ -227,6 +287,14 @@ def main(argv=None) -> int:
         print(f"SPRING unavailable ({type(e).__name__}: {e})", file=sys.stderr)
     part_name, owner = next(iter(owners.items()))
     part_src = f"{', '.join(owners)}; {args.parts} parts; the layer-wise run uses {part_name}"
+    if args.compare_tree:
+        np.save(work / "owner.npy", owner)
+        res = compare_trees(args, dpath, work / "owner.npy", work)
+        res["partition"] = part_src
+        print(res["table"])
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=2, default=str))
+        return 0
 
     res = {"graph": {"nodes": ds.num_nodes, "edges": ds.num_edges, "dim": args.dim,
                      "avg_degree": args.avg_degree, "comm_size": args.comm_size,
