@@ -15,16 +15,24 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from ...storage.errors import OocError
+from ..training.checkpoint import (check_dataset, load_checkpoint, model_from_checkpoint,
+                                   save_checkpoint)
+from ..training.models import build_model
 from .averaging import (assign_partitions, finish_average, flatten, optimizer_entries,
                         optimizer_state, unflatten, weighted_sum, zeros_like_state)
 from .comm import Comm
 from .heartbeat import Heartbeat
 from .local_model import LocalModel
+
+if TYPE_CHECKING:
+    from ...storage.dataset import Dataset
+    from ..loader.stack import ModeOptions
+    from ..training.config import TrainConfig
 
 #: ``--optimizer-sync`` choices: what happens to the local Adam states at a sync.
 OPTIMIZER_SYNC = ("average", "reset")
@@ -57,7 +65,8 @@ class AveragingTrainer:
             (beats after every batch), or None.
     """
 
-    def __init__(self, data, part_dir: Path, parts: int, config, options, comm: Comm,
+    def __init__(self, data: Dataset, part_dir: Path, parts: int, config: TrainConfig,
+                 options: ModeOptions, comm: Comm,
                  sync_every: int = 1, log: Callable[[str], None] = print,
                  optimizer_sync: str = "average", heartbeat: Heartbeat | None = None):
         if sync_every < 1:
@@ -92,10 +101,8 @@ class AveragingTrainer:
                                f"{d.feature_dim} vs {full.feature_dim}, classes "
                                f"{d.num_classes} vs {full.num_classes})")
 
-    def _initial_model(self, config) -> torch.nn.Module:
+    def _initial_model(self, config: TrainConfig) -> torch.nn.Module:
         """The averaged model's home, with the same initial weights as every local Trainer."""
-        from ..training.models import build_model
-
         torch.manual_seed(config.seed)
         return build_model(config.model, self.data.feature_dim, config.hidden,
                            self.data.num_classes, config.num_layers, dropout=config.dropout,
@@ -228,8 +235,6 @@ class AveragingTrainer:
         """Rank 0 writes the averaged model (call right after a sync)."""
         if self.comm.rank != 0:
             return None
-        from ..training.checkpoint import save_checkpoint
-
         opt = None
         if self.opt_state is not None:
             opt = {"state": self.opt_state,
@@ -247,8 +252,6 @@ class AveragingTrainer:
 
     def resume(self, path: str | os.PathLike) -> dict[str, Any]:
         """Continue from a checkpoint of a sync: every local model loads its weights."""
-        from ..training.checkpoint import check_dataset, load_checkpoint, model_from_checkpoint
-
         state = load_checkpoint(path)
         check_dataset(state, self.data, path)
         self._check_resumable(state, path)

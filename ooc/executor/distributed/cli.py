@@ -9,7 +9,7 @@ command. In a worker (started by the launcher or by torchrun), and with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ...storage.errors import OocError
 from .environment import dist_timeout_s, env_rank, env_world_size, in_worker
@@ -18,15 +18,20 @@ from .partitions import (default_partition_dir, ensure_partitions, resolve_parti
                          wait_for_partitions)
 from .worker import WorkerRun, run_worker
 
+if TYPE_CHECKING:
+    from ...storage.dataset import Dataset
+    from ..loader.stack import ModeOptions
+    from ..training.config import TrainConfig
+
 
 def wants_averaging(s: dict[str, Any]) -> bool:
     """Whether ``python -m ooc.train`` with settings ``s`` runs the multi-worker path."""
     return s.get("workers") is not None or s.get("partitions") is not None or in_worker()
 
 
-def run_cli(dataset, config, options, s: dict[str, Any], argv: Sequence[str],
-            ckdir: str | None, ck_path: Path | None, report_path: str | None,
-            arg_keys: Sequence[str]) -> int:
+def run_cli(dataset: Dataset, config: TrainConfig, options: ModeOptions, s: dict[str, Any],
+            argv: Sequence[str], ckdir: str | None, ck_path: Path | None,
+            report_path: str | None, arg_keys: Sequence[str]) -> int:
     """Run the multi-worker path of ``python -m ooc.train``; its exit status.
 
     ``s``: the command's settings (``workers`` is filled in); ``argv``: the

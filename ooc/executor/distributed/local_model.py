@@ -15,11 +15,17 @@ from __future__ import annotations
 import copy
 import gc
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from ...storage import open_dataset
+from ..training.trainer import Trainer
 from .heartbeat import Heartbeat
+
+if TYPE_CHECKING:
+    from ..loader.stack import ModeOptions
+    from ..training.config import TrainConfig
 
 
 class LocalModel:
@@ -36,21 +42,21 @@ class LocalModel:
         heartbeat: beats after every batch and marks the set-up of a pipeline.
     """
 
-    def __init__(self, part: int, path: Path, config, options, log: Callable[[str], None],
-                 resident_ok: bool, heartbeat: Heartbeat | None = None):
-        from ...storage import open_dataset
+    def __init__(self, part: int, path: Path, config: TrainConfig, options: ModeOptions,
+                 log: Callable[[str], None], resident_ok: bool,
+                 heartbeat: Heartbeat | None = None):
 
         self.part, self.path = part, path
         self.dataset = open_dataset(path)
         self.n_train = int(len(self.dataset.train_idx))
         self.config, self.options, self.log = config, options, log
         self.resident_ok, self.heartbeat = resident_ok, heartbeat
-        self.trainer = None  # resident: the open Trainer
+        self.trainer: Trainer | None = None  # resident: the open Trainer
         self.saved: dict[str, Any] | None = None  # swapped out: {"model": ..., "optimizer": ...}
         self.epoch = 0
 
     # -- switching states --------------------------------------------------------------
-    def open(self):
+    def open(self) -> Trainer:
         """The resident Trainer (built, and its swapped-out states restored, if needed)."""
         if self.trainer is None:
             if self.heartbeat is not None:
@@ -76,9 +82,7 @@ class LocalModel:
         self.trainer = None
         gc.collect()
 
-    def _build_trainer(self):
-        from ..training.trainer import Trainer
-
+    def _build_trainer(self) -> Trainer:
         opts = copy.copy(self.options)
         if opts.runtime_dir:
             opts.runtime_dir = str(Path(opts.runtime_dir) / f"part_{self.part:03d}")

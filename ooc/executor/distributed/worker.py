@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -25,6 +25,11 @@ from .comm import PEER_LOST_RC, Comm, PeerLost
 from .environment import env_rank, threads_per_worker
 from .heartbeat import Heartbeat
 
+if TYPE_CHECKING:
+    from ...storage.dataset import Dataset
+    from ..loader.stack import ModeOptions
+    from ..training.config import TrainConfig
+
 
 @dataclass
 class WorkerRun:
@@ -35,9 +40,9 @@ class WorkerRun:
     saved in checkpoints; ``allocation``: how ``parts`` was chosen.
     """
 
-    dataset: Any
-    config: Any
-    options: Any
+    dataset: Dataset
+    config: TrainConfig
+    options: ModeOptions
     settings: dict[str, Any]
     part_dir: Path
     parts: int
