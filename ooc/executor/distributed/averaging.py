@@ -40,11 +40,6 @@ from ...storage.errors import OocError
 #: Default share of the per-worker memory budget that the computation needs (T / M).
 DEFAULT_COMPUTE_FRACTION = 2.0 / 3.0
 
-#: Top-level dataset files counted as "graph and feature data" (everything else
-#: in the folder, e.g. ``runtime/``, is not data).
-_SKIP_DIRS = ("runtime", "partitions")
-
-
 def dataset_bytes(path: str | os.PathLike) -> int:
     """Bytes on disk of a dataset folder's own files (S in the allocation rule).
 
