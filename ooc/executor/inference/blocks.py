@@ -2,6 +2,7 @@
 block reads (the access sequence the Belady cache evicts by)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,8 +107,6 @@ def _choose_layer0_reads(dataset: Dataset, topo: Topology, starts: np.ndarray,
 def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, budget: int,
                chunking: Chunking, cache: CacheSettings) -> LayerPlan:
     """Size the cache and blocks of layer ``l`` from the budget and plan its reads."""
-    import time
-
     n = topo.num_nodes
     cap, work, node_bytes, edge_bytes, rss0, pressure = _layer_memory(budget, n, d_in, d_out,
                                                                        chunking, cache)

@@ -114,13 +114,16 @@ from ...storage.errors import OocError
 from ..cache.chunk_cache import POLICIES
 from .blocks import CacheSettings, Chunking
 from .local_graph import Topology
-from .memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss  # noqa: F401 (re-exported)
+from .memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss
 from .model_adapter import LayerwiseModel, as_layerwise
-from .order import ORDERS, compute_order, order_digest, rows_and_nodes  # noqa: F401
+from .order import ORDERS, compute_order, order_digest, rows_and_nodes
 from .runner import Run, run_layer
-from .store import (PROGRESS_FILE, Progress, locked_partial, not_replaceable,  # noqa: F401
-                    open_group, partial_path, predictions, read_embeddings, read_progress,
-                    swap_in)
+from .store import (PROGRESS_FILE, Progress, locked_partial, not_replaceable, open_group,
+                    partial_path, predictions, read_embeddings, read_progress, swap_in)
+
+#: the public names (the pieces' own modules hold the rest)
+__all__ = ["layerwise_inference", "check_options", "compute_order", "read_embeddings",
+           "partial_path", "plan_memory", "MiB", "SAFETY_BYTES", "ORDERS", "PROGRESS_FILE"]
 
 
 def _parse_size(x: int | str) -> int:
