@@ -428,6 +428,52 @@ def test_whole_rows_merge_into_runs_only_where_the_target_is_contiguous(tmp_path
             assert (f.stats.read_ops, f.stats.pages) == (ops, pages), ids
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,dtype", [(1024, "float32"), (3072, "float32"), (100, "float16"),
+                                       (1500, "float32")])
+def test_read_into_chosen_rows(tmp_path, backend, dim, dtype):
+    """``read_into`` fills exactly ``out[rows]`` (other rows untouched), repeated ids
+    included, into a page-aligned array and into one off a page boundary."""
+    path, lay, rows = _feature_file(tmp_path, 300, dim, dtype)
+    _backend_or_skip(backend, path)
+    rng = np.random.default_rng(9)
+    with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
+        for shift in (0, 64):
+            raw = aligned_empty(250 * lay.row_bytes + shift)
+            out = raw[shift:].view(dtype).reshape(250, dim)
+            out[:] = 7
+            dst = rng.choice(250, 120, replace=False)
+            ids = rng.integers(0, 300, 120)
+            ids[:10] = ids[10]  # repeats
+            assert f.read_into(ids, out, dst) is out
+            want = np.full((250, dim), 7, dtype)
+            want[dst] = rows[ids]
+            np.testing.assert_array_equal(out, want)
+            dst = np.arange(40, 60)  # consecutive rows into consecutive targets
+            f.read_into(np.arange(100, 120), out, dst)
+            np.testing.assert_array_equal(out[40:60], rows[100:120])
+        assert f.read_into(np.array([], np.int64), out, np.array([], np.int64)) is out
+
+
+def test_read_into_refuses_bad_targets(tmp_path):
+    path, lay, _ = _feature_file(tmp_path, 50, 1024, "float32")
+    out = np.zeros((10, 1024), np.float32)
+    with DirectFeatures(path, lay) as f:
+        for ids, dst, words in [([1, 2], [0, 10], "target row 10 out of range [0, 10)"),
+                                ([1, 2], [-1, 3], "target row -1 out of range"),
+                                ([1, 2], [4, 4], "target row 4 given twice"),
+                                ([1, 2, 3], [4, 5], "3 ids but 2 target rows")]:
+            with pytest.raises(ValueError) as e:
+                f.read_into(np.array(ids), out, np.array(dst))
+            assert words in str(e.value) and "features_1024_float32.bin" in str(e.value)
+            assert "\n" not in str(e.value)
+        with pytest.raises(ValueError, match=r"float32 array of shape \(10, 1024\), got float64"):
+            f.read_into(np.array([1]), np.zeros((10, 1024)), np.array([0]))
+        with pytest.raises(IndexError, match="row id 50 out of range"):
+            f.read_into(np.array([50]), out, np.array([0]))
+        assert not out.any()
+
+
 def test_feature_read_refuses_a_wrong_out(tmp_path):
     path, lay, rows = _feature_file(tmp_path, 50, 1024, "float32")
     ids = np.array([1, 2, 3])

@@ -69,7 +69,7 @@ def engine_counters(trainer) -> dict:
     if io is None or not hasattr(io, "busy_s"):
         return {}
     return {"engine_runs": io.reads_fixed + io.reads_plain, "engine_busy_s": io.busy_s,
-            "engine_reads_plain": io.reads_plain}
+            "engine_reads_plain": io.reads_plain, "engine_registrations": io.registrations}
 
 
 def child(spec: dict) -> int:
@@ -155,6 +155,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
         "device_reads": dev_reads, "device_iops": dev_reads / ep,
         "feature_read_ops": fr_ops, "feature_read_s": fr_s,
         "engine_busy_s": io.get("engine_busy_s"),
+        "engine_reads_plain": io.get("engine_reads_plain"),
+        "engine_registrations": io.get("engine_registrations"),
         "feature_rows_direct": io.get("feature_rows_direct"),
         "feature_rows_copied": io.get("feature_rows_copied"),
         "read_iops": (fr_ops / fr_s) if fr_ops and fr_s else None,

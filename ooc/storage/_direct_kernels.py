@@ -57,16 +57,17 @@ def plan_runs(pages, max_run_pages):
 
 
 @nb.njit(cache=True)
-def plan_row_reads(ids, pages_per_row, num_rows, max_run_pages):
+def plan_row_reads(ids, dst, pages_per_row, num_rows, max_run_pages):
     """Runs reading whole-page rows ``ids`` straight into their places in a row array.
 
-    Rows are ``pages_per_row * PAGE`` bytes, in the file and in the target
-    (``target[i]`` gets row ``ids[i]``). Each distinct row is read once, into
-    its first position; a run covers rows ``r, r+1, ..`` that are also next
-    to each other in the target, up to ``max_run_pages`` pages. Returns
-    ``(offs, lens, bufs, dup_dst, dup_src, bad)``: after the reads,
-    ``target[dup_dst[k]] = target[dup_src[k]]`` fills the repeated ids;
-    ``bad`` is the position of the first id out of ``[0, num_rows)``, or -1.
+    Rows are ``pages_per_row * PAGE`` bytes, in the file and in the target;
+    ``target[dst[i]]`` gets row ``ids[i]`` (``dst`` int64 [n], distinct). Each
+    distinct row is read once, into the target row of its first occurrence; a
+    run covers rows ``r, r+1, ..`` whose target rows are consecutive too, up
+    to ``max_run_pages`` pages. Returns ``(offs, lens, bufs, dup_dst, dup_src,
+    bad)``: after the reads, ``target[dup_dst[k]] = target[dup_src[k]]`` fills
+    the repeated ids; ``bad`` is the position of the first id out of
+    ``[0, num_rows)``, or -1.
     """
     n = ids.shape[0]
     for i in range(n):
@@ -88,20 +89,21 @@ def plan_row_reads(ids, pages_per_row, num_rows, max_run_pages):
     for j in range(n):
         i = order[j]
         r = ids[i]
+        t = dst[i]
         if r == prev_row:
-            dup_dst[nd] = i
+            dup_dst[nd] = t
             dup_src[nd] = prev_pos
             nd += 1
             continue
-        if nr > 0 and r == prev_row + 1 and i == prev_pos + 1 and lens[nr - 1] < max_len:
+        if nr > 0 and r == prev_row + 1 and t == prev_pos + 1 and lens[nr - 1] < max_len:
             lens[nr - 1] += row_bytes
         else:
             offs[nr] = r * row_bytes
             lens[nr] = row_bytes
-            bufs[nr] = i * row_bytes
+            bufs[nr] = t * row_bytes
             nr += 1
         prev_row = r
-        prev_pos = i
+        prev_pos = t
     return offs[:nr], lens[:nr], bufs[:nr], dup_dst[:nd], dup_src[:nd], -1
 
 
@@ -179,17 +181,32 @@ def plan_page_reads(ids, rows_per_page, pages_per_row, num_rows, max_run_pages):
 
 
 @nb.njit(cache=True, nogil=True)
-def extract_rows(buf, ids, slot, rows_per_page, row_bytes, out):
-    """Copy row bytes from the page buffer: ``out[i] = row ids[i]``.
+def extract_rows(buf, ids, slot, rows_per_page, row_bytes, dst, out):
+    """Copy row bytes from the page buffer: ``out[dst[i]] = row ids[i]``.
 
-    ``buf`` uint8 page buffer, ``out`` uint8 [n, row_bytes].
+    ``buf`` uint8 page buffer, ``out`` uint8 [m, row_bytes], ``dst`` int64 [n].
     """
     n = ids.shape[0]
     for i in range(n):
         start = slot[i] * PAGE
         if rows_per_page > 0:
             start += (ids[i] % rows_per_page) * row_bytes
-        out[i, :] = buf[start:start + row_bytes]
+        out[dst[i], :] = buf[start:start + row_bytes]
+
+
+@nb.njit(cache=True)
+def check_targets(dst, num_out):
+    """``(position, why)`` of the first bad target row in ``dst`` (int64 [n]): why 1 when
+    it is out of ``[0, num_out)``, 2 when it repeats an earlier one; ``(-1, 0)`` if none."""
+    seen = np.zeros(num_out, np.bool_)
+    for i in range(dst.shape[0]):
+        t = dst[i]
+        if t < 0 or t >= num_out:
+            return i, 1
+        if seen[t]:
+            return i, 2
+        seen[t] = True
+    return -1, 0
 
 
 @nb.njit(cache=True)

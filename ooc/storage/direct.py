@@ -275,6 +275,8 @@ class DirectFeatures(RowTable):
       the reader's page buffer and copied out (``extract_rows``).
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
+    ``read_into(ids, out, rows)`` reads into chosen rows of a larger array (a
+    batch's misses into the batch's rows) the same two ways.
     """
 
     def __init__(self, path, layout: FeatureLayout, queue_depth: int = 64,
@@ -311,37 +313,68 @@ class DirectFeatures(RowTable):
         lay = self.layout
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         n = ids.shape[0]
-        whole = lay.row_bytes % PAGE == 0
         if out is None:
-            out = (aligned_empty(n * lay.row_bytes).view(lay.dtype).reshape(n, lay.dim) if whole
-                   else np.empty((n, lay.dim), dtype=lay.dtype))
-        elif out.shape != (n, lay.dim) or out.dtype != np.dtype(lay.dtype) \
+            out = (aligned_empty(n * lay.row_bytes).view(lay.dtype).reshape(n, lay.dim)
+                   if lay.row_bytes % PAGE == 0 else np.empty((n, lay.dim), dtype=lay.dtype))
+        else:
+            self._check_out(out, n)
+        if n:
+            self._read(ids, np.arange(n, dtype=np.int64), out)
+        return out
+
+    def read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` into ``out[rows]`` (``rows`` int64 [len(ids)], distinct rows of
+        ``out``; ``out`` C-contiguous ``[m, dim]`` of the file's dtype); returns ``out``.
+
+        The misses of a batch straight into the batch's row array: whole-page rows
+        land there with no copy when ``out`` is page-aligned (see the class docstring).
+        """
+        lay = self.layout
+        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+        dst = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        if dst.shape != ids.shape:
+            raise ValueError(f"{self.path}: {ids.shape[0]} ids but {dst.shape[0]} target rows")
+        self._check_out(out, out.shape[0] if out.ndim == 2 else -1)
+        bad, why = K.check_targets(dst, out.shape[0])
+        if bad >= 0:
+            raise ValueError(f"{self.path}: target row {dst[bad]} " + (
+                f"out of range [0, {out.shape[0]})" if why == 1 else "given twice"))
+        if ids.shape[0]:
+            self._read(ids, dst, out)
+        return out
+
+    def _check_out(self, out: np.ndarray, n: int) -> None:
+        lay = self.layout
+        if out.shape != (n, lay.dim) or out.dtype != np.dtype(lay.dtype) \
                 or not out.flags.c_contiguous:
+            want = f"({n if n >= 0 else 'm'}, {lay.dim})"
             raise ValueError(f"{self.path}: out must be a C-contiguous {lay.dtype} array of "
-                             f"shape {(n, lay.dim)}, got {out.dtype} {out.shape}")
-        if n == 0:
-            return out
+                             f"shape {want}, got {out.dtype} {out.shape}")
+
+    def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray) -> None:
+        """``out[dst[i]] = row ids[i]`` (ids, dst int64 [n], n > 0; ``out`` checked)."""
+        lay = self.layout
         r = self.reader
-        rows = out.view(np.uint8).reshape(n, lay.row_bytes)
-        if whole and r._io.fresh_buffers and (_is_aligned(out) or not r.o_direct):
-            offs, lens, bufs, dst, src, bad = K.plan_row_reads(ids, lay.pages_per_row,
-                                                               lay.num_rows, r.max_run_pages)
+        rows = out.view(np.uint8).reshape(out.shape[0], lay.row_bytes)
+        if lay.row_bytes % PAGE == 0 and r._io.fresh_buffers \
+                and (_is_aligned(out) or not r.o_direct):
+            offs, lens, bufs, dup_dst, dup_src, bad = K.plan_row_reads(
+                ids, dst, lay.pages_per_row, lay.num_rows, r.max_run_pages)
             self._check_ids(ids, bad)
             r._read_runs(offs, lens, bufs, rows.reshape(-1),
-                         (n - dst.shape[0]) * lay.pages_per_row, reuse=False)
-            if dst.shape[0]:
-                K.copy_rows(rows, dst, src)
-            r.stats.rows_direct += n
-            return out
+                         (ids.shape[0] - dup_dst.shape[0]) * lay.pages_per_row, reuse=False)
+            if dup_dst.shape[0]:
+                K.copy_rows(rows, dup_dst, dup_src)
+            r.stats.rows_direct += ids.shape[0]
+            return
         offs, lens, bufs, slot, npages, bad = K.plan_page_reads(
             ids, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
         self._check_ids(ids, bad)
         buf = r.scratch(npages * PAGE)
         # the whole buffer, as in DirectReader._read_into_scratch
         r._read_runs(offs, lens, bufs, r._scratch, npages, reuse=True)
-        K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes, rows)
-        r.stats.rows_copied += n
-        return out
+        K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes, dst, rows)
+        r.stats.rows_copied += ids.shape[0]
 
     def _check_ids(self, ids: np.ndarray, bad: int) -> None:
         if bad >= 0:
