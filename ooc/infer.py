@@ -58,33 +58,59 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _feature_reader_choice(args: argparse.Namespace) -> str:
+    """``--features`` combined with ``--io-backend`` (an O_DIRECT backend by name)."""
+    from .storage import OocError
+
+    if args.io_backend in (None, "auto"):
+        return args.features
+    if args.features == "mmap":
+        raise OocError(f"--io-backend {args.io_backend} reads with O_DIRECT; it does not go "
+                       f"with --features mmap")
+    return args.io_backend
+
+
+def _load_checked_model(args: argparse.Namespace, ds):
+    """The checkpoint's model; its input width must be the dataset's feature width."""
+    from .executor.training.checkpoint import load_model
+    from .storage import OocError
+
+    model = load_model(args.checkpoint)
+    in_dim = getattr(model, "config", {}).get("in_dim")
+    if in_dim is not None and in_dim != ds.feature_dim:
+        raise OocError(f"{args.checkpoint}: model expects {in_dim}-dim features, "
+                       f"{args.data} has {ds.feature_dim}")
+    return model
+
+
+def _summary(rep: dict, args: argparse.Namespace) -> str:
+    """The one line printed on stderr at the end."""
+    acc = rep.get("test_accuracy")
+    hit = rep.get("cache_hit_ratio")
+    return (f"ooc.infer: {rep['num_nodes']} nodes, {rep['num_layers']} layers -> {args.out} "
+            f"in {rep['time_s']:.1f}s, read {format_size(rep['bytes_read'])}, "
+            f"cache hit {'-' if hit is None else f'{hit:.1%}'}, "
+            f"peak RSS {format_size(rep['peak_rss_bytes'])} of {format_size(args.memory_budget)}"
+            + ("" if acc is None else f", test acc {acc:.4f}"))
+
+
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
 
     from .cli import check_range
-    from .executor.training.checkpoint import load_model
     from .executor.inference.layerwise import check_options, layerwise_inference
     from .storage import OocError, open_dataset
 
     # every option is checked before a file is read or written
     check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy)
     check_range("--threads", args.threads, 1, 4096, integer=True)
-    features = args.features
-    if args.io_backend not in (None, "auto"):
-        if features == "mmap":
-            raise OocError(f"--io-backend {args.io_backend} reads with O_DIRECT; it does not go "
-                           f"with --features mmap")
-        features = args.io_backend
+    features = _feature_reader_choice(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     ds = open_dataset(args.data)
-    model = load_model(args.checkpoint)
-    in_dim = getattr(model, "config", {}).get("in_dim")
-    if in_dim is not None and in_dim != ds.feature_dim:
-        raise OocError(f"{args.checkpoint}: model expects {in_dim}-dim features, "
-                       f"{args.data} has {ds.feature_dim}")
+    model = _load_checked_model(args, ds)
     rep = layerwise_inference(ds, model, args.out, memory_budget=args.memory_budget,
                               chunk_rows=args.chunk_rows, order=args.order,
                               partition=args.partition, policy=args.policy,
@@ -97,13 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_json(args.report, rep)
         except OSError as e:
             raise OocError(f"{args.report}: cannot write report ({e.strerror or e})") from None
-    acc = rep.get("test_accuracy")
-    hit = rep.get("cache_hit_ratio")
-    print(f"ooc.infer: {rep['num_nodes']} nodes, {rep['num_layers']} layers -> {args.out} "
-          f"in {rep['time_s']:.1f}s, read {format_size(rep['bytes_read'])}, "
-          f"cache hit {'-' if hit is None else f'{hit:.1%}'}, "
-          f"peak RSS {format_size(rep['peak_rss_bytes'])} of {format_size(args.memory_budget)}"
-          + ("" if acc is None else f", test acc {acc:.4f}"), file=sys.stderr)
+    print(_summary(rep, args), file=sys.stderr)
     return 0
 
 

@@ -177,7 +177,7 @@ def run_layer(run: Run, l: int) -> dict:
         t0 = time.perf_counter()
         write_chunk(run.group, arr, name, c, c0, buf)
         del buf
-        run.progress.chunk_written(l, c)
+        run.progress.chunk_written(c)
         stats.time_s["write"] += time.perf_counter() - t0
         if bar is not None:
             bar.update(1)

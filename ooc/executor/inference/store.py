@@ -108,7 +108,8 @@ class Progress:
         """The first output chunk of layer ``l`` still to write (0 unless resuming it)."""
         return int(self.state["chunks_done"]) if (self.state["layer"] == l and exists) else 0
 
-    def chunk_written(self, l: int, c: int) -> None:
+    def chunk_written(self, c: int) -> None:
+        """Output chunk ``c`` of the current layer is durably written."""
         self.state["chunks_done"] = c + 1
         self.save()
 
