@@ -9,8 +9,8 @@ at file offset ``offs[j]`` into the target buffer at byte ``bufs[j]`` (int64
 The planning kernels are short (mostly a sort of the ids: about 1 ms for a
 batch of 6,500 ids on this 2-core machine under load) and keep the GIL:
 after releasing it, taking it back from a busy Python thread can take up to
-the interpreter's switch interval (5 ms), longer than the kernel itself. ``extract_rows`` and ``copy_rows`` move
-megabytes and release it.
+the interpreter's switch interval (5 ms), longer than the kernel itself.
+``extract_rows`` and ``copy_rows`` move megabytes and release it.
 """
 from __future__ import annotations
 

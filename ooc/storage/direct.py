@@ -329,7 +329,6 @@ class DirectFeatures(RowTable):
         The misses of a batch straight into the batch's row array: whole-page rows
         land there with no copy when ``out`` is page-aligned (see the class docstring).
         """
-        lay = self.layout
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         dst = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
         if dst.shape != ids.shape:
