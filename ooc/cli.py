@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import re
 import sys
 from typing import Callable, NoReturn, Sequence
@@ -71,6 +72,20 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
 
 def add_report_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH", help="write a JSON summary here")
+
+
+def write_report(path: str | os.PathLike, report: dict, note: str = "") -> None:
+    """Write a ``--report`` JSON atomically; a failure is one :class:`OocError` line
+    naming the file and the cause (``disk full`` for ENOSPC), then ``note``."""
+    import errno
+
+    from .storage.atomic import write_json
+
+    try:
+        write_json(path, report)
+    except OSError as e:
+        what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        raise OocError(f"{path}: cannot write the report ({what}){note}") from None
 
 
 def add_io_backend_arg(p: argparse.ArgumentParser) -> None:

@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, format_size, main_wrapper,
+from .cli import (ArgumentParser, write_report, add_io_backend_arg, add_report_arg, format_size, main_wrapper,
                   parse_size, peak_rss_bytes)
-from .storage.atomic import write_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from .cli import check_range
     from .executor.inference.layerwise import check_options, layerwise_inference
-    from .storage import OocError, open_dataset
+    from .storage import open_dataset
 
     # every option is checked before a file is read or written
     check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy)
@@ -119,10 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep["checkpoint"] = str(args.checkpoint)
     rep["ru_maxrss_bytes"] = peak_rss_bytes()
     if args.report:
-        try:
-            write_json(args.report, rep)
-        except OSError as e:
-            raise OocError(f"{args.report}: cannot write report ({e.strerror or e})") from None
+        write_report(args.report, rep)
     print(_summary(rep, args), file=sys.stderr)
     return 0
 

@@ -16,7 +16,6 @@ splits or twice in one, NaN/inf features (unless ``--allow-nonfinite``).
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import sys
 import time
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Sequence
 
 from .cli import ArgumentParser, add_report_arg, main_wrapper, parse_size, peak_rss_bytes
-from .storage.atomic import write_json
 from .storage.errors import OocError
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 
@@ -134,12 +132,9 @@ def check_report_path(report: str | None) -> None:
 
 def write_report(report: str, data: dict, out: Path) -> None:
     """Write the report atomically; a failure is one line saying the dataset is fine."""
-    try:
-        write_json(report, data)
-    except OSError as e:
-        what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-        raise OocError(f"{report}: {what} while writing the report (the dataset {out} "
-                       f"was written and is complete)") from None
+    from .cli import write_report as write
+
+    write(report, data, note=f"; the dataset {out} was written and is complete")
 
 
 @main_wrapper

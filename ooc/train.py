@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cli import ArgumentParser, add_io_backend_arg, add_report_arg, main_wrapper
+from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, main_wrapper,
+                  write_report)
 from .jit import note_if_cold
-from .storage.atomic import write_json
 from .storage.errors import DatasetError, OocError
 
 #: The embedded default dataset (``generate_synthetic`` arguments). Sized so
@@ -314,10 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"peak RSS {rep['peak_rss_bytes'] / 2**20:.0f} MiB"
           + (f"  report {report_path}" if report_path else ""))
     if report_path:
-        try:
-            write_json(report_path, rep)
-        except OSError as e:
-            raise OocError(f"{report_path}: cannot write report ({e.strerror or e})") from None
+        write_report(report_path, rep)
     return 0
 
 

@@ -357,8 +357,8 @@ CASES = [
     Case("report-on-full-disk", "ooc.prepare", ["synthetic", "--nodes", "200", "--avg-degree", "4",
                                                 "--feature-dim", "4", "--out", "{d}/g", "--report",
                                                 "{d}/mnt/r.json", "--no-progress"],
-         _tiny_fs, r"{d}/mnt/r.json: disk full while writing the report \(the dataset {d}/g was "
-                   r"written and is complete\)", adds_files=True, check=_check_report_full),
+         _tiny_fs, r"{d}/mnt/r.json: cannot write the report \(disk full\); the dataset {d}/g "
+                   r"was written and is complete", adds_files=True, check=_check_report_full),
     Case("read-only-dataset", "ooc.train", _train("ooc") + ["--neighbor-cache-size", "64KiB"],
          _then(_copy_base, _immutable), rc=0, adds_files=True, check=_check_user_cache,
          env={"OOC_CACHE": "{d}/user"}),

@@ -197,17 +197,14 @@ def main(argv=None) -> int:
 
         plot_curves(rep, plot_path)
         rep["plot"] = str(plot_path)
-    if report_path:
-        from ooc.storage.atomic import write_json
+    from ooc.cli import write_report
 
-        try:
-            write_json(report_path, rep)
-        except OSError as e:
-            raise OocError(f"{report_path}: cannot write report ({e.strerror or e})") from None
+    if report_path:
+        write_report(report_path, rep)
     if verify_epochs:
         v = verify(Path(report_path), rep, verify_epochs, s)
         rep["verification"] = v
-        write_json(report_path, rep)
+        write_report(report_path, rep)
         if "error" in v:
             print(f"size_caches: verification run failed ({v['error']})")
             return 1

@@ -13,10 +13,9 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..cli import ArgumentParser, add_report_arg, format_size, main_wrapper
+from ..cli import ArgumentParser, add_report_arg, format_size, main_wrapper, write_report
 from ..memory import peak_rss_bytes
 from ..storage import OocError
-from ..storage.atomic import write_json
 from . import ALGORITHMS, partition_dataset
 from .edges import DEFAULT_CHUNK_EDGES
 
@@ -98,11 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                progress=not args.quiet and sys.stderr.isatty(), **params)
     report["rss_baseline_bytes"] = rss0
     if args.report:
-        try:
-            write_json(args.report, report)
-        except OSError as e:
-            raise OocError(f"{args.report}: cannot write the report ({e.strerror or e})") \
-                from None
+        write_report(args.report, report)
     print(summary_line(report, args.out, split=not args.no_split)
           + (f"; report {args.report}" if args.report else ""))
     return 0

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ...memory import peak_rss_bytes
-from ...storage.atomic import write_json
 from ...storage.errors import OocError
 from .averaging_trainer import AveragingTrainer, format_acc
 from .comm import PEER_LOST_RC, Comm, PeerLost
@@ -176,7 +175,6 @@ def _print_summary(rep: dict[str, Any], report_path: str | None) -> None:
 
 
 def _write_report(path: str, rep: dict[str, Any]) -> None:
-    try:
-        write_json(path, rep)
-    except OSError as e:
-        raise OocError(f"{path}: cannot write report ({e.strerror or e})") from None
+    from ...cli import write_report
+
+    write_report(path, rep)
