@@ -24,6 +24,7 @@ reader's reusable scratch buffer: give each thread its own reader.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -51,7 +52,11 @@ def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
     nbytes = int(nbytes)
     if nbytes < 0:
         raise ValueError("nbytes must be >= 0")
-    raw = np.empty(nbytes + align, dtype=np.uint8)
+    return _aligned_part(np.empty(nbytes + align, dtype=np.uint8), nbytes, align)
+
+
+def _aligned_part(raw: np.ndarray, nbytes: int, align: int = PAGE) -> np.ndarray:
+    """The first ``nbytes`` of uint8 ``raw`` from its first ``align``-aligned byte (a view)."""
     shift = (-raw.ctypes.data) % align
     return raw[shift:shift + nbytes]
 
@@ -275,6 +280,13 @@ class DirectFeatures(RowTable):
       the reader's page buffer and copied out (``extract_rows``).
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
+
+    Whole-page rows that ``read`` allocates are recycled: when every array
+    (and view, memoryview, tensor) over the previous call's rows has been
+    dropped (its memory's reference count is down to the reader's and its
+    backend's own references), the next call reads into the same memory, which the io_uring
+    backend then registers once (``IORING_OP_READ_FIXED``, no page faults).
+    Rows still referenced are never reused. ``recycled`` counts such calls.
     ``read_into(ids, out, rows)`` reads into chosen rows of a larger array (a
     batch's misses into the batch's rows) the same two ways.
     """
@@ -283,6 +295,8 @@ class DirectFeatures(RowTable):
                  backend: str = "auto", max_read_bytes: int = DEFAULT_MAX_READ_BYTES):
         self.path = Path(path)
         self.layout = layout
+        self.recycled = 0
+        self._spare: np.ndarray | None = None  # memory of the rows the last read allocated
         self.reader = DirectReader(path, queue_depth=queue_depth, backend=backend,
                                    max_read_bytes=max_read_bytes)
         if self.reader.size < layout.file_bytes:
@@ -313,14 +327,35 @@ class DirectFeatures(RowTable):
         lay = self.layout
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         n = ids.shape[0]
+        own = out is None and n > 0 and lay.row_bytes % PAGE == 0
+        reuse = False
         if out is None:
-            out = (aligned_empty(n * lay.row_bytes).view(lay.dtype).reshape(n, lay.dim)
-                   if lay.row_bytes % PAGE == 0 else np.empty((n, lay.dim), dtype=lay.dtype))
+            if own:
+                out, reuse = self._rows_memory(n)
+            else:
+                out = np.empty((n, lay.dim), dtype=lay.dtype)
         else:
             self._check_out(out, n)
         if n:
-            self._read(ids, np.arange(n, dtype=np.int64), out)
+            # recycled memory: the backend sees all of it, so it registers it once
+            self._read(ids, np.arange(n, dtype=np.int64), out,
+                       _aligned_part(self._spare, self._spare.nbytes - PAGE) if reuse else None)
         return out
+
+    def _rows_memory(self, n: int) -> tuple[np.ndarray, bool]:
+        """A page-aligned ``[n, dim]`` row array for :meth:`read`, and whether it is the
+        previous call's memory, free again (see the class docstring)."""
+        lay = self.layout
+        need = n * lay.row_bytes
+        # free when only this attribute (and getrefcount's argument) and the backend refer to it
+        if self._spare is not None and self._spare.nbytes >= need + PAGE \
+                and sys.getrefcount(self._spare) == 2 + self.reader._io.references(self._spare):
+            self.recycled += 1
+            part, reuse = _aligned_part(self._spare, need), True
+        else:
+            self._spare = np.empty(-(-(need + need // 4) // PAGE) * PAGE + PAGE, np.uint8)
+            part, reuse = _aligned_part(self._spare, need), False
+        return part.view(lay.dtype).reshape(n, lay.dim), reuse
 
     def read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Rows ``ids`` into ``out[rows]`` (``rows`` int64 [len(ids)], distinct rows of
@@ -339,7 +374,7 @@ class DirectFeatures(RowTable):
             raise ValueError(f"{self.path}: target row {dst[bad]} " + (
                 f"out of range [0, {out.shape[0]})" if why == 1 else "given twice"))
         if ids.shape[0]:
-            self._read(ids, dst, out)
+            self._read(ids, dst, out, None)
         return out
 
     def _check_out(self, out: np.ndarray, n: int) -> None:
@@ -350,8 +385,12 @@ class DirectFeatures(RowTable):
             raise ValueError(f"{self.path}: out must be a C-contiguous {lay.dtype} array of "
                              f"shape {want}, got {out.dtype} {out.shape}")
 
-    def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray) -> None:
-        """``out[dst[i]] = row ids[i]`` (ids, dst int64 [n], n > 0; ``out`` checked)."""
+    def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray,
+              region: np.ndarray | None) -> None:
+        """``out[dst[i]] = row ids[i]`` (ids, dst int64 [n], n > 0; ``out`` checked).
+
+        ``region``: None, or uint8 memory starting where ``out`` starts that is read
+        into again and again (recycled rows): the backend is given all of it, to keep."""
         lay = self.layout
         r = self.reader
         rows = out.view(np.uint8).reshape(out.shape[0], lay.row_bytes)
@@ -360,8 +399,9 @@ class DirectFeatures(RowTable):
             offs, lens, bufs, dup_dst, dup_src, bad = K.plan_row_reads(
                 ids, dst, lay.pages_per_row, lay.num_rows, r.max_run_pages)
             self._check_ids(ids, bad)
-            r._read_runs(offs, lens, bufs, rows.reshape(-1),
-                         (ids.shape[0] - dup_dst.shape[0]) * lay.pages_per_row, reuse=False)
+            r._read_runs(offs, lens, bufs, rows.reshape(-1) if region is None else region,
+                         (ids.shape[0] - dup_dst.shape[0]) * lay.pages_per_row,
+                         reuse=region is not None)
             if dup_dst.shape[0]:
                 K.copy_rows(rows, dup_dst, dup_src)
             r.stats.rows_direct += ids.shape[0]

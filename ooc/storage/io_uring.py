@@ -148,6 +148,9 @@ class NativeUringBackend(ReadBackend):
             os.close(fd)
 
     # ------------------------------------------------------------------ buffers
+    def references(self, owner: np.ndarray) -> int:
+        return sum(1 for t in (self._reg, self._reg_refused) if t is not None and t[0] is owner)
+
     def _buffer_index(self, out: np.ndarray, reuse: bool) -> int:
         """0 when ``out`` lies in the registered buffer (registering it now if needed and
         ``reuse``), -1 when it is read with plain reads (used once, or its registration was
