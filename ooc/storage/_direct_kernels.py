@@ -10,7 +10,7 @@ The planning kernels are short (mostly a sort of the ids: about 1 ms for a
 batch of 6,500 ids on this 2-core machine under load) and keep the GIL:
 after releasing it, taking it back from a busy Python thread can take up to
 the interpreter's switch interval (5 ms), longer than the kernel itself.
-``extract_rows`` and ``copy_rows`` move megabytes and release it.
+``extract_rows`` moves megabytes and releases it.
 """
 from __future__ import annotations
 
@@ -105,13 +105,6 @@ def plan_row_reads(ids, dst, pages_per_row, num_rows, max_run_pages):
         prev_row = r
         prev_pos = t
     return offs[:nr], lens[:nr], bufs[:nr], dup_dst[:nd], dup_src[:nd], -1
-
-
-@nb.njit(cache=True, nogil=True)
-def copy_rows(rows, dst, src):
-    """``rows[dst[k]] = rows[src[k]]`` for every k (``rows`` uint8 [n, row_bytes])."""
-    for k in range(dst.shape[0]):
-        rows[dst[k], :] = rows[src[k], :]
 
 
 @nb.njit(cache=True)

@@ -402,8 +402,8 @@ class DirectFeatures(RowTable):
             r._read_runs(offs, lens, bufs, rows.reshape(-1) if region is None else region,
                          (ids.shape[0] - dup_dst.shape[0]) * lay.pages_per_row,
                          reuse=region is not None)
-            if dup_dst.shape[0]:
-                K.copy_rows(rows, dup_dst, dup_src)
+            if dup_dst.shape[0]:  # rare (batch ids are unique): numpy, no kernel to compile
+                rows[dup_dst] = rows[dup_src]
             r.stats.rows_direct += ids.shape[0]
             return
         offs, lens, bufs, slot, npages, bad = K.plan_page_reads(
