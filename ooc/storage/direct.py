@@ -297,6 +297,7 @@ class DirectFeatures(RowTable):
         self.layout = layout
         self.recycled = 0
         self._spare: np.ndarray | None = None  # memory of the rows the last read allocated
+        self._spare_lock = threading.Lock()  # the check and the take are one step
         self.reader = DirectReader(path, queue_depth=queue_depth, backend=backend,
                                    max_read_bytes=max_read_bytes)
         if self.reader.size < layout.file_bytes:
@@ -347,15 +348,17 @@ class DirectFeatures(RowTable):
         previous call's memory, free again (see the class docstring)."""
         lay = self.layout
         need = n * lay.row_bytes
-        # free when only this attribute (and getrefcount's argument) and the backend refer to it
-        if self._spare is not None and self._spare.nbytes >= need + PAGE \
-                and sys.getrefcount(self._spare) == 2 + self.reader._io.references(self._spare):
-            self.recycled += 1
-            part, reuse = _aligned_part(self._spare, need), True
-        else:
-            self._spare = np.empty(-(-(need + need // 4) // PAGE) * PAGE + PAGE, np.uint8)
-            part, reuse = _aligned_part(self._spare, need), False
-        return part.view(lay.dtype).reshape(n, lay.dim), reuse
+        with self._spare_lock:
+            # free when only this attribute (and getrefcount's argument) and the backend
+            # refer to it
+            if self._spare is not None and self._spare.nbytes >= need + PAGE \
+                    and sys.getrefcount(self._spare) == 2 + self.reader._io.references(self._spare):
+                self.recycled += 1
+                reuse = True
+            else:
+                self._spare = np.empty(-(-(need + need // 4) // PAGE) * PAGE + PAGE, np.uint8)
+                reuse = False
+            return _aligned_part(self._spare, need).view(lay.dtype).reshape(n, lay.dim), reuse
 
     def read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Rows ``ids`` into ``out[rows]`` (``rows`` int64 [len(ids)], distinct rows of
