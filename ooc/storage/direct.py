@@ -34,6 +34,7 @@ import numpy as np
 
 from . import _direct_kernels as K
 from .errors import OocError
+from .features import check_out
 from .io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
 from .layout import PAGE, FeatureLayout, RowTable
 
@@ -336,7 +337,7 @@ class DirectFeatures(RowTable):
             else:
                 out = np.empty((n, lay.dim), dtype=lay.dtype)
         else:
-            self._check_out(out, n)
+            check_out(out, n, lay.dim, lay.dtype, str(self.path))
         if n:
             # recycled memory: the backend sees all of it, so it registers it once
             self._read(ids, np.arange(n, dtype=np.int64), out,
@@ -371,7 +372,8 @@ class DirectFeatures(RowTable):
         dst = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
         if dst.shape != ids.shape:
             raise ValueError(f"{self.path}: {ids.shape[0]} ids but {dst.shape[0]} target rows")
-        self._check_out(out, out.shape[0] if out.ndim == 2 else -1)
+        check_out(out, out.shape[0] if out.ndim else 0, self.layout.dim, self.layout.dtype,
+                  str(self.path))
         bad, why = K.check_targets(dst, out.shape[0])
         if bad >= 0:
             raise ValueError(f"{self.path}: target row {dst[bad]} " + (
@@ -379,14 +381,6 @@ class DirectFeatures(RowTable):
         if ids.shape[0]:
             self._read(ids, dst, out, None)
         return out
-
-    def _check_out(self, out: np.ndarray, n: int) -> None:
-        lay = self.layout
-        if out.shape != (n, lay.dim) or out.dtype != np.dtype(lay.dtype) \
-                or not out.flags.c_contiguous:
-            want = f"({n if n >= 0 else 'm'}, {lay.dim})"
-            raise ValueError(f"{self.path}: out must be a C-contiguous {lay.dtype} array of "
-                             f"shape {want}, got {out.dtype} {out.shape}")
 
     def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray,
               region: np.ndarray | None) -> None:
