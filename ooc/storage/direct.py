@@ -274,20 +274,22 @@ class DirectFeatures(RowTable):
     submission with each page read once:
 
     * rows of whole pages (``row_bytes`` a multiple of 4096) are read straight
-      into the returned array: ``out`` when given and page-aligned (or when
-      the backend does not bypass the page cache), else a new page-aligned
-      array. A repeated id is read once and copied.
-    * other rows (several per page, or padded to whole pages) are read into
-      the reader's page buffer and copied out (``extract_rows``).
+      into the returned array: a new page-aligned one, or ``out`` when it is
+      page-aligned or the backend does not bypass the page cache. A repeated
+      id is read once and copied.
+    * other rows (several per page, or padded to whole pages), and whole-page
+      rows for an ``out`` off a page boundary, are read into the reader's page
+      buffer and copied out (``extract_rows``).
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
 
     Whole-page rows that ``read`` allocates are recycled: when every array
     (and view, memoryview, tensor) over the previous call's rows has been
     dropped (its memory's reference count is down to the reader's and its
-    backend's own references), the next call reads into the same memory, which the io_uring
-    backend then registers once (``IORING_OP_READ_FIXED``, no page faults).
-    Rows still referenced are never reused. ``recycled`` counts such calls.
+    backend's own references), the next call reads into the same memory,
+    which the io_uring backend then registers once (``IORING_OP_READ_FIXED``,
+    no page faults). Rows still referenced are never reused. ``recycled``
+    counts such calls.
     ``read_into(ids, out, rows)`` reads into chosen rows of a larger array (a
     batch's misses into the batch's rows) the same two ways.
     """
