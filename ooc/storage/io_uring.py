@@ -16,12 +16,13 @@ the file), so no read is left writing into a buffer handed back.
 
 Registered resources: the file is registered once (``IOSQE_FIXED_FILE``);
 a buffer that will be read into again (``reuse=True``: the reader's page
-buffer) is registered (``IORING_OP_READ_FIXED``: the kernel does not pin its
-pages per read) the first time it is seen, and re-registered when a later
-such buffer lies outside it. A buffer read into once (``reuse=False``: the
-rows returned by ``DirectFeatures.read``) is read with plain
-``IORING_OP_READ`` unless it lies in the registered buffer: registering
-costs more than it saves on one batch (about 14 ms per 32 MiB). The backend keeps a
+buffer, the recycled row memory of ``DirectFeatures.read``) is registered
+(``IORING_OP_READ_FIXED``: the kernel does not pin its pages per read) the
+first time it is seen, and re-registered when a later such buffer lies
+outside it. A buffer read into once (``reuse=False``: new row memory, a
+caller's ``out``) is read with plain ``IORING_OP_READ`` unless it lies in the
+registered buffer: registering costs more than it saves on one batch (about
+14 ms per 32 MiB). The backend keeps a
 reference to the array owning the registered memory, so the memory cannot be
 freed (and its address reused by other pages) while the kernel holds it.
 Where the kernel refuses the registration (``RLIMIT_MEMLOCK`` for users
