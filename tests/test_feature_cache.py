@@ -72,3 +72,33 @@ def test_zero_capacity_reads_everything():
     np.testing.assert_array_equal(out, x[[3, 1]])
     assert nmiss == 2
     fc.update(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), out)
+
+
+def test_cached_feature_follows_the_feature_protocol(tmp_path):
+    """CachedFeature over an O_DIRECT reader: rows equal numpy's, hits from the cache,
+    misses from the fallback, ``out=`` honoured; a Feature like the readers it wraps."""
+    from ooc.executor.cache.feature_cache import CachedFeature
+    from ooc.storage import DirectFeatures, FeatureLayout
+    from ooc.storage.features import Feature
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((500, 24)).astype(np.float32)
+    lay = FeatureLayout(500, 24, "float32")
+    buf = np.zeros(lay.file_bytes, np.uint8)
+    view = lay.view(buf)
+    view[0:500] = x
+    path = tmp_path / "features.bin"
+    buf.tofile(path)
+    cache = FeatureCache(500, 50, 24, np.float32)
+    with DirectFeatures(path, lay, queue_depth=8) as disk:
+        cache.fill_static(np.arange(100, 150), disk)
+        f = CachedFeature(cache, disk)
+        assert isinstance(f, Feature) and f.shape == (500, 24) and f.dtype == np.float32
+        ids = rng.integers(0, 500, 300)
+        out = np.empty((300, 24), np.float32)
+        got = f.read(ids, out)
+        assert got is out
+        np.testing.assert_array_equal(got, x[ids])
+        hits = int(((ids >= 100) & (ids < 150)).sum())
+        st = f.stats()
+        assert st["hits"] == hits and st["misses"] == 300 - hits and st["lookups"] == 300

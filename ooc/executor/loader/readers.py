@@ -47,6 +47,9 @@ class Readers:
     #: whether a neighbor cache may sit in front of its neighbour reads
     neighbor_cache: ClassVar[bool] = False
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
     def open(self, dataset, options) -> Sources:  # pragma: no cover - interface
         raise NotImplementedError
 
