@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -82,9 +82,7 @@ class ReadStats:
         self.rows_direct = self.rows_copied = 0
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "read_ops": self.read_ops,
-                "pages": self.pages, "bytes_read": self.bytes_read,
-                "rows_direct": self.rows_direct, "rows_copied": self.rows_copied}
+        return asdict(self)
 
 
 def _close_backend(holder: list) -> None:
@@ -316,15 +314,6 @@ class DirectFeatures(RowTable):
     @property
     def stats(self) -> ReadStats:
         return self.reader.stats
-
-    def pages_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted unique pages of ``ids``, slot of each id's first page)."""
-        lay = self.layout
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        pages, slot, bad = K.feature_pages(ids, lay.rows_per_page, lay.pages_per_row,
-                                           lay.num_rows)
-        self._check_ids(ids, bad)
-        return pages, slot
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``ids`` as ``[len(ids), dim]`` in the file's dtype (into ``out`` if given)."""

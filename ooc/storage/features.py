@@ -35,6 +35,16 @@ class Feature(Protocol):
     def close(self) -> None: ...
 
 
+def counters(feature) -> dict:
+    """A feature's counters as a dict: its ``stats()``, or a counters dataclass held
+    as ``stats`` (:class:`~ooc.storage.direct.DirectFeatures`); ``{}`` without one."""
+    s = getattr(feature, "stats", None)
+    if s is None:
+        return {}
+    s = s() if callable(s) else s
+    return dict(s) if isinstance(s, dict) else dict(vars(s))
+
+
 def check_out(out: np.ndarray | None, n: int, dim: int, dtype: np.dtype, what: str) -> np.ndarray:
     """``out`` checked against [n, dim] of ``dtype`` (C-contiguous), or a new array.
 

@@ -38,6 +38,11 @@ from .feature_cache import FeatureCache
 ChangesetFn = Callable[[Sequence[np.ndarray]], Any]
 
 
+def _every_lookup_a_miss(trace: Sequence[np.ndarray]) -> dict[str, int]:
+    lookups = int(sum(len(t) for t in trace))
+    return {"lookups": lookups, "misses": lookups, "switch_reads": 0, "superbatches": 0}
+
+
 @dataclass(frozen=True)
 class CachePolicy:
     """Base policy: a feature cache whose content never changes after :meth:`fill`."""
@@ -76,8 +81,7 @@ class CachePolicy:
         Returns ``lookups``, ``misses`` (gather misses, the trainer's
         ``feature_misses``), ``switch_reads`` and ``superbatches``.
         """
-        lookups = int(sum(len(t) for t in trace))
-        out = {"lookups": lookups, "misses": lookups, "switch_reads": 0, "superbatches": 0}
+        out = _every_lookup_a_miss(trace)
         cap = int(min(capacity, num_nodes))
         if not self.caches or cap <= 0:
             return out
@@ -191,7 +195,7 @@ class BeladyCache(CachePolicy):
         """Replays the changesets training runs on a bool [N] residency mask: a
         switch reads the ``init`` ids not yet cached (``switch_reads``), batch i
         misses the ids not cached when it is gathered, then its changeset applies."""
-        out = super().simulate(trace, num_nodes, 0)
+        out = _every_lookup_a_miss(trace)
         cap = int(min(capacity, num_nodes))
         if cap <= 0:
             return out

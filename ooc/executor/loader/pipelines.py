@@ -28,7 +28,7 @@ import numpy as np
 
 from ...inspector.pipeline import Inspector
 from ...inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
-from ...storage.features import Feature
+from ...storage.features import Feature, counters
 from ..cache.feature_cache import FeatureCache
 
 _END = object()
@@ -153,13 +153,8 @@ class BatchPipeline:
         st: dict[str, Any] = {"feature_lookups": self.lookups, "feature_misses": self.misses,
                               "feature_hit_ratio": 1 - self.misses / self.lookups
                               if self.lookups else 0.0}
-        s = getattr(self.source, "stats", None)
-        if s is not None:
-            s = s() if callable(s) else s
-            st.update({f"feature_{k}": v for k, v in (s if isinstance(s, dict) else vars(s)).items()})
-        sampler = getattr(self, "sampler", None) or getattr(getattr(self, "inspector", None),
-                                                            "sampler", None)
-        nsrc = getattr(sampler, "source", None)
+        st.update({f"feature_{k}": v for k, v in counters(self.source).items()})
+        nsrc = getattr(getattr(self, "sampler", None), "source", None)
         if nsrc is not None and hasattr(nsrc, "stats"):
             st.update(nsrc.stats())
         return st

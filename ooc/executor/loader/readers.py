@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from ...inspector.neighbors import DirectNeighbors, MmapNeighbors, NeighborSource
-from ...storage.features import Feature
+from ...storage.features import Feature, counters
 
 
 @dataclass
@@ -147,11 +147,7 @@ class TimedFeature:
             self.read_s += time.perf_counter() - t0
 
     def stats(self) -> dict:
-        s = self.inner.stats
-        s = s() if callable(s) else s
-        d = dict(s) if isinstance(s, dict) else s.as_dict()
-        d["read_s"] = self.read_s
-        return d
+        return {**counters(self.inner), "read_s": self.read_s}
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)

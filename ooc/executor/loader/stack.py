@@ -119,10 +119,6 @@ class Stack:
     info: dict = field(default_factory=dict)
     _close: list = field(default_factory=list, repr=False)
 
-    @property
-    def mode(self) -> str:
-        return self.preset.name
-
     def __iter__(self):
         return iter((self.train, self.eval_factory, self.features))
 
