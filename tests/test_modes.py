@@ -173,3 +173,13 @@ def test_unknown_preset_is_one_line(ds):
 
     with pytest.raises(OocError, match=r"unknown preset 'fast' \(choose one of baseline, static, ooc"):
         resolve_preset("fast")
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True])
+def test_bad_belady_superbatch_size_is_one_line(bad):
+    from ooc.executor.cache.policies import BeladyCache
+    from ooc.storage.errors import OocError
+
+    with pytest.raises(OocError, match=r"^BeladyCache: superbatch_size must be a positive "
+                                       r"integer or None, got"):
+        BeladyCache(superbatch_size=bad)

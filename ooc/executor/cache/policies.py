@@ -162,6 +162,12 @@ class BeladyCache(CachePolicy):
     table_bytes_per_node: ClassVar[int] = 5
     curve: ClassVar[str | None] = "ooc"
 
+    def __post_init__(self) -> None:
+        sb = self.superbatch_size
+        if sb is not None and (isinstance(sb, bool) or not isinstance(sb, int) or sb < 1):
+            raise OocError(f"BeladyCache: superbatch_size must be a positive integer or None, "
+                           f"got {sb!r}")
+
     def changesets(self, num_nodes: int, capacity: int, device: str | None) -> ChangesetFn:
         """Changesets of successive superbatches, each starting from the cache the
         previous one leaves (``keep_unused`` + ``cached``: a switch reads only new
