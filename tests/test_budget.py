@@ -32,10 +32,11 @@ def graph(tmp_path_factory):
 
 
 def _cgroup(limit: int) -> Path:
-    """A v1 memory cgroup limited to ``limit`` bytes (the test skips, saying why, without)."""
+    """A memory cgroup (v1 or v2) limited to ``limit`` bytes (the test skips, saying why,
+    where neither hierarchy is writable)."""
     if not memcg.available():
-        pytest.skip(f"no cgroup-v1 memory controller at {memcg.CGROUP_ROOT}: the cgroup peak "
-                    f"cannot be measured here")
+        pytest.skip("no writable memory cgroup (neither v1 at /sys/fs/cgroup/memory nor a cgroup2 "
+                    "mount offering the memory controller): the cgroup peak cannot be measured here")
     cg = memcg.make_cgroup(f"ooc-test-budget-{os.getpid()}-{time.monotonic_ns()}", limit)
     if cg is None:
         pytest.skip(f"cannot create a memory cgroup under {memcg.CGROUP_ROOT}")

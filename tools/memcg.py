@@ -1,24 +1,29 @@
-"""Memory cgroups (v1) for benchmark children: a budget the page cache counts against.
+"""Memory cgroups (v1 or v2) for benchmark children: a budget the page cache counts against.
 
-``run(tag, python_argv, limit)`` runs ``python *python_argv`` in a new
-cgroup ``/sys/fs/cgroup/memory/ooc-bench-<pid>-<tag>`` limited to ``limit``
-bytes (the child joins it before it execs, so everything it does counts;
-``limit=None``: no cgroup), prints its output prefixed with the tag, and
-removes the group afterwards, also when interrupted. The pieces
-(``make_cgroup``, ``in_cgroup``, ``cgroup_stats``, ``remove_cgroup``) are
-here too.
+``run(tag, python_argv, limit)`` runs ``python *python_argv`` in a new cgroup
+``ooc-bench-<pid>-<tag>`` limited to ``limit`` bytes (the child joins it before it execs, so
+everything it does counts; ``limit=None``: no cgroup), prints its output prefixed with the
+tag, and removes the group afterwards, also when interrupted. The pieces (``make_cgroup``,
+``in_cgroup``, ``cgroup_stats``, ``remove_cgroup``) are here too.
+
+Both hierarchies are supported: cgroup v1's memory controller at ``/sys/fs/cgroup/memory``
+(``memory.limit_in_bytes``, ``memory.max_usage_in_bytes``, ``memory.failcnt``) and a cgroup v2
+mount whose root offers the ``memory`` controller (``memory.max``, ``memory.peak`` or the
+largest ``memory.current`` seen, ``memory.events``' ``max`` count). :func:`cgroup_stats`
+reports both under v1's names so callers read one set of keys.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+V1_ROOT = Path("/sys/fs/cgroup/memory")
 # join the cgroup (argv[1] is its cgroup.procs), then exec the rest of argv
 _JOIN = ("import os,sys; open(sys.argv[1],'w').write(str(os.getpid())); "
          "os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
@@ -28,18 +33,71 @@ def log(msg: str) -> None:
     print(f"bench: {msg}", flush=True)
 
 
+def _v2_root() -> Path | None:
+    """The mount point of a cgroup v2 hierarchy whose root offers the memory controller."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            root = Path(parts[1])
+            try:
+                if "memory" in (root / "cgroup.controllers").read_text().split():
+                    return root
+            except OSError:
+                continue
+    return None
+
+
+def _root() -> tuple[Path, int] | None:
+    """Where new memory cgroups go, and the hierarchy's version (v1 preferred when mounted)."""
+    if (V1_ROOT / "cgroup.procs").exists():
+        return V1_ROOT, 1
+    v2 = _v2_root()
+    return (v2, 2) if v2 is not None else None
+
+
+#: Where new memory cgroups go (for messages); None when neither hierarchy is usable.
+CGROUP_ROOT = (_root() or (None, 0))[0]
+
+
 def available() -> bool:
-    return (CGROUP_ROOT / "cgroup.procs").exists()
+    """Whether a memory cgroup can be made here (v1 or v2)."""
+    return _root() is not None
+
+
+def version(cg: Path) -> int:
+    """1 or 2: the hierarchy ``cg`` belongs to."""
+    return 1 if (cg / "memory.limit_in_bytes").exists() else 2
+
+
+def _write_limit_v2(root: Path, cg: Path, limit: int) -> None:
+    ctl = root / "cgroup.subtree_control"
+    if "memory" not in ctl.read_text().split():
+        ctl.write_text("+memory")
+    (cg / "memory.max").write_text(str(limit))
+    try:
+        (cg / "memory.swap.max").write_text("0")
+    except OSError:
+        pass  # no swap accounting: nothing to switch off
 
 
 def make_cgroup(name: str, limit: int) -> Path | None:
     """A new memory cgroup limited to ``limit`` bytes, or None (logged) when not possible."""
-    if not available():
+    found = _root()
+    if found is None:
         return None
-    cg = CGROUP_ROOT / name
+    root, ver = found
+    cg = root / name
     try:
         cg.mkdir(exist_ok=True)
-        (cg / "memory.limit_in_bytes").write_text(str(limit))
+        if ver == 1:
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
+        else:
+            _write_limit_v2(root, cg, limit)
+            _PeakWatch.start(cg)
         return cg
     except OSError as e:
         log(f"cannot create memory cgroup {cg}: {e}")
@@ -50,6 +108,40 @@ def make_cgroup(name: str, limit: int) -> Path | None:
         return None
 
 
+class _PeakWatch:
+    """The largest ``memory.current`` of a v2 group, sampled every 10 ms, for kernels
+    without ``memory.peak`` (before 5.19)."""
+
+    _peaks: dict[Path, int] = {}
+    _stops: dict[Path, threading.Event] = {}
+
+    @classmethod
+    def start(cls, cg: Path) -> None:
+        if (cg / "memory.peak").exists():
+            return
+        stop = threading.Event()
+        cls._peaks[cg], cls._stops[cg] = 0, stop
+
+        def watch() -> None:
+            while not stop.wait(0.01):
+                try:
+                    cls._peaks[cg] = max(cls._peaks[cg], int((cg / "memory.current").read_text()))
+                except (OSError, ValueError):
+                    return
+        threading.Thread(target=watch, daemon=True).start()
+
+    @classmethod
+    def peak(cls, cg: Path) -> int | None:
+        return cls._peaks.get(cg)
+
+    @classmethod
+    def stop(cls, cg: Path) -> None:
+        ev = cls._stops.pop(cg, None)
+        if ev is not None:
+            ev.set()
+        cls._peaks.pop(cg, None)
+
+
 def in_cgroup(cg: Path | None, python_argv: list[str]) -> list[str]:
     """``[python, *python_argv]``, made to run inside ``cg`` when it is not None."""
     if cg is None:
@@ -57,17 +149,39 @@ def in_cgroup(cg: Path | None, python_argv: list[str]) -> list[str]:
     return [sys.executable, "-c", _JOIN, str(cg / "cgroup.procs"), *python_argv]
 
 
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return (1 << 63) - 1 if text == "max" else int(text) if text.lstrip("-").isdigit() else None
+
+
 def cgroup_stats(cg: Path) -> dict:
-    out = {}
-    for k in ("memory.max_usage_in_bytes", "memory.failcnt", "memory.limit_in_bytes"):
-        try:
-            out[k.split(".", 1)[1]] = int((cg / k).read_text())
-        except (OSError, ValueError):
-            pass
+    """``limit_in_bytes``, ``max_usage_in_bytes`` (the group's peak, page cache included) and
+    ``failcnt`` (times the limit was hit), under v1's names for either hierarchy."""
+    if version(cg) == 1:
+        keys = {"limit_in_bytes": "memory.limit_in_bytes",
+                "max_usage_in_bytes": "memory.max_usage_in_bytes", "failcnt": "memory.failcnt"}
+        return {k: v for k, f in keys.items() if (v := _read_int(cg / f)) is not None}
+    out: dict = {}
+    if (v := _read_int(cg / "memory.max")) is not None:
+        out["limit_in_bytes"] = v
+    peak = _read_int(cg / "memory.peak")
+    peak = peak if peak is not None else _PeakWatch.peak(cg)
+    if peak is not None:
+        out["max_usage_in_bytes"] = peak
+    try:
+        events = dict(line.split() for line in (cg / "memory.events").read_text().splitlines())
+        out["failcnt"] = int(events.get("max", 0))
+        out["oom_kill"] = int(events.get("oom_kill", 0))
+    except (OSError, ValueError):
+        pass
     return out
 
 
 def remove_cgroup(cg: Path) -> None:
+    _PeakWatch.stop(cg)
     for _ in range(50):
         try:
             cg.rmdir()
@@ -75,6 +189,16 @@ def remove_cgroup(cg: Path) -> None:
         except OSError:
             time.sleep(0.1)
     log(f"could not remove cgroup {cg}")
+
+
+def drop_page_cache() -> bool:
+    """Write back dirty pages and drop the page cache (root only); False when refused."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("1")
+        return True
+    except OSError:
+        return False
 
 
 def exit_words(rc: int) -> str:
@@ -115,7 +239,9 @@ def run(tag: str, python_argv: list[str], limit: int | None) -> dict:
     _, status, ru = os.wait4(proc.pid, 0)
     proc.returncode = rc = os.waitstatus_to_exitcode(status)
     res: dict = {"rc": rc, "wall_s": round(time.perf_counter() - t0, 2),
-                 "child_peak_rss_bytes": ru.ru_maxrss * 1024, "lines": lines}
+                 "child_peak_rss_bytes": ru.ru_maxrss * 1024,
+                 "bytes_read": ru.ru_inblock * 512, "bytes_written": ru.ru_oublock * 512,
+                 "lines": lines}
     if cg is not None:
         res["cgroup"] = cgroup_stats(cg)
         remove_cgroup(cg)
