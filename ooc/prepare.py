@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of the nodes in the validation split (default 0.05)")
     s.add_argument("--test-fraction", type=float, default=None,
                    help="share of the nodes in the test split (default: all remaining nodes)")
+    s.add_argument("--community-size", type=int, default=None, metavar="K",
+                   help="many small communities of about K nodes (labels: community modulo "
+                        "--classes) instead of one community per class")
     s.add_argument("--p-in", type=float, default=0.85,
                    help="probability an edge stays inside its community (default 0.85)")
     s.add_argument("--noise", type=float, default=None,
@@ -173,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.out, nodes=args.nodes, avg_degree=args.avg_degree, feature_dim=args.feature_dim,
             classes=args.classes, dtype=args.dtype, train_fraction=args.train_fraction,
             val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
-            undirected=args.undirected, p_in=args.p_in, noise=args.noise, **common)
+            undirected=args.undirected, p_in=args.p_in, noise=args.noise,
+            community_size=args.community_size, **common)
     report = {"command": args.command, "out": str(out), "num_nodes": stats.get("num_nodes"),
               "num_edges": stats.get("num_edges"), "time_s": round(time.perf_counter() - t0, 3),
               "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": args.buffer,

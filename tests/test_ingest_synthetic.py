@@ -85,3 +85,34 @@ def test_bad_arguments(tmp_path, kw, match):
     with pytest.raises(OocError, match=match):
         generate_synthetic(tmp_path / "x", **{"nodes": 100, **kw}, progress=False)
     assert not (tmp_path / "x").exists()
+
+
+def test_many_small_communities(tmp_path):
+    """``community_size``: ~N/K communities hidden by the id permutation; most edges stay
+    inside one (p_in), a label is the community modulo the classes, and the ids carry no
+    trace of the communities (neighbouring ids are not in one community more than chance)."""
+    from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of
+
+    n, k, classes = 6000, 50, 7
+    ds = open_dataset(generate_synthetic(tmp_path / "c", nodes=n, avg_degree=10, feature_dim=8,
+                                         classes=classes, community_size=k, p_in=0.8, seed=5,
+                                         progress=False))
+    ncomm = communities_of(n, classes, k)
+    assert ncomm == n // k == ds.meta["source"]["communities"]
+    perm = SyntheticEdges(n, 1, classes, 0.8, 5, communities=ncomm).perm
+    rank = np.empty(n, dtype=np.int64)
+    rank[perm] = np.arange(n)
+    comm = rank % ncomm                                      # community of every output id
+    assert np.bincount(comm, minlength=ncomm).max() <= k     # ~K members each
+    np.testing.assert_array_equal(ds.labels, comm % classes)
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    dst = np.repeat(np.arange(n), np.diff(indptr))
+    inside = (comm[indices] == comm[dst]).mean()
+    assert inside > 0.6, inside                             # chance would be 1 / 120
+    assert (comm[:-1] == comm[1:]).mean() < 0.05             # ids hide the communities
+
+
+def test_bad_community_size(tmp_path):
+    with pytest.raises(OocError, match="community-size"):
+        generate_synthetic(tmp_path / "x", nodes=100, community_size=0, progress=False)
+    assert not (tmp_path / "x").exists()

@@ -3,9 +3,11 @@ dataset format v1 in chunks.
 
 Model (all deterministic for a seed, independent of chunking and threads):
 
-- internal ids ``r`` in ``[0, N)``; community (= label) ``r % classes``;
-  output ids are a seeded random permutation of the internal ids, so node id
-  says nothing about degree or class;
+- internal ids ``r`` in ``[0, N)``; community ``r % communities`` (by default
+  one community per class; ``community_size`` makes many small ones, as real
+  graphs have), label ``community % classes``; output ids are a seeded random
+  permutation of the internal ids, so node id says nothing about degree,
+  community or class;
 - edges come from R-MAT (Graph500-like skew, quadrant probabilities
   ``a, b, c, d``); with probability ``p_in`` the target is moved into the
   source's community, keeping its R-MAT rank (so the degree skew survives);
@@ -48,9 +50,10 @@ class SyntheticEdges(EdgeSource):
     unit = "edges"
 
     def __init__(self, nodes: int, num_edges: int, classes: int, p_in: float, seed: int,
-                 rmat=RMAT):
+                 rmat=RMAT, communities: int | None = None):
         self.path = "<synthetic>"
         self.n, self.num_edges, self.classes, self.p_in, self.seed = nodes, num_edges, classes, p_in, seed
+        self.communities = classes if communities is None else int(communities)
         self.levels = max(1, math.ceil(math.log2(max(nodes, 2))))
         a, b, c = rmat
         self.pa, self.pab, self.pabc = a, a + b, a + b + c
@@ -64,13 +67,24 @@ class SyntheticEdges(EdgeSource):
             src = np.empty(cnt, dtype=np.int64)
             dst = np.empty(cnt, dtype=np.int64)
             K.rmat_edges(self.seed, a, self.n, self.levels, self.pa, self.pab, self.pabc,
-                         self.classes, self.p_in, self.n, self.perm, src, dst)
+                         self.communities, self.p_in, self.n, self.perm, src, dst)
             yield src, dst, a, cnt
 
     def labels(self) -> np.ndarray:
+        """int64 [N]: the label of every output id (its community modulo the classes)."""
         y = np.empty(self.n, dtype=np.int64)
-        y[self.perm] = np.arange(self.n, dtype=np.int64) % self.classes
+        y[self.perm] = np.arange(self.n, dtype=np.int64) % self.communities % self.classes
         return y
+
+
+def communities_of(nodes: int, classes: int, community_size: int | None) -> int:
+    """How many communities the generator makes: one per class, or ``ceil(nodes /
+    community_size)`` (at least ``classes``) when a community size is given."""
+    if community_size is None:
+        return classes
+    if not 1 <= community_size <= nodes:
+        raise OocError(f"--community-size must be in [1, nodes], got {community_size}")
+    return max(classes, -(-nodes // community_size))
 
 
 def _splits(n: int, seed: int, fractions) -> list[np.ndarray]:
@@ -89,13 +103,15 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                        undirected: bool = True, overwrite: bool = False, progress: bool = True,
                        p_in: float = 0.85, signal: float = 1.0, noise: float | None = None,
                        buffer_bytes: int = DEFAULT_BUFFER, stats: dict | None = None,
-                       allow_nonfinite: bool = False) -> Path:
+                       allow_nonfinite: bool = False, community_size: int | None = None) -> Path:
     """Generate a synthetic dataset folder at ``out`` and return its path.
 
     ``test_fraction=None`` puts every node outside train/val into test.
     ``signal`` is the centroid norm, ``noise`` the per-coordinate standard
     deviation (default chosen so features alone give roughly 50% accuracy
-    with 8 classes and 64 dims).
+    with 8 classes and 64 dims). ``community_size`` splits the graph into
+    ``ceil(nodes / community_size)`` communities (labels: community modulo
+    ``classes``) instead of one per class.
     """
     t0 = time.perf_counter()
     for flag, v in (("--avg-degree", avg_degree), ("--train-fraction", train_fraction),
@@ -127,11 +143,12 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
         raise OocError(f"split fractions must be >= 0 and sum to at most 1, got {fr}")
     if not 0 <= p_in <= 1:
         raise OocError(f"--p-in must be in [0, 1], got {p_in}")
+    communities = communities_of(nodes, classes, community_size)
     out = check_out(out, overwrite)
     if noise is None:
         noise = 0.7 * signal
     num_gen = int(round(nodes * avg_degree / (2 if undirected else 1)))
-    source = SyntheticEdges(nodes, num_gen, classes, p_in, seed)
+    source = SyntheticEdges(nodes, num_gen, classes, p_in, seed, communities=communities)
     counts = count_pass(source, nodes, undirected, True, buffer_bytes, progress)
     labels = source.labels()
     rng = np.random.default_rng([seed, 1])
@@ -139,7 +156,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
     centroids *= signal / np.linalg.norm(centroids, axis=1, keepdims=True)
     params = {"kind": "synthetic", "nodes": nodes, "avg_degree": avg_degree, "feature_dim": feature_dim,
               "classes": classes, "dtype": dtype, "seed": seed, "undirected": undirected,
-              "p_in": p_in, "rmat": list(RMAT), "signal": signal, "noise": noise,
+              "p_in": p_in, "communities": communities, "rmat": list(RMAT), "signal": signal, "noise": noise,
               "fractions": list(fr), "generated_pairs": num_gen}
     with DatasetWriter(out, nodes, feature_dim, dtype, name=Path(out).name, directed=not undirected,
                        overwrite=overwrite, source=params, allow_nonfinite=allow_nonfinite,
