@@ -1,0 +1,230 @@
+"""Every stage of ooc on a graph of papers100M's shape, scaled, as a user runs them.
+
+    python tools/bench_scale.py --scale 0.01 --memory-budget 2GiB --report bench_out/scale.json
+
+writes a graph of papers100M's shape scaled by S (111,059,956·S nodes, 1,615,685,872·S
+directed edges that ingest stores both ways, 128-dim float32 features, 172 classes, train /
+val / test 1.09% / 0.11% / 0.19% of the nodes, power-law degrees, many small communities
+hidden by a random permutation of the ids: ``tools/scale_graph.py``) in OGB's binary raw
+layout, then runs each stage as its own process in a memory cgroup of the budget (v1 or v2,
+``tools/memcg.py``), with the page cache dropped first:
+
+- ingest: ``ooc.prepare ogb --undirected``
+- train: ``ooc.train`` (2 epochs, GraphSAGE, fanouts 15,10,5, batch 1024, hidden 256)
+- infer: ``ooc.infer`` (every node, all layers)
+- partition: ``ooc.partition --parts 8``
+
+The report has ``graph.{nodes,edges,feature_dim}``, ``budget_bytes``,
+``stages.<stage>.{wall_s,peak_rss_bytes,planned_peak_bytes,bytes_read,bytes_written,
+disk_bytes,...}`` and ``train.val_acc``. ``peak_rss_bytes`` is the stage process's own peak
+(its rusage, children included when they are larger); ``cgroup_peak_bytes`` is the group's,
+page cache included; ``bytes_read`` / ``bytes_written`` are block I/O of the process tree
+(rusage); ``planned_peak_bytes`` is what the stage's own report says it planned, where it
+says. Before writing anything the disk is checked for what the run will write. The raw
+folder is kept (``--workdir``) and reused by a later run with the same parameters; each
+stage's output is removed after it is measured unless ``--keep``, except what later stages
+read (the dataset, the checkpoint).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS))
+sys.path.insert(0, str(TOOLS.parent))
+
+import memcg  # noqa: E402  (tools/memcg.py)
+import scale_graph as sg  # noqa: E402  (tools/scale_graph.py)
+
+from ooc.cli import format_size, parse_size  # noqa: E402
+
+STAGES = ("ingest", "train", "infer", "partition")
+HIDDEN = 256
+FANOUTS = "15,10,5"
+
+
+def log(msg: str) -> None:
+    print(f"bench_scale: {msg}", flush=True)
+
+
+def dataset_bytes(shape: sg.Shape) -> int:
+    """The ooc dataset's size: page-aligned features, int32 in-neighbours of both directions,
+    indptr, labels, splits."""
+    row = 4 * shape.feature_dim
+    rows_per_page = max(1, 4096 // row)
+    features = -(-shape.nodes // rows_per_page) * 4096
+    return features + 4 * 2 * shape.edges + 16 * shape.nodes + (16 << 20)
+
+
+def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
+    """What each stage writes beside the dataset (upper estimates)."""
+    n = shape.nodes
+    return {"train": 64 << 20,                                  # checkpoints, runtime files
+            "infer": n * (HIDDEN * 4 * 2 + shape.classes * 4),   # two hidden layers + logits
+            "partition": 2 * dataset_bytes(shape)}               # replicas: a factor below 2
+    # (not every stage runs: the caller sums the ones it runs)
+
+
+def check_disk(workdir: Path, shape: sg.Shape, stages: list[str], have_raw: bool) -> dict:
+    """Refuse (exit 2) when the disk under ``workdir`` cannot hold what the run writes."""
+    out = outputs_bytes(shape, stages)
+    need = (0 if have_raw else shape.raw_bytes()) + dataset_bytes(shape)
+    need += max([out[s] for s in stages if s in out] or [0])
+    free = shutil.disk_usage(workdir).free
+    facts = {"need_bytes": need, "free_bytes": free}
+    if need > free:
+        log(f"error: {workdir}: the run writes about {format_size(need)} (raw graph "
+            f"{format_size(0 if have_raw else shape.raw_bytes())}, dataset "
+            f"{format_size(dataset_bytes(shape))}, largest stage output "
+            f"{format_size(max([out[s] for s in stages if s in out] or [0]))}) but "
+            f"{format_size(free)} is free")
+        raise SystemExit(2)
+    return facts
+
+
+def du(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int) -> list[str]:
+    b = f"{budget >> 20}MiB"
+    if stage == "ingest":
+        return ["-m", "ooc.prepare", "ogb", "--root", str(w["raw"]), "--out", str(w["data"]),
+                "--undirected", "--buffer", f"{max(64, (budget >> 20) // 4)}MiB",
+                "--no-progress", "--report", str(w["reports"] / "ingest.json")]
+    if stage == "train":
+        return ["-m", "ooc.train", "--data", str(w["data"]), "--model", "sage",
+                "--fanouts", FANOUTS, "--batch-size", "1024", "--hidden", str(HIDDEN),
+                "--epochs", str(epochs), "--memory-budget", b, "--checkpoint-dir", str(w["ckpt"]),
+                "--runtime-dir", str(w["runtime"]), "--no-progress",
+                "--report", str(w["reports"] / "train.json")]
+    if stage == "infer":
+        return ["-m", "ooc.infer", "--data", str(w["data"]), "--checkpoint", str(w["ckpt"]),
+                "--out", str(w["emb"]), "--memory-budget", b, "--no-progress",
+                "--report", str(w["reports"] / "infer.json")]
+    return ["-m", "ooc.partition", "--data", str(w["data"]), "--parts", "8", "--out",
+            str(w["parts"]), "--quiet", "--report", str(w["reports"] / "partition.json")]
+
+
+def _planned(rep: dict) -> int | None:
+    """The peak a stage's report says it planned for (``planned_peak_bytes``; the training
+    plan's budget less its reserve where that is all it says)."""
+    if isinstance(rep.get("planned_peak_bytes"), int):
+        return rep["planned_peak_bytes"]
+    plan = rep.get("memory_plan") or rep.get("memory") or {}
+    if isinstance(plan, dict) and isinstance(plan.get("planned_peak_bytes"), int):
+        return plan["planned_peak_bytes"]
+    return None
+
+
+def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int) -> dict:
+    dropped = memcg.drop_page_cache()
+    r = memcg.run(stage, stage_argv(stage, w, budget, epochs), budget)
+    rep_path = w["reports"] / f"{stage}.json"
+    try:
+        rep = json.loads(rep_path.read_text())
+    except (OSError, ValueError):
+        rep = {}
+    cg = r.get("cgroup", {})
+    res = {"rc": r["rc"], "wall_s": r["wall_s"], "peak_rss_bytes": r["child_peak_rss_bytes"],
+           "planned_peak_bytes": _planned(rep), "bytes_read": r["bytes_read"],
+           "bytes_written": r["bytes_written"], "cgroup_peak_bytes": cg.get("max_usage_in_bytes"),
+           "cgroup_limit_hits": cg.get("failcnt"), "page_cache_dropped": dropped,
+           "report": rep}
+    if r["rc"] != 0:
+        res["error"] = next((ln for ln in reversed(r["lines"]) if ln.strip()),
+                            memcg.exit_words(r["rc"]))
+    return res
+
+
+def _table(rep: dict) -> str:
+    rows = ["| stage | wall s | peak RSS | planned | read | written | on disk | rate |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    e2 = 2 * rep["graph"]["edges"]
+    for name, s in rep["stages"].items():
+        rate = f"{e2 / s['wall_s'] / 1e6:.1f}M edges/s" if s["rc"] == 0 and s["wall_s"] else "–"
+        fmt = lambda v: format_size(v) if isinstance(v, int) else "–"  # noqa: E731
+        rows.append(f"| {name}{'' if s['rc'] == 0 else ' (failed)'} | {s['wall_s']:.1f} | "
+                    f"{fmt(s['peak_rss_bytes'])} | {fmt(s['planned_peak_bytes'])} | "
+                    f"{fmt(s['bytes_read'])} | {fmt(s['bytes_written'])} | "
+                    f"{fmt(s.get('disk_bytes'))} | {rate} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", type=float, required=True, help="share of papers100M's size")
+    ap.add_argument("--memory-budget", type=parse_size, required=True, metavar="SIZE",
+                    help="memory cgroup of every stage, e.g. 4GiB")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="where the raw graph, the dataset and the outputs go "
+                         "(default bench_tmp/scale-S)")
+    ap.add_argument("--stages", default=",".join(STAGES),
+                    help=f"comma-separated subset of {','.join(STAGES)}")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--compress", action="store_true", help="deflate the raw npz members")
+    ap.add_argument("--keep", action="store_true", help="keep every stage's output")
+    ap.add_argument("--report", type=Path, help="write the JSON report here")
+    args = ap.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    if not 0 < args.scale <= 1 or any(s not in STAGES for s in stages):
+        ap.error(f"--scale must be in (0, 1] and --stages a subset of {STAGES}")
+    shape = sg.Shape.of(args.scale)
+    wd = args.workdir or TOOLS.parent / "bench_tmp" / f"scale-{args.scale:g}"
+    wd.mkdir(parents=True, exist_ok=True)
+    w = {"raw": wd / "ogb", "data": wd / "data", "ckpt": wd / "ckpt", "runtime": wd / "runtime",
+         "emb": wd / "emb.zarr", "parts": wd / "parts", "reports": wd / "reports"}
+    w["reports"].mkdir(exist_ok=True)
+    facts = sg.written(w["raw"], shape, args.compress)
+    disk = check_disk(wd, shape, stages, facts is not None)
+    log(f"scale {args.scale:g}: {shape.nodes:,} nodes, {shape.edges:,} directed edges "
+        f"({2 * shape.edges:,} stored), {shape.feature_dim} dims; budget "
+        f"{format_size(args.memory_budget)}; disk {format_size(disk['need_bytes'])} needed, "
+        f"{format_size(disk['free_bytes'])} free; cgroup root {memcg.CGROUP_ROOT}")
+    if facts is None:
+        t0 = time.perf_counter()
+        shutil.rmtree(w["raw"], ignore_errors=True)
+        facts = sg.write_ogb_binary(w["raw"], shape, args.compress, log=log)
+        facts["write_s"] = round(time.perf_counter() - t0, 1)
+        log(f"raw graph written in {facts['write_s']} s ({format_size(du(w['raw']))})")
+    rep: dict = {"graph": {"nodes": shape.nodes, "edges": shape.edges,
+                           "stored_edges": 2 * shape.edges, "feature_dim": shape.feature_dim,
+                           "classes": shape.classes, **facts},
+                 "budget_bytes": args.memory_budget, "disk": disk, "stages": {}}
+    outputs = {"ingest": w["data"], "train": w["ckpt"], "infer": w["emb"], "partition": w["parts"]}
+    for stage in stages:
+        if stage == "ingest":
+            shutil.rmtree(w["data"], ignore_errors=True)
+        elif stage in ("train", "infer", "partition"):
+            shutil.rmtree(outputs[stage], ignore_errors=True)
+        res = run_stage(stage, w, args.memory_budget, args.epochs)
+        res["disk_bytes"] = du(outputs[stage])
+        rep["stages"][stage] = res
+        log(f"{stage}: exit {res['rc']}, {res['wall_s']} s, peak RSS "
+            f"{format_size(res['peak_rss_bytes'])}" + (f": {res['error']}" if "error" in res else ""))
+        if stage == "train":
+            rep["train"] = {"val_acc": res["report"].get("val_acc",
+                                                         res["report"].get("final", {}).get("val_acc"))}
+        if not args.keep and stage in ("infer", "partition"):
+            shutil.rmtree(outputs[stage], ignore_errors=True)
+        if res["rc"] != 0 and stage in ("ingest", "train"):
+            log(f"{stage} failed: the stages after it need its output; stopping")
+            break
+    table = _table(rep)
+    print(table)
+    rep["table"] = table
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(rep, indent=1, default=str))
+    return 0 if all(s["rc"] == 0 for s in rep["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
