@@ -33,8 +33,8 @@ def profiled(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("r")
     rep, png = out / "sizes.json", out / "curve.png"
     rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
-                      "--runtime-disk-budget", "2MiB", *OPTS, "--report", str(rep),
-                      "--plot", str(png))
+                      "--runtime-disk-budget", "2MiB", "--mode", "ooc", *OPTS,
+                      "--report", str(rep), "--plot", str(png))
     assert rc == 0, so + se
     return json.loads(rep.read_text()), png, rep
 
@@ -60,6 +60,8 @@ def test_report_fields_and_plot(profiled):
     assert 1 <= rec["superbatch_size"] <= min(plan["superbatch_size_disk"], nb)
     assert m["runtime_files"]["bytes_per_batch"] <= bpb  # the plan is an upper bound
     assert rec["expected_epoch_s"] > 0 and "gpu" in m
+    # the training step is timed over several steps after a warm-up, whatever the superbatch
+    assert m["compute_steps_timed"] >= 5 and m["compute_s_per_batch"] > 0
     assert any(a.startswith("neighbor cache = min(full cache") for a in r["arithmetic"])
     # curves: 1%..100%, ratios in [0, 1], non-increasing, the ooc schedule below the others
     mc = r["miss_curves"]
@@ -93,6 +95,35 @@ def test_train_uses_sizes(profiled, data, tmp_path):
     assert info["feature_cache_rows"] == rec["feature_cache_rows"]
     assert info["superbatch_size"] == rec["superbatch_size"]
     assert info["neighbor_cache_bytes"] <= rec["neighbor_cache_bytes"]
+
+
+def test_presets_compared_and_fastest_recommended(data, tmp_path):
+    """Without --mode the presets are profiled under one budget; the recommendation is the
+    one whose own expected epoch is shortest, and its sizes name it for ooc.train."""
+    rep = tmp_path / "cmp.json"
+    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+                      "--runtime-disk-budget", "2MiB", "--presets", "ooc,static", *OPTS,
+                      "--report", str(rep))
+    assert rc == 0, so + se
+    r = json.loads(rep.read_text())
+    p = r["presets"]
+    assert set(p) == {"ooc", "static"}
+    best = min(p, key=lambda k: p[k]["expected_epoch_s"])
+    assert r["recommended_preset"] == best == r["sizes"]["mode"] == r["config"]["mode"]
+    assert r["recommendation"]["expected_epoch_s"] == p[best]["expected_epoch_s"]
+    for name, one in p.items():
+        assert one["sizes"]["mode"] == name and one["compute_steps_timed"] >= 5
+    assert p["static"]["superbatch_size"] is None and p["ooc"]["superbatch_size"] >= 1
+    assert f"recommended preset: {best}" in so
+
+
+def test_mode_and_presets_exclusive(data):
+    rc, _, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+                     "--mode", "ooc", "--presets", "ooc,static")
+    assert rc == 2 and "not both" in se.strip().splitlines()[-1]
+    rc, _, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+                     "--presets", "ooc,fast")
+    assert rc == 2 and "--presets" in se.strip().splitlines()[-1]
 
 
 def test_budget_too_small(data):
@@ -198,7 +229,7 @@ def test_predicted_miss_ratio_matches_training(graph, fanouts, batch, extra_mib,
     memory cgroup at the budget."""
     data = request.getfixturevalue(graph)
     opts = ["--fanouts", fanouts, "--batch-size", str(batch), "--hidden", "16",
-            "--device", "cpu"]
+            "--device", "cpu", "--mode", "ooc"]
     budget = _suggested(data, *opts) + extra_mib
     rep = tmp_path / "sizes.json"
     rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget",
@@ -206,7 +237,7 @@ def test_predicted_miss_ratio_matches_training(graph, fanouts, batch, extra_mib,
     assert rc == 0, so + se
     assert "predicted" in so and "measured" in so
     r = json.loads(rep.read_text())
-    v, rec = r["verification"], r["recommendation"]
+    v, rec = r["verification"]["ooc"], r["recommendation"]
     assert 0 < rec["feature_cache_fraction"] < 1, rec
     assert 0 < v["measured_miss_ratio"] < 1
     assert abs(v["predicted_miss_ratio"] - v["measured_miss_ratio"]) <= 0.03, v

@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 1GiB)")
     from ooc.executor.loader.presets import PRESET_NAMES
 
-    p.add_argument("--mode", choices=PRESET_NAMES, help="preset (default ooc)")
+    p.add_argument("--mode", choices=PRESET_NAMES, help="profile this preset only (default: "
+                   "every preset of --presets, recommending the fastest)")
+    p.add_argument("--presets", metavar="P1,P2,..", help="presets to profile and compare "
+                   f"(default {','.join(PRESET_NAMES)})")
     p.add_argument("--model", choices=["sage", "gcn", "gat"])
     p.add_argument("--fanouts", metavar="F1,F2,..")
     p.add_argument("--layers", type=int)
@@ -84,10 +87,26 @@ def _size(name: str, v) -> int:
     return n
 
 
+def _presets(text: str | None, mode: str | None) -> list[str]:
+    """The presets to profile: ``--mode`` alone, else ``--presets`` (default all)."""
+    from ooc.executor.loader.presets import PRESET_NAMES
+
+    if mode is not None:
+        if text is not None:
+            raise OocError("give --mode (one preset) or --presets (a comparison), not both")
+        return [mode]
+    names = list(PRESET_NAMES) if text is None else [t.strip() for t in text.split(",")]
+    bad = [n for n in names if n not in PRESET_NAMES]
+    if bad or not names:
+        raise OocError(f"--presets {text!r}: choose from {','.join(PRESET_NAMES)}")
+    return list(dict.fromkeys(names))
+
+
 def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     """Train ``epochs`` epochs with ``--sizes`` in a memory cgroup limited to the budget
     (tools/memcg.py); the first epoch's measured miss ratio and time against the
-    predicted ones."""
+    predicted ones. ``rep`` is one preset's report (its ``sizes`` and ``recommendation``);
+    the sizes are written beside ``report_path`` for the run and removed after."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import memcg  # tools/memcg.py
 
@@ -96,15 +115,22 @@ def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     budget = rep["budget_bytes"]
     data = rep["dataset"]["path"]
     drop_page_cache(data)
-    out = report_path.with_name(report_path.stem + ".train.json")
-    train = ["-m", "ooc.train", "--data", data, "--sizes", str(report_path),
+    mode = rep["sizes"]["mode"]
+    out = report_path.with_name(f"{report_path.stem}.{mode}.train.json")
+    sizes_file = report_path.with_name(f"{report_path.stem}.{mode}.sizes.json")
+    sizes_file.write_text(json.dumps({"sizes": rep["sizes"]}))
+    train = ["-m", "ooc.train", "--data", data, "--sizes", str(sizes_file),
              "--epochs", str(epochs), "--no-progress", "--no-eval", "--report", str(out)]
-    for k in ("mode", "model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay",
+    for k in ("model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay",
               "dropout", "seed", "device", "threads", "queue_depth", "runtime_dir", "io_backend"):
         if settings.get(k) is not None:
             train += [f"--{k.replace('_', '-')}", str(settings[k])]
-    run = memcg.run("verify", train, budget if memcg.available() else None)
-    res: dict = {"rc": run["rc"], "wall_s": run["wall_s"], "cgroup": run.get("cgroup"),
+    try:
+        run = memcg.run(f"verify-{mode}", train, budget if memcg.available() else None)
+    finally:
+        sizes_file.unlink(missing_ok=True)
+    res: dict = {"mode": mode, "rc": run["rc"], "wall_s": run["wall_s"],
+                 "cgroup": run.get("cgroup"),
                  "child_peak_rss_bytes": run["child_peak_rss_bytes"], "command": train}
     if run["rc"] != 0 or not out.exists():
         res["error"] = memcg.exit_words(run["rc"]) + ": " + " | ".join(run["lines"][-3:])
@@ -135,7 +161,7 @@ def print_verification(v: dict, budget: int) -> None:
             ("cgroup max usage", f"<= {format_size(budget)}",
              format_size(cg["max_usage_in_bytes"]) if "max_usage_in_bytes" in cg
              else "no cgroup")]
-    print("size_caches: verified (one training run with these sizes):")
+    print(f"size_caches: verified {v.get('mode', '')} (one training run with these sizes):")
     print(f"  {'':22} {'predicted':>14} {'measured':>14}")
     for name, p, m in rows:
         print(f"  {name:22} {p:>14} {m:>14}")
@@ -150,6 +176,7 @@ def main(argv=None) -> int:
     if given.pop("verify", False) and verify_epochs is None:
         verify_epochs = 1
     trace = given.pop("trace_batches", None)
+    presets = _presets(given.pop("presets", None), given.get("mode"))
     budget = _size("memory-budget", given.pop("memory_budget"))
     reserve = given.pop("reserve", None)
     reserve = None if reserve is None else parse_size(reserve)
@@ -167,7 +194,7 @@ def main(argv=None) -> int:
     disk = _size("runtime-disk-budget", s["runtime_disk_budget"])
 
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.sizing.profiler import profile
+    from ooc.executor.sizing.profiler import compare_presets, profile
     from ooc.executor.training.trainer import TrainConfig
     from ooc.memory import tune_malloc
 
@@ -176,12 +203,17 @@ def main(argv=None) -> int:
                          batch_size=s["batch_size"], hidden=s["hidden"], dropout=s["dropout"],
                          heads=s["heads"], lr=s["lr"], weight_decay=s["weight_decay"],
                          seed=s["seed"], device=s["device"], num_threads=s["threads"],
-                         progress=False, mode=s["mode"])
+                         progress=False, mode=presets[0])
     options = ModeOptions(runtime_dir=s["runtime_dir"], runtime_disk_budget=disk,
                           queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
                           io_backend=s["io_backend"])
     options.validate()
-    rep = profile(dataset, config, options, budget, reserve=reserve, trace_batches=trace)
+    if len(presets) == 1:
+        rep = profile(dataset, config, options, budget, reserve=reserve, trace_batches=trace)
+    else:
+        rep = compare_presets(dataset, config, options, budget, presets, reserve=reserve,
+                              trace_batches=trace)
+        _print_comparison(rep)
     rep["command"] = " ".join([sys.executable, *sys.argv]) if argv is None else \
         " ".join(["tools/size_caches.py", *argv])
     r = rep["recommendation"]
@@ -202,14 +234,43 @@ def main(argv=None) -> int:
     if report_path:
         write_report(report_path, rep)
     if verify_epochs:
-        v = verify(Path(report_path), rep, verify_epochs, s)
-        rep["verification"] = v
-        write_report(report_path, rep)
-        if "error" in v:
-            print(f"size_caches: verification run failed ({v['error']})")
+        failed = False
+        for name, one in _per_preset(rep).items():
+            v = verify(Path(report_path), one, verify_epochs, s)
+            rep.setdefault("verification", {})[name] = v
+            write_report(report_path, rep)
+            if "error" in v:
+                print(f"size_caches: verification run of {name} failed ({v['error']})")
+                failed = True
+                continue
+            print_verification(v, rep["budget_bytes"])
+        if failed:
             return 1
-        print_verification(v, rep["budget_bytes"])
     return 0
+
+
+def _per_preset(rep: dict) -> dict[str, dict]:
+    """Each profiled preset as a report :func:`verify` takes (its sizes and predictions)."""
+    if "presets" not in rep:
+        return {rep["sizes"]["mode"]: rep}
+    return {name: {"budget_bytes": rep["budget_bytes"], "dataset": rep["dataset"],
+                   "sizes": p["sizes"], "recommendation": p}
+            for name, p in rep["presets"].items() if "error" not in p}
+
+
+def _print_comparison(rep: dict) -> None:
+    """The presets side by side, and which one the measurements favour."""
+    print("size_caches: presets under the same budget (expected epoch from the measured stages):")
+    print(f"  {'preset':10} {'epoch s':>9} {'miss ratio':>11} {'feature cache rows':>19} "
+          f"{'superbatch':>10}")
+    for name, p in rep["presets"].items():
+        if "error" in p:
+            print(f"  {name:10} does not fit: {p['error']}")
+            continue
+        print(f"  {name:10} {p['expected_epoch_s']:9.2f} {p['predicted_miss_ratio']:11.3f} "
+              f"{p['feature_cache_rows']:19,} {str(p['superbatch_size'] or '-'):>10}")
+    print(f"size_caches: recommended preset: {rep['recommended_preset']} (shortest expected "
+          f"epoch)")
 
 
 if __name__ == "__main__":

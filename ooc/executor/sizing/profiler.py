@@ -68,6 +68,7 @@ class _Stage:
     def __init__(self) -> None:
         self.wall = self.cpu = 0.0
         self.peak = 0
+        self.count = 0
 
     def __enter__(self) -> "_Stage":
         from .budget import reset_hwm
@@ -348,6 +349,49 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     return report
 
 
+def compare_presets(dataset, config, options, budget: int, presets, reserve: int | None = None,
+                    trace_batches: int | None = None, log: Callable[[str], None] = print
+                    ) -> dict[str, Any]:
+    """:func:`profile` each preset in ``presets`` (names) under the same budget and
+    recommend the one with the shortest expected epoch.
+
+    Returns the recommended preset's report, plus ``recommended_preset`` and
+    ``presets``: per preset its expected epoch, predicted miss ratio, cache sizes,
+    per-batch stage seconds and ``sizes`` block (or ``error`` when the budget cannot
+    hold it). The report's ``sizes`` (what ``ooc.train --sizes`` applies) name the
+    recommended preset.
+
+    Raises:
+        OocError: no preset fits the budget (the first preset's reason).
+    """
+    reports: dict[str, dict[str, Any]] = {}
+    errors: dict[str, OocError] = {}
+    for name in presets:
+        log(f"size_caches: profiling preset {name}")
+        try:
+            reports[name] = profile(dataset, replace(config, mode=name), options, budget,
+                                    reserve=reserve, trace_batches=trace_batches, log=log)
+        except OocError as e:
+            errors[name] = e
+            log(f"size_caches: preset {name} does not fit: {e}")
+    if not reports:
+        raise errors[next(iter(presets))]
+    best = min(reports, key=lambda k: reports[k]["recommendation"]["expected_epoch_s"])
+    summary: dict[str, Any] = {name: {"error": str(e)} for name, e in errors.items()}
+    for name, r in reports.items():
+        rec = r["recommendation"]
+        summary[name] = {k: rec[k] for k in ("expected_epoch_s", "predicted_miss_ratio",
+                                              "feature_cache_rows", "neighbor_cache_bytes",
+                                              "superbatch_size", "per_batch_s")}
+        summary[name]["compute_steps_timed"] = r["measured"]["compute_steps_timed"]
+        summary[name]["sizes"] = r["sizes"]
+    out = dict(reports[best])
+    out["recommended_preset"] = best
+    out["presets"] = summary
+    out["profile_s"] = sum(r["profile_s"] for r in reports.values())
+    return out
+
+
 def _model_for(dataset, config):
     """The config's model (seeded as training seeds it), its Adam optimizer and device."""
     import torch
@@ -440,8 +484,8 @@ def _superbatch_stages(stack, preset, config, shape: _Shape, m: _Measured, gpu: 
 
 
 def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> None:
-    """Switch (with changesets), gather through the cache, apply the changesets, and
-    time a few training steps."""
+    """Switch (with changesets), gather through the cache, apply the changesets; then time
+    the training step (:func:`_time_steps`)."""
     model, optimizer, device, compute_steps = training
     features, cache, st = stack.features, stack.train.cache, m.stages
     read0 = features.read_s
@@ -450,8 +494,6 @@ def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> Non
             m.switched = cache.switch(cs.init_ids, features)
     m.read_switch = features.read_s - read0
     m.gather_batches = min(shape.S0, 32) if cache is not None else min(shape.T, 8)
-    steps = max(2, min(int(compute_steps), shape.T))
-    rows_list = []
     for j in range(m.gather_batches):
         with st["gather"]:
             if cache is not None:
@@ -464,12 +506,10 @@ def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> Non
             with st["update"]:
                 i_ids, o_ids, i_pos = cs.step(j)
                 cache.update(i_ids, o_ids, i_pos, rows)
-        if j < steps:
-            rows_list.append(rows)
         del rows
     m.read_gather = features.read_s - read0 - m.read_switch
-    m.step_s = _time_steps(model, optimizer, m.batches[:steps], rows_list, dataset, device,
-                           st["compute"])
+    m.step_s = _time_steps(model, optimizer, m.batches, features, dataset, device,
+                           st["compute"], compute_steps)
 
 
 def _simulate(dataset, preset, plan, shape: _Shape, m: _Measured, gpu: dict):
@@ -628,6 +668,7 @@ def _report(dataset, config, preset, options, plan, budget, reserve, shape: _Sha
             "gather_measured_miss_ratio": rates["measured_miss"],
             "switch_rows_read": int(m.switched),
             "compute_s_per_batch": m.step_s[0],
+            "compute_steps_timed": st["compute"].count,
             "build_mode_s": m.build.wall,
             "curves_s": curves_s,
             "gpu": m.gpu,
@@ -667,19 +708,35 @@ def _train_args(plan, preset) -> list[str]:
     return a
 
 
-def _time_steps(model, optimizer, batches, rows_list, dataset, device, stage: _Stage
-                ) -> tuple[float, float]:
-    """(wall, CPU) seconds per training step (convert + transfer + step); the
-    first step is warm-up and not counted."""
+#: At least this many seconds of training steps are timed (up to ``4 * compute_steps`` steps).
+COMPUTE_MIN_S = 1.0
+
+
+def _time_steps(model, optimizer, batches, features, dataset, device, stage: _Stage,
+                compute_steps: int) -> tuple[float, float]:
+    """(wall, CPU) medians per training step (convert + transfer + forward/backward/step).
+
+    The rows of up to ``compute_steps`` of the traced ``batches`` are read first (not
+    timed); one step is warm-up, then at least ``compute_steps - 1`` steps and
+    :data:`COMPUTE_MIN_S` seconds are timed (at most ``4 * compute_steps`` steps), cycling
+    through those batches when the trace is shorter. A step's cost depends on the
+    batch's shape, not on which rows it holds, so the rows come straight from the
+    feature source rather than through the cache."""
     import torch
 
     from ..loader.batch import to_data
     from ..training.step import default_loss, model_call, train_step
 
+    n = max(1, min(int(compute_steps), len(batches)))
+    rows_list = [features.read(np.asarray(b.node_ids, dtype=np.int64)) for b in batches[:n]]
     model.train()
     call = model_call(model)
-    walls, cpus = [], []
-    for i, (b, rows) in enumerate(zip(batches, rows_list)):
+    walls: list[float] = []
+    cpus: list[float] = []
+    want, cap = max(1, int(compute_steps) - 1), 4 * max(1, int(compute_steps))
+    i = 0
+    while i <= want or (sum(walls) < COMPUTE_MIN_S and i <= cap):
+        b, rows = batches[i % n], rows_list[i % n]
         ids = np.asarray(b.node_ids, dtype=np.int64)
         t0, c0 = time.perf_counter(), time.process_time()
         y = np.asarray(dataset.labels[ids[:int(b.num_seeds)]], dtype=np.int64)
@@ -690,10 +747,10 @@ def _time_steps(model, optimizer, batches, rows_list, dataset, device, stage: _S
         if i:
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
+        i += 1
     stage.wall += sum(walls)
     stage.cpu += sum(cpus)
-    if not walls:
-        return 0.0, 0.0
+    stage.count = len(walls)
     return float(np.median(walls)), float(np.median(cpus))
 
 
@@ -719,5 +776,5 @@ def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, A
             "changeset_s_trace": dt, "fits": scaled <= 0.8 * total}
 
 
-__all__ = ["CURVE_FRACTIONS", "load_sizes", "miss_curves", "predict_epoch",
+__all__ = ["CURVE_FRACTIONS", "compare_presets", "load_sizes", "miss_curves", "predict_epoch",
            "profile", "simulate_epoch", "sizes_block"]
