@@ -52,10 +52,14 @@ def fail(message: str) -> NoReturn:
 
 
 def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[..., int]:
-    """Decorate a CLI ``main(argv)``: user errors become one line and exit 2."""
+    """Decorate a CLI ``main(argv)``: the process-wide settings of ooc's commands
+    (:func:`ooc.process.configure_process`), and user errors become one line and exit 2."""
 
     @functools.wraps(fn)
     def wrapped(argv: Sequence[str] | None = None) -> int:
+        from .process import configure_process
+
+        configure_process()
         try:
             rc = fn(argv)
         except OocError as e:

@@ -6,7 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ooc
 from ooc.storage import csc_from_edges, write_dataset
+
+# the test process runs as ooc's commands do (OpenMP pools that do not busy-wait, tuned
+# malloc); `import ooc` alone changes nothing process-wide
+ooc.configure_process()
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

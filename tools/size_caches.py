@@ -116,6 +116,7 @@ def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     data = rep["dataset"]["path"]
     drop_page_cache(data)
     mode = rep["sizes"]["mode"]
+    report_path = report_path.resolve()  # the run's working folder is the checkout
     out = report_path.with_name(f"{report_path.stem}.{mode}.train.json")
     sizes_file = report_path.with_name(f"{report_path.stem}.{mode}.sizes.json")
     sizes_file.write_text(json.dumps({"sizes": rep["sizes"]}))

@@ -65,6 +65,9 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
     whose size is estimated per local node and per edge (x rows, torch copies,
     messages, the int64 edge index).
     """
+    from ...memory import tune_malloc
+
+    tune_malloc()  # a budget holds only with freed chunk arrays returned to the OS
     out_chunk_bytes = chunk_rows * d_out * 4
     in_chunk_bytes = chunk_rows * d_in * 4
     avail = budget - rss - 2 * out_chunk_bytes - SAFETY_BYTES

@@ -300,8 +300,10 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
         OocError: the budget is below what the preset needs (the message gives
             the smallest budget that works, see :func:`suggest_budget`).
     """
+    from ...memory import tune_malloc
     from ..loader.presets import resolve_preset
 
+    tune_malloc()  # a budget holds only with freed batch arrays returned to the OS
     preset = resolve_preset(config.mode if preset is None else preset)
     opts = options or _default_options()
     budget = int(budget)
