@@ -1,0 +1,70 @@
+"""Numba kernels of :mod:`ooc.storage.reorder`: size-capped label propagation over a CSC
+graph and the counting sort that turns labels into a node order."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def propagate_window(ptr, window, v0, label, size, cap, scratch):
+    """One label-propagation sweep over nodes ``v0 .. v0 + len(ptr) - 2``.
+
+    ``ptr`` is ``indptr[v0 : v1 + 1]`` (absolute offsets) and ``window`` the in-neighbour
+    ids ``indices[ptr[0] : ptr[-1]]``. Each node takes the label most frequent among its
+    in-neighbours (ties: its own label, then the smaller one), moving only into a label that holds fewer
+    than ``cap`` nodes; ``size`` counts the nodes per label and is kept up to date.
+    ``scratch`` holds at least the largest degree. Returns how many nodes moved.
+    """
+    moved = 0
+    base = ptr[0]
+    for k in range(ptr.shape[0] - 1):
+        a = ptr[k] - base
+        d = ptr[k + 1] - ptr[k]
+        if d == 0:
+            continue
+        v = v0 + k
+        for j in range(d):
+            scratch[j] = label[window[a + j]]
+        buf = np.sort(scratch[:d])
+        cur = label[v]
+        best, best_cnt = cur, 0
+        i = 0
+        while i < d:
+            lab = buf[i]
+            j = i
+            while j < d and buf[j] == lab:
+                j += 1
+            c = j - i
+            if (c > best_cnt or (c == best_cnt and lab == cur)) and (lab == cur or size[lab] < cap):
+                best, best_cnt = lab, c
+            i = j
+        if best != cur:
+            size[cur] -= 1
+            size[best] += 1
+            label[v] = best
+            moved += 1
+    return moved
+
+
+@njit(cache=True, nogil=True)
+def order_by_label(label, count, out):
+    """Node ids grouped by label into ``out`` ([N], int32 or int64): labels in increasing
+    order, nodes in id order within a label (a stable counting sort). ``count`` is a
+    zeroed scratch of N + 1 integers (labels are node ids)."""
+    n = label.shape[0]
+    for v in range(n):
+        count[label[v] + 1] += 1
+    for r in range(n):
+        count[r + 1] += count[r]
+    for v in range(n):
+        r = label[v]
+        out[count[r]] = v
+        count[r] += 1
+
+
+@njit(cache=True, nogil=True)
+def inverse_into(perm, rank):
+    """``rank[perm[i]] = i`` for every i (``rank``: [N], int32 or int64)."""
+    for i in range(perm.shape[0]):
+        rank[perm[i]] = i
