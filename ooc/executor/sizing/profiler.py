@@ -423,6 +423,9 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
         f"{_fmt(plan.neighbor_cache_bytes)}, superbatch {plan.superbatch_size})")
     stages = {k: _Stage() for k in ("sample", "write", "changesets", "load", "switch", "gather",
                                     "update", "compute")}
+    from ...storage.pagecache import drop_page_cache
+
+    drop_page_cache(dataset.path)  # reads are timed cold, as a training run starts them
     with _Stage() as build_st:
         stack = build_stack(dataset, config, rec, preset=preset)
     try:
