@@ -38,7 +38,8 @@ RUNNER = r"""
 import json, os, signal, sys, time
 cases = json.load(sys.stdin)
 import ooc.partition.__main__, ooc.prepare, ooc.train
-import ooc.executor.loader.stack, ooc.executor.training.trainer, ooc.inspector.sampler, ooc.storage.ingest  # noqa
+import ooc.executor.loader.stack, ooc.executor.training.trainer  # noqa
+import ooc.inspector.sampler, ooc.storage.ingest  # noqa
 mains = {"ooc.prepare": ooc.prepare.main, "ooc.train": ooc.train.main,
          "ooc.partition": ooc.partition.__main__.main}
 results = {}
@@ -425,7 +426,8 @@ CASES = [
          r"{d}/ds/features.bin: truncated: 4096 bytes, meta.json says \d+"),
     Case("split-overlap", "ooc.train", TRAIN,
          _then(_copy_base, lambda d: _save_split(
-             _ds(d), "val_idx.npy", np.r_[np.load(_ds(d) / "val_idx.npy"), np.load(_ds(d) / "train_idx.npy")[0]])),
+             _ds(d), "val_idx.npy",
+             np.r_[np.load(_ds(d) / "val_idx.npy"), np.load(_ds(d) / "train_idx.npy")[0]])),
          r"{d}/ds/val_idx.npy: node \d+ is listed also in train_idx.npy"),
     Case("split-duplicate", "ooc.train", TRAIN,
          _then(_copy_base, lambda d: _save_split(

@@ -64,7 +64,8 @@ def test_truncated_runtime_file_is_an_error(tmp_path):
     indptr, indices = _graph()
     sampler = NeighborSampler(indptr, indices, [4])
     seeds, bseeds = _batches(400, 50)
-    write_samples(tmp_path / "sb", SuperbatchSamples.from_batches(sampler.sample_many(seeds[:2], bseeds[:2]), 1))
+    batches = sampler.sample_many(seeds[:2], bseeds[:2])
+    write_samples(tmp_path / "sb", SuperbatchSamples.from_batches(batches, 1))
     p = tmp_path / "sb" / "node_ids.bin"
     p.write_bytes(p.read_bytes()[:-8])
     with pytest.raises(OocError, match="node_ids.bin: truncated"):

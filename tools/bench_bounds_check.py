@@ -42,7 +42,8 @@ dt, dc = time.perf_counter() - t, time.process_time() - c
 h = hashlib.sha256()
 for b in out:
     h.update(b.node_ids.tobytes()); h.update(b.edge_index.tobytes())
-print(json.dumps({"seconds": dt, "cpu_seconds": dc, "edges": sum(b.num_edges for b in out), "digest": h.hexdigest()}))
+print(json.dumps({"seconds": dt, "cpu_seconds": dc, "edges": sum(b.num_edges for b in out),
+                  "digest": h.hexdigest()}))
 """
 
 

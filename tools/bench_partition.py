@@ -211,7 +211,8 @@ def run_one(data: Path, parts: int, algo: str, seed: int, tmp: Path, timeout: in
                "--seed", str(seed)]
     else:
         cmd = [sys.executable, "-m", "ooc.partition", "--data", str(data), "--parts", str(parts),
-               "--algo", algo.split("-")[0], "--out", str(tmp / "out"), "--overwrite", "--no-split", "--quiet",
+               "--algo", algo.split("-")[0], "--out", str(tmp / "out"), "--overwrite", "--no-split",
+               "--quiet",
                "--seed", str(seed), "--report", str(rep), "--refine-passes", str(refine)]
         if algo.startswith("spring"):
             cmd += list(spring_args)

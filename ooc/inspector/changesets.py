@@ -62,12 +62,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
 
 from ..storage.errors import OocError
 from . import _changeset_kernels as K
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Changesets", "ChangesetStep", "FlatChangesets", "final_state", "precompute_changesets",
            "flatten_batches", "local_ids"]
@@ -142,7 +145,10 @@ class FlatChangesets:
         out_ptr = np.zeros(len(steps) + 1, np.int64)
         np.cumsum([len(a) for a in ins], out=in_ptr[1:])
         np.cumsum([len(a) for a in outs], out=out_ptr[1:])
-        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
+
+        def cat(xs: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(xs) if xs else np.zeros(0, np.int64)
+
         return cls(arr(cs.init_ids), cat(ins), cat(pos), in_ptr, cat(outs), out_ptr)
 
 

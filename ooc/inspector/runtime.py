@@ -119,7 +119,8 @@ def _run(coro) -> None:
     try:
         asyncio.run(coro)
     except OSError as e:
-        raise OocError(f"{e.filename or 'runtime folder'}: {e.strerror or e} while writing runtime files") from None
+        raise OocError(f"{e.filename or 'runtime folder'}: {e.strerror or e} while writing runtime "
+                       f"files") from None
 
 
 def superbatch_dir(runtime_dir: str | os.PathLike, k: int) -> Path:

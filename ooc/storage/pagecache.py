@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import mmap
 
 
 def drop_page_cache(path: str | os.PathLike) -> int:

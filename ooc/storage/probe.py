@@ -6,8 +6,8 @@ backend is first run in ``python -m ooc.storage.probe MODULE:CLASS FILE``: impor
 open (ring set-up), read the file's first page with ``O_DIRECT`` and compare
 it with a buffered read. The verdict (``ok``, refused, failed, or killed by a
 signal) is cached under ``<cache>/probe/`` keyed by the backend, its
-version and the files it would be imported from, ooc's version, the Python, the kernel, the CPU's feature flags and
-the file system (device) of the file, so later runs pay nothing.
+version and the files it would be imported from, ooc's version, the Python, the kernel, the
+CPU's feature flags and the file system (device) of the file, so later runs pay nothing.
 
 The cache folder is ``$OOC_CACHE``, else ``$XDG_CACHE_HOME/ooc``, else
 ``~/.cache/ooc`` (see :func:`cache_dir`).
