@@ -293,6 +293,9 @@ class _Measured:
     read_gather: float = 0.0
     gather_batches: int = 0
     step_s: tuple[float, float] = (0.0, 0.0)
+    #: batches the timed changeset passes covered, and the pass for the next superbatch
+    changeset_batches: int = 0
+    next_changesets: Callable[[list], Any] | None = None
 
 
 def profile(dataset, config, options, budget: int, reserve: int | None = None,
@@ -465,10 +468,11 @@ def _superbatch_stages(stack, preset, config, shape: _Shape, m: _Measured, gpu: 
         with st["write"]:
             samples = SuperbatchSamples.from_batches(m.batches[:S0], len(config.fanouts))
             sbytes = write_samples(folder, samples)
+        preset.policy.changesets(n, capacity, config.device)(m.trace[:2])  # compile (not timed)
         fn = preset.policy.changesets(n, capacity, config.device)
-        fn(m.trace[:2])  # warm-up: the first call may compile the kernels (not timed)
         with st["changesets"]:
             cs = FlatChangesets.from_changesets(fn(m.trace[:S0]))
+        m.changeset_batches, m.next_changesets = S0, fn
         if gpu["available"]:
             gpu.update(_gpu_changesets(m.trace[:S0], n, capacity, shape.S))
         cbytes = write_changesets(folder, cs)
@@ -496,8 +500,10 @@ def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> Non
         with st["switch"]:
             m.switched = cache.switch(cs.init_ids, features)
     m.read_switch = features.read_s - read0
-    m.gather_batches = min(shape.S0, 32) if cache is not None else min(shape.T, 8)
+    m.gather_batches = min(shape.T, max(shape.S0, 8), 32)
     for j in range(m.gather_batches):
+        if cs is not None and j and j % shape.S == 0:  # the next superbatch, as training runs it
+            cs = _next_superbatch(m, shape, j, cache, features)
         with st["gather"]:
             if cache is not None:
                 rows, miss = cache.gather(m.trace[j], features)
@@ -507,12 +513,28 @@ def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> Non
         m.lookups += len(m.trace[j])
         if cs is not None:
             with st["update"]:
-                i_ids, o_ids, i_pos = cs.step(j)
+                i_ids, o_ids, i_pos = cs.step(j % shape.S)
                 cache.update(i_ids, o_ids, i_pos, rows)
         del rows
     m.read_gather = features.read_s - read0 - m.read_switch
     m.step_s = _time_steps(model, optimizer, m.batches, features, dataset, device,
                            st["compute"], compute_steps)
+
+
+def _next_superbatch(m: _Measured, shape: _Shape, j: int, cache, features):
+    """Changesets of the superbatch starting at batch ``j`` (the cache carried from the
+    previous one) and its switch, each timed into its stage."""
+    from ...inspector.changesets import FlatChangesets
+
+    chunk = m.trace[j:j + shape.S]
+    with m.stages["changesets"]:
+        cs = FlatChangesets.from_changesets(m.next_changesets(chunk))
+    m.changeset_batches += len(chunk)
+    read0 = features.read_s
+    with m.stages["switch"]:
+        m.switched += cache.switch(cs.init_ids, features)
+    m.read_switch += features.read_s - read0
+    return cs
 
 
 def _simulate(dataset, preset, plan, shape: _Shape, m: _Measured, gpu: dict):
@@ -551,7 +573,8 @@ def _rates(m: _Measured, sim: dict, shape: _Shape, preset) -> dict[str, Any]:
     per_batch: dict[str, tuple[float, float]] = {
         "sample": ((st["sample"].wall + st["write"].wall) / T,
                    (st["sample"].cpu + st["write"].cpu) / T),
-        "changesets": (st["changesets"].wall / S0, st["changesets"].cpu / S0),
+        "changesets": (st["changesets"].wall / max(m.changeset_batches, 1),
+                       st["changesets"].cpu / max(m.changeset_batches, 1)),
         "load": (st["load"].wall / S0, st["load"].cpu / S0),
         "gather": (gather_wall + u.wall / gb, gather_cpu + u.cpu / gb),
         "compute": m.step_s,
