@@ -75,7 +75,10 @@ def check_disk(workdir: Path, shape: sg.Shape, stages: list[str], have_raw: bool
     out = outputs_bytes(shape, stages)
     need = (0 if have_raw else shape.raw_bytes()) + dataset_bytes(shape)
     need += max([out[s] for s in stages if s in out] or [0])
-    free = shutil.disk_usage(workdir).free
+    probe = workdir
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
     facts = {"need_bytes": need, "free_bytes": free}
     if need > free:
         log(f"error: {workdir}: the run writes about {format_size(need)} (raw graph "
@@ -178,12 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--scale must be in (0, 1] and --stages a subset of {STAGES}")
     shape = sg.Shape.of(args.scale)
     wd = args.workdir or TOOLS.parent / "bench_tmp" / f"scale-{args.scale:g}"
-    wd.mkdir(parents=True, exist_ok=True)
     w = {"raw": wd / "ogb", "data": wd / "data", "ckpt": wd / "ckpt", "runtime": wd / "runtime",
          "emb": wd / "emb.zarr", "parts": wd / "parts", "reports": wd / "reports"}
-    w["reports"].mkdir(exist_ok=True)
     facts = sg.written(w["raw"], shape, args.compress)
     disk = check_disk(wd, shape, stages, facts is not None)
+    w["reports"].mkdir(parents=True, exist_ok=True)
     log(f"scale {args.scale:g}: {shape.nodes:,} nodes, {shape.edges:,} directed edges "
         f"({2 * shape.edges:,} stored), {shape.feature_dim} dims; budget "
         f"{format_size(args.memory_budget)}; disk {format_size(disk['need_bytes'])} needed, "

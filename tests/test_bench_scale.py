@@ -1,0 +1,73 @@
+"""tools/scale_graph.py writes OGB's binary raw layout that numpy reads back as written;
+tools/bench_scale.py refuses, before writing anything, a disk too small for the run."""
+import gzip
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import bench_scale  # noqa: E402
+import scale_graph as sg  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    shape = sg.Shape.of(0.0001)           # 11,106 nodes, 161,569 edges
+    folder = tmp_path_factory.mktemp("ogb")
+    facts = sg.write_ogb_binary(folder, shape, chunk_edges=50_000, chunk_rows=3000,
+                                log=lambda m: None)
+    return folder, shape, facts
+
+
+def _ids(path: Path) -> np.ndarray:
+    with gzip.open(path, "rt") as f:
+        return np.array([int(line) for line in f if line.strip()], dtype=np.int64)
+
+
+def test_layout_and_content(tiny):
+    folder, shape, facts = tiny
+    z = np.load(folder / "raw" / "data.npz")
+    ei, x = z["edge_index"], z["node_feat"]
+    assert ei.shape == (2, shape.edges) and ei.dtype == np.int64
+    assert x.shape == (shape.nodes, 128) and x.dtype == np.float32
+    assert 0 <= ei.min() and ei.max() < shape.nodes and not (ei[0] == ei[1]).any()
+    assert int(z["num_nodes_list"][0]) == shape.nodes and int(z["num_edges_list"][0]) == shape.edges
+    # chunked writing equals one pass of the generator (rows regenerated for the targets)
+    src = sg.SyntheticEdges(shape.nodes, shape.edges, shape.classes, shape.p_in, shape.seed,
+                            communities=facts["communities"])
+    s, d, _, _ = next(src.chunks(shape.edges, shape.nodes))
+    np.testing.assert_array_equal(ei[0], s)
+    np.testing.assert_array_equal(ei[1], d)
+    y = np.load(folder / "raw" / "node-label.npz")["node_label"]
+    assert y.shape == (shape.nodes, 1)
+    splits = [_ids(folder / "split" / "time" / f"{n}.csv.gz") for n in ("train", "valid", "test")]
+    labelled = np.flatnonzero(~np.isnan(y[:, 0]))
+    np.testing.assert_array_equal(np.sort(np.concatenate(splits)), labelled)   # disjoint, all labelled
+    for ids, frac in zip(splits, shape.fractions):
+        assert abs(len(ids) / shape.nodes - frac) < 0.004
+    assert set(np.unique(y[labelled, 0])) <= set(range(shape.classes))
+    deg = np.bincount(ei.ravel(), minlength=shape.nodes)
+    assert deg.min() >= 1 and deg.max() > 20 * deg.mean()          # no isolated node; skewed
+    assert 0.05 < facts["features_only_acc"] < 0.5                  # the features alone are weak
+
+
+def test_rewrite_is_skipped_only_for_the_same_parameters(tiny):
+    folder, shape, _ = tiny
+    assert sg.written(folder, shape, compress=False) is not None
+    assert sg.written(folder, shape, compress=True) is None
+    assert sg.written(folder, sg.Shape.of(0.0001, seed=1), compress=False) is None
+
+
+def test_refuses_a_disk_too_small(tmp_path, monkeypatch, capsys):
+    class Usage:
+        free = 10 << 20
+    monkeypatch.setattr(bench_scale.shutil, "disk_usage", lambda p: Usage)
+    with pytest.raises(SystemExit) as e:
+        bench_scale.main(["--scale", "0.001", "--memory-budget", "1GiB", "--workdir",
+                          str(tmp_path / "w")])
+    assert e.value.code == 2
+    err = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "free" in err and "writes about" in err
+    assert not (tmp_path / "w").exists()
