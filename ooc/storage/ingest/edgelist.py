@@ -86,13 +86,17 @@ class NpyReader:
     """A ``.npy`` file read in chunks through plain reads (so RSS stays bounded).
 
     Validates the header and that the file holds all the data the header
-    promises (a truncated file is an error naming it).
+    promises (a truncated file is an error naming it). ``start`` and ``name``
+    read an array stored at byte ``start`` of a larger file (an uncompressed
+    member of an ``.npz``), named ``name`` in errors.
     """
 
-    def __init__(self, path):
-        self.path = check_input(path)
+    def __init__(self, path, start: int = 0, name: str | None = None, size: int | None = None):
+        self.file = check_input(path)
+        self.path = Path(name) if name is not None else self.file
         try:
-            with open(self.path, "rb") as f:
+            with open(self.file, "rb") as f:
+                f.seek(start)
                 version = np.lib.format.read_magic(f)
                 if version == (1, 0):
                     shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -105,15 +109,15 @@ class NpyReader:
             raise _err(self.path, "holds Python objects (dtype object); expected a numeric array")
         self.shape, self.fortran, self.dtype = tuple(shape), bool(fortran), np.dtype(dtype)
         self.size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
-        need = self.offset + self.size * self.dtype.itemsize
-        have = self.path.stat().st_size
+        need = self.offset - start + self.size * self.dtype.itemsize
+        have = size if size is not None else self.file.stat().st_size - start
         if have < need:
             raise _err(self.path, f"truncated: {have} bytes, the header promises {need}")
         self.nbytes = self.size * self.dtype.itemsize
 
     def read_flat(self, start: int, count: int) -> np.ndarray:
         """Elements ``start .. start+count`` of the array in file order."""
-        with open(self.path, "rb") as f:
+        with open(self.file, "rb") as f:
             f.seek(self.offset + start * self.dtype.itemsize)
             a = np.fromfile(f, dtype=self.dtype, count=count)
         if a.size != count:
@@ -129,7 +133,8 @@ class NpyReader:
         n, d = self.shape
         if not self.fortran:
             return self.read_flat(a * d, (b - a) * d).reshape(b - a, d)
-        mm = np.load(self.path, mmap_mode="r")
+        mm = np.memmap(self.file, dtype=self.dtype, mode="r", offset=self.offset,
+                       shape=self.shape, order="F")
         return np.ascontiguousarray(mm[a:b])
 
 
@@ -188,8 +193,8 @@ class BinEdges(EdgeSource):
 class NpyEdges(EdgeSource):
     """A ``.npy`` integer array of shape [2, E] (PyG ``edge_index``) or [E, 2]."""
 
-    def __init__(self, path):
-        self.r = NpyReader(path)
+    def __init__(self, path, reader: NpyReader | None = None):
+        self.r = reader if reader is not None else NpyReader(path)
         self.path = self.r.path
         shape = self.r.shape
         if len(shape) != 2 or 2 not in shape:
@@ -545,8 +550,9 @@ def write_constant_features(w: DatasetWriter, value: float = 1.0) -> None:
     sink.sync()
 
 
-def open_features(path, num_nodes: int | None = None) -> NpyReader:
-    r = NpyReader(path)
+def open_features(path, num_nodes: int | None = None, reader: NpyReader | None = None
+                  ) -> NpyReader:
+    r = reader if reader is not None else NpyReader(path)
     if len(r.shape) != 2:
         raise _err(r.path, f"features have shape {r.shape}; expected [num_nodes, dim]")
     if r.dtype.kind not in "fiub":

@@ -1,12 +1,20 @@
 """OGB node-property raw folders to dataset format v1, streamed.
 
-Layout read (as downloaded by ``ogb`` for e.g. ``ogbn-arxiv``)::
+Layouts read (as downloaded by ``ogb`` for e.g. ``ogbn-arxiv``, or binary as
+``ogbn-papers100M`` ships)::
 
     ROOT/raw/edge.csv.gz             src,dst per line (the ogbn graphs are directed)
     ROOT/raw/node-feat.csv.gz        N lines of D comma-separated floats
     ROOT/raw/node-label.csv.gz       N lines, one label (nan: unlabeled)
     ROOT/raw/num-node-list.csv.gz    optional: N
+  or
+    ROOT/raw/data.npz                edge_index [2, E], node_feat [N, D], num_nodes_list [1]
+    ROOT/raw/node-label.npz          node_label [N, 1] (nan: unlabeled)
+  and
     ROOT/split/<name>/{train,valid,test}.csv.gz   node ids, one per line
+
+The binary members are read in place when stored, or inflated once into a scratch
+folder beside the output when deflated (:mod:`.npz`); never loaded whole.
 
 The gzipped CSVs are decompressed in blocks: edges go through the edge-list
 count/scatter passes, features through a block parser into page-aligned
@@ -15,10 +23,13 @@ chunks of ``features.bin``.
 from __future__ import annotations
 
 import gzip
+import os
+import shutil
 import time
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -26,8 +37,10 @@ from ..writer import DatasetWriter
 from . import _kernels as K
 from ..dataset import MAX_CLASSES
 from . import limits as L
-from .edgelist import (DEFAULT_BUFFER, FeatureSink, TextEdges, _err, _progress, check_input,
-                       check_not_empty, check_out, count_pass, scatter_passes)
+from . import npz
+from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, TextEdges, _err,
+                       _progress, check_input, check_not_empty, check_out, count_pass,
+                       open_features, scatter_passes, write_constant_features, write_features_npy)
 
 
 def _line_blocks(path: Path, block: int = 8 << 20) -> Iterator[tuple[bytes, int]]:
@@ -96,6 +109,9 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
     """Convert an OGB node-property dataset folder ``root`` (holding ``raw/``
     and ``split/``) to a dataset folder ``out`` and return its path.
 
+    ``raw/`` is read in either layout OGB ships: gzipped CSVs (``edge.csv.gz``,
+    ``node-feat.csv.gz``, ...) or binary ``.npz`` (``data.npz`` with ``edge_index``
+    [2, E] and ``node_feat`` [N, D], ``node-label.npz``), as papers100M comes.
     Refused like :func:`~.edgelist.ingest_edgelist`: no edges, a node in two
     splits, NaN/inf features unless ``allow_nonfinite``."""
     t0 = time.perf_counter()
@@ -103,24 +119,57 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
     out = check_out(out, overwrite, (root,))
     if not root.is_dir():
         raise _err(root, "not found (expected an OGB dataset folder with raw/ and split/)")
-    raw = root / "raw"
+    if root.name == "raw" and not (root / "raw").is_dir():
+        raise _err(root, f"is the raw/ folder itself: pass its parent ({root.parent}), which "
+                         f"holds raw/ and split/")
+    split, split_files = _split_files(root, split)
+    scratch = out.parent / f".{out.name}.inflate-{os.getpid()}"
+    try:
+        src = (_binary_inputs(root / "raw", scratch) if (root / "raw" / "data.npz").exists()
+               else _csv_inputs(root / "raw"))
+        return _ingest(root, out, src, split, split_files, undirected, dedup, remove_self_loops,
+                       feature_dtype, name, buffer_bytes, overwrite, progress, stats,
+                       allow_nonfinite, t0)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _split_files(root: Path, split: str | None) -> tuple[str | None, list[Path] | None]:
+    """The split's name and its three id files under ``root/split/``."""
+    split_dir = root / "split"
+    if not split_dir.is_dir():
+        if split is not None:
+            raise _err(split_dir, "not found")
+        return None, None
+    names = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+    if split is None:
+        if len(names) > 1:
+            raise _err(split_dir, f"holds several splits {names}; pick one with --split")
+        split = names[0] if names else None
+    if split is None:
+        return None, None
+    return split, [check_input(split_dir / split / f"{k}.csv.gz") for k in ("train", "valid", "test")]
+
+
+@dataclass
+class _Inputs:
+    """One raw layout's pieces: the edge stream, the node count (-1: from the edges),
+    the labels (float [N], NaN unlabeled; None: none), the feature dim and writer."""
+
+    source: EdgeSource
+    n: int
+    labels: np.ndarray | None
+    label_path: Path
+    dim: int
+    feature_path: Path
+    write_features: Callable[[DatasetWriter, int, int, bool], None]
+
+
+def _csv_inputs(raw: Path) -> _Inputs:
     edge_path = check_input(raw / "edge.csv.gz")
     feat_path = raw / "node-feat.csv.gz"
     label_path = raw / "node-label.csv.gz"
     nn_path = raw / "num-node-list.csv.gz"
-    split_dir = root / "split"
-    split_files = None
-    if split_dir.is_dir():
-        names = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
-        if split is None:
-            if len(names) > 1:
-                raise _err(split_dir, f"holds several splits {names}; pick one with --split")
-            split = names[0] if names else None
-        if split is not None:
-            split_files = [check_input(split_dir / split / f"{k}.csv.gz") for k in ("train", "valid", "test")]
-    elif split is not None:
-        raise _err(split_dir, "not found")
-
     labels = _read_column(check_input(label_path)) if label_path.exists() else None
     if nn_path.exists():
         nn = _read_column(nn_path)
@@ -134,27 +183,9 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
         n = labels.shape[0]
     else:
         n = -1
-    source = TextEdges(edge_path)
-    counts = count_pass(source, n, undirected, remove_self_loops, buffer_bytes, progress)
-    n = counts.shape[0]
-    check_not_empty(source, counts)
-    if labels is not None:
-        if labels.ndim != 1 or labels.shape[0] != n:
-            raise _err(label_path, f"has {labels.shape[0]} rows, the graph has {n} nodes")
-        bad = ~np.isnan(labels) & ((labels != np.round(labels)) | (labels < 0)
-                                    | (labels >= MAX_CLASSES))
-        if bad.any():
-            raise _err(label_path, f"line {int(np.argmax(bad)) + 1}: label {labels[bad][0]} is not a class id")
-        y = np.where(np.isnan(labels), -1, labels).astype(np.int64)
-    splits = ([_read_ids(p, n) for p in split_files] if split_files
-              else [np.zeros(0, np.int64)] * 3)
     dim = _feature_dim(check_input(feat_path)) if feat_path.exists() else 1
-    meta_src = {"kind": "ogb", "root": str(root), "split": split, "undirected_added": undirected,
-                "dedup": dedup, "self_loops_removed": remove_self_loops}
-    with DatasetWriter(out, n, dim, feature_dtype, name=name or root.name, directed=not undirected,
-                       overwrite=overwrite, source=meta_src, allow_nonfinite=allow_nonfinite,
-                       features_name=str(feat_path)) as w:
-        st = scatter_passes(w, source, counts, undirected, dedup, remove_self_loops, buffer_bytes, progress)
+
+    def write(w: DatasetWriter, n: int, buffer_bytes: int, progress: bool) -> None:
         sink = FeatureSink(w)
         if feat_path.exists():
             _stream_features(feat_path, sink, n, dim, buffer_bytes, progress)
@@ -163,6 +194,85 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
                 b = min(n, a + sink.chunk_rows(16 << 20))
                 sink.write(a, np.ones((b - a, 1), np.float32))
         sink.sync()
+
+    return _Inputs(TextEdges(edge_path), n, labels, label_path, dim, feat_path, write)
+
+
+def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
+    """``raw/data.npz`` (``edge_index`` [2, E], ``node_feat`` [N, D], optional
+    ``num_nodes_list`` [1]) and ``raw/node-label.npz`` (``node_label`` [N] or [N, 1]),
+    each member streamed (see :mod:`.npz`)."""
+    data = raw / "data.npz"
+    have = npz.members(data)
+    source = NpyEdges(data, reader=npz.npz_member(data, "edge_index", scratch))
+    n = -1
+    if "num_nodes_list" in have:
+        r = npz.npz_member(data, "num_nodes_list", scratch)
+        nn = r.read_all().reshape(-1)
+        if nn.size != 1 or r.dtype.kind not in "iu" or nn[0] < 1:
+            raise _err(r.path, f"holds {nn.tolist()[:4]}; expected one positive node count (only "
+                               f"single-graph node datasets are supported)")
+        n = int(nn[0])
+        L.check_node_count(n, f"{r.path} ({n} nodes)")
+    feat = None
+    if "node_feat" in have:
+        feat = open_features(None, None, reader=npz.npz_member(data, "node_feat", scratch))
+        if n < 0:
+            n = feat.shape[0]
+        elif feat.shape[0] != n:
+            raise _err(feat.path, f"features have {feat.shape[0]} rows, num_nodes_list says {n}")
+    labels, label_path = None, raw / "node-label.npz"
+    if label_path.exists():
+        r = npz.npz_member(label_path, "node_label", scratch)
+        y = r.read_all()
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.ndim != 1 or (n >= 0 and y.shape[0] != n):
+            raise _err(r.path, f"labels have shape {r.shape}; expected [{n if n >= 0 else 'N'}] "
+                               f"or [N, 1]")
+        if y.dtype.kind not in "fiub":
+            raise _err(r.path, f"labels have dtype {y.dtype}; expected numbers")
+        labels, label_path = y.astype(np.float64), r.path
+        n = labels.shape[0] if n < 0 else n
+
+    def write(w: DatasetWriter, n: int, buffer_bytes: int, progress: bool) -> None:
+        if feat is None:
+            write_constant_features(w)
+        else:
+            write_features_npy(w, feat, buffer_bytes, progress)
+
+    return _Inputs(source, n, labels, label_path, feat.shape[1] if feat is not None else 1,
+                   feat.path if feat is not None else data, write)
+
+
+def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected: bool,
+            dedup: bool, remove_self_loops: bool, feature_dtype: str, name: str,
+            buffer_bytes: int, overwrite: bool, progress: bool, stats: dict | None,
+            allow_nonfinite: bool, t0: float) -> Path:
+    counts = count_pass(src.source, src.n, undirected, remove_self_loops, buffer_bytes, progress)
+    n = counts.shape[0]
+    check_not_empty(src.source, counts)
+    labels = src.labels
+    if labels is not None:
+        if labels.ndim != 1 or labels.shape[0] != n:
+            raise _err(src.label_path, f"has {labels.shape[0]} rows, the graph has {n} nodes")
+        bad = ~np.isnan(labels) & ((labels != np.round(labels)) | (labels < 0)
+                                    | (labels >= MAX_CLASSES))
+        if bad.any():
+            raise _err(src.label_path, f"line {int(np.argmax(bad)) + 1}: label {labels[bad][0]} "
+                                       f"is not a class id")
+        y = np.where(np.isnan(labels), -1, labels).astype(np.int64)
+    splits = ([_read_ids(p, n) for p in split_files] if split_files
+              else [np.zeros(0, np.int64)] * 3)
+    meta_src = {"kind": "ogb", "root": str(root), "split": split, "undirected_added": undirected,
+                "dedup": dedup, "self_loops_removed": remove_self_loops,
+                "layout": "npz" if isinstance(src.source, NpyEdges) else "csv"}
+    with DatasetWriter(out, n, src.dim, feature_dtype, name=name or root.name,
+                       directed=not undirected, overwrite=overwrite, source=meta_src,
+                       allow_nonfinite=allow_nonfinite, features_name=str(src.feature_path)) as w:
+        st = scatter_passes(w, src.source, counts, undirected, dedup, remove_self_loops,
+                            buffer_bytes, progress)
+        src.write_features(w, n, buffer_bytes, progress)
         if labels is not None:
             w.write_labels(y, int(y.max()) + 1 if y.size else 0)
         w.write_splits(*splits, names=tuple(str(p) for p in split_files) if split_files
