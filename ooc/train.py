@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = dict(
     feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
     memory_budget=None, io_backend="auto",
     workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
-    optimizer_sync="average", halo_hops=None, no_eval=False, max_weight_growth=100.0,
+    optimizer_sync="average", halo_hops=None, no_eval=False, max_weight_growth=10.0,
 )
 #: Kernel modules a training run compiles on its first run on a machine.
 TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",

@@ -33,7 +33,7 @@ class TrainConfig:
     mode: str = "baseline"
     eval_final: bool = True
     #: the largest factor by which one step may grow the weights (see ``finite.py``)
-    max_weight_growth: float = 100.0
+    max_weight_growth: float = 10.0
 
     @property
     def num_layers(self) -> int:
