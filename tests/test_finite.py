@@ -80,8 +80,8 @@ def test_exploding_step_stops_fit_and_keeps_the_previous_checkpoint(graph, tmp_p
         saved = (ck / "epoch_0001.pt").read_bytes()
         for group in t.optimizer.param_groups:
             group["lr"] = 50.0  # finite, but each step moves weights of ~0.1 by ~50
-        with pytest.raises(ExplodingUpdate, match=r"epoch 2, step 1 of \d+: the step grew the "
-                                                  r"weights [\d.e+]+x, above"):
+        with pytest.raises(ExplodingUpdate, match=r"the step of epoch 2, batch 1 of \d+ grew "
+                                                  r"the weights [\d.e+]+x, above"):
             t.fit(epochs=2, checkpoint_dir=ck)
     assert sorted(p.name for p in ck.iterdir()) == ["epoch_0001.pt"]
     assert (ck / "epoch_0001.pt").read_bytes() == saved
@@ -92,7 +92,7 @@ def test_huge_lr_stops_the_cli_with_one_line_and_no_checkpoint(graph, tmp_path):
     p = _train_cli("--data", str(graph), "--lr", "1e308", "--epochs", "1",
                    "--checkpoint-dir", str(ck))
     assert p.returncode == 2, p.stdout + p.stderr
-    assert_one_line_error(p.stderr, "epoch 1, step 1 of", "weights are not finite")
+    assert_one_line_error(p.stderr, "weights are not finite after the step of epoch 1, batch 1 of")
     assert not ck.exists() or not any(ck.iterdir())
 
 
@@ -110,7 +110,7 @@ def test_poisoned_feature_stops_the_cli_with_nan_loss(tmp_path):
     ck = tmp_path / "ck"
     p = _train_cli("--data", str(data), "--epochs", "1", "--checkpoint-dir", str(ck))
     assert p.returncode == 2, p.stdout + p.stderr
-    assert_one_line_error(p.stderr, "epoch 1, step 1 of", "training loss is nan")
+    assert_one_line_error(p.stderr, "training loss is nan at epoch 1, batch 1 of")
     assert not ck.exists() or not any(ck.iterdir())
 
 
@@ -123,7 +123,7 @@ def test_resumed_run_that_explodes_keeps_the_checkpoints_it_had(graph, tmp_path)
     p = _train_cli("--checkpoint-dir", str(ck), "--resume", "--epochs", "2",
                    "--max-weight-growth", "1.000001")
     assert p.returncode == 2, p.stdout + p.stderr
-    assert_one_line_error(p.stderr, "epoch 2, step 1 of", "--max-weight-growth 1")
+    assert_one_line_error(p.stderr, "the step of epoch 2, batch 1 of", "--max-weight-growth 1")
     assert sorted(f.name for f in ck.iterdir()) == ["epoch_0001.pt"]
     assert (ck / "epoch_0001.pt").read_bytes() == saved
 

@@ -76,6 +76,11 @@ MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
 #: budget allows for (measured: under 1% on Cora and on the bench dataset).
 STABILITY = 0.02
+#: A step too large to run is charged its estimate times this (the estimate's low end
+#: is 0.8x the measured step) plus torch's first-call allocations, so that the
+#: budget a refusal suggests runs.
+SKIPPED_STEP_FACTOR = 1.25
+SKIPPED_STEP_EXTRA = 16 * MiB
 
 
 @dataclass
@@ -346,8 +351,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
         raise OocError(f"--memory-budget {_fmt(budget)} is below what mode {preset.name} needs: "
                        f"{_fmt(working)} working memory"
                        + (f" + {_fmt(extra)} of requested caches" if extra else "")
-                       + f" + {_fmt(reserve)} reserve; the smallest budget that works is "
-                       f"{plan.min_budget // MiB}MiB")
+                       + f" + {_fmt(reserve)} reserve; {probe['too_large']}the smallest budget "
+                       f"that works is {plan.min_budget // MiB}MiB")
     if preset.caches:
         _split_free(plan, dataset, preset, opts, free, neighbor_fraction)
     plan.planned_peak_bytes = working + plan.feature_cache_bytes + plan.neighbor_cache_bytes
@@ -448,9 +453,9 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None) -> di
     config evaluates), ``bytes_per_batch`` (runtime files), ``ids_per_batch``,
     ``max_edges`` (the most sampled edges of one batch) and ``step_estimate``.
 
-    Raises:
-        OocError: the computed estimate of a step (:func:`step_bytes`) does not
-            fit under ``limit`` (absolute RSS); the step is then not run.
+    A step whose computed estimate (:func:`.step_memory.step_bytes`) does not fit
+    under ``limit`` (absolute RSS) is not run: its estimate is charged instead, and
+    ``too_large`` says why (the planner then refuses the budget).
     """
     from ...inspector.pipeline import bytes_per_batch
     from ...inspector.sampler import NeighborSampler
@@ -483,7 +488,7 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None) -> di
         gc.collect()
         trim_malloc()
     return {"peaks": peaks, "bytes_per_batch": bpb, "ids_per_batch": ids_per_batch,
-            "max_edges": max_edges, "step_estimate": hold.estimate}
+            "max_edges": max_edges, "step_estimate": hold.estimate, "too_large": hold.too_large}
 
 
 class _Holder:
@@ -496,6 +501,8 @@ class _Holder:
         self.sampler, self.features, self.model = sampler, features, model
         self.dataset, self.peaks, self.limit = dataset, peaks, limit
         self.estimate: dict[str, int] = {}
+        #: why a step was not run (its estimate did not fit), for the refusal
+        self.too_large = ""
 
     def sample(self, ids, bs: int, seed: int, epoch: int, shuffle: bool) -> list:
         """The first ``PREFETCH + 2`` sampled batches of ``bs`` seeds of that epoch."""
@@ -516,10 +523,11 @@ class _Holder:
         rows = [self.features.read(b.node_ids) for b in batches]
         big = int(np.argmax([b.num_nodes for b in batches]))
         train = option == "--batch-size"
-        if self.model is not None:
-            self._check_fits(batches[big], (ids, bs, seed, epoch, shuffle), option, train)
+        if self.model is not None and self._fits(batches[big], (ids, bs, seed, epoch, shuffle),
+                                                 option, train, key_loop):
             _probe_step(self.model, batches[big], rows[big], self.dataset, train=train)
-        self.peaks[key_loop] = hwm_bytes() if ok else rss_bytes()
+        if key_loop not in self.peaks:
+            self.peaks[key_loop] = hwm_bytes() if ok else rss_bytes()
         del rows
         gc.collect()
         trim_malloc()
@@ -531,29 +539,36 @@ class _Holder:
         return step_bytes(self.model, batch.num_sampled_nodes, batch.num_sampled_edges,
                           int(batch.num_seeds), train=train)
 
-    def _check_fits(self, batch, epoch_args: tuple, option: str, train: bool) -> None:
-        """Refuse (one line) a step whose estimate does not fit beside what is held now,
-        naming the largest batch size whose sampled batches' estimates would."""
+    def _fits(self, batch, epoch_args: tuple, option: str, train: bool, key_loop: str) -> bool:
+        """Whether to run the step: its computed estimate fits beside what is held now,
+        or the budget is below what is held already and the step is no larger than that
+        (measured; the budget is refused later either way). Otherwise its peak is charged
+        as held + the estimate (:data:`SKIPPED_STEP_FACTOR`, :data:`SKIPPED_STEP_EXTRA`),
+        and, when some room is left, ``too_large`` says what the step needs and the
+        largest batch size that would fit."""
         est = self._step_bytes(batch, train)
         if est is None:
-            return
+            return True
         if train or not self.estimate:
             self.estimate = {**asdict(est), "total": est.total, "batch_nodes": int(batch.num_nodes)}
         held = rss_bytes()
         if self.limit is None or held + est.total <= self.limit:
-            return
-        what = "training step" if train else "evaluation forward"
+            return True
+        if held >= self.limit and est.total <= held:
+            return True  # the budget is below what is held already: measure, refuse later
+        self.peaks[key_loop] = max(hwm_bytes(), held + int(SKIPPED_STEP_FACTOR * est.total)
+                                   + SKIPPED_STEP_EXTRA)
+        if held >= self.limit:
+            return False
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in asdict(est).items() if v)
         fit = self._largest_batch(epoch_args, train, self.limit - held)
-        hint = (f"{option} {fit} would fit" if fit >= 1 else
-                f"not even one seed fits (the gradients and Adam state alone need "
-                f"{_fmt(est.optimizer)}): use a smaller --hidden or fewer classes")
-        bs = epoch_args[1]
-        raise OocError(f"--memory-budget: one {what} on a batch of {bs} seeds "
-                       f"({batch.num_nodes:,} nodes) needs about {_fmt(est.total)} ({parts}) "
-                       f"beside the {_fmt(held)} already in use, more than the budget less its "
-                       f"reserve ({_fmt(self.limit)}); {hint}, or use a --memory-budget of at "
-                       f"least {suggest_budget(held + est.total) // MiB}MiB")
+        what = "training step" if train else "evaluation forward"
+        self.too_large = self.too_large or (
+            f"one {what} on a batch of {epoch_args[1]} seeds ({batch.num_nodes:,} nodes) needs "
+            f"about {_fmt(est.total)} ({parts}); "
+            + (f"{option} {fit} would fit; at {option} {epoch_args[1]} " if fit >= 1 else
+               "not even one seed would fit (use a smaller --hidden or fewer classes); "))
+        return False
 
     def _largest_batch(self, epoch_args: tuple, train: bool, room: int) -> int:
         """The largest batch size below the given one whose sampled batches' step

@@ -69,7 +69,8 @@ def layer_work(nodes: Sequence[int], edges: Sequence[int], num_layers: int
 def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: int,
                train: bool = True) -> StepEstimate | None:
     """The estimate for ``model`` (a :class:`~ooc.executor.training.models.GNN`; None for
-    another model) on a batch with per-hop node and edge counts ``nodes``/``edges``.
+    another model, or one not on the CPU, whose step is not in the process's RSS) on a
+    batch with per-hop node and edge counts ``nodes``/``edges``.
 
     Per layer: its aggregated input rows once, and their gradient when it flows back
     (training, layers after the first); its output rows four times in hidden layers
@@ -78,7 +79,7 @@ def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: in
     """
     from ..training.models import GNN
 
-    if not isinstance(model, GNN):
+    if not isinstance(model, GNN) or any(p.device.type != "cpu" for p in model.parameters()):
         return None
     params = [p.numel() for p in model.parameters() if p.requires_grad]
     optimizer = (3 * sum(params) + 2 * max(params, default=0)) * F32 if train else 0

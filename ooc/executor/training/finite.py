@@ -83,14 +83,14 @@ def check_step(path, epoch: int, step: int, steps: int, loss: float, growth: flo
                limit: float) -> None:
     """Raise :class:`NonFiniteLoss` or :class:`ExplodingUpdate` naming the epoch and the
     step (1-based, of ``steps``) when ``loss`` or ``growth`` is out of bounds."""
-    where = f"{path}: epoch {epoch}, step {step} of {steps}"
+    at = f"epoch {epoch}, batch {step} of {steps}"
     keep = f"training stopped before saving epoch {epoch}"
     if not math.isfinite(loss):
-        raise NonFiniteLoss(f"{where}: training loss is {loss} (non-finite features or "
+        raise NonFiniteLoss(f"{path}: training loss is {loss} at {at} (non-finite features or "
                             f"weights, or --lr too high); {keep}")
     if not math.isfinite(growth):
-        raise ExplodingUpdate(f"{where}: the weights are not finite after the step "
+        raise ExplodingUpdate(f"{path}: the weights are not finite after the step of {at} "
                               f"(--lr too high?); {keep}")
     if growth > limit:
-        raise ExplodingUpdate(f"{where}: the step grew the weights {growth:.3g}x, above "
+        raise ExplodingUpdate(f"{path}: the step of {at} grew the weights {growth:.3g}x, above "
                               f"--max-weight-growth {limit:g} (--lr too high?); {keep}")
