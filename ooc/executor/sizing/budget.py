@@ -17,11 +17,17 @@ file pages this process maps):
    probe samples that many batches of epoch 1 with the mode's uncached
    neighbour path, gathers all their rows with its uncached feature path
    (every row a miss: the largest reader buffers) and runs one training step
-   on a copy of the model (Adam state included) with the largest of them;
-   the kernel's high-water mark (reset through ``/proc/self/clear_refs``)
-   gives the peak above ``setup_rss``. Evaluation (larger batches on
-   Planetoid splits) is probed the same way with a no-grad forward, and the
-   larger of the two counts.
+   of the model itself (Adam at learning rate 0: the weights stay as they are;
+   its state included) with the largest of them; the kernel's high-water mark
+   (reset through ``/proc/self/clear_refs``) gives the peak above
+   ``setup_rss``. Evaluation (larger batches on Planetoid splits) is probed
+   the same way with a no-grad forward, plus the Adam state and gradients
+   training keeps meanwhile, and the larger of the two counts. A step is run
+   only when its computed estimate (:mod:`.step_memory`: optimizer state,
+   every layer's rows at the sampled hop sizes, message buffers, logits, loss)
+   fits beside what is held; one that does not is charged its estimate and
+   the refusal names the largest batch size that fits, so a huge class count,
+   hidden size, fanout or batch is refused instead of killed.
 3. Computed: the feature cache's tables beside its rows (int32 [N] address
    table, and for ``ooc`` the switch's bool [N] mask), the transient of
    building the neighbor cache or the degree order (N-sized temporaries and
