@@ -1,6 +1,7 @@
 """Finite numbers in training: a non-finite loss or weights, or an exploding step, stops
 the run with one line (CLI exit 2) and no checkpoint of that epoch; normal training
 never trips the check; model averaging refuses a non-finite sum."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +127,17 @@ def test_resumed_run_that_explodes_keeps_the_checkpoints_it_had(graph, tmp_path)
     assert_one_line_error(p.stderr, "the step of epoch 2, batch 1 of", "--max-weight-growth 1")
     assert sorted(f.name for f in ck.iterdir()) == ["epoch_0001.pt"]
     assert (ck / "epoch_0001.pt").read_bytes() == saved
+
+
+def test_diverged_worker_ends_the_distributed_run_with_exit_2(graph, tmp_path):
+    ck = tmp_path / "ck"
+    p = _train_cli("--data", str(graph), "--lr", "1e308", "--epochs", "1", "--workers", "2",
+                   "--checkpoint-dir", str(ck))
+    assert p.returncode == 2, p.stdout + p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert re.match(r"ooc: worker rank \d failed: exit code 2: .*weights are not finite after "
+                    r"the step of epoch 1, batch 1 of", last), last
+    assert not ck.exists() or not any(ck.iterdir())
 
 
 def test_averaging_refuses_a_non_finite_sum():
