@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = dict(
     feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
     memory_budget=None, io_backend="auto",
     workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
-    optimizer_sync="average", halo_hops=None, no_eval=False,
+    optimizer_sync="average", halo_hops=None, no_eval=False, max_weight_growth=10.0,
 )
 #: Kernel modules a training run compiles on its first run on a machine.
 TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",
@@ -156,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d['lr']})")
     p.add_argument("--weight-decay", type=float, help="Adam weight decay (default 5e-4)")
     p.add_argument("--dropout", type=float, help=f"dropout (default {d['dropout']})")
+    p.add_argument("--max-weight-growth", type=float, metavar="X",
+                   help="stop when one step grows the weights more than X times (an exploding "
+                        "update; normal steps stay within a few percent; default "
+                        f"{d['max_weight_growth']:g})")
     p.add_argument("--epochs", type=int, help=f"train until this epoch (default {d['epochs']})")
     p.add_argument("--seed", type=int, help=f"random seed (default {d['seed']})")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"],
@@ -257,7 +261,8 @@ def _check_options(s: dict[str, Any], progress: bool):
                          hidden=s["hidden"], dropout=s["dropout"], heads=s["heads"], lr=s["lr"],
                          weight_decay=s["weight_decay"], epochs=s["epochs"], seed=s["seed"],
                          eval_every=s["eval_every"], device=s["device"],
-                         num_threads=s["threads"], progress=progress, mode=s["mode"])
+                         num_threads=s["threads"], progress=progress, mode=s["mode"],
+                         max_weight_growth=s["max_weight_growth"])
     config.validate()
     if s["no_eval"]:
         config.eval_every = 10**9

@@ -173,9 +173,20 @@ def finish_average(total: Mapping[str, torch.Tensor], weight: float,
     """The averaged state: ``total / weight`` in the dtypes and devices of ``like``.
 
     Entries of ``like`` that are not averaged (integer buffers) are copied.
+
+    Raises:
+        TrainingDiverged: an entry of the sum is NaN or infinite (a local model or its
+            Adam state is not finite); every worker sums the same totals, so every
+            worker raises, and no model takes the average in.
     """
     if not weight > 0:
         raise OocError("model averaging: the partitions have no training nodes in total")
+    bad = next((k for k, v in total.items() if not bool(torch.isfinite(v).all())), None)
+    if bad is not None:
+        from ..training.finite import TrainingDiverged
+
+        raise TrainingDiverged(f"model averaging: {bad} is not finite in the sum of the local "
+                               f"models (a local model diverged); nothing was averaged in")
     out: dict[str, torch.Tensor] = {}
     for k, v in like.items():
         if k in total:

@@ -165,7 +165,7 @@ def launch(argv: Sequence[str], workers: int, python: str | None = None) -> int:
         group.join_output()
         if failure is not None:
             print(group.failure_message(failure), file=sys.stderr, flush=True)
-            return 1
+            return 2 if failure.rc == 2 else 1  # a worker's one-line error stays exit 2
         print(f"ooc.train: {workers} workers finished in "
               f"{time.perf_counter() - t_start:.1f}s, start-up included", flush=True)
         return 0

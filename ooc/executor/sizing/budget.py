@@ -17,11 +17,17 @@ file pages this process maps):
    probe samples that many batches of epoch 1 with the mode's uncached
    neighbour path, gathers all their rows with its uncached feature path
    (every row a miss: the largest reader buffers) and runs one training step
-   on a copy of the model (Adam state included) with the largest of them;
-   the kernel's high-water mark (reset through ``/proc/self/clear_refs``)
-   gives the peak above ``setup_rss``. Evaluation (larger batches on
-   Planetoid splits) is probed the same way with a no-grad forward, and the
-   larger of the two counts.
+   of the model itself (Adam at learning rate 0: the weights stay as they are;
+   its state included) with the largest of them; the kernel's high-water mark
+   (reset through ``/proc/self/clear_refs``) gives the peak above
+   ``setup_rss``. Evaluation (larger batches on Planetoid splits) is probed
+   the same way with a no-grad forward, plus the Adam state and gradients
+   training keeps meanwhile, and the larger of the two counts. A step is run
+   only when its computed estimate (:mod:`.step_memory`: optimizer state,
+   every layer's rows at the sampled hop sizes, message buffers, logits, loss)
+   fits beside what is held; one that does not is charged its estimate and
+   the refusal names the largest batch size that fits, so a huge class count,
+   hidden size, fanout or batch is refused instead of killed.
 3. Computed: the feature cache's tables beside its rows (int32 [N] address
    table, and for ``ooc`` the switch's bool [N] mask), the transient of
    building the neighbor cache or the degree order (N-sized temporaries and
@@ -55,7 +61,6 @@ memory cgroup where one is used).
 """
 from __future__ import annotations
 
-import copy
 import gc
 import math
 import os
@@ -77,6 +82,11 @@ MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
 #: budget allows for (measured: under 1% on Cora and on the bench dataset).
 STABILITY = 0.02
+#: A step too large to run is charged its estimate times this (the estimate's low end
+#: is 0.8x the measured step) plus torch's first-call allocations, so that the
+#: budget a refusal suggests runs.
+SKIPPED_STEP_FACTOR = 1.25
+SKIPPED_STEP_EXTRA = 16 * MiB
 
 
 @dataclass
@@ -102,6 +112,10 @@ class MemoryPlan:
     superbatch_size_disk: int | None = None
     #: how the numba kernels were made ready before ``setup_rss`` was measured
     kernels: str = ""
+    #: the peak RSS the run should reach: working memory and the caches (bytes)
+    planned_peak_bytes: int = 0
+    #: the computed estimate of the probed training step (:mod:`.step_memory`), by part
+    step_estimate: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -315,7 +329,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     gc.collect()
     trim_malloc()
     setup = stages["setup_rss"] = rss_bytes()
-    probe = _probe(dataset, config, opts, model, preset)
+    probe = _probe(dataset, config, opts, model, preset, limit=budget - reserve)
     loop = stages["loop_peak"] = max(0, max(probe["peaks"].values()) - setup)
     loop_parts = loop + _computed_parts(dataset, preset, opts, probe["max_edges"], stages)
     explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0
@@ -338,16 +352,18 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
                       stage_peaks={k: int(v) for k, v in probe["peaks"].items()},
                       runtime_bytes_per_batch=float(probe["bytes_per_batch"]),
                       ids_per_batch=probe["ids_per_batch"],
-                      superbatch_size_disk=sb.size_disk if sb else None, kernels=kernels)
+                      superbatch_size_disk=sb.size_disk if sb else None, kernels=kernels,
+                      step_estimate=probe["step_estimate"])
     free = budget - working - reserve
     if free < extra:
         raise OocError(f"--memory-budget {_fmt(budget)} is below what mode {preset.name} needs: "
                        f"{_fmt(working)} working memory"
                        + (f" + {_fmt(extra)} of requested caches" if extra else "")
-                       + f" + {_fmt(reserve)} reserve; the smallest budget that works is "
-                       f"{plan.min_budget // MiB}MiB")
+                       + f" + {_fmt(reserve)} reserve; {probe['too_large']}the smallest budget "
+                       f"that works is {plan.min_budget // MiB}MiB")
     if preset.caches:
         _split_free(plan, dataset, preset, opts, free, neighbor_fraction)
+    plan.planned_peak_bytes = working + plan.feature_cache_bytes + plan.neighbor_cache_bytes
     return plan
 
 
@@ -438,12 +454,16 @@ def _build_transient(dataset, preset, explicit_n: int | None) -> int:
     return out
 
 
-def _probe(dataset, config, opts, model, preset) -> dict[str, Any]:
+def _probe(dataset, config, opts, model, preset, limit: int | None = None) -> dict[str, Any]:
     """Reproduce the loop's fullest moment and measure its peak RSS (absolute).
 
     Returns ``peaks`` (``sample``, ``train_loop``, ``eval_loop`` when the
-    config evaluates), ``bytes_per_batch`` (runtime files), ``ids_per_batch``
-    and ``max_edges`` (the most sampled edges of one batch).
+    config evaluates), ``bytes_per_batch`` (runtime files), ``ids_per_batch``,
+    ``max_edges`` (the most sampled edges of one batch) and ``step_estimate``.
+
+    A step whose computed estimate (:func:`.step_memory.step_bytes`) does not fit
+    under ``limit`` (absolute RSS) is not run: its estimate is charged instead, and
+    ``too_large`` says why (the planner then refuses the budget).
     """
     from ...inspector.pipeline import bytes_per_batch
     from ...inspector.sampler import NeighborSampler
@@ -455,9 +475,9 @@ def _probe(dataset, config, opts, model, preset) -> dict[str, Any]:
     try:
         sampler = NeighborSampler(dataset.indptr, src.neighbors, list(config.fanouts),
                                   num_threads=config.num_threads)
-        hold = _Holder(sampler, src.features, model, dataset, peaks)
+        hold = _Holder(sampler, src.features, model, dataset, peaks, limit)
         batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
-                       "sample", "train_loop", True)
+                       "sample", "train_loop", "--batch-size")
         bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
         max_edges = max(int(sum(b.num_sampled_edges)) for b in batches)
         ids_per_batch = float(np.mean([b.num_nodes for b in batches]))
@@ -467,70 +487,155 @@ def _probe(dataset, config, opts, model, preset) -> dict[str, Any]:
             split = max((dataset.val_idx, dataset.test_idx), key=len)
             if len(split):
                 hold(split, config.eval_batch_size or config.batch_size,
-                     config.seed + EVAL_SEED_OFFSET, 0, False, None, "eval_loop", False)
+                     config.seed + EVAL_SEED_OFFSET, 0, False, None, "eval_loop",
+                     "--eval-batch-size")
+                peaks["eval_loop"] += _training_state_bytes(model)
     finally:
         src.close()
         preset.readers.after_probe(dataset)
         gc.collect()
         trim_malloc()
     return {"peaks": peaks, "bytes_per_batch": bpb, "ids_per_batch": ids_per_batch,
-            "max_edges": max_edges}
+            "max_edges": max_edges, "step_estimate": hold.estimate, "too_large": hold.too_large}
 
 
 class _Holder:
     """Holds what the pipeline holds at its fullest (``PREFETCH + 2`` batches sampled
-    and gathered, one step on the largest) and records the peak RSS."""
+    and gathered, one step on the largest) and records the peak RSS; a step whose
+    computed estimate does not fit under ``limit`` is refused instead of run."""
 
-    def __init__(self, sampler, features, model, dataset, peaks: dict[str, int]):
+    def __init__(self, sampler, features, model, dataset, peaks: dict[str, int],
+                 limit: int | None = None):
         self.sampler, self.features, self.model = sampler, features, model
-        self.dataset, self.peaks = dataset, peaks
+        self.dataset, self.peaks, self.limit = dataset, peaks, limit
+        self.estimate: dict[str, int] = {}
+        #: why a step was not run (its estimate did not fit), for the refusal
+        self.too_large = ""
 
-    def __call__(self, ids, bs: int, seed: int, epoch: int, shuffle: bool,
-                 key_sample: str | None, key_loop: str, train: bool) -> list:
+    def sample(self, ids, bs: int, seed: int, epoch: int, shuffle: bool) -> list:
+        """The first ``PREFETCH + 2`` sampled batches of ``bs`` seeds of that epoch."""
         from ...inspector.sampler import derive_seed, epoch_batches
 
         seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:PREFETCH + 2]
+        return self.sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
+                                                       for b in range(len(seed_batches))])
+
+    def __call__(self, ids, bs: int, seed: int, epoch: int, shuffle: bool,
+                 key_sample: str | None, key_loop: str, option: str) -> list:
+        """``option``: the batch-size option of these batches (``--batch-size`` trains,
+        ``--eval-batch-size`` evaluates)."""
         ok = reset_hwm()
-        batches = self.sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
-                                                          for b in range(len(seed_batches))])
+        batches = self.sample(ids, bs, seed, epoch, shuffle)
         if key_sample:
             self.peaks[key_sample] = hwm_bytes() if ok else rss_bytes()
         rows = [self.features.read(b.node_ids) for b in batches]
         big = int(np.argmax([b.num_nodes for b in batches]))
-        if self.model is not None:
+        train = option == "--batch-size"
+        if self.model is not None and self._fits(batches[big], (ids, bs, seed, epoch, shuffle),
+                                                 option, train, key_loop):
             _probe_step(self.model, batches[big], rows[big], self.dataset, train=train)
-        self.peaks[key_loop] = hwm_bytes() if ok else rss_bytes()
+        if key_loop not in self.peaks:
+            self.peaks[key_loop] = hwm_bytes() if ok else rss_bytes()
         del rows
         gc.collect()
         trim_malloc()
         return batches
 
+    def _step_bytes(self, batch, train: bool):
+        from .step_memory import step_bytes
+
+        return step_bytes(self.model, batch.num_sampled_nodes, batch.num_sampled_edges,
+                          int(batch.num_seeds), train=train)
+
+    def _fits(self, batch, epoch_args: tuple, option: str, train: bool, key_loop: str) -> bool:
+        """Whether to run the step: its computed estimate fits beside what is held now,
+        or the budget is below what is held already and the step is no larger than that
+        (measured; the budget is refused later either way). Otherwise its peak is charged
+        as held + the estimate (:data:`SKIPPED_STEP_FACTOR`, :data:`SKIPPED_STEP_EXTRA`),
+        and, when some room is left, ``too_large`` says what the step needs and the
+        largest batch size that would fit."""
+        est = self._step_bytes(batch, train)
+        if est is None:
+            return True
+        if train or not self.estimate:
+            self.estimate = {**asdict(est), "total": est.total, "batch_nodes": int(batch.num_nodes)}
+        held = rss_bytes()
+        if self.limit is None or held + est.total <= self.limit:
+            return True
+        if held >= self.limit and est.total <= held:
+            return True  # the budget is below what is held already: measure, refuse later
+        self.peaks[key_loop] = max(hwm_bytes(), held + int(SKIPPED_STEP_FACTOR * est.total)
+                                   + SKIPPED_STEP_EXTRA)
+        if held >= self.limit:
+            return False
+        parts = ", ".join(f"{k} {_fmt(v)}" for k, v in asdict(est).items() if v)
+        fit = self._largest_batch(epoch_args, train, self.limit - held)
+        what = "training step" if train else "evaluation forward"
+        self.too_large = self.too_large or (
+            f"one {what} on a batch of {epoch_args[1]} seeds ({batch.num_nodes:,} nodes) needs "
+            f"about {_fmt(est.total)} ({parts}); "
+            + (f"{option} {fit} would fit; at {option} {epoch_args[1]} " if fit >= 1 else
+               "not even one seed would fit (use a smaller --hidden or fewer classes); "))
+        return False
+
+    def _largest_batch(self, epoch_args: tuple, train: bool, room: int) -> int:
+        """The largest batch size below the given one whose sampled batches' step
+        estimates all fit in ``room`` bytes (0: none), by bisection."""
+        ids, bs, seed, epoch, shuffle = epoch_args
+        lo, hi = 0, bs - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            need = max(self._step_bytes(b, train).total
+                       for b in self.sample(ids, mid, seed, epoch, shuffle))
+            lo, hi = (mid, hi) if need <= room else (lo, mid - 1)
+        return lo
+
+
+def _training_state_bytes(model) -> int:
+    """What training keeps on the host between steps, and so while it evaluates: Adam's
+    two moments and the last step's gradients of every trainable CPU parameter."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters()
+                   if p.requires_grad and p.device.type == "cpu")
+
 
 def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
-    """One training step with Adam (``train``) or one no-grad forward in eval mode,
-    on a copy of ``model`` (:mod:`ooc.executor.training.step`); the RNG state is kept."""
+    """One training step with Adam (``train``) or one no-grad forward in eval mode on
+    ``model`` itself (:mod:`ooc.executor.training.step`), so no copy of a large model
+    is held: Adam's learning rate is 0, so the weights stay as they are; gradients,
+    buffers, the train/eval mode and the RNG state are put back."""
     import torch
 
     from ..loader.batch import to_data
     from ..training.step import default_loss, eval_forward, model_call, train_step
 
     state = torch.get_rng_state()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    buffers = {k: b.detach().clone() for k, b in model.named_buffers()}
+    was_training = model.training
     try:
-        m = copy.deepcopy(model)
+        for p in params:
+            p.grad = None
         ids = np.asarray(batch.node_ids, dtype=np.int64)
         y = np.asarray(dataset.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
-        data = to_data(batch, rows, y).to(next(m.parameters()).device)
-        call = model_call(m)
+        data = to_data(batch, rows, y).to(params[0].device if params else "cpu")
+        call = model_call(model)
         if train:
-            m.train()
-            opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+            model.train()
+            opt = torch.optim.Adam([p for p in params if p.requires_grad], lr=0.0)
             train_step(call, opt, default_loss, data)
             del opt
         else:
-            m.eval()
+            model.eval()
             eval_forward(call, data).argmax(-1)
-        del m, data, call
+        del data, call
     finally:
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.grad = g
+            for k, b in model.named_buffers():
+                b.copy_(buffers[k])
+        model.train(was_training)
         torch.set_rng_state(state)
 
 

@@ -32,6 +32,8 @@ class TrainConfig:
     progress: bool = True
     mode: str = "baseline"
     eval_final: bool = True
+    #: the largest factor by which one step may grow the weights (see ``finite.py``)
+    max_weight_growth: float = 10.0
 
     @property
     def num_layers(self) -> int:
@@ -48,6 +50,7 @@ class TrainConfig:
         check_range("--lr", self.lr, 0, None, lo_open=True)
         check_range("--weight-decay", self.weight_decay, 0, None)
         check_range("--dropout", self.dropout, 0, 1, hi_open=True)
+        check_range("--max-weight-growth", self.max_weight_growth, 1, None, lo_open=True)
 
 
 #: Integer settings of :class:`TrainConfig`: (field, CLI option, lowest, highest); a

@@ -34,6 +34,7 @@ from ..loader.batch import to_data
 from .checkpoint import (check_dataset, describe_model, load_checkpoint, save_checkpoint,
                          set_rng_state)
 from .config import LIMITS, TrainConfig  # noqa: F401  (re-exported from here too)
+from .finite import NonFiniteLoss, TrainingDiverged, UpdateWatch, check_step  # noqa: F401
 from .models import GNN, build_model
 from .step import default_loss, eval_forward, model_call, train_step  # noqa: F401
 
@@ -62,10 +63,6 @@ def epoch_torch_seed(seed: int, epoch: int) -> int:
     x = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
     x ^= x >> 31
     return x & ((1 << 63) - 1)
-
-
-class NonFiniteLoss(OocError):
-    """The training loss became NaN or infinite; the step was not taken."""
 
 
 class Timers:
@@ -137,6 +134,7 @@ class Trainer:
         self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(
             self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.loss = loss if loss is not None else default_loss
+        self._watch = UpdateWatch(list(self.model.parameters()))
         self.memory_plan = None
         self.mode_info: dict[str, Any] = {}
         self._pipeline = None
@@ -180,7 +178,8 @@ class Trainer:
         self.model.train()
         timers = Timers()
         producer = self.train_producer
-        loss_sum, correct, count, nodes, nb = 0.0, 0, 0, 0, 0
+        loss_sum, correct, count, nodes, nb, growth_max = 0.0, 0, 0, 0, 0, 0.0
+        self._watch.start()
         t_start = time.perf_counter()
         bar = tqdm(total=len(producer), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch",
                    leave=False, disable=(None if cfg.progress else True), dynamic_ncols=True)
@@ -199,18 +198,15 @@ class Trainer:
             with timers("transfer", sync=self.device):
                 data = data.to(self.device, non_blocking=True)
             with timers("compute"):
-                out, loss_v = train_step(self._call, self.optimizer, self.loss, data)
-                if not math.isfinite(loss_v):
+                try:
+                    loss_v, growth, n, right = self._step(data, epoch, nb + 1, len(producer))
+                except TrainingDiverged:
                     bar.close()
-                    raise NonFiniteLoss(f"{self.dataset.path}: training loss is {loss_v} at "
-                                        f"epoch {epoch}, batch {nb + 1} of {len(producer)} "
-                                        f"(non-finite features, or --lr too high); the weights "
-                                        f"of epoch {epoch - 1} are unchanged")
-                labeled = data.y >= 0
-                n = int(labeled.sum())
+                    raise
                 loss_sum += loss_v * n
-                correct += int((out.argmax(-1)[labeled] == data.y[labeled]).sum())
+                correct += right
                 count += n
+                growth_max = max(growth_max, growth)
             nodes += int(len(batch.node_ids))
             nb += 1
             self.batches_seen += 1
@@ -237,6 +233,7 @@ class Trainer:
             "timers": timers.as_dict(),
             "val_acc": None,  # filled when this epoch is evaluated (--eval-every)
             "io": io,
+            "max_weight_growth": round(growth_max, 6),
         }
         for k, v in timers.s.items():
             self.timers.add(k, v)
@@ -248,6 +245,26 @@ class Trainer:
         self.history.append(rec)
         self.log(self.summary_line(rec))
         return rec
+
+    def _step(self, data, epoch: int, step: int, steps: int) -> tuple[float, float, int, int]:
+        """One training step and its checks: ``(loss, weight growth, labeled seeds,
+        correct predictions)``, read from the device in one transfer.
+
+        Raises:
+            TrainingDiverged: the loss or the weights are not finite, or the step
+                grew the weights more than ``config.max_weight_growth``.
+        """
+        out, loss_v = train_step(self._call, self.optimizer, self.loss, data)
+        growth = torch.tensor(math.nan)
+        if math.isfinite(loss_v):
+            growth = self._watch.after_step()
+        labeled = data.y >= 0
+        right = (out.argmax(-1)[labeled] == data.y[labeled]).sum()
+        stats = torch.stack([growth.to(out.device, torch.float64), labeled.sum().double(),
+                             right.double()]).tolist()
+        check_step(self.dataset.path, epoch, step, steps, loss_v, stats[0],
+                   self.config.max_weight_growth)
+        return loss_v, stats[0], int(stats[1]), int(stats[2])
 
     def summary_line(self, rec: dict[str, Any]) -> str:
         t = rec["timers"]
