@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Sequence
 
 from .cli import ArgumentParser, add_report_arg, main_wrapper, parse_size, peak_rss_bytes
+from .memory import current_rss_bytes
 from .storage.errors import OocError
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
+from .storage.ingest.limits import BYTES_PER_NODE
 
 
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
@@ -154,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise OocError(f"--buffer {args.buffer} bytes is more than the {avail} bytes of memory "
                        f"available now")
     t0 = time.perf_counter()
+    rss0 = current_rss_bytes()
     stats: dict = {}
     progress = not args.no_progress
     common = dict(overwrite=args.overwrite, progress=progress, buffer_bytes=args.buffer, stats=stats,
@@ -181,7 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {"command": args.command, "out": str(out), "num_nodes": stats.get("num_nodes"),
               "num_edges": stats.get("num_edges"), "time_s": round(time.perf_counter() - t0, 3),
               "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": args.buffer,
-              "passes": stats.get("passes"), "windows": stats.get("windows")}
+              "passes": stats.get("passes"), "windows": stats.get("windows"),
+              # ingest's own charge (storage.ingest.limits): O(N) arrays plus the buffer
+              "planned_peak_bytes": int(rss0 + BYTES_PER_NODE * (stats.get("num_nodes") or 0)
+                                        + args.buffer)}
     print(f"wrote {out}: {report['num_nodes']} nodes, {report['num_edges']} edges "
           f"in {report['time_s']:.1f} s", file=sys.stderr)
     if args.report:
