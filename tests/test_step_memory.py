@@ -35,9 +35,11 @@ def classes_64k(tmp_path_factory) -> Path:
     return _many_classes(tmp_path_factory.mktemp("c") / "d", 1 << 16)
 
 
-def test_layer_work_follows_trim_to_layer():
-    # hops: 4 seeds, 20 at hop 1, 60 at hop 2; edges 20 into the seeds, 60 into hop 1
-    assert layer_work([4, 20, 60], [20, 60], 2) == [(84, 80), (24, 20)]
+def test_layer_work_follows_the_forward_pass():
+    # hops: 4 seeds, 20 at hop 1, 60 at hop 2; edges 20 into the seeds, 60 into hop 1;
+    # SAGE/GAT write the rows the next layer reads, GCN every row it reads
+    assert layer_work([4, 20, 60], [20, 60], 2) == [(84, 24, 80), (24, 4, 20)]
+    assert layer_work([4, 20, 60], [20, 60], 2, bipartite=False) == [(84, 84, 80), (24, 24, 20)]
 
 
 def test_estimate_charges_the_output_layer_and_the_optimizer():
@@ -46,7 +48,7 @@ def test_estimate_charges_the_output_layer_and_the_optimizer():
     p = sum(t.numel() for t in m.parameters())
     big = max(t.numel() for t in m.parameters())
     assert est.optimizer == 4 * (3 * p + 2 * big)
-    assert est.logits == 3 * (64 + 320) * (1 << 16) * 4        # rows of the last layer x C
+    assert est.logits == 3 * 64 * (1 << 16) * 4        # rows the last layer writes (seeds) x C
     assert est.loss == 3 * 64 * (1 << 16) * 4
     ev = step_bytes(m, [64, 320, 1600], [320, 1600], 64, train=False)
     assert ev.optimizer == 0 and ev.total < est.total

@@ -569,7 +569,8 @@ class _Holder:
         if held >= self.limit:
             return False
         parts = ", ".join(f"{k} {_fmt(v)}" for k, v in asdict(est).items() if v)
-        fit = self._largest_batch(epoch_args, train, self.limit - held)
+        # 10% below the room: another run holds a little more or samples larger batches
+        fit = self._largest_batch(epoch_args, train, int(0.9 * (self.limit - held)))
         what = "training step" if train else "evaluation forward"
         self.too_large = self.too_large or (
             f"one {what} on a batch of {epoch_args[1]} seeds ({batch.num_nodes:,} nodes) needs "

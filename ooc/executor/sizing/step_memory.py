@@ -8,8 +8,9 @@ would. It charges, in float32:
 
 * the optimizer (training only): gradients, Adam's two moments, and the step's
   temporaries (two of the largest parameter);
-* per layer ``l`` (run on the first ``L - l`` hops of the batch, the way
-  ``trim_to_layer`` runs it): its input and output rows, three times
+* per layer ``l`` (reading the first ``L - l + 1`` hops of the batch and writing
+  rows for the first ``L - l``, or for all it reads under GCN, as
+  :meth:`~ooc.executor.training.models.GNN.forward` runs it): its input and output rows
   (forward values kept for backward, their gradients, the temporaries of the
   convolution's sum); the output layer's rows are the logits, ``rows x C``;
 * the layer's message buffers (:func:`message_elements`, what the aggregation
@@ -48,7 +49,7 @@ def message_elements(kind: str, rows: int, edges: int, d_in: int, d_out: int, he
     """Float elements a layer's aggregation holds at its fullest (``backward``: gradients
     flow back into the layer's input). SAGE gathers its input rows per edge
     (``edges x d_in``), and their gradient when ``backward``; GCN and GAT add a self loop
-    per row and gather the transformed rows (``d_out``) and their weighted copies, GAT
+    per target row and gather the transformed rows (``d_out``) and their weighted copies, GAT
     also ~10 attention values per edge and head (scores, softmax, dropout, gradients).
     """
     if kind == "sage":
@@ -59,11 +60,17 @@ def message_elements(kind: str, rows: int, edges: int, d_in: int, d_out: int, he
     return 4 * m * d_out + 10 * m * heads
 
 
-def layer_work(nodes: Sequence[int], edges: Sequence[int], num_layers: int
-               ) -> list[tuple[int, int]]:
-    """``(rows, edges)`` layer ``l`` runs on: the first ``L - l`` hops (``trim_to_layer``)."""
-    return [(sum(nodes[:num_layers + 1 - l]), sum(edges[:num_layers - l]))
-            for l in range(num_layers)]
+def layer_work(nodes: Sequence[int], edges: Sequence[int], num_layers: int,
+               bipartite: bool = True) -> list[tuple[int, int, int]]:
+    """``(rows read, rows written, edges)`` of layer ``l``: it reads the first
+    ``L - l + 1`` hops and their edges and writes rows for the first ``L - l`` hops
+    (``bipartite``: SAGE, GAT) or for every row it reads (GCN)."""
+    out = []
+    for l in range(num_layers):
+        rows_in = sum(nodes[:num_layers + 1 - l])
+        rows_out = sum(nodes[:max(1, num_layers - l)]) if bipartite else rows_in
+        out.append((rows_in, rows_out, sum(edges[:num_layers - l])))
+    return out
 
 
 def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: int,
@@ -84,16 +91,17 @@ def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: in
     params = [p.numel() for p in model.parameters() if p.requires_grad]
     optimizer = (3 * sum(params) + 2 * max(params, default=0)) * F32 if train else 0
     layers = messages = logits = 0
-    for l, (rows, m) in enumerate(layer_work(list(nodes), list(edges), model.num_layers)):
+    work = layer_work(list(nodes), list(edges), model.num_layers, model.kind != "gcn")
+    for l, (rows, rows_out, m) in enumerate(work):
         d_in, d_out = model.dims[l], model.dims[l + 1]
         backward = train and l > 0
         layers += (2 if backward else 1) * rows * d_in * F32
         if l == model.num_layers - 1:
-            logits = 3 * rows * d_out * F32
+            logits = 3 * rows_out * d_out * F32
         else:
-            layers += 4 * rows * d_out * F32
-        messages += message_elements(model.kind, rows, m, d_in, d_out, model.config["heads"],
-                                     backward) * F32
+            layers += 4 * rows_out * d_out * F32
+        messages += message_elements(model.kind, rows_out, m, d_in, d_out,
+                                     model.config["heads"], backward) * F32
     loss = (3 if train else 1) * int(batch_size) * model.dims[-1] * F32
     return StepEstimate(optimizer=int(optimizer), layers=int(layers), messages=int(messages),
                         logits=int(logits), loss=int(loss))

@@ -95,7 +95,7 @@ class GNN(torch.nn.Module):
         return F.elu(h) if self.kind == "gat" else F.relu(h)
 
     def layer(self, l: int, x: Tensor, edge_index: Tensor,
-              edge_weight: Tensor | None = None) -> Tensor:
+              edge_weight: Tensor | None = None, num_targets: int | None = None) -> Tensor:
         """Layer ``l`` on a local graph: conv, activation and dropout (training only).
 
         Args:
@@ -108,10 +108,13 @@ class GNN(torch.nn.Module):
                 normalised weights for ``edge_index``, which must already
                 contain the self loops; used as they are. Ignored by SAGE and
                 GAT.
+            num_targets: SAGE and GAT: compute only the first ``num_targets``
+                rows (every edge's target must be below it): the layer runs
+                bipartite, sources ``x``, targets ``x[:num_targets]``.
 
         Returns:
-            [n_local, d_out]; no activation after the last layer. Callers
-            keep the rows they need.
+            [n_local, d_out] (or [num_targets, d_out]); no activation after the
+            last layer. Callers keep the rows they need.
         """
         conv = self.convs[l]
         if self.kind == "gcn":
@@ -119,6 +122,8 @@ class GNN(torch.nn.Module):
                 edge_index, edge_weight = gcn_norm(edge_index, None, num_nodes=x.size(0),
                                                    add_self_loops=True, dtype=x.dtype)
             h = conv(x, edge_index, edge_weight)
+        elif num_targets is not None and num_targets < x.size(0):
+            h = conv((x, x[:num_targets]), edge_index, size=(x.size(0), num_targets))
         else:
             h = conv(x, edge_index)
         if l < self.num_layers - 1:
@@ -132,10 +137,12 @@ class GNN(torch.nn.Module):
         """All layers on a full graph or a sampled batch.
 
         With the per-hop counts of a sampled batch (NeighborLoader layout),
-        layer ``l`` runs on the first ``L - l`` hops only (trim_to_layer), so
-        the output has fewer rows than ``x``; the seeds come first either way,
-        and their rows equal those of the untrimmed pass (GCN keeps the
-        degrees of the whole sampled graph for that).
+        layer ``l`` reads the first ``L - l + 1`` hops and their edges only and
+        computes rows for the first ``L - l`` hops, the ones the next layer
+        reads (SAGE and GAT run bipartite; GCN computes every row it reads and
+        drops hops with ``trim_to_layer``). The output then holds the seeds'
+        rows first (SAGE and GAT: only them), equal to those of the untrimmed
+        pass (GCN keeps the degrees of the whole sampled graph for that).
         """
         trim = num_sampled_nodes_per_hop is not None and num_sampled_edges_per_hop is not None
         if not trim:
@@ -144,6 +151,8 @@ class GNN(torch.nn.Module):
             return x
         nodes = [int(v) for v in num_sampled_nodes_per_hop]
         edges = [int(v) for v in num_sampled_edges_per_hop]
+        if self.kind != "gcn":
+            return self._forward_bipartite(x, edge_index, nodes, edges)
         dinv = None
         if self.kind == "gcn":
             # Degrees of the whole sampled graph (+1 self loop), as the untrimmed
@@ -162,6 +171,22 @@ class GNN(torch.nn.Module):
                 ei = torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
                 w = torch.cat([dinv[edge_index[0]] * dinv[edge_index[1]], dinv[:n] * dinv[:n]])
                 x = self.layer(l, x, ei, w)
+        return x
+
+
+    def _forward_bipartite(self, x: Tensor, edge_index: Tensor, nodes: list[int],
+                           edges: list[int]) -> Tensor:
+        """Layer ``l`` reads hops ``0 .. L - l`` and the edges into hops ``0 .. L - l - 1``
+        (edges are ordered by hop, so that is a prefix) and writes rows for hops
+        ``0 .. L - l - 1`` only."""
+        L = self.num_layers
+        hops = len(nodes)
+        for l in range(L):
+            keep = max(1, min(hops, L - l + 1))
+            n_src = sum(nodes[:keep])
+            n_dst = sum(nodes[:keep - 1]) if keep > 1 else nodes[0]
+            m = sum(edges[:keep - 1])
+            x = self.layer(l, x[:n_src], edge_index[:, :m], num_targets=n_dst)
         return x
 
 
