@@ -50,12 +50,25 @@ class LayerwiseModel:
         gcn_norm: the layers take full-graph GCN weights (``edge_weight`` float32
             [m], self loops in ``edge_index``).
         name: the model's name in the report.
+        targets_only: ``layer`` takes ``num_targets=`` and computes only those
+            first rows (see :meth:`targets`).
     """
     module: torch.nn.Module
     num_layers: int
     layer: LayerFn
     gcn_norm: bool
     name: str
+    targets_only: bool = False
+
+    def targets(self, l: int, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None,
+                num_targets: int) -> Tensor:
+        """Layer ``l``'s rows for the first ``num_targets`` local nodes, [num_targets, d_out]
+        (every edge's target is below ``num_targets``): computed for those rows only
+        where the layer can (SAGE and GAT convolutions run bipartite), else computed for
+        every row and cut."""
+        if self.targets_only:
+            return self.layer(l, x, edge_index, edge_weight, num_targets=num_targets)
+        return self.layer(l, x, edge_index, edge_weight)[:num_targets]
 
     def digest(self) -> str:
         """A digest of the state dict (weights and buffers)."""
@@ -78,11 +91,14 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
     :class:`OocError` saying why it cannot be run layer by layer."""
     from torch_geometric.nn.models.basic_gnn import BasicGNN
 
+    from ..training.models import GNN
+
     if hasattr(model, "layer") and hasattr(model, "num_layers"):
         model.eval()
         gcn = getattr(model, "kind", None) == "gcn" or bool(getattr(model, "gcn_norm", False))
         return LayerwiseModel(model, int(model.num_layers), model.layer, gcn,
-                              str(getattr(model, "kind", type(model).__name__)))
+                              str(getattr(model, "kind", type(model).__name__)),
+                              targets_only=isinstance(model, GNN))
     if isinstance(model, BasicGNN):
         return _stock(model)
     raise OocError("the model does not follow the layer-wise protocol "
@@ -104,7 +120,8 @@ def _stock(model) -> LayerwiseModel:
                            "BatchNorm with running statistics, LayerNorm(mode='node') or none")
     gcn = _gcn_normalises(model)
     model.eval()
-    return LayerwiseModel(model, int(model.num_layers), _StockLayers(model, gcn), gcn, name)
+    return LayerwiseModel(model, int(model.num_layers), _StockLayers(model, gcn), gcn, name,
+                          targets_only=True)
 
 
 def _norm_problem(norm: torch.nn.Module) -> str | None:
@@ -153,20 +170,26 @@ class _StockLayers:
         self.model = model
         self.gcn = gcn
 
-    def _conv(self, l: int, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None) -> Tensor:
+    def _conv(self, l: int, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None,
+              num_targets: int | None) -> Tensor:
+        from torch_geometric.nn import GATConv, SAGEConv
+
         conv = self.model.convs[l]
+        n_t = x.size(0) if num_targets is None else int(num_targets)
+        if not self.gcn and n_t < x.size(0) and isinstance(conv, (SAGEConv, GATConv)):
+            return conv((x, x[:n_t]), edge_index, size=(x.size(0), n_t))
         if not self.gcn:
-            return conv(x, edge_index)
+            return conv(x, edge_index)[:n_t]
         conv.normalize = False  # the weights are final: full-graph gcn_norm
         try:
-            return conv(x, edge_index, edge_weight)
+            return conv(x, edge_index, edge_weight)[:n_t]
         finally:
             conv.normalize = True
 
     def __call__(self, l: int, x: Tensor, edge_index: Tensor,
-                 edge_weight: Tensor | None = None) -> Tensor:
+                 edge_weight: Tensor | None = None, num_targets: int | None = None) -> Tensor:
         m = self.model
-        h = self._conv(l, x, edge_index, edge_weight)
+        h = self._conv(l, x, edge_index, edge_weight, num_targets)
         if l == m.num_layers - 1:
             return h
         if m.act is not None and m.act_first:

@@ -108,9 +108,9 @@ class GNN(torch.nn.Module):
                 normalised weights for ``edge_index``, which must already
                 contain the self loops; used as they are. Ignored by SAGE and
                 GAT.
-            num_targets: SAGE and GAT: compute only the first ``num_targets``
-                rows (every edge's target must be below it): the layer runs
-                bipartite, sources ``x``, targets ``x[:num_targets]``.
+            num_targets: return only the first ``num_targets`` rows (every edge's
+                target must be below it); SAGE and GAT compute only those (the
+                layer runs bipartite: sources ``x``, targets ``x[:num_targets]``).
 
         Returns:
             [n_local, d_out] (or [num_targets, d_out]); no activation after the
@@ -121,7 +121,7 @@ class GNN(torch.nn.Module):
             if edge_weight is None:
                 edge_index, edge_weight = gcn_norm(edge_index, None, num_nodes=x.size(0),
                                                    add_self_loops=True, dtype=x.dtype)
-            h = conv(x, edge_index, edge_weight)
+            h = conv(x, edge_index, edge_weight)[:num_targets]
         elif num_targets is not None and num_targets < x.size(0):
             h = conv((x, x[:num_targets]), edge_index, size=(x.size(0), num_targets))
         else:
