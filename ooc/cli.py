@@ -41,6 +41,22 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with the one-line error of every ooc command line:
     ``ooc: <problem> (see <prog> --help)`` on stderr, exit code 2, no usage block."""
 
+    #: a value that starts with a minus and is not one number, e.g. ``-1,-1``
+    _DASHED_VALUE = re.compile(r"^-\d+(\.\d+)?(,-?\d+(\.\d+)?)+$")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """``--fanouts -1,-1`` reads as ``--fanouts=-1,-1``: argparse takes a value that
+        starts with ``-`` and is not a single number for an option."""
+        args = list(sys.argv[1:] if args is None else args)
+        merged: list[str] = []
+        for tok in args:
+            if (merged and self._DASHED_VALUE.match(tok) and merged[-1].startswith("--")
+                    and "=" not in merged[-1]):
+                merged[-1] = f"{merged[-1]}={tok}"
+            else:
+                merged.append(tok)
+        return super().parse_known_args(merged, namespace)
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"ooc: {message} (see {self.prog} --help)\n")
 

@@ -102,7 +102,8 @@ class SuperbatchSamples:
 async def _write_one(path: Path, arr: np.ndarray) -> None:
     tmp = path.with_name(path.name + ".tmp")
     async with aiofiles.open(tmp, "wb") as f:
-        await f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        # bytes as a flat uint8 view: a cast of an empty 2-D view (no edges) is refused
+        await f.write(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))
     os.replace(tmp, path)
 
 

@@ -90,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         params["shuffle"] = False
     if args.chunk_edges < 1:
         raise OocError(f"--chunk-edges must be >= 1, got {args.chunk_edges}")
+    if not 0 <= args.seed < 2**63:
+        raise OocError(f"--seed must be in [0, 2**63), got {args.seed}")
     report = partition_dataset(args.data, args.out, args.parts, args.algo, beta=args.beta,
                                seed=args.seed, overwrite=args.overwrite,
                                split=not args.no_split, chunk_edges=args.chunk_edges,

@@ -269,6 +269,8 @@ def _load_meta(path: Path) -> dict:
         raise DatasetError(mp, "missing (not an ooc dataset folder)")
     try:
         meta = json.loads(mp.read_text())
+    except RecursionError:
+        raise DatasetError(mp, "nested too deeply to be an ooc meta.json") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(mp, f"not valid JSON ({e})") from None
     except OSError as e:

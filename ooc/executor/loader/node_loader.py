@@ -172,7 +172,14 @@ class NodeLoader:
 
     def _epoch(self, epoch: int) -> Iterator[Any]:
         labels = self._labels
-        for batch, rows in self._stack.train.batches(epoch):
+        batches = self._stack.train.batches(epoch)
+        while True:
+            if not self._finalizer.alive:  # an iterator kept past close()
+                raise OocError("NodeLoader is closed")
+            try:
+                batch, rows = next(batches)
+            except StopIteration:
+                return
             y = None
             if labels is not None:
                 seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)

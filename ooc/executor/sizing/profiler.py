@@ -117,6 +117,8 @@ def load_sizes(path: str | os.PathLike, dataset=None) -> dict[str, Any]:
             from None
     except json.JSONDecodeError as e:
         raise OocError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise OocError(f"{p}: nested too deeply to be a sizes file") from None
     s = doc.get("sizes", doc) if isinstance(doc, dict) else None
     if not isinstance(s, dict) or s.get("version") != SIZES_VERSION:
         raise OocError(f"{p}: not a sizes file of tools/size_caches.py (no 'sizes' block of "

@@ -138,6 +138,7 @@ class Trainer:
         self.memory_plan = None
         self.mode_info: dict[str, Any] = {}
         self._pipeline = None
+        self._closed = False
         if pipeline is None:
             from ..loader.presets import resolve_preset
             from ..loader.stack import ModeOptions, build_stack
@@ -170,8 +171,14 @@ class Trainer:
         return to_data(batch, rows, y)
 
     # -- epochs --------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OocError("Trainer is closed: its readers are released (make a new Trainer, "
+                           "or call fit() inside its `with` block)")
+
     def train_epoch(self) -> dict[str, Any]:
         """Run epoch ``self.epoch + 1``; return (and record) its metrics."""
+        self._check_open()
         cfg = self.config
         epoch = self.epoch + 1
         torch.manual_seed(epoch_torch_seed(cfg.seed, epoch))
@@ -289,6 +296,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate_counts(self, ids: np.ndarray) -> tuple[int, int]:
         """``(correct, labeled)`` predictions on ``ids`` (summed over workers by averaging)."""
+        self._check_open()
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size == 0:
             return 0, 0
@@ -318,7 +326,8 @@ class Trainer:
         return self.history
 
     def close(self) -> None:
-        """Release the mode's readers, thread pools and runtime folder."""
+        """Release the mode's readers, thread pools and runtime folder (idempotent)."""
+        self._closed = True
         if self._pipeline is not None:
             self._pipeline.close()
             self._pipeline = None

@@ -1,0 +1,101 @@
+"""Inputs that used to end in a traceback or a signal: each now works (a graph without edges
+trains as an MLP would) or is one line, exit 2 from the CLIs."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ooc
+from conftest import REPO, assert_one_line_error
+from ooc.storage import OocError, write_dataset
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def no_edges(tmp_path_factory):
+    """600 nodes, no edge; features that give the label away (an MLP learns it)."""
+    n, c = 600, 3
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, c, n)
+    x = (np.eye(c)[y] * 2 + 0.3 * rng.standard_normal((n, c))).astype(np.float32)
+    return write_dataset(tmp_path_factory.mktemp("z") / "ds", np.zeros(n + 1, np.int64),
+                         np.zeros(0, np.int64), x, labels=y, train_idx=np.arange(400),
+                         val_idx=np.arange(400, 500), test_idx=np.arange(500, 600))
+
+
+@pytest.mark.parametrize("preset", ["ooc", "static", "baseline"])
+def test_a_graph_without_edges_loads_in_every_preset(no_edges, preset):
+    ds = ooc.open_dataset(no_edges)
+    seen = []
+    with ooc.NodeLoader(ds, [5, 5], batch_size=64, input_nodes="train", preset=preset) as loader:
+        for data in loader:
+            assert data.edge_index.shape == (2, 0)
+            assert data.x.shape[0] == data.batch_size          # the seeds alone
+            np.testing.assert_array_equal(data.x.numpy(), ds.features.read(data.n_id.numpy()))
+            seen.append(data.n_id.numpy())
+    assert sorted(np.concatenate(seen).tolist()) == list(range(400))
+
+
+def test_a_graph_without_edges_trains_from_the_cli(no_edges):
+    r = _cli("ooc.train", "--data", str(no_edges), "--fanouts", "5,5", "--epochs", "5",
+             "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    val = float(r.stdout.split("val_acc")[-1].split()[0])
+    assert val > 0.9, r.stdout                                   # chance is 1/3
+
+
+def test_deeply_nested_meta_json_is_one_line(no_edges, tmp_path):
+    bad = tmp_path / "nested"
+    bad.mkdir()
+    for f in no_edges.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "meta.json").write_text('{"format": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    r = _cli("ooc.train", "--data", str(bad), "--epochs", "1")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "meta.json", "nested too deeply")
+
+
+def test_negative_fanouts_are_a_value_not_an_option(no_edges):
+    r = _cli("ooc.train", "--data", str(no_edges), "--fanouts", "-1,-1", "--epochs", "1",
+             "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _cli("ooc.train", "--data", str(no_edges), "--fanouts", "1e20", "--epochs", "1")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "--fanouts")
+
+
+def test_partition_negative_seed_is_one_line(no_edges, tmp_path):
+    r = _cli("ooc.partition", "--data", str(no_edges), "--parts", "2", "--out",
+             str(tmp_path / "p"), "--seed", "-1")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "--seed")
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("preset", ["ooc", "static", "baseline"])
+def test_an_iterator_kept_past_close_says_so(no_edges, preset):
+    loader = ooc.NodeLoader(ooc.open_dataset(no_edges), [5], batch_size=64,
+                            input_nodes="train", preset=preset)
+    it = iter(loader)
+    next(it)
+    loader.close()
+    with pytest.raises(OocError, match="NodeLoader is closed"):
+        next(it)
+    with pytest.raises(OocError, match="NodeLoader is closed"):
+        iter(loader)
+
+
+def test_fit_after_close_says_so(no_edges):
+    from ooc.executor import TrainConfig, Trainer
+
+    t = Trainer(ooc.open_dataset(no_edges), TrainConfig(fanouts=[5], epochs=1, mode="ooc"))
+    t.close()
+    with pytest.raises(OocError, match="Trainer is closed"):
+        t.fit()
+    with pytest.raises(OocError, match="Trainer is closed"):
+        t.evaluate(np.arange(10))
