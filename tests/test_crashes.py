@@ -99,3 +99,26 @@ def test_fit_after_close_says_so(no_edges):
         t.fit()
     with pytest.raises(OocError, match="Trainer is closed"):
         t.evaluate(np.arange(10))
+
+
+def test_infer_partition_that_is_not_an_assignment_is_one_line(tmp_path):
+    from ooc.storage import csc_from_edges
+
+    rng = np.random.default_rng(0)
+    n = 50
+    src, dst = rng.integers(0, n, 200), rng.integers(0, n, 200)
+    indptr, indices = csc_from_edges(src, dst, n)
+    data = write_dataset(tmp_path / "d", indptr, indices,
+                         rng.standard_normal((n, 4)).astype(np.float32),
+                         labels=rng.integers(0, 2, n), train_idx=np.arange(30))
+    r = _cli("ooc.train", "--data", str(data), "--epochs", "1", "--fanouts", "3",
+             "--checkpoint-dir", str(tmp_path / "ck"), "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = tmp_path / "part.txt"
+    text.write_text("not an array\n")
+    r = _cli("ooc.infer", "--data", str(data), "--checkpoint", str(tmp_path / "ck"), "--out",
+             str(tmp_path / "e.zarr"), "--partition", str(text), "--order", "pds",
+             "--no-progress")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "part.txt", "not a partition assignment")
+    assert not (tmp_path / "e.zarr").exists()

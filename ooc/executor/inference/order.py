@@ -23,11 +23,25 @@ def _partition_of(dataset: Dataset, order: Any, partition: Any) -> tuple[np.ndar
         return np.asarray(order), "pds"
     if partition is not None:
         if isinstance(partition, (str, os.PathLike)):
-            return np.load(partition), order
+            return _load_owner(partition), order
         return np.asarray(partition), order
     if order in ("auto", "pds") and (dataset.path / "owner.npy").is_file():
-        return np.load(dataset.path / "owner.npy"), order
+        return _load_owner(dataset.path / "owner.npy"), order
     return None, order
+
+
+def _load_owner(path: str | os.PathLike) -> np.ndarray:
+    """An ``owner.npy`` partition assignment (integers, one per node), or one line why not."""
+    try:
+        owner = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise OocError(f"{path}: not found") from None
+    except (ValueError, OSError, EOFError):
+        raise OocError(f"{path}: not a partition assignment (an .npy of integers, one per node, "
+                       f"as `python -m ooc.partition` writes owner.npy)") from None
+    if owner.dtype.kind not in "iu":
+        raise OocError(f"{path}: partition assignment has dtype {owner.dtype}; expected integers")
+    return owner
 
 
 def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
