@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--test-idx", type=Path, help=".npy node ids or boolean mask")
     _common(e)
 
-    o = sub.add_parser("ogb", help="an OGB node-property folder (raw/*.csv.gz or raw/data.npz, split/<name>/)")
+    o = sub.add_parser("ogb", help="an OGB node-property folder (raw/*.csv.gz or raw/data.npz, "
+                                   "split/<name>/)")
     o.add_argument("--root", type=Path, required=True,
                    help="the dataset folder holding raw/ and split/ (e.g. .../ogbn_arxiv)")
     o.add_argument("--split", help="split folder name under split/ (default: the only one)")

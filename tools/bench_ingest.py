@@ -114,7 +114,8 @@ def main(argv=None) -> int:
                        "--report", str(rep), "--no-progress"] + (["--dedup"] if args.dedup else [])
                 m = run_one(cmd)
                 r = json.loads(rep.read_text())
-                row = {"buffer": buf, "buffer_bytes": parse_size(buf), "edges": num_edges, "nodes": args.nodes,
+                row = {"buffer": buf, "buffer_bytes": parse_size(buf), "edges": num_edges,
+                       "nodes": args.nodes,
                        "edge_file_bytes": edges.stat().st_size,
                        "indices_bytes": (out / "indices.bin").stat().st_size,
                        "num_edges_out": r["num_edges"], "passes": r["passes"], "windows": r["windows"],
@@ -139,7 +140,8 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"| {r['edges']:,} | {format_size(r['edge_file_bytes'])} | {format_size(r['indices_bytes'])} "
               f"| {r['buffer']} | {r['passes']} | {r['time_s']:.1f} | {format_size(r['ru_maxrss_bytes'])} "
-              f"| {format_size(r['polled_anon_bytes'])} | {r['ru_maxrss_bytes'] / r['edge_file_bytes']:.2f} |")
+              f"| {format_size(r['polled_anon_bytes'])} "
+              f"| {r['ru_maxrss_bytes'] / r['edge_file_bytes']:.2f} |")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"rows": rows, "python": sys.version.split()[0],
                                      "cpus": os.cpu_count()}, indent=2) + "\n")

@@ -44,7 +44,8 @@ def _err(path, problem: str) -> OocError:
 def _progress(total: int | None, desc: str, enabled: bool, unit: str = "B"):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True,
+                unit_divisor=1024 if unit == "B" else 1000,
                 disable=not enabled, leave=False, dynamic_ncols=True)
 
 
@@ -286,7 +287,8 @@ class TextEdges(EdgeSource):
                     if status != K.TXT_OK:
                         what = _TXT_PROBLEMS[status]
                         if status in (K.TXT_NEGATIVE, K.TXT_RANGE):
-                            what += f" {val}" + (f" (num_nodes is {num_nodes})" if status == K.TXT_RANGE else "")
+                            what += f" {val}" + (f" (num_nodes is {num_nodes})"
+                                                 if status == K.TXT_RANGE else "")
                         text = _line_text(body, bad)
                         raise _err(self.path, f"line {line0 + bad + 1}: {what}: {text!r}")
                     line0 += nlines
