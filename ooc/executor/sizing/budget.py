@@ -398,7 +398,14 @@ class _SuperbatchPlan:
         self.size = max(1, min(int(self.explicit or self.size_disk), nb))
 
     def bytes(self, size: int) -> int:
-        return int(3 * size * self.bpb + 24 * self.n + 40 * size * self.ids)
+        """Runtime samples of three superbatches in memory, ~40 B per access of the changeset
+        pass, and its id table: 5 B per node (next use int32 and state uint8 over N) when
+        it addresses ids directly, else compact ranks of the accesses (16 B each); see
+        :func:`ooc.inspector.changesets.local_ids`."""
+        accesses = size * self.ids
+        direct = self.n <= max(2 * accesses, 1 << 22) and self.n <= 1 << 28
+        table = 5 * self.n if direct else 16 * accesses
+        return int(3 * size * self.bpb + table + 40 * accesses)
 
     def size_within(self, room: int) -> int:
         """Halve an automatic size until the superbatch takes at most a quarter of
