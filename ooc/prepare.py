@@ -4,6 +4,7 @@ Sub-commands::
 
     python -m ooc.prepare edgelist EDGES --out D [--undirected] [--dedup] ...
     python -m ooc.prepare ogb --root OGB_FOLDER --out D [--split NAME]
+    python -m ooc.prepare igb --root IGB_FOLDER --out D [--label 19]
     python -m ooc.prepare planetoid --root R --name Cora --out D
     python -m ooc.prepare synthetic --nodes 1000000 --avg-degree 20 --out D
 
@@ -53,7 +54,8 @@ def _graph_opts(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = ArgumentParser(prog="python -m ooc.prepare", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{edgelist,ogb,planetoid,synthetic}")
+    sub = ap.add_subparsers(dest="command", required=True,
+                            metavar="{edgelist,ogb,igb,planetoid,synthetic}")
 
     e = sub.add_parser("edgelist", help="text/CSV, .npy [2,E] or [E,2], or raw int32/int64 pairs",
                        description="Convert an edge list (src dst per edge; CSC keeps in-neighbours).")
@@ -79,6 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
     _graph_opts(o)
     o.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     _common(o)
+
+    ig = sub.add_parser("igb", help="an IGB graph's .npy files (node_feat, edge_index [E, 2], "
+                                    "node_label_19/2K)")
+    ig.add_argument("--root", type=Path, required=True, help="folder holding the graph's .npy files")
+    ig.add_argument("--label", default="19", help="node_label_<LABEL>.npy: 19 or 2K (default 19)")
+    ig.add_argument("--train-fraction", type=float, default=0.6,
+                    help="labelled nodes in train (default 0.6; IGB ships no splits)")
+    ig.add_argument("--val-fraction", type=float, default=0.2,
+                    help="labelled nodes in validation (default 0.2; the rest: test)")
+    ig.add_argument("--seed", type=int, default=0, help="seed of the random split (default 0)")
+    _graph_opts(ig)
+    ig.add_argument("--dtype", choices=("float32", "float16"), help="feature dtype on disk")
+    _common(ig)
 
     pl = sub.add_parser("planetoid", help="PyG Planetoid raw files (Cora, CiteSeer, PubMed)")
     pl.add_argument("--root", type=Path, required=True, help="folder holding <name>/raw/ind.<name>.*")
@@ -173,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = ingest.ingest_ogb(args.root, args.out, split=args.split, undirected=args.undirected,
                                 dedup=args.dedup, remove_self_loops=args.remove_self_loops,
                                 feature_dtype=args.dtype, name=args.name, **common)
+    elif args.command == "igb":
+        out = ingest.ingest_igb(args.root, args.out, label=args.label,
+                                train_fraction=args.train_fraction, val_fraction=args.val_fraction,
+                                seed=args.seed, undirected=args.undirected, dedup=args.dedup,
+                                remove_self_loops=args.remove_self_loops, feature_dtype=args.dtype,
+                                name=args.name, **common)
     elif args.command == "planetoid":
         out = ingest.ingest_planetoid(args.root, args.dataset, args.out, **common)
     else:

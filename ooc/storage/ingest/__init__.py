@@ -5,14 +5,17 @@ folder, renamed when complete) and returns the output folder's path:
 
 - :func:`ingest_edgelist` — text/CSV (optionally gzipped), ``.npy`` [2,E] or
   [E,2], raw int32/int64 pairs; count pass then windowed scatter passes;
-- :func:`ingest_ogb` — an OGB node-property raw folder;
+- :func:`ingest_ogb` — an OGB node-property raw folder (CSV or binary ``.npz``);
+- :func:`ingest_igb` — an IGB graph's ``.npy`` files;
 - :func:`ingest_planetoid` — PyG Planetoid raw files (Cora, CiteSeer, PubMed);
 - :func:`generate_synthetic` — power-law graphs with community structure.
 """
 from .edgelist import DEFAULT_BUFFER, ingest_edgelist
+from .igb import ingest_igb
 from .ogb import ingest_ogb
 from .planetoid import ingest_planetoid  # imports torch_geometric only when called
 from .synthetic import generate_synthetic
 
 
-__all__ = ["DEFAULT_BUFFER", "generate_synthetic", "ingest_edgelist", "ingest_ogb", "ingest_planetoid"]
+__all__ = ["DEFAULT_BUFFER", "generate_synthetic", "ingest_edgelist", "ingest_igb", "ingest_ogb",
+           "ingest_planetoid"]

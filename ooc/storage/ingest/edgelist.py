@@ -611,6 +611,17 @@ def load_split(path, num_nodes: int) -> np.ndarray:
     return a
 
 
+def labelled_split(labels: np.ndarray, train: float, val: float, seed: int) -> list[np.ndarray]:
+    """The labelled nodes (``labels >= 0``) in a seeded random order, cut into train
+    (``train`` of them), validation (``val``) and test (the rest); int64 ids, sorted."""
+    if not (0 <= train and 0 <= val and train + val <= 1):
+        raise OocError(f"split fractions must be >= 0 and sum to at most 1, got {train}, {val}")
+    ids = np.flatnonzero(labels >= 0)
+    ids = ids[np.random.default_rng(seed).permutation(ids.shape[0])]
+    a, b = int(round(train * ids.shape[0])), int(round((train + val) * ids.shape[0]))
+    return [np.sort(part).astype(np.int64) for part in (ids[:a], ids[a:b], ids[b:])]
+
+
 # -- the public entry point ----------------------------------------------------
 
 def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
@@ -619,7 +630,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                     labels=None, train_idx=None, val_idx=None, test_idx=None,
                     name: str = "", buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False,
                     progress: bool = True, stats: dict | None = None,
-                    allow_nonfinite: bool = False) -> Path:
+                    allow_nonfinite: bool = False,
+                    random_split: tuple[float, float, int] | None = None) -> Path:
     """Convert an edge list (text/CSV, ``.npy`` [2,E] or [E,2], raw int32/int64
     pairs) to a dataset folder at ``out`` and return its path.
 
@@ -629,7 +641,9 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
     ``.npy`` files (splits: ids or boolean masks; a node in two splits or
     twice in one is an error). A graph without edges is an error, and so are
     NaN/inf features unless ``allow_nonfinite``. Memory: O(N) plus
-    ``buffer_bytes``.
+    ``buffer_bytes``. ``random_split=(train, val, seed)`` (with labels, without
+    split files) splits the labelled nodes at random: those shares to train and
+    validation, the rest to test.
     """
     t0 = time.perf_counter()
     out = check_out(out, overwrite, (edges, features, labels, train_idx, val_idx, test_idx))
@@ -660,6 +674,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
     lab = load_labels(labels, n) if labels is not None else None
     splits = [load_split(p, n) if p is not None else np.zeros(0, np.int64)
               for p in (train_idx, val_idx, test_idx)]
+    if random_split is not None and lab is not None:
+        splits = labelled_split(lab[0], *random_split)
     if feature_dtype is None:
         feature_dtype = "float16" if feat is not None and feat.dtype == np.float16 else "float32"
     dim = feat.shape[1] if feat is not None else 1
