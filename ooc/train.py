@@ -279,7 +279,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ckdir = given.pop("checkpoint_dir", None)
     sizes_path = given.pop("sizes", None)
     argv = list(sys.argv[1:] if argv is None else argv)
+    with checkpoint_lock(ckdir):
+        return _run(given, resume, progress, report_path, ckdir, sizes_path, argv)
 
+
+def checkpoint_lock(ckdir: str | os.PathLike | None):
+    """The lock of a checkpoint folder for the whole run (nothing to lock without one): a
+    second training on the same folder is refused naming this one's pid."""
+    import contextlib
+
+    from .storage.locks import exclusive
+
+    if ckdir is None:
+        return contextlib.nullcontext()
+    Path(ckdir).resolve().parent.mkdir(parents=True, exist_ok=True)
+    return exclusive(Path(ckdir).resolve(), "checkpoint folder")
+
+
+def _run(given: dict, resume: bool, progress: bool, report_path, ckdir, sizes_path,
+         argv: list[str]) -> int:
     from .storage import open_dataset
 
     ck_path, ck_state = _checkpoint_to_resume(ckdir) if resume else (None, None)

@@ -133,7 +133,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     t_split = time.perf_counter()
     parts_list = []
     try:
-        with atomic_dir(out, overwrite=overwrite) as tmp:
+        with atomic_dir(out, overwrite=overwrite, locked="partition output") as tmp:
             np.save(tmp / "owner.npy", a.owner.astype(np.int32))
             if split:
                 g2l = np.full(dataset.num_nodes, -1, dtype=np.int64)

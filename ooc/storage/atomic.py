@@ -97,7 +97,8 @@ def exchange(a: Path, b: Path) -> bool:
 
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
-               replaceable: Callable[[Path], str | None] | None = None) -> Iterator[Path]:
+               replaceable: Callable[[Path], str | None] | None = None,
+               locked: str | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside ``final``; rename it into place on success.
 
     The folder is ``.NAME.tmp-PID-XXXX``; those of processes that died are
@@ -109,11 +110,26 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
     ``replaceable(final)`` (if given) returns None; otherwise its return value
     says why not.
 
+    ``locked`` (what the output is, for the error) holds :func:`~.locks.exclusive` on
+    ``final`` throughout, so a second writer of the same output is refused naming the
+    first one's pid.
+
     Raises:
         FileExistsError: ``final`` exists and may not be replaced.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    if locked is None:
+        yield from _atomic_dir(final, overwrite, replaceable)
+        return
+    from .locks import exclusive
+
+    with exclusive(final, locked):
+        yield from _atomic_dir(final, overwrite, replaceable)
+
+
+def _atomic_dir(final: Path, overwrite: bool,
+                replaceable: Callable[[Path], str | None] | None) -> Iterator[Path]:
     remove_stale_temps(final)
     if os.path.lexists(final):
         if not overwrite:

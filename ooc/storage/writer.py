@@ -88,7 +88,8 @@ class DatasetWriter:
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
         try:
-            self._ctx = atomic_dir(self.out, overwrite=self.overwrite, replaceable=replace_problem)
+            self._ctx = atomic_dir(self.out, overwrite=self.overwrite, replaceable=replace_problem,
+                                   locked="dataset")
             self.tmp = self._ctx.__enter__()
         except FileExistsError as e:
             raise OocError(str(e)) from None

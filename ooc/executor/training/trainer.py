@@ -318,11 +318,18 @@ class Trainer:
     def fit(self, epochs: int | None = None, checkpoint_dir: str | Path | None = None,
             args: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Train until epoch ``epochs`` (default ``config.epochs``), checkpointing each epoch."""
+        import contextlib
+
+        from ...storage.locks import exclusive
+
         target = self.config.epochs if epochs is None else int(epochs)
-        while self.epoch < target:
-            self.train_epoch()
-            if checkpoint_dir is not None:
-                self.save(checkpoint_dir, args=args)
+        lock = contextlib.nullcontext() if checkpoint_dir is None else \
+            exclusive(Path(checkpoint_dir).resolve(), "checkpoint folder")
+        with lock:
+            while self.epoch < target:
+                self.train_epoch()
+                if checkpoint_dir is not None:
+                    self.save(checkpoint_dir, args=args)
         return self.history
 
     def close(self) -> None:
