@@ -255,17 +255,23 @@ def _dead_pid() -> int:
 
 
 def _stale_temps(d: Path) -> None:
+    from ooc.storage.ownership import mark
+
     dead = d / f".out.tmp-{_dead_pid()}-abc"
     dead.mkdir()
+    mark(dead, "output")                           # what a killed ooc run leaves
     (dead / "features.bin").write_bytes(b"\0" * 4096)
+    (d / f".out.tmp-{_dead_pid()}-mine").mkdir()   # a user's folder of that name: kept
     (d / f".out.tmp-{os.getpid()}-live").mkdir()   # a run still alive (this test)
 
 
 def _check_stale(d: Path, err: str) -> None:
     left = sorted(p.name for p in d.iterdir() if p.name.startswith(".out"))
-    assert left == [f".out.tmp-{os.getpid()}-live"], left
+    mine = [n for n in left if n.endswith("-mine")]
+    assert len(mine) == 1 and set(left) == {mine[0], f".out.tmp-{os.getpid()}-live"}, left
     open_dataset(d / "out")
     shutil.rmtree(d / f".out.tmp-{os.getpid()}-live")
+    shutil.rmtree(d / mine[0])
 
 
 def _check_replaced(d: Path, err: str) -> None:
@@ -310,7 +316,7 @@ CASES = [
     Case("out-holds-input", "ooc.prepare", ["edgelist", "{d}/ds/e.txt", "--out", "{d}/ds",
                                             "--overwrite"],
          _then(_copy_base, _text("ds/e.txt", "0 1\n1 2\n")),
-         r"{d}/ds: holds the input {d}/ds/e.txt; --overwrite would delete it"),
+         r"{d}/ds: holds or lies inside the input {d}/ds/e.txt; --overwrite would delete it"),
     Case("overwrite-dataset", "ooc.prepare", ["edgelist", "{d}/e.npy", "--out", "{d}/ds",
                                               "--overwrite", "--no-progress"],
          _then(_copy_base, _edges_npy), rc=0, adds_files=True, replaces=("ds/",),

@@ -273,9 +273,13 @@ def test_atomic_dir_replace_rules(tmp_path):
             pass
     assert (tmp_path / "user" / "thesis.tex").read_text() == "x"
     assert (tmp_path / "f.txt").read_text() == "y"
+    from ooc.storage.ownership import mark
+
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
     (tmp_path / f".ds.tmp-{p.pid}-dead").mkdir()
+    mark(tmp_path / f".ds.tmp-{p.pid}-dead", "output")          # a killed run's: removed
+    (tmp_path / f".ds.tmp-{p.pid}-user").mkdir()                # no marker: a user's, kept
     (tmp_path / f".ds.tmp-{os.getpid()}-live").mkdir()
     for k in range(2):
         with atomic_dir(tmp_path / "ds", overwrite=True, replaceable=replace_problem) as t:
@@ -284,8 +288,8 @@ def test_atomic_dir_replace_rules(tmp_path):
     from ooc.storage.atomic import _umask
 
     assert (tmp_path / "ds").stat().st_mode & 0o777 == 0o777 & ~_umask()   # not mkdtemp's 0700
-    assert sorted(q.name for q in tmp_path.iterdir()) == [
-        f".ds.tmp-{os.getpid()}-live", "ds", "f.txt", "user"]
+    assert sorted(q.name for q in tmp_path.iterdir()) == sorted([
+        f".ds.tmp-{p.pid}-user", f".ds.tmp-{os.getpid()}-live", "ds", "f.txt", "user"])
 
 
 def test_split_overlap_against_brute_force():

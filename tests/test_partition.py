@@ -163,7 +163,8 @@ def test_cli_writes_report(small_dataset, tmp_path, capsys):
     rc = main(["--data", str(path), "--parts", "2", "--out", str(tmp_path / "o2"),
                "--no-split", "--quiet"])
     assert rc == 0
-    assert sorted(p.name for p in (tmp_path / "o2").iterdir()) == ["owner.npy", "partition.json"]
+    assert sorted(p.name for p in (tmp_path / "o2").iterdir()) == [".ooc-made", "owner.npy",
+                                                                   "partition.json"]
 
 
 def _fails(argv, capsys):
@@ -215,9 +216,19 @@ def test_existing_output_refused_unless_overwrite(small_dataset, tmp_path, capsy
     err = _fails(["--data", str(path), "--parts", "2", "--out", str(out), "--quiet"], capsys)
     assert "exists" in err
     assert (out / "keep.txt").exists()
-    assert main(["--data", str(path), "--parts", "2", "--out", str(out), "--quiet",
-                 "--overwrite"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "partition.json").exists()
+    # a folder ooc did not make is never replaced, --overwrite or not
+    err = _fails(["--data", str(path), "--parts", "2", "--out", str(out), "--quiet",
+                  "--overwrite"], capsys)
+    assert "was not made by ooc" in err and (out / "keep.txt").exists()
+    # nor the input dataset, or a folder holding it
+    err = _fails(["--data", str(path), "--parts", "2", "--out", str(path.parent), "--quiet",
+                  "--overwrite"], capsys)
+    assert "input" in err and (path / "meta.json").exists()
+    mine = tmp_path / "mine"
+    assert main(["--data", str(path), "--parts", "2", "--out", str(mine), "--quiet"]) == 0
+    assert main(["--data", str(path), "--parts", "2", "--out", str(mine), "--quiet",
+                 "--overwrite"]) == 0                     # ooc's own output: replaced
+    assert (mine / "partition.json").exists()
 
 
 def test_spring_restreaming(small_dataset, tmp_path):

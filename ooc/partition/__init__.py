@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..storage import Dataset, OocError, open_dataset
-from ..storage.atomic import atomic_dir, write_json
+from ..storage.atomic import atomic_dir, replace_refusal, write_json
 from ..memory import peak_rss_bytes
 from .base import Assignment, warm_up
 from .baselines import edge_partition
@@ -124,6 +124,10 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
         raise OocError(f"{out}: already exists (pass --overwrite to replace it)")
     if out.resolve() == dataset.path.resolve() or dataset.path.resolve() in out.resolve().parents:
         raise OocError(f"{out}: the output folder must not be the dataset folder or inside it")
+    if os.path.lexists(out):
+        problem = replace_refusal(out, (data,))
+        if problem:
+            raise OocError(f"{out}: {problem}")
     a = partition(dataset, parts, algo, beta=beta, seed=seed, chunk_edges=chunk_edges,
                   progress=progress, **params)
     a.vertex_cut = None  # not written; frees N * ceil(p / 64) words before the split
@@ -133,7 +137,8 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     t_split = time.perf_counter()
     parts_list = []
     try:
-        with atomic_dir(out, overwrite=overwrite, locked="partition output") as tmp:
+        with atomic_dir(out, overwrite=overwrite, locked="partition output",
+                        inputs=(data,)) as tmp:
             np.save(tmp / "owner.npy", a.owner.astype(np.int32))
             if split:
                 g2l = np.full(dataset.num_nodes, -1, dtype=np.int64)

@@ -48,9 +48,11 @@ def _temp_prefix(final: Path) -> str:
 
 def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
     """Remove the temporary folders :func:`atomic_dir` left beside ``final``
-    in processes that no longer run (``.NAME.tmp-PID-*`` with PID dead), and
-    ``.NAME.old-PID`` folders of older ooc versions once ``final`` exists.
-    Returns what was removed."""
+    in processes that no longer run (``.NAME.tmp-PID-*`` with PID dead, carrying ooc's
+    marker), and ``.NAME.old-PID`` folders (the old output, marked) once ``final``
+    exists. Returns what was removed."""
+    from .ownership import made_by_ooc
+
     final = Path(final)
     removed = []
     prefix, old = _temp_prefix(final), f".{final.name}.old-"
@@ -65,7 +67,8 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
             pid = p.name[len(old):]
         else:
             continue
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+        if (pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
+                and made_by_ooc(p, "output")):
             _remove(p)
             removed.append(p)
     return removed
@@ -98,7 +101,7 @@ def exchange(a: Path, b: Path) -> bool:
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
                replaceable: Callable[[Path], str | None] | None = None,
-               locked: str | None = None) -> Iterator[Path]:
+               locked: str | None = None, inputs: tuple = ()) -> Iterator[Path]:
     """Yield a temporary folder beside ``final``; rename it into place on success.
 
     The folder is ``.NAME.tmp-PID-XXXX``; those of processes that died are
@@ -112,7 +115,10 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
 
     ``locked`` (what the output is, for the error) holds :func:`~.locks.exclusive` on
     ``final`` throughout, so a second writer of the same output is refused naming the
-    first one's pid.
+    first one's pid. The temporary folder carries ooc's ``output`` marker
+    (:mod:`~.ownership`), and so does ``final`` once renamed: an existing ``final`` is
+    replaced only when it carries one, and never when it is, holds or lies inside one of
+    ``inputs`` (paths).
 
     Raises:
         FileExistsError: ``final`` exists and may not be replaced.
@@ -120,26 +126,48 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     if locked is None:
-        yield from _atomic_dir(final, overwrite, replaceable)
+        yield from _atomic_dir(final, overwrite, replaceable, inputs)
         return
     from .locks import exclusive
 
     with exclusive(final, locked):
-        yield from _atomic_dir(final, overwrite, replaceable)
+        yield from _atomic_dir(final, overwrite, replaceable, inputs)
+
+
+def replace_refusal(final: Path, inputs: tuple = ()) -> str | None:
+    """Why ``--overwrite`` may not replace ``final``, or None: it must carry ooc's output
+    marker, be a real folder (not a symlink), and neither be, hold nor lie inside one of
+    ``inputs``."""
+    from .ownership import MARKER, made_by_ooc
+
+    real = final.resolve()
+    for p in inputs:
+        if p is not None and os.path.lexists(p):
+            q = Path(p).resolve()
+            if q == real or real in q.parents or q in real.parents:
+                return f"holds or lies inside the input {p}; --overwrite would delete it"
+    if not made_by_ooc(final, "output"):
+        return (f"was not made by ooc (no {MARKER} marker); --overwrite replaces only ooc's "
+                f"own outputs (remove it yourself or pick another --out)")
+    return None
 
 
 def _atomic_dir(final: Path, overwrite: bool,
-                replaceable: Callable[[Path], str | None] | None) -> Iterator[Path]:
+                replaceable: Callable[[Path], str | None] | None, inputs: tuple) -> Iterator[Path]:
+    from .ownership import mark
+
     remove_stale_temps(final)
     if os.path.lexists(final):
         if not overwrite:
             raise FileExistsError(f"{final}: already exists (pass --overwrite to replace it)")
-        problem = replaceable(final) if replaceable is not None else None
+        problem = (replaceable(final) if replaceable is not None else None) \
+            or replace_refusal(final, inputs)
         if problem:
             raise FileExistsError(f"{final}: {problem}")
     tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(final)}{os.getpid()}-", dir=final.parent))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the result from others
+        mark(tmp, "output")
         yield tmp
         if os.path.lexists(final):
             if not exchange(tmp, final):

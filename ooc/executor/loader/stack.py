@@ -303,8 +303,11 @@ _RUN_FOLDER = re.compile(r"^run(\d+)-")
 
 
 def remove_stale_runs(parent: Path) -> list[Path]:
-    """Delete ``parent/run<pid>-*`` folders whose process no longer exists
-    (runs killed before they could clean up); returns what was removed."""
+    """Delete ``parent/run<pid>-*`` folders carrying ooc's runtime marker whose process
+    no longer exists (runs killed before they could clean up); returns what was removed.
+    A user's folder of such a name, without the marker, stays."""
+    from ...storage.ownership import made_by_ooc
+
     removed = []
     try:
         entries = list(parent.iterdir())
@@ -312,7 +315,7 @@ def remove_stale_runs(parent: Path) -> list[Path]:
         return removed
     for p in entries:
         m = _RUN_FOLDER.match(p.name)
-        if m and p.is_dir() and not p.is_symlink() and not pid_alive(int(m.group(1))):
+        if m and not pid_alive(int(m.group(1))) and made_by_ooc(p, "runtime"):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -322,11 +325,14 @@ def runtime_folder(parent: Path) -> tuple[Path, Callable[[], None]]:
     """A fresh ``parent/run<pid>-<random>`` folder for this run's runtime files and
     the function that removes it (and ``parent`` when this call created it and it is
     empty again). Stale folders of dead processes in ``parent`` are removed first."""
+    from ...storage.ownership import mark
+
     created = not parent.exists()
     try:
         parent.mkdir(parents=True, exist_ok=True)
         remove_stale_runs(parent)
         rt = Path(tempfile.mkdtemp(prefix=f"run{os.getpid()}-", dir=parent))
+        mark(rt, "runtime")
     except OSError as e:
         raise OocError(f"{parent}: cannot create the runtime folder ({e.strerror or e})") from None
 

@@ -29,6 +29,7 @@ import numpy as np
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
 from ..errors import OocError
 from ..layout import FeatureLayout, index_dtype, padded_bytes
+from ..atomic import replace_refusal
 from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
@@ -58,15 +59,9 @@ def check_out(out, overwrite: bool, inputs=()) -> Path:
         return out
     if not overwrite:
         raise _err(out, "already exists (pass --overwrite to replace it)")
-    problem = replace_problem(out)
+    problem = replace_problem(out) or replace_refusal(out, tuple(inputs))
     if problem:
         raise _err(out, problem)
-    real = out.resolve()
-    for p in inputs:
-        if p is not None and os.path.lexists(p):
-            q = Path(p).resolve()
-            if q == real or real in q.parents:
-                raise _err(out, f"holds the input {p}; --overwrite would delete it")
     return out
 
 
