@@ -77,7 +77,11 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
 
         configure_process()
         try:
-            rc = fn(argv)
+            try:
+                rc = fn(argv)
+            except Exception as e:
+                _rerun_if_kernel_cache(e, argv)
+                raise
         except OocError as e:
             fail(str(e))
         except FileNotFoundError as e:
@@ -88,6 +92,27 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
         return int(rc or 0)
 
     return wrapped
+
+
+def _rerun_if_kernel_cache(e: Exception, argv: Sequence[str] | None) -> None:
+    """A kernel cache numba cannot read (truncated, tampered) is cleared and the command run
+    again from the start, once; called with ``argv`` from Python, one line asks for that."""
+    from .jit import RESET_ENV, clear_kernel_cache, from_kernel_cache
+    from .storage.notes import note
+
+    if not from_kernel_cache(e):
+        return
+    gone = clear_kernel_cache()
+    what = f"numba's cache of ooc's kernels was unreadable ({type(e).__name__}); cleared {gone} files"
+    if argv is not None or os.environ.get(RESET_ENV):
+        raise OocError(f"{what}: run the command again to compile them anew") from None
+    note(f"{what}, compiling them again")
+    os.environ[RESET_ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    again = ["-m", spec.name, *sys.argv[1:]] if spec is not None else list(sys.argv)
+    os.execv(sys.executable, [sys.executable, *again])
 
 
 def add_report_arg(p: argparse.ArgumentParser) -> None:

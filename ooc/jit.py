@@ -29,6 +29,47 @@ def kernels_cached(module: str) -> bool | None:
         return None
 
 
+#: Set in a command re-run after its kernel cache was cleared (so it is cleared once).
+RESET_ENV = "OOC_KERNEL_CACHE_RESET"
+
+
+def from_kernel_cache(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while numba loaded a cached kernel (a truncated or
+    tampered ``.nbi``/``.nbc`` file makes its unpickling fail with any error)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        if "/numba/" in name and name.endswith("caching.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def clear_kernel_cache() -> int:
+    """Delete the cached kernels of ooc (``*.nbi``/``*.nbc`` where numba keeps them: under
+    ``NUMBA_CACHE_DIR`` those of ooc's modules when it is set, else ooc's ``__pycache__``
+    folders); returns how many files went. numba compiles them again on their next call."""
+    import hashlib
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent
+    custom = os.environ.get("NUMBA_CACHE_DIR")
+    if custom:  # numba keeps a source folder's kernels in <name>_<sha1 of its path>
+        folders = [Path(custom) / f"{d.name}_{hashlib.sha1(str(d).encode()).hexdigest()}"
+                   for d in [package, *package.rglob("*")] if d.is_dir()]
+    else:
+        folders = [d for d in package.rglob("__pycache__") if d.is_dir()]
+    gone = 0
+    for folder in folders:
+        for f in list(folder.glob("*.nb[ic]")):
+            try:
+                f.unlink()
+                gone += 1
+            except OSError:
+                pass
+    return gone
+
+
 def note_if_cold(modules: tuple[str, ...], what: str = "the kernels") -> bool:
     """One note when none of ``modules`` has a cached kernel yet; returns whether it was cold."""
     cold = all(kernels_cached(m) is False for m in modules)

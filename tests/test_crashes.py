@@ -122,3 +122,26 @@ def test_infer_partition_that_is_not_an_assignment_is_one_line(tmp_path):
     assert r.returncode == 2
     assert_one_line_error(r.stderr, "part.txt", "not a partition assignment")
     assert not (tmp_path / "e.zarr").exists()
+
+
+def test_an_unreadable_kernel_cache_is_cleared_and_compiled_again(tmp_path):
+    """A tampered numba cache file (here in a cache folder of the test's own) is cleared
+    and the command runs again from the start, with one note saying so."""
+    import os
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "nb"))
+    env.pop("OOC_KERNEL_CACHE_RESET", None)
+    cmd = [sys.executable, "-m", "ooc.prepare", "synthetic", "--nodes", "300", "--feature-dim",
+           "4", "--no-progress", "--out"]
+    r = subprocess.run(cmd + [str(tmp_path / "a")], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    index = sorted((tmp_path / "nb").rglob("*.nbi"))
+    assert index
+    for f in index:
+        f.write_text("garbage")
+    r = subprocess.run(cmd + [str(tmp_path / "b")], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "kernels was unreadable" in r.stderr and "Traceback" not in r.stderr
+    assert (tmp_path / "b" / "meta.json").is_file()
