@@ -38,10 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=int, default=32768, help="rows per Zarr chunk (default 32768)")
     p.add_argument("--block-rows", type=int, default=None,
                    help="at most this many targets per block (default: from the budget)")
-    p.add_argument("--order", default="auto", choices=["auto", "natural", "pds", "degree"],
+    p.add_argument("--order", default="auto",
+                   choices=["auto", "natural", "pds", "degree", "locality"],
                    help="processing order: pds = partition then degree (needs --partition or "
-                        "owner.npy in the dataset), natural = node id, degree; auto = pds when a "
-                        "partitioning exists, else natural")
+                        "owner.npy in the dataset), locality = nodes grouped with their "
+                        "in-neighbours (label propagation), natural = node id, degree; auto = "
+                        "pds when a partitioning exists, else locality from 1M nodes, else "
+                        "natural")
     p.add_argument("--partition", type=Path, default=None,
                    help="owner.npy (node -> partition) from python -m ooc.partition, for pds")
     p.add_argument("--policy", default="belady", choices=["belady", "lru", "fifo"],

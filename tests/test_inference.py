@@ -156,7 +156,7 @@ def test_sized_from_budget_stays_within_it(synth, tmp_path):
         layerwise_inference(ds, model, tmp_path / "c.zarr", memory_budget="64MiB")
 
 
-@pytest.mark.parametrize("order", ["degree", "pds", "lru", "fifo"])
+@pytest.mark.parametrize("order", ["degree", "pds", "locality", "lru", "fifo"])
 def test_orders_and_policies_agree(synth, tmp_path, order):
     ds, x = synth
     torch.manual_seed(3)
@@ -164,12 +164,12 @@ def test_orders_and_policies_agree(synth, tmp_path, order):
     kw = dict(chunk_rows=200, block_rows=64, cache_chunks=2)
     if order == "pds":
         kw["order"] = np.random.default_rng(0).integers(0, 4, ds.num_nodes)
-    elif order == "degree":
-        kw["order"] = "degree"
+    elif order in ("degree", "locality"):
+        kw["order"] = order
     else:
         kw["policy"] = order
     rep, _ = _check(ds, x, model, tmp_path / "o.zarr", **kw)
-    if order in ("degree", "pds"):
+    if order in ("degree", "pds", "locality"):
         assert rep["order"] == order
         import zarr
 

@@ -14,7 +14,9 @@ import numpy as np
 from ...storage.dataset import Dataset
 from ...storage.errors import OocError
 
-ORDERS = ("auto", "natural", "pds", "degree")
+ORDERS = ("auto", "natural", "pds", "degree", "locality")
+#: ``auto`` orders a graph of at least this many nodes by locality when it has no partitioning.
+AUTO_LOCALITY_NODES = 1 << 20
 
 
 def _partition_of(dataset: Dataset, order: Any, partition: Any) -> tuple[np.ndarray | None, Any]:
@@ -48,18 +50,26 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
                   ) -> tuple[np.ndarray | None, str]:
     """The processing order ``perm`` (row -> node, int64 [N]) or None for node id order.
 
-    ``order``: ``auto``, ``natural``, ``pds``, ``degree``, or a partition
+    ``order``: ``auto``, ``natural``, ``pds``, ``degree``, ``locality``, or a partition
     assignment array (PDS over it). ``partition``: assignment array or path
-    to an ``owner.npy``.
+    to an ``owner.npy``. ``locality`` groups nodes whose in-neighbours are each other
+    (:func:`ooc.storage.reorder.locality_order`), so a block of targets reads few pages
+    and few chunks of the previous layer; ``auto`` is ``pds`` with a partitioning, else
+    ``locality`` from :data:`AUTO_LOCALITY_NODES` nodes, else ``natural``.
     """
     owner, order = _partition_of(dataset, order, partition)
     if order == "auto":
-        order = "pds" if owner is not None else "natural"
+        order = "pds" if owner is not None else (
+            "locality" if dataset.num_nodes >= AUTO_LOCALITY_NODES else "natural")
     if order not in ORDERS:
         raise OocError(f"unknown order {order!r} (choose one of {', '.join(ORDERS)} "
                        "or pass a partition assignment array)")
     if order == "natural":
         return None, "natural"
+    if order == "locality":
+        from ...storage.reorder import locality_order
+
+        return locality_order(dataset.indptr, dataset.indices).astype(np.int64), "locality"
     deg = dataset.in_degrees()
     if order == "degree":
         return np.argsort(-deg, kind="stable").astype(np.int64), "degree"
