@@ -285,12 +285,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def checkpoint_lock(ckdir: str | os.PathLike | None):
     """The lock of a checkpoint folder for the whole run (nothing to lock without one): a
-    second training on the same folder is refused naming this one's pid."""
+    second training on the same folder is refused naming this one's pid. A worker process
+    of ``--workers`` (or torchrun) takes none: the launcher holds it for its workers."""
     import contextlib
 
+    from .executor.distributed.environment import in_worker
     from .storage.locks import exclusive
 
-    if ckdir is None:
+    if ckdir is None or in_worker():
         return contextlib.nullcontext()
     Path(ckdir).resolve().parent.mkdir(parents=True, exist_ok=True)
     return exclusive(Path(ckdir).resolve(), "checkpoint folder")

@@ -7,7 +7,9 @@ from ooc.storage.ingest import generate_synthetic
 
 
 def _files(path):
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.name != "meta.json"}
+    """Every file's bytes but meta.json's and the ownership marker's (its token is random)."""
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())
+            if p.name not in ("meta.json", ".ooc-made")}
 
 
 @pytest.fixture(scope="module")
