@@ -162,3 +162,18 @@ def test_stock_graphsage_on_cora_in_every_preset(cora):
                     total += data.batch_size
         accs[preset] = correct / total
     assert all(a >= 0.78 for a in accs.values()), accs
+
+
+def test_arguments_in_pygs_order(graph):
+    """``NodeLoader(data, num_neighbors, input_nodes)`` as PyG's NeighborLoader; the rest
+    are keywords (a batch size given third is not taken for input nodes)."""
+    import inspect
+
+    params = list(inspect.signature(ooc.NodeLoader).parameters.values())
+    assert [p.name for p in params[:3]] == ["dataset", "num_neighbors", "input_nodes"]
+    assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in params[3:])
+    with ooc.NodeLoader(graph, [3], "train", batch_size=16, preset="baseline") as loader:
+        first = next(iter(loader))
+    assert first.batch_size == 16
+    with pytest.raises(TypeError):
+        ooc.NodeLoader(graph, [3], "train", 16)

@@ -77,12 +77,15 @@ def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> 
 class NodeLoader:
     """Mini-batches of an on-disk dataset as PyG ``Data``, out of core.
 
+    The first three arguments are PyG ``NeighborLoader``'s, in its order; the rest are
+    keywords.
+
     Args:
         dataset: an opened :class:`ooc.storage.Dataset` or a dataset folder.
         num_neighbors: neighbours sampled per layer (``-1`` = all), as in PyG.
-        batch_size: seeds per batch.
         input_nodes: ``"train"``, ``"val"``, ``"test"``, an int array of node ids
             or a boolean mask, or None (all nodes).
+        batch_size: seeds per batch.
         shuffle: a fresh seeded order of the seeds every epoch.
         preset: ``"ooc"`` (Ginex: neighbor cache, superbatch inspector, Belady
             feature cache), ``"static"`` (neighbor cache, static feature cache)
@@ -109,8 +112,8 @@ class NodeLoader:
     runtime files; garbage collection does the same.
     """
 
-    def __init__(self, dataset, num_neighbors: Sequence[int] = (10, 10), batch_size: int = 1024,
-                 input_nodes=None, shuffle: bool = False, preset: Any = "ooc",
+    def __init__(self, dataset, num_neighbors: Sequence[int] = (10, 10), input_nodes=None, *,
+                 batch_size: int = 1024, shuffle: bool = False, preset: Any = "ooc",
                  memory_budget: int | str | None = None, seed: int = 0, io_backend: str = "auto",
                  num_threads: int | None = None, labels: bool = True, **options: Any):
         from ...storage import open_dataset
