@@ -166,10 +166,11 @@ class _Backend:
             from .executor.loader.node_loader import NodeLoader
 
             s = self.settings
-            self._loader = NodeLoader(self.dataset, s["num_neighbors"], s["batch_size"],
-                                      self.plan.seeds, s["shuffle"], s["preset"],
-                                      s["memory_budget"], s["seed"], s["io_backend"],
-                                      s["num_threads"], labels=False, **s["options"])
+            self._loader = NodeLoader(self.dataset, s["num_neighbors"], self.plan.seeds,
+                                      batch_size=s["batch_size"], shuffle=s["shuffle"],
+                                      preset=s["preset"], memory_budget=s["memory_budget"],
+                                      seed=s["seed"], io_backend=s["io_backend"],
+                                      num_threads=s["num_threads"], labels=False, **s["options"])
         return self._loader
 
     def take_planned(self, epoch: int, b: int):

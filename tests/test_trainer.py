@@ -128,7 +128,7 @@ def test_to_data_conventions(graph):
     data = to_data(batch, x, np.asarray(graph.labels)[batch.node_ids])
     assert data.batch_size == batch.num_seeds == 16
     assert data.x.dtype == torch.float32 and data.x.shape == (len(batch.node_ids), 8)
-    assert data.y.shape == (16,)
+    assert data.y.shape == (len(batch.node_ids),)          # every node's, seeds first
     assert torch.equal(data.n_id[:16], torch.as_tensor(batch.node_ids[:16]))
     assert sum(data.num_sampled_nodes) == data.num_nodes
     assert sum(data.num_sampled_edges) == data.edge_index.size(1)

@@ -20,8 +20,9 @@ def to_data(batch, x: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tens
             local ``edge_index`` [2, m] with row 0 = neighbour and row 1 =
             sampled node, per-hop ``num_sampled_nodes`` / ``num_sampled_edges``).
         x: feature rows of ``batch.node_ids`` [n, dim] (converted to float32).
-        labels: labels of all of ``batch.node_ids`` [n], or of the seeds
-            [num_seeds]; ``data.y`` holds the labels of the seeds.
+        labels: labels of all of ``batch.node_ids`` [n] (PyG's convention, what
+            ``NodeLoader`` gives), or of the seeds [num_seeds] (what training reads);
+            ``data.y`` holds them as given, the seeds' first.
 
     Returns:
         ``Data(x, edge_index, y, n_id, batch_size, num_sampled_nodes,
@@ -38,6 +39,5 @@ def to_data(batch, x: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tens
     data.num_sampled_nodes = [int(v) for v in batch.num_sampled_nodes]
     data.num_sampled_edges = [int(v) for v in batch.num_sampled_edges]
     if labels is not None:
-        y = torch.as_tensor(np.asarray(labels, dtype=np.int64))
-        data.y = y[:num_seeds]
+        data.y = torch.as_tensor(np.asarray(labels, dtype=np.int64))
     return data

@@ -10,7 +10,7 @@ The loader is what the trainer and the CLI run on, handed to the user: each
         for epoch in range(10):
             for data in loader:                      # the next epoch
                 out = model(data.x, data.edge_index)[:data.batch_size]
-                loss = F.cross_entropy(out, data.y)
+                loss = F.cross_entropy(out, data.y[:data.batch_size])
 
 Under ``preset="ooc"`` the inspector samples superbatches ahead, precomputes
 Belady changesets, and the feature cache serves the rows; ``"static"`` keeps a
@@ -97,7 +97,8 @@ class NodeLoader:
         seed: sampling seed; the same seed gives the same batches in every preset.
         io_backend: reader of the O_DIRECT presets (``"auto"``, ``"io_uring"``, ...).
         num_threads: sampler threads (default: all cores).
-        labels: attach ``data.y`` (the seeds' labels; -1 where unlabeled).
+        labels: attach ``data.y`` (every node's label, seeds first as in PyG; -1 where
+            unlabeled): a loss takes ``data.y[:data.batch_size]``.
         **options: cache and I/O settings of :class:`~ooc.executor.loader.stack.ModeOptions`
             (``feature_cache_size``, ``neighbor_cache_size``, ``superbatch_size``,
             ``runtime_dir``, ``runtime_disk_budget``, ``queue_depth``, ``io_threads``).
@@ -105,8 +106,8 @@ class NodeLoader:
     Each ``iter()`` runs the next epoch (the first is epoch 1, as the trainer's;
     :meth:`set_epoch` picks one). ``len()`` is the number of batches per epoch.
     Each ``Data`` has ``x`` (float32 [n, dim]), ``edge_index`` (int64 [2, m],
-    row 0 = neighbour, row 1 = sampled node, local ids), ``y`` (int64
-    [batch_size]), ``n_id`` (int64 [n], seeds first), ``batch_size``,
+    row 0 = neighbour, row 1 = sampled node, local ids), ``y`` (int64 [n], every
+    node's label, seeds first), ``n_id`` (int64 [n], seeds first), ``batch_size``,
     ``num_sampled_nodes`` and ``num_sampled_edges`` (per hop). Close the loader
     (or use it as a context manager) to release its readers, threads and
     runtime files; garbage collection does the same.
@@ -184,9 +185,9 @@ class NodeLoader:
             except StopIteration:
                 return
             y = None
-            if labels is not None:
-                seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
-                y = np.asarray(labels[seeds], dtype=np.int64)
+            if labels is not None:  # every node's, as PyG's loaders give them
+                y = np.asarray(labels[np.asarray(batch.node_ids, dtype=np.int64)],
+                               dtype=np.int64)
             yield to_data(batch, rows, y)
 
     # -- what happened ------------------------------------------------------------

@@ -54,7 +54,7 @@ def train_step(call: Callable[[Any], torch.Tensor], optimizer: torch.optim.Optim
     """
     optimizer.zero_grad(set_to_none=True)
     out = call(data)[:data.batch_size]
-    value = loss(out, data.y)
+    value = loss(out, data.y[:data.batch_size])
     v = float(value.item())
     if math.isfinite(v):
         value.backward()

@@ -265,8 +265,9 @@ class Trainer:
         growth = torch.tensor(math.nan)
         if math.isfinite(loss_v):
             growth = self._watch.after_step()
-        labeled = data.y >= 0
-        right = (out.argmax(-1)[labeled] == data.y[labeled]).sum()
+        y = data.y[:data.batch_size]
+        labeled = y >= 0
+        right = (out.argmax(-1)[labeled] == y[labeled]).sum()
         stats = torch.stack([growth.to(out.device, torch.float64), labeled.sum().double(),
                              right.double()]).tolist()
         check_step(self.dataset.path, epoch, step, steps, loss_v, stats[0],
@@ -307,8 +308,9 @@ class Trainer:
             batch, rows = item
             data = self._to_data(batch, rows).to(self.device)
             pred = eval_forward(self._call, data).argmax(-1)
-            labeled = data.y >= 0
-            correct += int((pred[labeled] == data.y[labeled]).sum())
+            y = data.y[:data.batch_size]
+            labeled = y >= 0
+            correct += int((pred[labeled] == y[labeled]).sum())
             count += int(labeled.sum())
             if self.on_batch is not None:
                 self.on_batch()
