@@ -177,3 +177,16 @@ def test_arguments_in_pygs_order(graph):
     assert first.batch_size == 16
     with pytest.raises(TypeError):
         ooc.NodeLoader(graph, [3], "train", 16)
+
+
+def test_input_id_is_each_seeds_position_in_input_nodes(graph):
+    """``data.input_id`` as PyG gives it: input_nodes[input_id] are the batch's seeds."""
+    nodes = np.random.default_rng(1).permutation(np.asarray(graph.train_idx))[:70]
+    with ooc.NodeLoader(graph, [3], nodes, batch_size=16, shuffle=True,
+                        preset="baseline") as loader:
+        seen = []
+        for data in loader:
+            np.testing.assert_array_equal(nodes[data.input_id.numpy()],
+                                          data.n_id[:data.batch_size].numpy())
+            seen.append(data.input_id.numpy())
+    assert sorted(np.concatenate(seen).tolist()) == list(range(70))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from ...storage.errors import OocError
 from .batch import to_data
@@ -107,7 +108,8 @@ class NodeLoader:
     :meth:`set_epoch` picks one). ``len()`` is the number of batches per epoch.
     Each ``Data`` has ``x`` (float32 [n, dim]), ``edge_index`` (int64 [2, m],
     row 0 = neighbour, row 1 = sampled node, local ids), ``y`` (int64 [n], every
-    node's label, seeds first), ``n_id`` (int64 [n], seeds first), ``batch_size``,
+    node's label, seeds first), ``n_id`` (int64 [n], seeds first), ``input_id``
+    (int64 [batch_size], each seed's position in ``input_nodes``), ``batch_size``,
     ``num_sampled_nodes`` and ``num_sampled_edges`` (per hop). Close the loader
     (or use it as a context manager) to release its readers, threads and
     runtime files; garbage collection does the same.
@@ -147,6 +149,9 @@ class NodeLoader:
             self.memory_plan = plan_memory(dataset, self.config, int(memory_budget), opts,
                                            preset=self.preset)
         self._labels = dataset.labels if labels else None
+        # input_id of a seed: its position in ``seeds`` (PyG's NeighborLoader gives it)
+        self._seed_order = np.argsort(self.seeds, kind="stable")
+        self._seeds_sorted = self.seeds[self._seed_order]
         self._stack = build_stack(dataset, self.config, opts, plan=self.memory_plan,
                                   seeds=self.seeds, shuffle=shuffle, preset=self.preset)
         self._finalizer = weakref.finalize(self, self._stack.close)
@@ -188,7 +193,11 @@ class NodeLoader:
             if labels is not None:  # every node's, as PyG's loaders give them
                 y = np.asarray(labels[np.asarray(batch.node_ids, dtype=np.int64)],
                                dtype=np.int64)
-            yield to_data(batch, rows, y)
+            data = to_data(batch, rows, y)
+            seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
+            data.input_id = torch.as_tensor(
+                self._seed_order[np.searchsorted(self._seeds_sorted, seeds)])
+            yield data
 
     # -- what happened ------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
