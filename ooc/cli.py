@@ -14,18 +14,30 @@ from .storage.errors import OocError
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes from a size such as ``512MiB``, ``8GiB``, ``1.5G``, ``4096``.
+class SizeError(OocError, ValueError):
+    """Not a size (also a ``ValueError``; argparse reports it as an invalid size)."""
 
-    K/M/G/T with or without ``i``/``B`` are all binary (powers of 1024).
+
+def parse_size(text: str | int) -> int:
+    """Bytes from a size such as ``512MiB``, ``8GiB``, ``1.5G``, ``200MB``, ``4096``.
+
+    ``KiB``/``MiB``/``GiB``/``TiB`` and the bare letters ``K``/``M``/``G``/``T`` are powers
+    of 1024; ``KB``/``MB``/``GB``/``TB`` are powers of 1000, as storage vendors count.
+
+    Raises:
+        SizeError: not a size.
     """
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*", str(text))
     if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 512MiB, 8GiB, 1.5G)")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    return int(value)
+        raise SizeError(f"not a size: {text!r} (use e.g. 512MiB, 8GiB, 1.5G)")
+    letter, suffix = m.group(2).lower(), (m.group(3) or "").lower()
+    unit = _UNITS[letter] if suffix != "b" or not letter else 1000 ** "kmgt".index(letter) * 1000
+    return int(float(m.group(1)) * unit)
+
+
+parse_size.__name__ = "size"  # argparse's message: "invalid size value: 'x'"
 
 
 def format_size(nbytes: float) -> str:

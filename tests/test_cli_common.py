@@ -6,15 +6,20 @@ from ooc.cli import format_size, parse_size
 
 
 @pytest.mark.parametrize("text,value", [("512MiB", 512 << 20), ("8GiB", 8 << 30), ("1.5G", 3 << 29),
-                                        ("4096", 4096), ("10k", 10240), ("2 TB", 2 << 40)])
+                                        ("4096", 4096), ("10k", 10240), ("2 TiB", 2 << 40),
+                                        ("200MB", 200_000_000), ("2 TB", 2 * 10**12),
+                                        ("3kB", 3000), ("12B", 12)])
 def test_parse_size(text, value):
     assert parse_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "abc", "1.2.3G", "-5M", "5X"])
 def test_parse_size_rejects(text):
-    with pytest.raises(argparse.ArgumentTypeError):
+    from ooc.storage.errors import OocError
+
+    with pytest.raises(ValueError) as e:         # also an OocError, not an argparse type
         parse_size(text)
+    assert isinstance(e.value, OocError) and not isinstance(e.value, argparse.ArgumentTypeError)
 
 
 def test_format_size():

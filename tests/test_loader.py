@@ -190,3 +190,12 @@ def test_input_id_is_each_seeds_position_in_input_nodes(graph):
                                           data.n_id[:data.batch_size].numpy())
             seen.append(data.input_id.numpy())
     assert sorted(np.concatenate(seen).tolist()) == list(range(70))
+
+
+@pytest.mark.parametrize("bad,needle", [("10,10", "a list with one int per layer"),
+                                        ({("a", "to", "b"): [5]}, "heterogeneous"),
+                                        ([10.5], "one value per layer"), (["x"], "one value"),
+                                        (5, "a list"), ([0], "one value per layer")])
+def test_num_neighbors_in_pygs_forms_only(graph, bad, needle):
+    with pytest.raises(OocError, match=needle):
+        ooc.NodeLoader(graph, bad, "train", preset="baseline")

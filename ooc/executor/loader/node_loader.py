@@ -66,7 +66,16 @@ def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> 
     from .presets import resolve_preset
 
     resolve_preset(preset)
-    fanouts = [int(f) for f in num_neighbors]
+    if isinstance(num_neighbors, dict):
+        raise OocError("num_neighbors as a dict (per edge type) is for heterogeneous graphs, "
+                       "which ooc does not support: give one list, e.g. [10, 10]")
+    if isinstance(num_neighbors, (str, bytes)) or not hasattr(num_neighbors, "__iter__"):
+        raise OocError(f"num_neighbors {num_neighbors!r}: a list with one int per layer, as in "
+                       f"PyG, e.g. [10, 10]")
+    values = list(num_neighbors)
+    whole = all((isinstance(f, (int, np.integer)) and not isinstance(f, bool))
+                or (isinstance(f, float) and f.is_integer()) for f in values)
+    fanouts = [int(f) for f in values] if whole else []
     if not fanouts or any(f == 0 or f < -1 for f in fanouts):
         raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
                        f"> 0 or -1 (all)")
