@@ -25,10 +25,14 @@ def __getattr__(name: str):
         from .executor.loader.node_loader import NodeLoader
 
         return NodeLoader
+    if name in ("Trainer", "TrainConfig"):
+        from .executor.training import trainer
+
+        return getattr(trainer, name)
     raise AttributeError(f"module 'ooc' has no attribute {name!r}")
 
 
 __version__ = "0.1.0"
 
-__all__ = ["Dataset", "DatasetError", "NodeLoader", "OocError", "configure_process", "load_model",
-           "open_dataset", "write_dataset", "__version__"]
+__all__ = ["Dataset", "DatasetError", "NodeLoader", "OocError", "TrainConfig", "Trainer",
+           "configure_process", "load_model", "open_dataset", "write_dataset", "__version__"]

@@ -30,7 +30,7 @@ class TrainConfig:
     device: str = "auto"
     num_threads: int | None = None
     progress: bool = True
-    mode: str = "baseline"
+    mode: str = "ooc"
     eval_final: bool = True
     #: the largest factor by which one step may grow the weights (see ``finite.py``)
     max_weight_growth: float = 10.0
