@@ -391,6 +391,12 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path):
         if ck_path is not None:
             trainer.resume(ck_path)
             print(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
+            if trainer.epoch >= config.epochs:
+                from .storage.notes import note
+
+                note(f"{ck_path} has trained {trainer.epoch} epochs already and --epochs is "
+                     f"{config.epochs}: no epoch to train (raise --epochs to continue); "
+                     f"evaluating it")
         print(f"ooc.train: {dataset.path} ({dataset.num_nodes:,} nodes, "
               f"{dataset.num_edges:,} edges, {dataset.feature_dim} features, "
               f"{dataset.num_classes} classes, {len(dataset.train_idx):,} training nodes); "

@@ -71,6 +71,16 @@ def test_resume_continues_exactly(tiny, tmp_path):
     assert b["resumed_from"].endswith("epoch_0002.pt")
 
 
+def test_resume_with_no_epoch_left_says_so(tiny, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    assert run(small_args(tiny, "--epochs", "2", "--checkpoint-dir", ck)) == 0
+    capsys.readouterr()
+    assert run(["--checkpoint-dir", ck, "--resume", "--epochs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "has trained 2 epochs already" in err and "raise --epochs" in err
+    assert sorted(p.name for p in ck.iterdir()) == ["epoch_0001.pt", "epoch_0002.pt"]
+
+
 def test_default_dataset_created_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OOC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(train_cli, "DEFAULT_DATASET",
