@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import REPO, assert_one_line_error
 from ooc.storage import csc_from_edges, write_dataset
@@ -75,3 +76,49 @@ def test_the_runtime_sweep_keeps_a_users_folder_of_that_name(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert (user / "table.csv").read_text() == "1,2\n"
     assert not stale.exists()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("inf")
+    rng = np.random.default_rng(1)
+    n = 60
+    indptr, indices = csc_from_edges(rng.integers(0, n, 300), rng.integers(0, n, 300), n)
+    data = write_dataset(tmp / "d", indptr, indices, rng.standard_normal((n, 4)).astype(np.float32),
+                         labels=rng.integers(0, 2, n), train_idx=np.arange(30))
+    r = _cli("ooc.train", "--data", str(data), "--epochs", "1", "--fanouts", "3",
+             "--checkpoint-dir", str(tmp / "ck"), "--no-progress")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return data, tmp / "ck"
+
+
+def test_infer_overwrite_needs_more_than_a_stub_progress_json(trained, tmp_path):
+    data, ck = trained
+    user = tmp_path / "mine.zarr"
+    user.mkdir()
+    (user / "progress.json").write_text(json.dumps({"complete": True}))
+    (user / "notes.txt").write_text("mine")
+    r = _cli("ooc.infer", "--data", str(data), "--checkpoint", str(ck), "--out", str(user),
+             "--overwrite", "--no-progress")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, str(user))
+    assert (user / "notes.txt").read_text() == "mine"
+    out = tmp_path / "e.zarr"
+    for extra in ([], ["--overwrite"]):                  # ooc's own output is replaced
+        r = _cli("ooc.infer", "--data", str(data), "--checkpoint", str(ck), "--out", str(out),
+                 "--no-progress", *extra)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert made_by_ooc(out, "output")
+
+
+def test_infer_refuses_a_symlink_at_its_partial_path(trained, tmp_path):
+    data, ck = trained
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "keep.txt").write_text("x")
+    (tmp_path / ".e.zarr.partial").symlink_to(target)
+    r = _cli("ooc.infer", "--data", str(data), "--checkpoint", str(ck), "--out",
+             str(tmp_path / "e.zarr"), "--no-progress")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "symlink")
+    assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]

@@ -92,9 +92,12 @@ class Progress:
         old = read_progress(work)
         if old is not None and old.get("fingerprint") == fingerprint:
             state = old
-        elif any(work.iterdir()):  # a partial output of another run: start over
+        else:  # a partial output of another run: start over (the ownership marker stays)
+            from ...storage.ownership import MARKER
+
             for p in work.iterdir():
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+                if p.name != MARKER:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         return cls(work / PROGRESS_FILE, state, on_chunk)
 
     @property
@@ -201,20 +204,35 @@ def predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows
 # ----------------------------------------------------------------------------- atomic output
 def not_replaceable(out: Path) -> str | None:
     """Why ``out`` is not an output of this module that ``overwrite`` may replace."""
+    from ...storage.ownership import MARKER, made_by_ooc
+
     if out.is_symlink() or not out.is_dir():
         return "is not a folder"
     if read_progress(out) is None:
         return f"has no {PROGRESS_FILE} of ooc.infer (not an inference output)"
+    if not made_by_ooc(out, "output"):
+        return f"was not made by ooc (no {MARKER} marker; a {PROGRESS_FILE} alone does not say so)"
     return None
 
 
 @contextlib.contextmanager
 def locked_partial(work: Path):
-    """Create ``work`` (when absent) and hold an exclusive ``flock`` on it; an empty
-    ``work`` is removed afterwards."""
+    """Create ``work`` (when absent, with ooc's ownership marker) and hold an exclusive
+    ``flock`` on it; a ``work`` holding nothing but the marker is removed afterwards. A
+    symlink there, or a folder of files without the marker, is refused."""
+    from ...storage.ownership import MARKER, made_by_ooc, mark
+
     try:
+        if work.is_symlink():
+            raise OocError(f"{work}: is a symlink where ooc.infer keeps its partial output; "
+                           f"remove it or choose another --out")
         work.mkdir(parents=True, exist_ok=True)
-        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+        if not made_by_ooc(work, "output"):
+            if any(work.iterdir()):
+                raise OocError(f"{work}: holds files ooc.infer did not write (no ownership "
+                               f"marker); remove it or choose another --out")
+            mark(work, "output")
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
         raise OocError(f"{work}: cannot create the output folder ({e.strerror or e})") from None
     try:
@@ -225,7 +243,9 @@ def locked_partial(work: Path):
         yield fd
     finally:
         with contextlib.suppress(OSError):
-            work.rmdir()  # only when empty: the run failed before writing anything
+            if [p.name for p in work.iterdir()] == [MARKER]:  # failed before writing anything
+                (work / MARKER).unlink()
+                work.rmdir()
         os.close(fd)
 
 
