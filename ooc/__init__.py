@@ -6,9 +6,19 @@ ingest, direct readers), :mod:`ooc.partition`, :mod:`ooc.inspector`
 cache, gather, training, inference).
 
 Importing ooc changes nothing process-wide; :func:`configure_process` applies the
-settings ooc's own commands run with (call it first thing in a training script).
+settings ooc's own commands run with (call it first thing in a training script). The one
+exception is a worker process of ``ooc.train --workers``, which its launcher marks in the
+environment: it asks the kernel to end it with the launcher (:func:`die_with_launcher`).
 """
-from .process import configure_process
+import os as _os
+
+from .process import LAUNCHER_ENV as _LAUNCHER_ENV
+from .process import configure_process, die_with_launcher
+
+if _os.environ.get(_LAUNCHER_ENV, "").isdigit():
+    # a worker of `ooc.train --workers`: end with its launcher, even during start-up (the
+    # variable is taken out, so the worker's own children do not read it)
+    die_with_launcher(int(_os.environ.pop(_LAUNCHER_ENV)))
 from .storage import Dataset, DatasetError, OocError, open_dataset, write_dataset
 
 

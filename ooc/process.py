@@ -11,7 +11,26 @@ import sys
 
 from .memory import tune_malloc
 
-__all__ = ["configure_process"]
+__all__ = ["configure_process", "die_with_launcher"]
+
+#: Set by ``ooc.train --workers`` in its workers' environment: the launcher's pid.
+LAUNCHER_ENV = "OOC_LAUNCHER_PID"
+
+
+def die_with_launcher(pid: int) -> None:
+    """End this process (SIGKILL from the kernel) when the launcher ``pid`` dies, also
+    while it is still starting up; exit at once if it is gone already. Linux only (a
+    no-op elsewhere)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != pid:  # the launcher died before the request was made
+        os._exit(1)
 
 
 def configure_process(omp_passive: bool = True, malloc: bool = True) -> dict[str, object]:

@@ -145,3 +145,39 @@ def test_an_unreadable_kernel_cache_is_cleared_and_compiled_again(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "kernels was unreadable" in r.stderr and "Traceback" not in r.stderr
     assert (tmp_path / "b" / "meta.json").is_file()
+
+
+def test_workers_end_within_2s_of_a_kill_of_the_launcher_during_start_up(tmp_path):
+    """``kill -9`` of ``ooc.train --workers 2`` as soon as its workers exist (they are still
+    importing torch): the kernel ends them with it (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from ooc.storage import csc_from_edges
+
+    rng = np.random.default_rng(0)
+    n = 200
+    indptr, indices = csc_from_edges(rng.integers(0, n, 1000), rng.integers(0, n, 1000), n)
+    data = write_dataset(tmp_path / "d", indptr, indices,
+                         rng.standard_normal((n, 4)).astype(np.float32),
+                         labels=rng.integers(0, 2, n), train_idx=np.arange(100))
+    p = subprocess.Popen([sys.executable, "-m", "ooc.train", "--data", str(data), "--workers",
+                          "2", "--partitions", "2", "--epochs", "50", "--fanouts", "3",
+                          "--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    workers: list = []
+    t0 = time.monotonic()
+    while len(workers) < 2 and time.monotonic() - t0 < 120:
+        workers = [c for c in psutil.Process(p.pid).children()
+                   if "ooc.train" in " ".join(c.cmdline())]
+        time.sleep(0.02)
+    assert len(workers) == 2
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    _, alive = psutil.wait_procs(workers, timeout=2)
+    for w in alive:
+        w.kill()
+    assert not alive, [w.pid for w in alive]

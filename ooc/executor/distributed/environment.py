@@ -82,4 +82,4 @@ def worker_env(rank: int, workers: int, port: int, extra: dict[str, str]) -> dic
     this process's, with torchrun's variables, unbuffered output and ``extra``."""
     return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(workers), LOCAL_RANK=str(rank),
                 LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
-                PYTHONUNBUFFERED="1", **extra)
+                PYTHONUNBUFFERED="1", OOC_LAUNCHER_PID=str(os.getpid()), **extra)
