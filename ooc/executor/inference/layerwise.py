@@ -192,7 +192,7 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
                         chunk_rows: int = 32768, order: Any = "auto", partition: Any = None,
                         policy: str = "belady", features: Any = "auto",
                         block_rows: int | None = None, cache_chunks: int | None = None,
-                        overwrite: bool = False, progress: bool = False,
+                        overwrite: bool = False, progress: bool = True,
                         on_chunk: Callable[[int, int], None] | None = None) -> dict:
     """Compute every layer of ``model`` for every node, layer by layer, out of core.
 
@@ -215,7 +215,7 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         block_rows: at most this many targets per block (default: chunk_rows).
         cache_chunks: force the cache capacity in chunks (default: from budget).
         overwrite: replace an existing output that belongs to another run.
-        progress: show a progress bar per layer.
+        progress: a progress bar per layer on stderr (default; False for none).
         on_chunk: called as ``on_chunk(layer, chunk)`` after each output chunk
             is durably written (tests use it to simulate a crash).
 
