@@ -32,14 +32,18 @@ def mark(folder: str | os.PathLike, kind: str) -> str:
 
 def marker(folder: str | os.PathLike) -> dict | None:
     """The marker of ``folder`` (a real folder, not a symlink, holding a regular marker
-    file), or None."""
+    file; a finished Zarr output keeps it in its group's attributes, ``ooc.made``), or
+    None."""
     folder = Path(folder)
     path = folder / MARKER
     try:
         if folder.is_symlink() or not folder.is_dir() or path.is_symlink():
             return None
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        if path.exists():
+            doc = json.loads(path.read_text())
+        else:
+            doc = json.loads((folder / "zarr.json").read_text())["attributes"]["ooc"]["made"]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("token"), str):
         return None

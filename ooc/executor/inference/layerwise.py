@@ -118,7 +118,7 @@ from .memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss
 from .model_adapter import LayerwiseModel, as_layerwise
 from .order import ORDERS, compute_order, order_digest, rows_and_nodes
 from .runner import Run, run_layer
-from .store import (PROGRESS_FILE, Progress, locked_partial, not_replaceable, open_group,
+from .store import (PROGRESS_FILE, Progress, locked_partial, not_replaceable, open_group, seal,
                     partial_path, predictions, read_embeddings, read_progress, swap_in)
 
 #: the public names (the pieces' own modules hold the rest)
@@ -403,5 +403,6 @@ def _infer_into(work: Path, job: Job) -> dict:
             run.reader.close()
     run.group.attrs["complete"] = True
     run.progress.finish()
+    seal(work, run.group)
     swap_in(work, job.out)
     return _summarise(report, peak.peak, job.budget)

@@ -64,12 +64,36 @@ def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = 
 
 # ----------------------------------------------------------------------------- progress
 def read_progress(folder: Path) -> dict | None:
-    """``folder/progress.json`` as a dict; None when absent or unreadable."""
+    """``folder/progress.json`` as a dict, or the record :func:`seal` moved into a finished
+    output's group attributes; None when absent or unreadable."""
     try:
         old = json.loads((folder / PROGRESS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError, RecursionError):
+        old = _sealed(folder).get("progress")
     return old if isinstance(old, dict) and isinstance(old.get("fingerprint"), dict) else None
+
+
+def _sealed(folder: Path) -> dict:
+    """The ``ooc`` attributes of the Zarr group in ``folder`` ({} when none)."""
+    try:
+        attrs = json.loads((folder / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return {}
+    ooc = attrs.get("ooc") if isinstance(attrs, dict) else None
+    return ooc if isinstance(ooc, dict) else {}
+
+
+def seal(work: Path, group) -> None:
+    """Move the finished run's progress record and ownership marker into the group's
+    attributes (``attrs["ooc"]``), so the output folder holds nothing but Zarr's own files
+    (Zarr warns about any other file when the group is opened)."""
+    from ...storage.ownership import MARKER, marker
+
+    made = marker(work)
+    group.attrs["ooc"] = {"progress": read_progress(work), "made": made}
+    for name in (PROGRESS_FILE, MARKER):
+        with contextlib.suppress(FileNotFoundError):
+            (work / name).unlink()
 
 
 @dataclass
