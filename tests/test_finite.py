@@ -147,3 +147,33 @@ def test_averaging_refuses_a_non_finite_sum():
     with pytest.raises(TrainingDiverged, match="w is not finite"):
         finish_average({"w": torch.tensor([1.0, float("nan"), 0.0], dtype=torch.float64)},
                        2.0, like)
+
+
+def test_inference_names_the_first_node_whose_output_is_not_finite(tmp_path):
+    from ooc.executor.training.checkpoint import save_checkpoint
+    from ooc.executor.training.models import build_model
+
+    n = 300
+    rng = np.random.default_rng(1)
+    src, dst = rng.integers(0, n, 6 * n), rng.integers(0, n, 6 * n)
+    indptr, indices = csc_from_edges(src, dst, n)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    x[137, 3] = np.inf  # node 137's own row; its out-neighbours see it from layer 1 on
+    idx = np.arange(n)
+    data = write_dataset(tmp_path / "poisoned", indptr, indices, x, rng.integers(0, 3, n),
+                         idx[:200], idx[200:250], idx[250:], num_classes=3,
+                         allow_nonfinite=True)
+    torch.manual_seed(0)
+    ck = save_checkpoint(tmp_path / "ck", 1, build_model("sage", 8, 16, 3, 2))
+    out = tmp_path / "emb.zarr"
+    p = subprocess.run([sys.executable, "-m", "ooc.infer", "--data", str(data), "--checkpoint",
+                        str(ck), "--out", str(out), "--no-progress"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    # the lowest node whose layer-1 output is non-finite: 137 itself (its root term),
+    # or an earlier node with 137 among its in-neighbours
+    feeders = [v for v in range(137) if 137 in indices[indptr[v]:indptr[v + 1]]]
+    first = min(feeders + [137])
+    assert_one_line_error(p.stderr, f"layer 1 of inference gives a non-finite output at node "
+                                    f"{first} ")
+    assert not out.exists()

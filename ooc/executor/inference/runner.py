@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ...storage.dataset import Dataset
+from ...storage.errors import OocError
 from ..cache.chunk_cache import ChunkCache
 from .blocks import CacheSettings, Chunking, LayerPlan, plan_layer
 from .local_graph import LocalGraph, Topology, local_graph
@@ -31,6 +32,10 @@ class Run:
     cache: CacheSettings
     progress: Progress
     show_bar: bool = False
+
+
+class NonFiniteOutput(OocError, FloatingPointError):
+    """A layer's output holds a NaN or an infinity (named by its first node)."""
 
 
 @dataclass
@@ -147,6 +152,17 @@ def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int
     }
 
 
+def check_finite(buf: np.ndarray, run: Run, l: int, c0: int) -> None:
+    """Raise :class:`NonFiniteOutput` naming the first node whose row of ``buf``
+    (float32 [rows, d_out], output rows ``c0..``) holds a NaN or an infinity."""
+    bad = ~np.isfinite(buf).all(axis=1)
+    if bad.any():
+        node = int(run.topo.perm[c0 + int(np.argmax(bad))])
+        raise NonFiniteOutput(f"{run.dataset.path}: layer {l + 1} of inference gives a "
+                              f"non-finite output at node {node} (NaN or infinite features "
+                              f"or model weights); nothing was renamed into the output")
+
+
 def run_layer(run: Run, l: int) -> dict:
     """Compute array ``h{l+1}`` for every node (resuming its written chunks); returns
     the layer's report (timings, blocks, bytes read, cache statistics)."""
@@ -174,6 +190,7 @@ def run_layer(run: Run, l: int) -> dict:
             buf[plan.starts[b] - c0:plan.starts[b + 1] - c0] = _run_block(run, plan, src, cache,
                                                                            b, stats)
             b += 1
+        check_finite(buf, run, l, c0)
         t0 = time.perf_counter()
         write_chunk(run.group, arr, name, c, c0, buf)
         del buf
