@@ -29,7 +29,7 @@ import pytest
 
 from conftest import community_graph
 from ooc.storage import open_dataset
-from ooc.storage.dataset import sampled_sha256, sha256_file
+from ooc.storage.dataset import meta_checksum, sampled_sha256, scan_index_range, sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 N = 300  # nodes of the base dataset
@@ -109,6 +109,10 @@ def _refresh_checksums(ds: Path) -> None:
             entry["sha256"] = sha256_file(p)
         if "sampled_sha256" in entry:
             entry["sampled_sha256"] = sampled_sha256(p, entry["bytes"])
+        if "block_crc32" in entry:
+            entry["block_crc32"] = scan_index_range(p, np.dtype(meta["index_dtype"]),
+                                                    meta["num_edges"])[2]
+    meta["checksum"] = meta_checksum(meta)
     mp.write_text(json.dumps(meta))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,9 @@ SAMPLE_PAGES = 64
 #: A dataset whose meta.json records no id range (written before ooc recorded
 #: one) has ``indices.bin`` scanned at open when it is at most this large.
 INDEX_SCAN_LIMIT = 64 << 20
+#: Bytes of ``indices.bin`` per CRC-32 that meta.json records (``block_crc32`` of its
+#: entry); every block is checked when a run scans the file (:meth:`Dataset.check_indices`).
+INDEX_BLOCK = 4 << 20
 #: More classes than this in meta.json is taken as corruption (the output
 #: layer would be sized from it).
 MAX_CLASSES = 1 << 20
@@ -69,6 +73,14 @@ def sampled_sha256(path: Path, nbytes: int) -> str:
     return h.hexdigest()
 
 
+def meta_checksum(meta: dict) -> str:
+    """sha256 (hex) of ``meta`` (a parsed ``meta.json``) without its ``checksum`` field,
+    as canonical JSON (sorted keys, no spaces); the writer stores it as ``checksum``."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    blob = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 def index_range_error(path: Path, position: int, value: int, num_nodes: int) -> DatasetError:
     """The one-line error for a neighbour id outside ``[0, num_nodes)`` at
     element ``position`` of the ``indices.bin`` at ``path``."""
@@ -77,14 +89,20 @@ def index_range_error(path: Path, position: int, value: int, num_nodes: int) -> 
 
 
 def scan_index_range(path: Path, dtype: np.dtype, num_edges: int,
-                     num_nodes: int | None = None, step: int = 1 << 22) -> tuple[int, int]:
-    """(min, max) of the ``num_edges`` ids of a raw index file, read in chunks
-    of ``step`` ids with plain reads (a memmap scan would count as RSS).
+                     num_nodes: int | None = None,
+                     block_crc32: list[int] | None = None) -> tuple[int, int, list[int]]:
+    """(min, max, per-block CRC-32s) of the ``num_edges`` ids of a raw index file, read
+    in blocks of ``INDEX_BLOCK`` bytes with plain reads (a memmap scan would count as
+    RSS). The CRC of block ``k`` covers the ids' bytes ``[k * INDEX_BLOCK, (k + 1) *
+    INDEX_BLOCK)`` (the page padding after the last id is not covered).
 
     With ``num_nodes`` the first id outside ``[0, num_nodes)`` raises
-    :func:`index_range_error`. An empty file gives ``(0, -1)``.
+    :func:`index_range_error`; with ``block_crc32`` (the list ``meta.json`` records)
+    the first block whose CRC differs raises. An empty file gives ``(0, -1, [])``.
     """
     lo, hi = 0, -1
+    crcs: list[int] = []
+    step = INDEX_BLOCK // np.dtype(dtype).itemsize
     with open(path, "rb") as f:
         for a in range(0, num_edges, step):
             chunk = np.fromfile(f, dtype=dtype, count=min(step, num_edges - a))
@@ -92,10 +110,16 @@ def scan_index_range(path: Path, dtype: np.dtype, num_edges: int,
                 raise DatasetError(path, f"truncated: ends before id {a + chunk.size}")
             cmin, cmax = int(chunk.min()), int(chunk.max())
             if num_nodes is not None and (cmin < 0 or cmax >= num_nodes):
-                k = int(np.flatnonzero((chunk < 0) | (chunk >= num_nodes))[0])
-                raise index_range_error(path, a + k, int(chunk[k]), num_nodes)
+                j = int(np.flatnonzero((chunk < 0) | (chunk >= num_nodes))[0])
+                raise index_range_error(path, a + j, int(chunk[j]), num_nodes)
+            crcs.append(zlib.crc32(chunk))
+            k = len(crcs) - 1
+            if block_crc32 is not None and (k >= len(block_crc32) or block_crc32[k] != crcs[k]):
+                raise DatasetError(path, f"ids {a}..{a + chunk.size - 1} (bytes from "
+                                         f"{a * chunk.itemsize}) do not match their checksum in "
+                                         f"meta.json (corrupted file)")
             lo, hi = (cmin, cmax) if a == 0 else (min(lo, cmin), max(hi, cmax))
-    return lo, hi
+    return lo, hi, crcs
 
 
 class MmapFeatures(RowTable):
@@ -164,6 +188,7 @@ class Dataset:
     val_idx: np.ndarray
     test_idx: np.ndarray
     layout: FeatureLayout = field(repr=False)
+    _indices_checked: bool = field(default=False, repr=False, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -216,12 +241,30 @@ class Dataset:
         return deg
 
     def check_indices(self) -> None:
-        """Scan all of ``indices.bin`` for ids outside ``[0, N)`` (one streaming pass).
+        """Scan all of ``indices.bin`` once per opened dataset (one streaming pass at the
+        disk's speed): ids outside ``[0, N)``, and every block against the CRC-32 that
+        ``meta.json`` records for it (a zeroed or overwritten page holds ids in range).
 
         Raises:
-            DatasetError: naming the file and the first bad position.
+            DatasetError: naming the file and the first bad position or block.
         """
-        scan_index_range(self.file("indices.bin"), self.index_dtype, self.num_edges, self.num_nodes)
+        if self._indices_checked:
+            return
+        crcs = self.meta["files"]["indices.bin"].get("block_crc32")
+        scan_index_range(self.file("indices.bin"), self.index_dtype, self.num_edges, self.num_nodes,
+                         crcs)
+        self._indices_checked = True
+
+    def fingerprint(self) -> dict:
+        """What derived data (inference outputs, partitions) records of the dataset it
+        was made from: ``meta`` (the checksum of ``meta.json``, which lists every file's
+        size and checksums) and ``files`` (``{name: [bytes, mtime_ns]}`` of the raw
+        ``.bin`` files, so writing into them in place shows). Cheap: two ``stat`` calls."""
+        files = {}
+        for name in ("indices.bin", "features.bin"):
+            st = self.file(name).stat()
+            files[name] = [st.st_size, st.st_mtime_ns]
+        return {"meta": meta_checksum(self.meta), "files": files}
 
     def disk_bytes(self) -> int:
         """Bytes of the dataset's files on disk."""
@@ -320,6 +363,9 @@ def _load_meta(path: Path) -> dict:
             if d is not None and not (isinstance(d, str) and len(d) == 64
                                       and all(c in "0123456789abcdef" for c in d)):
                 raise DatasetError(mp, f"{key!r} of {name} is not a sha256 hex digest")
+        crcs = entry.get("block_crc32")
+        if crcs is not None and not (isinstance(crcs, list) and all(_is_int(c) for c in crcs)):
+            raise DatasetError(mp, f"'block_crc32' of {name} must be a list of integers")
     if "index_range" in meta:
         r = meta["index_range"]
         if not (isinstance(r, list) and len(r) == 2 and all(_is_int(v) for v in r)):
@@ -399,6 +445,10 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
         if files[name]["bytes"] != want:
             raise DatasetError(mp, f"lists {name} with {files[name]['bytes']} bytes, but its "
                                    f"num_nodes/num_edges/feature fields give {want}")
+    crcs = files["indices.bin"].get("block_crc32")
+    if crcs is not None and len(crcs) != -(-e * idt.itemsize // INDEX_BLOCK):
+        raise DatasetError(mp, f"lists {len(crcs)} block checksums of indices.bin, but "
+                               f"num_edges={e} gives {-(-e * idt.itemsize // INDEX_BLOCK)}")
     for name in REQUIRED_FILES:
         _check_size(path / name, files[name]["bytes"])
         digest = files[name].get("sha256")
@@ -424,7 +474,7 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
             raise DatasetError(mp, f"index_range [{lo}, {hi}] of indices.bin is not within "
                                    f"[0, {n}) (corrupted meta.json or file)")
     if e and (verify or ("index_range" not in meta and files["indices.bin"]["bytes"] <= INDEX_SCAN_LIMIT)):
-        scan_index_range(ipath, idt, e, n)
+        scan_index_range(ipath, idt, e, n, files["indices.bin"].get("block_crc32"))
     indices = (np.memmap(ipath, dtype=idt, mode="r", shape=(e,)) if e else np.zeros(0, dtype=idt))
 
     labels = _load_npy(path / "labels.npy", np.int64, (n,), mmap=True)
@@ -444,6 +494,9 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
         i, j, v = clash
         what = "twice" if i == j else f"also in {names[i]}"
         raise DatasetError(path / names[j], f"node {v} is listed {what}")
+    if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
+        raise DatasetError(mp, "was edited after the dataset was written (its checksum does not "
+                               "match its fields); write the dataset again with ooc.prepare")
     return Dataset(path=path, meta=meta, indptr=indptr, indices=indices,
                    features=MmapFeatures(path / "features.bin", layout), labels=labels,
                    train_idx=splits[0], val_idx=splits[1], test_idx=splits[2], layout=layout)

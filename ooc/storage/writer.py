@@ -10,7 +10,7 @@ import numpy as np
 
 from .atomic import atomic_dir, write_json
 from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, REQUIRED_FILES,
-                      open_dataset, replace_problem, sampled_sha256, scan_index_range, sha256_file,
+                      meta_checksum, open_dataset, replace_problem, sampled_sha256, scan_index_range, sha256_file,
                       split_overlap)
 from .errors import DatasetError, OocError
 from .layout import FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes
@@ -222,7 +222,8 @@ class DatasetWriter:
                            f"pass --allow-nonfinite to keep them")
         idt = index_dtype(self.num_nodes)
         try:
-            lo, hi = scan_index_range(self.tmp / "indices.bin", idt, self.num_edges, self.num_nodes)
+            lo, hi, crcs = scan_index_range(self.tmp / "indices.bin", idt, self.num_edges,
+                                            self.num_nodes)
         except DatasetError as e:
             raise OocError(f"{self.out}: the written dataset is invalid: {e.problem}") from None
         files = {}
@@ -233,6 +234,8 @@ class DatasetWriter:
                 entry["sha256"] = sha256_file(p)
             elif name.endswith(".bin"):
                 entry["sampled_sha256"] = sampled_sha256(p, entry["bytes"])
+            if name == "indices.bin":
+                entry["block_crc32"] = crcs
             files[name] = entry
         meta = {
             "format": FORMAT_NAME,
@@ -250,6 +253,7 @@ class DatasetWriter:
             "source": self.source,
             **self.extra_meta,
         }
+        meta["checksum"] = meta_checksum(meta)
         write_json(self.tmp / "meta.json", meta)
         try:
             open_dataset(self.tmp)

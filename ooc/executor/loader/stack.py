@@ -267,6 +267,7 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
     """
     opts = options or ModeOptions()
     opts.validate()
+    dataset.check_indices()  # once per opened dataset: ids in range, every block's CRC
     preset = resolve_preset(config.mode if preset is None else preset)
     seeds = np.asarray(dataset.train_idx if seeds is None else seeds, dtype=np.int64)
     feat_bytes, nbr_bytes = cache_sizes(dataset, opts, plan)

@@ -76,8 +76,9 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path:
     return found[-1][1]
 
 
-#: meta.json fields left out of :func:`dataset_fingerprint` (where the data came from).
-_UNHASHED_META = ("name", "source")
+#: meta.json fields left out of :func:`dataset_fingerprint` (where the data came from, and
+#: the checksum over all fields, which covers those).
+_UNHASHED_META = ("name", "source", "checksum")
 
 
 def dataset_fingerprint(dataset: Any) -> str:

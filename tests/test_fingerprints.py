@@ -1,0 +1,94 @@
+"""Fingerprints of datasets and of what is derived from them: a corrupted page of
+``indices.bin`` that the sampled checksum misses, a ``meta.json`` edited consistently,
+and derived outputs (inference, partitions) of a dataset that changed since."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import assert_one_line_error
+from ooc.storage import open_dataset
+from ooc.storage.dataset import INDEX_BLOCK, sampled_pages
+from ooc.storage.errors import DatasetError
+from ooc.storage.layout import PAGE
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN = ["--fanouts", "4,4", "--batch-size", "64", "--hidden", "8", "--epochs", "1",
+         "--no-progress", "--no-eval", "--device", "cpu"]
+
+
+def _cli(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def big_graph(tmp_path_factory) -> Path:
+    """A graph whose indices.bin spans two checksum blocks and many unsampled pages."""
+    from ooc.storage import csc_from_edges, write_dataset
+
+    n, e = 20_000, 1_500_000
+    rng = np.random.default_rng(3)
+    indptr, indices = csc_from_edges(rng.integers(0, n, e), rng.integers(0, n, e), n)
+    ids = rng.permutation(n)
+    return write_dataset(tmp_path_factory.mktemp("fp") / "g", indptr, indices,
+                         rng.standard_normal((n, 8)).astype(np.float32), rng.integers(0, 3, n),
+                         ids[:256], ids[256:320], ids[320:400], num_classes=3)
+
+
+def _zero_unsampled_page(ds: Path) -> int:
+    """Zero a page of indices.bin in the second checksum block that the sampled
+    checksum does not read; returns its first id's position."""
+    f = ds / "indices.bin"
+    sampled = set(sampled_pages(f.stat().st_size).tolist())
+    page = next(p for p in range(INDEX_BLOCK // PAGE + 1, f.stat().st_size // PAGE)
+                if p not in sampled)
+    raw = np.fromfile(f, dtype=np.int32)
+    assert raw[page * PAGE // 4:(page + 1) * PAGE // 4].any()
+    raw[page * PAGE // 4:(page + 1) * PAGE // 4] = 0  # ids 0: in range, wrong
+    raw.tofile(f)
+    return page * PAGE // 4
+
+
+def test_zeroed_page_of_indices_stops_training_with_one_line(big_graph, tmp_path):
+    ds = tmp_path / "g"
+    subprocess.run(["cp", "-r", str(big_graph), str(ds)], check=True)
+    meta = json.loads((ds / "meta.json").read_text())
+    assert len(meta["files"]["indices.bin"]["block_crc32"]) >= 2
+    _zero_unsampled_page(ds)
+    open_dataset(ds)  # the cheap checks cannot see it
+    with pytest.raises(DatasetError, match=r"indices.bin: ids 1048576\.\.\d+ \(bytes from 4194304\) "
+                                           r"do not match their checksum"):
+        open_dataset(ds, verify=True)
+    for mode in ("ooc", "baseline"):
+        p = _cli("ooc.train", "--data", str(ds), "--mode", mode, *TRAIN)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert_one_line_error(p.stderr, f"{ds}/indices.bin: ids 1048576..",
+                              "do not match their checksum in meta.json")
+
+
+def test_library_loader_refuses_a_zeroed_page(big_graph, tmp_path):
+    import ooc
+
+    ds = tmp_path / "g"
+    subprocess.run(["cp", "-r", str(big_graph), str(ds)], check=True)
+    _zero_unsampled_page(ds)
+    with pytest.raises(DatasetError, match="do not match their checksum"):
+        ooc.NodeLoader(ooc.open_dataset(ds), [4, 4], batch_size=64)
+
+
+def test_meta_edited_consistently_is_refused(big_graph, tmp_path):
+    ds = tmp_path / "g"
+    subprocess.run(["cp", "-r", str(big_graph), str(ds)], check=True)
+    mp = ds / "meta.json"
+    meta = json.loads(mp.read_text())
+    meta["num_classes"] += 3  # every field still consistent with the files
+    mp.write_text(json.dumps(meta, indent=2))
+    with pytest.raises(DatasetError, match=r"meta.json: was edited after the dataset was written"):
+        open_dataset(ds)
+    p = _cli("ooc.train", "--data", str(ds), *TRAIN)
+    assert p.returncode == 2
+    assert_one_line_error(p.stderr, f"{mp}: was edited after the dataset was written")
