@@ -10,8 +10,8 @@ import numpy as np
 
 from .atomic import atomic_dir, write_json
 from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, REQUIRED_FILES,
-                      meta_checksum, open_dataset, replace_problem, sampled_sha256, scan_index_range, sha256_file,
-                      split_overlap)
+                      meta_checksum, open_dataset, replace_problem, sampled_sha256,
+                      scan_index_range, sha256_file, split_overlap)
 from .errors import DatasetError, OocError
 from .layout import FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes
 
