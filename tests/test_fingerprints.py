@@ -92,3 +92,60 @@ def test_meta_edited_consistently_is_refused(big_graph, tmp_path):
     p = _cli("ooc.train", "--data", str(ds), *TRAIN)
     assert p.returncode == 2
     assert_one_line_error(p.stderr, f"{mp}: was edited after the dataset was written")
+
+
+def test_partitions_of_an_older_dataset_are_made_again(tmp_path):
+    from conftest import community_graph
+    from ooc.executor.distributed import ensure_partitions
+
+    data = community_graph(tmp_path / "g", n=300, seed=0)
+    logs: list[str] = []
+    parts = ensure_partitions(data, 2, None, log=logs.append)
+    first = np.load(parts / "owner.npy")
+    assert ensure_partitions(data, 2, None, log=logs.append) == parts and len(logs) == 2
+    # the same path now holds another graph of the same shape
+    community_graph(tmp_path / "other", n=300, seed=5)
+    import shutil
+
+    shutil.rmtree(data)
+    shutil.move(tmp_path / "other", data)
+    logs.clear()
+    assert ensure_partitions(data, 2, None, log=logs.append) == parts
+    assert "changed since" in logs[0], logs
+    rec = json.loads((parts / "partition.json").read_text())
+    assert rec["source_fingerprint"] == open_dataset(data).fingerprint()
+    assert first.shape == np.load(parts / "owner.npy").shape
+
+
+def test_inference_output_of_changed_features_is_not_served(tmp_path):
+    import torch
+    from conftest import community_graph
+    from ooc.executor.training.checkpoint import save_checkpoint
+    from ooc.executor.training.models import build_model
+
+    data = community_graph(tmp_path / "g", n=20_000)  # 157 pages of features
+    torch.manual_seed(0)
+    ck = save_checkpoint(tmp_path / "ck", 1, build_model("sage", 8, 16, 3, 2))
+    out = tmp_path / "emb.zarr"
+    args = ["--data", str(data), "--checkpoint", str(ck), "--out", str(out), "--no-progress"]
+    assert _cli("ooc.infer", *args).returncode == 0
+    import zarr
+
+    before = np.asarray(zarr.open_group(str(out), mode="r")["h2"][:])
+    assert _cli("ooc.infer", *args).returncode == 0  # the same run: the output is kept
+    # a page of features the sampled checksum does not read is rewritten in place
+    f = data / "features.bin"
+    page = next(p for p in range(f.stat().st_size // PAGE)
+                if p not in set(sampled_pages(f.stat().st_size).tolist()))
+    x = np.memmap(f, dtype=np.float32, mode="r+")
+    x[page * PAGE // 4:(page + 1) * PAGE // 4] *= -1
+    x.flush()
+    del x
+    open_dataset(data)  # the cheap checks cannot see it
+    p = _cli("ooc.infer", *args)
+    assert p.returncode == 2
+    assert_one_line_error(p.stderr, f"{out}: already exists and is not a finished run")
+    p = _cli("ooc.infer", *args, "--overwrite")
+    assert p.returncode == 0, p.stderr
+    after = np.asarray(zarr.open_group(str(out), mode="r")["h2"][:])
+    assert not np.allclose(before, after)

@@ -110,6 +110,8 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     over the nodes ``n_i`` of each partition with its ``halo_hops``-hop halo
     (equal to ``replication_factor`` for ``halo_hops=1``). With
     ``split=False`` only ``partition.json`` and ``owner.npy`` are written.
+    ``partition.json`` records ``source_fingerprint`` (:meth:`Dataset.fingerprint` of
+    ``data``), so a partition of an older version of the dataset is not reused.
     Nothing is left at ``out`` unless everything succeeded.
     """
     from .split import part_name, write_partition
@@ -167,6 +169,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                 "split": split,
                 "halo_hops": int(halo_hops),
                 "parts": parts_list or metrics["partitions"],
+                "source_fingerprint": dataset.fingerprint(),
             }
             if split:
                 report["halo_replication_factor"] = \

@@ -86,6 +86,6 @@ def _partition_dir(data: Path, parts: int, halo: int, s: dict[str, Any]) -> Path
     if in_worker() and env_rank() != 0:
         part_dir = Path(s["partition_dir"]) if s.get("partition_dir") else \
             default_partition_dir(data, parts, halo)
-        wait_for_partitions(part_dir, dist_timeout_s())
+        wait_for_partitions(part_dir, dist_timeout_s(), data)
         return part_dir
     return ensure_partitions(data, parts, s.get("partition_dir"), s["seed"], halo_hops=halo)

@@ -53,34 +53,61 @@ def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.Pa
     ``halo_hops``: hops of in-neighbourhood each partition holds for its owned
     nodes (1: SDT-GNN's full in-neighbour lists; the number of layers: every
     owned node's sampled neighbourhood is the one of the whole graph). An
-    existing folder is used as it is.
+    existing folder is used when its ``source_fingerprint`` is the dataset's
+    (:meth:`~ooc.storage.Dataset.fingerprint`); one made from another version of the
+    dataset is partitioned again in place (only when it carries ooc's marker).
     """
+    from ...partition import partition_dataset
+    from ...storage import open_dataset
+
     out = Path(part_dir) if part_dir else default_partition_dir(data, parts, halo_hops)
     meta = out / "partition.json"
+    stale = False
     if meta.is_file():
-        p = json.loads(meta.read_text()).get("p")
-        if p != parts:
+        try:
+            rec = json.loads(meta.read_text())
+        except (OSError, ValueError, RecursionError) as e:
+            raise OocError(f"{meta}: unreadable ({e})") from None
+        if not isinstance(rec, dict) or rec.get("p") != parts:
+            p = rec.get("p") if isinstance(rec, dict) else None
             raise OocError(f"{out}: holds {p} partitions, not --partitions {parts}")
-        return out
-    if out.exists():
+        if _source_fingerprint(out) == open_dataset(data).fingerprint():
+            return out
+        stale = True  # made from another version of the dataset: partitioned again
+    elif out.exists():
         raise OocError(f"{out}: exists but has no partition.json (not a partition folder)")
-    from ...partition import partition_dataset
 
     t0 = time.perf_counter()
-    log(f"ooc.train: partitioning {data} into {parts} parts with SPRING -> {out}")
+    why = "it changed since " + str(out) + " was made; " if stale else ""
+    log(f"ooc.train: {why}partitioning {data} into {parts} parts with SPRING -> {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    rep = partition_dataset(data, out, parts, "spring", seed=seed, halo_hops=halo_hops)
+    rep = partition_dataset(data, out, parts, "spring", seed=seed, halo_hops=halo_hops,
+                            overwrite=stale)
     log(f"ooc.train: partitioned in {time.perf_counter() - t0:.1f}s (edge cut "
         f"{rep['edge_cut_ratio']:.3f}, replication {rep['replication_factor']:.2f}, with "
         f"the {halo_hops}-hop halo {rep.get('halo_replication_factor', 0):.2f})")
     return out
 
 
-def wait_for_partitions(part_dir: Path, timeout_s: float) -> None:
-    """Wait until rank 0 has written ``part_dir`` (torchrun: rank 0 partitions)."""
+def _source_fingerprint(part_dir: Path) -> Any:
+    """The ``source_fingerprint`` that ``part_dir/partition.json`` records (None when
+    the file is missing, being replaced or unreadable)."""
+    try:
+        rec = json.loads((part_dir / "partition.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return rec.get("source_fingerprint") if isinstance(rec, dict) else None
+
+
+def wait_for_partitions(part_dir: Path, timeout_s: float, data: str | os.PathLike) -> None:
+    """Wait until rank 0 has written ``part_dir`` from the dataset ``data`` as it is now
+    (torchrun: rank 0 partitions, or partitions again when the folder is stale)."""
+    from ...storage import open_dataset
+
+    want = open_dataset(data).fingerprint()
     t_end = time.monotonic() + timeout_s
-    while not (part_dir / "partition.json").is_file():
+    while _source_fingerprint(part_dir) != want:
         if time.monotonic() > t_end:
-            raise OocError(f"{part_dir}: rank 0 did not write the partitions within "
+            raise OocError(f"{part_dir}: rank 0 did not write the partitions of {data} within "
                            f"{timeout_s:.0f}s")
         time.sleep(0.5)

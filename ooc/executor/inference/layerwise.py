@@ -250,7 +250,8 @@ def _resolve(dataset, model, out, budget: int, chunking: Chunking, cache: CacheS
     perm, order_name = compute_order(dataset, order, partition)
     n = dataset.num_nodes
     chunking.num_chunks = -(-n // chunking.chunk_rows) if n else 0
-    fingerprint = {"dataset": str(dataset.path.resolve()), "num_nodes": n,
+    fingerprint = {"dataset": str(dataset.path.resolve()), "source": dataset.fingerprint(),
+                   "num_nodes": n,
                    "num_edges": dataset.num_edges, "chunk_rows": chunking.chunk_rows,
                    "order": order_name, "order_digest": order_digest(perm),
                    "model": lw.digest(), "num_layers": lw.num_layers}
