@@ -122,3 +122,90 @@ def test_infer_refuses_a_symlink_at_its_partial_path(trained, tmp_path):
     assert r.returncode == 2
     assert_one_line_error(r.stderr, "symlink")
     assert sorted(p.name for p in target.iterdir()) == ["keep.txt"]
+
+
+def _user_files(folder):
+    (folder / "notes.txt").write_text("mine")
+    (folder / "plots").mkdir()
+    (folder / "plots" / "a.csv").write_text("1\n")
+
+
+def _kept(folder):
+    return ((folder / "notes.txt").read_text() == "mine"
+            and (folder / "plots" / "a.csv").read_text() == "1\n")
+
+
+def test_overwriting_a_dataset_keeps_the_users_files_in_it(tmp_path):
+    from ooc.storage import open_dataset
+    from ooc.storage.ownership import user_entries
+
+    edges = tmp_path / "e.txt"
+    edges.write_text("0 1\n1 2\n")
+    out = tmp_path / "ds"
+    assert _cli("ooc.prepare", "edgelist", str(edges), "--out", str(out),
+                "--no-progress").returncode == 0
+    _user_files(out)
+    (out / "neighbor_cache" / "123").mkdir(parents=True)   # what training adds: ooc's
+    (out / "neighbor_cache" / "123" / MARKER).write_text(json.dumps({"kind": "output",
+                                                                      "token": "t"}))
+    assert user_entries(out) == ["notes.txt", "plots"]
+    edges.write_text("0 1\n1 2\n2 3\n")
+    r = _cli("ooc.prepare", "edgelist", str(edges), "--out", str(out), "--overwrite",
+             "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert open_dataset(out).num_nodes == 4 and _kept(out)
+    assert not (out / "neighbor_cache").exists()
+    assert user_entries(out) == ["notes.txt", "plots"]
+    # a name the new output also has is refused before anything moves
+    from ooc.storage.ownership import marker, record_files  # noqa: F401
+
+    (out / "features.bin").rename(out / "f.tmp")
+    (out / "features.bin").write_text("a user file named like ooc's")
+    doc = json.loads((out / MARKER).read_text())
+    doc["files"].remove("features.bin")
+    (out / MARKER).write_text(json.dumps(doc))
+    r = _cli("ooc.prepare", "edgelist", str(edges), "--out", str(out), "--overwrite",
+             "--no-progress")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, "holds features.bin, which ooc did not write")
+    assert (out / "features.bin").read_text() == "a user file named like ooc's" and _kept(out)
+
+
+def test_overwriting_partitions_and_inference_keeps_the_users_files(trained, tmp_path):
+    data, ck = trained
+    parts = tmp_path / "parts"
+    args = ["ooc.partition", "--data", str(data), "--parts", "2", "--out", str(parts)]
+    assert _cli(*args).returncode == 0
+    _user_files(parts)
+    r = _cli(*args, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert _kept(parts) and (parts / "partition.json").is_file()
+    out = tmp_path / "e.zarr"
+    args = ["ooc.infer", "--data", str(data), "--checkpoint", str(ck), "--out", str(out),
+            "--no-progress"]
+    assert _cli(*args).returncode == 0
+    _user_files(out)
+    r = _cli(*args, "--overwrite", "--chunk-rows", "16")   # another run: replaced
+    assert r.returncode == 0, r.stderr
+    assert _kept(out) and made_by_ooc(out, "output")
+
+
+def test_a_killed_replacement_never_sweeps_the_users_files(tmp_path):
+    """A temporary folder of a dead run that holds files of the user's (moved there
+    while replacing an output) is not removed with the other stale temporaries."""
+    from ooc.storage.atomic import remove_stale_temps
+    from ooc.storage.ownership import mark, record_files
+
+    final = tmp_path / "out"
+    dead = _dead_pid()
+    for tag, user in (("a", True), ("b", False)):
+        t = tmp_path / f".out.tmp-{dead}-{tag}"
+        t.mkdir()
+        mark(t, "output")
+        (t / "meta.json").write_text("{}")
+        record_files(t)
+        if user:
+            _user_files(t)
+    removed = remove_stale_temps(final)
+    assert [p.name for p in removed] == [f".out.tmp-{dead}-b"]
+    assert _kept(tmp_path / f".out.tmp-{dead}-a")

@@ -50,8 +50,10 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
     """Remove the temporary folders :func:`atomic_dir` left beside ``final``
     in processes that no longer run (``.NAME.tmp-PID-*`` with PID dead, carrying ooc's
     marker), and ``.NAME.old-PID`` folders (the old output, marked) once ``final``
-    exists. Returns what was removed."""
-    from .ownership import made_by_ooc
+    exists; a folder holding entries of the user's (:func:`~.ownership.user_entries`,
+    moved there by a run killed while replacing an output) is kept. Returns what was
+    removed."""
+    from .ownership import made_by_ooc, user_entries
 
     final = Path(final)
     removed = []
@@ -68,7 +70,7 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
         else:
             continue
         if (pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid))
-                and made_by_ooc(p, "output")):
+                and made_by_ooc(p, "output") and not user_entries(p)):
             _remove(p)
             removed.append(p)
     return removed
@@ -118,7 +120,8 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
     first one's pid. The temporary folder carries ooc's ``output`` marker
     (:mod:`~.ownership`), and so does ``final`` once renamed: an existing ``final`` is
     replaced only when it carries one, and never when it is, holds or lies inside one of
-    ``inputs`` (paths).
+    ``inputs`` (paths). The marker records the names the new output holds; entries of the
+    user's in the old output (:func:`carry_user_files`) move into the new one.
 
     Raises:
         FileExistsError: ``final`` exists and may not be replaced.
@@ -132,6 +135,26 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
 
     with exclusive(final, locked):
         yield from _atomic_dir(final, overwrite, replaceable, inputs)
+
+
+def carry_user_files(old: Path, new: Path) -> list[str]:
+    """Move the entries of the user's in the ooc output ``old``
+    (:func:`~.ownership.user_entries`) into ``new``, the output replacing it; returns
+    their names.
+
+    Raises:
+        FileExistsError: ``new`` has an entry of the same name (nothing is moved).
+    """
+    from .ownership import user_entries
+
+    names = user_entries(old)
+    clash = [n for n in names if os.path.lexists(new / n)]
+    if clash:
+        raise FileExistsError(f"{old}: holds {clash[0]}, which ooc did not write and the new "
+                              f"output also has; move it out of {old} first")
+    for n in names:
+        os.rename(old / n, new / n)
+    return names
 
 
 def replace_refusal(final: Path, inputs: tuple = ()) -> str | None:
@@ -154,7 +177,7 @@ def replace_refusal(final: Path, inputs: tuple = ()) -> str | None:
 
 def _atomic_dir(final: Path, overwrite: bool,
                 replaceable: Callable[[Path], str | None] | None, inputs: tuple) -> Iterator[Path]:
-    from .ownership import mark
+    from .ownership import mark, record_files
 
     remove_stale_temps(final)
     if os.path.lexists(final):
@@ -169,7 +192,9 @@ def _atomic_dir(final: Path, overwrite: bool,
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the result from others
         mark(tmp, "output")
         yield tmp
+        record_files(tmp)
         if os.path.lexists(final):
+            carry_user_files(final, tmp)
             if not exchange(tmp, final):
                 old = tmp.with_name(tmp.name + "-old")
                 os.rename(final, old)

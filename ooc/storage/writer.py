@@ -106,12 +106,17 @@ class DatasetWriter:
                 raise self._os_error(e) from None
             raise
         self._close_maps()
-        self._ctx.__exit__(exc_type, exc, tb)
+        try:
+            self._ctx.__exit__(exc_type, exc, tb)  # renames into place when exc is None
+        except OSError as e:
+            raise self._os_error(e) from None
         if isinstance(exc, OSError):
             raise self._os_error(exc) from None
         return False
 
     def _os_error(self, e: OSError) -> OocError:
+        if e.errno is None:  # raised by ooc with its own one-line message
+            return OocError(str(e))
         what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
         where = e.filename or self.out
         return OocError(f"{where}: {what} while writing dataset {self.out}; nothing was written")

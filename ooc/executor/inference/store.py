@@ -90,6 +90,8 @@ def seal(work: Path, group) -> None:
     from ...storage.ownership import MARKER, marker
 
     made = marker(work)
+    if made is not None:
+        made["files"] = sorted(p.name for p in work.iterdir() if p.name not in (PROGRESS_FILE, MARKER))
     group.attrs["ooc"] = {"progress": read_progress(work), "made": made}
     for name in (PROGRESS_FILE, MARKER):
         with contextlib.suppress(FileNotFoundError):
@@ -116,11 +118,13 @@ class Progress:
         old = read_progress(work)
         if old is not None and old.get("fingerprint") == fingerprint:
             state = old
-        else:  # a partial output of another run: start over (the ownership marker stays)
-            from ...storage.ownership import MARKER
+        else:  # a partial output of another run: start over (the ownership marker and
+            # entries of the user's carried in by a replacement that was cut short stay)
+            from ...storage.ownership import MARKER, user_entries
 
+            keep = {MARKER, *user_entries(work)}
             for p in work.iterdir():
-                if p.name != MARKER:
+                if p.name not in keep:
                     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         return cls(work / PROGRESS_FILE, state, on_chunk)
 
@@ -274,11 +278,13 @@ def locked_partial(work: Path):
 
 
 def swap_in(work: Path, out: Path) -> None:
-    """Rename the finished ``work`` folder to ``out`` (replacing an old ``out``)."""
-    from ...storage.atomic import exchange
+    """Rename the finished ``work`` folder to ``out`` (replacing an old ``out``, whose
+    entries of the user's move into the new one first)."""
+    from ...storage.atomic import carry_user_files, exchange
 
     fsync_path(work)
     if os.path.lexists(out):
+        carry_user_files(out, work)
         if exchange(work, out):
             shutil.rmtree(work, ignore_errors=True)  # now the old output
         else:
