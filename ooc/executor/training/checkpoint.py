@@ -141,8 +141,21 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
+def set_rng_state(state: dict[str, Any], path: str | os.PathLike = "checkpoint") -> None:
+    """Restore what :func:`rng_state` returned.
+
+    Raises:
+        CheckpointError: an entry is not a state of its generator.
+    """
+    try:
+        _set_rng_state(state)
+    except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as e:
+        raise CheckpointError(f"{path}: the random generator state does not load "
+                              f"({str(e).splitlines()[0][:200]}; edited or corrupted "
+                              f"checkpoint)") from None
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "numpy" in state:
@@ -217,7 +230,64 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     for key in ("epoch", "model_config", "model_state"):
         if key not in state:
             raise CheckpointError(f"{path}: checkpoint lacks {key!r}")
+    check_fields(state, path)
     return state
+
+
+#: Kinds of the optional entries of a checkpoint (None is accepted for each).
+_OPTIONAL = {"optimizer_state": dict, "rng": dict, "args": dict, "history": list, "extra": dict,
+             "dataset_fingerprint": str}
+#: Ranges of a built-in model's sizes in ``model_config``.
+_CONFIG_RANGES = {"in_dim": (1, 1 << 24), "hidden": (1, 1 << 20), "out_dim": (1, 1 << 24),
+                  "num_layers": (1, 256), "heads": (1, 1024)}
+
+
+def check_fields(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """Refuse a checkpoint whose entries were edited into the wrong kind or range: ``epoch``
+    an integer >= 0 (and the one of an ``epoch_NNNN.pt`` file name), ``model_config`` a
+    dict of sizes in range whose built model has exactly the parameter shapes of
+    ``model_state`` (a dict of tensors; checked on the meta device, so an absurd size never
+    allocates), and each optional entry of its kind or None.
+
+    Raises:
+        CheckpointError: naming the file and the entry.
+    """
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {what} (edited or corrupted checkpoint)")
+
+    epoch = state["epoch"]
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise bad(f"'epoch' must be an integer >= 0, got {epoch!r}")
+    m = _NAME.match(Path(path).name)
+    if m and int(m.group(1)) != epoch:
+        raise bad(f"'epoch' is {epoch}, but the file name says {int(m.group(1))}")
+    for key, kind in _OPTIONAL.items():
+        if state.get(key) is not None and not isinstance(state[key], kind):
+            raise bad(f"{key!r} must be a {kind.__name__}, got {type(state[key]).__name__}")
+    weights = state["model_state"]
+    if not (isinstance(weights, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in weights.items())):
+        raise bad("'model_state' must map parameter names to tensors")
+    config = state["model_config"]
+    if not isinstance(config, dict):
+        raise bad(f"'model_config' must be a dict, got {type(config).__name__}")
+    if USER_MODEL in config:
+        return
+    for key, (lo, hi) in _CONFIG_RANGES.items():
+        v = config.get(key)
+        if key in config and not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            raise bad(f"model_config {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    try:
+        with torch.device("meta"):
+            shapes = {k: tuple(v.shape) for k, v in build_model(**config).state_dict().items()}
+    except (TypeError, ValueError, OocError) as e:
+        raise bad(f"model_config does not describe a model ({str(e).splitlines()[0][:200]})") \
+            from None
+    theirs = {k: tuple(v.shape) for k, v in weights.items()}
+    if shapes != theirs:
+        diff = next((k for k in sorted(set(shapes) | set(theirs)) if shapes.get(k) != theirs.get(k)))
+        raise bad(f"model_state does not fit model_config: {diff} is {theirs.get(diff)}, the "
+                  f"model has {shapes.get(diff)}")
 
 
 #: Key of :func:`describe_model` for a model that is not one of ooc's built-in GNNs.

@@ -381,12 +381,12 @@ class Trainer:
         if state.get("optimizer_state") is not None:
             try:
                 self.optimizer.load_state_dict(state["optimizer_state"])
-            except (ValueError, KeyError, RuntimeError) as e:
+            except (ValueError, KeyError, RuntimeError, TypeError, AttributeError) as e:
                 raise OocError(f"{path}: optimizer state does not load ({e})") from None
         self.epoch = int(state["epoch"])
         self.history = list(state.get("history") or [])
         if state.get("rng"):
-            set_rng_state(state["rng"])
+            set_rng_state(state["rng"], path)
         return state
 
     # -- report --------------------------------------------------------------
