@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
@@ -98,6 +99,10 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
             fail(str(e))
         except FileNotFoundError as e:
             fail(f"{e.filename}: not found")
+        except OSError as e:
+            if e.filename is None:
+                raise
+            fail(f"{e.filename}: {e.strerror or e}")  # e.g. a read-only or full file system
         except KeyboardInterrupt:
             print("ooc: interrupted", file=sys.stderr)
             return 130
@@ -127,8 +132,24 @@ def _rerun_if_kernel_cache(e: Exception, argv: Sequence[str] | None) -> None:
     os.execv(sys.executable, [sys.executable, *again])
 
 
+def report_path(value: str) -> str:
+    """``--report PATH``: checked when the command line is read (its folder exists or can
+    be made, and takes a new file), so a long run does not end unable to write it."""
+    import tempfile
+
+    folder = Path(value).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ooc-report-probe-"):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{value}: cannot write the report there "
+                                         f"({e.strerror or e})") from None
+    return value
+
+
 def add_report_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", metavar="PATH", help="write a JSON summary here")
+    p.add_argument("--report", metavar="PATH", type=report_path, help="write a JSON summary here")
 
 
 def write_report(path: str | os.PathLike, report: dict, note: str = "") -> None:

@@ -1,8 +1,8 @@
 """``python -m ooc.train``: train a GNN on an on-disk dataset.
 
 With no ``--data`` it trains on the embedded default: a synthetic power-law
-graph created once in ``$OOC_CACHE/default-v1`` (``~/.cache/ooc/default-v1``
-when ``OOC_CACHE`` is unset).
+graph created once in ``$OOC_CACHE/default-v1`` (``$XDG_CACHE_HOME/ooc/default-v1`` or
+``~/.cache/ooc/default-v1`` when ``OOC_CACHE`` is unset).
 
 Examples::
 
@@ -52,14 +52,11 @@ FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "ba
                    "lr", "weight_decay")
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("OOC_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "ooc"
-
-
 def default_dataset(log=print) -> Path:
     """The embedded default dataset, created on first use."""
     from .storage import open_dataset
+
+    from .storage.probe import cache_dir
 
     path = cache_dir() / DEFAULT_NAME
     if path.exists():
@@ -76,6 +73,12 @@ def default_dataset(log=print) -> Path:
         f"average degree {DEFAULT_DATASET['avg_degree']}, "
         f"{DEFAULT_DATASET['feature_dim']} features, {DEFAULT_DATASET['classes']} classes)")
     t0 = time.perf_counter()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OocError(f"{path.parent}: cannot create the default dataset's folder "
+                       f"({e.strerror or e}); set OOC_CACHE to a writable folder or pass "
+                       f"--data") from None
     try:
         generate_synthetic(path, **DEFAULT_DATASET, overwrite=path.exists())
     except OocError:
