@@ -179,6 +179,11 @@ def parted(graph):
      r"no heartbeat for [\d.]+s \(the process is stopped.*seen after another worker lost"),
     ("hang", {HB.ENV_TIMEOUT: "5"},
      r"no progress for [\d.]+s while working \(hung\); limit OOC_HEARTBEAT_TIMEOUT=5s"),
+    # a stall in start-up (alive, beating, no batch yet) is not judged by the heartbeat;
+    # rank 0's collective times out (3 s) and the launcher names rank 1, not rank 0
+    ("hang@0", {"OOC_DIST_TIMEOUT": "3", HB.ENV_TIMEOUT: "600"},
+     r"still starting up \(1 collective entered, the rendezvous included\) while the other "
+     r"workers timed out waiting for it"),
 ])
 def test_stopped_or_hung_worker_is_named(parted, monkeypatch, capsys, how, env, reason):
     """kill -STOP (SIGSTOP) or a hang of rank 1 after epoch 1, while rank 0 waits in the
@@ -188,7 +193,8 @@ def test_stopped_or_hung_worker_is_named(parted, monkeypatch, capsys, how, env, 
     import psutil
 
     data, parts = parted
-    for k, v in {**env, **fault_env(1, 1, how)}.items():
+    how, _, at = how.partition("@")
+    for k, v in {**env, **fault_env(1, int(at or 1), how)}.items():
         monkeypatch.setenv(k, v)
     rc = launch(["--data", str(data), "--partition-dir", str(parts), "--partitions", "2",
                  "--workers", "2", "--epochs", "3", "--fanouts", "3,3", "--batch-size", "20",

@@ -1,6 +1,7 @@
 """Loaded at start-up by every Python process with this folder on ``PYTHONPATH``
 (see ``__init__.py``): with ``OOC_TEST_FAULT=R:E[:how]`` set, rank ``R`` fails
-right after its local training of epoch ``E``. Without the variable it only
+right after its local training of epoch ``E`` (``E`` = 0: before its first local
+training, while it has not made a batch yet). Without the variable it only
 runs the ``sitecustomize`` it shadows (a distribution's, if any).
 """
 from __future__ import annotations
@@ -56,6 +57,8 @@ def patch(module, spec: str) -> None:
     original = getattr(cls, METHOD)
 
     def train_local(self):
+        if epoch == 0 and self.comm.rank == rank:  # before any training: still starting
+            fail(how, epoch, spec)
         sums = original(self)
         if self.comm.rank == rank and self.epoch + 1 == epoch:
             fail(how, epoch, spec)

@@ -39,8 +39,16 @@ class Comm:
         rank, world = env_rank(), env_world_size() or 1
         if world == 1:
             return cls(0, 1, False, heartbeat)
-        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=dist_timeout_s()))
+        marks = heartbeat.collective() if heartbeat is not None else contextlib.nullcontext()
+        try:
+            with marks:  # the rendezvous waits on the others like a collective
+                dist.init_process_group("gloo", init_method="env://", rank=rank,
+                                        world_size=world,
+                                        timeout=datetime.timedelta(seconds=dist_timeout_s()))
+        except (RuntimeError, TimeoutError) as e:  # DistStoreError, a closed connection
+            msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise PeerLost(f"joining the workers failed, another worker did not arrive "
+                           f"within the timeout or died ({msg[:240]})") from None
         return cls(rank, world, True, heartbeat)
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:

@@ -169,6 +169,22 @@ class HeartbeatMonitor:
         self.beat_t = [now] * self.workers
         self.prog_t = [now] * self.workers
 
+    def laggard(self, alive: list[int]) -> tuple[int, str] | None:
+        """``(rank, reason)`` of the live worker the others were waiting for when their
+        collective timed out: one not in a collective (still starting, or working), else
+        the one that entered the fewest collectives; None when ``alive`` is empty."""
+        if not alive:
+            return None
+        cur = self.arr.copy()
+        outside = [r for r in alive if cur[r, PHASE] != COLLECTIVE or not cur[r, BEATS]]
+        r = min(outside or alive, key=lambda q: (cur[q, COLLECTIVES], -self.prog_t[q]))
+        where = ("not started (no heartbeat)" if not cur[r, BEATS] else
+                 {SETUP: "still starting up", WORK: "still working"}.get(int(cur[r, PHASE]),
+                                                                         "in a collective"))
+        n = int(cur[r, COLLECTIVES])
+        return r, (f"{where} ({n} collective{'s' if n != 1 else ''} entered, the rendezvous "
+                   f"included) while the other workers timed out waiting for it")
+
     def check(self, alive: list[int], limit: float | None = None) -> tuple[int, str] | None:
         """``(rank, reason)`` of a worker that stopped making progress, else None.
 

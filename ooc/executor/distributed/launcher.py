@@ -204,7 +204,9 @@ def _first_failure(group: WorkerGroup, monitor: HB.HeartbeatMonitor, running: se
 def _find_cause(group: WorkerGroup, monitor: HB.HeartbeatMonitor, running: set[int],
                 poll: float) -> Failure | None:
     """After a peer-lost exit: the worker that caused it, exiting with another status
-    within :data:`CAUSE_WAIT_S`, else one that has been silent that long, else None."""
+    within :data:`CAUSE_WAIT_S`, else one that has been silent that long, else the live
+    worker the others were waiting for (:meth:`~.heartbeat.HeartbeatMonitor.laggard`: one
+    still starting up or working while they sat in a collective)."""
     t_end = time.monotonic() + CAUSE_WAIT_S
     while time.monotonic() < t_end:
         ended = group.next_exit(max(0.01, min(poll, t_end - time.monotonic())))
@@ -214,7 +216,13 @@ def _find_cause(group: WorkerGroup, monitor: HB.HeartbeatMonitor, running: set[i
         running.discard(r)
         if rc not in (0, PEER_LOST_RC):
             return Failure(r, rc)
-    return _stalled(group, monitor, running, limit=CAUSE_WAIT_S)
+    found = _stalled(group, monitor, running, limit=CAUSE_WAIT_S)
+    if found is None and running:  # alive and beating, yet the others timed out on it
+        lag = monitor.laggard(sorted(running))
+        if lag is not None:
+            group.kill(lag[0])
+            found = Failure(lag[0], reason=lag[1])
+    return found
 
 
 def _stalled(group: WorkerGroup, monitor: HB.HeartbeatMonitor, running: set[int],

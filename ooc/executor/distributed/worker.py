@@ -74,9 +74,10 @@ def run_worker(run: WorkerRun) -> int:
     _configure_process(run, rank)
     t0 = time.perf_counter()
     heartbeat = Heartbeat.from_env(rank) if world > 1 else None
-    comm = Comm.from_env(heartbeat) if world > 1 else Comm()
-    trainer = None
+    comm, trainer = Comm(), None
     try:
+        if world > 1:
+            comm = Comm.from_env(heartbeat)
         trainer = _open_trainer(run, comm, heartbeat)
         _train(trainer, run)
         peak = comm.all_reduce_max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
