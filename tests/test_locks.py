@@ -105,6 +105,20 @@ def test_a_partition_output_being_written_is_locked(data, tmp_path, holder):
     assert not out.exists()
 
 
+def test_an_inference_output_being_written_is_locked(data, tmp_path, holder):
+    from ooc.executor.training.checkpoint import save_checkpoint
+    from ooc.executor.training.models import build_model
+
+    ck = save_checkpoint(tmp_path / "ck", 1, build_model("sage", 4, 8, 2, 1))
+    out = tmp_path / "e.zarr"
+    p = holder(out)
+    r = _cli("ooc.infer", "--data", str(data), "--checkpoint", str(ck), "--out", str(out),
+             "--no-progress")
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, str(out), f"process {p.pid}", "inference output")
+    assert not out.exists()
+
+
 def test_the_lock_is_released_and_removed_after_the_block(tmp_path):
     target = tmp_path / "x"
     with exclusive(target, "thing") as path:

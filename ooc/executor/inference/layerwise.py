@@ -295,8 +295,10 @@ def _is_finished(job: Job, overwrite: bool) -> bool:
 def _write_partial(job: Job) -> dict:
     """Compute into the locked partial folder and rename it to ``job.out``; an
     ``OSError`` becomes a one-line error (a full disk removes the partial folder)."""
+    from ...storage.locks import exclusive
+
     work = partial_path(job.out)
-    with locked_partial(work):
+    with exclusive(job.out, "inference output"), locked_partial(work):
         try:
             return _infer_into(work, job)
         except OSError as e:
