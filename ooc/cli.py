@@ -132,24 +132,30 @@ def _rerun_if_kernel_cache(e: Exception, argv: Sequence[str] | None) -> None:
     os.execv(sys.executable, [sys.executable, *again])
 
 
-def report_path(value: str) -> str:
-    """``--report PATH``: checked when the command line is read (its folder exists or can
-    be made, and takes a new file), so a long run does not end unable to write it."""
+def check_report_path(report: str | None) -> None:
+    """Refuse a ``--report`` path that cannot be written, before any work (a long run
+    must not end unable to write it): a folder, a missing folder, or one that does not
+    take a new file (read-only, full; probed with a temporary file)."""
     import tempfile
 
-    folder = Path(value).parent
+    if report is None:
+        return
+    p = Path(report)
+    if p.is_dir():
+        raise OocError(f"{p}: --report is a folder; give a file path")
+    parent = p.parent
+    if not parent.is_dir():
+        raise OocError(f"{parent}: --report's folder does not exist")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ooc-report-probe-"):
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".ooc-report-probe-"):
             pass
     except OSError as e:
-        raise argparse.ArgumentTypeError(f"{value}: cannot write the report there "
-                                         f"({e.strerror or e})") from None
-    return value
+        raise OocError(f"{parent}: --report's folder is not writable ({e.strerror or e})") \
+            from None
 
 
 def add_report_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", metavar="PATH", type=report_path, help="write a JSON summary here")
+    p.add_argument("--report", metavar="PATH", help="write a JSON summary here")
 
 
 def write_report(path: str | os.PathLike, report: dict, note: str = "") -> None:

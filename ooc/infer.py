@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .cli import (ArgumentParser, write_report, add_io_backend_arg, add_report_arg, format_size, main_wrapper,
-                  parse_size, peak_rss_bytes)
+from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, check_report_path,
+                  format_size, main_wrapper, parse_size, peak_rss_bytes, write_report)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +99,7 @@ def _summary(rep: dict, args: argparse.Namespace) -> str:
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_report_path(args.report)
     import torch
 
     from .cli import check_range

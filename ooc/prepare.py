@@ -17,13 +17,13 @@ splits or twice in one, NaN/inf features (unless ``--allow-nonfinite``).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
-from .cli import ArgumentParser, add_report_arg, main_wrapper, parse_size, peak_rss_bytes
+from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrapper, parse_size,
+                  peak_rss_bytes)
 from .memory import current_rss_bytes
 from .storage.errors import OocError
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
@@ -135,20 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 MIN_BUFFER = 1 << 20
-
-
-def check_report_path(report: str | None) -> None:
-    """Refuse a ``--report`` path that cannot be written, before any work."""
-    if report is None:
-        return
-    p = Path(report)
-    if p.is_dir():
-        raise OocError(f"{p}: --report is a folder; give a file path")
-    parent = p.parent
-    if not parent.is_dir():
-        raise OocError(f"{parent}: --report's folder does not exist")
-    if not os.access(parent, os.W_OK):
-        raise OocError(f"{parent}: --report's folder is not writable")
 
 
 def write_report(report: str, data: dict, out: Path) -> None:

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, main_wrapper,
-                  write_report)
+from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, check_report_path,
+                  main_wrapper, write_report)
 from .jit import note_if_cold
 from .storage.errors import DatasetError, OocError
 
@@ -279,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     resume = bool(given.pop("resume", False))
     progress = not given.pop("no_progress", False)
     report_path = given.pop("report", None)
+    check_report_path(report_path)
     ckdir = given.pop("checkpoint_dir", None)
     sizes_path = given.pop("sizes", None)
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -76,7 +76,7 @@ CASES = [
     ("infer-checkpoint-is-dataset", "infer", "--checkpoint {D}", 2,
      r"/d: cannot resume, the checkpoint folder has no epoch_\*.pt"),
     ("infer-out-unwritable", "infer", "--out /proc/ooc-test/emb.zarr", 2,
-     r"ooc: /proc/ooc-test/.emb.zarr.partial: cannot create the output folder"),
+     r"ooc: /proc/ooc-test/.emb.zarr.ooc-lock: cannot create the lock of this inference output"),
     ("infer-block-rows-0", "infer", "--block-rows 0", 2, r"--block-rows 0: must be an integer"),
     ("infer-block-rows-neg", "infer", "--block-rows=-5", 2, r"--block-rows -5: must be"),
     ("infer-threads-0", "infer", "--threads 0", 2, r"--threads 0: must be an integer"),

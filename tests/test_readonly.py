@@ -65,7 +65,7 @@ def test_read_only_outputs_are_one_line(graph, tmp_path):
             (["ooc.train", "--data", str(data), "--epochs", "1", "--fanouts", "3,3",
               "--checkpoint-dir", str(ro / "ck"), "--no-progress"], f"{ro}/.ck.ooc-lock"),
             (["ooc.train", "--data", str(data), "--epochs", "1", "--report", str(ro / "r.json")],
-             "cannot write the report there"),
+             f"{ro}: --report's folder is not writable"),
             (["ooc.infer", "--data", str(data), "--checkpoint", str(ck), "--out",
               str(ro / "e.zarr"), "--no-progress"], f"{ro}/.e.zarr.ooc-lock"),
             (["ooc.partition", "--data", str(data), "--parts", "2", "--out", str(ro / "p")],

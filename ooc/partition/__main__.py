@@ -13,7 +13,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..cli import ArgumentParser, add_report_arg, format_size, main_wrapper, write_report
+from ..cli import (ArgumentParser, add_report_arg, check_report_path, format_size, main_wrapper,
+                   write_report)
 from ..memory import peak_rss_bytes
 from ..storage import OocError
 from . import ALGORITHMS, partition_dataset
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_report_path(args.report)
     rss0 = peak_rss_bytes()
     params: dict = {}
     spring_only = ("tau_factor", "tau_vol", "tie_break", "merge", "stream_iters")
