@@ -91,6 +91,7 @@ def test_suggestion_and_check_use_one_reserve_rule():
         assert suggest_budget(need) == smallest_budget(-(-need * (1 + STABILITY) // 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["baseline", "static", "ooc"])
 def test_refuse_then_the_suggestion_runs_under_it(graph, tmp_path, mode):
     rc, out, _, _ = _train(graph, "--mode", mode, "--memory-budget", "64MiB")
@@ -116,6 +117,7 @@ def test_refuse_then_the_suggestion_runs_under_it(graph, tmp_path, mode):
         assert cg["max_usage_in_bytes"] <= budget, cg
 
 
+@pytest.mark.slow
 def test_estimate_is_stable_from_a_cold_numba_cache(graph, tmp_path):
     """The first run (kernels compiled: in a child) measures what later runs measure."""
     env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cold")}

@@ -21,6 +21,8 @@ from ooc.executor.training.checkpoint import load_checkpoint
 from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.storage import OocError, open_dataset
 
+pytestmark = pytest.mark.slow  # every test here runs several processes
+
 P = 4
 #: hang guard only (a healthy run takes seconds)
 HANG_GUARD_S = 240

@@ -69,6 +69,7 @@ def killed(tmp_path: Path, which: str, k: int, argv: list[str]) -> subprocess.Co
                           cwd=REPO, capture_output=True, text=True, timeout=GUARD_S)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ooc", "baseline"])
 def test_kill9_mid_epoch_then_resume_equals_a_straight_run(graph, tmp_path, mode):
     """SIGKILL at a random batch of epoch 2 or 3; --resume gives the straight run's
@@ -185,6 +186,7 @@ def parted(graph):
      r"still starting up \(1 collective entered, the rendezvous included\) while the other "
      r"workers timed out waiting for it"),
 ])
+@pytest.mark.slow
 def test_stopped_or_hung_worker_is_named(parted, monkeypatch, capsys, how, env, reason):
     """kill -STOP (SIGSTOP) or a hang of rank 1 after epoch 1, while rank 0 waits in the
     all_reduce: the launcher names rank 1 (not the waiting rank 0) and ends the run."""

@@ -129,6 +129,7 @@ def test_resumed_run_that_explodes_keeps_the_checkpoints_it_had(graph, tmp_path)
     assert (ck / "epoch_0001.pt").read_bytes() == saved
 
 
+@pytest.mark.slow
 def test_diverged_worker_ends_the_distributed_run_with_exit_2(graph, tmp_path):
     ck = tmp_path / "ck"
     p = _train_cli("--data", str(graph), "--lr", "1e308", "--epochs", "1", "--workers", "2",

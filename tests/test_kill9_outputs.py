@@ -17,6 +17,8 @@ from conftest import REPO
 from ooc.partition.split import part_name
 from ooc.storage import open_dataset
 
+pytestmark = pytest.mark.slow  # every test here runs several processes
+
 FRACTIONS = (0.2, 0.5, 0.8, 0.95)
 
 

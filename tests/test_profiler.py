@@ -97,6 +97,7 @@ def test_train_uses_sizes(profiled, data, tmp_path):
     assert info["neighbor_cache_bytes"] <= rec["neighbor_cache_bytes"]
 
 
+@pytest.mark.slow
 def test_presets_compared_and_fastest_recommended(data, tmp_path):
     """Without --mode the presets are profiled under one budget; the recommendation is the
     one whose own expected epoch is shortest, and its sizes name it for ooc.train."""
@@ -219,6 +220,7 @@ def cora(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph,fanouts,batch,extra_mib", [("powerlaw", "5,5", 64, 16),
                                                             ("cora", "10,10,10", 32, 0)])
 def test_predicted_miss_ratio_matches_training(graph, fanouts, batch, extra_mib, request,
