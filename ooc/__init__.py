@@ -19,7 +19,9 @@ if _os.environ.get(_LAUNCHER_ENV, "").isdigit():
     # a worker of `ooc.train --workers`: end with its launcher, even during start-up (the
     # variable is taken out, so the worker's own children do not read it)
     die_with_launcher(int(_os.environ.pop(_LAUNCHER_ENV)))
-from .storage import Dataset, DatasetError, OocError, open_dataset, write_dataset
+from .storage import (BudgetError, Dataset, DatasetError, IdOutOfRange, InvalidValue, IOFailure,
+                      NotFound, OocError, OutputBusy, OutputExists, TimedOut, open_dataset,
+                      write_dataset)
 
 
 def load_model(path, map_location="cpu"):
@@ -44,5 +46,7 @@ def __getattr__(name: str):
 
 __version__ = "0.1.0"
 
-__all__ = ["Dataset", "DatasetError", "NodeLoader", "OocError", "TrainConfig", "Trainer",
-           "configure_process", "load_model", "open_dataset", "write_dataset", "__version__"]
+__all__ = ["BudgetError", "Dataset", "DatasetError", "IOFailure", "IdOutOfRange", "InvalidValue",
+           "NodeLoader", "NotFound", "OocError", "OutputBusy", "OutputExists", "TimedOut",
+           "TrainConfig", "Trainer", "configure_process", "load_model", "open_dataset",
+           "write_dataset", "__version__"]

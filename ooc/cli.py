@@ -11,11 +11,12 @@ from typing import Callable, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
 from .storage.errors import OocError
+from .storage.errors import IOFailure, InvalidValue, NotFound
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-class SizeError(OocError, ValueError):
+class SizeError(InvalidValue):
     """Not a size (also a ``ValueError``; argparse reports it as an invalid size)."""
 
 
@@ -122,7 +123,7 @@ def _rerun_if_kernel_cache(e: Exception, argv: Sequence[str] | None) -> None:
     gone = clear_kernel_cache()
     what = f"numba's cache of ooc's kernels was unreadable ({type(e).__name__}); cleared {gone} files"
     if argv is not None or os.environ.get(RESET_ENV):
-        raise OocError(f"{what}: run the command again to compile them anew") from None
+        raise InvalidValue(f"{what}: run the command again to compile them anew") from None
     note(f"{what}, compiling them again")
     os.environ[RESET_ENV] = "1"
     sys.stdout.flush()
@@ -142,15 +143,15 @@ def check_report_path(report: str | None) -> None:
         return
     p = Path(report)
     if p.is_dir():
-        raise OocError(f"{p}: --report is a folder; give a file path")
+        raise InvalidValue(f"{p}: --report is a folder; give a file path")
     parent = p.parent
     if not parent.is_dir():
-        raise OocError(f"{parent}: --report's folder does not exist")
+        raise NotFound(f"{parent}: --report's folder does not exist")
     try:
         with tempfile.NamedTemporaryFile(dir=parent, prefix=".ooc-report-probe-"):
             pass
     except OSError as e:
-        raise OocError(f"{parent}: --report's folder is not writable ({e.strerror or e})") \
+        raise IOFailure(f"{parent}: --report's folder is not writable ({e.strerror or e})") \
             from None
 
 
@@ -169,7 +170,7 @@ def write_report(path: str | os.PathLike, report: dict, note: str = "") -> None:
         write_json(path, report)
     except OSError as e:
         what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-        raise OocError(f"{path}: cannot write the report ({what}){note}") from None
+        raise IOFailure(f"{path}: cannot write the report ({what}){note}") from None
 
 
 def add_io_backend_arg(p: argparse.ArgumentParser) -> None:
@@ -217,4 +218,4 @@ def check_range(option: str, value: float | int | None, lo: float | None = None,
                else f" {lo_s} and {hi_s}")
     else:
         rng = f" {lo_s or hi_s}" if (lo_s or hi_s) else ""
-    raise OocError(f"{option} {value}: must be {kind}{rng}")
+    raise InvalidValue(f"{option} {value}: must be {kind}{rng}")

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, check_report_path,
                   format_size, main_wrapper, parse_size, peak_rss_bytes, write_report)
+from .storage.errors import InvalidValue
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,12 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _feature_reader_choice(args: argparse.Namespace) -> str:
     """``--features`` combined with ``--io-backend`` (an O_DIRECT backend by name)."""
-    from .storage import OocError
 
     if args.io_backend in (None, "auto"):
         return args.features
     if args.features == "mmap":
-        raise OocError(f"--io-backend {args.io_backend} reads with O_DIRECT; it does not go "
+        raise InvalidValue(f"--io-backend {args.io_backend} reads with O_DIRECT; it does not go "
                        f"with --features mmap")
     return args.io_backend
 
@@ -75,12 +75,11 @@ def _feature_reader_choice(args: argparse.Namespace) -> str:
 def _load_checked_model(args: argparse.Namespace, ds):
     """The checkpoint's model; its input width must be the dataset's feature width."""
     from .executor.training.checkpoint import load_model
-    from .storage import OocError
 
     model = load_model(args.checkpoint)
     in_dim = getattr(model, "config", {}).get("in_dim")
     if in_dim is not None and in_dim != ds.feature_dim:
-        raise OocError(f"{args.checkpoint}: model expects {in_dim}-dim features, "
+        raise InvalidValue(f"{args.checkpoint}: model expects {in_dim}-dim features, "
                        f"{args.data} has {ds.feature_dim}")
     return model
 

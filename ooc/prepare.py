@@ -25,9 +25,9 @@ from typing import Sequence
 from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrapper, parse_size,
                   peak_rss_bytes)
 from .memory import current_rss_bytes
-from .storage.errors import OocError
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 from .storage.ingest.limits import BYTES_PER_NODE
+from .storage.errors import InvalidValue
 
 
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
@@ -152,10 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     check_report_path(args.report)
     if args.buffer < MIN_BUFFER:
-        raise OocError(f"--buffer must be at least 1MiB, got {args.buffer} bytes")
+        raise InvalidValue(f"--buffer must be at least 1MiB, got {args.buffer} bytes")
     avail = available_memory()
     if args.buffer > avail:
-        raise OocError(f"--buffer {args.buffer} bytes is more than the {avail} bytes of memory "
+        raise InvalidValue(f"--buffer {args.buffer} bytes is more than the {avail} bytes of memory "
                        f"available now")
     t0 = time.perf_counter()
     rss0 = current_rss_bytes()

@@ -45,13 +45,18 @@ from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
 from .executor.loader.node_loader import check_loader_args, resolve_input_nodes
 from .inspector.sampler import derive_seed, epoch_batches
-from .storage import OocError, open_dataset
+from .storage import open_dataset
+from .storage.errors import IdOutOfRange, InvalidValue, OocError
 
 __all__ = ["OocFeatureStore", "OocGraphStore", "OocSampler", "remote_backend"]
 
 _READ_ONLY = ("ooc.pyg: {what} is read-only: it serves the ooc dataset in {path}; write a new "
               "dataset with python -m ooc.prepare instead")
 
+
+
+class TensorNotStored(OocError, KeyError):
+    """PyG asked the feature store for a tensor it does not hold (only ``x`` and ``y``)."""
 
 class EpochPlan:
     """ooc's seeded order of seed batches per epoch (that of :class:`ooc.NodeLoader`).
@@ -123,7 +128,7 @@ class PlannedBatches(torch.utils.data.Sampler):
     def set_epoch(self, epoch: int) -> None:
         """The next ``iter()`` loads ``epoch`` (>= 1)."""
         if int(epoch) < 1:
-            raise ValueError(f"epoch must be >= 1, got {epoch}")
+            raise InvalidValue(f"epoch must be >= 1, got {epoch}")
         self.plan.epoch = int(epoch) - 1
         self._unstarted = False
 
@@ -241,7 +246,7 @@ class _OnBackend:
     _what = "the store"
 
     def _refuse(self, *args, **kwargs) -> bool:
-        raise OocError(_READ_ONLY.format(what=self._what, path=self._b.dataset.path))
+        raise InvalidValue(_READ_ONLY.format(what=self._what, path=self._b.dataset.path))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"_b": self._b}
@@ -269,7 +274,7 @@ class OocFeatureStore(_OnBackend, FeatureStore):
 
     def _check(self, attr: TensorAttr) -> str:
         if attr.group_name is not None or attr.attr_name not in ("x", "y"):
-            raise KeyError(f"ooc.pyg: no tensor {attr.group_name!r}/{attr.attr_name!r} "
+            raise TensorNotStored(f"ooc.pyg: no tensor {attr.group_name!r}/{attr.attr_name!r} "
                            f"(this store has x and y of group None)")
         return attr.attr_name
 
@@ -289,7 +294,7 @@ class OocFeatureStore(_OnBackend, FeatureStore):
             return np.flatnonzero(ids).astype(np.int64)
         ids = ids.astype(np.int64, copy=False).reshape(-1)
         if ids.size and (ids.min() < 0 or ids.max() >= n):
-            raise IndexError(f"ooc.pyg: node id {ids[(ids < 0) | (ids >= n)][0]} out of range "
+            raise IdOutOfRange(f"ooc.pyg: node id {ids[(ids < 0) | (ids >= n)][0]} out of range "
                              f"[0, {n}) for {self._b.dataset.path}")
         return ids
 
@@ -421,7 +426,7 @@ class OocSampler(BaseSampler):
         return self._output(b.sampler().sample(seeds, bseed), inputs)
 
     def sample_from_edges(self, inputs, neg_sampling=None):
-        raise OocError("ooc.pyg: edge-level sampling (link prediction) is not supported; "
+        raise InvalidValue("ooc.pyg: edge-level sampling (link prediction) is not supported; "
                        "use node-level loaders")
 
     @staticmethod

@@ -24,6 +24,7 @@ from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, check_repo
                   main_wrapper, write_report)
 from .jit import note_if_cold
 from .storage.errors import DatasetError, OocError
+from .storage.errors import IOFailure, InvalidValue
 
 #: The embedded default dataset (``generate_synthetic`` arguments). Sized so
 #: the default run (generation once, then training) takes about a minute on
@@ -76,7 +77,7 @@ def default_dataset(log=print) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OocError(f"{path.parent}: cannot create the default dataset's folder "
+        raise IOFailure(f"{path.parent}: cannot create the default dataset's folder "
                        f"({e.strerror or e}); set OOC_CACHE to a writable folder or pass "
                        f"--data") from None
     try:
@@ -185,10 +186,10 @@ def parse_fanouts(text: str) -> list[int]:
     try:
         f = [int(t) for t in str(text).replace(" ", "").split(",") if t != ""]
     except ValueError:
-        raise OocError(f"--fanouts {text!r}: expected comma-separated integers, e.g. 10,10") \
+        raise InvalidValue(f"--fanouts {text!r}: expected comma-separated integers, e.g. 10,10") \
             from None
     if not f or any(v == 0 or v < -1 for v in f):
-        raise OocError(f"--fanouts {text!r}: need one value per layer, each > 0 or -1 (all)")
+        raise InvalidValue(f"--fanouts {text!r}: need one value per layer, each > 0 or -1 (all)")
     return f
 
 
@@ -199,14 +200,14 @@ def _settings(given: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, 
         s.update({k: v for k, v in saved.items() if k in DEFAULTS})
         for k in FIXED_ON_RESUME:
             if k in given and str(given[k]) != str(saved.get(k)):
-                raise OocError(f"--resume: --{k.replace('_', '-')} {given[k]} differs from the "
+                raise InvalidValue(f"--resume: --{k.replace('_', '-')} {given[k]} differs from the "
                                f"checkpoint's {saved.get(k)} (resuming needs the same settings)")
     s.update({k: v for k, v in given.items() if k in DEFAULTS})
     if "fanouts" not in given and "layers" in given and not saved:
         s["fanouts"] = ",".join(["10"] * int(given["layers"]))
     fanouts = parse_fanouts(s["fanouts"])
     if s.get("layers") is not None and int(s["layers"]) != len(fanouts):
-        raise OocError(f"--layers {s['layers']} does not match --fanouts {s['fanouts']} "
+        raise InvalidValue(f"--layers {s['layers']} does not match --fanouts {s['fanouts']} "
                        f"({len(fanouts)} layers)")
     s["fanouts"] = ",".join(str(v) for v in fanouts)
     s["layers"] = len(fanouts)
@@ -237,7 +238,7 @@ def _size(key: str, value: Any) -> int | None:
     try:
         return parse_size(value)
     except Exception:  # noqa: BLE001 - argparse error type
-        raise OocError(f"--{key.replace('_', '-')} {value!r}: not a size (e.g. 512MiB, 8GiB)") \
+        raise InvalidValue(f"--{key.replace('_', '-')} {value!r}: not a size (e.g. 512MiB, 8GiB)") \
             from None
 
 
@@ -255,7 +256,7 @@ def _check_options(s: dict[str, Any], progress: bool):
         v = _size(key, s.get(key))
         if v is not None and v < lo:
             hint = " (leave the option out for no budget)" if key == "memory_budget" else ""
-            raise OocError(f"--{key.replace('_', '-')} {s[key]}: must be at least {lo} "
+            raise InvalidValue(f"--{key.replace('_', '-')} {s[key]}: must be at least {lo} "
                            f"byte{'s' if lo != 1 else ''}{hint}")
     from .executor.training.config import TrainConfig
 
@@ -350,7 +351,7 @@ def _run(given: dict, resume: bool, progress: bool, report_path, ckdir, sizes_pa
 def _checkpoint_to_resume(ckdir: str | None) -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint in ``ckdir`` and its state (``--resume``)."""
     if ckdir is None:
-        raise OocError("--resume needs --checkpoint-dir DIR")
+        raise InvalidValue("--resume needs --checkpoint-dir DIR")
     from .executor.training.checkpoint import latest_checkpoint, load_checkpoint
 
     ck_path = latest_checkpoint(ckdir)

@@ -68,6 +68,7 @@ import numpy as np
 
 from ..storage.errors import OocError
 from . import _changeset_kernels as K
+from ..storage.errors import IdOutOfRange, InvalidValue
 
 if TYPE_CHECKING:
     import torch
@@ -205,9 +206,9 @@ def flatten_batches(batches: Sequence) -> tuple[np.ndarray, np.ndarray]:
     for i, b in enumerate(batches):
         a = np.asarray(_host(b))
         if a.ndim != 1:
-            raise OocError(f"changesets: batch {i} must be 1-D, got shape {a.shape}")
+            raise InvalidValue(f"changesets: batch {i} must be 1-D, got shape {a.shape}")
         if a.size and a.dtype.kind not in "iu":
-            raise OocError(f"changesets: batch {i} must hold integer node ids, got {a.dtype}")
+            raise InvalidValue(f"changesets: batch {i} must hold integer node ids, got {a.dtype}")
         arrs.append(a.astype(np.int64, copy=False))
     ptr = np.zeros(len(arrs) + 1, np.int64)
     if arrs:
@@ -231,16 +232,16 @@ def local_ids(flat: np.ndarray, num_nodes: int) -> tuple[np.ndarray, int, np.nda
 
 def _check(flat: np.ndarray, num_nodes: int, capacity: int, S: int) -> None:
     if capacity < 0:
-        raise OocError(f"changesets: capacity must be >= 0, got {capacity}")
+        raise InvalidValue(f"changesets: capacity must be >= 0, got {capacity}")
     if num_nodes < 0:
-        raise OocError(f"changesets: num_nodes must be >= 0, got {num_nodes}")
+        raise InvalidValue(f"changesets: num_nodes must be >= 0, got {num_nodes}")
     if flat.size:
         lo, hi = int(flat.min()), int(flat.max())
         if lo < 0 or hi >= num_nodes:
             bad = lo if lo < 0 else hi
-            raise OocError(f"changesets: node id {bad} outside [0, {num_nodes})")
+            raise IdOutOfRange(f"changesets: node id {bad} outside [0, {num_nodes})")
     if S >= (1 << 31) - 1:
-        raise OocError(f"changesets: {S} batches is too many for one superbatch")
+        raise InvalidValue(f"changesets: {S} batches is too many for one superbatch")
 
 
 def _dup_error(ptr: np.ndarray, p: int, node: int) -> OocError:
@@ -270,7 +271,7 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
     if cached is not None and len(cached):
         cached = unique_sorted(np.asarray(cached, dtype=np.int64))
         if cached.shape[0] > int(capacity):
-            raise OocError(f"changesets: {cached.shape[0]} cached ids exceed the capacity "
+            raise InvalidValue(f"changesets: {cached.shape[0]} cached ids exceed the capacity "
                            f"{capacity}")
         cs = precompute_changesets([cached, *batches], num_nodes, capacity, device, method,
                                    keep_unused=keep_unused)
@@ -290,7 +291,7 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
         with torch.inference_mode():
             cs = _torch_changesets(flat, ptr, capacity, torch.device(device))
     else:
-        raise OocError(f"changesets: unknown method {method!r} (auto, torch, numba)")
+        raise InvalidValue(f"changesets: unknown method {method!r} (auto, torch, numba)")
     cs.num_accesses = int(flat.shape[0])
     if keep_unused:
         cs = _keep_unused(cs, flat, ptr, capacity)
@@ -445,7 +446,7 @@ def _torch_next_uses(flat_np: np.ndarray, ptr_np: np.ndarray, dev: "torch.device
     uniq = sid[newgrp]
     U = int(uniq.shape[0])
     if (2 * S + 2) * max(U, 1) > _I63:
-        raise OocError(f"changesets: {S} batches x {max(U, 1)} ids overflows the int64 keys")
+        raise InvalidValue(f"changesets: {S} batches x {max(U, 1)} ids overflows the int64 keys")
     cid = torch.empty(T, dtype=i64, device=dev)
     cid[perm] = cid_sorted
     its = it[perm]

@@ -103,6 +103,8 @@ class NeighborCache:
             ok = (at.dtype == np.int64 and at.shape == (meta.get("num_nodes"),)
                   and ca.dtype.name == meta.get("index_dtype")
                   and ca.shape == (meta.get("cache_entries"),))
+        except DatasetError:
+            raise
         except (OSError, ValueError, EOFError, UnicodeDecodeError) as e:
             raise DatasetError(folder, f"unreadable neighbor cache ({e})") from None
         if not ok:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..storage.errors import DatasetError
+from ..storage.errors import DatasetError, InvalidValue
 from ..storage.pagecache import advise
 from . import _mmap_neighbors_kernels as MK
 from . import _neighbor_cache_kernels as NK
@@ -89,7 +89,7 @@ class InMemoryNeighbors(NeighborSource):
     def __init__(self, indices: np.ndarray):
         indices = np.asarray(indices) if not isinstance(indices, np.memmap) else indices
         if indices.ndim != 1 or indices.dtype not in (np.int32, np.int64):
-            raise ValueError("indices must be a 1-D int32 or int64 array")
+            raise InvalidValue("indices must be a 1-D int32 or int64 array")
         self.indices = indices
 
     def check_length(self, num_edges: int) -> None:

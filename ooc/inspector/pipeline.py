@@ -16,10 +16,10 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..storage.errors import OocError
 from .runtime import (FlatChangesets, SuperbatchSamples, read_changesets, read_samples,
                       remove_superbatch, superbatch_dir, write_changesets, write_samples)
 from .sampler import NeighborSampler
+from ..storage.errors import BudgetError, InvalidValue
 
 
 @dataclass
@@ -87,7 +87,7 @@ class Inspector:
     def __init__(self, sampler: NeighborSampler, runtime_dir: str | Path, superbatch_size: int,
                  changesets: ChangesetFn | None = None, ahead: int = 1):
         if superbatch_size < 1:
-            raise OocError(f"superbatch size must be >= 1, got {superbatch_size}")
+            raise InvalidValue(f"superbatch size must be >= 1, got {superbatch_size}")
         self.sampler = sampler
         self.runtime_dir = Path(runtime_dir)
         self.superbatch_size = int(superbatch_size)
@@ -244,10 +244,10 @@ def superbatch_size_for_budget(runtime_disk_budget: int, bytes_per_batch: float,
     in flight beside the one being consumed: ``(ahead+1) · S · bytes_per_batch
     ≤ budget``."""
     if bytes_per_batch <= 0:
-        raise OocError("bytes per batch must be positive")
+        raise InvalidValue("bytes per batch must be positive")
     s = int(runtime_disk_budget // ((ahead + 1) * bytes_per_batch))
     if s < 1:
-        raise OocError(f"runtime disk budget {runtime_disk_budget} bytes is too small: one batch "
+        raise BudgetError(f"runtime disk budget {runtime_disk_budget} bytes is too small: one batch "
                        f"needs about {int(bytes_per_batch * (ahead + 1))} bytes with pipelining")
     return min(s, max_size) if max_size else s
 

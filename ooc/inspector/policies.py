@@ -27,9 +27,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..storage.errors import OocError
 from . import _changeset_kernels as K
 from .changesets import flatten_batches, local_ids
+from ..storage.errors import IdOutOfRange, InvalidValue
 
 __all__ = ["count_misses_belady", "count_misses_lru", "count_misses_static", "degree_order",
            "miss_curve_belady", "miss_curve_lru", "miss_curve_static"]
@@ -38,11 +38,11 @@ __all__ = ["count_misses_belady", "count_misses_lru", "count_misses_static", "de
 def _trace(batches: Sequence, num_nodes: int | None = None):
     flat, ptr = flatten_batches(batches)
     if flat.size and int(flat.min()) < 0:
-        raise OocError(f"cache policies: negative node id {int(flat.min())} in the trace")
+        raise IdOutOfRange(f"cache policies: negative node id {int(flat.min())} in the trace")
     n = int(flat.max()) + 1 if flat.size else 1
     if num_nodes is not None:
         if n > num_nodes:
-            raise OocError(f"cache policies: node id {n - 1} outside [0, {num_nodes})")
+            raise IdOutOfRange(f"cache policies: node id {n - 1} outside [0, {num_nodes})")
         n = num_nodes
     lid, M, _ = local_ids(flat, n)
     return flat, ptr, lid, M
@@ -51,7 +51,7 @@ def _trace(batches: Sequence, num_nodes: int | None = None):
 def _capacities(capacities) -> np.ndarray:
     caps = np.asarray(capacities, dtype=np.int64).reshape(-1)
     if caps.size and caps.min() < 0:
-        raise OocError(f"cache policies: capacities must be >= 0, got {caps.min()}")
+        raise InvalidValue(f"cache policies: capacities must be >= 0, got {caps.min()}")
     return caps
 
 
@@ -68,10 +68,10 @@ def miss_curve_belady(batches: Sequence, capacities, threads: int = 2) -> np.nda
     caps = _capacities(capacities)
     flat, ptr, lid, M = _trace(batches)
     if (2 * (len(ptr) - 1) + 2) * M > (1 << 63) - 1:
-        raise OocError("cache policies: trace too long for int64 Belady keys")
+        raise InvalidValue("cache policies: trace too long for int64 Belady keys")
     nxt, dup = K.next_use(lid, ptr, M)
     if dup >= 0:
-        raise OocError(f"cache policies: node id {int(flat[dup])} occurs twice in one batch")
+        raise InvalidValue(f"cache policies: node id {int(flat[dup])} occurs twice in one batch")
 
     def one(c: int) -> int:
         return int(K.belady_simulate(lid, nxt, ptr, M, int(min(c, M)), False)[-1].sum())
@@ -119,7 +119,7 @@ def miss_curve_static(batches: Sequence, order: np.ndarray, capacities) -> np.nd
     flat, _ = flatten_batches(batches)
     n = max(int(order.max()) + 1 if order.size else 0, int(flat.max()) + 1 if flat.size else 0)
     if (order.size and order.min() < 0) or (flat.size and flat.min() < 0):
-        raise OocError("cache policies: negative node id")
+        raise IdOutOfRange("cache policies: negative node id")
     none = np.iinfo(np.int64).max
     if n <= max(2 * (flat.shape[0] + order.shape[0]), 1 << 22):
         rank = np.full(n, none, np.int64)

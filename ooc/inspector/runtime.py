@@ -32,9 +32,9 @@ from typing import Sequence
 import aiofiles
 import numpy as np
 
-from ..storage.errors import OocError
 from .changesets import FlatChangesets
 from .sampler import SampledBatch
+from ..storage.errors import IOFailure, InvalidValue, NotFound
 
 SAMPLE_MARK = "superbatch.json"
 CHANGESET_MARK = "changesets.json"
@@ -120,7 +120,7 @@ def _run(coro) -> None:
     try:
         asyncio.run(coro)
     except OSError as e:
-        raise OocError(f"{e.filename or 'runtime folder'}: {e.strerror or e} while writing runtime "
+        raise IOFailure(f"{e.filename or 'runtime folder'}: {e.strerror or e} while writing runtime "
                        f"files") from None
 
 
@@ -144,7 +144,7 @@ def write_changesets(folder: Path, cs: FlatChangesets) -> int:
 def _read_arrays(folder: Path, mark: str) -> dict[str, np.ndarray]:
     mp = folder / mark
     if not mp.is_file():
-        raise OocError(f"{mp}: missing (runtime files incomplete)")
+        raise NotFound(f"{mp}: missing (runtime files incomplete)")
     spec = json.loads(mp.read_text())
     out = {}
     for k, s in spec.items():
@@ -152,7 +152,7 @@ def _read_arrays(folder: Path, mark: str) -> dict[str, np.ndarray]:
         a = np.fromfile(p, dtype=s["dtype"])
         n = int(np.prod(s["shape"])) if s["shape"] else 1
         if a.size != n:
-            raise OocError(f"{p}: truncated runtime file ({a.size} of {n} values)")
+            raise InvalidValue(f"{p}: truncated runtime file ({a.size} of {n} values)")
         out[k] = a.reshape(s["shape"])
     return out
 

@@ -26,6 +26,7 @@ import numpy as np
 from ..storage.dataset import index_range_error
 from . import _sampler_kernels as K
 from .neighbors import InMemoryNeighbors, NeighborRequest, NeighborSource, source_path
+from ..storage.errors import InvalidValue
 
 __all__ = ["SampledBatch", "NeighborSampler", "derive_seed", "epoch_batches"]
 
@@ -91,7 +92,7 @@ def epoch_batches(train_idx: np.ndarray, batch_size: int, seed: int, epoch: int,
     With ``shuffle`` the order is a permutation drawn from ``(seed, epoch)``.
     """
     if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise InvalidValue(f"batch_size must be positive, got {batch_size}")
     ids = np.asarray(train_idx, dtype=np.int64)
     if shuffle:
         rng = np.random.default_rng([int(seed) & _M64, int(epoch) & _M64, 0x0B47C4])
@@ -130,7 +131,7 @@ class NeighborSampler:
                  num_threads: int | None = None, group_size: int = 64):
         indptr = np.asarray(indptr)
         if indptr.ndim != 1 or indptr.shape[0] < 1:
-            raise ValueError("indptr must be a 1-D array of length N+1")
+            raise InvalidValue("indptr must be a 1-D array of length N+1")
         self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.num_nodes = self.indptr.shape[0] - 1
         if not isinstance(source, NeighborSource):
@@ -140,7 +141,7 @@ class NeighborSampler:
         self.source = source
         self.fanouts = [int(f) for f in fanouts]
         if not self.fanouts or any(f < -1 for f in self.fanouts):
-            raise ValueError(f"fanouts must be a non-empty list of ints >= -1, got {list(fanouts)}")
+            raise InvalidValue(f"fanouts must be a non-empty list of ints >= -1, got {list(fanouts)}")
         self.num_threads = num_threads
         self.group_size = max(1, int(group_size))
 
@@ -158,7 +159,7 @@ class NeighborSampler:
                 ``[0, N)``; names the indices file and the id's position.
         """
         if len(seed_batches) != len(batch_seeds):
-            raise ValueError("seed_batches and batch_seeds differ in length")
+            raise InvalidValue("seed_batches and batch_seeds differ in length")
         out: list[SampledBatch] = []
         with _threads(self.num_threads):
             for a in range(0, len(seed_batches), self.group_size):
@@ -177,7 +178,7 @@ class NeighborSampler:
         if bad.any():
             b = int(np.flatnonzero(bad)[0])
             what = "duplicate seed ids" if bad[b] == 1 else f"seed ids outside [0, {self.num_nodes})"
-            raise ValueError(f"batch {b}: {what}")
+            raise InvalidValue(f"batch {b}: {what}")
         bseeds = np.array([int(s) & _M64 for s in batch_seeds], dtype=np.uint64).view(np.int64)
         all_ptr = ptr
         front = all_nodes

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..storage import Dataset, OocError, open_dataset
+from ..storage import Dataset, open_dataset
 from ..storage.atomic import atomic_dir, replace_refusal, write_json
 from ..memory import peak_rss_bytes
 from .base import Assignment, warm_up
@@ -41,6 +41,7 @@ from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 from .metrics import compute_metrics
 from .refine import refine
 from .spring import spring
+from ..storage.errors import IOFailure, InvalidValue, OocError, OutputExists
 
 ALGORITHMS = ("spring", "hash", "greedy", "dbh", "hdrf")
 
@@ -50,13 +51,13 @@ __all__ = ["ALGORITHMS", "Assignment", "EdgeStream", "compute_metrics", "edge_pa
 
 def _check(dataset: Dataset, parts: int, algo: str, beta: float) -> None:
     if algo not in ALGORITHMS:
-        raise OocError(f"unknown algorithm {algo!r} (choose from {', '.join(ALGORITHMS)})")
+        raise InvalidValue(f"unknown algorithm {algo!r} (choose from {', '.join(ALGORITHMS)})")
     if not isinstance(parts, (int, np.integer)) or parts < 1:
-        raise OocError(f"--parts must be >= 1, got {parts}")
+        raise InvalidValue(f"--parts must be >= 1, got {parts}")
     if parts > dataset.num_nodes:
-        raise OocError(f"--parts {parts} exceeds the number of nodes ({dataset.num_nodes})")
+        raise InvalidValue(f"--parts {parts} exceeds the number of nodes ({dataset.num_nodes})")
     if not beta >= 1.0:
-        raise OocError(f"--beta must be >= 1, got {beta}")
+        raise InvalidValue(f"--beta must be >= 1, got {beta}")
 
 
 def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spring", *,
@@ -75,7 +76,7 @@ def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spr
         dataset = open_dataset(dataset)
     _check(dataset, parts, algo, beta)
     if int(refine_passes) != refine_passes or refine_passes < 0:
-        raise OocError(f"--refine-passes must be an integer >= 0, got {refine_passes}")
+        raise InvalidValue(f"--refine-passes must be an integer >= 0, got {refine_passes}")
     jit = warm_up(algo, dataset.index_dtype)
     if algo == "spring":
         a = spring(dataset, parts, beta=beta, seed=seed, chunk_edges=chunk_edges,
@@ -120,16 +121,16 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     dataset = open_dataset(data)
     _check(dataset, parts, algo, beta)
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
-        raise OocError(f"--halo-hops must be >= 1, got {halo_hops}")
+        raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
     out = Path(out)
     if out.exists() and not overwrite:
-        raise OocError(f"{out}: already exists (pass --overwrite to replace it)")
+        raise OutputExists(f"{out}: already exists (pass --overwrite to replace it)")
     if out.resolve() == dataset.path.resolve() or dataset.path.resolve() in out.resolve().parents:
-        raise OocError(f"{out}: the output folder must not be the dataset folder or inside it")
+        raise InvalidValue(f"{out}: the output folder must not be the dataset folder or inside it")
     if os.path.lexists(out):
         problem = replace_refusal(out, (data,))
         if problem:
-            raise OocError(f"{out}: {problem}")
+            raise InvalidValue(f"{out}: {problem}")
     a = partition(dataset, parts, algo, beta=beta, seed=seed, chunk_edges=chunk_edges,
                   progress=progress, **params)
     a.vertex_cut = None  # not written; frees N * ceil(p / 64) words before the split
@@ -175,9 +176,9 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                 report["halo_replication_factor"] = \
                     sum(pq["nodes"] for pq in parts_list) / dataset.num_nodes
             write_json(tmp / "partition.json", report)
-    except FileExistsError as e:
-        raise OocError(str(e)) from None
+    except OocError:
+        raise
     except OSError as e:
-        raise OocError(f"{out}: {e.strerror or e} while writing partitions; nothing was written") \
+        raise IOFailure(f"{out}: {e.strerror or e} while writing partitions; nothing was written") \
             from None
     return report

@@ -16,9 +16,9 @@ from typing import Sequence
 from ..cli import (ArgumentParser, add_report_arg, check_report_path, format_size, main_wrapper,
                    write_report)
 from ..memory import peak_rss_bytes
-from ..storage import OocError
 from . import ALGORITHMS, partition_dataset
 from .edges import DEFAULT_CHUNK_EDGES
+from ..storage.errors import InvalidValue
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,17 +83,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         if key not in own:
             which = "--algo spring" if key in spring_only else "the edge partitioners"
-            raise OocError(f"--{key.replace('_', '-')} applies to {which} only, "
+            raise InvalidValue(f"--{key.replace('_', '-')} applies to {which} only, "
                            f"not --algo {args.algo}")
         params[key] = value
     if params.get("stream_iters", 1) < 1:
-        raise OocError(f"--stream-iters must be >= 1, got {params['stream_iters']}")
+        raise InvalidValue(f"--stream-iters must be >= 1, got {params['stream_iters']}")
     if args.no_shuffle:
         params["shuffle"] = False
     if args.chunk_edges < 1:
-        raise OocError(f"--chunk-edges must be >= 1, got {args.chunk_edges}")
+        raise InvalidValue(f"--chunk-edges must be >= 1, got {args.chunk_edges}")
     if not 0 <= args.seed < 2**63:
-        raise OocError(f"--seed must be in [0, 2**63), got {args.seed}")
+        raise InvalidValue(f"--seed must be in [0, 2**63), got {args.seed}")
     report = partition_dataset(args.data, args.out, args.parts, args.algo, beta=args.beta,
                                seed=args.seed, overwrite=args.overwrite,
                                split=not args.no_split, chunk_edges=args.chunk_edges,

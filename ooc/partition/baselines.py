@@ -49,6 +49,7 @@ from ._baseline_kernels import DBH, GREEDY, HASH, HDRF, edge_chunk
 from ._kernels import finish_owner, popcount_total
 from .base import Assignment, progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ..storage.errors import InvalidValue
 
 _CODES = {"hash": HASH, "dbh": DBH, "greedy": GREEDY, "hdrf": HDRF}
 
@@ -59,9 +60,9 @@ def edge_partition(dataset: Dataset, parts: int, algo: str, *, seed: int = 0,
                    progress: bool = False) -> Assignment:
     """Run the edge partitioner ``algo`` and derive node ownership (see above)."""
     if algo not in _CODES:
-        raise ValueError(f"unknown edge partitioner {algo!r}")
+        raise InvalidValue(f"unknown edge partitioner {algo!r}")
     if ownership not in ("majority", "last"):
-        raise ValueError(f"ownership must be 'majority' or 'last', got {ownership!r}")
+        raise InvalidValue(f"ownership must be 'majority' or 'last', got {ownership!r}")
     code = _CODES[algo]
     t0 = time.perf_counter()
     n, e = dataset.num_nodes, dataset.num_edges

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..storage import Dataset
 from ..storage.dataset import index_range_error
+from ..storage.errors import IOFailure
 
 #: Default number of edges per chunk (1 Mi edges = 4 MiB of int32 ids).
 DEFAULT_CHUNK_EDGES = 1 << 20
@@ -101,7 +102,7 @@ class EdgeStream:
                 while got < view.nbytes:
                     n = os.preadv(fd, [view[got:]], a * item + got)
                     if n <= 0:
-                        raise OSError(f"{self.path}: short read at edge {a}")
+                        raise IOFailure(f"{self.path}: short read at edge {a}")
                     got += n
                 src = buf[: b - a]
                 if src.min() < 0 or src.max() >= self.num_nodes:  # would crash the kernels

@@ -34,6 +34,7 @@ from ..storage import Dataset
 from ._kernels import refine_chunk
 from .base import progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ..storage.errors import InvalidValue
 
 
 def refine(dataset: Dataset, owner: np.ndarray, parts: int, *, passes: int = 1,
@@ -44,11 +45,11 @@ def refine(dataset: Dataset, owner: np.ndarray, parts: int, *, passes: int = 1,
     Returns ``{"moved": [moves per pass], "time_s": seconds}``.
     """
     if int(passes) != passes or passes < 0:
-        raise ValueError(f"refine passes must be an integer >= 0, got {passes!r}")
+        raise InvalidValue(f"refine passes must be an integer >= 0, got {passes!r}")
     t0 = time.perf_counter()
     n = dataset.num_nodes
     if owner.dtype != np.int32 or owner.shape != (n,):
-        raise ValueError(f"owner must be int32 [{n}], got {owner.dtype} {owner.shape}")
+        raise InvalidValue(f"owner must be int32 [{n}], got {owner.dtype} {owner.shape}")
     load = np.bincount(owner, minlength=parts).astype(np.int64)
     cap = int(np.floor(beta * n / parts))
     cnt = np.zeros(parts, dtype=np.int64)

@@ -46,6 +46,7 @@ from ..storage import Dataset, DatasetWriter
 from ._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, replicas_of
 from .base import progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ..storage.errors import InvalidValue
 
 #: Bytes of feature rows copied per chunk.
 FEATURE_CHUNK_BYTES = 64 << 20
@@ -107,7 +108,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     scratch, all -1 on entry and on return.
     """
     if halo_hops < 1:
-        raise ValueError(f"halo_hops must be >= 1, got {halo_hops}")
+        raise InvalidValue(f"halo_hops must be >= 1, got {halo_hops}")
     name = part_name(q)
     owned = np.flatnonzero(owner == q).astype(np.int64)
     reps = replicas_of(bits, q)

@@ -97,6 +97,7 @@ from ._kernels import expand_dst
 from ._spring_kernels import RICHEST, VOTE, cluster_edges, merge_and_assign, new_state
 from .base import Assignment, progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ..storage.errors import InvalidValue
 
 #: Default ``tau_vol = TAU_FACTOR * |E| / p``.
 TAU_FACTOR = 0.1
@@ -116,11 +117,11 @@ def spring(dataset: Dataset, parts: int, *, beta: float = 1.05,
     docstring for every parameter's meaning and default.
     """
     if tie_break not in ("id", "random"):
-        raise ValueError(f"tie_break must be 'id' or 'random', got {tie_break!r}")
+        raise InvalidValue(f"tie_break must be 'id' or 'random', got {tie_break!r}")
     if merge not in MERGE_RULES:
-        raise ValueError(f"merge must be one of {', '.join(MERGE_RULES)}, got {merge!r}")
+        raise InvalidValue(f"merge must be one of {', '.join(MERGE_RULES)}, got {merge!r}")
     if int(stream_iters) != stream_iters or stream_iters < 1:
-        raise ValueError(f"stream_iters must be an integer >= 1, got {stream_iters!r}")
+        raise InvalidValue(f"stream_iters must be an integer >= 1, got {stream_iters!r}")
     stream_iters = int(stream_iters)
     t0 = time.perf_counter()
     n, e = dataset.num_nodes, dataset.num_edges

@@ -3,13 +3,15 @@
 This package imports nothing else of ooc.
 """
 from .dataset import Dataset, MmapFeatures, open_dataset
-from .errors import DatasetError, OocError
+from .errors import (BudgetError, DatasetError, IdOutOfRange, InvalidValue, IOFailure, NotFound,
+                     OocError, OutputBusy, OutputExists, TimedOut)
 from .layout import PAGE, FeatureLayout
 from .writer import DatasetWriter, csc_from_edges, write_dataset
 
 __all__ = [
-    "PAGE", "Dataset", "DatasetError", "DatasetWriter", "FeatureLayout", "MmapFeatures",
-    "OocError", "csc_from_edges", "open_dataset", "write_dataset",
+    "PAGE", "BudgetError", "Dataset", "DatasetError", "DatasetWriter", "FeatureLayout", "IOFailure",
+    "IdOutOfRange", "InvalidValue", "MmapFeatures", "NotFound", "OocError", "OutputBusy",
+    "OutputExists", "TimedOut", "csc_from_edges", "open_dataset", "write_dataset",
 ]
 from .direct import (  # noqa: E402
     DirectFeatures, DirectReader, ReadStats, aligned_empty, read_index_ranges, read_ranges,

@@ -9,6 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .errors import OutputExists
+
 
 def _umask() -> int:
     """The process's umask, read without changing it (``os.umask`` would, for a
@@ -124,7 +126,7 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
     user's in the old output (:func:`carry_user_files`) move into the new one.
 
     Raises:
-        FileExistsError: ``final`` exists and may not be replaced.
+        OutputExists: (a ``FileExistsError``) ``final`` exists and may not be replaced.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -143,14 +145,14 @@ def carry_user_files(old: Path, new: Path) -> list[str]:
     their names.
 
     Raises:
-        FileExistsError: ``new`` has an entry of the same name (nothing is moved).
+        OutputExists: ``new`` has an entry of the same name (nothing is moved).
     """
     from .ownership import user_entries
 
     names = user_entries(old)
     clash = [n for n in names if os.path.lexists(new / n)]
     if clash:
-        raise FileExistsError(f"{old}: holds {clash[0]}, which ooc did not write and the new "
+        raise OutputExists(f"{old}: holds {clash[0]}, which ooc did not write and the new "
                               f"output also has; move it out of {old} first")
     for n in names:
         os.rename(old / n, new / n)
@@ -182,11 +184,11 @@ def _atomic_dir(final: Path, overwrite: bool,
     remove_stale_temps(final)
     if os.path.lexists(final):
         if not overwrite:
-            raise FileExistsError(f"{final}: already exists (pass --overwrite to replace it)")
+            raise OutputExists(f"{final}: already exists (pass --overwrite to replace it)")
         problem = (replaceable(final) if replaceable is not None else None) \
             or replace_refusal(final, inputs)
         if problem:
-            raise FileExistsError(f"{final}: {problem}")
+            raise OutputExists(f"{final}: {problem}")
     tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(final)}{os.getpid()}-", dir=final.parent))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the result from others

@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from . import _direct_kernels as K
-from .errors import OocError
 from .features import check_out
 from .io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
 from .layout import PAGE, FeatureLayout, RowTable
+from .errors import IOFailure, IdOutOfRange, InvalidValue
 
 __all__ = [
     "AUTO_ORDER", "CHOICES", "DirectFeatures", "DirectReader", "ReadStats", "aligned_empty",
@@ -52,7 +52,7 @@ def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
     """An uninitialised uint8 array of ``nbytes`` whose data is ``align``-aligned."""
     nbytes = int(nbytes)
     if nbytes < 0:
-        raise ValueError("nbytes must be >= 0")
+        raise InvalidValue("nbytes must be >= 0")
     return _aligned_part(np.empty(nbytes + align, dtype=np.uint8), nbytes, align)
 
 
@@ -113,7 +113,7 @@ class DirectReader:
         self.path = os.fspath(path)
         check_choice(backend)
         if not 1 <= int(queue_depth) <= _MAX_QUEUE_DEPTH:
-            raise ValueError(f"queue_depth must be in [1, {_MAX_QUEUE_DEPTH}], got {queue_depth}")
+            raise InvalidValue(f"queue_depth must be in [1, {_MAX_QUEUE_DEPTH}], got {queue_depth}")
         self.queue_depth = int(queue_depth)
         self.max_run_pages = max(1, int(max_read_bytes) // PAGE)
         self.stats = ReadStats()
@@ -122,7 +122,7 @@ class DirectReader:
         try:
             self.size = os.stat(self.path).st_size
         except OSError as e:
-            raise OocError(f"{self.path}: cannot open for reading: {e.strerror}") from None
+            raise IOFailure(f"{self.path}: cannot open for reading: {e.strerror}") from None
         self.num_pages = self.size // PAGE
         self._io: ReadBackend = open_backend(self.path, self.size, self.queue_depth, backend)
         self._holder = [self._io]
@@ -184,24 +184,24 @@ class DirectReader:
         if n == 0:
             return
         if self.closed:
-            raise OocError(f"{self.path}: reader is closed")
+            raise InvalidValue(f"{self.path}: reader is closed")
         if out.dtype != np.uint8 or out.ndim != 1 or not out.flags.c_contiguous:
-            raise ValueError("out must be a 1-D C-contiguous uint8 array")
+            raise InvalidValue("out must be a 1-D C-contiguous uint8 array")
         if out.size < n * PAGE:
-            raise ValueError(f"out has {out.size} bytes, {n} pages need {n * PAGE}")
+            raise InvalidValue(f"out has {out.size} bytes, {n} pages need {n * PAGE}")
         if not _is_aligned(out) and self.o_direct:
-            raise ValueError("out must be page aligned (use aligned_empty)")
+            raise InvalidValue("out must be page aligned (use aligned_empty)")
         offs, lens, bufs, status = K.plan_runs(pages, self.max_run_pages)
         if status == 1:
-            raise ValueError("pages must be sorted and unique")
+            raise InvalidValue("pages must be sorted and unique")
         if status == 2:
-            raise OocError(f"{self.path}: negative page id requested")
+            raise InvalidValue(f"{self.path}: negative page id requested")
         last = int(pages[-1])
         if last >= self.num_pages:
             tail = self.size - self.num_pages * PAGE
             what = (f"partial last page ({tail} of {PAGE} bytes): the file is truncated "
                     f"or not padded to 4 KiB") if last == self.num_pages and tail else "past the end"
-            raise OocError(f"{self.path}: page {last} requested but the file has "
+            raise InvalidValue(f"{self.path}: page {last} requested but the file has "
                            f"{self.size} bytes ({self.num_pages} whole pages): {what}")
         self._read_runs(offs, lens, bufs, out, n, reuse=True)
 
@@ -212,7 +212,7 @@ class DirectReader:
         whether ``out`` will be read into again (a backend may register it)."""
         with self._lock:
             if self.closed:
-                raise OocError(f"{self.path}: reader is closed")
+                raise InvalidValue(f"{self.path}: reader is closed")
             self._io.read_runs(offs, lens, bufs, out, reuse=reuse)
             self.stats.read_ops += offs.shape[0]
             self.stats.requests += 1
@@ -234,15 +234,15 @@ def read_ranges(reader: DirectReader, byte_starts: np.ndarray, byte_ends: np.nda
     starts = np.ascontiguousarray(byte_starts, dtype=np.int64)
     ends = np.ascontiguousarray(byte_ends, dtype=np.int64)
     if starts.shape != ends.shape or starts.ndim != 1:
-        raise ValueError("byte_starts and byte_ends must be 1-D arrays of equal length")
+        raise InvalidValue("byte_starts and byte_ends must be 1-D arrays of equal length")
     pages, offsets, bad = K.range_pages(starts, ends)
     if bad >= 0:
-        raise ValueError(f"bad byte range {bad}: [{starts[bad]}, {ends[bad]})")
+        raise InvalidValue(f"bad byte range {bad}: [{starts[bad]}, {ends[bad]})")
     need = pages.shape[0] * PAGE
     if out is None:
         return reader._read_into_scratch(pages), offsets
     if out.size < need:
-        raise ValueError(f"out has {out.size} bytes, the ranges need {need}")
+        raise InvalidValue(f"out has {out.size} bytes, the ranges need {need}")
     reader.read_pages(pages, out)
     return out, offsets
 
@@ -304,7 +304,7 @@ class DirectFeatures(RowTable):
         if self.reader.size < layout.file_bytes:
             size = self.reader.size
             self.reader.close()
-            raise OocError(f"{self.path}: {size} bytes, the feature layout needs "
+            raise InvalidValue(f"{self.path}: {size} bytes, the feature layout needs "
                            f"{layout.file_bytes} (truncated?)")
 
     @property
@@ -362,12 +362,12 @@ class DirectFeatures(RowTable):
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         dst = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
         if dst.shape != ids.shape:
-            raise ValueError(f"{self.path}: {ids.shape[0]} ids but {dst.shape[0]} target rows")
+            raise InvalidValue(f"{self.path}: {ids.shape[0]} ids but {dst.shape[0]} target rows")
         check_out(out, out.shape[0] if out.ndim else 0, self.layout.dim, self.layout.dtype,
                   str(self.path))
         bad, why = K.check_targets(dst, out.shape[0])
         if bad >= 0:
-            raise ValueError(f"{self.path}: target row {dst[bad]} " + (
+            raise InvalidValue(f"{self.path}: target row {dst[bad]} " + (
                 f"out of range [0, {out.shape[0]})" if why == 1 else "given twice"))
         if ids.shape[0]:
             self._read(ids, dst, out, None)
@@ -405,7 +405,7 @@ class DirectFeatures(RowTable):
 
     def _check_ids(self, ids: np.ndarray, bad: int) -> None:
         if bad >= 0:
-            raise IndexError(f"{self.path}: row id {ids[bad]} out of range "
+            raise IdOutOfRange(f"{self.path}: row id {ids[bad]} out of range "
                              f"[0, {self.layout.num_rows})")
 
     def close(self) -> None:

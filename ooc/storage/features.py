@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from .errors import InvalidValue
 
 
 @runtime_checkable
@@ -54,6 +55,6 @@ def check_out(out: np.ndarray | None, n: int, dim: int, dtype: np.dtype, what: s
     if out is None:
         return np.empty((n, dim), dtype=dtype)
     if out.shape != (n, dim) or out.dtype != np.dtype(dtype) or not out.flags.c_contiguous:
-        raise ValueError(f"{what}: out must be a C-contiguous {np.dtype(dtype)} array of shape "
+        raise InvalidValue(f"{what}: out must be a C-contiguous {np.dtype(dtype)} array of shape "
                          f"({n}, {dim}), got {out.dtype} {tuple(out.shape)}")
     return out

@@ -35,9 +35,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from .errors import OocError
+from .errors import InvalidValue, OocError
 from .layout import PAGE
 from .notes import note
+from .errors import IOFailure
 
 #: name -> "module:Class" (imported on first use, so a broken binding is never
 #: imported by a process that does not read with it).
@@ -135,7 +136,7 @@ class ReadBackend:
                 fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
             except OSError as e:
                 if e.errno != errno.EINVAL:
-                    raise OocError(f"{self.path}: cannot open for reading: {e.strerror}") from None
+                    raise IOFailure(f"{self.path}: cannot open for reading: {e.strerror}") from None
                 fd = -1
             if fd >= 0:
                 if self.size < PAGE or _probe_read(fd):
@@ -145,7 +146,7 @@ class ReadBackend:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            raise OocError(f"{self.path}: cannot open for reading: {e.strerror}") from None
+            raise IOFailure(f"{self.path}: cannot open for reading: {e.strerror}") from None
         self.o_direct = False
         return fd
 
@@ -167,7 +168,7 @@ def backend_class(name: str) -> type[ReadBackend]:
     try:
         target = REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown I/O backend {name!r} (choose one of "
+        raise InvalidValue(f"unknown I/O backend {name!r} (choose one of "
                          f"{', '.join(CHOICES)})") from None
     return load_class(target)
 
@@ -181,7 +182,7 @@ def load_class(target: str) -> type[ReadBackend]:
 def check_choice(name: str) -> str:
     """``name`` if it is a valid ``io_backend`` value, else a ValueError naming the choices."""
     if name != "auto" and name not in REGISTRY:
-        raise ValueError(f"io_backend must be one of auto, {', '.join(REGISTRY)}, not {name!r}")
+        raise InvalidValue(f"io_backend must be one of auto, {', '.join(REGISTRY)}, not {name!r}")
     return name
 
 
@@ -208,7 +209,7 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
             b = cls(path, size, queue_depth)
         except Refused as r:
             if backend != "auto":
-                raise OocError(f"{path}: I/O backend {name} unavailable: {r}") from None
+                raise InvalidValue(f"{path}: I/O backend {name} unavailable: {r}") from None
             tried.append(str(r))
             continue
         if backend == "auto":
@@ -219,4 +220,4 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
                 note(f"O_DIRECT refused for {path}; reading with {b.describe()}",
                      key="fallback:buffered")
         return b
-    raise OocError(f"{path}: no I/O backend works: " + "; ".join(tried))
+    raise InvalidValue(f"{path}: no I/O backend works: " + "; ".join(tried))

@@ -44,8 +44,8 @@ import time
 import numpy as np
 
 from . import _uring_kernels as K
-from .errors import OocError
 from .io_backends import ReadBackend, Refused
+from .errors import InvalidValue
 
 #: Bump when the engine changes (part of the probe's cache key, with ooc's and numba's versions).
 ENGINE_VERSION = 3
@@ -191,10 +191,10 @@ class NativeUringBackend(ReadBackend):
     # --------------------------------------------------------------------- read
     def read_runs(self, offs, lens, bufs, out, reuse: bool = True) -> None:
         if self._st[K.S_RING_FD] < 0:
-            raise OocError(f"{self.path}: io_uring reader is closed" + (
+            raise InvalidValue(f"{self.path}: io_uring reader is closed" + (
                 f" ({self._broken})" if self._broken else ""))
         if os.getpid() != self._pid:  # a forked child shares the parent's ring memory
-            raise OocError(f"{self.path}: io_uring reader opened by process {self._pid} used in "
+            raise InvalidValue(f"{self.path}: io_uring reader opened by process {self._pid} used in "
                            f"process {os.getpid()} (after a fork): open a reader in this process")
         offs = np.ascontiguousarray(offs, dtype=np.int64)
         lens = np.ascontiguousarray(lens, dtype=np.int64)
@@ -225,4 +225,4 @@ class NativeUringBackend(ReadBackend):
         _QUARANTINE.append(_memory_owner(out))
         self._broken = f"io_uring_enter failed: {os.strerror(-r)}"
         K.ring_close(self._st)
-        raise OocError(f"{self.path}: {self._broken} (errno {-r}); the reader is closed")
+        raise InvalidValue(f"{self.path}: {self._broken} (errno {-r}); the reader is closed")

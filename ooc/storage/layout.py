@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from .errors import InvalidValue
 
 PAGE = 4096
 
@@ -110,7 +111,7 @@ class RowView:
         self.layout = layout
         dt = np.dtype(layout.dtype)
         if buf.size < layout.file_bytes:
-            raise ValueError(f"buffer has {buf.size} bytes, layout needs {layout.file_bytes}")
+            raise InvalidValue(f"buffer has {buf.size} bytes, layout needs {layout.file_bytes}")
         buf = buf[: layout.file_bytes]
         if layout.rows_per_page:
             rpp = layout.rows_per_page

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .errors import OocError
+from .errors import IOFailure, OutputBusy
 
 LOCK_NAME = ".ooc-lock"
 
@@ -46,13 +46,13 @@ def exclusive(target: str | os.PathLike, what: str, inside: bool = False) -> Ite
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            raise OocError(f"{path}: cannot create the lock of this {what} "
+            raise IOFailure(f"{path}: cannot create the lock of this {what} "
                            f"({e.strerror or e})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise OocError(f"{target}: this {what} is being written by {_holder(path)} "
+            raise OutputBusy(f"{target}: this {what} is being written by {_holder(path)} "
                            f"(another ooc run); wait for it or choose another") from None
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino

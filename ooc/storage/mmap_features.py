@@ -17,6 +17,7 @@ from . import _mmap_kernels as MK
 from .features import check_out
 from .layout import FeatureLayout, RowTable
 from .pagecache import advise
+from .errors import IdOutOfRange
 
 #: Rows one copy task reads before it drops their pages from the process.
 MMAP_CHUNK_ROWS = 32
@@ -50,7 +51,7 @@ class ThreadedMmapFeatures(RowTable):
         if n == 0:
             return out
         if ids.min() < 0 or ids.max() >= lay.num_rows:
-            raise IndexError(f"{self.path}: row id out of range [0, {lay.num_rows})")
+            raise IdOutOfRange(f"{self.path}: row id out of range [0, {lay.num_rows})")
         offs = lay.row_offsets(ids)
         order = np.argsort(offs, kind="stable")
         ob = out.view(np.uint8).reshape(n, lay.row_bytes)

@@ -22,6 +22,8 @@ import os
 import secrets
 from pathlib import Path
 
+from .errors import NotFound
+
 MARKER = ".ooc-made"
 
 
@@ -68,7 +70,7 @@ def record_files(folder: str | os.PathLike) -> None:
     folder = Path(folder)
     doc = marker(folder)
     if doc is None or not (folder / MARKER).is_file():
-        raise FileNotFoundError(f"{folder}: has no ooc marker to record its files in")
+        raise NotFound(f"{folder}: has no ooc marker to record its files in")
     doc["files"] = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
     tmp = folder / f"{MARKER}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)

@@ -14,6 +14,7 @@ from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, 
                       scan_index_range, sha256_file, split_overlap)
 from .errors import DatasetError, OocError
 from .layout import FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes
+from .errors import IdOutOfRange, InvalidValue
 
 
 def allocate(path: Path, nbytes: int) -> None:
@@ -62,9 +63,9 @@ class DatasetWriter:
                  overwrite: bool = False, source: dict[str, Any] | None = None,
                  allow_nonfinite: bool = False, features_name: str = "features"):
         if feature_dtype not in FEATURE_DTYPES:
-            raise OocError(f"feature dtype must be one of {FEATURE_DTYPES}, got {feature_dtype!r}")
+            raise InvalidValue(f"feature dtype must be one of {FEATURE_DTYPES}, got {feature_dtype!r}")
         if num_nodes < 0 or feature_dim < 1:
-            raise OocError(f"bad dataset shape: num_nodes={num_nodes}, feature_dim={feature_dim}")
+            raise InvalidValue(f"bad dataset shape: num_nodes={num_nodes}, feature_dim={feature_dim}")
         self.out = Path(out)
         self.num_nodes = int(num_nodes)
         self.layout = FeatureLayout(self.num_nodes, int(feature_dim), feature_dtype)
@@ -87,12 +88,9 @@ class DatasetWriter:
 
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
-        try:
-            self._ctx = atomic_dir(self.out, overwrite=self.overwrite, replaceable=replace_problem,
-                                   locked="dataset")
-            self.tmp = self._ctx.__enter__()
-        except FileExistsError as e:
-            raise OocError(str(e)) from None
+        self._ctx = atomic_dir(self.out, overwrite=self.overwrite, replaceable=replace_problem,
+                               locked="dataset")
+        self.tmp = self._ctx.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
@@ -115,8 +113,8 @@ class DatasetWriter:
         return False
 
     def _os_error(self, e: OSError) -> OocError:
-        if e.errno is None:  # raised by ooc with its own one-line message
-            return OocError(str(e))
+        if isinstance(e, OocError):  # raised by ooc with its own one-line message
+            return e
         what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
         where = e.filename or self.out
         return OocError(f"{where}: {what} while writing dataset {self.out}; nothing was written")
@@ -132,7 +130,7 @@ class DatasetWriter:
         """Write the CSC row pointer, int64 [N+1]; fixes ``num_edges``."""
         indptr = np.asarray(indptr, dtype=np.int64)
         if indptr.shape != (self.num_nodes + 1,):
-            raise OocError(f"indptr has shape {indptr.shape}, expected ({self.num_nodes + 1},)")
+            raise InvalidValue(f"indptr has shape {indptr.shape}, expected ({self.num_nodes + 1},)")
         np.save(self.tmp / "indptr.npy", indptr)
         self.num_edges = int(indptr[-1])
 
@@ -141,7 +139,7 @@ class DatasetWriter:
         if self._indices is None:
             e = self.num_edges if num_edges is None else int(num_edges)
             if e is None:
-                raise OocError("write_indptr (or pass num_edges) before indices()")
+                raise InvalidValue("write_indptr (or pass num_edges) before indices()")
             dt = index_dtype(self.num_nodes)
             path = self.tmp / "indices.bin"
             allocate(path, padded_bytes(e * dt.itemsize))
@@ -178,11 +176,11 @@ class DatasetWriter:
         """Labels int64 [N], -1 where unlabeled; at most ``MAX_CLASSES`` classes."""
         labels = np.asarray(labels, dtype=np.int64)
         if labels.shape != (self.num_nodes,):
-            raise OocError(f"labels have shape {labels.shape}, expected ({self.num_nodes},)")
+            raise InvalidValue(f"labels have shape {labels.shape}, expected ({self.num_nodes},)")
         top = int(labels.max()) + 1 if labels.size else 0
         self.num_classes = int(num_classes if num_classes is not None else top)
         if self.num_classes > MAX_CLASSES or top > self.num_classes:
-            raise OocError(f"labels: {max(top, self.num_classes)} classes (largest label {top - 1}); "
+            raise InvalidValue(f"labels: {max(top, self.num_classes)} classes (largest label {top - 1}); "
                            f"labels must be below num_classes <= {MAX_CLASSES}")
         np.save(self.tmp / "labels.npy", labels)
 
@@ -198,20 +196,20 @@ class DatasetWriter:
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
                 v = int(ids.min()) if ids.min() < 0 else int(ids.max())
-                raise OocError(f"{name}: node id {v} out of range [0, {self.num_nodes})")
+                raise IdOutOfRange(f"{name}: node id {v} out of range [0, {self.num_nodes})")
             splits.append(ids)
         clash = split_overlap(splits, self.num_nodes)
         if clash is not None:
             i, j, v = clash
             what = f"lists node {v} twice" if i == j else f"and {names[i]} both list node {v}"
-            raise OocError(f"{names[j]}: {what} (each node may be in at most one split, once)")
+            raise InvalidValue(f"{names[j]}: {what} (each node may be in at most one split, once)")
         for key, ids in zip(("train_idx", "val_idx", "test_idx"), splits):
             np.save(self.tmp / f"{key}.npy", ids)
 
     # -- finish ------------------------------------------------------------
     def _finish(self) -> None:
         if self.num_edges is None:
-            raise OocError("dataset has no adjacency (write_indptr was not called)")
+            raise InvalidValue("dataset has no adjacency (write_indptr was not called)")
         self.indices()
         self.features()
         if self.num_classes is None:
@@ -222,7 +220,7 @@ class DatasetWriter:
         self._close_maps()
         self._check_remaining_features()
         if self.nonfinite and not self.allow_nonfinite:
-            raise OocError(f"{self.features_name}: {self.nonfinite} feature values are NaN or "
+            raise InvalidValue(f"{self.features_name}: {self.nonfinite} feature values are NaN or "
                            f"infinite as {self.layout.dtype} (first at node {self.first_nonfinite}); "
                            f"pass --allow-nonfinite to keep them")
         idt = index_dtype(self.num_nodes)
@@ -230,7 +228,7 @@ class DatasetWriter:
             lo, hi, crcs = scan_index_range(self.tmp / "indices.bin", idt, self.num_edges,
                                             self.num_nodes)
         except DatasetError as e:
-            raise OocError(f"{self.out}: the written dataset is invalid: {e.problem}") from None
+            raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
         files = {}
         for name in REQUIRED_FILES:
             p = self.tmp / name
@@ -263,7 +261,7 @@ class DatasetWriter:
         try:
             open_dataset(self.tmp)
         except DatasetError as e:
-            raise OocError(f"{self.out}: the written dataset is invalid: {e.problem}") from None
+            raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
 
     def _check_remaining_features(self, step_bytes: int = 16 << 20) -> None:
         """Read back (plain reads: no mapping in RSS) the feature rows

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._chunk_kernels import next_use
+from ...storage.errors import InvalidValue
 
 POLICIES = ("belady", "lru", "fifo")
 
@@ -34,7 +35,7 @@ class ChunkCache:
     def __init__(self, capacity: int, policy: str = "belady", sequence: np.ndarray | None = None,
                  loader: Callable[[int], Any] | None = None, num_keys: int | None = None):
         if policy not in POLICIES:
-            raise ValueError(f"unknown cache policy {policy!r} (choose one of {POLICIES})")
+            raise InvalidValue(f"unknown cache policy {policy!r} (choose one of {POLICIES})")
         self.capacity = max(0, int(capacity))
         self.policy = policy
         self.loader = loader
@@ -47,7 +48,7 @@ class ChunkCache:
         self._order: OrderedDict[int, None] = OrderedDict()
         if policy == "belady":
             if sequence is None:
-                raise ValueError("the belady policy needs the access sequence")
+                raise InvalidValue("the belady policy needs the access sequence")
             seq = np.ascontiguousarray(sequence, dtype=np.int64)
             nk = int(num_keys if num_keys is not None else (seq.max() + 1 if seq.size else 1))
             self._seq = seq

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...storage.errors import OocError
 from ...storage.features import Feature
 from . import _cache_kernels as K
+from ...storage.errors import InvalidValue
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ class FeatureCache:
 
     def __init__(self, num_nodes: int, capacity: int, dim: int, dtype: np.dtype | str):
         if capacity < 0:
-            raise OocError(f"feature cache capacity must be >= 0, got {capacity}")
+            raise InvalidValue(f"feature cache capacity must be >= 0, got {capacity}")
         self.num_nodes = int(num_nodes)
         self.capacity = int(min(capacity, num_nodes))
         self.address_table = np.full(self.num_nodes, -1, dtype=np.int32)
@@ -67,7 +67,7 @@ class FeatureCache:
         """
         init_ids = np.asarray(init_ids, dtype=np.int64)
         if len(init_ids) > self.capacity:
-            raise OocError(f"init set of {len(init_ids)} ids exceeds cache capacity {self.capacity}")
+            raise InvalidValue(f"init set of {len(init_ids)} ids exceeds cache capacity {self.capacity}")
         keep = np.zeros(self.num_nodes, dtype=bool) if len(self) else None
         if keep is not None:
             keep[init_ids] = True
@@ -115,7 +115,7 @@ class FeatureCache:
                                                np.asarray(out_ids, dtype=np.int64),
                                                self._free, self._num_free)
         if self._num_free < 0:
-            raise OocError("changeset inserts more ids than the cache has room for")
+            raise InvalidValue("changeset inserts more ids than the cache has room for")
         if len(in_ids):
             K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
                                  _bits(self.cache), slots)

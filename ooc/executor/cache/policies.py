@@ -30,8 +30,8 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ...storage.errors import OocError
 from .feature_cache import FeatureCache
+from ...storage.errors import InvalidValue
 
 #: A policy's changeset function: the superbatch's batches (int64 node ids each)
 #: -> an :class:`ooc.inspector.changesets.Changesets`.
@@ -63,7 +63,7 @@ class CachePolicy:
         return 0
 
     def changesets(self, num_nodes: int, capacity: int, device: str | None) -> ChangesetFn:
-        raise OocError(f"cache policy {self.name!r} has no changesets (schedule {self.schedule})")
+        raise InvalidValue(f"cache policy {self.name!r} has no changesets (schedule {self.schedule})")
 
     def warm_up(self, num_nodes: int) -> None:
         """Compile the policy's kernels on a tiny input (the planner's warm-up)."""
@@ -165,7 +165,7 @@ class BeladyCache(CachePolicy):
     def __post_init__(self) -> None:
         sb = self.superbatch_size
         if sb is not None and (isinstance(sb, bool) or not isinstance(sb, int) or sb < 1):
-            raise OocError(f"BeladyCache: superbatch_size must be a positive integer or None, "
+            raise InvalidValue(f"BeladyCache: superbatch_size must be a positive integer or None, "
                            f"got {sb!r}")
 
     def changesets(self, num_nodes: int, capacity: int, device: str | None) -> ChangesetFn:

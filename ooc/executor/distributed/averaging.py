@@ -35,7 +35,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue
 
 #: Default share of the per-worker memory budget that the computation needs (T / M).
 DEFAULT_COMPUTE_FRACTION = 2.0 / 3.0
@@ -48,7 +48,7 @@ def dataset_bytes(path: str | os.PathLike) -> int:
     """
     p = Path(path)
     if not p.is_dir():
-        raise OocError(f"{p}: not a dataset folder")
+        raise InvalidValue(f"{p}: not a dataset folder")
     return sum(f.stat().st_size for f in p.iterdir() if f.is_file())
 
 
@@ -69,23 +69,23 @@ def allocate_partitions(data_bytes: int, workers: int, memory_budget: int | None
         ``q`` if ``S <= q (M - T)``, else ``ceil(S / (M - T))``.
     """
     if int(workers) < 1:
-        raise OocError(f"--workers must be >= 1, got {workers}")
+        raise InvalidValue(f"--workers must be >= 1, got {workers}")
     if data_bytes < 0:
-        raise OocError(f"dataset size must be >= 0, got {data_bytes}")
+        raise InvalidValue(f"dataset size must be >= 0, got {data_bytes}")
     if memory_budget is None:
         return int(workers)
     m = int(memory_budget)
     if m <= 0:
-        raise OocError(f"--memory-budget must be > 0, got {memory_budget}")
+        raise InvalidValue(f"--memory-budget must be > 0, got {memory_budget}")
     # exact rational arithmetic: 2/3 M is not a float, and the rule has a boundary
     if compute_bytes is None:
         if not 0.0 <= compute_fraction < 1.0:
-            raise OocError(f"--compute-fraction must be in [0, 1), got {compute_fraction}")
+            raise InvalidValue(f"--compute-fraction must be in [0, 1), got {compute_fraction}")
         t = Fraction(compute_fraction).limit_denominator(10**6) * m
     else:
         t = Fraction(compute_bytes)
         if not 0 <= t < m:
-            raise OocError(f"compute memory T={compute_bytes} must be in [0, M={m})")
+            raise InvalidValue(f"compute memory T={compute_bytes} must be in [0, M={m})")
     free = m - t
     if data_bytes <= workers * free:
         return int(workers)
@@ -98,7 +98,7 @@ def assign_partitions(parts: int, workers: int) -> list[list[int]]:
     With ``p < q`` the last ``q - p`` workers get none.
     """
     if parts < 1 or workers < 1:
-        raise OocError(f"need parts >= 1 and workers >= 1, got {parts} and {workers}")
+        raise InvalidValue(f"need parts >= 1 and workers >= 1, got {parts} and {workers}")
     return [list(range(r, parts, workers)) for r in range(workers)]
 
 
@@ -148,7 +148,7 @@ def weighted_sum(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence
     empty and :func:`zeros_like_state` gives the zero partial sum instead.
     """
     if len(states) != len(weights):
-        raise ValueError(f"{len(states)} states but {len(weights)} weights")
+        raise InvalidValue(f"{len(states)} states but {len(weights)} weights")
     out: dict[str, torch.Tensor] = {}
     for state, w in zip(states, weights):
         for k, v in state.items():
@@ -180,7 +180,7 @@ def finish_average(total: Mapping[str, torch.Tensor], weight: float,
             worker raises, and no model takes the average in.
     """
     if not weight > 0:
-        raise OocError("model averaging: the partitions have no training nodes in total")
+        raise InvalidValue("model averaging: the partitions have no training nodes in total")
     bad = next((k for k, v in total.items() if not bool(torch.isfinite(v).all())), None)
     if bad is not None:
         from ..training.finite import TrainingDiverged

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ...storage.errors import OocError
 from ..training.checkpoint import (check_dataset, load_checkpoint, model_from_checkpoint,
                                    save_checkpoint)
 from ..training.models import build_model
@@ -28,6 +27,7 @@ from .averaging import (assign_partitions, finish_average, flatten, optimizer_en
 from .comm import Comm
 from .heartbeat import Heartbeat
 from .local_model import LocalModel
+from ...storage.errors import InvalidValue
 
 if TYPE_CHECKING:
     from ...storage.dataset import Dataset
@@ -70,9 +70,9 @@ class AveragingTrainer:
                  sync_every: int = 1, log: Callable[[str], None] = print,
                  optimizer_sync: str = "average", heartbeat: Heartbeat | None = None):
         if sync_every < 1:
-            raise OocError(f"--sync-every must be >= 1, got {sync_every}")
+            raise InvalidValue(f"--sync-every must be >= 1, got {sync_every}")
         if optimizer_sync not in OPTIMIZER_SYNC:
-            raise OocError(f"--optimizer-sync must be one of {', '.join(OPTIMIZER_SYNC)}, "
+            raise InvalidValue(f"--optimizer-sync must be one of {', '.join(OPTIMIZER_SYNC)}, "
                            f"got {optimizer_sync!r}")
         self.optimizer_sync = optimizer_sync
         #: the averaged optimizer state after the last sync (``average`` only)
@@ -97,7 +97,7 @@ class AveragingTrainer:
         for lm in self.local:
             d, full = lm.dataset, self.data
             if d.feature_dim != full.feature_dim or d.num_classes != full.num_classes:
-                raise OocError(f"{lm.path}: partition does not match {full.path} (features "
+                raise InvalidValue(f"{lm.path}: partition does not match {full.path} (features "
                                f"{d.feature_dim} vs {full.feature_dim}, classes "
                                f"{d.num_classes} vs {full.num_classes})")
 
@@ -269,13 +269,13 @@ class AveragingTrainer:
 
     def _check_resumable(self, state: dict[str, Any], path: str | os.PathLike) -> None:
         if dict(state["model_config"]) != dict(self.model.config):
-            raise OocError(f"{path}: checkpoint is for a different model or dataset")
+            raise InvalidValue(f"{path}: checkpoint is for a different model or dataset")
         av = (state.get("extra") or {}).get("averaging")
         if av is None:
-            raise OocError(f"{path}: not a checkpoint of a multi-worker run (no averaging "
+            raise InvalidValue(f"{path}: not a checkpoint of a multi-worker run (no averaging "
                            f"entry); resume it without --workers/--partitions")
         if int(av["partitions"]) != self.parts:
-            raise OocError(f"{path}: the run had {av['partitions']} partitions, not "
+            raise InvalidValue(f"{path}: the run had {av['partitions']} partitions, not "
                            f"{self.parts} (resuming needs the same partitions)")
 
     def _optimizer_from_checkpoint(self, state: dict[str, Any], path: str | os.PathLike
@@ -290,7 +290,7 @@ class AveragingTrainer:
             return optimizer_state(optimizer_entries(
                 {int(i): st for i, st in opt["state"].items()}, params), len(params))
         except (KeyError, TypeError, AttributeError) as e:
-            raise OocError(f"{path}: averaged optimizer state does not load ({e})") from None
+            raise InvalidValue(f"{path}: averaged optimizer state does not load ({e})") from None
 
     def close(self) -> None:
         for lm in self.local:

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ...storage.errors import OocError
 from .environment import dist_timeout_s, env_rank, env_world_size, in_worker
 from .launcher import launch
 from .partitions import (default_partition_dir, ensure_partitions, resolve_partitions,
                          wait_for_partitions)
 from .worker import WorkerRun, run_worker
+from ...storage.errors import InvalidValue
 
 if TYPE_CHECKING:
     from ...storage.dataset import Dataset
@@ -60,13 +60,13 @@ def _check_workers(s: dict[str, Any]) -> int:
     env_world = env_world_size()
     workers = int(s["workers"]) if s.get("workers") is not None else (env_world or 1)
     if workers < 1:
-        raise OocError(f"--workers must be >= 1, got {workers}")
+        raise InvalidValue(f"--workers must be >= 1, got {workers}")
     if env_world is not None and env_world != workers:
-        raise OocError(f"--workers {workers} but WORLD_SIZE={env_world} (torchrun "
+        raise InvalidValue(f"--workers {workers} but WORLD_SIZE={env_world} (torchrun "
                        f"--nproc-per-node x nodes must equal --workers)")
     s["workers"] = workers
     if s.get("sync_every") is None or int(s["sync_every"]) < 1:
-        raise OocError(f"--sync-every must be >= 1, got {s.get('sync_every')}")
+        raise InvalidValue(f"--sync-every must be >= 1, got {s.get('sync_every')}")
     if workers > 1:
         dist_timeout_s()  # a bad OOC_DIST_TIMEOUT: one line here, not one per worker
     return workers
@@ -76,7 +76,7 @@ def _halo_hops(s: dict[str, Any], num_layers: int) -> int:
     """``--halo-hops``, default the model's number of layers."""
     halo = int(s["halo_hops"]) if s.get("halo_hops") is not None else num_layers
     if halo < 1:
-        raise OocError(f"--halo-hops must be >= 1, got {halo}")
+        raise InvalidValue(f"--halo-hops must be >= 1, got {halo}")
     return halo
 
 

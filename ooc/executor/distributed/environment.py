@@ -21,7 +21,7 @@ import math
 import os
 import socket
 
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue
 
 ENV_DIST_TIMEOUT = "OOC_DIST_TIMEOUT"
 DEFAULT_DIST_TIMEOUT_S = 1800.0
@@ -54,7 +54,7 @@ def seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         t = math.nan
     if not (t > 0 and math.isfinite(t)):
-        raise OocError(f"{name}={v!r}: expected a positive number of seconds")
+        raise InvalidValue(f"{name}={v!r}: expected a positive number of seconds")
     return t
 
 

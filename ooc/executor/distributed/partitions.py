@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ...storage.errors import OocError
 from .averaging import DEFAULT_COMPUTE_FRACTION, allocate_partitions, dataset_bytes
+from ...storage.errors import InvalidValue, TimedOut
 
 
 def default_partition_dir(data: str | os.PathLike, parts: int, halo_hops: int = 1) -> Path:
@@ -36,7 +36,7 @@ def resolve_partitions(data: str | os.PathLike, workers: int, parts: int | None,
                             "compute_fraction": frac, "workers": workers}
     if parts is not None:
         if int(parts) < 1:
-            raise OocError(f"--partitions must be >= 1, got {parts}")
+            raise InvalidValue(f"--partitions must be >= 1, got {parts}")
         info["rule"] = "given"
         return int(parts), info
     p = allocate_partitions(s, workers, memory_budget, compute_fraction=frac)
@@ -67,15 +67,15 @@ def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.Pa
         try:
             rec = json.loads(meta.read_text())
         except (OSError, ValueError, RecursionError) as e:
-            raise OocError(f"{meta}: unreadable ({e})") from None
+            raise InvalidValue(f"{meta}: unreadable ({e})") from None
         if not isinstance(rec, dict) or rec.get("p") != parts:
             p = rec.get("p") if isinstance(rec, dict) else None
-            raise OocError(f"{out}: holds {p} partitions, not --partitions {parts}")
+            raise InvalidValue(f"{out}: holds {p} partitions, not --partitions {parts}")
         if _source_fingerprint(out) == open_dataset(data).fingerprint():
             return out
         stale = True  # made from another version of the dataset: partitioned again
     elif out.exists():
-        raise OocError(f"{out}: exists but has no partition.json (not a partition folder)")
+        raise InvalidValue(f"{out}: exists but has no partition.json (not a partition folder)")
 
     t0 = time.perf_counter()
     why = "it changed since " + str(out) + " was made; " if stale else ""
@@ -108,6 +108,6 @@ def wait_for_partitions(part_dir: Path, timeout_s: float, data: str | os.PathLik
     t_end = time.monotonic() + timeout_s
     while _source_fingerprint(part_dir) != want:
         if time.monotonic() > t_end:
-            raise OocError(f"{part_dir}: rank 0 did not write the partitions of {data} within "
+            raise TimedOut(f"{part_dir}: rank 0 did not write the partitions of {data} within "
                            f"{timeout_s:.0f}s")
         time.sleep(0.5)

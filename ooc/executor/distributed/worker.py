@@ -90,7 +90,9 @@ def run_worker(run: WorkerRun) -> int:
                 _write_report(run.report_path, rep)
         return 0
     except OocError as e:
-        raise OocError(f"worker rank {rank}: {e}" if world > 1 else str(e)) from None
+        if world > 1:  # the same class, its message naming the rank
+            e.args = (f"worker rank {rank}: {e}",)
+        raise
     except PeerLost as e:
         print(f"ooc: worker rank {rank}: {e}", file=sys.stderr, flush=True)
         return PEER_LOST_RC

@@ -110,7 +110,6 @@ import torch
 
 from ...memory import trim_malloc
 from ...storage.dataset import Dataset, open_dataset
-from ...storage.errors import OocError
 from ..cache.chunk_cache import POLICIES
 from .blocks import CacheSettings, Chunking
 from .local_graph import Topology
@@ -120,6 +119,7 @@ from .order import ORDERS, compute_order, order_digest, rows_and_nodes
 from .runner import Run, run_layer
 from .store import (PROGRESS_FILE, Progress, locked_partial, not_replaceable, open_group, seal,
                     partial_path, predictions, read_embeddings, read_progress, swap_in)
+from ...storage.errors import IOFailure, InvalidValue, OocError, OutputExists
 
 #: the public names (the pieces' own modules hold the rest)
 __all__ = ["layerwise_inference", "check_options", "compute_order", "read_embeddings",
@@ -147,7 +147,7 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
         return f, f"direct ({f.backend})"
     except (OocError, ValueError) as e:
         if kind != "auto":
-            raise OocError(f"direct feature reader unavailable: {e}") from None
+            raise InvalidValue(f"direct feature reader unavailable: {e}") from None
     return dataset.features, "mmap"
 
 
@@ -161,7 +161,7 @@ def check_options(budget: int, chunk_rows: int, block_rows: int | None,
     check_range("--block-rows", block_rows, 1, None, integer=True)
     check_range("cache_chunks", cache_chunks, 0, None, integer=True)
     if policy not in POLICIES:
-        raise OocError(f"unknown cache policy {policy!r} (choose one of {', '.join(POLICIES)})")
+        raise InvalidValue(f"unknown cache policy {policy!r} (choose one of {', '.join(POLICIES)})")
 
 
 @dataclass
@@ -284,11 +284,11 @@ def _is_finished(job: Job, overwrite: bool) -> bool:
         return True
     why = not_replaceable(out)
     if not overwrite:
-        raise OocError(f"{out}: already exists and is not a finished run of this model, "
+        raise OutputExists(f"{out}: already exists and is not a finished run of this model, "
                        "dataset, order and chunk size (pass overwrite=True / --overwrite "
                        "to replace it)")
     if why:
-        raise OocError(f"{out}: {why}; --overwrite replaces only an ooc.infer output")
+        raise OutputExists(f"{out}: {why}; --overwrite replaces only an ooc.infer output")
     return False
 
 
@@ -301,12 +301,14 @@ def _write_partial(job: Job) -> dict:
     with exclusive(job.out, "inference output"), locked_partial(work):
         try:
             return _infer_into(work, job)
+        except OocError:
+            raise
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 shutil.rmtree(work, ignore_errors=True)
-                raise OocError(f"{e.filename or work}: no space left on the device; the "
+                raise IOFailure(f"{e.filename or work}: no space left on the device; the "
                                f"partial output {work} was removed") from None
-            raise OocError(f"{e.filename or work}: {e.strerror or e} (the partial output "
+            raise IOFailure(f"{e.filename or work}: {e.strerror or e} (the partial output "
                            f"stays in {work}; the same command resumes)") from None
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from ...storage.errors import OocError
+from ...storage.errors import BudgetError
 
 MiB = 1 << 20
 #: Memory kept free for allocator slack, Zarr codecs and torch temporaries.
@@ -72,7 +72,7 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
     in_chunk_bytes = chunk_rows * d_in * 4
     avail = budget - rss - 2 * out_chunk_bytes - SAFETY_BYTES
     if avail <= 0:
-        raise OocError(f"memory budget {budget / MiB:.0f} MiB is too small: the process already "
+        raise BudgetError(f"memory budget {budget / MiB:.0f} MiB is too small: the process already "
                        f"holds {rss / MiB:.0f} MiB and an output chunk needs "
                        f"{out_chunk_bytes / MiB:.1f} MiB (raise --memory-budget or lower --chunk-rows)")
     if not cached:

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue
 
 LayerFn = Callable[[int, Tensor, Tensor, "Tensor | None"], Tensor]
 
@@ -101,7 +101,7 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
                               targets_only=isinstance(model, GNN))
     if isinstance(model, BasicGNN):
         return _stock(model)
-    raise OocError("the model does not follow the layer-wise protocol "
+    raise InvalidValue("the model does not follow the layer-wise protocol "
                    "(needs num_layers and layer(l, x, edge_index, edge_weight)) and is not a "
                    "stock PyG BasicGNN (GraphSAGE, GCN, GAT, GIN, EdgeCNN, PNA)")
 
@@ -111,12 +111,12 @@ def _stock(model) -> LayerwiseModel:
     """A stock PyG ``BasicGNN`` run layer by layer (see the module docstring)."""
     name = type(model).__name__
     if model.jk_mode is not None or hasattr(model, "lin"):
-        raise OocError(f"{name}(jk={model.jk_mode!r}): jumping knowledge combines every "
+        raise InvalidValue(f"{name}(jk={model.jk_mode!r}): jumping knowledge combines every "
                        "layer's output; layer-wise inference runs one layer at a time")
     for l in range(model.num_layers - 1):
         why = _norm_problem(model.norms[l])
         if why:
-            raise OocError(f"{name}: norms[{l}] {why}; layer-wise inference supports "
+            raise InvalidValue(f"{name}: norms[{l}] {why}; layer-wise inference supports "
                            "BatchNorm with running statistics, LayerNorm(mode='node') or none")
     gcn = _gcn_normalises(model)
     model.eval()
@@ -150,13 +150,13 @@ def _gcn_normalises(model) -> bool:
         return False
     norm = {bool(c.normalize) for c in convs}
     if len(convs) != len(model.convs) or len(norm) != 1:
-        raise OocError(f"{type(model).__name__}: GCN convolutions mixed with others or with "
+        raise InvalidValue(f"{type(model).__name__}: GCN convolutions mixed with others or with "
                        "and without normalize; layer-wise inference needs one kind")
     if not norm.pop():
         return False  # a plain sum over in-edges: exact on the local graph as it is
     for c in convs:
         if c.improved or not c.add_self_loops:
-            raise OocError(f"{type(model).__name__}: GCNConv(improved={c.improved}, "
+            raise InvalidValue(f"{type(model).__name__}: GCNConv(improved={c.improved}, "
                            f"add_self_loops={c.add_self_loops}) is not supported layer-wise "
                            "(full-graph weights are computed for improved=False with self loops)")
     return True

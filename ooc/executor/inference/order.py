@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...storage.dataset import Dataset
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue, NotFound
 
 ORDERS = ("auto", "natural", "pds", "degree", "locality")
 #: ``auto`` orders a graph of at least this many nodes by locality when it has no partitioning.
@@ -37,12 +37,12 @@ def _load_owner(path: str | os.PathLike) -> np.ndarray:
     try:
         owner = np.load(path, allow_pickle=False)
     except FileNotFoundError:
-        raise OocError(f"{path}: not found") from None
+        raise NotFound(f"{path}: not found") from None
     except (ValueError, OSError, EOFError):
-        raise OocError(f"{path}: not a partition assignment (an .npy of integers, one per node, "
+        raise InvalidValue(f"{path}: not a partition assignment (an .npy of integers, one per node, "
                        f"as `python -m ooc.partition` writes owner.npy)") from None
     if owner.dtype.kind not in "iu":
-        raise OocError(f"{path}: partition assignment has dtype {owner.dtype}; expected integers")
+        raise InvalidValue(f"{path}: partition assignment has dtype {owner.dtype}; expected integers")
     return owner
 
 
@@ -62,7 +62,7 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
         order = "pds" if owner is not None else (
             "locality" if dataset.num_nodes >= AUTO_LOCALITY_NODES else "natural")
     if order not in ORDERS:
-        raise OocError(f"unknown order {order!r} (choose one of {', '.join(ORDERS)} "
+        raise InvalidValue(f"unknown order {order!r} (choose one of {', '.join(ORDERS)} "
                        "or pass a partition assignment array)")
     if order == "natural":
         return None, "natural"
@@ -74,11 +74,11 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     if order == "degree":
         return np.argsort(-deg, kind="stable").astype(np.int64), "degree"
     if owner is None:
-        raise OocError("order 'pds' needs a partitioning: pass partition= (owner.npy from "
+        raise InvalidValue("order 'pds' needs a partitioning: pass partition= (owner.npy from "
                        "`python -m ooc.partition`) or put owner.npy in the dataset folder")
     owner = np.asarray(owner).reshape(-1)
     if owner.shape[0] != dataset.num_nodes:
-        raise OocError(f"partition assignment has {owner.shape[0]} entries, the graph "
+        raise InvalidValue(f"partition assignment has {owner.shape[0]} entries, the graph "
                        f"{dataset.num_nodes} nodes")
     return np.lexsort((-deg, owner)).astype(np.int64), "pds"
 

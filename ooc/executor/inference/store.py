@@ -20,7 +20,7 @@ import numpy as np
 
 from ...storage.atomic import write_json
 from ...storage.dataset import Dataset
-from ...storage.errors import OocError
+from ...storage.errors import IOFailure, InvalidValue, OutputBusy
 
 PROGRESS_FILE = "progress.json"
 
@@ -252,22 +252,22 @@ def locked_partial(work: Path):
 
     try:
         if work.is_symlink():
-            raise OocError(f"{work}: is a symlink where ooc.infer keeps its partial output; "
+            raise InvalidValue(f"{work}: is a symlink where ooc.infer keeps its partial output; "
                            f"remove it or choose another --out")
         work.mkdir(parents=True, exist_ok=True)
         if not made_by_ooc(work, "output"):
             if any(work.iterdir()):
-                raise OocError(f"{work}: holds files ooc.infer did not write (no ownership "
+                raise InvalidValue(f"{work}: holds files ooc.infer did not write (no ownership "
                                f"marker); remove it or choose another --out")
             mark(work, "output")
         fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
-        raise OocError(f"{work}: cannot create the output folder ({e.strerror or e})") from None
+        raise IOFailure(f"{work}: cannot create the output folder ({e.strerror or e})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise OocError(f"{work}: another ooc.infer is writing this output") from None
+            raise OutputBusy(f"{work}: another ooc.infer is writing this output") from None
         yield fd
     finally:
         with contextlib.suppress(OSError):

@@ -26,8 +26,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from ...storage.errors import OocError
 from .batch import to_data
+from ...storage.errors import IdOutOfRange, InvalidValue
 
 SPLITS = ("train", "val", "test")
 
@@ -43,21 +43,21 @@ def resolve_input_nodes(dataset, input_nodes) -> np.ndarray:
         return np.arange(n, dtype=np.int64)
     if isinstance(input_nodes, str):
         if input_nodes not in SPLITS:
-            raise OocError(f"input_nodes {input_nodes!r}: expected one of {', '.join(SPLITS)}, "
+            raise InvalidValue(f"input_nodes {input_nodes!r}: expected one of {', '.join(SPLITS)}, "
                            f"an array of node ids, or None (all nodes)")
         return np.asarray(getattr(dataset, f"{input_nodes}_idx"), dtype=np.int64)
     ids = np.asarray(input_nodes.cpu().numpy() if hasattr(input_nodes, "cpu") else input_nodes)
     if ids.dtype == bool:
         if ids.shape != (n,):
-            raise OocError(f"input_nodes: a boolean mask needs shape ({n},), got {ids.shape}")
+            raise InvalidValue(f"input_nodes: a boolean mask needs shape ({n},), got {ids.shape}")
         return np.flatnonzero(ids).astype(np.int64)
     if ids.ndim != 1 or (ids.size and not np.issubdtype(ids.dtype, np.integer)):
-        raise OocError(f"input_nodes: expected a 1-D array of integer node ids, got shape "
+        raise InvalidValue(f"input_nodes: expected a 1-D array of integer node ids, got shape "
                        f"{ids.shape} of {ids.dtype}")
     ids = ids.astype(np.int64, copy=False)
     if ids.size and (ids.min() < 0 or ids.max() >= n):
         bad = ids[(ids < 0) | (ids >= n)][0]
-        raise OocError(f"input_nodes: node id {bad} out of range [0, {n})")
+        raise IdOutOfRange(f"input_nodes: node id {bad} out of range [0, {n})")
     return ids
 
 
@@ -67,20 +67,20 @@ def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> 
 
     resolve_preset(preset)
     if isinstance(num_neighbors, dict):
-        raise OocError("num_neighbors as a dict (per edge type) is for heterogeneous graphs, "
+        raise InvalidValue("num_neighbors as a dict (per edge type) is for heterogeneous graphs, "
                        "which ooc does not support: give one list, e.g. [10, 10]")
     if isinstance(num_neighbors, (str, bytes)) or not hasattr(num_neighbors, "__iter__"):
-        raise OocError(f"num_neighbors {num_neighbors!r}: a list with one int per layer, as in "
+        raise InvalidValue(f"num_neighbors {num_neighbors!r}: a list with one int per layer, as in "
                        f"PyG, e.g. [10, 10]")
     values = list(num_neighbors)
     whole = all((isinstance(f, (int, np.integer)) and not isinstance(f, bool))
                 or (isinstance(f, float) and f.is_integer()) for f in values)
     fanouts = [int(f) for f in values] if whole else []
     if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-        raise OocError(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
+        raise InvalidValue(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
                        f"> 0 or -1 (all)")
     if int(batch_size) < 1:
-        raise OocError(f"batch_size must be >= 1, got {batch_size}")
+        raise InvalidValue(f"batch_size must be >= 1, got {batch_size}")
     return fanouts
 
 
@@ -143,7 +143,7 @@ class NodeLoader:
         try:
             opts = ModeOptions(io_backend=io_backend, memory_budget=memory_budget, **options)
         except TypeError as e:
-            raise OocError(f"NodeLoader: {e}") from None
+            raise InvalidValue(f"NodeLoader: {e}") from None
         self.dataset = dataset
         self.seeds = resolve_input_nodes(dataset, input_nodes)
         self.preset = resolve_preset(preset)
@@ -173,7 +173,7 @@ class NodeLoader:
     def set_epoch(self, epoch: int) -> None:
         """The epoch (>= 1) the next ``iter()`` runs; it decides the order and samples."""
         if int(epoch) < 1:
-            raise ValueError(f"epoch must be >= 1, got {epoch}")
+            raise InvalidValue(f"epoch must be >= 1, got {epoch}")
         self._next_epoch = int(epoch)
 
     @property
@@ -183,7 +183,7 @@ class NodeLoader:
 
     def __iter__(self) -> Iterator[Any]:
         if not self._finalizer.alive:
-            raise OocError("NodeLoader is closed")
+            raise InvalidValue("NodeLoader is closed")
         epoch = self._next_epoch
         self._next_epoch += 1
         return self._epoch(epoch)
@@ -193,7 +193,7 @@ class NodeLoader:
         batches = self._stack.train.batches(epoch)
         while True:
             if not self._finalizer.alive:  # an iterator kept past close()
-                raise OocError("NodeLoader is closed")
+                raise InvalidValue("NodeLoader is closed")
             try:
                 batch, rows = next(batches)
             except StopIteration:

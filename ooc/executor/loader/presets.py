@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...storage.errors import OocError
 from ..cache.policies import BeladyCache, CachePolicy, NoCache, StaticCache
 from .readers import DirectReaders, MmapReaders, Readers
+from ...storage.errors import InvalidValue
 
 
 @dataclass(frozen=True)
@@ -65,5 +65,5 @@ def resolve_preset(preset: "str | Preset | CachePolicy") -> Preset:
         return Preset(preset.name, DirectReaders(), preset)
     if isinstance(preset, str) and preset in PRESETS:
         return PRESETS[preset]
-    raise OocError(f"unknown preset {preset!r} (choose one of {', '.join(PRESETS)}, "
+    raise InvalidValue(f"unknown preset {preset!r} (choose one of {', '.join(PRESETS)}, "
                    f"or pass a cache policy object)")

@@ -39,12 +39,12 @@ import numpy as np
 from ...inspector.neighbors import CachedNeighbors
 from ...inspector.sampler import NeighborSampler, derive_seed, epoch_batches
 from ...storage.atomic import pid_alive
-from ...storage.errors import OocError
 from ...storage.pagecache import release_mapped
 from ..cache.feature_cache import FeatureCache
 from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
 from .presets import Preset, resolve_preset
 from .readers import Sources, TimedFeature
+from ...storage.errors import IOFailure, InvalidValue
 
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
@@ -86,18 +86,18 @@ class ModeOptions:
         try:
             check_choice(self.io_backend)
         except ValueError as e:
-            raise OocError(f"--io-backend: {e}") from None
+            raise InvalidValue(f"--io-backend: {e}") from None
         for name in ("queue_depth", "io_threads"):
             if int(getattr(self, name)) < 1:
-                raise OocError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise InvalidValue(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.superbatch_size is not None and self.superbatch_size < 1:
-            raise OocError(f"--superbatch-size must be >= 1, got {self.superbatch_size}")
+            raise InvalidValue(f"--superbatch-size must be >= 1, got {self.superbatch_size}")
         for name in ("feature_cache_size", "neighbor_cache_size"):
             v = getattr(self, name)
             if v is not None and v < 0:
-                raise OocError(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+                raise InvalidValue(f"--{name.replace('_', '-')} must be >= 0, got {v}")
         if self.runtime_disk_budget < 1:
-            raise OocError(f"--runtime-disk-budget must be positive, got {self.runtime_disk_budget}")
+            raise InvalidValue(f"--runtime-disk-budget must be positive, got {self.runtime_disk_budget}")
 
 
 @dataclass
@@ -335,7 +335,7 @@ def runtime_folder(parent: Path) -> tuple[Path, Callable[[], None]]:
         rt = Path(tempfile.mkdtemp(prefix=f"run{os.getpid()}-", dir=parent))
         mark(rt, "runtime")
     except OSError as e:
-        raise OocError(f"{parent}: cannot create the runtime folder ({e.strerror or e})") from None
+        raise IOFailure(f"{parent}: cannot create the runtime folder ({e.strerror or e})") from None
 
     def remove() -> None:
         shutil.rmtree(rt, ignore_errors=True)

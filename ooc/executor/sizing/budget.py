@@ -75,8 +75,8 @@ from ...memory import anon_rss_bytes, trim_malloc
 from ...memory import current_rss_bytes as rss_bytes
 from ...memory import peak_rss_bytes as hwm_bytes
 from ...memory import reset_peak_rss as reset_hwm
-from ...storage.errors import OocError
 from ..loader.pipelines import PREFETCH
+from ...storage.errors import BudgetError
 
 MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
@@ -356,7 +356,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
                       step_estimate=probe["step_estimate"])
     free = budget - working - reserve
     if free < extra:
-        raise OocError(f"--memory-budget {_fmt(budget)} is below what mode {preset.name} needs: "
+        raise BudgetError(f"--memory-budget {_fmt(budget)} is below what mode {preset.name} needs: "
                        f"{_fmt(working)} working memory"
                        + (f" + {_fmt(extra)} of requested caches" if extra else "")
                        + f" + {_fmt(reserve)} reserve; {probe['too_large']}the smallest budget "

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ...storage.errors import OocError
+from ...storage.errors import IOFailure
 
 
 def _fmt(n: float) -> str:
@@ -73,7 +73,7 @@ def plot_curves(report: dict[str, Any], path: str | os.PathLike) -> Path:
         fig.savefig(tmp, dpi=110)
         os.replace(tmp, out)
     except OSError as e:
-        raise OocError(f"{out}: cannot write the plot ({e.strerror or e})") from None
+        raise IOFailure(f"{out}: cannot write the plot ({e.strerror or e})") from None
     finally:
         plt.close(fig)
     return out

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...storage.errors import OocError
+from ...storage.errors import IOFailure, InvalidValue, NotFound
 
 #: Cache sizes of the miss-ratio curves, as fractions of the feature table.
 CURVE_FRACTIONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
@@ -111,28 +112,28 @@ def load_sizes(path: str | os.PathLike, dataset=None) -> dict[str, Any]:
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:
-        raise OocError(f"{p}: sizes file not found") from None
+        raise NotFound(f"{p}: sizes file not found") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise OocError(f"{p}: cannot read sizes file ({getattr(e, 'strerror', None) or e})") \
+        raise IOFailure(f"{p}: cannot read sizes file ({getattr(e, 'strerror', None) or e})") \
             from None
     except json.JSONDecodeError as e:
-        raise OocError(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
+        raise InvalidValue(f"{p}: not JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
-        raise OocError(f"{p}: nested too deeply to be a sizes file") from None
+        raise InvalidValue(f"{p}: nested too deeply to be a sizes file") from None
     s = doc.get("sizes", doc) if isinstance(doc, dict) else None
     if not isinstance(s, dict) or s.get("version") != SIZES_VERSION:
-        raise OocError(f"{p}: not a sizes file of tools/size_caches.py (no 'sizes' block of "
+        raise InvalidValue(f"{p}: not a sizes file of tools/size_caches.py (no 'sizes' block of "
                        f"version {SIZES_VERSION})")
     for key in ("feature_cache_size", "neighbor_cache_size"):
         v = s.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise OocError(f"{p}: sizes.{key} must be a non-negative integer, got {v!r}")
+            raise InvalidValue(f"{p}: sizes.{key} must be a non-negative integer, got {v!r}")
     sb = s.get("superbatch_size")
     if sb is not None and (not isinstance(sb, int) or isinstance(sb, bool) or sb < 1):
-        raise OocError(f"{p}: sizes.superbatch_size must be a positive integer, got {sb!r}")
+        raise InvalidValue(f"{p}: sizes.superbatch_size must be a positive integer, got {sb!r}")
     ds = s.get("dataset") or {}
     if dataset is not None and ds.get("num_nodes") not in (None, dataset.num_nodes):
-        raise OocError(f"{p}: sizes were profiled on a dataset of {ds.get('num_nodes'):,} nodes; "
+        raise InvalidValue(f"{p}: sizes were profiled on a dataset of {ds.get('num_nodes'):,} nodes; "
                        f"{dataset.path} has {dataset.num_nodes:,}")
     return s
 

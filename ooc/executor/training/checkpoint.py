@@ -39,13 +39,14 @@ import torch
 from ...storage.atomic import atomic_file
 from ...storage.errors import OocError
 from .models import GNN, build_model
+from ...storage.errors import IOFailure
 
 CHECKPOINT_FORMAT = "ooc-checkpoint"
 CHECKPOINT_VERSION = 1
 _NAME = re.compile(r"^epoch_(\d+)\.pt$")
 
 
-class CheckpointError(OocError):
+class CheckpointError(OocError, ValueError):
     """A checkpoint file or folder is missing, foreign or unusable."""
 
 
@@ -202,7 +203,7 @@ def save_checkpoint(directory: str | os.PathLike, epoch: int, model: GNN,
         with atomic_file(path, "wb") as f:
             f.write(buf.getbuffer())
     except OSError as e:
-        raise OocError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
+        raise IOFailure(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
     return path
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue
 
 
 @dataclass
@@ -44,7 +44,7 @@ class TrainConfig:
         from ...cli import check_range
 
         if not self.fanouts or any((f == 0 or f < -1) for f in self.fanouts):
-            raise OocError(f"bad fanouts {self.fanouts}: need one per layer, each > 0 or -1 (all)")
+            raise InvalidValue(f"bad fanouts {self.fanouts}: need one per layer, each > 0 or -1 (all)")
         for name, option, lo, hi in LIMITS:
             check_range(option, getattr(self, name), lo, hi, integer=True)
         check_range("--lr", self.lr, 0, None, lo_open=True)

@@ -28,7 +28,7 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import trim_to_layer
 
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue
 
 MODEL_KINDS = ("sage", "gcn", "gat")
 
@@ -50,15 +50,15 @@ class GNN(torch.nn.Module):
                  dropout: float = 0.5, heads: int = 4):
         super().__init__()
         if kind not in MODEL_KINDS:
-            raise OocError(f"unknown model {kind!r} (choose one of {', '.join(MODEL_KINDS)})")
+            raise InvalidValue(f"unknown model {kind!r} (choose one of {', '.join(MODEL_KINDS)})")
         if num_layers < 1:
-            raise OocError(f"a model needs at least one layer, got num_layers={num_layers}")
+            raise InvalidValue(f"a model needs at least one layer, got num_layers={num_layers}")
         if min(in_dim, hidden, out_dim) < 1:
-            raise OocError(f"bad model sizes: in_dim={in_dim}, hidden={hidden}, out_dim={out_dim}")
+            raise InvalidValue(f"bad model sizes: in_dim={in_dim}, hidden={hidden}, out_dim={out_dim}")
         if not 0.0 <= dropout < 1.0:
-            raise OocError(f"dropout must be in [0, 1), got {dropout}")
+            raise InvalidValue(f"dropout must be in [0, 1), got {dropout}")
         if heads < 1:
-            raise OocError(f"heads must be >= 1, got {heads}")
+            raise InvalidValue(f"heads must be >= 1, got {heads}")
         self.kind = kind
         self.num_layers = int(num_layers)
         self.dropout = float(dropout)

@@ -29,7 +29,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ...memory import peak_rss_bytes
-from ...storage.errors import OocError
 from ..loader.batch import to_data
 from .checkpoint import (check_dataset, describe_model, load_checkpoint, save_checkpoint,
                          set_rng_state)
@@ -37,6 +36,7 @@ from .config import LIMITS, TrainConfig  # noqa: F401  (re-exported from here to
 from .finite import NonFiniteLoss, TrainingDiverged, UpdateWatch, check_step  # noqa: F401
 from .models import GNN, build_model  # noqa: F401  (GNN: the docstrings' model class)
 from .step import default_loss, eval_forward, model_call, train_step  # noqa: F401
+from ...storage.errors import InvalidValue
 
 #: Stages timed in every epoch (seconds); modes may add more.
 STAGES = ("sample", "gather", "transfer", "compute")
@@ -51,11 +51,11 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise OocError("--device cuda: CUDA is not available on this machine (use cpu or auto)")
+        raise InvalidValue("--device cuda: CUDA is not available on this machine (use cpu or auto)")
     try:
         return torch.device(device)
     except RuntimeError:
-        raise OocError(f"unknown device {device!r} (use auto, cpu or cuda)") from None
+        raise InvalidValue(f"unknown device {device!r} (use auto, cpu or cuda)") from None
 
 
 def epoch_torch_seed(seed: int, epoch: int) -> int:
@@ -119,16 +119,16 @@ class Trainer:
         self.device = resolve_device(config.device)
         self.log = log or (lambda msg: tqdm.write(msg, file=sys.stdout))
         if dataset.num_classes < 1:
-            raise OocError(f"{dataset.path}: dataset has no labels (num_classes is 0)")
+            raise InvalidValue(f"{dataset.path}: dataset has no labels (num_classes is 0)")
         if len(dataset.train_idx) == 0 and not allow_empty_train:
-            raise OocError(f"{dataset.path}: dataset has an empty training split")
+            raise InvalidValue(f"{dataset.path}: dataset has an empty training split")
         torch.manual_seed(config.seed)
         if model is None:
             model = build_model(config.model, dataset.feature_dim, config.hidden,
                                 dataset.num_classes, config.num_layers,
                                 dropout=config.dropout, heads=config.heads)
         elif not isinstance(model, torch.nn.Module):
-            raise OocError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+            raise InvalidValue(f"model must be a torch.nn.Module, not {type(model).__name__}")
         self.model: torch.nn.Module = model.to(self.device)
         self._call = model_call(self.model)
         self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(
@@ -173,7 +173,7 @@ class Trainer:
     # -- epochs --------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise OocError("Trainer is closed: its readers are released (make a new Trainer, "
+            raise InvalidValue("Trainer is closed: its readers are released (make a new Trainer, "
                            "or call fit() inside its `with` block)")
 
     def train_epoch(self) -> dict[str, Any]:
@@ -372,17 +372,17 @@ class Trainer:
             diff = ", ".join(f"{k}={theirs.get(k)!r} (now {mine.get(k)!r})"
                              for k in sorted(set(mine) | set(theirs))
                              if theirs.get(k) != mine.get(k))
-            raise OocError(f"{path}: checkpoint is for a different model or dataset: {diff}")
+            raise InvalidValue(f"{path}: checkpoint is for a different model or dataset: {diff}")
         try:
             self.model.load_state_dict(state["model_state"])
         except RuntimeError as e:
-            raise OocError(f"{path}: model weights do not load "
+            raise InvalidValue(f"{path}: model weights do not load "
                            f"({str(e).splitlines()[0][:200]})") from None
         if state.get("optimizer_state") is not None:
             try:
                 self.optimizer.load_state_dict(state["optimizer_state"])
             except (ValueError, KeyError, RuntimeError, TypeError, AttributeError) as e:
-                raise OocError(f"{path}: optimizer state does not load ({e})") from None
+                raise InvalidValue(f"{path}: optimizer state does not load ({e})") from None
         self.epoch = int(state["epoch"])
         self.history = list(state.get("history") or [])
         if state.get("rng"):

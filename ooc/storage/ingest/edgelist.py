@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
-from ..errors import OocError
+from ..errors import InvalidValue, OocError
 from ..layout import FeatureLayout, index_dtype, padded_bytes
 from ..atomic import replace_refusal
 from ..writer import DatasetWriter
@@ -322,7 +322,7 @@ def open_edges(path, fmt: str = "auto", header: bool = False) -> EdgeSource:
     """The edge source for ``path`` in ``fmt`` (``auto`` sniffs the file)."""
     path = check_input(path)
     if fmt not in EDGE_FORMATS:
-        raise OocError(f"unknown edge format {fmt!r} (one of {', '.join(EDGE_FORMATS)})")
+        raise InvalidValue(f"unknown edge format {fmt!r} (one of {', '.join(EDGE_FORMATS)})")
     if fmt == "auto":
         with open(path, "rb") as f:
             head = f.read(4096)
@@ -505,7 +505,7 @@ class FeatureSink:
     def write(self, start: int, rows: np.ndarray) -> None:
         lay = self.layout
         if lay.rows_per_page and start % lay.rows_per_page:
-            raise ValueError("feature chunks must start at a page boundary")
+            raise InvalidValue("feature chunks must start at a page boundary")
         local = FeatureLayout(rows.shape[0], lay.dim, lay.dtype)
         buf = np.zeros(local.file_bytes, dtype=np.uint8)
         view = local.view(buf)
@@ -610,7 +610,7 @@ def labelled_split(labels: np.ndarray, train: float, val: float, seed: int) -> l
     """The labelled nodes (``labels >= 0``) in a seeded random order, cut into train
     (``train`` of them), validation (``val``) and test (the rest); int64 ids, sorted."""
     if not (0 <= train and 0 <= val and train + val <= 1):
-        raise OocError(f"split fractions must be >= 0 and sum to at most 1, got {train}, {val}")
+        raise InvalidValue(f"split fractions must be >= 0 and sum to at most 1, got {train}, {val}")
     ids = np.flatnonzero(labels >= 0)
     ids = ids[np.random.default_rng(seed).permutation(ids.shape[0])]
     a, b = int(round(train * ids.shape[0])), int(round((train + val) * ids.shape[0]))
@@ -652,7 +652,7 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
     n_hint = num_nodes if num_nodes is not None else (feat.shape[0] if feat is not None else -1)
     if num_nodes is not None:
         if num_nodes < 1:
-            raise OocError(f"--num-nodes must be at least 1, got {num_nodes}")
+            raise InvalidValue(f"--num-nodes must be at least 1, got {num_nodes}")
         L.check_node_count(num_nodes, f"--num-nodes {num_nodes}")
     elif feat is not None:
         L.check_node_count(int(n_hint), f"{feat.path} ({n_hint} rows)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import OocError
+from ..errors import InvalidValue
 
 BYTES_PER_NODE = 32
 #: Largest ids up to this many nodes are always accepted without --num-nodes
@@ -91,7 +91,7 @@ def check_node_count(num_nodes: int, what: str) -> None:
     """
     limit = memory_node_limit()
     if num_nodes > limit:
-        raise OocError(f"{what}: {num_nodes} nodes need about {_gib(num_nodes * BYTES_PER_NODE)} "
+        raise InvalidValue(f"{what}: {num_nodes} nodes need about {_gib(num_nodes * BYTES_PER_NODE)} "
                        f"of memory to ingest, more than the {_gib(limit * BYTES_PER_NODE)} "
                        f"available (three quarters of free memory)")
 

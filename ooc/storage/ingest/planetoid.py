@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import OocError
 from ..writer import DatasetWriter, csc_from_edges
 from .edgelist import check_out
+from ..errors import InvalidValue, NotFound
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 SUFFIXES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -38,13 +39,13 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
     t0 = time.perf_counter()
     out = check_out(out, overwrite, (root,))
     if name.lower() not in NAMES:
-        raise OocError(f"unknown Planetoid dataset {name!r} (one of Cora, CiteSeer, PubMed)")
+        raise InvalidValue(f"unknown Planetoid dataset {name!r} (one of Cora, CiteSeer, PubMed)")
     folder = raw_dir(root, name)
     prefix = name.lower()
     for suf in SUFFIXES:
         p = folder / f"ind.{prefix}.{suf}"
         if not p.is_file():
-            raise OocError(f"{p}: not found (expected PyG Planetoid raw files in {folder})")
+            raise NotFound(f"{p}: not found (expected PyG Planetoid raw files in {folder})")
     try:
         from torch_geometric.io.planetoid import read_planetoid_data
 
@@ -53,7 +54,7 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
         raise
     except Exception as e:  # pickle/numpy errors from truncated or foreign files
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise OocError(f"{folder}/ind.{prefix}.*: cannot read Planetoid raw files "
+        raise InvalidValue(f"{folder}/ind.{prefix}.*: cannot read Planetoid raw files "
                        f"({type(e).__name__}: {msg})") from None
     x = data.x.numpy().astype(np.float32, copy=False)
     y = data.y.numpy().astype(np.int64)

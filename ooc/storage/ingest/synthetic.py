@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM
-from ..errors import OocError
 from ..layout import FEATURE_DTYPES
 from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
 from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, _progress, check_out,
                        count_pass, scatter_passes)
+from ..errors import InvalidValue
 
 #: R-MAT quadrant probabilities (a, b, c; d = 1 - a - b - c).
 RMAT = (0.45, 0.22, 0.22)
@@ -83,7 +83,7 @@ def communities_of(nodes: int, classes: int, community_size: int | None) -> int:
     if community_size is None:
         return classes
     if not 1 <= community_size <= nodes:
-        raise OocError(f"--community-size must be in [1, nodes], got {community_size}")
+        raise InvalidValue(f"--community-size must be in [1, nodes], got {community_size}")
     return max(classes, -(-nodes // community_size))
 
 
@@ -118,31 +118,31 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                     ("--val-fraction", val_fraction), ("--test-fraction", test_fraction),
                     ("--p-in", p_in), ("--noise", noise), ("signal", signal)):
         if v is not None and not math.isfinite(v):
-            raise OocError(f"{flag} must be a finite number, got {v}")
+            raise InvalidValue(f"{flag} must be a finite number, got {v}")
     if nodes < 2:
-        raise OocError(f"--nodes must be at least 2, got {nodes}")
+        raise InvalidValue(f"--nodes must be at least 2, got {nodes}")
     L.check_node_count(nodes, f"--nodes {nodes}")
     if classes < 1 or classes > min(nodes, MAX_CLASSES):
-        raise OocError(f"--classes must be in [1, min(nodes, {MAX_CLASSES})], got {classes}")
+        raise InvalidValue(f"--classes must be in [1, min(nodes, {MAX_CLASSES})], got {classes}")
     if not 0 < avg_degree <= nodes:
-        raise OocError(f"--avg-degree must be in (0, nodes], got {avg_degree}")
+        raise InvalidValue(f"--avg-degree must be in (0, nodes], got {avg_degree}")
     if not 1 <= feature_dim <= MAX_FEATURE_DIM:
-        raise OocError(f"--feature-dim must be in [1, {MAX_FEATURE_DIM}], got {feature_dim}")
+        raise InvalidValue(f"--feature-dim must be in [1, {MAX_FEATURE_DIM}], got {feature_dim}")
     if dtype not in FEATURE_DTYPES:
-        raise OocError(f"--dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
+        raise InvalidValue(f"--dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
     if not 0 <= seed < 2**63:
-        raise OocError(f"--seed must be in [0, 2**63), got {seed}")
+        raise InvalidValue(f"--seed must be in [0, 2**63), got {seed}")
     if noise is not None and noise < 0:
-        raise OocError(f"--noise must be >= 0, got {noise}")
+        raise InvalidValue(f"--noise must be >= 0, got {noise}")
     if signal < 0:
-        raise OocError(f"signal must be >= 0, got {signal}")
+        raise InvalidValue(f"signal must be >= 0, got {signal}")
     if test_fraction is None:
         test_fraction = max(0.0, 1.0 - train_fraction - val_fraction)
     fr = (train_fraction, val_fraction, test_fraction)
     if min(fr) < 0 or sum(fr) > 1 + 1e-9:
-        raise OocError(f"split fractions must be >= 0 and sum to at most 1, got {fr}")
+        raise InvalidValue(f"split fractions must be >= 0 and sum to at most 1, got {fr}")
     if not 0 <= p_in <= 1:
-        raise OocError(f"--p-in must be in [0, 1], got {p_in}")
+        raise InvalidValue(f"--p-in must be in [0, 1], got {p_in}")
     communities = communities_of(nodes, classes, community_size)
     out = check_out(out, overwrite)
     if noise is None:
