@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 
 @runtime_checkable
@@ -45,7 +46,7 @@ def counters(feature) -> dict:
     return dict(s) if isinstance(s, dict) else dict(vars(s))
 
 
-def check_out(out: np.ndarray | None, n: int, dim: int, dtype: np.dtype, what: str) -> np.ndarray:
+def check_out(out: np.ndarray | None, n: int, dim: int, dtype: DTypeLike, what: str) -> np.ndarray:
     """``out`` checked against [n, dim] of ``dtype`` (C-contiguous), or a new array.
 
     Raises:
