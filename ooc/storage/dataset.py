@@ -81,7 +81,7 @@ def meta_checksum(meta: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def index_range_error(path: Path, position: int, value: int, num_nodes: int) -> DatasetError:
+def index_range_error(path: str | os.PathLike, position: int, value: int, num_nodes: int) -> DatasetError:
     """The one-line error for a neighbour id outside ``[0, num_nodes)`` at
     element ``position`` of the ``indices.bin`` at ``path``."""
     return DatasetError(path, f"node id {value} at position {position} is out of range "
