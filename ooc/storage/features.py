@@ -31,6 +31,9 @@ class Feature(Protocol):
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
 
+    # a ``stats()`` method, or a counters object held as ``stats`` (DirectFeatures): read
+    # either with :func:`counters`
+    @property
     def stats(self) -> Any: ...
 
     def close(self) -> None: ...

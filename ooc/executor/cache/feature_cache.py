@@ -12,6 +12,8 @@ updated.
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from ...storage.errors import OocError
@@ -138,7 +140,7 @@ class CachedFeature:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.fallback.shape)
+        return cast("tuple[int, int]", tuple(self.fallback.shape))  # a Feature's shape: [rows, dim]
 
     @property
     def dtype(self) -> np.dtype:
