@@ -103,6 +103,8 @@ class BatchPipeline:
     Subclasses implement ``_produce(epoch, put, stopped)``.
     """
 
+    sampler: NeighborSampler  # set by each subclass
+
     def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
                  source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH):
         self.seeds = np.asarray(seeds, dtype=np.int64)
