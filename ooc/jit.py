@@ -20,9 +20,10 @@ def kernels_cached(module: str) -> bool | None:
         mod = importlib.import_module(module)
         seen = False
         for obj in vars(mod).values():
-            if isinstance(obj, numba.core.registry.CPUDispatcher) and obj._cache is not None:
+            # _cache is a numba internal the dispatcher sets at runtime (not in numba's hints)
+            if isinstance(obj, numba.core.registry.CPUDispatcher) and obj._cache is not None:  # type: ignore[attr-defined]
                 seen = True
-                if os.path.exists(obj._cache._cache_file._index_path):
+                if os.path.exists(obj._cache._cache_file._index_path):  # type: ignore[attr-defined]
                     return True
         return False if seen else None
     except Exception:  # noqa: BLE001 - numba internals: no note rather than a failure

@@ -36,7 +36,7 @@ import hashlib
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Generator, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -148,7 +148,7 @@ class _Backend:
         self.main = main and settings["plan_ahead"]
         self.lock = threading.Lock()
         self._loader = None      # ooc.NodeLoader serving planned batches (loading process)
-        self._ahead: Iterator | None = None
+        self._ahead: Generator | None = None
         self._ahead_epoch = 0
         self._ahead_next = 0
         self._sampler = None     # on-demand sampler
@@ -163,7 +163,7 @@ class _Backend:
         return {"settings": self.settings, "plan_epoch": self.plan.epoch}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["settings"], state["plan_epoch"], main=False)
+        type(self).__init__(self, state["settings"], state["plan_epoch"], main=False)
 
     # -- planned batches ---------------------------------------------------------------
     def loader(self):
@@ -245,6 +245,10 @@ class _OnBackend:
     _b: _Backend
     _what = "the store"
 
+    def __init__(self, backend: _Backend):
+        super().__init__()  # the PyG store's (next in the subclass's MRO)
+        self._b = backend
+
     def _refuse(self, *args, **kwargs) -> bool:
         raise InvalidValue(_READ_ONLY.format(what=self._what, path=self._b.dataset.path))
 
@@ -252,7 +256,7 @@ class _OnBackend:
         return {"_b": self._b}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["_b"])
+        type(self).__init__(self, state["_b"])
 
 
 class OocFeatureStore(_OnBackend, FeatureStore):
@@ -263,10 +267,6 @@ class OocFeatureStore(_OnBackend, FeatureStore):
     preset); other requests are read from ``features.bin`` with the preset's
     reader. Group name ``None`` (a homogeneous graph).
     """
-
-    def __init__(self, backend: _Backend):
-        super().__init__()
-        self._b = backend
 
     def get_all_tensor_attrs(self) -> list[TensorAttr]:
         return [TensorAttr(group_name=None, attr_name="x"),
@@ -340,10 +340,6 @@ class OocGraphStore(_OnBackend, GraphStore):
     colptr)`` as read-only tensors over the memory maps of ``indices.bin`` and
     ``indptr.npy`` (pages are read only where touched).
     """
-
-    def __init__(self, backend: _Backend):
-        super().__init__()
-        self._b = backend
 
     def get_all_edge_attrs(self) -> list[EdgeAttr]:
         n = self._b.dataset.num_nodes
@@ -454,7 +450,7 @@ class OocSampler(BaseSampler):
         return {"_b": self._b}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["_b"])
+        type(self).__init__(self, state["_b"])
 
 
 def remote_backend(dataset, num_neighbors: Sequence[int] = (10, 10), input_nodes="train",

@@ -30,7 +30,7 @@ from .storage.errors import IOFailure, InvalidValue
 #: the default run (generation once, then training) takes about a minute on
 #: two cores; one batch of 1024 seeds with fanouts 10,10 touches a few
 #: percent of its nodes.
-DEFAULT_DATASET = dict(nodes=100_000, avg_degree=10, feature_dim=64, classes=8,
+DEFAULT_DATASET: dict[str, Any] = dict(nodes=100_000, avg_degree=10, feature_dim=64, classes=8,
                        train_fraction=0.1, val_fraction=0.05, test_fraction=0.1, seed=0)
 DEFAULT_NAME = "default-v1"
 
@@ -317,6 +317,7 @@ def _run(given: dict, resume: bool, progress: bool, report_path, ckdir, sizes_pa
     if ck_state is not None:
         from .executor.training.checkpoint import check_dataset
 
+        assert ck_path is not None  # _checkpoint_to_resume returns both or neither
         check_dataset(ck_state, dataset, ck_path)
         del ck_state
     if sizes_path is not None:

@@ -29,6 +29,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -97,7 +98,7 @@ class NeighborCache:
             if not isinstance(meta, dict) or meta.get("version") != CACHE_VERSION:
                 raise DatasetError(folder / "meta.json", "not a neighbor cache of version "
                                                          f"{CACHE_VERSION}")
-            mode = "r" if mmap else None
+            mode: Literal["r"] | None = "r" if mmap else None
             at = np.load(folder / "address_table.npy", mmap_mode=mode, allow_pickle=False)
             ca = np.load(folder / "cache_array.npy", mmap_mode=mode, allow_pickle=False)
             ok = (at.dtype == np.int64 and at.shape == (meta.get("num_nodes"),)
@@ -133,6 +134,7 @@ class NeighborCache:
             raise DatasetError(indices_path, f"neighbor cache entry of node {v} does not match "
                                              f"its in-degree")
         ids = self.neighbors(v)
+        assert ids is not None  # status 2 is set only for a node with a cache entry
         j = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
         raise index_range_error(Path(indices_path), int(indptr[v]) + j, int(ids[j]), n)
 

@@ -172,7 +172,7 @@ class DirectNeighbors(NeighborSource):
             reader = DirectReader(self.path)
         self.reader = reader
         self.max_pages = max(1, int(max_pages))
-        self._buf = None
+        self._buf: np.ndarray | None = None
         self.submissions = 0
         self.pages_read = 0
 
@@ -254,7 +254,7 @@ def source_path(source) -> str:
     return "indices.bin"
 
 
-def _aligned_empty(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + PAGE, dtype=np.uint8)
-    off = (-raw.ctypes.data) % PAGE
+def _aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
     return raw[off:off + nbytes]

@@ -103,7 +103,8 @@ async def _write_one(path: Path, arr: np.ndarray) -> None:
     tmp = path.with_name(path.name + ".tmp")
     async with aiofiles.open(tmp, "wb") as f:
         # bytes as a flat uint8 view: a cast of an empty 2-D view (no edges) is refused
-        await f.write(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))
+        # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
+        await f.write(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
     os.replace(tmp, path)
 
 

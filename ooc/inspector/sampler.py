@@ -106,7 +106,8 @@ def _threads(n: int | None):
         yield
         return
     old = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+    # numba.config sets its NUMBA_* settings at import time, out of its type hints' sight
+    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
     try:
         yield
     finally:

@@ -97,7 +97,8 @@ class EdgeStream:
             for c in self.chunk_order(epoch):
                 a = int(c) * self.chunk_edges
                 b = min(a + self.chunk_edges, self.num_edges)
-                view = memoryview(buf[: b - a]).cast("B")
+                # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
+                view = memoryview(buf[: b - a]).cast("B")  # type: ignore[arg-type]
                 got = 0
                 while got < view.nbytes:
                     n = os.preadv(fd, [view[got:]], a * item + got)

@@ -167,6 +167,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
             ids = ids[owner[ids] == q]
             splits.append(g2l[ids].astype(np.int64))
         w.write_splits(*splits)
+        assert w.tmp is not None  # inside the writer's with block
         np.save(w.tmp / "global_ids.npy", gids)
         summary = {"part": q, "path": name, "owned": int(n_own), "replicas": int(n_rep),
                    "nodes": int(nq), "edges": eq, "halo_hops": int(halo_hops),

@@ -58,7 +58,7 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
     from .ownership import made_by_ooc, user_entries
 
     final = Path(final)
-    removed = []
+    removed: list[Path] = []
     prefix, old = _temp_prefix(final), f".{final.name}.old-"
     try:
         entries = list(final.parent.iterdir())

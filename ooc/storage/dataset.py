@@ -81,7 +81,7 @@ def meta_checksum(meta: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def index_range_error(path: Path, position: int, value: int, num_nodes: int) -> DatasetError:
+def index_range_error(path: str | os.PathLike, position: int, value: int, num_nodes: int) -> DatasetError:
     """The one-line error for a neighbour id outside ``[0, num_nodes)`` at
     element ``position`` of the ``indices.bin`` at ``path``."""
     return DatasetError(path, f"node id {value} at position {position} is out of range "
@@ -112,7 +112,8 @@ def scan_index_range(path: Path, dtype: np.dtype, num_edges: int,
             if num_nodes is not None and (cmin < 0 or cmax >= num_nodes):
                 j = int(np.flatnonzero((chunk < 0) | (chunk >= num_nodes))[0])
                 raise index_range_error(path, a + j, int(chunk[j]), num_nodes)
-            crcs.append(zlib.crc32(chunk))
+            # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
+            crcs.append(zlib.crc32(chunk))  # type: ignore[arg-type]
             k = len(crcs) - 1
             if block_crc32 is not None and (k >= len(block_crc32) or block_crc32[k] != crcs[k]):
                 raise DatasetError(path, f"ids {a}..{a + chunk.size - 1} (bytes from "
@@ -133,7 +134,7 @@ class MmapFeatures(RowTable):
     def __init__(self, path: Path, layout: FeatureLayout):
         self.path = Path(path)
         self.layout = layout
-        self._mm: np.memmap | None = None
+        self._mm: np.ndarray | None = None   # a memmap, or an empty array for an empty file
         self._view: RowView | None = None
 
     def _open(self) -> RowView:

@@ -331,8 +331,11 @@ class DirectFeatures(RowTable):
             check_out(out, n, lay.dim, lay.dtype, str(self.path))
         if n:
             # recycled memory: the backend sees all of it, so it registers it once
-            self._read(ids, np.arange(n, dtype=np.int64), out,
-                       _aligned_part(self._spare, self._spare.nbytes - PAGE) if reuse else None)
+            region = None
+            if reuse:
+                assert self._spare is not None  # reuse: _rows_memory handed out part of it
+                region = _aligned_part(self._spare, self._spare.nbytes - PAGE)
+            self._read(ids, np.arange(n, dtype=np.int64), out, region)
         return out
 
     def _rows_memory(self, n: int) -> tuple[np.ndarray, bool]:

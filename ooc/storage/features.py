@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from numpy.typing import DTypeLike
+
 from .errors import InvalidValue
 
 
@@ -31,6 +33,9 @@ class Feature(Protocol):
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
 
+    # a ``stats()`` method, or a counters object held as ``stats`` (DirectFeatures): read
+    # either with :func:`counters`
+    @property
     def stats(self) -> Any: ...
 
     def close(self) -> None: ...
@@ -46,7 +51,7 @@ def counters(feature) -> dict:
     return dict(s) if isinstance(s, dict) else dict(vars(s))
 
 
-def check_out(out: np.ndarray | None, n: int, dim: int, dtype: np.dtype, what: str) -> np.ndarray:
+def check_out(out: np.ndarray | None, n: int, dim: int, dtype: DTypeLike, what: str) -> np.ndarray:
     """``out`` checked against [n, dim] of ``dtype`` (C-contiguous), or a new array.
 
     Raises:

@@ -158,7 +158,8 @@ def _probe_read(fd: int) -> bool:
 
     buf = aligned_empty(PAGE)
     try:
-        return os.preadv(fd, [memoryview(buf)], 0) == PAGE
+        # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
+        return os.preadv(fd, [memoryview(buf)], 0) == PAGE  # type: ignore[arg-type]
     except OSError:
         return False
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import errno
 import os
 from importlib import metadata
+from typing import Any
 
 import numpy as np
 
 from .io_backends import ReadBackend, Refused
 from .layout import PAGE
 
-_L = None  # the binding, imported by the first backend opened
+_L: Any = None  # the binding (an untyped module), imported by the first backend opened
 
 
 def _binding():
@@ -64,7 +65,8 @@ def _page_slots(out: np.ndarray) -> tuple[list, list]:
     npages = out.size // PAGE
     entry = _PAGES.get(addr)
     if entry is None or len(entry[0]) < npages:
-        mv = memoryview(out)
+        # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
+        mv = memoryview(out)  # type: ignore[arg-type]
         if entry is not None:
             _PINNED.append(entry)  # may hold leaked exports: never free them
         entry = ([mv[k * PAGE:(k + 1) * PAGE] for k in range(npages)], [None] * npages)

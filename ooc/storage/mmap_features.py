@@ -73,7 +73,8 @@ class ThreadedMmapFeatures(RowTable):
         w = FAULT_AROUND_BYTES
         lo = int(offs[order[a]]) // w * w
         hi = min(len(self.buf), -(-(int(offs[order[b - 1]]) + self.layout.row_bytes) // w) * w)
-        self.buf._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        # np.memmap keeps its mmap.mmap in the private _mmap, which numpy's stubs omit
+        self.buf._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)  # type: ignore[attr-defined]
 
     def stats(self) -> dict:
         return {"requests": self.requests, "rows": self.rows}

@@ -1,10 +1,11 @@
 """Writing a dataset folder (format v1) into a temp folder, renamed when complete."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -76,10 +77,10 @@ class DatasetWriter:
         self.extra_meta: dict[str, Any] = {}
         self.num_edges: int | None = None
         self.num_classes: int | None = None
-        self._ctx = None
+        self._ctx: contextlib.AbstractContextManager[Path] | None = None
         self.tmp: Path | None = None
-        self._indices: np.memmap | None = None
-        self._features: np.memmap | None = None
+        self._indices: np.ndarray | None = None     # a memmap, or an empty array when E == 0
+        self._features: np.ndarray | None = None    # likewise
         self.allow_nonfinite = allow_nonfinite
         self.features_name = features_name
         self.nonfinite = 0
@@ -93,7 +94,8 @@ class DatasetWriter:
         self.tmp = self._ctx.__enter__()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        assert self._ctx is not None  # set by __enter__, which ran if __exit__ runs
         try:
             if exc_type is None:
                 self._finish()
@@ -111,6 +113,13 @@ class DatasetWriter:
         if isinstance(exc, OSError):
             raise self._os_error(exc) from None
         return False
+
+    @property
+    def _dir(self) -> Path:
+        """The temp folder being written (exists between ``__enter__`` and ``__exit__``)."""
+        if self.tmp is None:
+            raise InvalidValue(f"DatasetWriter({self.out}): write parts inside its with block")
+        return self.tmp
 
     def _os_error(self, e: OSError) -> OocError:
         if isinstance(e, OocError):  # raised by ooc with its own one-line message
@@ -131,7 +140,7 @@ class DatasetWriter:
         indptr = np.asarray(indptr, dtype=np.int64)
         if indptr.shape != (self.num_nodes + 1,):
             raise InvalidValue(f"indptr has shape {indptr.shape}, expected ({self.num_nodes + 1},)")
-        np.save(self.tmp / "indptr.npy", indptr)
+        np.save(self._dir / "indptr.npy", indptr)
         self.num_edges = int(indptr[-1])
 
     def indices(self, num_edges: int | None = None) -> np.ndarray:
@@ -141,7 +150,7 @@ class DatasetWriter:
             if e is None:
                 raise InvalidValue("write_indptr (or pass num_edges) before indices()")
             dt = index_dtype(self.num_nodes)
-            path = self.tmp / "indices.bin"
+            path = self._dir / "indices.bin"
             allocate(path, padded_bytes(e * dt.itemsize))
             self._indices = (np.memmap(path, dtype=dt, mode="r+", shape=(e,))
                              if e else np.zeros(0, dtype=dt))
@@ -150,7 +159,7 @@ class DatasetWriter:
     def features(self) -> RowView:
         """Writable row view of ``features.bin``: ``w.features()[a:b] = rows``."""
         if self._features is None:
-            path = self.tmp / "features.bin"
+            path = self._dir / "features.bin"
             allocate(path, self.layout.file_bytes)
             self._features = (np.memmap(path, dtype=np.uint8, mode="r+",
                                         shape=(self.layout.file_bytes,))
@@ -182,7 +191,7 @@ class DatasetWriter:
         if self.num_classes > MAX_CLASSES or top > self.num_classes:
             raise InvalidValue(f"labels: {max(top, self.num_classes)} classes (largest label {top - 1}); "
                            f"labels must be below num_classes <= {MAX_CLASSES}")
-        np.save(self.tmp / "labels.npy", labels)
+        np.save(self._dir / "labels.npy", labels)
 
     def write_splits(self, train: np.ndarray, val: np.ndarray, test: np.ndarray,
                      names: tuple[str, str, str] = ("train_idx", "val_idx", "test_idx")) -> None:
@@ -204,7 +213,7 @@ class DatasetWriter:
             what = f"lists node {v} twice" if i == j else f"and {names[i]} both list node {v}"
             raise InvalidValue(f"{names[j]}: {what} (each node may be in at most one split, once)")
         for key, ids in zip(("train_idx", "val_idx", "test_idx"), splits):
-            np.save(self.tmp / f"{key}.npy", ids)
+            np.save(self._dir / f"{key}.npy", ids)
 
     # -- finish ------------------------------------------------------------
     def _finish(self) -> None:
@@ -215,8 +224,8 @@ class DatasetWriter:
         if self.num_classes is None:
             self.write_labels(np.full(self.num_nodes, -1, dtype=np.int64), 0)
         for name in ("train_idx.npy", "val_idx.npy", "test_idx.npy"):
-            if not (self.tmp / name).exists():
-                np.save(self.tmp / name, np.zeros(0, dtype=np.int64))
+            if not (self._dir / name).exists():
+                np.save(self._dir / name, np.zeros(0, dtype=np.int64))
         self._close_maps()
         self._check_remaining_features()
         if self.nonfinite and not self.allow_nonfinite:
@@ -225,13 +234,13 @@ class DatasetWriter:
                            f"pass --allow-nonfinite to keep them")
         idt = index_dtype(self.num_nodes)
         try:
-            lo, hi, crcs = scan_index_range(self.tmp / "indices.bin", idt, self.num_edges,
+            lo, hi, crcs = scan_index_range(self._dir / "indices.bin", idt, self.num_edges,
                                             self.num_nodes)
         except DatasetError as e:
             raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
         files = {}
         for name in REQUIRED_FILES:
-            p = self.tmp / name
+            p = self._dir / name
             entry: dict[str, Any] = {"bytes": p.stat().st_size}
             if name.endswith(".npy") and entry["bytes"] <= CHECKSUM_LIMIT:
                 entry["sha256"] = sha256_file(p)
@@ -257,9 +266,9 @@ class DatasetWriter:
             **self.extra_meta,
         }
         meta["checksum"] = meta_checksum(meta)
-        write_json(self.tmp / "meta.json", meta)
+        write_json(self._dir / "meta.json", meta)
         try:
-            open_dataset(self.tmp)
+            open_dataset(self._dir)
         except DatasetError as e:
             raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
 
@@ -272,7 +281,7 @@ class DatasetWriter:
         unit = lay.rows_per_page or 1                       # rows per whole-page group
         group_bytes = PAGE * (1 if lay.rows_per_page else lay.pages_per_row)
         step = unit * max(1, step_bytes // group_bytes)
-        with open(self.tmp / "features.bin", "rb") as f:
+        with open(self._dir / "features.bin", "rb") as f:
             a = (self._rows_checked // unit) * unit
             while a < n:
                 b = min(n, a + step)

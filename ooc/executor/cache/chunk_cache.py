@@ -51,7 +51,7 @@ class ChunkCache:
                 raise InvalidValue("the belady policy needs the access sequence")
             seq = np.ascontiguousarray(sequence, dtype=np.int64)
             nk = int(num_keys if num_keys is not None else (seq.max() + 1 if seq.size else 1))
-            self._seq = seq
+            self._seq: np.ndarray | None = seq
             self._next = next_use(seq, nk) if seq.size else np.zeros(0, dtype=np.int64)
             self._resident_next: dict[int, int] = {}
             self._heap: list[tuple[int, int]] = []
@@ -100,9 +100,11 @@ class ChunkCache:
 
     def _get_belady(self, key: int) -> Any:
         i = self._pos
-        if i >= self._seq.size or self._seq[i] != key:
+        seq = self._seq
+        assert seq is not None  # the belady policy always has its sequence (see __init__)
+        if i >= seq.size or seq[i] != key:
             raise RuntimeError(f"cache access {i} is chunk {key}, the plan says "
-                               f"{self._seq[i] if i < self._seq.size else 'end'}")
+                               f"{seq[i] if i < seq.size else 'end'}")
         self._pos += 1
         nxt = int(self._next[i])
         if key in self._resident_next:
@@ -112,7 +114,7 @@ class ChunkCache:
             return self._data.get(key)
         self.misses += 1
         value = self._load(key)
-        never = nxt >= self._seq.size
+        never = nxt >= seq.size
         if self.capacity == 0 or never:
             self.bypasses += 1
             return value

@@ -12,11 +12,20 @@ updated.
 """
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 import numpy as np
 
 from ...storage.features import Feature
 from . import _cache_kernels as K
 from ...storage.errors import InvalidValue
+
+
+class RowSource(Protocol):
+    """What the cache reads missing rows from: the ``read`` of a
+    :class:`~ooc.storage.features.Feature` (any Feature will do)."""
+
+    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -59,7 +68,7 @@ class FeatureCache:
         """int64 ids currently cached (sorted)."""
         return np.flatnonzero(self.address_table >= 0)
 
-    def switch(self, init_ids: np.ndarray, source: Feature) -> int:
+    def switch(self, init_ids: np.ndarray, source: RowSource) -> int:
         """Make the cache hold exactly ``init_ids`` (≤ capacity).
 
         Rows already cached stay where they are; others are evicted and the
@@ -85,7 +94,7 @@ class FeatureCache:
                                  np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
         return len(new)
 
-    def gather(self, ids: np.ndarray, source: Feature, out: np.ndarray | None = None
+    def gather(self, ids: np.ndarray, source: RowSource, out: np.ndarray | None = None
                ) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]) into ``out`` ([n, D]): hits from the
         cache, misses in one batched read from ``source``.
@@ -120,7 +129,7 @@ class FeatureCache:
             K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
                                  _bits(self.cache), slots)
 
-    def fill_static(self, ids: np.ndarray, source: Feature) -> None:
+    def fill_static(self, ids: np.ndarray, source: RowSource) -> None:
         """Fill once with ``ids`` (the static PaGraph policy)."""
         self.switch(np.asarray(ids, dtype=np.int64)[: self.capacity], source)
 
@@ -138,7 +147,7 @@ class CachedFeature:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.fallback.shape)
+        return cast("tuple[int, int]", tuple(self.fallback.shape))  # a Feature's shape: [rows, dim]
 
     @property
     def dtype(self) -> np.dtype:

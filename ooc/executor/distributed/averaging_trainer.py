@@ -15,13 +15,13 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from ..training.checkpoint import (check_dataset, load_checkpoint, model_from_checkpoint,
                                    save_checkpoint)
-from ..training.models import build_model
+from ..training.models import GNN, build_model
 from .averaging import (assign_partitions, finish_average, flatten, optimizer_entries,
                         optimizer_state, unflatten, weighted_sum, zeros_like_state)
 from .comm import Comm
@@ -101,7 +101,7 @@ class AveragingTrainer:
                                f"{d.feature_dim} vs {full.feature_dim}, classes "
                                f"{d.num_classes} vs {full.num_classes})")
 
-    def _initial_model(self, config: TrainConfig) -> torch.nn.Module:
+    def _initial_model(self, config: TrainConfig) -> GNN:
         """The averaged model's home, with the same initial weights as every local Trainer."""
         torch.manual_seed(config.seed)
         return build_model(config.model, self.data.feature_dim, config.hidden,
@@ -193,13 +193,13 @@ class AveragingTrainer:
             lm.load_average(avg_model, self.opt_state)
 
     def _entries(self, model_state: dict[str, torch.Tensor], opt_state: dict,
-                 params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+                 params: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """What is averaged: the weights, and with ``average`` the Adam entries too."""
         if self.optimizer_sync != "average":
             return model_state
         return {**model_state, **optimizer_entries(opt_state, params)}
 
-    def _partial_sum(self, like: dict[str, torch.Tensor], params: list[torch.Tensor]
+    def _partial_sum(self, like: dict[str, torch.Tensor], params: Sequence[torch.Tensor]
                      ) -> dict[str, torch.Tensor]:
         """``sum_{j mine} n_j w_j`` in float64 (zeros for a worker without partitions)."""
         if not self.local:

@@ -86,22 +86,33 @@ class LocalModel:
         opts = copy.copy(self.options)
         if opts.runtime_dir:
             opts.runtime_dir = str(Path(opts.runtime_dir) / f"part_{self.part:03d}")
-        t = Trainer(self.dataset, self.config, options=opts, allow_empty_train=True,
-                    log=lambda m, p=self.part: self.log(f"  part {p}: {m}"))
+        part = self.part
+
+        def log(m: str) -> None:
+            self.log(f"  part {part}: {m}")
+
+        t = Trainer(self.dataset, self.config, options=opts, allow_empty_train=True, log=log)
         if self.heartbeat is not None:
             t.on_batch = self.heartbeat.beat
         return t
 
     # -- states, in either state -------------------------------------------------------
+    def _swapped_out(self) -> dict[str, Any]:
+        """The saved states of a model that is not resident."""
+        # callers use a local model's states once it has been open (trained or resumed)
+        assert self.saved is not None, f"part {self.part}: local model not opened yet"
+        return self.saved
+
     def model_state(self) -> dict[str, torch.Tensor]:
         """The local model's ``state_dict()``."""
-        return self.trainer.model.state_dict() if self.trainer is not None else self.saved["model"]
+        return (self.trainer.model.state_dict() if self.trainer is not None
+                else self._swapped_out()["model"])
 
     def optimizer_state_dict(self) -> dict[str, Any]:
         """The local optimizer's ``state_dict()``."""
         if self.trainer is not None:
             return self.trainer.optimizer.state_dict()
-        return self.saved["optimizer"]
+        return self._swapped_out()["optimizer"]
 
     def load_average(self, avg: dict[str, torch.Tensor],
                      opt_state: dict[int, dict[str, torch.Tensor]] | None = None) -> None:
@@ -114,8 +125,9 @@ class LocalModel:
             opt.load_state_dict({"state": state,
                                  "param_groups": opt.state_dict()["param_groups"]})
         else:
-            self.saved["model"] = {k: v.clone() for k, v in avg.items()}
-            self.saved["optimizer"]["state"] = state
+            saved = self._swapped_out()
+            saved["model"] = {k: v.clone() for k, v in avg.items()}
+            saved["optimizer"]["state"] = state
 
     def set_epoch(self, epoch: int) -> None:
         """The number of epochs trained so far (a resumed run)."""

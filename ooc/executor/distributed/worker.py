@@ -152,7 +152,8 @@ def _report(run: WorkerRun, trainer: AveragingTrainer, train_nodes: list[int],
             peak_max: int, total_s: float) -> dict[str, Any]:
     """Rank 0's report of the run (``--report``)."""
     ds, config = run.dataset, run.config
-    last = next((r for r in reversed(trainer.history) if r.get("val_acc") is not None), {})
+    last: dict[str, Any] = next(
+        (r for r in reversed(trainer.history) if r.get("val_acc") is not None), {})
     return {
         "mode": config.mode, "workers": run.workers, "partitions": run.parts,
         "sync_every": run.sync_every, "assignment": trainer.assignment,

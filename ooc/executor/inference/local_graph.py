@@ -75,7 +75,7 @@ def local_graph(topo: Topology, s: int, e: int) -> LocalGraph:
     nodes, src, dst = build_local(topo.indptr, topo.indices, topo.perm, s, e, topo.scratch, gcn)
     nt = e - s
     w = None
-    if gcn:
+    if topo.dinv is not None:  # gcn
         loops = np.arange(nt, dtype=np.int64)
         dl = topo.dinv[nodes]
         w = np.concatenate([dl[src] * dl[dst], dl[:nt] * dl[:nt]])

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -34,6 +34,13 @@ from torch import Tensor
 from ...storage.errors import InvalidValue
 
 LayerFn = Callable[[int, Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+class _TargetsLayerFn(Protocol):
+    """A ``layer`` that also takes ``num_targets=`` (``LayerwiseModel.targets_only``)."""
+
+    def __call__(self, l: int, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None, *,
+                 num_targets: int) -> Tensor: ...
 
 
 @dataclass
@@ -67,7 +74,8 @@ class LayerwiseModel:
         where the layer can (SAGE and GAT convolutions run bipartite), else computed for
         every row and cut."""
         if self.targets_only:
-            return self.layer(l, x, edge_index, edge_weight, num_targets=num_targets)
+            layer = cast(_TargetsLayerFn, self.layer)  # what targets_only says of it
+            return layer(l, x, edge_index, edge_weight, num_targets=num_targets)
         return self.layer(l, x, edge_index, edge_weight)[:num_targets]
 
     def digest(self) -> str:
@@ -96,7 +104,10 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
     if hasattr(model, "layer") and hasattr(model, "num_layers"):
         model.eval()
         gcn = getattr(model, "kind", None) == "gcn" or bool(getattr(model, "gcn_norm", False))
-        return LayerwiseModel(model, int(model.num_layers), model.layer, gcn,
+        # the model's own attributes: read with getattr, as mypy would type ``model.layer``
+        # by nn.Module.__getattr__ (Tensor | Module), which they never go through
+        num_layers, layer = getattr(model, "num_layers"), getattr(model, "layer")
+        return LayerwiseModel(model, int(num_layers), layer, gcn,
                               str(getattr(model, "kind", type(model).__name__)),
                               targets_only=isinstance(model, GNN))
     if isinstance(model, BasicGNN):

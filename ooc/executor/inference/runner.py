@@ -89,6 +89,7 @@ class LayerStats:
 def _gather_from_chunks(plan: LayerPlan, cache: ChunkCache, chunk_rows: int, b: int,
                         nodes: np.ndarray, x: np.ndarray) -> None:
     """Rows of ``nodes`` into ``x`` from the cached input chunks block ``b`` reads."""
+    assert plan.ptr is not None and plan.seq is not None  # a plan with a cache reads chunks
     rows = plan.keyof[nodes]
     o = np.argsort(rows)
     srows = rows[o]
@@ -138,6 +139,10 @@ def _progress_bar(run: Run, l: int, first_chunk: int):
 
 def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int,
                   src: LayerInput, cache: ChunkCache | None, stats: LayerStats) -> dict:
+    accesses = None
+    if plan.seq is not None:
+        assert plan.ptr is not None  # ptr and seq are None together
+        accesses = int(plan.seq.shape[0] - plan.ptr[first_block])
     return {
         "layer": plan.l + 1, "array": name, "in_dim": plan.d_in, "out_dim": plan.d_out,
         "blocks": plan.num_blocks, "blocks_run": plan.num_blocks - first_block,
@@ -145,7 +150,7 @@ def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int
         "peak_block_edges": stats.peak_block_edges, "work_bytes": int(plan.work),
         "rss_at_start": plan.rss0, "budget_pressure": bool(plan.pressure),
         "bytes_read": int(src.bytes_read), "chunk_reads": src.chunk_reads,
-        "accesses": None if plan.seq is None else int(plan.seq.shape[0] - plan.ptr[first_block]),
+        "accesses": accesses,
         "cache": None if cache is None else {**cache.stats(), "chunk_bytes": plan.in_chunk_bytes},
         "layer0_reads": plan.layer0,
         "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
@@ -176,9 +181,11 @@ def run_layer(run: Run, l: int) -> dict:
     first_block = int(np.searchsorted(plan.starts, first_chunk * ch.chunk_rows, side="left"))
     run.progress.state.update(layer=l, chunks_done=first_chunk)
     src = LayerInput(prev, run.reader, run.dataset.layout.row_bytes, ch.chunk_rows, n)
-    cache = None if plan.seq is None else ChunkCache(
-        plan.cap, run.cache.policy, sequence=plan.seq[plan.ptr[first_block]:],
-        loader=src.load_chunk, num_keys=ch.num_chunks)
+    cache = None
+    if plan.seq is not None:
+        assert plan.ptr is not None  # ptr and seq are None together
+        cache = ChunkCache(plan.cap, run.cache.policy, sequence=plan.seq[plan.ptr[first_block]:],
+                           loader=src.load_chunk, num_keys=ch.num_chunks)
     stats = LayerStats()
     stats.time_s["plan"] = plan.plan_s
     bar = _progress_bar(run, l, first_chunk)

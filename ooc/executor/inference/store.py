@@ -51,10 +51,15 @@ def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = 
 
     g = zarr.open_group(str(out), mode="r")
     arr = g[name]
+    if not isinstance(arr, zarr.Array):
+        raise InvalidValue(f"{out}: {name} is a group, not an array")
     n = arr.shape[0]
     ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
     if "row_of_node" in g:
-        rows = np.asarray(g["row_of_node"][:])[ids]
+        row_of_node = g["row_of_node"]
+        if not isinstance(row_of_node, zarr.Array):
+            raise InvalidValue(f"{out}: row_of_node is a group, not an array")
+        rows = np.asarray(row_of_node[:])[ids]
     else:
         rows = ids
     if rows.size and np.all(np.diff(rows) == 1):
@@ -215,7 +220,7 @@ def predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows
             pred_arr[c0:c1] = p
         else:
             p = np.asarray(pred_arr[c0:c1])
-        if has_labels:
+        if split_of is not None:  # has_labels
             nodes = perm[c0:c1]
             y = np.asarray(dataset.labels[nodes])
             sp = split_of[nodes]

@@ -72,7 +72,7 @@ def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> 
     if isinstance(num_neighbors, (str, bytes)) or not hasattr(num_neighbors, "__iter__"):
         raise InvalidValue(f"num_neighbors {num_neighbors!r}: a list with one int per layer, as in "
                        f"PyG, e.g. [10, 10]")
-    values = list(num_neighbors)
+    values: list[Any] = list(num_neighbors)  # the caller's values, checked here
     whole = all((isinstance(f, (int, np.integer)) and not isinstance(f, bool))
                 or (isinstance(f, float) and f.is_integer()) for f in values)
     fanouts = [int(f) for f in values] if whole else []

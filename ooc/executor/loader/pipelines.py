@@ -22,7 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 
@@ -103,6 +103,8 @@ class BatchPipeline:
     Subclasses implement ``_produce(epoch, put, stopped)``.
     """
 
+    sampler: NeighborSampler  # set by each subclass
+
     def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
                  source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH):
         self.seeds = np.asarray(seeds, dtype=np.int64)
@@ -124,7 +126,7 @@ class BatchPipeline:
         sb = epoch_batches(self.seeds, self.batch_size, self.seed, epoch, shuffle=self.shuffle)
         return sb, [derive_seed(self.seed, epoch, b) for b in range(len(sb))]
 
-    def batches(self, epoch: int) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+    def batches(self, epoch: int) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         """``(batch, rows)`` of every batch of ``epoch`` in order; ``rows`` is
         [n, dim] in the file dtype, row k for ``batch.node_ids[k]``."""
         self.times = _Times()

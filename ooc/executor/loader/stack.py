@@ -225,6 +225,9 @@ def _superbatch(p: _Parts) -> BatchPipeline:
     rt, remove_rt = runtime_folder(Path(p.opts.runtime_dir) if p.opts.runtime_dir
                                    else Path(p.dataset.path) / "runtime")
     p.closers.append(remove_rt)
+    if p.cache is None:  # a policy with caches = False
+        raise InvalidValue(f"cache policy {p.preset.policy.name!r}: the superbatch schedule needs a "
+                       f"feature cache")
     changesets = p.preset.policy.changesets(p.dataset.num_nodes, p.cache.capacity,
                                             p.config.device)
     insp = Inspector(p.sampler, rt, s, changesets=changesets)
@@ -309,7 +312,7 @@ def remove_stale_runs(parent: Path) -> list[Path]:
     A user's folder of such a name, without the marker, stays."""
     from ...storage.ownership import made_by_ooc
 
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(parent.iterdir())
     except OSError:

@@ -209,7 +209,8 @@ def _kernels_stamp(dataset, mode: str):
             h.update(f"{f.relative_to(pkg)}:{st.st_mtime_ns}:{st.st_size}".encode())
     except OSError:
         return None
-    root = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else pkg / "__pycache__"
+    # numba.config sets its settings at import time, out of its type hints' sight
+    root = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else pkg / "__pycache__"  # type: ignore[attr-defined]
     return root / f"ooc-kernels-{h.hexdigest()[:20]}.ok"
 
 
@@ -395,7 +396,9 @@ class _SuperbatchPlan:
         self.size_disk = None if self.explicit else \
             superbatch_size_for_budget(opts.runtime_disk_budget, self.bpb, ahead=1)
         nb = len(epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1, shuffle=True))
-        self.size = max(1, min(int(self.explicit or self.size_disk), nb))
+        size = self.explicit or self.size_disk
+        assert size is not None  # size_disk is computed when no size is explicit
+        self.size = max(1, min(int(size), nb))
 
     def bytes(self, size: int) -> int:
         """Runtime samples of three superbatches in memory, ~40 B per access of the changeset

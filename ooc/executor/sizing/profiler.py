@@ -346,7 +346,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
         f"carried across superbatches of {shape.S}) and the miss-ratio curves")
     sim, curves = _simulate(dataset, preset, plan, shape, m, gpu)
     rates = _rates(m, sim, shape, preset)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     epoch = predict_epoch(preset, shape.nb, shape.S, rates["per_batch"], rates["switch_s"], cores)
     arith = _arithmetic(dataset, preset, options, plan, budget, reserve, shape, m, rates, epoch)
     report = _report(dataset, config, preset, options, plan, budget, reserve, shape, m, sim,
@@ -530,6 +530,7 @@ def _next_superbatch(m: _Measured, shape: _Shape, j: int, cache, features):
     from ...inspector.changesets import FlatChangesets
 
     chunk = m.trace[j:j + shape.S]
+    assert m.next_changesets is not None  # set by _superbatch_stages, which made the first cs
     with m.stages["changesets"]:
         cs = FlatChangesets.from_changesets(m.next_changesets(chunk))
     m.changeset_batches += len(chunk)

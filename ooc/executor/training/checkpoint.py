@@ -130,6 +130,10 @@ def _to_py(value: Any) -> Any:
 def rng_state() -> dict[str, Any]:
     """The global RNG states (torch, CUDA, numpy, python) as loadable values."""
     np_state = np.random.get_state()
+    if not isinstance(np_state, tuple):  # a dict: np.random.set_bit_generator replaced MT19937
+        raise CheckpointError(f"numpy's global random generator is "
+                              f"{np_state.get('bit_generator')}, not MT19937: its state cannot "
+                              f"be checkpointed")
     py_state = random.getstate()
     state = {
         "torch": torch.get_rng_state(),
@@ -169,7 +173,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(directory: str | os.PathLike, epoch: int, model: GNN,
+def save_checkpoint(directory: str | os.PathLike, epoch: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | dict[str, Any] | None = None,
                     args: dict[str, Any] | None = None,
                     history: list[dict[str, Any]] | None = None,

@@ -72,6 +72,7 @@ class UpdateWatch:
         if self._before is None:
             self.start()
         before = self._before
+        assert before is not None  # start() sets it when there are params
         after = _norms(self.params)
         rms = torch.sqrt((before * before).sum() / self._total)
         floor = rms * self._sqrt_numel + 1e-30

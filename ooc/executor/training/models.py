@@ -144,8 +144,7 @@ class GNN(torch.nn.Module):
         rows first (SAGE and GAT: only them), equal to those of the untrimmed
         pass (GCN keeps the degrees of the whole sampled graph for that).
         """
-        trim = num_sampled_nodes_per_hop is not None and num_sampled_edges_per_hop is not None
-        if not trim:
+        if num_sampled_nodes_per_hop is None or num_sampled_edges_per_hop is None:  # no trimming
             for l in range(self.num_layers):
                 x = self.layer(l, x, edge_index)
             return x

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ def model_call(model: torch.nn.Module) -> Callable[[Any], torch.Tensor]:
     """
     if isinstance(model, GNN):
         return lambda d: model(d.x, d.edge_index, d.num_sampled_nodes, d.num_sampled_edges)
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):

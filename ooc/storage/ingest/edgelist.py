@@ -230,6 +230,8 @@ class TextEdges(EdgeSource):
     ``#``/``%`` comment lines and blank lines skipped; ``.gz`` read through
     gzip. ``header=True`` skips the first line."""
 
+    nbytes: int  # the file's size, always known
+
     def __init__(self, path, header: bool = False, block_bytes: int = 16 << 20):
         self.path = check_input(path)
         self.header = header
@@ -408,7 +410,8 @@ def _windows(indptr: np.ndarray, cap: int) -> list[tuple[int, int]]:
 
 
 def _pwrite_all(fd: int, arr: np.ndarray, offset: int) -> None:
-    mv = memoryview(np.ascontiguousarray(arr)).cast("B")
+    # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
+    mv = memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
     step = 64 << 20
     while len(mv):
         n = os.pwrite(fd, mv[:step], offset)
@@ -431,6 +434,7 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
     e_alloc = int(indptr[-1])
     idt = index_dtype(n)
     w.indices(e_alloc)  # reserve the file (a full disk fails here)
+    assert w.tmp is not None  # inside the writer's with block
     path = w.tmp / "indices.bin"
     cap = max(1, int(buffer_bytes * 3 // 4) // idt.itemsize)
     windows = _windows(indptr, cap) if e_alloc else []
@@ -477,6 +481,7 @@ def _finish_indices(w: DatasetWriter, indptr: np.ndarray, e_alloc: int) -> None:
     # deduplicated length (DatasetWriter has no public shrink yet).
     idt = index_dtype(w.num_nodes)
     w._indices = None
+    assert w.tmp is not None  # inside the writer's with block
     path = w.tmp / "indices.bin"
     os.truncate(path, padded_bytes(e * idt.itemsize))
     w._indices = np.memmap(path, dtype=idt, mode="r+", shape=(e,)) if e else np.zeros(0, dtype=idt)
@@ -492,6 +497,7 @@ class FeatureSink:
         self.w = w
         self.layout = w.layout
         w.features()  # reserve the file
+        assert w.tmp is not None  # inside the writer's with block
         self.path = w.tmp / "features.bin"
 
     def chunk_rows(self, budget_bytes: int) -> int:
@@ -688,8 +694,10 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
             write_constant_features(w)
         if lab is not None:
             w.write_labels(*lab)
-        w.write_splits(*splits, names=tuple(str(p or k) for p, k in (
-            (train_idx, "train_idx"), (val_idx, "val_idx"), (test_idx, "test_idx"))))
+        train, val, test = splits  # three lists: the split files', or labelled_split's
+        w.write_splits(train, val, test, names=(str(train_idx or "train_idx"),
+                                                str(val_idx or "val_idx"), str(test_idx or "test_idx")))
+        assert w.num_edges is not None  # set by write_indptr in scatter_passes
         st.update(num_nodes=n, num_edges=w.num_edges)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)

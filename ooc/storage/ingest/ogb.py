@@ -275,8 +275,10 @@ def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected:
         src.write_features(w, n, buffer_bytes, progress)
         if labels is not None:
             w.write_labels(y, int(y.max()) + 1 if y.size else 0)
-        w.write_splits(*splits, names=tuple(str(p) for p in split_files) if split_files
-                       else ("train", "valid", "test"))
+        train, val, test = splits  # the split's three id files, or three empty arrays
+        a, b, c = (str(p) for p in split_files) if split_files else ("train", "valid", "test")
+        w.write_splits(train, val, test, names=(a, b, c))
+        assert w.num_edges is not None  # set by write_indptr in scatter_passes
         st.update(num_nodes=n, num_edges=w.num_edges)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)

@@ -61,8 +61,8 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
     n = x.shape[0]
     ei = data.edge_index.numpy()
     indptr, indices = csc_from_edges(ei[0], ei[1], n)
-    splits = [np.flatnonzero(m.numpy()).astype(np.int64)
-              for m in (data.train_mask, data.val_mask, data.test_mask)]
+    train, val, test = (np.flatnonzero(m.numpy()).astype(np.int64)
+                        for m in (data.train_mask, data.val_mask, data.test_mask))
     src = {"kind": "planetoid", "name": NAMES[prefix], "raw_dir": str(folder),
            "reader": "torch_geometric.io.planetoid.read_planetoid_data", "split": "public"}
     with DatasetWriter(out, n, x.shape[1], "float32", name=NAMES[prefix], directed=False,
@@ -73,7 +73,7 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
         w.check_features(0, x)
         w.features()[0:n] = x
         w.write_labels(y, int(y.max()) + 1)
-        w.write_splits(*splits)
+        w.write_splits(train, val, test)
     if stats is not None:
         stats.update(num_nodes=n, num_edges=int(indptr[-1]), passes=1, windows=1,
                      time_s=time.perf_counter() - t0)

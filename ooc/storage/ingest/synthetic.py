@@ -174,7 +174,9 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                 bar.update(b - a)
         sink.sync()
         w.write_labels(labels, classes)
-        w.write_splits(*_splits(nodes, seed, fr))
+        train, val, test = _splits(nodes, seed, fr)  # one array per fraction of fr
+        w.write_splits(train, val, test)
+        assert w.num_edges is not None  # set by write_indptr in scatter_passes
         st.update(num_nodes=nodes, num_edges=w.num_edges)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)
