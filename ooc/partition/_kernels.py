@@ -48,14 +48,6 @@ def hash_node(v, seed, p):
 
 
 @nb.njit(**_NB)
-def hash_nodes(n, seed, p):
-    out = np.empty(n, dtype=np.int32)
-    for v in range(n):
-        out[v] = hash_node(v, seed, p)
-    return out
-
-
-@nb.njit(**_NB)
 def vote(cand, cnt, v, part):
     """Boyer-Moore majority vote step: node ``v`` sees one edge in ``part``."""
     if cnt[v] == 0:

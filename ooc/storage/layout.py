@@ -65,13 +65,6 @@ class FeatureLayout:
             return (rows // rpp) * PAGE + (rows % rpp) * self.row_bytes
         return rows * (self.pages_per_row * PAGE)
 
-    def row_pages(self, rows: np.ndarray) -> np.ndarray:
-        """First page index of each row in ``rows``, int64 [n]."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if self.rows_per_page:
-            return rows // self.rows_per_page
-        return rows * self.pages_per_row
-
     def view(self, buf: np.ndarray) -> "RowView":
         """A row-indexable view over the file's bytes (uint8 [file_bytes])."""
         return RowView(self, buf)
