@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Callable, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
-from .storage.errors import OocError
-from .storage.errors import IOFailure, InvalidValue, NotFound
+from .storage.errors import IOFailure, InvalidValue, NotFound, OocError, cli_names, setting
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -92,7 +91,8 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
         configure_process()
         try:
             try:
-                rc = fn(argv)
+                with cli_names():
+                    rc = fn(argv)
             except Exception as e:
                 _rerun_if_kernel_cache(e, argv)
                 raise
@@ -218,4 +218,4 @@ def check_range(option: str, value: float | int | None, lo: float | None = None,
                else f" {lo_s} and {hi_s}")
     else:
         rng = f" {lo_s or hi_s}" if (lo_s or hi_s) else ""
-    raise InvalidValue(f"{option} {value}: must be {kind}{rng}")
+    raise InvalidValue(f"{setting(option)} {value}: must be {kind}{rng}")

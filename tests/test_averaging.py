@@ -45,7 +45,7 @@ def test_allocation_rule_matches_definition(s, q, m, t_num):
 def test_allocation_rule_errors():
     with pytest.raises(OocError, match="workers"):
         allocate_partitions(10, 0, 100)
-    with pytest.raises(OocError, match="compute-fraction"):
+    with pytest.raises(OocError, match="^compute_fraction must be"):
         allocate_partitions(10, 1, 100, compute_fraction=1.0)
     with pytest.raises(OocError, match="T=100"):
         allocate_partitions(10, 1, 100, compute_bytes=100)

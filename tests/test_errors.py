@@ -62,3 +62,28 @@ def test_library_calls_raise_the_builtin_of_their_kind(graph, tmp_path):
     with pytest.raises(ValueError):
         parse_size("lots")
     assert ooc.open_dataset(graph).num_nodes == 200  # the refused write left it alone
+
+
+def test_a_setting_is_named_the_way_its_caller_wrote_it(graph, tmp_path):
+    """From Python the keyword (``memory_budget``), from a command line the flag."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from ooc.storage.errors import cli_names, setting
+
+    assert setting("--memory-budget") == "memory_budget" and setting("--threads") == "num_threads"
+    with cli_names():
+        assert setting("--memory-budget") == "--memory-budget"
+    ds = ooc.open_dataset(graph)
+    with pytest.raises(ValueError, match=r"^memory_budget 1\.0 MiB is below what mode ooc needs"):
+        ooc.NodeLoader(ds, [3, 3], batch_size=8, memory_budget="1MiB")
+    with pytest.raises(ValueError, match=r"^queue_depth must be >= 1, got 0"):
+        ooc.NodeLoader(ds, [3, 3], batch_size=8, queue_depth=0)
+    with pytest.raises(ValueError, match=r"^batch_size 0: must be an integer"):
+        ooc.TrainConfig(batch_size=0).validate()
+    p = subprocess.run([sys.executable, "-m", "ooc.train", "--data", str(graph), "--memory-budget",
+                        "1MiB", "--no-progress"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and "ooc: --memory-budget 1.0 MiB is below what mode ooc" in p.stderr, \
+        p.stderr

@@ -115,6 +115,6 @@ def test_many_small_communities(tmp_path):
 
 
 def test_bad_community_size(tmp_path):
-    with pytest.raises(OocError, match="community-size"):
+    with pytest.raises(OocError, match="^community_size must be"):
         generate_synthetic(tmp_path / "x", nodes=100, community_size=0, progress=False)
     assert not (tmp_path / "x").exists()

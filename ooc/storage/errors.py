@@ -20,12 +20,43 @@ class                     also a                  raised for
 :class:`TimedOut`         ``TimeoutError``        another process did not finish in time
 ========================  ======================  ===============================================
 
+A setting is named the way its caller wrote it (:func:`setting`): ``--memory-budget`` from a
+command line, ``memory_budget`` from Python.
+
 Elsewhere: ``CheckpointError`` (``ValueError``), ``TrainingDiverged`` and
 ``NonFiniteOutput`` (``FloatingPointError``), ``SizeError`` (an :class:`InvalidValue`).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from typing import Iterator
+
+#: Whether the running code serves a command line (:func:`cli_names`).
+_CLI_NAMES: contextvars.ContextVar[bool] = contextvars.ContextVar("ooc_cli_names", default=False)
+#: CLI options whose Python keyword is not the option with ``-`` turned into ``_``.
+_KEYWORDS = {"--threads": "num_threads", "--checkpoint-dir": "checkpoint_dir",
+             "--overwrite": "overwrite=True"}
+
+
+def setting(option: str) -> str:
+    """The name of the setting ``option`` (its CLI flag, e.g. ``--memory-budget``) the way
+    the caller wrote it: the flag under a command line (:func:`cli_names`), else the Python
+    keyword (``memory_budget``), so an error names what the user can change."""
+    if _CLI_NAMES.get() or not option.startswith("--"):
+        return option
+    return _KEYWORDS.get(option, option[2:].replace("-", "_"))
+
+
+@contextlib.contextmanager
+def cli_names() -> Iterator[None]:
+    """Errors raised inside name settings by their CLI flags (the CLIs' ``main``)."""
+    token = _CLI_NAMES.set(True)
+    try:
+        yield
+    finally:
+        _CLI_NAMES.reset(token)
 
 
 class OocError(Exception):

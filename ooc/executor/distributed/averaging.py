@@ -35,7 +35,7 @@ from typing import Iterable, Mapping, Sequence
 
 import torch
 
-from ...storage.errors import InvalidValue
+from ...storage.errors import InvalidValue, setting
 
 #: Default share of the per-worker memory budget that the computation needs (T / M).
 DEFAULT_COMPUTE_FRACTION = 2.0 / 3.0
@@ -69,18 +69,18 @@ def allocate_partitions(data_bytes: int, workers: int, memory_budget: int | None
         ``q`` if ``S <= q (M - T)``, else ``ceil(S / (M - T))``.
     """
     if int(workers) < 1:
-        raise InvalidValue(f"--workers must be >= 1, got {workers}")
+        raise InvalidValue(f"{setting('--workers')} must be >= 1, got {workers}")
     if data_bytes < 0:
         raise InvalidValue(f"dataset size must be >= 0, got {data_bytes}")
     if memory_budget is None:
         return int(workers)
     m = int(memory_budget)
     if m <= 0:
-        raise InvalidValue(f"--memory-budget must be > 0, got {memory_budget}")
+        raise InvalidValue(f"{setting('--memory-budget')} must be > 0, got {memory_budget}")
     # exact rational arithmetic: 2/3 M is not a float, and the rule has a boundary
     if compute_bytes is None:
         if not 0.0 <= compute_fraction < 1.0:
-            raise InvalidValue(f"--compute-fraction must be in [0, 1), got {compute_fraction}")
+            raise InvalidValue(f"{setting('--compute-fraction')} must be in [0, 1), got {compute_fraction}")
         t = Fraction(compute_fraction).limit_denominator(10**6) * m
     else:
         t = Fraction(compute_bytes)

@@ -27,7 +27,7 @@ from .averaging import (assign_partitions, finish_average, flatten, optimizer_en
 from .comm import Comm
 from .heartbeat import Heartbeat
 from .local_model import LocalModel
-from ...storage.errors import InvalidValue
+from ...storage.errors import InvalidValue, setting
 
 if TYPE_CHECKING:
     from ...storage.dataset import Dataset
@@ -70,9 +70,9 @@ class AveragingTrainer:
                  sync_every: int = 1, log: Callable[[str], None] = print,
                  optimizer_sync: str = "average", heartbeat: Heartbeat | None = None):
         if sync_every < 1:
-            raise InvalidValue(f"--sync-every must be >= 1, got {sync_every}")
+            raise InvalidValue(f"{setting('--sync-every')} must be >= 1, got {sync_every}")
         if optimizer_sync not in OPTIMIZER_SYNC:
-            raise InvalidValue(f"--optimizer-sync must be one of {', '.join(OPTIMIZER_SYNC)}, "
+            raise InvalidValue(f"{setting('--optimizer-sync')} must be one of {', '.join(OPTIMIZER_SYNC)}, "
                            f"got {optimizer_sync!r}")
         self.optimizer_sync = optimizer_sync
         #: the averaged optimizer state after the last sync (``average`` only)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .averaging import DEFAULT_COMPUTE_FRACTION, allocate_partitions, dataset_bytes
-from ...storage.errors import InvalidValue, TimedOut
+from ...storage.errors import InvalidValue, TimedOut, setting
 
 
 def default_partition_dir(data: str | os.PathLike, parts: int, halo_hops: int = 1) -> Path:
@@ -36,7 +36,7 @@ def resolve_partitions(data: str | os.PathLike, workers: int, parts: int | None,
                             "compute_fraction": frac, "workers": workers}
     if parts is not None:
         if int(parts) < 1:
-            raise InvalidValue(f"--partitions must be >= 1, got {parts}")
+            raise InvalidValue(f"{setting('--partitions')} must be >= 1, got {parts}")
         info["rule"] = "given"
         return int(parts), info
     p = allocate_partitions(s, workers, memory_budget, compute_fraction=frac)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from ...storage.errors import BudgetError
+from ...storage.errors import BudgetError, setting
 
 MiB = 1 << 20
 #: Memory kept free for allocator slack, Zarr codecs and torch temporaries.
@@ -74,7 +74,8 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
     if avail <= 0:
         raise BudgetError(f"memory budget {budget / MiB:.0f} MiB is too small: the process already "
                        f"holds {rss / MiB:.0f} MiB and an output chunk needs "
-                       f"{out_chunk_bytes / MiB:.1f} MiB (raise --memory-budget or lower --chunk-rows)")
+                       f"{out_chunk_bytes / MiB:.1f} MiB (raise {setting('--memory-budget')} or lower "
+                       f"{setting('--chunk-rows')})")
     if not cached:
         cap = 0
     elif cache_chunks is not None:

@@ -44,7 +44,7 @@ from ..cache.feature_cache import FeatureCache
 from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
 from .presets import Preset, resolve_preset
 from .readers import Sources, TimedFeature
-from ...storage.errors import IOFailure, InvalidValue
+from ...storage.errors import IOFailure, InvalidValue, setting
 
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
@@ -86,18 +86,20 @@ class ModeOptions:
         try:
             check_choice(self.io_backend)
         except ValueError as e:
-            raise InvalidValue(f"--io-backend: {e}") from None
+            raise InvalidValue(f"{setting('--io-backend')}: {e}") from None
         for name in ("queue_depth", "io_threads"):
             if int(getattr(self, name)) < 1:
-                raise InvalidValue(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise InvalidValue(f"{setting('--' + name.replace('_', '-'))} must be >= 1, got "
+                                   f"{getattr(self, name)}")
         if self.superbatch_size is not None and self.superbatch_size < 1:
-            raise InvalidValue(f"--superbatch-size must be >= 1, got {self.superbatch_size}")
+            raise InvalidValue(f"{setting('--superbatch-size')} must be >= 1, got {self.superbatch_size}")
         for name in ("feature_cache_size", "neighbor_cache_size"):
             v = getattr(self, name)
             if v is not None and v < 0:
-                raise InvalidValue(f"--{name.replace('_', '-')} must be >= 0, got {v}")
+                raise InvalidValue(f"{setting('--' + name.replace('_', '-'))} must be >= 0, got {v}")
         if self.runtime_disk_budget < 1:
-            raise InvalidValue(f"--runtime-disk-budget must be positive, got {self.runtime_disk_budget}")
+            raise InvalidValue(f"{setting('--runtime-disk-budget')} must be positive, got "
+                               f"{self.runtime_disk_budget}")
 
 
 @dataclass

@@ -76,7 +76,7 @@ from ...memory import current_rss_bytes as rss_bytes
 from ...memory import peak_rss_bytes as hwm_bytes
 from ...memory import reset_peak_rss as reset_hwm
 from ..loader.pipelines import PREFETCH
-from ...storage.errors import BudgetError
+from ...storage.errors import BudgetError, setting
 
 MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
@@ -357,8 +357,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
                       step_estimate=probe["step_estimate"])
     free = budget - working - reserve
     if free < extra:
-        raise BudgetError(f"--memory-budget {_fmt(budget)} is below what mode {preset.name} needs: "
-                       f"{_fmt(working)} working memory"
+        raise BudgetError(f"{setting('--memory-budget')} {_fmt(budget)} is below what mode "
+                          f"{preset.name} needs: {_fmt(working)} working memory"
                        + (f" + {_fmt(extra)} of requested caches" if extra else "")
                        + f" + {_fmt(reserve)} reserve; {probe['too_large']}the smallest budget "
                        f"that works is {plan.min_budget // MiB}MiB")
@@ -585,8 +585,10 @@ class _Holder:
         self.too_large = self.too_large or (
             f"one {what} on a batch of {epoch_args[1]} seeds ({batch.num_nodes:,} nodes) needs "
             f"about {_fmt(est.total)} ({parts}); "
-            + (f"{option} {fit} would fit; at {option} {epoch_args[1]} " if fit >= 1 else
-               "not even one seed would fit (use a smaller --hidden or fewer classes); "))
+            + (f"{setting(option)} {fit} would fit; at {setting(option)} {epoch_args[1]} "
+               if fit >= 1 else
+               f"not even one seed would fit (use a smaller {setting('--hidden')} or fewer "
+               f"classes); "))
         return False
 
     def _largest_batch(self, epoch_args: tuple, train: bool, room: int) -> int:

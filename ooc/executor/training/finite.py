@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ...storage.errors import OocError
+from ...storage.errors import OocError, setting
 
 class TrainingDiverged(OocError, FloatingPointError):
     """Training produced a non-finite loss or weights, or a step blew the weights up;
@@ -88,10 +88,11 @@ def check_step(path, epoch: int, step: int, steps: int, loss: float, growth: flo
     keep = f"training stopped before saving epoch {epoch}"
     if not math.isfinite(loss):
         raise NonFiniteLoss(f"{path}: training loss is {loss} at {at} (non-finite features or "
-                            f"weights, or --lr too high); {keep}")
+                            f"weights, or {setting('--lr')} too high); {keep}")
     if not math.isfinite(growth):
         raise ExplodingUpdate(f"{path}: the weights are not finite after the step of {at} "
-                              f"(--lr too high?); {keep}")
+                              f"({setting('--lr')} too high?); {keep}")
     if growth > limit:
         raise ExplodingUpdate(f"{path}: the step of {at} grew the weights {growth:.3g}x, above "
-                              f"--max-weight-growth {limit:g} (--lr too high?); {keep}")
+                              f"{setting('--max-weight-growth')} {limit:g} ({setting('--lr')} too high?); "
+                              f"{keep}")

@@ -36,7 +36,7 @@ from .config import LIMITS, TrainConfig  # noqa: F401  (re-exported from here to
 from .finite import NonFiniteLoss, TrainingDiverged, UpdateWatch, check_step  # noqa: F401
 from .models import GNN, build_model  # noqa: F401  (GNN: the docstrings' model class)
 from .step import default_loss, eval_forward, model_call, train_step  # noqa: F401
-from ...storage.errors import InvalidValue
+from ...storage.errors import InvalidValue, setting
 
 #: Stages timed in every epoch (seconds); modes may add more.
 STAGES = ("sample", "gather", "transfer", "compute")
@@ -51,7 +51,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise InvalidValue("--device cuda: CUDA is not available on this machine (use cpu or auto)")
+        raise InvalidValue(f"{setting('--device')} cuda: CUDA is not available on this machine "
+                           f"(use cpu or auto)")
     try:
         return torch.device(device)
     except RuntimeError:

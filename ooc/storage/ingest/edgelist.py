@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
-from ..errors import InvalidValue, OocError
+from ..errors import InvalidValue, OocError, setting
 from ..layout import FeatureLayout, index_dtype, padded_bytes
 from ..atomic import replace_refusal
 from ..writer import DatasetWriter
@@ -658,8 +658,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
     n_hint = num_nodes if num_nodes is not None else (feat.shape[0] if feat is not None else -1)
     if num_nodes is not None:
         if num_nodes < 1:
-            raise InvalidValue(f"--num-nodes must be at least 1, got {num_nodes}")
-        L.check_node_count(num_nodes, f"--num-nodes {num_nodes}")
+            raise InvalidValue(f"{setting('--num-nodes')} must be at least 1, got {num_nodes}")
+        L.check_node_count(num_nodes, f"{setting('--num-nodes')} {num_nodes}")
     elif feat is not None:
         L.check_node_count(int(n_hint), f"{feat.path} ({n_hint} rows)")
     if n_hint < 0 and labels is not None:

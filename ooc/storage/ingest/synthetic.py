@@ -38,7 +38,7 @@ from . import _kernels as K
 from . import limits as L
 from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, _progress, check_out,
                        count_pass, scatter_passes)
-from ..errors import InvalidValue
+from ..errors import InvalidValue, setting
 
 #: R-MAT quadrant probabilities (a, b, c; d = 1 - a - b - c).
 RMAT = (0.45, 0.22, 0.22)
@@ -83,7 +83,7 @@ def communities_of(nodes: int, classes: int, community_size: int | None) -> int:
     if community_size is None:
         return classes
     if not 1 <= community_size <= nodes:
-        raise InvalidValue(f"--community-size must be in [1, nodes], got {community_size}")
+        raise InvalidValue(f"{setting('--community-size')} must be in [1, nodes], got {community_size}")
     return max(classes, -(-nodes // community_size))
 
 
@@ -118,22 +118,22 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                     ("--val-fraction", val_fraction), ("--test-fraction", test_fraction),
                     ("--p-in", p_in), ("--noise", noise), ("signal", signal)):
         if v is not None and not math.isfinite(v):
-            raise InvalidValue(f"{flag} must be a finite number, got {v}")
+            raise InvalidValue(f"{setting(flag)} must be a finite number, got {v}")
     if nodes < 2:
-        raise InvalidValue(f"--nodes must be at least 2, got {nodes}")
-    L.check_node_count(nodes, f"--nodes {nodes}")
+        raise InvalidValue(f"{setting('--nodes')} must be at least 2, got {nodes}")
+    L.check_node_count(nodes, f"{setting('--nodes')} {nodes}")
     if classes < 1 or classes > min(nodes, MAX_CLASSES):
-        raise InvalidValue(f"--classes must be in [1, min(nodes, {MAX_CLASSES})], got {classes}")
+        raise InvalidValue(f"{setting('--classes')} must be in [1, min(nodes, {MAX_CLASSES})], got {classes}")
     if not 0 < avg_degree <= nodes:
-        raise InvalidValue(f"--avg-degree must be in (0, nodes], got {avg_degree}")
+        raise InvalidValue(f"{setting('--avg-degree')} must be in (0, nodes], got {avg_degree}")
     if not 1 <= feature_dim <= MAX_FEATURE_DIM:
-        raise InvalidValue(f"--feature-dim must be in [1, {MAX_FEATURE_DIM}], got {feature_dim}")
+        raise InvalidValue(f"{setting('--feature-dim')} must be in [1, {MAX_FEATURE_DIM}], got {feature_dim}")
     if dtype not in FEATURE_DTYPES:
-        raise InvalidValue(f"--dtype must be one of {FEATURE_DTYPES}, got {dtype!r}")
+        raise InvalidValue(f"{setting('--dtype')} must be one of {FEATURE_DTYPES}, got {dtype!r}")
     if not 0 <= seed < 2**63:
-        raise InvalidValue(f"--seed must be in [0, 2**63), got {seed}")
+        raise InvalidValue(f"{setting('--seed')} must be in [0, 2**63), got {seed}")
     if noise is not None and noise < 0:
-        raise InvalidValue(f"--noise must be >= 0, got {noise}")
+        raise InvalidValue(f"{setting('--noise')} must be >= 0, got {noise}")
     if signal < 0:
         raise InvalidValue(f"signal must be >= 0, got {signal}")
     if test_fraction is None:
@@ -142,7 +142,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
     if min(fr) < 0 or sum(fr) > 1 + 1e-9:
         raise InvalidValue(f"split fractions must be >= 0 and sum to at most 1, got {fr}")
     if not 0 <= p_in <= 1:
-        raise InvalidValue(f"--p-in must be in [0, 1], got {p_in}")
+        raise InvalidValue(f"{setting('--p-in')} must be in [0, 1], got {p_in}")
     communities = communities_of(nodes, classes, community_size)
     out = check_out(out, overwrite)
     if noise is None:
