@@ -171,8 +171,9 @@ class Dataset:
     Attributes:
         path: the folder.
         meta: the parsed ``meta.json``.
-        indptr: int64 [N+1], CSC: in-neighbours of v are
-            ``indices[indptr[v]:indptr[v+1]]`` (in memory).
+        indptr: int64 [N+1] memmap of ``indptr.npy``, CSC: in-neighbours of v are
+            ``indices[indptr[v]:indptr[v+1]]`` (paged in as it is read: file-backed
+            memory the kernel can reclaim, not a resident copy).
         indices: int32 or int64 [E] memmap of ``indices.bin``.
         features: the feature table (``read(ids)`` -> [n, dim]).
         labels: int64 [N] memmap, -1 where unlabeled.
@@ -399,10 +400,37 @@ def _check_size(path: Path, expected: int) -> None:
         raise DatasetError(path, f"{what}: {actual} bytes, meta.json says {expected}")
 
 
-def split_overlap(splits: list[np.ndarray], num_nodes: int) -> tuple[int, int, int] | None:
-    """The first problem among split id arrays (int64, in ``[0, num_nodes)``):
-    ``(i, i, id)`` for an id twice in split ``i``, ``(i, j, id)`` for an id in
-    splits ``i < j``; None when every id is in at most one split once."""
+def _npy_chunks(path: Path, arr: np.ndarray, step: int = 1 << 18):
+    """``(start, values)`` chunks of the memory-mapped 1-D ``.npy`` array ``arr`` (from
+    ``path``), read with plain reads: scanning a large array this way leaves none of its
+    pages mapped into the process (a memmap scan would, counted as its RSS)."""
+    assert isinstance(arr, np.memmap), "opened with mmap=True"  # its offset locates the data
+    with open(path, "rb") as f:
+        for a in range(0, arr.shape[0], step):
+            f.seek(arr.offset + a * arr.itemsize)
+            chunk = np.fromfile(f, dtype=arr.dtype, count=min(step, arr.shape[0] - a))
+            if chunk.size < min(step, arr.shape[0] - a):
+                raise DatasetError(path, "truncated (ends before its header's shape)")
+            yield a, chunk
+
+
+def _check_indptr(path: Path, indptr: np.ndarray, num_edges: int) -> None:
+    """``indptr`` (int64 [N+1], memory-mapped) starts at 0, ends at ``num_edges`` and never
+    decreases; one streaming pass of plain reads."""
+    first, last = int(indptr[0]), int(indptr[-1])
+    if first != 0 or last != num_edges:
+        raise DatasetError(path, f"must start at 0 and end at num_edges={num_edges} "
+                                 f"(got {first} .. {last})")
+    prev = 0
+    for a, chunk in _npy_chunks(path, indptr):
+        down = np.flatnonzero(np.diff(chunk, prepend=prev) < 0)
+        if down.size:
+            raise DatasetError(path, f"not monotone (decreases at node {a + int(down[0]) - 1})")
+        prev = int(chunk[-1])
+
+
+def _split_overlap_table(splits: list[np.ndarray], num_nodes: int) -> tuple[int, int, int] | None:
+    """:func:`split_overlap` with an owner table of ``num_nodes`` bytes (O(N), no sort)."""
     owner = np.full(num_nodes, -1, dtype=np.int8)
     for i, s in enumerate(splits):
         if s.size == 0:
@@ -412,9 +440,37 @@ def split_overlap(splits: list[np.ndarray], num_nodes: int) -> tuple[int, int, i
             k = int(np.argmax(prev >= 0))
             return int(prev[k]), i, int(s[k])
         owner[s] = i
-        if np.count_nonzero(owner == i) < s.size:  # O(N), no sort on the common path
+        if np.count_nonzero(owner == i) < s.size:
             u, counts = np.unique(s, return_counts=True)
             return i, i, int(u[np.argmax(counts > 1)])
+    return None
+
+
+def split_overlap(splits: list[np.ndarray], num_nodes: int) -> tuple[int, int, int] | None:
+    """The first problem among split id arrays (int64, in ``[0, num_nodes)``):
+    ``(i, i, id)`` for an id twice in split ``i``, ``(i, j, id)`` for an id in
+    splits ``i < j``; None when every id is in at most one split once. Memory grows with
+    the splits, not with N: an owner table of N bytes when the splits hold at least N/8
+    ids, else sorted arrays of the ids seen."""
+    if 8 * sum(s.size for s in splits) >= num_nodes:  # a table of N bytes is the cheaper
+        return _split_overlap_table(splits, num_nodes)
+    seen = np.zeros(0, dtype=np.int64)        # sorted ids of the splits before
+    owner = np.zeros(0, dtype=np.int64)       # their split, aligned with ``seen``
+    for i, s in enumerate(splits):            # memory: the splits' size, not N
+        if s.size == 0:
+            continue
+        if seen.size:
+            at = np.minimum(np.searchsorted(seen, s), seen.size - 1)
+            hit = seen[at] == s
+            if hit.any():
+                k = int(np.argmax(hit))
+                return int(owner[at[k]]), i, int(s[k])
+        u, counts = np.unique(s, return_counts=True)
+        if u.size < s.size:
+            return i, i, int(u[np.argmax(counts > 1)])
+        order = np.argsort(np.concatenate([seen, u]), kind="stable")
+        seen = np.concatenate([seen, u])[order]
+        owner = np.concatenate([owner, np.full(u.size, i, dtype=np.int64)])[order]
     return None
 
 
@@ -460,14 +516,8 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
             raise DatasetError(path / name, "checksum of sampled pages does not match meta.json "
                                             "(corrupted file)")
 
-    indptr = _load_npy(path / "indptr.npy", np.int64, (n + 1,))
-    if indptr[0] != 0 or indptr[-1] != e:
-        raise DatasetError(path / "indptr.npy",
-                           f"must start at 0 and end at num_edges={e} "
-                           f"(got {indptr[0]} .. {indptr[-1]})")
-    if n and np.any(indptr[1:] < indptr[:-1]):
-        bad = int(np.argmax(indptr[1:] < indptr[:-1]))
-        raise DatasetError(path / "indptr.npy", f"not monotone (decreases at node {bad})")
+    indptr = _load_npy(path / "indptr.npy", np.int64, (n + 1,), mmap=True)
+    _check_indptr(path / "indptr.npy", indptr, e)
     ipath = path / "indices.bin"
     if e and "index_range" in meta:
         lo, hi = meta["index_range"]
@@ -480,9 +530,13 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
 
     labels = _load_npy(path / "labels.npy", np.int64, (n,), mmap=True)
     c = meta["num_classes"]
-    if n and (labels.min() < -1 or labels.max() >= c):
+    lmin, lmax = 0, -1
+    for a, chunk in _npy_chunks(path / "labels.npy", labels):
+        lmin, lmax = (min(lmin, int(chunk.min())) if a else int(chunk.min()),
+                      max(lmax, int(chunk.max())))
+    if n and (lmin < -1 or lmax >= c):
         raise DatasetError(path / "labels.npy",
-                           f"label out of range [-1, {c}) (min {labels.min()}, max {labels.max()})")
+                           f"label out of range [-1, {c}) (min {lmin}, max {lmax})")
     names = ("train_idx.npy", "val_idx.npy", "test_idx.npy")
     splits = []
     for name in names:
