@@ -343,3 +343,29 @@ def test_opening_a_dataset_keeps_its_node_arrays_out_of_memory(tmp_path):
     grown = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                  check=True).stdout)
     assert grown < 16, f"opening took {grown:.0f} MiB"
+
+
+def test_a_raw_dataset_folder_gets_the_command_that_converts_it(tmp_path):
+    from pathlib import Path
+
+    cora = Path(__file__).resolve().parents[2] / "shared/data/planetoid/Cora"
+    cases = {"ogb_csv": ["raw/edge.csv.gz"], "ogb_npz": ["raw/data.npz", "split/time/train.csv.gz"],
+             "igb": ["processed/paper/node_feat.npy"], "plain": ["notes.txt"]}
+    for name, files in cases.items():
+        for f in files:
+            (tmp_path / name / f).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name / f).write_bytes(b"")
+    hint = {"ogb_csv": f"raw OGB dataset: convert it with ooc.prepare ogb --root {tmp_path}/ogb_csv",
+            "ogb_npz": f"raw OGB dataset: convert it with ooc.prepare ogb --root {tmp_path}/ogb_npz",
+            "igb": f"IGB dataset: convert it with ooc.prepare igb --root {tmp_path}/igb"}
+    for name in cases:
+        with pytest.raises(DatasetError) as e:
+            open_dataset(tmp_path / name)
+        msg = str(e.value)
+        assert msg.startswith(f"{tmp_path / name}/meta.json: missing (not an ooc dataset folder)")
+        assert (hint[name] in msg) if name in hint else msg.endswith("folder)"), msg
+    if cora.is_dir():  # the shared Planetoid files, as the README's quick start names them
+        for where in (cora, cora / "raw"):
+            with pytest.raises(DatasetError, match=f"ooc.prepare planetoid --root {cora.parent} "
+                                                   f"--name Cora --out Cora-ooc"):
+                open_dataset(where)

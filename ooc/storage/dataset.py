@@ -290,6 +290,28 @@ def replace_problem(path: Path) -> str | None:
     return None
 
 
+def raw_format_hint(path: Path) -> str:
+    """``; it looks like ... convert it with ooc.prepare ...`` when ``path`` holds a raw
+    dataset ``ooc.prepare`` reads (OGB, Planetoid, IGB), else ``""``."""
+    def has(*names: str) -> bool:
+        return any((path / n).exists() for n in names)
+
+    out = f"--out {path.name or 'data'}-ooc"
+    if has("raw/edge.csv.gz", "raw/data.npz") or (has("split") and has("raw")):
+        return f"; it looks like a raw OGB dataset: convert it with ooc.prepare ogb --root {path} {out}"
+    for folder in (path, path / "raw"):
+        names = [p.name for p in folder.glob("ind.*.graph")] if folder.is_dir() else []
+        if names:
+            root, name = (path.parent.parent, path.parent.name) if folder == path else \
+                (path.parent, path.name)
+            return (f"; it looks like PyG Planetoid raw files: convert them with ooc.prepare "
+                    f"planetoid --root {root} --name {name} --out {name}-ooc")
+    if any(next(path.glob(p), None) is not None  # IGB: ROOT/.../paper/node_feat.npy
+           for p in ("node_feat.npy", "*/node_feat.npy", "*/*/node_feat.npy")):
+        return f"; it looks like an IGB dataset: convert it with ooc.prepare igb --root {path} {out}"
+    return ""
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -311,7 +333,7 @@ def _load_meta(path: Path) -> dict:
     if not path.is_dir():
         raise DatasetError(path, "not a dataset folder (missing or not a directory)")
     if not mp.is_file():
-        raise DatasetError(mp, "missing (not an ooc dataset folder)")
+        raise DatasetError(mp, "missing (not an ooc dataset folder)" + raw_format_hint(path))
     try:
         meta = json.loads(mp.read_text())
     except RecursionError:
