@@ -109,8 +109,10 @@ def test_refuse_then_the_suggestion_runs_under_it(graph, tmp_path, mode):
         caches = plan["feature_cache_bytes"] + plan["neighbor_cache_bytes"]
         assert plan["working"] + caches + plan["reserve"] <= budget
         if mode != "baseline" and budget > _suggestion(out):
-            # the caches got the rest of the budget, and it was not the whole dataset
-            assert 0 < r["mode_info"]["feature_cache_rows"] < 20_000
+            # the caches got the rest of the budget (with a cold kernel cache the measured
+            # working memory is smaller, and the rest can hold all 20,000 rows)
+            assert 0 < r["mode_info"]["feature_cache_rows"] <= 20_000
+            assert caches > 0
         # the bound, three ways, no tolerance
         assert r["peak_rss_bytes"] <= budget, (r["peak_rss_bytes"], plan)
         assert sampled <= budget, (sampled, plan)
