@@ -33,6 +33,22 @@ def _train_cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def _poisoned(tmp_path, seed: int, degree: int, poison) -> tuple:
+    """A 300-node, 8-feature, 3-class random graph of ``degree * n`` edges whose features
+    ``poison(x)`` made non-finite; returns ``(path, indptr, indices)``."""
+    n = 300
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, n, degree * n), rng.integers(0, n, degree * n)
+    indptr, indices = csc_from_edges(src, dst, n)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    poison(x)
+    idx = np.arange(n)
+    data = write_dataset(tmp_path / "poisoned", indptr, indices, x, rng.integers(0, 3, n),
+                         idx[:200], idx[200:250], idx[250:], num_classes=3,
+                         allow_nonfinite=True)
+    return data, indptr, indices
+
+
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory) -> Path:
     return community_graph(tmp_path_factory.mktemp("f") / "g", n=400)
@@ -98,16 +114,10 @@ def test_huge_lr_stops_the_cli_with_one_line_and_no_checkpoint(graph, tmp_path):
 
 
 def test_poisoned_feature_stops_the_cli_with_nan_loss(tmp_path):
-    n = 300
-    rng = np.random.default_rng(0)
-    src, dst = rng.integers(0, n, 8 * n), rng.integers(0, n, 8 * n)
-    indptr, indices = csc_from_edges(src, dst, n)
-    x = rng.standard_normal((n, 8)).astype(np.float32)
-    x[:, 0] = np.nan  # every row: the first batch's loss is NaN
-    idx = np.arange(n)
-    data = write_dataset(tmp_path / "poisoned", indptr, indices, x, rng.integers(0, 3, n),
-                         idx[:200], idx[200:250], idx[250:], num_classes=3,
-                         allow_nonfinite=True)
+    def poison(x):
+        x[:, 0] = np.nan  # every row: the first batch's loss is NaN
+
+    data, _, _ = _poisoned(tmp_path, 0, 8, poison)
     ck = tmp_path / "ck"
     p = _train_cli("--data", str(data), "--epochs", "1", "--checkpoint-dir", str(ck))
     assert p.returncode == 2, p.stdout + p.stderr
@@ -154,16 +164,10 @@ def test_inference_names_the_first_node_whose_output_is_not_finite(tmp_path):
     from ooc.executor.training.checkpoint import save_checkpoint
     from ooc.executor.training.models import build_model
 
-    n = 300
-    rng = np.random.default_rng(1)
-    src, dst = rng.integers(0, n, 6 * n), rng.integers(0, n, 6 * n)
-    indptr, indices = csc_from_edges(src, dst, n)
-    x = rng.standard_normal((n, 8)).astype(np.float32)
-    x[137, 3] = np.inf  # node 137's own row; its out-neighbours see it from layer 1 on
-    idx = np.arange(n)
-    data = write_dataset(tmp_path / "poisoned", indptr, indices, x, rng.integers(0, 3, n),
-                         idx[:200], idx[200:250], idx[250:], num_classes=3,
-                         allow_nonfinite=True)
+    def poison(x):
+        x[137, 3] = np.inf  # node 137's own row; its out-neighbours see it from layer 1 on
+
+    data, indptr, indices = _poisoned(tmp_path, 1, 6, poison)
     torch.manual_seed(0)
     ck = save_checkpoint(tmp_path / "ck", 1, build_model("sage", 8, 16, 3, 2))
     out = tmp_path / "emb.zarr"
