@@ -8,7 +8,6 @@ int64 [N] when rows are not in node id order, and ``progress.json``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ import numpy as np
 
 from ...storage.atomic import write_json
 from ...storage.dataset import Dataset
-from ...storage.errors import IOFailure, InvalidValue, OutputBusy
+from ...storage.errors import IOFailure, InvalidValue
 
 PROGRESS_FILE = "progress.json"
 
@@ -250,36 +249,31 @@ def not_replaceable(out: Path) -> str | None:
 
 @contextlib.contextmanager
 def locked_partial(work: Path):
-    """Create ``work`` (when absent, with ooc's ownership marker) and hold an exclusive
-    ``flock`` on it; a ``work`` holding nothing but the marker is removed afterwards. A
-    symlink there, or a folder of files without the marker, is refused."""
+    """Create ``work`` (when absent, with ooc's ownership marker) for a caller that holds
+    the output's lock (:func:`~ooc.storage.locks.exclusive`); a ``work`` holding nothing
+    but the marker is removed afterwards. A symlink there, or a folder of files without the
+    marker, is refused."""
     from ...storage.ownership import MARKER, made_by_ooc, mark
 
     try:
         if work.is_symlink():
             raise InvalidValue(f"{work}: is a symlink where ooc.infer keeps its partial output; "
-                           f"remove it or choose another --out")
+                               f"remove it or choose another --out")
         work.mkdir(parents=True, exist_ok=True)
         if not made_by_ooc(work, "output"):
             if any(work.iterdir()):
                 raise InvalidValue(f"{work}: holds files ooc.infer did not write (no ownership "
-                               f"marker); remove it or choose another --out")
+                                   f"marker); remove it or choose another --out")
             mark(work, "output")
-        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
         raise IOFailure(f"{work}: cannot create the output folder ({e.strerror or e})") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputBusy(f"{work}: another ooc.infer is writing this output") from None
-        yield fd
+        yield work
     finally:
         with contextlib.suppress(OSError):
             if [p.name for p in work.iterdir()] == [MARKER]:  # failed before writing anything
                 (work / MARKER).unlink()
                 work.rmdir()
-        os.close(fd)
 
 
 def swap_in(work: Path, out: Path) -> None:
