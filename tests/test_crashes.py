@@ -2,6 +2,7 @@
 trains as an MLP would) or is one line, exit 2 from the CLIs."""
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -84,6 +85,8 @@ def test_an_iterator_kept_past_close_says_so(no_edges, preset):
     it = iter(loader)
     next(it)
     loader.close()
+    # the threads preparing the next batches ended before the readers closed
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("ooc-")]
     with pytest.raises(OocError, match="NodeLoader is closed"):
         next(it)
     with pytest.raises(OocError, match="NodeLoader is closed"):

@@ -4,6 +4,8 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -187,6 +189,45 @@ def test_no_fd_leak(raw_file, backend):
     r.close()
     with pytest.raises(OocError, match="closed"):
         r.read_pages(np.arange(1), aligned_empty(PAGE))
+
+
+_CLOSE_RACE = """
+import sys, threading, time
+import numpy as np
+from ooc.storage import DirectReader, aligned_empty
+path, backend = sys.argv[1], sys.argv[2]
+for trial in range(60):
+    r = DirectReader(path, queue_depth=32, backend=backend)
+    out = aligned_empty(256 * 4096)
+    errors = []
+    def loop():
+        rng = np.random.default_rng(trial)
+        try:
+            while True:
+                r.read_pages(np.unique(rng.integers(0, r.num_pages, 256)), out)
+        except Exception as e:
+            errors.append(str(e))
+    t = threading.Thread(target=loop)
+    t.start()
+    time.sleep(0.001 * (trial % 4))
+    r.close()
+    t.join()
+    assert len(errors) == 1 and "reader is closed" in errors[0], errors
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_while_another_thread_reads(tmp_path, backend):
+    """close() waits for a read in progress and later reads raise: the ring is never
+    unmapped under a running read (that was a segfault). In a child, so a crash fails
+    the test instead of ending the run."""
+    path = tmp_path / "f.bin"
+    np.random.default_rng(0).integers(0, 256, 16 << 20, dtype=np.uint8).tofile(path)
+    _backend_or_skip(backend, path)
+    r = subprocess.run([sys.executable, "-c", _CLOSE_RACE, str(path), backend],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
 
 
 @pytest.fixture

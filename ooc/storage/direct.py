@@ -17,9 +17,10 @@ On top of the reader:
 * :func:`read_ranges` / :func:`read_index_ranges` — byte ranges (neighbour
   lists of ``indices.bin``) read with each page once.
 
-Threads: ``read_pages`` holds a per-reader lock, so concurrent calls are
-serialised, but :class:`DirectFeatures` and :func:`read_ranges` hand out the
-reader's reusable scratch buffer: give each thread its own reader.
+Threads: ``read_pages`` and ``close`` hold a per-reader lock, so concurrent
+calls are serialised and closing waits for a read in progress, but
+:class:`DirectFeatures` and :func:`read_ranges` hand out the reader's reusable
+scratch buffer: give each thread its own reader.
 """
 from __future__ import annotations
 
@@ -137,8 +138,14 @@ class DirectReader:
 
     # ------------------------------------------------------------- lifecycle
     def close(self) -> None:
-        """Release the file descriptor, ring and threads (idempotent)."""
-        self._finalizer()
+        """Release the file descriptor, ring and threads (idempotent).
+
+        Waits for a read in progress on another thread (reads and ``close`` take
+        the same lock): the ring's memory is never unmapped under a running read,
+        and a read that starts after ``close`` raises :class:`OocError`.
+        """
+        with self._lock:
+            self._finalizer()
 
     @property
     def closed(self) -> bool:

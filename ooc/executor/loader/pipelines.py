@@ -40,10 +40,12 @@ _END = object()
 PREFETCH = 1
 
 class _Worker:
-    """Runs ``produce(put)`` on a thread; iterating yields what it put, in order.
+    """Runs ``produce(put, stopped)`` on a thread; iterating yields what it put, in order.
 
-    Exceptions on the thread are re-raised in the consumer; closing the
-    iterator early stops the thread (``stopped()`` turns true).
+    Exceptions on the thread are re-raised in the consumer. Closing the
+    iterator early, or :meth:`halt` from any thread, stops the thread
+    (``stopped()`` turns true, ``put`` returns False) and waits for it; a
+    consumer whose worker was halted sees the iteration end.
     """
 
     def __init__(self, produce, depth: int, name: str):
@@ -51,6 +53,7 @@ class _Worker:
         self.stop = threading.Event()
         self.produce = produce
         self.name = name
+        self.thread: threading.Thread | None = None
 
     def put(self, item: Any) -> bool:
         while not self.stop.is_set():
@@ -61,6 +64,17 @@ class _Worker:
                 continue
         return False
 
+    def halt(self) -> None:
+        """Stop the thread and wait for it to end (it ends after its current step)."""
+        self.stop.set()
+        t = self.thread
+        while t is not None and t.is_alive():
+            try:
+                self.q.get_nowait()  # a put waiting for room sees the stop
+            except queue.Empty:
+                pass
+            t.join(timeout=0.05)
+
     def __iter__(self) -> Iterator[Any]:
         def run() -> None:
             try:
@@ -69,24 +83,23 @@ class _Worker:
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 self.put(e)
 
-        t = threading.Thread(target=run, name=self.name, daemon=True)
-        t.start()
+        self.thread = threading.Thread(target=run, name=self.name, daemon=True)
+        self.thread.start()
         try:
             while True:
-                item = self.q.get()
+                try:
+                    item = self.q.get(timeout=0.1)
+                except queue.Empty:
+                    if self.stop.is_set():  # halted: nothing more comes
+                        return
+                    continue
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
-            self.stop.set()
-            while t.is_alive():
-                try:
-                    self.q.get_nowait()
-                except queue.Empty:
-                    pass
-                t.join(timeout=0.05)
+            self.halt()
 
 
 class _Times:
@@ -117,6 +130,26 @@ class BatchPipeline:
         self.times = _Times()
         self.misses = 0
         self.lookups = 0
+        self._live: set[_Worker] = set()  # the threads of epochs being iterated
+
+    def _run(self, produce, depth: int, name: str) -> Iterator[Any]:
+        """Iterate a :class:`_Worker` over ``produce``; :meth:`close` halts it."""
+        w = _Worker(produce, depth, name)
+        self._live.add(w)
+        try:
+            yield from w
+        finally:
+            self._live.discard(w)
+
+    def close(self) -> None:
+        """Stop the threads of every epoch still being iterated and wait for them, so
+        that nothing reads from the sources after this returns (their readers can
+        then be closed). An iterator kept past this ends."""
+        live = list(self._live)
+        for w in live:
+            w.stop.set()
+        for w in live:
+            w.halt()
 
     def __len__(self) -> int:
         return -(-len(self.seeds) // self.batch_size) if len(self.seeds) else 0
@@ -130,8 +163,8 @@ class BatchPipeline:
         """``(batch, rows)`` of every batch of ``epoch`` in order; ``rows`` is
         [n, dim] in the file dtype, row k for ``batch.node_ids[k]``."""
         self.times = _Times()
-        yield from _Worker(lambda put, stopped: self._produce(epoch, put, stopped),
-                           self.prefetch, "ooc-gather")
+        yield from self._run(lambda put, stopped: self._produce(epoch, put, stopped),
+                             self.prefetch, "ooc-gather")
 
     def _gather(self, batch: SampledBatch) -> np.ndarray:
         t0 = time.perf_counter()
@@ -216,7 +249,7 @@ class SuperbatchPipeline(BatchPipeline):
                     sb.release()
                     return
 
-        return iter(_Worker(load, 1, "ooc-loader"))
+        return self._run(load, 1, "ooc-loader")
 
     def _produce(self, epoch: int, put, stopped) -> None:
         cache = self.cache

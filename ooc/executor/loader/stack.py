@@ -290,6 +290,7 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
         parts = _Parts(dataset, config, opts, plan, preset, sampler, features, cache, seeds,
                        shuffle, info, closers)
         train = SCHEDULES[preset.policy.schedule](parts)
+        closers.append(train.close)  # first at close: its threads end before the readers do
     except BaseException:
         for c in reversed(closers):
             c()
