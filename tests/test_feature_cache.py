@@ -53,7 +53,8 @@ def test_gather_and_update_match_numpy(dtype):
         cached = np.sort(np.union1d(np.setdiff1d(cached, evict), ins))
         np.testing.assert_array_equal(fc.cached_ids(), cached)
         assert len(fc) == len(cached) <= cap
-        slots = fc.address_table[cached]
+        slots = fc.slots.get(cached)
+        assert (slots >= 0).all()
         np.testing.assert_array_equal(fc.cache[slots], x[cached])
         if step % 50 == 49:  # a superbatch switch keeps the rows that stay
             new_init = rng.choice(n, 30, replace=False)

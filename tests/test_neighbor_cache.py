@@ -59,13 +59,14 @@ def test_build_policy_layout_and_budget(dataset):
     outdeg = np.bincount(indices, minlength=n)
     np.testing.assert_array_equal(compute_out_degrees(dataset.indices, n, chunk=1000), outdeg)
     full = full_cache_bytes(indptr, indices.itemsize)
-    for frac in [0.0, 0.1, 0.25, 0.6, 1.0]:
-        budget = 8 * n + int(frac * (full - 8 * n))
+    assert build_neighbor_cache(indptr, indices, 0).num_cached == 0
+    for frac in [0.01, 0.1, 0.25, 0.6, 1.0]:
+        budget = int(frac * full)
         c = build_neighbor_cache(indptr, indices, budget)
-        assert c.nbytes <= budget and c.address_table.dtype == np.int64
-        cached = np.flatnonzero(c.address_table >= 0)
-        assert c.num_cached == cached.shape[0]
-        for v in range(n):   # O(1) look-up returns the exact list, or a miss
+        assert c.nbytes <= budget
+        cached = c.nodes
+        assert c.num_cached == cached.shape[0] and (np.diff(cached) > 0).all()
+        for v in range(n):   # the look-up returns the exact list, or a miss
             lst = c.neighbors(v)
             if lst is None:
                 assert v not in set(cached.tolist())
@@ -75,12 +76,65 @@ def test_build_policy_layout_and_budget(dataset):
         cand = np.flatnonzero(indeg > 0)
         order = cand[np.argsort(-(outdeg[cand] / indeg[cand]), kind="stable")]
         assert set(order[:cached.shape[0]].tolist()) == set(cached.tolist())
-        if frac == 0.0:
-            assert cached.shape[0] == 0
         if frac == 1.0:
             assert cached.shape[0] == cand.shape[0]
-    # a budget smaller than the address table caches nothing
-    assert build_neighbor_cache(indptr, indices, 100).num_cached == 0
+
+
+def _reference_choice(indptr, indices, budget):
+    """The cache's nodes by a full sort (the order of Ginex §3.2: out/in degree ratio,
+    highest first, ties by id; the longest prefix that fits)."""
+    from ooc.inspector.neighbor_cache import _map_bytes, map_bytes_per_node
+
+    n = indptr.shape[0] - 1
+    indeg = np.diff(indptr)
+    outdeg = np.bincount(indices, minlength=n)
+    cand = np.flatnonzero(indeg > 0)
+    order = cand[np.argsort(-(outdeg[cand] / indeg[cand]), kind="stable")]
+    total = np.cumsum((indeg[order] + 1) * indices.itemsize)
+    top = budget // indices.itemsize
+    take = np.searchsorted(total + map_bytes_per_node(n, top) * np.arange(1, len(order) + 1),
+                           budget, side="right")
+    room = budget - _map_bytes(n, n, top)
+    if room > 0:
+        take = max(take, np.searchsorted(total, room, side="right"))
+    return np.sort(order[:take])
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_streaming_choice_equals_a_full_sort(symmetric):
+    """The radix select picks the nodes a full sort does, ties included: every node of a
+    graph stored both ways has ratio 1, so the order is the ids'."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    src = rng.integers(0, n, 20000) ** 2 // n
+    dst = rng.integers(0, n, 20000)
+    if symmetric:
+        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+    indptr, indices = csc_from_edges(src, dst, n)
+    full = full_cache_bytes(indptr, indices.itemsize)
+    for budget in [1, 50, 777, full // 100, full // 7, full // 2, full - 1, full, 10 * full]:
+        c = build_neighbor_cache(indptr, indices, int(budget))
+        np.testing.assert_array_equal(c.nodes, _reference_choice(indptr, indices, int(budget)))
+        assert c.nbytes <= max(budget, 64)
+
+
+def test_the_map_grows_with_the_cached_nodes_not_the_graph():
+    """1M nodes, 1000 of them with in-neighbours: a 64 KiB cache holds lists, and its
+    map is a small hash table, not a table of 4 MB over every node."""
+    n, k = 1_000_000, 1000
+    indptr = np.zeros(n + 1, np.int64)
+    indptr[1:k + 1] = 3 * np.arange(1, k + 1)
+    indptr[k + 1:] = 3 * k
+    indices = (np.arange(3 * k, dtype=np.int32) * 7919) % n
+    c = build_neighbor_cache(indptr, indices, 64 << 10)
+    assert c.num_cached > 500 and not c.slots.direct
+    assert c.nbytes <= 64 << 10 and c.slots.nbytes <= 32 * c.num_cached
+    for v in (0, 1, k - 1, k, n - 1):
+        lst = c.neighbors(v)
+        if v in set(c.nodes.tolist()):
+            np.testing.assert_array_equal(lst, indices[indptr[v]:indptr[v + 1]])
+        else:
+            assert lst is None
 
 
 def test_save_load_beside_dataset(dataset):
@@ -91,7 +145,8 @@ def test_save_load_beside_dataset(dataset):
     assert (folder / "meta.json").exists()
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temp left
     again = load_or_build_neighbor_cache(dataset, budget)
-    np.testing.assert_array_equal(again.address_table, c.address_table)
+    np.testing.assert_array_equal(again.nodes, c.nodes)
+    np.testing.assert_array_equal(again.addresses, c.addresses)
     np.testing.assert_array_equal(again.cache_array, c.cache_array)
     m = NeighborCache.load(folder, mmap=True)
     np.testing.assert_array_equal(m.cache_array, c.cache_array)
@@ -109,8 +164,7 @@ def test_corrupt_saved_cache_is_rebuilt(dataset, tmp_path):
     good = load_or_build_neighbor_cache(ds, budget)
     folder = cache_dir(path, budget)
     ca = np.load(folder / "cache_array.npy")
-    v = int(np.flatnonzero(good.address_table >= 0)[0])
-    ca[good.address_table[v] + 1] = 10**6          # an id out of range
+    ca[good.addresses[0] + 1] = 10**6          # an id out of range
     np.save(folder / "cache_array.npy", ca)
     again = load_or_build_neighbor_cache(ds, budget)
     np.testing.assert_array_equal(again.cache_array, good.cache_array)
@@ -173,7 +227,6 @@ def sample_all(dataset, source, group_size=16):
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])
 def test_identical_batches_from_every_source(dataset, tmp_path, index_dtype):
     indptr = dataset.indptr
-    n = dataset.num_nodes
     if index_dtype == "int32":
         indices = dataset.indices
         path = dataset.file("indices.bin")
@@ -199,7 +252,7 @@ def test_identical_batches_from_every_source(dataset, tmp_path, index_dtype):
 
     full = full_cache_bytes(indptr, indices.itemsize)
     for frac in [0.0, 0.25, 1.0]:
-        cache = build_neighbor_cache(indptr, indices, 8 * n + int(frac * (full - 8 * n)))
+        cache = build_neighbor_cache(indptr, indices, int(frac * full))
         for fallback in [InMemoryNeighbors(indices),
                          DirectNeighbors(path, indptr, reader=reader, dtype=index_dtype)]:
             src = CachedNeighbors(cache, fallback)

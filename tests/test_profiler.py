@@ -45,7 +45,8 @@ def test_report_fields_and_plot(profiled):
     rec, plan, m = r["recommendation"], r["memory_plan"], r["measured"]
     budget = r["budget_bytes"]
     # the caches fit the budget with the measured working memory and the reserve
-    feat_total = rec["feature_cache_rows"] * (r["dataset"]["row_bytes"] + 8)
+    # the id map of the cached rows at its largest (4 places of int32 key and value): 32 B
+    feat_total = rec["feature_cache_rows"] * (r["dataset"]["row_bytes"] + 8 + 32)
     assert plan["working"] + r["reserve_bytes"] + feat_total + rec["neighbor_cache_bytes"] <= budget
     assert rec["feature_cache_bytes"] == rec["feature_cache_rows"] * r["dataset"]["row_bytes"]
     mb = plan["min_budget"]

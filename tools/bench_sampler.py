@@ -93,8 +93,7 @@ def main() -> None:
         reader = DirectReader(ds.file("indices.bin"), queue_depth=a.queue_depth)
     print(f"O_DIRECT reads of indices.bin: {reader.backend_label}, queue depth {a.queue_depth}")
     for frac in (0.0, 0.25, 1.0):
-        cache = build_neighbor_cache(ds.indptr, indices_mem,
-                                     8 * ds.num_nodes + int(frac * (full - 8 * ds.num_nodes)),
+        cache = build_neighbor_cache(ds.indptr, indices_mem, int(frac * full),
                                      out_degrees=outdeg)
         drop_page_cache(ds.file("indices.bin"))
         d = DirectNeighbors(ds.file("indices.bin"), ds.indptr, reader=reader)

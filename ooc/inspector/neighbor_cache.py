@@ -2,13 +2,16 @@
 
 Static: the in-neighbour lists of the nodes with the highest ratio
 ``out_degree / in_degree`` (benefit / cost), in that order, as many as fit in
-a byte budget. Direct addressed: ``address_table`` (int64 [N], -1 when the
-node is not cached) points into ``cache_array`` (the index dtype), which holds
-for each cached node its neighbour count and then its neighbour ids.
+a byte budget. ``slots`` (an :class:`~ooc.storage.id_map.IdMap`, sized by
+the cached nodes, not by N) maps a cached node to its address in
+``cache_array`` (the index dtype), which holds for each cached node its
+neighbour count and then its neighbour ids.
 
-The budget counts everything resident: ``address_table`` (8 bytes per node)
-plus ``cache_array``. Lists are placed in node-id order, so building from a
-memmap of ``indices.bin`` reads it sequentially.
+The budget counts everything resident: ``slots`` (at most
+:func:`map_bytes_per_node` per cached node, or a direct table of 4 or 8 bytes
+per node where that is smaller) plus ``cache_array``. Lists are placed in
+node-id order, so building from a memmap of ``indices.bin`` reads it
+sequentially.
 
 Built once and saved beside the dataset as
 ``<dataset>/neighbor_cache/<budget_bytes>/`` (written atomically; dataset
@@ -36,14 +39,23 @@ import numpy as np
 from ooc.storage.atomic import atomic_dir, write_json
 from ooc.storage.dataset import index_range_error
 from ooc.storage.errors import DatasetError
+from ooc.storage.id_map import IdMap
 from ooc.storage.pagecache import release_mapped
 
 from . import _neighbor_cache_kernels as NK
 
-__all__ = ["NeighborCache", "build_neighbor_cache", "cache_dir", "load_or_build_neighbor_cache",
-           "full_cache_bytes", "compute_out_degrees", "user_cache_dir"]
+__all__ = ["MIN_CACHE_BYTES", "NeighborCache", "build_bytes", "build_neighbor_cache", "cache_dir",
+           "load_or_build_neighbor_cache", "full_cache_bytes", "compute_out_degrees",
+           "user_cache_dir"]
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+#: The smallest neighbor cache built (bytes): below one page it would hold next to nothing.
+MIN_CACHE_BYTES = 4096
+
+
+def map_bytes_per_node(num_nodes: int, max_address: int) -> int:
+    """The most bytes the map takes per cached node (see :class:`~ooc.storage.id_map.IdMap`)."""
+    return IdMap.max_bytes_per_entry(max(0, num_nodes - 1), max_address)
 
 
 @dataclass
@@ -51,36 +63,61 @@ class NeighborCache:
     """A loaded neighbor cache.
 
     Attributes:
-        address_table: int64 [N]; ``cache_array[a]`` is node v's count and
-            ``cache_array[a+1 : a+1+count]`` its in-neighbours, with
-            ``a = address_table[v]``; -1 when v is not cached.
+        slots: cached node -> address (:class:`~ooc.storage.id_map.IdMap`):
+            ``cache_array[a]`` is the node's count and ``cache_array[a+1 : a+1+count]``
+            its in-neighbours.
         cache_array: int32/int64 flat array.
         meta: build information (budget, cached nodes, bytes, ...).
     """
 
-    address_table: np.ndarray
+    slots: IdMap
     cache_array: np.ndarray
     meta: dict = field(default_factory=dict)
 
+    @classmethod
+    def from_arrays(cls, nodes: np.ndarray, addresses: np.ndarray, cache_array: np.ndarray,
+                    meta: dict) -> "NeighborCache":
+        """The cache of ``nodes`` (int64 [k], in [0, meta's num_nodes)) whose entries start
+        at ``addresses`` (int64 [k])."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        m = IdMap(nodes.shape[0], max(0, int(meta["num_nodes"]) - 1),
+                  max(0, cache_array.shape[0] - 1))
+        m.put(nodes, addresses)
+        return cls(m, cache_array, meta)
+
+    @property
+    def nodes(self) -> np.ndarray:
+        """int64 [k]: the cached nodes, sorted (computed from the map)."""
+        return self.slots.ids()
+
+    @property
+    def addresses(self) -> np.ndarray:
+        """int64 [k]: where the entry of each of :attr:`nodes` starts."""
+        return self.slots.get(self.nodes)
+
     @property
     def num_cached(self) -> int:
-        return int(self.meta.get("num_cached", int((self.address_table >= 0).sum())))
+        return len(self.slots)
 
     @property
     def nbytes(self) -> int:
-        return int(self.address_table.nbytes + self.cache_array.nbytes)
+        """Bytes resident while it serves: the map and the lists."""
+        return int(self.slots.nbytes + self.cache_array.nbytes)
 
     def neighbors(self, v: int) -> np.ndarray | None:
         """In-neighbours of ``v`` (a view), or None when not cached."""
-        a = int(self.address_table[v])
+        a = int(self.slots.get(np.array([v]))[0])
         if a < 0:
             return None
         return self.cache_array[a + 1:a + 1 + int(self.cache_array[a])]
 
     def save(self, folder: str | os.PathLike, overwrite: bool = True) -> Path:
-        """Write to ``folder`` atomically (address_table.npy, cache_array.npy, meta.json)."""
+        """Write to ``folder`` atomically (nodes.npy, addresses.npy, cache_array.npy,
+        meta.json)."""
+        nodes = self.nodes
         with atomic_dir(folder, overwrite=overwrite) as tmp:
-            np.save(tmp / "address_table.npy", self.address_table)
+            np.save(tmp / "nodes.npy", nodes)
+            np.save(tmp / "addresses.npy", self.slots.get(nodes))
             np.save(tmp / "cache_array.npy", self.cache_array)
             write_json(tmp / "meta.json", self.meta)
         return Path(folder)
@@ -99,18 +136,23 @@ class NeighborCache:
                 raise DatasetError(folder / "meta.json", "not a neighbor cache of version "
                                                          f"{CACHE_VERSION}")
             mode: Literal["r"] | None = "r" if mmap else None
-            at = np.load(folder / "address_table.npy", mmap_mode=mode, allow_pickle=False)
+            nodes = np.load(folder / "nodes.npy", allow_pickle=False)
+            addr = np.load(folder / "addresses.npy", allow_pickle=False)
             ca = np.load(folder / "cache_array.npy", mmap_mode=mode, allow_pickle=False)
-            ok = (at.dtype == np.int64 and at.shape == (meta.get("num_nodes"),)
-                  and ca.dtype.name == meta.get("index_dtype")
-                  and ca.shape == (meta.get("cache_entries"),))
+            k = meta.get("num_cached")
+            n = meta.get("num_nodes")
+            ok = (nodes.dtype == np.int64 and nodes.shape == (k,) and addr.dtype == np.int64
+                  and addr.shape == (k,) and ca.dtype.name == meta.get("index_dtype")
+                  and ca.shape == (meta.get("cache_entries"),) and isinstance(n, int)
+                  and (k == 0 or (bool((np.diff(nodes) > 0).all()) and 0 <= nodes[0]
+                                  and nodes[-1] < n)))
         except DatasetError:
             raise
         except (OSError, ValueError, EOFError, UnicodeDecodeError) as e:
             raise DatasetError(folder, f"unreadable neighbor cache ({e})") from None
         if not ok:
             raise DatasetError(folder, "neighbor cache files do not match its meta.json")
-        return cls(at, ca, meta)
+        return cls.from_arrays(nodes, addr, ca, meta)
 
     def check(self, indptr: np.ndarray, indices_path: str | os.PathLike = "indices.bin") -> None:
         """Check the cache against ``indptr`` (int64 [N+1]) and the id range.
@@ -121,16 +163,17 @@ class NeighborCache:
         """
         indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         n = indptr.shape[0] - 1
-        if self.address_table.shape != (n,):
-            raise DatasetError(indices_path, f"neighbor cache covers {self.address_table.shape[0]} "
+        if self.meta.get("num_nodes") != n:
+            raise DatasetError(indices_path, f"neighbor cache covers {self.meta.get('num_nodes')} "
                                              f"nodes, the graph has {n}")
-        status = np.zeros(n, dtype=np.int8)
-        NK.check_cache(self.address_table, self.cache_array, indptr, n, status)
+        nodes = self.nodes
+        status = np.zeros(nodes.shape[0], dtype=np.int8)
+        NK.check_cache(nodes, self.slots.get(nodes), self.cache_array, indptr, n, status)
         bad = np.flatnonzero(status)
         if not bad.size:
             return
-        v = int(bad[0])
-        if status[v] == 1:
+        v = int(nodes[bad[0]])
+        if status[bad[0]] == 1:
             raise DatasetError(indices_path, f"neighbor cache entry of node {v} does not match "
                                              f"its in-degree")
         ids = self.neighbors(v)
@@ -141,15 +184,19 @@ class NeighborCache:
 
 #: Neighbour ids copied from the ``indices.bin`` memmap between two releases of its pages.
 FILL_SLICE_ENTRIES = 1 << 24
+#: The most nodes of one range of the fill (its chosen ids, sizes, addresses: int64 each).
+FILL_SLICE_NODES = 1 << 20
 
 
-def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np.ndarray:
-    """int64 [N] out-degrees from an indices array/memmap, streamed in chunks.
+def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24,
+                        dtype=np.int64) -> np.ndarray:
+    """``dtype`` [N] out-degrees from an indices array/memmap, streamed in chunks (a
+    memmap's pages released after each).
 
     Raises:
         DatasetError: an id outside ``[0, num_nodes)``, naming the file and position.
     """
-    deg = np.zeros(num_nodes, dtype=np.int64)
+    deg = np.zeros(num_nodes, dtype=dtype)
     for a in range(0, indices.shape[0], chunk):
         part = np.asarray(indices[a:a + chunk])
         e = NK.out_degrees(part, num_nodes, 0, part.shape[0], deg)
@@ -160,11 +207,71 @@ def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 2
     return deg
 
 
-def full_cache_bytes(indptr: np.ndarray, itemsize: int) -> int:
-    """Bytes (address table included) of a cache holding every non-empty list."""
-    indeg = np.diff(np.asarray(indptr, dtype=np.int64))
-    n = indeg.shape[0]
-    return 8 * n + itemsize * int((indeg + (indeg > 0)).sum())
+def _degree_dtype(num_edges: int) -> type:
+    """The counter type of a degree: uint32 while no degree can pass it."""
+    return np.uint32 if num_edges < 2**32 else np.int64
+
+
+def in_degrees(indptr: np.ndarray, chunk: int = 1 << 22) -> np.ndarray:
+    """[N] in-degrees from ``indptr`` (int64 [N+1], an array or a memmap read in chunks),
+    uint32 (int64 when the graph has 2^32 edges or more)."""
+    n = indptr.shape[0] - 1
+    out = np.empty(n, dtype=_degree_dtype(int(indptr[-1])))
+    for a in range(0, n, chunk):
+        b = min(n, a + chunk)
+        out[a:b] = np.diff(np.asarray(indptr[a:b + 1], dtype=np.int64))
+    release_mapped(indptr)
+    return out
+
+
+def _map_bytes(num_nodes: int, cached: int, max_address: int) -> int:
+    """The most the map of ``cached`` nodes takes: the smaller of the hash table's bound
+    and the direct table."""
+    direct = num_nodes * (4 if max_address < 2**31 else 8)
+    return min(direct, cached * map_bytes_per_node(num_nodes, max_address))
+
+
+def full_cache_bytes(indptr: np.ndarray, itemsize: int, chunk: int = 1 << 22) -> int:
+    """Bytes (the map included) of a cache holding every non-empty list (``indptr`` read
+    in chunks)."""
+    n = indptr.shape[0] - 1
+    listed = 0
+    for a in range(0, n, chunk):
+        listed += int(np.count_nonzero(np.diff(np.asarray(indptr[a:min(n, a + chunk) + 1]))))
+    release_mapped(indptr)
+    entries = int(indptr[-1]) + listed
+    return _map_bytes(n, listed, entries) + itemsize * entries
+
+
+#: The 16-bit digits of a ratio key, most significant first (the select's rounds).
+_SHIFTS = (48, 32, 16, 0)
+
+
+def _select(in_deg: np.ndarray, out_deg: np.ndarray, itemsize: int, extra: int,
+            room: int) -> tuple[int, int]:
+    """The longest prefix of the nodes in the cache's order (ratio ``out/in`` as float64,
+    highest first, ties by id) whose costs (``(in + 1) * itemsize + extra`` each) sum
+    to at most ``room``, as ``(key, last)`` for :func:`NK.select_nodes`: the nodes whose
+    ratio key is above ``key``, and those equal to it up to id ``last``.
+
+    A radix select over the float64 bits of the ratio, 16 bits a round: each round
+    one pass over the degrees adds up the costs per digit under the prefix found so
+    far, so nothing is sorted and nothing over N is allocated."""
+    none = (np.iinfo(np.int64).max, -1)
+    if room <= 0:
+        return none
+    prefix = 0
+    for shift in _SHIFTS:
+        hist = np.zeros(1 << 16, np.int64)
+        NK.key_cost_histogram(in_deg, out_deg, itemsize, extra, prefix, shift, hist)
+        top = np.cumsum(hist[::-1])  # top[i]: the costs of the i + 1 highest digits
+        whole = int(np.searchsorted(top, room, side="right"))  # digits taken whole
+        if whole == top.shape[0]:  # everything under the prefix fits (only in round one)
+            return (-1, -1)
+        if whole:
+            room -= int(top[whole - 1])
+        prefix = (prefix << 16) | ((1 << 16) - 1 - whole)
+    return prefix, int(NK.tie_prefix(in_deg, out_deg, itemsize, extra, prefix, room))
 
 
 def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: int,
@@ -173,53 +280,77 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
 
     Nodes with at least one in-neighbour are ranked by ``out_deg / in_deg``
     (highest first, ties by node id) and taken in that order while the total
-    (address table + cache array) stays within ``budget_bytes``; the first
-    list that does not fit ends the selection.
+    (the map, at its bound, + cache array) stays within ``budget_bytes``; the
+    first list that does not fit ends the selection.
+
+    Streaming: besides what it keeps (the lists and the map), the build holds
+    the in- and out-degrees (4 bytes per node each, 8 from 2^32 edges) and one
+    range of nodes' lists at a time (memmaps' pages released as it goes):
+    :func:`build_bytes`.
     """
-    indptr = np.ascontiguousarray(indptr, dtype=np.int64)
     n = indptr.shape[0] - 1
     dtype = np.dtype(indices.dtype)
-    indeg = np.diff(indptr)
+    indeg = in_degrees(indptr)
     if out_degrees is None:
-        out_degrees = compute_out_degrees(indices, n)
-    out_degrees = np.asarray(out_degrees, dtype=np.int64)
-    cand = np.flatnonzero(indeg > 0)
-    ratio = out_degrees[cand] / indeg[cand]
-    order = cand[np.argsort(-ratio, kind="stable")]
-    cost = (indeg[order] + 1) * dtype.itemsize
-    room = int(budget_bytes) - 8 * n
-    if room > 0:
-        take = int(np.searchsorted(np.cumsum(cost), room, side="right"))
-    else:
-        take = 0
-    chosen = np.sort(order[:take])
-    sizes = indeg[chosen] + 1
-    addr = np.zeros(chosen.shape[0], dtype=np.int64)
-    if chosen.shape[0]:
-        np.cumsum(sizes[:-1], out=addr[1:])
-    entries = int(sizes.sum())
-    address_table = np.full(n, -1, dtype=np.int64)
-    address_table[chosen] = addr
+        out_degrees = compute_out_degrees(indices, n, dtype=indeg.dtype)
+    # addresses stay below the entries the budget can hold (which decides their dtype)
+    max_address = max(0, int(budget_bytes) // dtype.itemsize)
+    # the map charged as a hash table (bytes per cached node) or as a direct table
+    # (bytes per node of the graph): the one that lets more lists in
+    best, most, entries = (np.iinfo(np.int64).max, -1), -1, 0
+    none = np.zeros(0, np.int64)
+    for extra, room in ((map_bytes_per_node(n, max_address), int(budget_bytes)),
+                        (0, int(budget_bytes) - _map_bytes(n, n, max_address))):
+        key, last = _select(indeg, out_degrees, dtype.itemsize, extra, room)
+        k, e = NK.select_nodes(indeg, out_degrees, key, last, 0, n, none)
+        if k > most:
+            best, most, entries = (key, last), int(k), int(e)
+    slots = IdMap(most, max(0, n - 1), max(0, entries - 1))
     cache_array = np.empty(entries, dtype=dtype)
-    # filled in slices, releasing the memmap's pages after each: the peak holds the cache
-    # and one slice's pages, never all of indices.bin
-    step = max(1, FILL_SLICE_ENTRIES * chosen.shape[0] // max(1, entries))
-    for a in range(0, chosen.shape[0], step):
-        NK.fill_cache(chosen[a:a + step], addr[a:a + step], indptr, indices, cache_array)
+    # node ranges in turn: their chosen nodes, addresses and lists, the memmaps' pages
+    # released after each (the peak holds the cache and one range's pages)
+    step = min(FILL_SLICE_NODES, max(1, FILL_SLICE_ENTRIES * n // max(1, entries)))
+    ids = np.empty(min(n, step), np.int64)
+    at = 0
+    for a in range(0, n, step):
+        k, e = NK.select_nodes(indeg, out_degrees, best[0], best[1], a, min(n, a + step), ids)
+        if not k:
+            continue
+        chosen = ids[:k]
+        sizes = indeg[chosen].astype(np.int64) + 1
+        addr = np.empty(k, np.int64)
+        addr[0] = at
+        np.cumsum(sizes[:-1], out=addr[1:])
+        addr[1:] += at
+        NK.fill_cache(chosen, addr, indptr, indices, cache_array)
+        slots.put(chosen, addr)
+        at += int(e)
         release_mapped(indices)
+        release_mapped(indptr)
     meta = {
         "version": CACHE_VERSION,
         "policy": "out_in_degree_ratio",
         "budget_bytes": int(budget_bytes),
         "num_nodes": n,
         "num_edges": int(indptr[-1]),
-        "num_cached": int(chosen.shape[0]),
-        "cached_edges": int(entries - chosen.shape[0]),
+        "num_cached": most,
+        "cached_edges": entries - most,
         "cache_entries": entries,
         "index_dtype": dtype.name,
-        "bytes": int(address_table.nbytes + cache_array.nbytes),
     }
-    return NeighborCache(address_table, cache_array, meta)
+    cache = NeighborCache(slots, cache_array, meta)
+    meta["bytes"] = cache.nbytes
+    return cache
+
+
+def build_bytes(num_nodes: int, num_edges: int, itemsize: int = 8) -> int:
+    """The most :func:`build_neighbor_cache` holds above the cache it builds: the in- and
+    out-degrees (uint32 [N] each; int64 from 2^32 edges), the mapped pages of one
+    chunk of ``indices`` (ids of ``itemsize`` bytes) and one range's ids, sizes,
+    addresses and ``indptr`` pages."""
+    degrees = 2 * np.dtype(_degree_dtype(num_edges)).itemsize * num_nodes
+    return (degrees + itemsize * min(num_edges, FILL_SLICE_ENTRIES)
+            + 32 * min(num_nodes, FILL_SLICE_NODES))
 
 
 def cache_dir(dataset_path: str | os.PathLike, budget_bytes: int) -> Path:

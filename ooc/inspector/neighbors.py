@@ -121,8 +121,9 @@ class CachedNeighbors(NeighborSource):
     def gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
         miss = np.zeros(req.nodes.shape[0], dtype=np.bool_)
-        hits, misses = NK.cache_gather(req.nodes, req.offsets, req.rel_pos,
-                                       self.cache.address_table, self.cache.cache_array, out, miss)
+        keys, vals, shift = self.cache.slots.table
+        hits, misses = NK.cache_gather(req.nodes, req.offsets, req.rel_pos, keys, vals, shift,
+                                       self.cache.cache_array, out, miss)
         self.hits += int(hits)
         self.misses += int(misses)
         if misses and not hits:

@@ -1,7 +1,9 @@
-"""The feature cache (Ginex §3.3, Fig. 11): direct addressing over a 2-D array.
+"""The feature cache (Ginex §3.3, Fig. 11): rows in a 2-D array, found through an id map.
 
-``address_table`` (int32 [N], -1 = not cached) maps a node to its row in
-``cache`` ([capacity, D], the file's dtype). The cache is filled from a
+``slots`` (an :class:`~ooc.storage.id_map.IdMap`) maps a cached node to its
+row in ``cache`` ([capacity, D], the file's dtype). Ginex addresses rows with a
+table of N entries; the map costs 16 to 32 bytes per cached row instead, so
+what the cache costs does not grow with the graph's node count. The cache is filled from a
 superbatch's ``init_ids`` (the "switch"), serves the hits of each gather, and
 after batch i applies the changeset: each evicted id's row is overwritten by
 an inserted id's row copied straight from the batch buffer at its
@@ -16,9 +18,10 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from ...storage.features import Feature
-from . import _cache_kernels as K
 from ...storage.errors import InvalidValue
+from ...storage.features import Feature
+from ...storage.id_map import IdMap
+from . import _cache_kernels as K
 
 
 class RowSource(Protocol):
@@ -34,11 +37,18 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(f"u{a.dtype.itemsize}")
 
 
+def row_cost(row_bytes: int, num_nodes: int) -> int:
+    """The most bytes one row of a :class:`FeatureCache` costs: the row, its place on
+    the stack of free rows (int64) and the id map's places for it (at most 32 bytes,
+    48 when ids pass int32)."""
+    return int(row_bytes) + 8 + IdMap.max_bytes_per_entry(max(0, int(num_nodes) - 1), 2**31 - 1)
+
+
 class FeatureCache:
-    """Direct-addressed feature cache.
+    """Feature cache of ``capacity`` rows.
 
     Args:
-        num_nodes: N, the size of the address table.
+        num_nodes: N, the graph's node count (ids are in [0, N)).
         capacity: rows the cache holds (0 disables it).
         dim, dtype: feature row shape and dtype (the file's).
     """
@@ -48,7 +58,7 @@ class FeatureCache:
             raise InvalidValue(f"feature cache capacity must be >= 0, got {capacity}")
         self.num_nodes = int(num_nodes)
         self.capacity = int(min(capacity, num_nodes))
-        self.address_table = np.full(self.num_nodes, -1, dtype=np.int32)
+        self.slots = IdMap(self.capacity, max(0, self.num_nodes - 1))
         self.cache = np.empty((self.capacity, dim), dtype=np.dtype(dtype))
         self._free = np.arange(self.capacity, dtype=np.int64)[::-1].copy()
         self._num_free = self.capacity
@@ -59,14 +69,14 @@ class FeatureCache:
 
     @property
     def nbytes(self) -> int:
-        return self.cache.nbytes + self.address_table.nbytes + self._free.nbytes
+        return self.cache.nbytes + self.slots.nbytes + self._free.nbytes
 
     def __len__(self) -> int:
         return self.capacity - self._num_free
 
     def cached_ids(self) -> np.ndarray:
         """int64 ids currently cached (sorted)."""
-        return np.flatnonzero(self.address_table >= 0)
+        return self.slots.ids()
 
     def switch(self, init_ids: np.ndarray, source: RowSource) -> int:
         """Make the cache hold exactly ``init_ids`` (≤ capacity).
@@ -77,15 +87,9 @@ class FeatureCache:
         init_ids = np.asarray(init_ids, dtype=np.int64)
         if len(init_ids) > self.capacity:
             raise InvalidValue(f"init set of {len(init_ids)} ids exceeds cache capacity {self.capacity}")
-        keep = np.zeros(self.num_nodes, dtype=bool) if len(self) else None
-        if keep is not None:
-            keep[init_ids] = True
-            evict = np.flatnonzero((self.address_table >= 0) & ~keep)
-        else:
-            evict = np.zeros(0, np.int64)
-        new = init_ids[self.address_table[init_ids] < 0]
-        slots, self._num_free = K.assign_slots(self.address_table, new, evict, self._free,
-                                               self._num_free)
+        evict = np.setdiff1d(self.slots.ids(), init_ids)
+        new = init_ids[self.slots.get(init_ids) < 0]
+        slots = self._assign(new, evict)
         # in chunks, so the read buffers stay the size of a batch, not of the cache
         for a in range(0, len(new), self.switch_chunk):
             b = min(len(new), a + self.switch_chunk)
@@ -105,7 +109,7 @@ class FeatureCache:
         if out is None:
             out = np.empty((len(ids), self.cache.shape[1]), dtype=self.cache.dtype)
         hit = np.empty(len(ids), dtype=np.bool_)
-        nhit = (K.gather_hits(ids, self.address_table, _bits(self.cache), _bits(out), hit)
+        nhit = (K.gather_hits(ids, *self.slots.table, _bits(self.cache), _bits(out), hit)
                 if len(ids) else 0)
         miss_pos = np.flatnonzero(~hit)
         if len(miss_pos):
@@ -120,14 +124,28 @@ class FeatureCache:
         """Apply one changeset: evict ``out_ids``, insert ``in_ids`` with rows
         ``batch_rows[in_positions]`` ([n, D] batch buffer of the gather)."""
         in_ids = np.asarray(in_ids, dtype=np.int64)
-        slots, self._num_free = K.assign_slots(self.address_table, in_ids,
-                                               np.asarray(out_ids, dtype=np.int64),
-                                               self._free, self._num_free)
-        if self._num_free < 0:
-            raise InvalidValue("changeset inserts more ids than the cache has room for")
+        slots = self._assign(in_ids, np.asarray(out_ids, dtype=np.int64))
         if len(in_ids):
             K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
                                  _bits(self.cache), slots)
+
+    def _assign(self, in_ids: np.ndarray, out_ids: np.ndarray) -> np.ndarray:
+        """Evict ``out_ids`` (int64, cached or not), then give each of ``in_ids`` (int64,
+        not cached) a free row; returns their rows (int64 [len(in_ids)]). Freed rows go
+        on a stack of free rows and are the first taken."""
+        old = self.slots.remove(out_ids)
+        freed = old[old >= 0]
+        f = self._num_free
+        self._free[f:f + len(freed)] = freed
+        f += len(freed)
+        k = len(in_ids)
+        if k > f:
+            self._num_free = f
+            raise InvalidValue(f"changeset inserts {k} ids but the cache has room for {f}")
+        slots = self._free[f - k:f][::-1].copy()
+        self._num_free = f - k
+        self.slots.put(in_ids, slots)
+        return slots
 
     def fill_static(self, ids: np.ndarray, source: RowSource) -> None:
         """Fill once with ``ids`` (the static PaGraph policy)."""

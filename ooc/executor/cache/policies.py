@@ -8,9 +8,9 @@ ask instead of branching on a preset name:
     gather it) or ``"superbatch"`` (the inspector samples a superbatch ahead and
     the policy's :meth:`~CachePolicy.changesets` say what enters and leaves the
     cache after each batch).
-``caches``, ``table_bytes_per_node``
-    whether there is a feature cache at all, and its bookkeeping bytes per
-    node beside the cached rows (the planner's ``feature_cache_tables``).
+``caches``
+    whether there is a feature cache at all (its bookkeeping is per cached row,
+    :func:`~ooc.executor.cache.feature_cache.row_cost`, whatever the policy).
 :meth:`~CachePolicy.fill`, :meth:`~CachePolicy.build_bytes`
     what happens to the cache before the first batch, and the memory that takes.
 :meth:`~CachePolicy.simulate`
@@ -50,8 +50,6 @@ class CachePolicy:
     name: ClassVar[str] = "cache"
     schedule: ClassVar[str] = "on_demand"
     caches: ClassVar[bool] = True
-    #: int32 address table [N] of :class:`FeatureCache`
-    table_bytes_per_node: ClassVar[int] = 4
     #: the profiler's miss-ratio curve that shows this policy (None: none)
     curve: ClassVar[str | None] = None
 
@@ -96,7 +94,6 @@ class NoCache(CachePolicy):
 
     name: ClassVar[str] = "none"
     caches: ClassVar[bool] = False
-    table_bytes_per_node: ClassVar[int] = 0
 
 
 def degree_order(dataset) -> np.ndarray:
@@ -158,8 +155,6 @@ class BeladyCache(CachePolicy):
 
     name: ClassVar[str] = "belady"
     schedule: ClassVar[str] = "superbatch"
-    #: the address table and the changeset pass's int8 [N] marks
-    table_bytes_per_node: ClassVar[int] = 5
     curve: ClassVar[str | None] = "ooc"
 
     def __post_init__(self) -> None:

@@ -8,7 +8,8 @@ planner's probe, the profiler). What it builds is the preset's
 1. the preset's readers open ``indices.bin`` and ``features.bin``
    (:mod:`ooc.executor.loader.readers`);
 2. the Ginex neighbor cache goes in front of the neighbour reads when the
-   readers allow one and its size is at least the address table;
+   readers allow one and its size is at least
+   :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`;
 3. a :class:`~ooc.executor.cache.feature_cache.FeatureCache` of the policy's
    size, filled by the policy (:mod:`ooc.executor.cache.policies`);
 4. the training pipeline of the policy's ``schedule`` (:data:`SCHEDULES`):
@@ -62,7 +63,7 @@ class ModeOptions:
         runtime_disk_budget: bytes of runtime files on disk (default 1 GiB).
         feature_cache_size: feature cache bytes (rows × row bytes); None:
             from the memory plan or the default.
-        neighbor_cache_size: neighbor cache bytes (address table included).
+        neighbor_cache_size: neighbor cache bytes (its map of cached nodes included).
         queue_depth: io_uring queue depth of the O_DIRECT readers.
         io_threads: threads of the baseline's memmap copies.
         memory_budget: bytes the process may use (see :mod:`ooc.executor.sizing.budget`).
@@ -160,13 +161,14 @@ def open_sources(dataset, preset: Preset, opts: ModeOptions,
                  neighbor_cache_bytes: int = 0) -> Sources:
     """The preset's readers over ``dataset``, with the neighbor cache of
     ``neighbor_cache_bytes`` in front of the neighbour reads when the readers allow
-    one and it holds at least the address table (int64 [N]); loaded from disk or
-    built and saved the first time (see :mod:`ooc.inspector.neighbor_cache`)."""
+    one and it is at least :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`;
+    loaded from disk or built and saved the first time (see
+    :mod:`ooc.inspector.neighbor_cache`)."""
+    from ...inspector.neighbor_cache import MIN_CACHE_BYTES, load_or_build_neighbor_cache
+
     src = preset.readers.open(dataset, opts)
     src.info.update(neighbor_cache_bytes=0, neighbor_cache_nodes=0)
-    if preset.neighbor_cache and neighbor_cache_bytes >= 8 * dataset.num_nodes:
-        from ...inspector.neighbor_cache import load_or_build_neighbor_cache
-
+    if preset.neighbor_cache and neighbor_cache_bytes >= MIN_CACHE_BYTES:
         try:
             ncache = load_or_build_neighbor_cache(dataset, int(neighbor_cache_bytes))
         except BaseException:

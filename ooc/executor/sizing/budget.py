@@ -39,10 +39,11 @@ file pages this process maps):
 
 ``free = budget - working - reserve`` with ``reserve = max(48 MiB, budget/10)``
 (:func:`default_reserve`). The neighbor cache (``static`` and ``ooc``; its
-int64 [N] address table counts in it) takes ``neighbor_fraction`` of
+map of cached nodes counts in it) takes ``neighbor_fraction`` of
 ``free`` (capped at the full cache; sampling runs while training, so both
 caches are resident at once), and the feature cache the rest:
-``rows = free_left / (row_bytes + 8)``.
+``rows = free_left / row_cost`` (the row, its place on the free stack and in
+the cache's id map: :func:`~ooc.executor.cache.feature_cache.row_cost`).
 
 A budget below ``working + reserve`` is refused with the smallest budget
 that works: the smallest whole MiB ``B`` with ``B - default_reserve(B) >=
@@ -75,6 +76,7 @@ from ...memory import anon_rss_bytes, trim_malloc
 from ...memory import current_rss_bytes as rss_bytes
 from ...memory import peak_rss_bytes as hwm_bytes
 from ...memory import reset_peak_rss as reset_hwm
+from ..cache.feature_cache import row_cost
 from ..loader.pipelines import PREFETCH
 from ...storage.errors import BudgetError, setting
 
@@ -273,7 +275,7 @@ def warm_up_kernels(preset, dim: int, dtype) -> None:
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     indices = src[order].astype(np.int32)
     if preset.neighbor_cache:
-        cache = build_neighbor_cache(indptr, indices, 8 * n + 64)
+        cache = build_neighbor_cache(indptr, indices, 64 * n + 64)
         source = CachedNeighbors(cache, InMemoryNeighbors(indices))
         NeighborSampler(indptr, source, [3, 2]).sample_many(
             [np.arange(4, dtype=np.int64), np.arange(4, 8, dtype=np.int64)], [1, 2])
@@ -370,15 +372,11 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
 
 def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int]) -> int:
     """What the probe cannot measure, added to ``stages``: the file pages the
-    readers may keep mapped (``mapped_file_pages``) and the feature cache's
-    tables beside its rows (``feature_cache_tables``). Returns their sum."""
+    readers may keep mapped (``mapped_file_pages``). Returns it."""
     mapped = preset.readers.mapped_bytes_bound(dataset, opts, max_edges)
     if mapped:
         stages["mapped_file_pages"] = mapped
-    tables = preset.policy.table_bytes_per_node * dataset.num_nodes
-    if tables:
-        stages["feature_cache_tables"] = tables
-    return mapped + tables
+    return mapped
 
 
 class _SuperbatchPlan:
@@ -425,9 +423,10 @@ class _SuperbatchPlan:
 def _split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
                 neighbor_fraction: float) -> None:
     """The free memory to the caches: the neighbor cache ``neighbor_fraction`` of it
-    (capped at the full cache; none when not even the address table and a few lists
-    fit), the feature cache the rest at ``row_bytes + 8`` per row."""
-    from ...inspector.neighbor_cache import full_cache_bytes
+    (capped at the full cache; none below
+    :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`), the feature cache the
+    rest at :func:`row_cost` per row (the row and its bookkeeping)."""
+    from ...inspector.neighbor_cache import MIN_CACHE_BYTES, full_cache_bytes
 
     n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
     nbytes = 0
@@ -437,14 +436,14 @@ def _split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
         else:
             full_n = full_cache_bytes(dataset.indptr, dataset.index_dtype.itemsize)
             nbytes = int(min(full_n, neighbor_fraction * free))
-            if nbytes < 8 * n + 8 * n // 8:
+            if nbytes < MIN_CACHE_BYTES:
                 nbytes = 0
     fbytes = 0
     if preset.policy.caches:
         if opts.feature_cache_size is not None:
             fbytes = int(opts.feature_cache_size)
         else:
-            fbytes = int(min(n, max(0, free - nbytes) // (row_bytes + 8))) * row_bytes
+            fbytes = int(min(n, max(0, free - nbytes) // row_cost(row_bytes, n))) * row_bytes
     plan.neighbor_cache_bytes = nbytes
     plan.feature_cache_bytes = fbytes
     plan.feature_cache_rows = int(min(n, fbytes // row_bytes))
@@ -453,14 +452,15 @@ def _split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
 def _build_transient(dataset, preset, explicit_n: int | None) -> int:
     """Bytes above ``setup_rss`` (besides the neighbor cache itself) while the
     stack is built: the policy's fill (``static`` orders the nodes by degree),
-    and a neighbor cache not yet on disk, built from N-sized int64/float64
-    temporaries (in/out degrees, candidates, ratios, order, costs, sums: eleven),
-    both reading ``indices.bin`` through a memmap whose pages stay mapped until
-    the build drops them."""
+    and a neighbor cache not yet on disk
+    (:func:`~ooc.inspector.neighbor_cache.build_bytes`: its degrees and one
+    range of lists at a time)."""
+    from ...inspector.neighbor_cache import MIN_CACHE_BYTES, build_bytes
+
     out = preset.policy.build_bytes(dataset) if preset.policy.caches else 0
-    n = dataset.num_nodes
-    if preset.neighbor_cache and (explicit_n is None or explicit_n >= 8 * n):
-        out = max(out, 88 * n + int(dataset.file("indices.bin").stat().st_size))
+    if preset.neighbor_cache and (explicit_n is None or explicit_n >= MIN_CACHE_BYTES):
+        out = max(out, build_bytes(dataset.num_nodes, dataset.num_edges,
+                                   dataset.index_dtype.itemsize))
     return out
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from ...storage.errors import OocError
 from ...storage.errors import IOFailure, InvalidValue, NotFound
+from ..cache.feature_cache import row_cost
 
 #: Cache sizes of the miss-ratio curves, as fractions of the feature table.
 CURVE_FRACTIONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
@@ -616,12 +617,13 @@ def _arithmetic(dataset, preset, options, plan, budget, reserve, shape: _Shape, 
     ]
     if preset.caches:
         nbytes = plan.neighbor_cache_bytes
-        feat_total = plan.feature_cache_rows * (row_bytes + 8)
+        cost = row_cost(row_bytes, n)
+        feat_total = plan.feature_cache_rows * cost
         arith += [
             f"neighbor cache = min(full cache, 25% of F) = {_fmt(nbytes)} (sampling runs while "
             f"training: both caches are resident at once)",
-            f"feature cache = (F - neighbor cache) / (row {row_bytes} B + 8 B of slot "
-            f"bookkeeping) = {plan.feature_cache_rows:,} rows = "
+            f"feature cache = (F - neighbor cache) / (row {row_bytes} B + {cost - row_bytes} B "
+            f"of slot bookkeeping) = {plan.feature_cache_rows:,} rows = "
             f"{_fmt(plan.feature_cache_bytes)} ({plan.feature_cache_rows / n:.1%} of the "
             f"{n:,} rows); W + caches = {_fmt(working + nbytes + feat_total)} <= B - R = "
             f"{_fmt(budget - reserve)}",
