@@ -57,6 +57,50 @@ def test_equals_the_arrays_in_memory(tmp_path, compressed):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "papers"]   # no scratch left
 
 
+def test_labels_in_pieces_equal_labels_whole(tmp_path, monkeypatch):
+    """Labels streamed a few at a time: the same dataset, and a bad label in a later piece
+    named by its line."""
+    from ooc.storage.ingest import ogb
+
+    root = tmp_path / "papers"
+    _, y, _ = _write(root, False)
+    monkeypatch.setattr(ogb, "LABEL_CHUNK", 7)
+    ds = open_dataset(ingest_ogb(root, tmp_path / "ds", progress=False))
+    np.testing.assert_array_equal(ds.labels, np.where(np.isnan(y), -1, y).astype(np.int64))
+    assert ds.num_classes == int(np.nanmax(y)) + 1
+    bad = tmp_path / "bad"
+    _write(bad, False, node_label=np.where(np.arange(N) == 100, -3.0, np.nan))
+    with pytest.raises(OocError, match="line 101: label -3.0 is not a class id"):
+        ingest_ogb(bad, tmp_path / "ds2", progress=False)
+
+
+def test_memory_over_n_is_the_degree_counts_only(tmp_path, monkeypatch):
+    """Python-side allocations (tracemalloc: numpy's) of an ingest of 2M nodes peak near
+    the count pass's int64 degrees (16 MB): indptr and labels go to their files in pieces
+    (whole, they were another 48 MB)."""
+    import tracemalloc
+
+    from ooc.storage.ingest import ogb
+
+    n = 2_000_000
+    root = tmp_path / "big"
+    (root / "raw").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.savez(root / "raw" / "data.npz", edge_index=rng.integers(0, n, (2, 5000)),
+             node_feat=np.ones((n, 1), np.float32), num_nodes_list=np.array([n]))
+    np.savez(root / "raw" / "node-label.npz", node_label=rng.integers(0, 9, (n, 1)) * 1.0)
+    monkeypatch.setattr(ogb, "LABEL_CHUNK", 1 << 16)
+    tracemalloc.start()
+    try:
+        ingest_ogb(root, tmp_path / "ds", progress=False, buffer_bytes=4 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 16e6 <= peak < 32e6, peak / 1e6
+    ds = open_dataset(tmp_path / "ds")
+    assert ds.num_nodes == n and int(ds.indptr[-1]) == ds.num_edges
+
+
 def test_stored_members_are_not_loaded_whole(tmp_path, monkeypatch):
     root = tmp_path / "papers"
     _write(root, False)
@@ -87,13 +131,17 @@ def _truncate_member(path, member):
     ("missing_split", "valid.csv.gz"),
     ("bad_zip", "not a zip"),
     ("corrupt_deflate", "corrupt"),
+    ("bad_label", "line 131: label 2.5 is not a class id"),
+    ("label_shape", "labels have shape (150, 2)"),
 ])
 def test_bad_inputs_one_line_nothing_written(tmp_path, case, needle):
     root = tmp_path / "papers"
     over = {"wrong_shape": dict(edge_index=np.zeros((3, 10), np.int64)),
             "wrong_dtype": dict(edge_index=np.zeros((2, 10), np.float32)),
             "no_edges_member": dict(edge_index=None),
-            "feature_rows": dict(node_feat=np.zeros((140, D), np.float32))}.get(case, {})
+            "feature_rows": dict(node_feat=np.zeros((140, D), np.float32)),
+            "bad_label": dict(node_label=np.where(np.arange(N) == 130, 2.5, 1.0)),
+            "label_shape": dict(node_label=np.zeros((N, 2)))}.get(case, {})
     _write(root, case == "corrupt_deflate", **over)
     data = root / "raw" / "data.npz"
     if case == "truncated":

@@ -143,6 +143,14 @@ class DatasetWriter:
         np.save(self._dir / "indptr.npy", indptr)
         self.num_edges = int(indptr[-1])
 
+    def indptr_sink(self) -> "NpySink":
+        """``indptr.npy`` written in pieces (int64 [N+1], in order, through a file map
+        whose pages leave the RSS after each piece); :meth:`NpySink.close` fixes
+        ``num_edges`` from its last entry."""
+        def done(mm: np.ndarray) -> None:
+            self.num_edges = int(mm[-1])
+        return NpySink(self._dir / "indptr.npy", self.num_nodes + 1, done)
+
     def indices(self, num_edges: int | None = None) -> np.ndarray:
         """Writable memmap of ``indices.bin`` (int32 or int64 [E]), page-padded."""
         if self._indices is None:
@@ -186,12 +194,23 @@ class DatasetWriter:
         labels = np.asarray(labels, dtype=np.int64)
         if labels.shape != (self.num_nodes,):
             raise InvalidValue(f"labels have shape {labels.shape}, expected ({self.num_nodes},)")
-        top = int(labels.max()) + 1 if labels.size else 0
+        self.write_labels_chunks([labels], num_classes)
+
+    def write_labels_chunks(self, chunks, num_classes: int | None = None) -> None:
+        """Labels from ``chunks`` (int64 arrays, in node order, N in all; -1 where
+        unlabeled), written as they come: memory holds one chunk."""
+        sink = NpySink(self._dir / "labels.npy", self.num_nodes)
+        top = 0
+        for part in chunks:
+            part = np.asarray(part, dtype=np.int64).reshape(-1)
+            if part.size:
+                top = max(top, int(part.max()) + 1)
+            sink.write(part)
+        sink.close()
         self.num_classes = int(num_classes if num_classes is not None else top)
         if self.num_classes > MAX_CLASSES or top > self.num_classes:
             raise InvalidValue(f"labels: {max(top, self.num_classes)} classes (largest label {top - 1}); "
                            f"labels must be below num_classes <= {MAX_CLASSES}")
-        np.save(self._dir / "labels.npy", labels)
 
     def write_splits(self, train: np.ndarray, val: np.ndarray, test: np.ndarray,
                      names: tuple[str, str, str] = ("train_idx", "val_idx", "test_idx")) -> None:
@@ -291,6 +310,42 @@ class DatasetWriter:
                 rows = local.view(buf)[self._rows_checked - a:b - a]
                 self.check_features(self._rows_checked, rows)
                 a = b
+
+
+class NpySink:
+    """An int64 ``.npy`` of ``length`` entries written front to back in pieces through a
+    file map; each piece is flushed and its pages dropped from the RSS.
+
+    ``close`` checks that every entry was written and calls ``done(array)``."""
+
+    def __init__(self, path: Path, length: int, done=None):
+        self.path = path
+        self.length = int(length)
+        self.done = done
+        self.at = 0
+        self.mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.int64,
+                                            shape=(self.length,))
+
+    def write(self, part: np.ndarray) -> None:
+        """Append ``part`` (int64 [k])."""
+        from .pagecache import release_mapped
+
+        k = part.shape[0]
+        if self.at + k > self.length:
+            raise InvalidValue(f"{self.path.name}: {self.at + k} entries written, it holds "
+                               f"{self.length}")
+        self.mm[self.at:self.at + k] = part
+        self.at += k
+        self.mm.flush()
+        release_mapped(self.mm)
+
+    def close(self) -> None:
+        if self.at != self.length:
+            raise InvalidValue(f"{self.path.name}: {self.at} of {self.length} entries written")
+        if self.done is not None:
+            self.done(self.mm)
+        self.mm.flush()
+        del self.mm
 
 
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -401,3 +401,24 @@ def node_uniforms(seed, stream, start, out):
         st = _stream(seed, stream, start + r)
         st, z = _next(st)
         out[r] = _uniform(z)
+
+
+@njit(cache=True)
+def window_ends(counts, cap, max_nodes, out):
+    """Split nodes ``0..N`` into windows of at most ``max_nodes`` consecutive nodes whose
+    ``counts`` (int [N]) sum to at most ``cap`` (a node over ``cap`` alone in its
+    window); the windows' ends go to ``out`` (int64, room for
+    ``2 * sum(counts) // cap + N // max_nodes + 2``). Returns how many windows."""
+    n = counts.shape[0]
+    k = 0
+    lo = 0
+    while lo < n:
+        acc = counts[lo]
+        hi = lo + 1
+        while hi < n and hi - lo < max_nodes and acc + counts[hi] <= cap:
+            acc += counts[hi]
+            hi += 1
+        out[k] = hi
+        k += 1
+        lo = hi
+    return k

@@ -397,16 +397,14 @@ def check_not_empty(source: EdgeSource, counts: np.ndarray) -> None:
                                 "edge a removed self-loop); ooc needs at least one edge")
 
 
-def _windows(indptr: np.ndarray, cap: int) -> list[tuple[int, int]]:
-    n = indptr.shape[0] - 1
-    out = []
-    lo = 0
-    while lo < n:
-        hi = int(np.searchsorted(indptr, indptr[lo] + cap, side="right")) - 1
-        hi = min(max(hi, lo + 1), n)
-        out.append((lo, hi))
-        lo = hi
-    return out
+def _windows(counts: np.ndarray, cap: int, max_nodes: int) -> list[tuple[int, int]]:
+    """``(lo, hi)`` windows of at most ``max_nodes`` nodes whose in-degrees (``counts``)
+    sum to at most ``cap`` each (a node over ``cap`` alone)."""
+    total = int(counts.sum())
+    ends = np.empty(2 * total // max(1, cap) + counts.shape[0] // max_nodes + 2, dtype=np.int64)
+    k = int(K.window_ends(counts, cap, max_nodes, ends)) if counts.shape[0] else 0
+    starts = np.concatenate([[0], ends[:k - 1]]) if k else ends[:0]
+    return list(zip(starts.tolist(), ends[:k].tolist()))
 
 
 def _pwrite_all(fd: int, arr: np.ndarray, offset: int) -> None:
@@ -429,52 +427,56 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
     """
     n = w.num_nodes
     assert counts.shape == (n,)
-    indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
-    e_alloc = int(indptr[-1])
+    e_alloc = int(counts.sum())
     idt = index_dtype(n)
     w.indices(e_alloc)  # reserve the file (a full disk fails here)
     assert w.tmp is not None  # inside the writer's with block
     path = w.tmp / "indices.bin"
+    # a window: 3/4 of the buffer for its ids, 1/4 for its nodes' pointers, cursors and
+    # degrees (32 bytes a node)
     cap = max(1, int(buffer_bytes * 3 // 4) // idt.itemsize)
-    windows = _windows(indptr, cap) if e_alloc else []
+    windows = _windows(counts, cap, max(1, int(buffer_bytes) // 128)) if e_alloc else []
+    # the final indptr goes to its file window by window: nothing over N is held but
+    # ``counts`` (the window's cursors and pointers are the window's size)
+    indptr = w.indptr_sink()
+    indptr.write(np.zeros(1, np.int64))
+    if not windows:
+        indptr.write(np.zeros(n, np.int64))
     out_pos = 0
     fd = os.open(path, os.O_WRONLY)
     try:
         for wi, (lo, hi) in enumerate(windows):
-            base = int(indptr[lo])
-            m = int(indptr[hi]) - base
+            ptr = np.zeros(hi - lo + 1, dtype=np.int64)
+            np.cumsum(counts[lo:hi], out=ptr[1:])
+            m = int(ptr[-1])
             seg = np.empty(m, dtype=idt)
-            cursor = indptr[lo:hi] - base
+            cursor = ptr[:-1].copy()
             with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
                            source.unit) as bar:
                 for src, dst, _, nb in source.chunks(_chunk_edges(buffer_bytes), n):
                     K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
                     bar.update(nb)
-            ptr = indptr[lo:hi + 1] - base
             if not np.array_equal(cursor, ptr[1:]):
                 raise _err(source.path, "changed between the count pass and the scatter pass")
             newdeg = np.empty(hi - lo, dtype=np.int64)
             K.sort_segments(seg, ptr, dedup, newdeg)
             k = int(K.compact_segments(seg, ptr, newdeg)) if dedup else m
             _pwrite_all(fd, seg[:k], out_pos * idt.itemsize)
-            out_pos += k
             counts[lo:hi] = newdeg
+            indptr.write(out_pos + np.cumsum(newdeg))
+            out_pos += k
             del seg
         os.fsync(fd)
     finally:
         os.close(fd)
-    final = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=final[1:])
-    assert int(final[-1]) == out_pos
-    _finish_indices(w, final, e_alloc)
+    indptr.close()
+    assert w.num_edges == out_pos
+    _shrink_indices(w, out_pos, e_alloc)
     return {"windows": len(windows), "passes": 1 + len(windows), "edges_before_dedup": e_alloc}
 
 
-def _finish_indices(w: DatasetWriter, indptr: np.ndarray, e_alloc: int) -> None:
-    """Write the final ``indptr`` and shrink ``indices.bin`` when dedup removed edges."""
-    e = int(indptr[-1])
-    w.write_indptr(indptr)
+def _shrink_indices(w: DatasetWriter, e: int, e_alloc: int) -> None:
+    """Shrink ``indices.bin`` to ``e`` ids when dedup removed edges."""
     if e == e_alloc:
         return
     # The writer mapped indices.bin at its allocated length; re-map it at the

@@ -1,8 +1,9 @@
 """How many nodes an ingest may allocate for, decided before it allocates.
 
 Ingest memory is O(N): about :data:`BYTES_PER_NODE` bytes per node (the
-count pass's degrees, ``indptr``, the final ``indptr`` and per-window
-cursors) plus the ingest buffer. N comes from ``--num-nodes``, the features'
+count pass's in-degrees, int64; and an edge list's labels file, loaded whole;
+``indptr`` and OGB's labels go to their files in pieces) plus the ingest
+buffer. N comes from ``--num-nodes``, the features'
 rows, or the largest id in the edges; one stray huge id must not make the
 process allocate until the kernel kills it. So:
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from ..errors import InvalidValue
 
-BYTES_PER_NODE = 32
+BYTES_PER_NODE = 16
 #: Largest ids up to this many nodes are always accepted without --num-nodes
 #: (when memory allows).
 MIN_NODES_FROM_IDS = 1 << 22

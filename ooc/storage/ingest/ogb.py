@@ -38,9 +38,47 @@ from . import _kernels as K
 from ..dataset import MAX_CLASSES
 from . import limits as L
 from . import npz
-from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, TextEdges, _err,
-                       _progress, check_input, check_not_empty, check_out, count_pass,
+from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, NpyReader, TextEdges,
+                       _err, _progress, check_input, check_not_empty, check_out, count_pass,
                        open_features, scatter_passes, write_constant_features, write_features_npy)
+
+#: Labels read at a time (float64 and int64 copies of them).
+LABEL_CHUNK = 1 << 22
+
+
+@dataclass
+class _Labels:
+    """Node labels read in chunks, in node order: a parsed column (CSV) or a streamed
+    ``.npy`` member (npz); NaN is unlabeled. Memory: one chunk."""
+
+    path: Path
+    length: int
+    array: np.ndarray | None = None     # the CSV column
+    reader: NpyReader | None = None     # the npz member ([N] or [N, 1])
+
+    def chunks(self, step: int | None = None) -> Iterator[np.ndarray]:
+        """float64 pieces of the labels (``step`` of them, default :data:`LABEL_CHUNK`)."""
+        step = step or LABEL_CHUNK
+        for a in range(0, self.length, step):
+            b = min(self.length, a + step)
+            if self.array is not None:
+                yield self.array[a:b].astype(np.float64)
+            else:
+                assert self.reader is not None
+                yield self.reader.read_flat(a, b - a).astype(np.float64)
+
+    def class_ids(self, step: int | None = None) -> Iterator[np.ndarray]:
+        """int64 pieces, -1 where unlabeled; a label that is not a class id is an error
+        naming its line."""
+        at = 0
+        for part in self.chunks(step):
+            bad = ~np.isnan(part) & ((part != np.round(part)) | (part < 0)
+                                     | (part >= MAX_CLASSES))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise _err(self.path, f"line {at + i + 1}: label {part[i]} is not a class id")
+            yield np.where(np.isnan(part), -1, part).astype(np.int64)
+            at += part.shape[0]
 
 
 def _line_blocks(path: Path, block: int = 8 << 20) -> Iterator[tuple[bytes, int]]:
@@ -154,12 +192,11 @@ def _split_files(root: Path, split: str | None) -> tuple[str | None, list[Path] 
 @dataclass
 class _Inputs:
     """One raw layout's pieces: the edge stream, the node count (-1: from the edges),
-    the labels (float [N], NaN unlabeled; None: none), the feature dim and writer."""
+    the labels (read in chunks; None: none), the feature dim and writer."""
 
     source: EdgeSource
     n: int
-    labels: np.ndarray | None
-    label_path: Path
+    labels: _Labels | None
     dim: int
     feature_path: Path
     write_features: Callable[[DatasetWriter, int, int, bool], None]
@@ -170,7 +207,11 @@ def _csv_inputs(raw: Path) -> _Inputs:
     feat_path = raw / "node-feat.csv.gz"
     label_path = raw / "node-label.csv.gz"
     nn_path = raw / "num-node-list.csv.gz"
-    labels = _read_column(check_input(label_path)) if label_path.exists() else None
+    labels = (_Labels(label_path, 0, array=_read_column(check_input(label_path)))
+              if label_path.exists() else None)
+    if labels is not None:
+        assert labels.array is not None
+        labels.length = labels.array.shape[0]
     if nn_path.exists():
         nn = _read_column(nn_path)
         if nn.size != 1:
@@ -180,7 +221,7 @@ def _csv_inputs(raw: Path) -> _Inputs:
         n = int(nn[0])
         L.check_node_count(n, f"{nn_path} ({n} nodes)")
     elif labels is not None:
-        n = labels.shape[0]
+        n = labels.length
     else:
         n = -1
     dim = _feature_dim(check_input(feat_path)) if feat_path.exists() else 1
@@ -195,7 +236,7 @@ def _csv_inputs(raw: Path) -> _Inputs:
                 sink.write(a, np.ones((b - a, 1), np.float32))
         sink.sync()
 
-    return _Inputs(TextEdges(edge_path), n, labels, label_path, dim, feat_path, write)
+    return _Inputs(TextEdges(edge_path), n, labels, dim, feat_path, write)
 
 
 def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
@@ -224,16 +265,15 @@ def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
     labels, label_path = None, raw / "node-label.npz"
     if label_path.exists():
         r = npz.npz_member(label_path, "node_label", scratch)
-        y = r.read_all()
-        if y.ndim == 2 and y.shape[1] == 1:
-            y = y[:, 0]
-        if y.ndim != 1 or (n >= 0 and y.shape[0] != n):
+        shape = r.shape
+        if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) \
+                or (n >= 0 and shape[0] != n):
             raise _err(r.path, f"labels have shape {r.shape}; expected [{n if n >= 0 else 'N'}] "
                                f"or [N, 1]")
-        if y.dtype.kind not in "fiub":
-            raise _err(r.path, f"labels have dtype {y.dtype}; expected numbers")
-        labels, label_path = y.astype(np.float64), r.path
-        n = labels.shape[0] if n < 0 else n
+        if r.dtype.kind not in "fiub":
+            raise _err(r.path, f"labels have dtype {r.dtype}; expected numbers")
+        labels = _Labels(r.path, int(shape[0]), reader=r)
+        n = labels.length if n < 0 else n
 
     def write(w: DatasetWriter, n: int, buffer_bytes: int, progress: bool) -> None:
         if feat is None:
@@ -241,7 +281,7 @@ def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
         else:
             write_features_npy(w, feat, buffer_bytes, progress)
 
-    return _Inputs(source, n, labels, label_path, feat.shape[1] if feat is not None else 1,
+    return _Inputs(source, n, labels, feat.shape[1] if feat is not None else 1,
                    feat.path if feat is not None else data, write)
 
 
@@ -254,14 +294,11 @@ def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected:
     check_not_empty(src.source, counts)
     labels = src.labels
     if labels is not None:
-        if labels.ndim != 1 or labels.shape[0] != n:
-            raise _err(src.label_path, f"has {labels.shape[0]} rows, the graph has {n} nodes")
-        bad = ~np.isnan(labels) & ((labels != np.round(labels)) | (labels < 0)
-                                    | (labels >= MAX_CLASSES))
-        if bad.any():
-            raise _err(src.label_path, f"line {int(np.argmax(bad)) + 1}: label {labels[bad][0]} "
-                                       f"is not a class id")
-        y = np.where(np.isnan(labels), -1, labels).astype(np.int64)
+        if labels.length != n:
+            raise _err(labels.path, f"has {labels.length} rows, the graph has {n} nodes")
+        top = -1
+        for part in labels.class_ids():  # checked before the passes, written after them
+            top = max(top, int(part.max()) if part.size else -1)
     splits = ([_read_ids(p, n) for p in split_files] if split_files
               else [np.zeros(0, np.int64)] * 3)
     meta_src = {"kind": "ogb", "root": str(root), "split": split, "undirected_added": undirected,
@@ -274,7 +311,7 @@ def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected:
                             buffer_bytes, progress)
         src.write_features(w, n, buffer_bytes, progress)
         if labels is not None:
-            w.write_labels(y, int(y.max()) + 1 if y.size else 0)
+            w.write_labels_chunks(labels.class_ids(), top + 1)
         train, val, test = splits  # the split's three id files, or three empty arrays
         a, b, c = (str(p) for p in split_files) if split_files else ("train", "valid", "test")
         w.write_splits(train, val, test, names=(a, b, c))
