@@ -71,3 +71,12 @@ def test_refuses_a_disk_too_small(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().out.strip().splitlines()[-1]
     assert "free" in err and "writes about" in err
     assert not (tmp_path / "w").exists()
+
+
+def test_a_stage_over_its_time_limit_is_stopped_and_says_so():
+    import memcg
+
+    r = memcg.run("sleeper", ["-c", "import time; time.sleep(60)"], None, seconds=0.5)
+    assert r["stopped"] and r["rc"] == -9
+    r = memcg.run("quick", ["-c", "print('done')"], None, seconds=60)
+    assert not r["stopped"] and r["rc"] == 0 and r["lines"] == ["done"]

@@ -127,9 +127,10 @@ def _planned(rep: dict) -> int | None:
     return None
 
 
-def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int) -> dict:
+def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int,
+              seconds: float | None = None) -> dict:
     dropped = memcg.drop_page_cache()
-    r = memcg.run(stage, stage_argv(stage, w, budget, epochs), budget)
+    r = memcg.run(stage, stage_argv(stage, w, budget, epochs), budget, seconds)
     rep_path = w["reports"] / f"{stage}.json"
     try:
         rep = json.loads(rep_path.read_text())
@@ -140,8 +141,10 @@ def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int) -> dict:
            "planned_peak_bytes": _planned(rep), "bytes_read": r["bytes_read"],
            "bytes_written": r["bytes_written"], "cgroup_peak_bytes": cg.get("max_usage_in_bytes"),
            "cgroup_limit_hits": cg.get("failcnt"), "page_cache_dropped": dropped,
-           "report": rep}
-    if r["rc"] != 0:
+           "stopped": r["stopped"], "report": rep}
+    if r["stopped"]:
+        res["error"] = f"stopped by --stage-limit after {seconds:g} s"
+    elif r["rc"] != 0:
         res["error"] = next((ln for ln in reversed(r["lines"]) if ln.strip()),
                             memcg.exit_words(r["rc"]))
     return res
@@ -154,7 +157,8 @@ def _table(rep: dict) -> str:
     for name, s in rep["stages"].items():
         rate = f"{e2 / s['wall_s'] / 1e6:.1f}M edges/s" if s["rc"] == 0 and s["wall_s"] else "–"
         fmt = lambda v: format_size(v) if isinstance(v, int) else "–"  # noqa: E731
-        rows.append(f"| {name}{'' if s['rc'] == 0 else ' (failed)'} | {s['wall_s']:.1f} | "
+        state = "" if s["rc"] == 0 else " (stopped)" if s.get("stopped") else " (failed)"
+        rows.append(f"| {name}{state} | {s['wall_s']:.1f} | "
                     f"{fmt(s['peak_rss_bytes'])} | {fmt(s['planned_peak_bytes'])} | "
                     f"{fmt(s['bytes_read'])} | {fmt(s['bytes_written'])} | "
                     f"{fmt(s.get('disk_bytes'))} | {rate} |")
@@ -175,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compress", action="store_true", help="deflate the raw npz members")
     ap.add_argument("--keep", action="store_true", help="keep every stage's output")
     ap.add_argument("--report", type=Path, help="write the JSON report here")
+    ap.add_argument("--stage-limit", type=float, default=None, metavar="SECONDS",
+                    help="stop a stage after this long (reported as stopped, its peak and "
+                         "bytes so far kept)")
     args = ap.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
     if not 0 < args.scale <= 1 or any(s not in STAGES for s in stages):
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(w["data"], ignore_errors=True)
         elif stage in ("train", "infer", "partition"):
             shutil.rmtree(outputs[stage], ignore_errors=True)
-        res = run_stage(stage, w, args.memory_budget, args.epochs)
+        res = run_stage(stage, w, args.memory_budget, args.epochs, args.stage_limit)
         res["disk_bytes"] = du(outputs[stage])
         rep["stages"][stage] = res
         log(f"{stage}: exit {res['rc']}, {res['wall_s']} s, peak RSS "

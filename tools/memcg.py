@@ -212,11 +212,13 @@ def exit_words(rc: int) -> str:
     return f"killed by {name}" + (" (out of memory in its cgroup?)" if -rc == 9 else "")
 
 
-def run(tag: str, python_argv: list[str], limit: int | None) -> dict:
-    """Run ``python *python_argv`` (in a cgroup of ``limit`` bytes unless None).
+def run(tag: str, python_argv: list[str], limit: int | None,
+        seconds: float | None = None) -> dict:
+    """Run ``python *python_argv`` (in a cgroup of ``limit`` bytes unless None), killed
+    after ``seconds`` when given.
 
     Returns ``{"rc", "wall_s", "child_peak_rss_bytes", "cgroup" (its stats, when one
-    was made), "lines" (the output)}``.
+    was made), "lines" (the output), "stopped" (whether the time limit killed it)}``.
     """
     cg = None if limit is None else make_cgroup(f"ooc-bench-{os.getpid()}-{tag}", limit)
     where = f"cgroup {cg.name}, limit {limit >> 20} MiB" if cg is not None else "no cgroup"
@@ -226,6 +228,16 @@ def run(tag: str, python_argv: list[str], limit: int | None) -> dict:
                             stderr=subprocess.STDOUT, text=True)
     lines = []
     assert proc.stdout is not None
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        proc.kill()
+
+    timer = threading.Timer(seconds, stop) if seconds else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     try:
         for line in proc.stdout:
             lines.append(line.rstrip())
@@ -237,11 +249,13 @@ def run(tag: str, python_argv: list[str], limit: int | None) -> dict:
             remove_cgroup(cg)
         raise
     _, status, ru = os.wait4(proc.pid, 0)
+    if timer is not None:
+        timer.cancel()
     proc.returncode = rc = os.waitstatus_to_exitcode(status)
     res: dict = {"rc": rc, "wall_s": round(time.perf_counter() - t0, 2),
                  "child_peak_rss_bytes": ru.ru_maxrss * 1024,
                  "bytes_read": ru.ru_inblock * 512, "bytes_written": ru.ru_oublock * 512,
-                 "lines": lines}
+                 "lines": lines, "stopped": stopped.is_set()}
     if cg is not None:
         res["cgroup"] = cgroup_stats(cg)
         remove_cgroup(cg)
