@@ -211,7 +211,8 @@ class NpyEdges(EdgeSource):
                 s, d = p[:, 0], p[:, 1]
             else:
                 s, d = self.r.read_flat(a, cnt), self.r.read_flat(e + a, cnt)
-            yield s.astype(np.int64), d.astype(np.int64), a, 2 * cnt * self.r.dtype.itemsize
+            yield (s.astype(np.int64, copy=False), d.astype(np.int64, copy=False), a,
+                   2 * cnt * self.r.dtype.itemsize)
 
     def describe(self):
         return {"path": str(self.path), "format": "npy"}
