@@ -104,6 +104,20 @@ def test_degree_order_ties():
     assert degree_order(np.array([3, 5, 5, 0, 3])).tolist() == [1, 2, 0, 4, 3]
 
 
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_hottest_is_the_head_of_the_degree_order(dtype):
+    """The static cache's nodes without the sort: the k first of the order, ties by id."""
+    from ooc.inspector import hottest
+
+    rng = np.random.default_rng(4)
+    deg = rng.integers(0, 6, size=500).astype(dtype)   # many ties at every degree
+    order = degree_order(deg)
+    for k in [0, 1, 7, 99, 100, 101, 250, 499, 500, 600]:
+        got = hottest(deg, k)
+        assert got.dtype == np.int64 and (np.diff(got) > 0).all()
+        np.testing.assert_array_equal(got, np.sort(order[:k]))
+
+
 def test_belady_matches_brute_force_and_changesets():
     rng = np.random.default_rng(2)
     for _ in range(30):

@@ -207,7 +207,7 @@ def compute_out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 2
     return deg
 
 
-def _degree_dtype(num_edges: int) -> type:
+def degree_dtype(num_edges: int) -> type:
     """The counter type of a degree: uint32 while no degree can pass it."""
     return np.uint32 if num_edges < 2**32 else np.int64
 
@@ -216,7 +216,7 @@ def in_degrees(indptr: np.ndarray, chunk: int = 1 << 22) -> np.ndarray:
     """[N] in-degrees from ``indptr`` (int64 [N+1], an array or a memmap read in chunks),
     uint32 (int64 when the graph has 2^32 edges or more)."""
     n = indptr.shape[0] - 1
-    out = np.empty(n, dtype=_degree_dtype(int(indptr[-1])))
+    out = np.empty(n, dtype=degree_dtype(int(indptr[-1])))
     for a in range(0, n, chunk):
         b = min(n, a + chunk)
         out[a:b] = np.diff(np.asarray(indptr[a:b + 1], dtype=np.int64))
@@ -348,7 +348,7 @@ def build_bytes(num_nodes: int, num_edges: int, itemsize: int = 8) -> int:
     out-degrees (uint32 [N] each; int64 from 2^32 edges), the mapped pages of one
     chunk of ``indices`` (ids of ``itemsize`` bytes) and one range's ids, sizes,
     addresses and ``indptr`` pages."""
-    degrees = 2 * np.dtype(_degree_dtype(num_edges)).itemsize * num_nodes
+    degrees = 2 * np.dtype(degree_dtype(num_edges)).itemsize * num_nodes
     return (degrees + itemsize * min(num_edges, FILL_SLICE_ENTRIES)
             + 32 * min(num_nodes, FILL_SLICE_NODES))
 

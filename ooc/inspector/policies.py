@@ -32,6 +32,7 @@ from .changesets import flatten_batches, local_ids
 from ..storage.errors import IdOutOfRange, InvalidValue
 
 __all__ = ["count_misses_belady", "count_misses_lru", "count_misses_static", "degree_order",
+           "hottest",
            "miss_curve_belady", "miss_curve_lru", "miss_curve_static"]
 
 
@@ -58,6 +59,25 @@ def _capacities(capacities) -> np.ndarray:
 def degree_order(degrees: np.ndarray) -> np.ndarray:
     """Node ids by decreasing degree (ties: smaller id first); int64 [N]."""
     return np.argsort(-np.asarray(degrees, dtype=np.int64), kind="stable").astype(np.int64)
+
+
+def hottest(degrees: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` of :func:`degree_order` as a set: int64 [min(k, N)], sorted by id.
+
+    No sort over N: the k-th largest degree is found by a partition of a copy of
+    ``degrees`` (its itemsize per node), then the nodes above it and the first of those
+    equal to it (by id) are taken."""
+    deg = np.asarray(degrees)
+    n = deg.shape[0]
+    k = int(min(max(k, 0), n))
+    if k == 0:
+        return np.zeros(0, np.int64)
+    if k == n:
+        return np.arange(n, dtype=np.int64)
+    t = np.partition(deg, n - k)[n - k]           # the k-th largest degree
+    above = np.flatnonzero(deg > t)
+    ties = np.flatnonzero(deg == t)[:k - above.shape[0]]
+    return np.sort(np.concatenate([above, ties])).astype(np.int64)
 
 
 # -- Belady ------------------------------------------------------------------------

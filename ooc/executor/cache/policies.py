@@ -96,15 +96,27 @@ class NoCache(CachePolicy):
     caches: ClassVar[bool] = False
 
 
-def degree_order(dataset) -> np.ndarray:
-    """int64 [N]: node ids by decreasing out-degree, ties by id (the static order).
-    Reads ``indices.bin`` once through its memmap and drops its pages after."""
-    from ...inspector.neighbor_cache import compute_out_degrees
-    from ...storage.pagecache import release_mapped
+def out_degrees(dataset) -> np.ndarray:
+    """[N] out-degrees (uint32; int64 from 2^32 edges), from one pass over ``indices.bin``
+    through its memmap, its pages dropped as it goes."""
+    from ...inspector.neighbor_cache import compute_out_degrees, degree_dtype
 
-    deg = compute_out_degrees(dataset.indices, dataset.num_nodes)
-    release_mapped(dataset.indices)
-    return np.argsort(-deg, kind="stable")
+    return compute_out_degrees(dataset.indices, dataset.num_nodes,
+                               dtype=degree_dtype(dataset.num_edges))
+
+
+def degree_order(dataset) -> np.ndarray:
+    """int64 [N]: node ids by decreasing out-degree, ties by id (the static order)."""
+    return np.argsort(-out_degrees(dataset).astype(np.int64), kind="stable")
+
+
+def hottest_nodes(dataset, k: int) -> np.ndarray:
+    """The ``k`` first nodes of :func:`degree_order`, sorted by id (int64), holding
+    the degrees and one partitioned copy of them (8 bytes per node) instead of the
+    order's 24."""
+    from ...inspector.policies import hottest
+
+    return hottest(out_degrees(dataset), k)
 
 
 @dataclass(frozen=True)
@@ -116,18 +128,22 @@ class StaticCache(CachePolicy):
 
     def fill(self, cache: FeatureCache, dataset, features) -> None:
         if cache.capacity:
-            cache.fill_static(degree_order(dataset)[:cache.capacity], features)
+            cache.fill_static(hottest_nodes(dataset, cache.capacity), features)
 
     def build_bytes(self, dataset) -> int:
-        # three int64 [N] arrays (degrees, argsort, its result) and indices.bin mapped
-        return 24 * dataset.num_nodes + int(dataset.file("indices.bin").stat().st_size)
+        # the degrees and their partitioned copy (uint32 each, int64 from 2^32 edges), the
+        # comparison masks, and one chunk of indices.bin's pages mapped at a time
+        from ...inspector.neighbor_cache import degree_dtype
+
+        per = np.dtype(degree_dtype(dataset.num_edges)).itemsize
+        chunk = min(dataset.num_edges, 1 << 24)  # compute_out_degrees' chunk
+        return (2 * per + 1) * dataset.num_nodes + dataset.index_dtype.itemsize * chunk
 
     def initial_mask(self, num_nodes: int, capacity: int, dataset=None,
                      hot_order: np.ndarray | None = None) -> np.ndarray:
-        if hot_order is None:
-            hot_order = degree_order(dataset)
         cached = np.zeros(num_nodes, dtype=bool)
-        cached[np.asarray(hot_order, dtype=np.int64)[:capacity]] = True
+        cached[hottest_nodes(dataset, capacity) if hot_order is None
+               else np.asarray(hot_order, dtype=np.int64)[:capacity]] = True
         return cached
 
 
