@@ -26,7 +26,7 @@ from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrappe
                   peak_rss_bytes)
 from .memory import current_rss_bytes
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
-from .storage.ingest.limits import BYTES_PER_NODE
+from .storage.ingest.limits import planned_peak
 from .storage.errors import InvalidValue
 
 
@@ -144,6 +144,16 @@ def write_report(report: str, data: dict, out: Path) -> None:
     write(report, data, note=f"; the dataset {out} was written and is complete")
 
 
+def _planned_peak(rss0: int, stats: dict, out: Path, buffer: int) -> int:
+    """:func:`~ooc.storage.ingest.limits.planned_peak` of the dataset just written."""
+    import json
+
+    meta = json.loads((Path(out) / "meta.json").read_text())
+    stored = stats.get("edges_before_dedup", meta["num_edges"])
+    return planned_peak(rss0, meta["num_nodes"], stored, buffer,
+                        4 if meta["index_dtype"] == "int32" else 8, meta["row_bytes"])
+
+
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -193,10 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "num_edges": stats.get("num_edges"), "time_s": round(time.perf_counter() - t0, 3),
               "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": args.buffer,
               "passes": stats.get("passes"), "windows": stats.get("windows"),
-              # ingest's own charge (storage.ingest.limits): O(N) arrays, the buffer (a
-              # scatter window) and the edge chunk being read (a quarter of the buffer)
-              "planned_peak_bytes": int(rss0 + BYTES_PER_NODE * (stats.get("num_nodes") or 0)
-                                        + args.buffer + args.buffer // 4)}
+              # ingest's own charge (storage.ingest.limits.planned_peak)
+              "planned_peak_bytes": _planned_peak(rss0, stats, out, args.buffer)}
     print(f"wrote {out}: {report['num_nodes']} nodes, {report['num_edges']} edges "
           f"in {report['time_s']:.1f} s", file=sys.stderr)
     if args.report:

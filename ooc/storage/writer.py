@@ -180,13 +180,15 @@ class DatasetWriter:
         must come in order; rows not passed here are read back at the end."""
         if start != self._rows_checked:
             return
-        with np.errstate(over="ignore"):  # an overflow to inf is what is being counted
-            rows = np.asarray(rows, dtype=self.layout.dtype)
-        bad = ~np.isfinite(rows)
-        if bad.any():
-            if self.first_nonfinite < 0:
-                self.first_nonfinite = start + int(np.argmax(bad.any(axis=1)))
-            self.nonfinite += int(bad.sum())
+        step = 1 << 16  # rows at a time: the masks stay small beside the chunk
+        for a in range(0, rows.shape[0], step):
+            with np.errstate(over="ignore"):  # an overflow to inf is what is being counted
+                part = np.asarray(rows[a:a + step], dtype=self.layout.dtype)
+            bad = ~np.isfinite(part)
+            if bad.any():
+                if self.first_nonfinite < 0:
+                    self.first_nonfinite = start + a + int(np.argmax(bad.any(axis=1)))
+                self.nonfinite += int(bad.sum())
         self._rows_checked = start + rows.shape[0]
 
     def write_labels(self, labels: np.ndarray, num_classes: int | None = None) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
 from ..errors import InvalidValue, OocError, setting
-from ..layout import FeatureLayout, index_dtype, padded_bytes
+from ..layout import PAGE, FeatureLayout, index_dtype, padded_bytes
 from ..atomic import replace_refusal
 from ..writer import DatasetWriter
 from . import _kernels as K
@@ -515,11 +515,18 @@ class FeatureSink:
         lay = self.layout
         if lay.rows_per_page and start % lay.rows_per_page:
             raise InvalidValue("feature chunks must start at a page boundary")
-        local = FeatureLayout(rows.shape[0], lay.dim, lay.dtype)
-        buf = np.zeros(local.file_bytes, dtype=np.uint8)
-        view = local.view(buf)
-        view[0:rows.shape[0]] = rows
-        self.w.check_features(start, view[0:rows.shape[0]])
+        if lay.rows_per_page and lay.rows_per_page * lay.row_bytes == PAGE:
+            # rows fill whole pages with no padding: the rows' own bytes are the file's
+            # (the file was allocated zeroed, so a last partial page needs no padding)
+            with np.errstate(over="ignore"):  # an overflow to inf is counted, not raised
+                buf = np.ascontiguousarray(rows, dtype=lay.dtype)
+            self.w.check_features(start, buf)
+        else:
+            local = FeatureLayout(rows.shape[0], lay.dim, lay.dtype)
+            buf = np.zeros(local.file_bytes, dtype=np.uint8)
+            view = local.view(buf)
+            view[0:rows.shape[0]] = rows
+            self.w.check_features(start, view[0:rows.shape[0]])
         fd = os.open(self.path, os.O_WRONLY)
         try:
             _pwrite_all(fd, buf, int(lay.row_offsets(np.array([start]))[0]))

@@ -102,3 +102,23 @@ def id_node_limit(max_edges: int | None) -> int:
     input that holds at most ``max_edges`` edges (None: unknown)."""
     mem = memory_node_limit()
     return mem if max_edges is None else min(mem, max(MIN_NODES_FROM_IDS, 2 * max_edges))
+
+
+def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int,
+                 index_itemsize: int = 4, row_bytes: int = 512) -> int:
+    """The peak RSS an ingest plans for, from what it wrote: ``base`` (the RSS before it),
+    :data:`BYTES_PER_NODE` per node, and the larger of its two phases' buffers:
+
+    - a scatter window (its ids: 3/4 of the buffer at most, and no more than the
+      stored edges; its nodes' pointers, cursors and degrees: 32 bytes a node, a
+      quarter of the buffer at most) beside the edge chunk being read (int64 sources
+      and targets and their copies: 32 bytes an edge, a quarter of the buffer at most);
+    - a feature chunk (a quarter of the buffer) as read and converted to the stored
+      dtype or laid out in pages (rows that fill pages exactly are written as read).
+    """
+    b = int(buffer_bytes)
+    n, e = int(num_nodes), int(stored_edges)
+    window = min(3 * b // 4, e * index_itemsize) + min(b // 4, 32 * n)
+    chunk = min(b // 4, 32 * e)
+    features = 2 * min(b // 4, n * int(row_bytes)) + 4096
+    return int(base) + BYTES_PER_NODE * n + max(window + chunk, features)
