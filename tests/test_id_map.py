@@ -13,6 +13,8 @@ def _check(m: IdMap, ref: dict, universe: np.ndarray) -> None:
     want = np.array([ref.get(int(k), -1) for k in universe], np.int64)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(m.ids(), np.array(sorted(ref), np.int64))
+    ids, vals = m.items()
+    assert dict(zip(ids.tolist(), vals.tolist())) == ref and len(ids) == len(ref)
     assert len(m) == len(ref)
 
 

@@ -104,6 +104,14 @@ class IdMap:
         self.count -= int((out >= 0).sum())
         return out
 
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, values)``: int64 [len(self)] each, in table order (not sorted)."""
+        if self.direct:
+            ids = np.flatnonzero(self.vals != K.EMPTY).astype(np.int64)
+            return ids, self.vals[ids].astype(np.int64)
+        held = self.keys != K.EMPTY
+        return self.keys[held].astype(np.int64), self.vals[held].astype(np.int64)
+
     def ids(self) -> np.ndarray:
         """int64 [len(self)]: the ids held, sorted."""
         if self.direct:

@@ -87,8 +87,14 @@ class FeatureCache:
         init_ids = np.asarray(init_ids, dtype=np.int64)
         if len(init_ids) > self.capacity:
             raise InvalidValue(f"init set of {len(init_ids)} ids exceeds cache capacity {self.capacity}")
-        evict = np.setdiff1d(self.slots.ids(), init_ids)
-        new = init_ids[self.slots.get(init_ids) < 0]
+        # rows that stay: those of init ids already cached; the rest of the cached go
+        # (no sort: one pass over the map, one over the init set)
+        at = self.slots.get(init_ids)
+        stay = np.zeros(self.capacity, dtype=bool)
+        stay[at[at >= 0]] = True
+        held, rows = self.slots.items()
+        evict = held[~stay[rows]]
+        new = init_ids[at < 0]
         slots = self._assign(new, evict)
         # in chunks, so the read buffers stay the size of a batch, not of the cache
         for a in range(0, len(new), self.switch_chunk):
