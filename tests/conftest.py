@@ -8,11 +8,11 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 import ooc
+from ooc.storage import csc_from_edges, write_dataset
 
 # property tests draw the same examples on every run and machine (no example database)
 hypothesis_settings.register_profile("ooc", derandomize=True, database=None)
 hypothesis_settings.load_profile("ooc")
-from ooc.storage import csc_from_edges, write_dataset
 
 # the test process runs as ooc's commands do (OpenMP pools that do not busy-wait, tuned
 # malloc); `import ooc` alone changes nothing process-wide
