@@ -564,9 +564,12 @@ def test_node_limit_follows_the_memory_cgroup(tmp_path):
     finally:
         cg.rmdir()
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    m = re.fullmatch(r"ooc: --num-nodes 20000000: 20000000 nodes need about 0.6 GiB of memory to "
-                     r"ingest, more than the ([\d.]+) GiB available \(three quarters of free memory\)",
-                     r.stderr.strip().splitlines()[-1])
+    from ooc.storage.ingest.limits import BYTES_PER_NODE
+
+    need = f"{20_000_000 * BYTES_PER_NODE / (1 << 30):.1f}"
+    m = re.fullmatch(rf"ooc: --num-nodes 20000000: 20000000 nodes need about {need} GiB of memory "
+                     r"to ingest, more than the ([\d.]+) GiB available \(three quarters of free "
+                     r"memory\)", r.stderr.strip().splitlines()[-1])
     assert m and float(m.group(1)) <= round(0.75 * 256 / 1024, 1), r.stderr  # printed to 0.1 GiB
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.txt"]
 
