@@ -150,9 +150,11 @@ def test_an_unreadable_kernel_cache_is_cleared_and_compiled_again(tmp_path):
     assert (tmp_path / "b" / "meta.json").is_file()
 
 
-def test_workers_end_within_2s_of_a_kill_of_the_launcher_during_start_up(tmp_path):
+def test_workers_end_with_a_kill_of_the_launcher_during_start_up(tmp_path):
     """``kill -9`` of ``ooc.train --workers 2`` as soon as its workers exist (they are still
-    importing torch): the kernel ends them with it (PR_SET_PDEATHSIG)."""
+    importing torch): the kernel ends them with it (PR_SET_PDEATHSIG). Workers left alone
+    would wait for their launcher's heartbeat for 120 s; the test allows them 30 (a loaded
+    machine can take seconds to run a worker up to ``import ooc``)."""
     import os
     import signal
     import time
@@ -180,7 +182,7 @@ def test_workers_end_within_2s_of_a_kill_of_the_launcher_during_start_up(tmp_pat
     assert len(workers) == 2
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    _, alive = psutil.wait_procs(workers, timeout=2)
+    _, alive = psutil.wait_procs(workers, timeout=30)
     for w in alive:
         w.kill()
     assert not alive, [w.pid for w in alive]
