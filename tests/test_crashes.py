@@ -175,11 +175,18 @@ def test_workers_end_with_a_kill_of_the_launcher_during_start_up(tmp_path):
                          stderr=subprocess.DEVNULL)
     workers: list = []
     t0 = time.monotonic()
-    while len(workers) < 2 and time.monotonic() - t0 < 120:
-        workers = [c for c in psutil.Process(p.pid).children()
-                   if "ooc.train" in " ".join(c.cmdline())]
+    while len(workers) < 2 and time.monotonic() - t0 < 300 and p.poll() is None:
+        workers = []
+        for c in psutil.Process(p.pid).children():
+            try:
+                if "ooc.train" in " ".join(c.cmdline()):
+                    workers.append(c)
+            except psutil.Error:  # a child that ended while being listed
+                pass
         time.sleep(0.02)
-    assert len(workers) == 2
+    # the launcher partitions first (SPRING's kernels compile on a cold cache)
+    assert len(workers) == 2, (f"launcher exit {p.poll()}, {len(workers)} workers after "
+                               f"{time.monotonic() - t0:.0f} s")
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     _, alive = psutil.wait_procs(workers, timeout=30)
