@@ -212,33 +212,34 @@ def degree_dtype(num_edges: int) -> type:
     return np.uint32 if num_edges < 2**32 else np.int64
 
 
+def _degree_chunks(indptr: np.ndarray, chunk: int):
+    """``(a, in-degrees of nodes a..)`` (int64) of ``indptr`` (an array or a memmap) a chunk
+    at a time; a memmap's pages are released at the end."""
+    n = indptr.shape[0] - 1
+    for a in range(0, n, chunk):
+        yield a, np.diff(np.asarray(indptr[a:min(n, a + chunk) + 1], dtype=np.int64))
+    release_mapped(indptr)
+
+
 def in_degrees(indptr: np.ndarray, chunk: int = 1 << 22) -> np.ndarray:
     """[N] in-degrees from ``indptr`` (int64 [N+1], an array or a memmap read in chunks),
     uint32 (int64 when the graph has 2^32 edges or more)."""
-    n = indptr.shape[0] - 1
-    out = np.empty(n, dtype=degree_dtype(int(indptr[-1])))
-    for a in range(0, n, chunk):
-        b = min(n, a + chunk)
-        out[a:b] = np.diff(np.asarray(indptr[a:b + 1], dtype=np.int64))
-    release_mapped(indptr)
+    out = np.empty(indptr.shape[0] - 1, dtype=degree_dtype(int(indptr[-1])))
+    for a, deg in _degree_chunks(indptr, chunk):
+        out[a:a + deg.shape[0]] = deg
     return out
 
 
 def _map_bytes(num_nodes: int, cached: int, max_address: int) -> int:
-    """The most the map of ``cached`` nodes takes: the smaller of the hash table's bound
-    and the direct table."""
-    direct = num_nodes * (4 if max_address < 2**31 else 8)
-    return min(direct, cached * map_bytes_per_node(num_nodes, max_address))
+    """The most the map of ``cached`` nodes takes (:meth:`IdMap.max_bytes`)."""
+    return IdMap.max_bytes(cached, max(0, num_nodes - 1), max_address)
 
 
 def full_cache_bytes(indptr: np.ndarray, itemsize: int, chunk: int = 1 << 22) -> int:
     """Bytes (the map included) of a cache holding every non-empty list (``indptr`` read
     in chunks)."""
     n = indptr.shape[0] - 1
-    listed = 0
-    for a in range(0, n, chunk):
-        listed += int(np.count_nonzero(np.diff(np.asarray(indptr[a:min(n, a + chunk) + 1]))))
-    release_mapped(indptr)
+    listed = sum(int(np.count_nonzero(deg)) for _, deg in _degree_chunks(indptr, chunk))
     entries = int(indptr[-1]) + listed
     return _map_bytes(n, listed, entries) + itemsize * entries
 
@@ -298,11 +299,11 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
     # the map charged as a hash table (bytes per cached node) or as a direct table
     # (bytes per node of the graph): the one that lets more lists in
     best, most, entries = (np.iinfo(np.int64).max, -1), -1, 0
-    none = np.zeros(0, np.int64)
+    count_only = np.zeros(0, np.int64)
     for extra, room in ((map_bytes_per_node(n, max_address), int(budget_bytes)),
                         (0, int(budget_bytes) - _map_bytes(n, n, max_address))):
         key, last = _select(indeg, out_degrees, dtype.itemsize, extra, room)
-        k, e = NK.select_nodes(indeg, out_degrees, key, last, 0, n, none)
+        k, e = NK.select_nodes(indeg, out_degrees, key, last, 0, n, count_only)
         if k > most:
             best, most, entries = (key, last), int(k), int(e)
     slots = IdMap(most, max(0, n - 1), max(0, entries - 1))
@@ -318,10 +319,7 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
             continue
         chosen = ids[:k]
         sizes = indeg[chosen].astype(np.int64) + 1
-        addr = np.empty(k, np.int64)
-        addr[0] = at
-        np.cumsum(sizes[:-1], out=addr[1:])
-        addr[1:] += at
+        addr = at + np.cumsum(sizes) - sizes  # where each entry starts
         NK.fill_cache(chosen, addr, indptr, indices, cache_array)
         slots.put(chosen, addr)
         at += int(e)

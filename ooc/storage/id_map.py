@@ -22,6 +22,11 @@ from .errors import InvalidValue
 _INT32_MAX = np.iinfo(np.int32).max
 
 
+def _int_type(largest: int) -> np.dtype:
+    """int32 when ``largest`` fits, else int64: the type of the map's keys or values."""
+    return np.dtype(np.int32 if largest <= _INT32_MAX else np.int64)
+
+
 class IdMap:
     """Node id -> slot for up to ``capacity`` ids.
 
@@ -42,11 +47,10 @@ class IdMap:
         self.capacity = int(capacity)
         size = 1 << max(3, (2 * self.capacity - 1).bit_length())  # at most half full
         self.shift = 64 - (size.bit_length() - 1)
-        kt = np.int32 if max_key <= _INT32_MAX else np.int64
-        top = self.capacity if max_value is None else max_value
-        vt = np.dtype(np.int32 if top <= _INT32_MAX else np.int64)
+        kt = _int_type(max_key)
+        vt = _int_type(self.capacity if max_value is None else max_value)
         self.count = 0
-        if (int(max_key) + 1) * vt.itemsize <= size * (np.dtype(kt).itemsize + vt.itemsize):
+        if (int(max_key) + 1) * vt.itemsize <= size * (kt.itemsize + vt.itemsize):
             self.shift = 0  # direct: vals[k] for every key k
             self.keys = np.zeros(0, dtype=kt)
             self.vals = np.full(int(max_key) + 1, K.EMPTY, dtype=vt)
@@ -56,8 +60,16 @@ class IdMap:
 
     @staticmethod
     def max_bytes_per_entry(max_key: int, max_value: int) -> int:
-        """The most bytes the map can take per entry it holds (4 places of key and value)."""
-        return 4 * ((4 if max_key <= _INT32_MAX else 8) + (4 if max_value <= _INT32_MAX else 8))
+        """The most bytes the hash table takes per entry it holds (4 places of key and
+        value)."""
+        return 4 * (_int_type(max_key).itemsize + _int_type(max_value).itemsize)
+
+    @staticmethod
+    def max_bytes(capacity: int, max_key: int, max_value: int) -> int:
+        """The most a map of ``capacity`` entries takes: the hash table's bound, or the
+        direct table where that is smaller (the map takes whichever is smaller)."""
+        direct = (int(max_key) + 1) * _int_type(max_value).itemsize
+        return min(direct, int(capacity) * IdMap.max_bytes_per_entry(max_key, max_value))
 
     @property
     def direct(self) -> bool:
