@@ -107,7 +107,9 @@ def out_degrees(dataset) -> np.ndarray:
 
 def degree_order(dataset) -> np.ndarray:
     """int64 [N]: node ids by decreasing out-degree, ties by id (the static order)."""
-    return np.argsort(-out_degrees(dataset).astype(np.int64), kind="stable")
+    from ...inspector.policies import degree_order as order_of
+
+    return order_of(out_degrees(dataset))
 
 
 def hottest_nodes(dataset, k: int) -> np.ndarray:
