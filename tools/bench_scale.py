@@ -184,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                          "bytes so far kept)")
     args = ap.parse_args(argv)
     stages = [s for s in args.stages.split(",") if s]
+    if args.stage_limit is not None and not args.stage_limit > 0:
+        ap.error(f"--stage-limit must be a positive number of seconds, got {args.stage_limit}")
     if not 0 < args.scale <= 1 or any(s not in STAGES for s in stages):
         ap.error(f"--scale must be in (0, 1] and --stages a subset of {STAGES}")
     shape = sg.Shape.of(args.scale)

@@ -3,8 +3,9 @@
 ``slots`` (an :class:`~ooc.storage.id_map.IdMap`) maps a cached node to its
 row in ``cache`` ([capacity, D], the file's dtype). Ginex addresses rows with a
 table of N entries; the map costs 16 to 32 bytes per cached row instead, so
-what the cache costs does not grow with the graph's node count. The cache is filled from a
-superbatch's ``init_ids`` (the "switch"), serves the hits of each gather, and
+what the cache costs does not grow with the graph's node count. The cache is
+filled from a superbatch's ``init_ids`` (the "switch"), serves the hits of each
+gather, and
 after batch i applies the changeset: each evicted id's row is overwritten by
 an inserted id's row copied straight from the batch buffer at its
 ``in_position`` — no intermediate gather buffer.
