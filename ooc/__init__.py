@@ -37,6 +37,10 @@ def __getattr__(name: str):
         from .executor.loader.node_loader import NodeLoader
 
         return NodeLoader
+    if name in ("memory_budget", "set_memory_budget", "MemoryBudget"):
+        from .executor.loader import process_budget
+
+        return getattr(process_budget, name)
     if name in ("Trainer", "TrainConfig"):
         from .executor.training import trainer
 
@@ -47,6 +51,6 @@ def __getattr__(name: str):
 __version__ = "0.1.0"
 
 __all__ = ["BudgetError", "Dataset", "DatasetError", "IOFailure", "IdOutOfRange", "InvalidValue",
-           "NodeLoader", "NotFound", "OocError", "OutputBusy", "OutputExists", "TimedOut",
-           "TrainConfig", "Trainer", "configure_process", "load_model", "open_dataset",
-           "write_dataset", "__version__"]
+           "MemoryBudget", "NodeLoader", "NotFound", "OocError", "OutputBusy", "OutputExists",
+           "TimedOut", "TrainConfig", "Trainer", "configure_process", "load_model",
+           "memory_budget", "open_dataset", "set_memory_budget", "write_dataset", "__version__"]

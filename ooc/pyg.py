@@ -183,7 +183,7 @@ class _Backend:
         ahead, skipping batches the loader never asked for; None when ``b`` is behind it."""
         if self._ahead is None or self._ahead_epoch != epoch:
             self.close_ahead()
-            self._ahead = iter(self.loader()._stack.train.batches(epoch))
+            self._ahead = iter(self.loader()._source.pipeline().batches(epoch))
             self._ahead_epoch, self._ahead_next = epoch, 0
         if b < self._ahead_next:
             return None

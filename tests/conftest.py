@@ -90,7 +90,8 @@ def random_graph(n: int, e: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     return rng.integers(0, n, e), rng.integers(0, n, e)
 
 
-def community_graph(out: Path, n: int = 400, classes: int = 3, seed: int = 0) -> Path:
+def community_graph(out: Path, n: int = 400, classes: int = 3, seed: int = 0,
+                    dim: int = 8) -> Path:
     """A graph whose edges mostly stay inside the label's class and whose
     features carry the label (so models learn); splits 50/25/25%."""
     rng = np.random.default_rng(seed)
@@ -98,7 +99,7 @@ def community_graph(out: Path, n: int = 400, classes: int = 3, seed: int = 0) ->
     src, dst = rng.integers(0, n, 20 * n), rng.integers(0, n, 20 * n)
     keep = (y[src] == y[dst]) | (rng.random(src.size) < 0.05)
     indptr, indices = csc_from_edges(src[keep], dst[keep], n)
-    x = rng.standard_normal((n, 8)).astype(np.float32)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
     x[np.arange(n), y] += 1.0
     perm = rng.permutation(n)
     a, b = n // 2, 3 * n // 4

@@ -677,3 +677,28 @@ def test_liburing_wait_releases_the_gil(tmp_path):
     r = subprocess.run([sys.executable, str(script), str(f)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_small_rows_read_from_several_threads_at_once(tmp_path, backend):
+    """Rows smaller than a page go through one page buffer: threads reading at once (the
+    loaders of one memory budget, gather workers) each get their own rows."""
+    import threading
+
+    path, lay, rows = _feature_file(tmp_path, 5000, 24, "float32")  # 96 B rows
+    _backend_or_skip(backend, path)
+    wrong: list[int] = []
+    with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
+        def reader(k: int) -> None:
+            rng = np.random.default_rng(k)
+            for _ in range(60):
+                ids = rng.integers(0, 5000, int(rng.integers(200, 3000)))
+                if not np.array_equal(f.read(ids), rows[ids]):
+                    wrong.append(k)
+
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not wrong

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -174,6 +175,7 @@ class DirectNeighbors(NeighborSource):
         self.reader = reader
         self.max_pages = max(1, int(max_pages))
         self._buf: np.ndarray | None = None
+        self._lock = threading.Lock()  # one page buffer: filled, then extracted from
         self.submissions = 0
         self.pages_read = 0
 
@@ -195,14 +197,15 @@ class DirectNeighbors(NeighborSource):
         mark = np.zeros(-(-self.num_edges // per_page), dtype=np.uint8)
         NK.mark_pages(req.edge_pos, per_page, mark)
         pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
-        for a in range(0, pages.shape[0], self.max_pages):
-            chunk = pages[a:a + self.max_pages]
-            buf = self._buffer(chunk.shape[0])
-            self.reader.read_pages(chunk, buf)
-            self.submissions += 1
-            self.pages_read += int(chunk.shape[0])
-            vals = buf.view(self.dtype)
-            NK.extract_from_pages(req.edge_pos, chunk, per_page, vals, out)
+        with self._lock:  # samplers of several loaders may share this source
+            for a in range(0, pages.shape[0], self.max_pages):
+                chunk = pages[a:a + self.max_pages]
+                buf = self._buffer(chunk.shape[0])
+                self.reader.read_pages(chunk, buf)
+                self.submissions += 1
+                self.pages_read += int(chunk.shape[0])
+                vals = buf.view(self.dtype)
+                NK.extract_from_pages(req.edge_pos, chunk, per_page, vals, out)
         return out
 
     def stats(self) -> dict:

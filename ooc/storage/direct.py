@@ -18,9 +18,10 @@ On top of the reader:
   lists of ``indices.bin``) read with each page once.
 
 Threads: ``read_pages`` and ``close`` hold a per-reader lock, so concurrent
-calls are serialised and closing waits for a read in progress, but
-:class:`DirectFeatures` and :func:`read_ranges` hand out the reader's reusable
-scratch buffer: give each thread its own reader.
+calls are serialised and closing waits for a read in progress.
+:meth:`DirectFeatures.read` may be called from several threads (its page
+buffer is filled and copied out under a lock of its own); :func:`read_ranges`
+hands out the reader's reusable scratch buffer: one thread per reader for it.
 """
 from __future__ import annotations
 
@@ -306,6 +307,7 @@ class DirectFeatures(RowTable):
         self.recycled = 0
         self._spare: np.ndarray | None = None  # memory of the rows the last read allocated
         self._spare_lock = threading.Lock()  # the check and the take are one step
+        self._scratch_lock = threading.Lock()  # the page buffer: filled, then copied out
         self.reader = DirectReader(path, queue_depth=queue_depth, backend=backend,
                                    max_read_bytes=max_read_bytes)
         if self.reader.size < layout.file_bytes:
@@ -407,11 +409,12 @@ class DirectFeatures(RowTable):
         offs, lens, bufs, slot, npages, bad = K.plan_page_reads(
             ids, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
         self._check_ids(ids, bad)
-        buf = r.scratch(npages * PAGE)
-        # the whole buffer, as in DirectReader._read_into_scratch
-        r._read_runs(offs, lens, bufs, r._scratch, npages, reuse=True)
-        K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes, dst, rows)
-        r.stats.rows_copied += ids.shape[0]
+        with self._scratch_lock:
+            buf = r.scratch(npages * PAGE)
+            # the whole buffer, as in DirectReader._read_into_scratch
+            r._read_runs(offs, lens, bufs, r._scratch, npages, reuse=True)
+            K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes, dst, rows)
+            r.stats.rows_copied += ids.shape[0]
 
     def _check_ids(self, ids: np.ndarray, bad: int) -> None:
         if bad >= 0:

@@ -12,9 +12,14 @@ an inserted id's row copied straight from the batch buffer at its
 
 A ``static`` cache (PaGraph) is the same structure filled once and never
 updated.
+
+Several loaders may share one cache (:func:`ooc.memory_budget`): a lock makes
+each switch, update and hit copy whole, so a reader never sees a row half
+replaced; the reads of misses run outside it.
 """
 from __future__ import annotations
 
+import threading
 from typing import Protocol, cast
 
 import numpy as np
@@ -67,6 +72,7 @@ class FeatureCache:
         self.lookups = 0
         #: rows read per source request during a switch (bounds its buffers)
         self.switch_chunk = 8192
+        self._lock = threading.RLock()
 
     @property
     def nbytes(self) -> int:
@@ -85,25 +91,26 @@ class FeatureCache:
         Rows already cached stay where they are; others are evicted and the
         missing ones read from ``source``. Returns the number of rows read.
         """
-        init_ids = np.asarray(init_ids, dtype=np.int64)
-        if len(init_ids) > self.capacity:
-            raise InvalidValue(f"init set of {len(init_ids)} ids exceeds cache capacity {self.capacity}")
-        # rows that stay: those of init ids already cached; the rest of the cached go
-        # (no sort: one pass over the map, one over the init set)
-        at = self.slots.get(init_ids)
-        stay = np.zeros(self.capacity, dtype=bool)
-        stay[at[at >= 0]] = True
-        held, rows = self.slots.items()
-        evict = held[~stay[rows]]
-        new = init_ids[at < 0]
-        slots = self._assign(new, evict)
-        # in chunks, so the read buffers stay the size of a batch, not of the cache
-        for a in range(0, len(new), self.switch_chunk):
-            b = min(len(new), a + self.switch_chunk)
-            rows = source.read(new[a:b])
-            K.copy_rows_to_slots(_bits(np.ascontiguousarray(rows, dtype=self.cache.dtype)),
-                                 np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
-        return len(new)
+        with self._lock:
+            init_ids = np.asarray(init_ids, dtype=np.int64)
+            if len(init_ids) > self.capacity:
+                raise InvalidValue(f"init set of {len(init_ids)} ids exceeds cache capacity {self.capacity}")
+            # rows that stay: those of init ids already cached; the rest of the cached go
+            # (no sort: one pass over the map, one over the init set)
+            at = self.slots.get(init_ids)
+            stay = np.zeros(self.capacity, dtype=bool)
+            stay[at[at >= 0]] = True
+            held, rows = self.slots.items()
+            evict = held[~stay[rows]]
+            new = init_ids[at < 0]
+            slots = self._assign(new, evict)
+            # in chunks, so the read buffers stay the size of a batch, not of the cache
+            for a in range(0, len(new), self.switch_chunk):
+                b = min(len(new), a + self.switch_chunk)
+                rows = source.read(new[a:b])
+                K.copy_rows_to_slots(_bits(np.ascontiguousarray(rows, dtype=self.cache.dtype)),
+                                     np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
+            return len(new)
 
     def gather(self, ids: np.ndarray, source: RowSource, out: np.ndarray | None = None
                ) -> tuple[np.ndarray, int]:
@@ -116,14 +123,16 @@ class FeatureCache:
         if out is None:
             out = np.empty((len(ids), self.cache.shape[1]), dtype=self.cache.dtype)
         hit = np.empty(len(ids), dtype=np.bool_)
-        nhit = (K.gather_hits(ids, *self.slots.table, _bits(self.cache), _bits(out), hit)
-                if len(ids) else 0)
+        with self._lock:
+            nhit = (K.gather_hits(ids, *self.slots.table, _bits(self.cache), _bits(out), hit)
+                    if len(ids) else 0)
         miss_pos = np.flatnonzero(~hit)
         if len(miss_pos):
             rows = source.read(ids[miss_pos])
             K.scatter_rows(_bits(np.ascontiguousarray(rows, dtype=out.dtype)), miss_pos, _bits(out))
-        self.hits += int(nhit)
-        self.lookups += len(ids)
+        with self._lock:
+            self.hits += int(nhit)
+            self.lookups += len(ids)
         return out, len(miss_pos)
 
     def update(self, in_ids: np.ndarray, out_ids: np.ndarray, in_positions: np.ndarray,
@@ -131,10 +140,11 @@ class FeatureCache:
         """Apply one changeset: evict ``out_ids``, insert ``in_ids`` with rows
         ``batch_rows[in_positions]`` ([n, D] batch buffer of the gather)."""
         in_ids = np.asarray(in_ids, dtype=np.int64)
-        slots = self._assign(in_ids, np.asarray(out_ids, dtype=np.int64))
-        if len(in_ids):
-            K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
-                                 _bits(self.cache), slots)
+        with self._lock:
+            slots = self._assign(in_ids, np.asarray(out_ids, dtype=np.int64))
+            if len(in_ids):
+                K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
+                                     _bits(self.cache), slots)
 
     def _assign(self, in_ids: np.ndarray, out_ids: np.ndarray) -> np.ndarray:
         """Evict ``out_ids`` (int64, cached or not), then give each of ``in_ids`` (int64,

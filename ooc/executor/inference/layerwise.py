@@ -188,7 +188,7 @@ class Job:
 
 # ----------------------------------------------------------------------------- entry point
 def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Module,
-                        out: str | os.PathLike, memory_budget: int | str = "2GiB",
+                        out: str | os.PathLike, memory_budget: int | str | None = None,
                         chunk_rows: int = 32768, order: Any = "auto", partition: Any = None,
                         policy: str = "belady", features: Any = "auto",
                         block_rows: int | None = None, cache_chunks: int | None = None,
@@ -202,7 +202,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
             (the project's :class:`~ooc.executor.training.models.GNN` does) or
             a stock PyG ``BasicGNN`` (``GraphSAGE``, ``GCN``, ``GAT``, ...).
         out: the Zarr group folder to write (``h1`` .. ``hL``, ``pred``).
-        memory_budget: bytes (or ``"512MiB"``) the whole process may hold.
+        memory_budget: bytes (or ``"512MiB"``) the whole process may hold; None: the
+            process's (``with ooc.memory_budget(...)``) when one is set, else 2 GiB.
         chunk_rows: rows per Zarr chunk of every layer array.
         order: ``auto``, ``natural``, ``pds``, ``degree`` or a partition
             assignment array; see the module docstring.
@@ -224,6 +225,11 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         accuracies when labels exist.
     """
     t_start = time.perf_counter()
+    if memory_budget is None:
+        from ..loader.process_budget import current_budget
+
+        shared = current_budget()
+        memory_budget = shared.total if shared is not None else "2GiB"
     budget = _parse_size(memory_budget)
     check_options(budget, chunk_rows, block_rows, cache_chunks, policy)
     chunking = Chunking(int(chunk_rows), 0, block_rows)

@@ -12,6 +12,9 @@ The loader is what the trainer and the CLI run on, handed to the user: each
                 out = model(data.x, data.edge_index)[:data.batch_size]
                 loss = F.cross_entropy(out, data.y[:data.batch_size])
 
+A ``with ooc.memory_budget("4GiB"):`` block around the loaders of a script
+splits one budget between them (:mod:`ooc.executor.loader.process_budget`).
+
 Under ``preset="ooc"`` the inspector samples superbatches ahead, precomputes
 Belady changesets, and the feature cache serves the rows; ``"static"`` keeps a
 degree-ordered static cache; ``"baseline"`` reads memmaps through the page
@@ -19,6 +22,8 @@ cache. The batches are the same in every preset for one seed.
 """
 from __future__ import annotations
 
+import contextlib
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -84,11 +89,46 @@ def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> 
     return fanouts
 
 
+class _OwnStack:
+    """A loader's own stack (no shared budget): built when made, closed with the loader."""
+
+    def __init__(self, stack, plan, workers: int):
+        self.stack, self.plan = stack, plan
+        stack.train.workers = workers
+
+    def pipeline(self):
+        if self.stack is None:
+            raise InvalidValue("NodeLoader is closed")
+        return self.stack.train
+
+    @property
+    def info(self) -> dict:
+        return dict(self.stack.info) if self.stack is not None else {}
+
+    def epoch(self):
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        """Close the stack and let go of it: a closed loader holds no cache."""
+        stack, self.stack = self.stack, None
+        if stack is not None:
+            stack.close()
+
+
+def _check_workers(num_workers, persistent_workers: bool) -> int:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) \
+            or num_workers < 0:
+        raise InvalidValue(f"num_workers must be an int >= 0, got {num_workers!r}")
+    if persistent_workers and num_workers == 0:
+        raise InvalidValue("persistent_workers needs num_workers > 0 (as in PyG)")
+    return int(num_workers)
+
+
 class NodeLoader:
     """Mini-batches of an on-disk dataset as PyG ``Data``, out of core.
 
-    The first three arguments are PyG ``NeighborLoader``'s, in its order; the rest are
-    keywords.
+    The first three arguments are PyG ``NeighborLoader``'s, in its order; then
+    ``torch.utils.data.DataLoader``'s that apply; the rest are keywords.
 
     Args:
         dataset: an opened :class:`ooc.storage.Dataset` or a dataset folder.
@@ -97,13 +137,27 @@ class NodeLoader:
             or a boolean mask, or None (all nodes).
         batch_size: seeds per batch.
         shuffle: a fresh seeded order of the seeds every epoch.
+        num_workers: threads of this process that make batches ahead of the loop
+            (sampling and reads release the GIL, and the caches are shared, not
+            copied per worker): 0 makes each batch in the calling thread when it is
+            asked for; n makes n batches at once (the ``ooc`` preset gathers in
+            order through one thread: its cache changes after every batch). Each
+            thread holds the batches it queues: the memory plan counts them.
+        persistent_workers: accepted as in PyG (needs ``num_workers > 0``). The
+            workers are threads and the readers and caches live as long as the
+            loader whatever it says, so no epoch pays a start-up.
+        pin_memory: put each batch's tensors in page-locked memory (for a fast
+            copy to a CUDA device); without CUDA a warning says it is ignored.
         preset: ``"ooc"`` (Ginex: neighbor cache, superbatch inspector, Belady
             feature cache), ``"static"`` (neighbor cache, static feature cache)
             or ``"baseline"`` (memmaps, page cache); or a cache policy object
             (:mod:`ooc.executor.cache.policies`, e.g. ``BeladyCache(superbatch_size=8)``)
             or a :class:`~ooc.executor.loader.presets.Preset`.
-        memory_budget: bytes the process may hold (the caches get what is left
-            after the measured working memory; see :mod:`ooc.executor.sizing.budget`).
+        memory_budget: bytes (or ``"4GiB"``) this loader may use on its own (the
+            caches get what is left after the measured working memory; see
+            :mod:`ooc.executor.sizing.budget`). None: the process's budget when one
+            is set (``with ooc.memory_budget(...)``), shared with the other loaders
+            made under it; else no budget.
         seed: sampling seed; the same seed gives the same batches in every preset.
         io_backend: reader of the O_DIRECT presets (``"auto"``, ``"io_uring"``, ...).
         num_threads: sampler threads (default: all cores).
@@ -125,50 +179,70 @@ class NodeLoader:
     """
 
     def __init__(self, dataset, num_neighbors: Sequence[int] = (10, 10), input_nodes=None, *,
-                 batch_size: int = 1024, shuffle: bool = False, preset: Any = "ooc",
-                 memory_budget: int | str | None = None, seed: int = 0, io_backend: str = "auto",
-                 num_threads: int | None = None, labels: bool = True, **options: Any):
+                 batch_size: int = 1024, shuffle: bool = False, num_workers: int = 1,
+                 persistent_workers: bool = False, pin_memory: bool = False,
+                 preset: Any = "ooc", memory_budget: int | str | None = None, seed: int = 0,
+                 io_backend: str = "auto", num_threads: int | None = None, labels: bool = True,
+                 **options: Any):
         from ...storage import open_dataset
         from .presets import resolve_preset
+        from .process_budget import MemoryBudget, current_budget
         from .stack import ModeOptions, build_stack
         from ..training.config import TrainConfig
 
+        workers = _check_workers(num_workers, persistent_workers)
+        shared = current_budget() if memory_budget is None else None
         if isinstance(dataset, (str, Path)):
-            dataset = open_dataset(dataset)
+            dataset = shared.dataset(dataset) if shared is not None else open_dataset(dataset)
         fanouts = check_loader_args(num_neighbors, batch_size, preset)
-        if isinstance(memory_budget, str):
-            from ...cli import parse_size
-
-            memory_budget = parse_size(memory_budget)
+        own_budget = MemoryBudget(memory_budget).total if memory_budget is not None else None
         try:
-            opts = ModeOptions(io_backend=io_backend, memory_budget=memory_budget, **options)
+            opts = ModeOptions(io_backend=io_backend, memory_budget=own_budget, **options)
         except TypeError as e:
             raise InvalidValue(f"NodeLoader: {e}") from None
         self.dataset = dataset
         self.seeds = resolve_input_nodes(dataset, input_nodes)
         self.preset = resolve_preset(preset)
         self.batch_size = int(batch_size)
+        self.num_workers = workers
+        self.persistent_workers = bool(persistent_workers)
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        if pin_memory and not self.pin_memory:
+            warnings.warn("NodeLoader: pin_memory=True but no CUDA device is available; "
+                          "batches are not pinned", UserWarning, stacklevel=2)
         self.config = TrainConfig(fanouts=fanouts, batch_size=self.batch_size, seed=int(seed),
                                   num_threads=num_threads, progress=False)
         self.config.validate()
-        self.memory_plan = None
-        if memory_budget:
-            from ..sizing.budget import plan_memory
-
-            self.memory_plan = plan_memory(dataset, self.config, int(memory_budget), opts,
-                                           preset=self.preset)
+        opts.validate()
         self._labels = dataset.labels if labels else None
         # input_id of a seed: its position in ``seeds`` (PyG's NeighborLoader gives it)
         self._seed_order = np.argsort(self.seeds, kind="stable")
         self._seeds_sorted = self.seeds[self._seed_order]
-        self._stack = build_stack(dataset, self.config, opts, plan=self.memory_plan,
-                                  seeds=self.seeds, shuffle=shuffle, preset=self.preset)
-        self._finalizer = weakref.finalize(self, self._stack.close)
+        if shared is not None:
+            self._source: Any = shared.join(dataset, self.preset, opts, self.config, self.seeds,
+                                            shuffle, workers)
+        else:
+            plan = None
+            if own_budget:
+                from ..sizing.budget import plan_memory
+
+                plan = plan_memory(dataset, self.config, own_budget, opts, preset=self.preset,
+                                   workers=workers)
+            stack = build_stack(dataset, self.config, opts, plan=plan, seeds=self.seeds,
+                                shuffle=shuffle, preset=self.preset)
+            self._source = _OwnStack(stack, plan, workers)
+        self._finalizer = weakref.finalize(self, self._source.close)
         self._next_epoch = 1
+
+    @property
+    def memory_plan(self):
+        """The memory plan (:class:`~ooc.executor.sizing.budget.MemoryPlan`) under a budget:
+        under a shared one, the split's once the first epoch has started; else None."""
+        return self._source.plan
 
     # -- epochs -----------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._stack.train)
+        return -(-len(self.seeds) // self.batch_size) if len(self.seeds) else 0
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch (>= 1) the next ``iter()`` runs; it decides the order and samples."""
@@ -190,36 +264,42 @@ class NodeLoader:
 
     def _epoch(self, epoch: int) -> Iterator[Any]:
         labels = self._labels
-        batches = self._stack.train.batches(epoch)
-        while True:
-            if not self._finalizer.alive:  # an iterator kept past close()
-                raise InvalidValue("NodeLoader is closed")
-            try:
-                batch, rows = next(batches)
-            except StopIteration:
-                return
-            y = None
-            if labels is not None:  # every node's, as PyG's loaders give them
-                y = np.asarray(labels[np.asarray(batch.node_ids, dtype=np.int64)],
-                               dtype=np.int64)
-            data = to_data(batch, rows, y)
-            seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
-            data.input_id = torch.as_tensor(
-                self._seed_order[np.searchsorted(self._seeds_sorted, seeds)])
-            yield data
+        with self._source.epoch():
+            batches = self._source.pipeline().batches(epoch)
+            while True:
+                if not self._finalizer.alive:  # an iterator kept past close()
+                    raise InvalidValue("NodeLoader is closed")
+                try:
+                    batch, rows = next(batches)
+                except StopIteration:
+                    return
+                yield self._data(batch, rows, labels)
+
+    def _data(self, batch, rows, labels):
+        y = None
+        if labels is not None:  # every node's, as PyG's loaders give them
+            y = np.asarray(labels[np.asarray(batch.node_ids, dtype=np.int64)], dtype=np.int64)
+        data = to_data(batch, rows, y)
+        seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
+        data.input_id = torch.as_tensor(
+            self._seed_order[np.searchsorted(self._seeds_sorted, seeds)])
+        if self.pin_memory:
+            data = data.pin_memory()
+        return data
 
     # -- what happened ------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Stage seconds of the last epoch, I/O counters and the feature-cache hit ratio so far,
         and the preset's set-up (cache sizes, reader backend)."""
-        train = self._stack.train
+        train = self._source.pipeline()
         return {"preset": self.preset.name, "batches_per_epoch": len(self),
                 "stage_seconds": train.stage_times(), "io": train.io_stats(),
-                "setup": dict(self._stack.info)}
+                "setup": self._source.info}
 
     # -- lifetime -----------------------------------------------------------------
     def close(self) -> None:
-        """Release readers, threads and runtime files (idempotent)."""
+        """Release readers, threads and runtime files (idempotent); under a shared budget
+        the group's readers and caches go with its last loader."""
         self._finalizer()
 
     @property

@@ -75,7 +75,11 @@ class _Worker:
                 pass
             t.join(timeout=0.05)
 
-    def __iter__(self) -> Iterator[Any]:
+    def start(self) -> "_Worker":
+        """Start the thread (once); iterating starts it too."""
+        if self.thread is not None:
+            return self
+
         def run() -> None:
             try:
                 self.produce(self.put, self.stop.is_set)
@@ -85,6 +89,10 @@ class _Worker:
 
         self.thread = threading.Thread(target=run, name=self.name, daemon=True)
         self.thread.start()
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        self.start()
         try:
             while True:
                 try:
@@ -105,21 +113,40 @@ class _Worker:
 class _Times:
     def __init__(self) -> None:
         self.s: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def add(self, stage: str, seconds: float) -> None:
-        self.s[stage] = self.s.get(stage, 0.0) + seconds
+        with self._lock:  # several gather threads add to one stage
+            self.s[stage] = self.s.get(stage, 0.0) + seconds
+
+
+#: The most gather threads a schedule can use: the superbatch schedule applies each
+#: batch's changeset before the next batch's gather, so its gathers run in order on one.
+MAX_WORKERS = {"superbatch": 1}
+
+
+def batches_in_flight(workers: int) -> int:
+    """Gathered batches held at once with ``workers`` gather threads (0: batches are made
+    in the consumer's thread): each thread's queue and the batch it is making, and the
+    one training; at least the one training and the one being made."""
+    return max(2, int(workers) * (PREFETCH + 1) + 1)
 
 
 class BatchPipeline:
     """Base: seeds split into batches per epoch, stage timers and I/O counters.
 
-    Subclasses implement ``_produce(epoch, put, stopped)``.
+    Subclasses implement ``_items(epoch, stopped)``, a generator of ``(batch, rows)``.
+    ``workers`` says where batches are made: 0 in the consumer's thread when it asks
+    for the next (no overlap with training), n >= 1 on n gather threads that run
+    ahead (at most the schedule's :data:`MAX_WORKERS`).
     """
 
     sampler: NeighborSampler  # set by each subclass
+    schedule = ""
 
     def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
-                 source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH):
+                 source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH,
+                 workers: int = 1):
         self.seeds = np.asarray(seeds, dtype=np.int64)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
@@ -127,15 +154,28 @@ class BatchPipeline:
         self.source = source
         self.cache = cache
         self.prefetch = prefetch
+        self.workers = int(workers)
         self.times = _Times()
         self.misses = 0
         self.lookups = 0
+        self._count_lock = threading.Lock()
         self._live: set[_Worker] = set()  # the threads of epochs being iterated
 
-    def _run(self, produce, depth: int, name: str) -> Iterator[Any]:
+    @property
+    def gather_threads(self) -> int:
+        """Gather threads an epoch runs: ``workers``, capped by the schedule's maximum."""
+        return min(self.workers, MAX_WORKERS.get(self.schedule, self.workers))
+
+    def _run(self, produce, depth: int, name: str) -> Generator[Any, None, None]:
         """Iterate a :class:`_Worker` over ``produce``; :meth:`close` halts it."""
+        return self._iterate(self._worker(produce, depth, name))
+
+    def _worker(self, produce, depth: int, name: str) -> _Worker:
         w = _Worker(produce, depth, name)
         self._live.add(w)
+        return w
+
+    def _iterate(self, w: _Worker) -> Generator[Any, None, None]:
         try:
             yield from w
         finally:
@@ -163,8 +203,15 @@ class BatchPipeline:
         """``(batch, rows)`` of every batch of ``epoch`` in order; ``rows`` is
         [n, dim] in the file dtype, row k for ``batch.node_ids[k]``."""
         self.times = _Times()
-        yield from self._run(lambda put, stopped: self._produce(epoch, put, stopped),
-                             self.prefetch, "ooc-gather")
+        if self.gather_threads < 1:
+            yield from self._items(epoch, lambda: False)
+        else:
+            yield from self._threaded(epoch)
+
+    def _threaded(self, epoch: int) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+        """The epoch's batches made on one gather thread."""
+        return self._run(lambda put, stopped: _feed(self._items(epoch, stopped), put),
+                         self.prefetch, "ooc-gather")
 
     def _gather(self, batch: SampledBatch) -> np.ndarray:
         t0 = time.perf_counter()
@@ -173,12 +220,13 @@ class BatchPipeline:
         else:
             rows, nmiss = self.source.read(batch.node_ids), len(batch.node_ids)
         self.times.add("gather", time.perf_counter() - t0)
-        self.misses += nmiss
-        self.lookups += len(batch.node_ids)
+        with self._count_lock:
+            self.misses += nmiss
+            self.lookups += len(batch.node_ids)
         return rows
 
-    def _produce(self, epoch: int, put, stopped) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def _items(self, epoch: int, stopped) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+        raise NotImplementedError  # pragma: no cover - abstract
 
     def stage_times(self) -> dict[str, float]:
         return dict(self.times.s)
@@ -195,26 +243,74 @@ class BatchPipeline:
         return st
 
 
+def _feed(items: Iterator[Any], put) -> None:
+    """Put every item of ``items`` until ``put`` refuses one (the consumer is gone)."""
+    for item in items:
+        if not put(item):
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+            return
+
+
 class OnDemandPipeline(BatchPipeline):
     """Sample batch i when its turn comes, then gather it (optionally through a
-    static feature cache that is never updated)."""
+    static feature cache that is never updated). With ``workers`` n > 1, thread k
+    makes batches k, k + n, ... and they are handed out in order."""
+
+    schedule = "on_demand"
 
     def __init__(self, sampler: NeighborSampler, seeds: np.ndarray, batch_size: int, seed: int,
                  source: Feature, shuffle: bool = True, cache: FeatureCache | None = None,
-                 prefetch: int = PREFETCH):
-        super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
+                 prefetch: int = PREFETCH, workers: int = 1):
+        super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch, workers)
         self.sampler = sampler
 
-    def _produce(self, epoch: int, put, stopped) -> None:
+    def _make(self, ids: np.ndarray, batch_seed: int) -> tuple[SampledBatch, np.ndarray]:
+        t0 = time.perf_counter()
+        batch = self.sampler.sample(ids, batch_seed)
+        self.times.add("sample", time.perf_counter() - t0)
+        return batch, self._gather(batch)
+
+    def _items(self, epoch: int, stopped) -> Iterator[tuple[SampledBatch, np.ndarray]]:
         seed_batches, bseeds = self.plan(epoch)
         for ids, bs in zip(seed_batches, bseeds):
             if stopped():
                 return
-            t0 = time.perf_counter()
-            batch = self.sampler.sample(ids, bs)
-            self.times.add("sample", time.perf_counter() - t0)
-            if not put((batch, self._gather(batch))):
-                return
+            yield self._make(ids, bs)
+
+    def _threaded(self, epoch: int) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+        n = self.gather_threads
+        if n <= 1:
+            return super()._threaded(epoch)
+        return self._round_robin(epoch, n)
+
+    def _round_robin(self, epoch: int, n: int) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+        seed_batches, bseeds = self.plan(epoch)
+        n = max(1, min(n, len(seed_batches)))
+
+        def share(k: int):
+            def produce(put, stopped) -> None:
+                for i in range(k, len(seed_batches), n):
+                    if stopped() or not put(self._make(seed_batches[i], bseeds[i])):
+                        return
+            return produce
+
+        workers = [self._worker(share(k), self.prefetch, f"ooc-gather-{k}").start()
+                   for k in range(n)]
+        its = [self._iterate(w) for w in workers]
+        try:
+            for i in range(len(seed_batches)):
+                item = next(its[i % n], None)
+                if item is None:  # halted
+                    return
+                yield item
+        finally:
+            for it in its:
+                it.close()
+            for w in workers:  # a thread whose iterator never started
+                w.halt()
+                self._live.discard(w)
 
 
 class SuperbatchPipeline(BatchPipeline):
@@ -226,14 +322,16 @@ class SuperbatchPipeline(BatchPipeline):
     ``update`` (changeset row copies).
     """
 
+    schedule = "superbatch"
+
     def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
                  source: Feature, cache: FeatureCache, shuffle: bool = True,
-                 prefetch: int = PREFETCH):
-        super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch)
+                 prefetch: int = PREFETCH, workers: int = 1):
+        super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch, workers)
         self.inspector = inspector
         self.sampler = inspector.sampler
 
-    def _superbatches(self, epoch: int) -> Iterator[tuple[Any, Any, Any]]:
+    def _superbatches(self, epoch: int) -> Generator[tuple[Any, Any, Any], None, None]:
         """Loader thread: loads the next superbatch's files while the current one trains."""
         seed_batches, bseeds = self.plan(epoch)
 
@@ -251,27 +349,30 @@ class SuperbatchPipeline(BatchPipeline):
 
         return self._run(load, 1, "ooc-loader")
 
-    def _produce(self, epoch: int, put, stopped) -> None:
+    def _items(self, epoch: int, stopped) -> Iterator[tuple[SampledBatch, np.ndarray]]:
         cache = self.cache
         assert cache is not None
-        for sb, samples, cs in self._superbatches(epoch):
-            try:
-                t0 = time.perf_counter()
-                cache.switch(cs.init_ids, self.source)
-                self.times.add("switch", time.perf_counter() - t0)
-                for j in range(len(samples)):
-                    if stopped():
-                        return
-                    batch = samples.batch(j)
-                    rows = self._gather(batch)
+        superbatches = self._superbatches(epoch)
+        try:
+            for sb, samples, cs in superbatches:
+                try:
                     t0 = time.perf_counter()
-                    in_ids, out_ids, in_pos = cs.step(j)
-                    cache.update(in_ids, out_ids, in_pos, rows)
-                    self.times.add("update", time.perf_counter() - t0)
-                    if not put((batch, rows)):
-                        return
-            finally:
-                sb.release()
+                    cache.switch(cs.init_ids, self.source)
+                    self.times.add("switch", time.perf_counter() - t0)
+                    for j in range(len(samples)):
+                        if stopped():
+                            return
+                        batch = samples.batch(j)
+                        rows = self._gather(batch)
+                        t0 = time.perf_counter()
+                        in_ids, out_ids, in_pos = cs.step(j)
+                        cache.update(in_ids, out_ids, in_pos, rows)
+                        self.times.add("update", time.perf_counter() - t0)
+                        yield batch, rows
+                finally:
+                    sb.release()
+        finally:
+            superbatches.close()
         st = self.inspector.stats
         self.times.add("inspect_sample", st.sample_s)
         self.times.add("inspect_changesets", st.changeset_s)

@@ -113,6 +113,9 @@ class Stack:
         eval_factory: ids (int64 [n]) -> an on-demand pipeline over them, in order.
         features: the uncached feature source, timed.
         info: what was built (sizes, readers, superbatch size, runtime folder).
+        on_demand: ``(seeds, config, shuffle)`` -> an on-demand pipeline of another
+            loader over these readers and caches (its fanouts, batch size and seed;
+            the feature cache only serves hits).
     """
 
     preset: Preset
@@ -121,6 +124,7 @@ class Stack:
     features: Any
     info: dict = field(default_factory=dict)
     _close: list = field(default_factory=list, repr=False)
+    on_demand: Callable[..., BatchPipeline] | None = field(default=None, repr=False)
 
     def __iter__(self):
         return iter((self.train, self.eval_factory, self.features))
@@ -304,7 +308,13 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
         return OnDemandPipeline(sampler, ids, eval_bs, config.seed + EVAL_SEED_OFFSET, features,
                                 shuffle=False, cache=cache)
 
-    return Stack(preset, train, eval_factory, features, info, closers)
+    def on_demand(ids: np.ndarray, cfg, shuffle: bool) -> BatchPipeline:
+        own = NeighborSampler(dataset.indptr, sampler.source, list(cfg.fanouts),
+                              num_threads=cfg.num_threads)
+        return OnDemandPipeline(own, ids, cfg.batch_size, cfg.seed, features, shuffle=shuffle,
+                                cache=cache)
+
+    return Stack(preset, train, eval_factory, features, info, closers, on_demand)
 
 
 #: Runtime folders are named ``run<pid>-<random>`` inside the runtime parent.

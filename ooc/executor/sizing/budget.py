@@ -12,10 +12,11 @@ file pages this process maps):
    (:func:`compile_kernels`), so this process never holds LLVM's compile-time
    memory and a first run measures what later runs do.
 2. ``loop_peak``: the worst moment of the training loop, reproduced
-   deterministically. The pipeline holds at most ``PREFETCH + 2`` gathered
-   batches (the queue, the one being gathered, the one training), so the
-   probe samples that many batches of epoch 1 with the mode's uncached
-   neighbour path, gathers all their rows with its uncached feature path
+   deterministically. The pipeline holds at most
+   :func:`~ooc.executor.loader.pipelines.batches_in_flight` gathered batches
+   (each gather thread's queue and the batch it makes, and the one training:
+   ``PREFETCH + 2`` with one thread), so the probe samples that many batches
+   of epoch 1 with the mode's uncached neighbour path, gathers all their rows with its uncached feature path
    (every row a miss: the largest reader buffers) and runs one training step
    of the model itself (Adam at learning rate 0: the weights stay as they are;
    its state included) with the largest of them; the kernel's high-water mark
@@ -77,7 +78,7 @@ from ...memory import current_rss_bytes as rss_bytes
 from ...memory import peak_rss_bytes as hwm_bytes
 from ...memory import reset_peak_rss as reset_hwm
 from ..cache.feature_cache import row_cost
-from ..loader.pipelines import PREFETCH
+from ..loader.pipelines import MAX_WORKERS, batches_in_flight
 from ...storage.errors import BudgetError, setting
 
 MiB = 1 << 20
@@ -296,7 +297,7 @@ def warm_up_kernels(preset, dim: int, dtype) -> None:
 
 def plan_memory(dataset, config, budget: int, options=None, model=None,
                 neighbor_fraction: float = 0.25, reserve: int | None = None,
-                preset=None) -> MemoryPlan:
+                preset=None, workers: int = 1) -> MemoryPlan:
     """Measure the working memory of the preset and size its caches.
 
     Args:
@@ -312,6 +313,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
         reserve: bytes held back (default :func:`default_reserve`).
         preset: a preset name, :class:`~ooc.executor.loader.presets.Preset` or cache
             policy (default ``config.mode``).
+        workers: the training pipeline's gather threads (each holds its queue and the
+            batch it makes: :func:`~ooc.executor.loader.pipelines.batches_in_flight`).
 
     Raises:
         OocError: the budget is below what the preset needs (the message gives
@@ -332,7 +335,9 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     gc.collect()
     trim_malloc()
     setup = stages["setup_rss"] = rss_bytes()
-    probe = _probe(dataset, config, opts, model, preset, limit=budget - reserve)
+    threads = min(int(workers), MAX_WORKERS.get(preset.policy.schedule, int(workers)))
+    probe = _probe(dataset, config, opts, model, preset, limit=budget - reserve,
+                   in_flight=batches_in_flight(threads))
     loop = stages["loop_peak"] = max(0, max(probe["peaks"].values()) - setup)
     loop_parts = loop + _computed_parts(dataset, preset, opts, probe["max_edges"], stages)
     explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0
@@ -365,7 +370,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
                        + f" + {_fmt(reserve)} reserve; {probe['too_large']}the smallest budget "
                        f"that works is {plan.min_budget // MiB}MiB")
     if preset.caches:
-        _split_free(plan, dataset, preset, opts, free, neighbor_fraction)
+        split_free(plan, dataset, preset, opts, free, neighbor_fraction)
     plan.planned_peak_bytes = working + plan.feature_cache_bytes + plan.neighbor_cache_bytes
     return plan
 
@@ -420,7 +425,7 @@ class _SuperbatchPlan:
         return self.bytes(self.size if self.explicit else 1)
 
 
-def _split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
+def split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
                 neighbor_fraction: float) -> None:
     """The free memory to the caches: the neighbor cache ``neighbor_fraction`` of it
     (capped at the full cache; none below
@@ -464,7 +469,8 @@ def _build_transient(dataset, preset, explicit_n: int | None) -> int:
     return out
 
 
-def _probe(dataset, config, opts, model, preset, limit: int | None = None) -> dict[str, Any]:
+def _probe(dataset, config, opts, model, preset, limit: int | None = None,
+           in_flight: int = batches_in_flight(1)) -> dict[str, Any]:
     """Reproduce the loop's fullest moment and measure its peak RSS (absolute).
 
     Returns ``peaks`` (``sample``, ``train_loop``, ``eval_loop`` when the
@@ -485,7 +491,7 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None) -> di
     try:
         sampler = NeighborSampler(dataset.indptr, src.neighbors, list(config.fanouts),
                                   num_threads=config.num_threads)
-        hold = _Holder(sampler, src.features, model, dataset, peaks, limit)
+        hold = _Holder(sampler, src.features, model, dataset, peaks, limit, in_flight)
         batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
                        "sample", "train_loop", "--batch-size")
         bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
@@ -510,23 +516,24 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None) -> di
 
 
 class _Holder:
-    """Holds what the pipeline holds at its fullest (``PREFETCH + 2`` batches sampled
+    """Holds what the pipeline holds at its fullest (``in_flight`` batches sampled
     and gathered, one step on the largest) and records the peak RSS; a step whose
     computed estimate does not fit under ``limit`` is refused instead of run."""
 
     def __init__(self, sampler, features, model, dataset, peaks: dict[str, int],
-                 limit: int | None = None):
+                 limit: int | None = None, in_flight: int = batches_in_flight(1)):
         self.sampler, self.features, self.model = sampler, features, model
         self.dataset, self.peaks, self.limit = dataset, peaks, limit
+        self.in_flight = int(in_flight)
         self.estimate: dict[str, int] = {}
         #: why a step was not run (its estimate did not fit), for the refusal
         self.too_large = ""
 
     def sample(self, ids, bs: int, seed: int, epoch: int, shuffle: bool) -> list:
-        """The first ``PREFETCH + 2`` sampled batches of ``bs`` seeds of that epoch."""
+        """The first ``in_flight`` sampled batches of ``bs`` seeds of that epoch."""
         from ...inspector.sampler import derive_seed, epoch_batches
 
-        seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:PREFETCH + 2]
+        seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:self.in_flight]
         return self.sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
                                                        for b in range(len(seed_batches))])
 

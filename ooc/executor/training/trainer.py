@@ -145,11 +145,15 @@ class Trainer:
             from ..loader.stack import ModeOptions, build_stack
 
             resolve_preset(config.mode)
+            from ..loader.process_budget import current_budget
+
             options = options or ModeOptions()
-            if options.memory_budget:
+            shared = current_budget()
+            budget = options.memory_budget or (shared.total if shared is not None else None)
+            if budget:
                 from ..sizing.budget import plan_memory
 
-                self.memory_plan = plan_memory(dataset, config, options.memory_budget, options,
+                self.memory_plan = plan_memory(dataset, config, budget, options,
                                                model=self.model)
             pipeline = build_stack(dataset, config, options, plan=self.memory_plan)
             self._pipeline = pipeline
