@@ -20,7 +20,9 @@ epoch plan (the seeded order of :class:`ooc.NodeLoader`). In the loading
 process (``num_workers=0``) a planned batch is then served by an ooc
 pipeline running one batch ahead: under ``preset="ooc"`` the inspector
 samples superbatches ahead, precomputes Belady changesets and the feature
-cache serves the rows the feature store is asked for. A request the plan did
+cache serves the rows the feature store is asked for: PyG asks the store for
+``x`` indexed by the very ``SamplerOutput.node`` tensor the sampler returned,
+which keys the batch's rows until that tensor is gone. A request the plan did
 not foresee (another batch order, a worker process, a second pass) is
 sampled on demand with the same sampler and read from disk: still correct,
 only without the cache. Batches are identical to :class:`ooc.NodeLoader`'s
@@ -32,9 +34,10 @@ spawned workers (numba's OpenMP thread pool cannot be forked once it ran).
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 import warnings
+import weakref
+import zlib
 from pathlib import Path
 from typing import Any, Generator, Iterator, Sequence
 
@@ -64,7 +67,8 @@ class EpochPlan:
     ``positions(e)`` are index positions into ``seeds`` (int64 arrays), the
     batches PyG's ``DataLoader`` gets from :attr:`OocSampler.batch_sampler`;
     ``epoch`` is the epoch whose batches are being loaded (advanced by each
-    ``iter()`` of the batch sampler; 0 before the first).
+    ``iter()`` of the batch sampler; 0 before the first). A batch is found from
+    its positions through the epoch's inverse order (8 bytes per seed).
     """
 
     def __init__(self, seeds: np.ndarray, batch_size: int, shuffle: bool, seed: int):
@@ -73,13 +77,16 @@ class EpochPlan:
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.epoch = 0
-        self._cached: tuple[int, list[np.ndarray], dict[bytes, int]] | None = None
+        self._cached: tuple[int, list[np.ndarray], np.ndarray] | None = None
 
-    def _epoch(self, epoch: int) -> tuple[list[np.ndarray], dict[bytes, int]]:
+    def _epoch(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
         if self._cached is None or self._cached[0] != epoch:
             pos = epoch_batches(np.arange(len(self.seeds), dtype=np.int64), self.batch_size,
                                 self.seed, epoch, shuffle=self.shuffle)
-            self._cached = (epoch, pos, {_digest(p): b for b, p in enumerate(pos)})
+            batch_of = np.empty(len(self.seeds), dtype=np.int64)  # position -> its batch
+            for b, p in enumerate(pos):
+                batch_of[p] = b
+            self._cached = (epoch, pos, batch_of)
         return self._cached[1], self._cached[2]
 
     def positions(self, epoch: int) -> list[np.ndarray]:
@@ -87,17 +94,15 @@ class EpochPlan:
 
     def batch_index(self, epoch: int, input_id: np.ndarray) -> int | None:
         """Which batch of ``epoch`` holds exactly the positions ``input_id``, or None."""
-        if epoch < 1:
+        ids = np.asarray(input_id, dtype=np.int64).reshape(-1)
+        if epoch < 1 or ids.size == 0 or ids.min() < 0 or ids.max() >= len(self.seeds):
             return None
-        return self._epoch(epoch)[1].get(_digest(np.asarray(input_id, dtype=np.int64)))
+        pos, batch_of = self._epoch(epoch)
+        k = int(batch_of[ids[0]])
+        return k if np.array_equal(pos[k], ids) else None
 
     def __len__(self) -> int:
         return -(-len(self.seeds) // self.batch_size)
-
-
-def _digest(a: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(a, dtype=np.int64).tobytes(),
-                           digest_size=16).digest()
 
 
 class PlannedBatches(torch.utils.data.Sampler):
@@ -153,7 +158,9 @@ class _Backend:
         self._ahead_next = 0
         self._sampler = None     # on-demand sampler
         self._sources = None     # on-demand readers (ooc.executor.loader.readers.Sources)
-        self.stash: tuple[torch.Tensor, torch.Tensor] | None = None  # (node, x) last planned
+        # x of planned batches by the id of their SamplerOutput's ``node`` tensor, which PyG
+        # hands the feature store as the index; an entry goes when that tensor does
+        self._planned_x: dict[int, torch.Tensor] = {}
         self.counts = {"planned_batches": 0, "on_demand_batches": 0,
                        "planned_reads": 0, "on_demand_reads": 0}
         if self.main:
@@ -183,7 +190,7 @@ class _Backend:
         ahead, skipping batches the loader never asked for; None when ``b`` is behind it."""
         if self._ahead is None or self._ahead_epoch != epoch:
             self.close_ahead()
-            self._ahead = iter(self.loader()._source.pipeline().batches(epoch))
+            self._ahead = iter(self.loader().sampled(epoch))
             self._ahead_epoch, self._ahead_next = epoch, 0
         if b < self._ahead_next:
             return None
@@ -198,6 +205,21 @@ class _Backend:
         if self._ahead is not None:
             self._ahead.close()
             self._ahead = None
+
+    def hand_x(self, node: torch.Tensor, x: torch.Tensor) -> None:
+        """Keep ``x`` for the feature store's request indexed by ``node`` (a planned batch's
+        ``SamplerOutput.node``), for as long as ``node`` lives."""
+        key = id(node)
+        with self.lock:
+            self._planned_x[key] = x
+        weakref.finalize(node, self._planned_x.pop, key, None)
+
+    def take_x(self, index: Any) -> torch.Tensor | None:
+        """The planned batch's ``x`` for a request indexed by its ``node`` tensor, else None."""
+        if not isinstance(index, torch.Tensor):
+            return None
+        with self.lock:
+            return self._planned_x.pop(id(index), None)
 
     # -- on demand -----------------------------------------------------------------------
     def sources(self):
@@ -319,12 +341,10 @@ class OocFeatureStore(_OnBackend, FeatureStore):
 
     def _x(self, attr: TensorAttr) -> torch.Tensor:
         b = self._b
-        with b.lock:
-            stash, b.stash = b.stash, None
-        if stash is not None and isinstance(attr.index, torch.Tensor) and \
-                (stash[0] is attr.index or torch.equal(stash[0], attr.index)):
+        x = b.take_x(attr.index)
+        if x is not None:
             b.counts["planned_reads"] += 1
-            return stash[1]
+            return x
         b.counts["on_demand_reads"] += 1
         return _as_float32(b.read_rows(self._ids(attr)))
 
@@ -412,12 +432,12 @@ class OocSampler(BaseSampler):
             if item is not None:
                 batch, rows = item
                 out = self._output(batch, inputs)
-                with b.lock:
-                    b.stash = (out.node, _as_float32(rows))
+                b.hand_x(out.node, _as_float32(rows))
                 b.counts["planned_batches"] += 1
                 return out
+        # a request the plan did not foresee: a seed drawn from its node ids
         bseed = derive_seed(b.plan.seed, max(epoch, 1), k) if k is not None else \
-            int.from_bytes(_digest(seeds)[:8], "little") >> 1
+            derive_seed(b.plan.seed, 0, zlib.crc32(np.ascontiguousarray(seeds).tobytes()))
         b.counts["on_demand_batches"] += 1
         return self._output(b.sampler().sample(seeds, bseed), inputs)
 

@@ -67,6 +67,7 @@ def test_pyg_node_loader_equals_ooc_loader(graph, preset, plan_ahead):
             assert st["planned_batches"] == st["planned_reads"] == 2 * len(ref[0])
             assert st["on_demand_batches"] == 0
             assert st["pipeline"]["io"]["feature_lookups"] > 0
+            assert not sampler._b._planned_x  # each batch's rows were taken by its request
         else:
             assert st["planned_batches"] == 0 and st["on_demand_batches"] == 2 * len(ref[0])
     finally:

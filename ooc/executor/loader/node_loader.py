@@ -287,6 +287,14 @@ class NodeLoader:
             data = data.pin_memory()
         return data
 
+    def sampled(self, epoch: int) -> Iterator[tuple[Any, np.ndarray]]:
+        """The batches of ``epoch`` before they become ``Data``: ``(SampledBatch, rows)``
+        pairs (rows [n, dim] in the file's dtype, row k for ``batch.node_ids[k]``), for
+        code that builds its own batches (:mod:`ooc.pyg`). Does not move :attr:`epoch`."""
+        if not self._finalizer.alive:
+            raise InvalidValue("NodeLoader is closed")
+        return self._source.pipeline().batches(int(epoch))
+
     # -- what happened ------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Stage seconds of the last epoch, I/O counters and the feature-cache hit ratio so far,
