@@ -1,4 +1,6 @@
 """Runtime files and the inspector pipeline (sampling overlapped with changesets)."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -114,9 +116,20 @@ def test_pipeline_error_and_early_close_clean_up(tmp_path):
         for sb in Inspector(sampler, tmp_path / "rt", 4, changesets=broken).epoch(seeds, bseeds):
             pass
     gen = Inspector(sampler, tmp_path / "rt2", 2).epoch(seeds, bseeds)
-    next(gen)
+    next(gen)  # the sampler now waits for disk room the consumer never gives back
     gen.close()
     assert list((tmp_path / "rt2").iterdir()) == []
+
+    class Failing(NeighborSampler):
+        def sample_many(self, seed_batches, batch_seeds):
+            raise OSError("indices.bin: read failed")
+
+    bad = Failing(indptr, indices, [4])
+    with pytest.raises(OSError, match="read failed"):
+        list(Inspector(bad, tmp_path / "rt3", 2).epoch(seeds, bseeds))
+    assert list((tmp_path / "rt3").iterdir()) == []
+    # both stages' threads ended every time
+    assert not [t for t in threading.enumerate() if t.name in ("ooc-sample", "ooc-changesets")]
 
 
 def test_superbatch_size_from_budget():

@@ -157,18 +157,20 @@ class DirectNeighbors(NeighborSource):
         indptr: int64 [N+1] (gives the index dtype and the edge count).
         reader: an object with ``read_pages(pages, out)`` (e.g.
             ``ooc.storage.direct.DirectReader``); by default one is opened on
-            ``indices_path`` and closed by :meth:`close`.
+            ``indices_path``.
+        owns_reader: whether :meth:`close` closes the reader (default: when this
+            source opened it).
         max_pages: pages per submission (default 16384 = 64 MiB).
     """
 
     def __init__(self, indices_path, indptr: np.ndarray, reader=None, max_pages: int = 16384,
-                 dtype=None):
+                 dtype=None, owns_reader: bool | None = None):
         self.path = os.fspath(indices_path)
         n = int(np.asarray(indptr).shape[0]) - 1
         self.dtype = np.dtype(dtype) if dtype is not None else (
             np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64))
         self.num_edges = int(indptr[-1])
-        self._own = reader is None
+        self._own = reader is None if owns_reader is None else bool(owns_reader)
         if reader is None:
             from ooc.storage.direct import DirectReader
             reader = DirectReader(self.path)

@@ -7,7 +7,6 @@ so runtime files take at most ``(ahead + 1) × bytes per superbatch``.
 """
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import numpy as np
 from .runtime import (FlatChangesets, SuperbatchSamples, read_changesets, read_samples,
                       remove_superbatch, superbatch_dir, write_changesets, write_samples)
 from .sampler import NeighborSampler
+from ..worker import Worker
 from ..storage.errors import BudgetError, InvalidValue
 
 
@@ -111,8 +111,9 @@ class Inspector:
 
 
 class _EpochRun:
-    """One epoch of the inspector: a sampling thread and a changeset thread joined by
-    queues, at most ``ahead + 1`` superbatches on disk (a semaphore slot each)."""
+    """One epoch of the inspector: a sampling :class:`~ooc.worker.Worker` feeding a
+    changeset worker, at most ``ahead + 1`` superbatches on disk (a semaphore slot each,
+    given back by :meth:`Superbatch.release`)."""
 
     def __init__(self, insp: Inspector, seed_batches: Sequence[np.ndarray],
                  batch_seeds: Sequence[int], tag: str):
@@ -122,28 +123,15 @@ class _EpochRun:
         self.groups = [list(range(a, min(a + s, n))) for a in range(0, n, s)]
         self.stats = insp.stats
         self.slots = threading.Semaphore(insp.ahead + 1)
-        self.stop = threading.Event()
-        self.to_cs: queue.Queue = queue.Queue(maxsize=1)
-        self.ready: queue.Queue = queue.Queue()
 
-    # -- the sampling thread --------------------------------------------------------------
-    def _sample_loop(self) -> None:
-        try:
-            for k, group in enumerate(self.groups):
-                if not self._take_slot():
+    # -- the sampling stage ---------------------------------------------------------------
+    def _sample(self, put, stopped) -> None:
+        for k, group in enumerate(self.groups):
+            while not self.slots.acquire(timeout=0.1):  # room on disk
+                if stopped():
                     return
-                self.to_cs.put(self._sample_group(k, group))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self.to_cs.put(e)
-            return
-        self.to_cs.put(None)
-
-    def _take_slot(self) -> bool:
-        """Wait for room on disk; False once the run is stopped."""
-        while not self.slots.acquire(timeout=0.1):
-            if self.stop.is_set():
-                return False
-        return not self.stop.is_set()
+            if stopped() or not put(self._sample_group(k, group)):
+                return
 
     def _sample_group(self, k: int, group: list[int]) -> tuple[Superbatch, SuperbatchSamples]:
         """Sample superbatch ``k`` and write its samples file."""
@@ -165,29 +153,18 @@ class _EpochRun:
                         {"sample_s": t1 - t0, "write_s": t2 - t1}, nbytes, self.slots.release)
         return sb, samples
 
-    # -- the changeset thread -------------------------------------------------------------
-    def _changeset_loop(self) -> None:
-        while True:
-            try:
-                item = self.to_cs.get(timeout=0.1)
-            except queue.Empty:
-                # a consumer that closed early drains to_cs to free the sampler, and
-                # may take the end marker with it: the stop flag ends this loop then
-                if self.stop.is_set():
+    # -- the changeset stage --------------------------------------------------------------
+    def _changesets(self, sampled: Worker):
+        def produce(put, stopped) -> None:
+            for sb, samples in sampled:
+                if stopped():
                     return
-                continue
-            if item is None or isinstance(item, BaseException) or self.stop.is_set():
-                self.ready.put(item)
-                return
-            sb, samples = item
-            try:
                 self._write_changesets(sb, samples)
-            except BaseException as e:  # noqa: BLE001
-                self.ready.put(e)
-                return
-            self.stats.superbatches += 1
-            self.stats.batches += len(sb.batch_indices)
-            self.ready.put(sb)
+                self.stats.superbatches += 1
+                self.stats.batches += len(sb.batch_indices)
+                if not put(sb):
+                    return
+        return produce
 
     def _write_changesets(self, sb: Superbatch, samples: SuperbatchSamples) -> None:
         fn = self.insp.changesets
@@ -204,38 +181,18 @@ class _EpochRun:
 
     # -- the consumer ---------------------------------------------------------------------
     def superbatches(self) -> Iterator[Superbatch]:
+        """The superbatches in order; closing early halts both stages and, in every case,
+        every runtime file of the epoch is removed at the end."""
         self.insp.runtime_dir.mkdir(parents=True, exist_ok=True)
-        threads = [threading.Thread(target=self._sample_loop, name="ooc-sample", daemon=True),
-                   threading.Thread(target=self._changeset_loop, name="ooc-changesets",
-                                    daemon=True)]
-        for t in threads:
-            t.start()
+        sampled = Worker(self._sample, 1, "ooc-sample")
+        ready = Worker(self._changesets(sampled), self.insp.ahead + 1, "ooc-changesets",
+                       upstream=sampled)
         try:
-            while True:
-                item = self.ready.get()
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            yield from ready
         finally:
-            self._shutdown(threads)
-
-    def _shutdown(self, threads: list[threading.Thread]) -> None:
-        """Stop both threads (unblocking the sampler on a slot or the queue) and
-        remove every runtime file of the epoch."""
-        self.stop.set()
-        for _ in range(self.insp.ahead + 2):
-            self.slots.release()
-        while any(t.is_alive() for t in threads):
-            try:
-                self.to_cs.get_nowait()
-            except queue.Empty:
-                pass
-            for t in threads:
-                t.join(timeout=0.05)
-        for k in range(len(self.groups)):
-            remove_superbatch(self.insp._folder(self.tag, k))
+            ready.halt()
+            for k in range(len(self.groups)):
+                remove_superbatch(self.insp._folder(self.tag, k))
 
 
 def superbatch_size_for_budget(runtime_disk_budget: int, bytes_per_batch: float, ahead: int = 1,

@@ -169,6 +169,24 @@ class DirectReader:
             self._scratch = aligned_empty(max(int(nbytes), 2 * self._scratch.size))
         return self._scratch[:nbytes]
 
+    @property
+    def fresh_buffers(self) -> bool:
+        """Whether the backend reads into any page-aligned memory it is given (rather than
+        only into memory it keeps: see :class:`~ooc.storage.io_backends.ReadBackend`)."""
+        return self._io.fresh_buffers
+
+    def references(self, owner: np.ndarray) -> int:
+        """References the backend holds to ``owner`` (memory it registered with the kernel)."""
+        return self._io.references(owner)
+
+    def read_runs_into_scratch(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
+                               npages: int) -> np.ndarray:
+        """:meth:`read_runs` into the scratch buffer; its first ``npages`` pages. The caller
+        serialises its uses of the buffer (see the module docstring)."""
+        buf = self.scratch(npages * PAGE)
+        self.read_runs(offs, lens, bufs, self._scratch, npages, reuse=True)
+        return buf
+
     def _read_into_scratch(self, pages: np.ndarray) -> np.ndarray:
         """:meth:`read_pages` into the scratch buffer; its first ``len(pages)`` pages.
 
@@ -211,9 +229,9 @@ class DirectReader:
                     f"or not padded to 4 KiB") if last == self.num_pages and tail else "past the end"
             raise InvalidValue(f"{self.path}: page {last} requested but the file has "
                            f"{self.size} bytes ({self.num_pages} whole pages): {what}")
-        self._read_runs(offs, lens, bufs, out, n, reuse=True)
+        self.read_runs(offs, lens, bufs, out, n, reuse=True)
 
-    def _read_runs(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
+    def read_runs(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
                    out: np.ndarray, npages: int, reuse: bool) -> None:
         """Hand planned runs (int64 ``[nruns]`` byte offsets, lengths, offsets in
         ``out``) of ``npages`` pages in all to the backend and count them. ``reuse``:
@@ -356,7 +374,7 @@ class DirectFeatures(RowTable):
             # free when only this attribute (and getrefcount's argument) and the backend
             # refer to it
             if self._spare is not None and self._spare.nbytes >= need + PAGE \
-                    and sys.getrefcount(self._spare) == 2 + self.reader._io.references(self._spare):
+                    and sys.getrefcount(self._spare) == 2 + self.reader.references(self._spare):
                 self.recycled += 1
                 reuse = True
             else:
@@ -394,12 +412,12 @@ class DirectFeatures(RowTable):
         lay = self.layout
         r = self.reader
         rows = out.view(np.uint8).reshape(out.shape[0], lay.row_bytes)
-        if lay.row_bytes % PAGE == 0 and r._io.fresh_buffers \
+        if lay.row_bytes % PAGE == 0 and r.fresh_buffers \
                 and (_is_aligned(out) or not r.o_direct):
             offs, lens, bufs, dup_dst, dup_src, bad = K.plan_row_reads(
                 ids, dst, lay.pages_per_row, lay.num_rows, r.max_run_pages)
             self._check_ids(ids, bad)
-            r._read_runs(offs, lens, bufs, rows.reshape(-1) if region is None else region,
+            r.read_runs(offs, lens, bufs, rows.reshape(-1) if region is None else region,
                          (ids.shape[0] - dup_dst.shape[0]) * lay.pages_per_row,
                          reuse=region is not None)
             if dup_dst.shape[0]:  # rare (batch ids are unique): numpy, no kernel to compile
@@ -410,9 +428,7 @@ class DirectFeatures(RowTable):
             ids, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
         self._check_ids(ids, bad)
         with self._scratch_lock:
-            buf = r.scratch(npages * PAGE)
-            # the whole buffer, as in DirectReader._read_into_scratch
-            r._read_runs(offs, lens, bufs, r._scratch, npages, reuse=True)
+            buf = r.read_runs_into_scratch(offs, lens, bufs, npages)
             K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes, dst, rows)
             r.stats.rows_copied += ids.shape[0]
 

@@ -19,7 +19,6 @@ gather i, so it always precedes gather i+1.
 """
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from typing import Any, Generator, Iterator
@@ -29,86 +28,13 @@ import numpy as np
 from ...inspector.pipeline import Inspector
 from ...inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
 from ...storage.features import Feature, counters
+from ...worker import Worker
 from ..cache.feature_cache import FeatureCache
-
-_END = object()
-
 
 #: Gathered batches queued ahead of the training step. One is enough to overlap gather
 #: with compute; each more costs a batch of rows of the memory budget (the planner counts
 #: ``PREFETCH + 2``: the queue, the one being gathered, the one training).
 PREFETCH = 1
-
-class _Worker:
-    """Runs ``produce(put, stopped)`` on a thread; iterating yields what it put, in order.
-
-    Exceptions on the thread are re-raised in the consumer. Closing the
-    iterator early, or :meth:`halt` from any thread, stops the thread
-    (``stopped()`` turns true, ``put`` returns False) and waits for it; a
-    consumer whose worker was halted sees the iteration end.
-    """
-
-    def __init__(self, produce, depth: int, name: str):
-        self.q: queue.Queue = queue.Queue(maxsize=max(1, depth))
-        self.stop = threading.Event()
-        self.produce = produce
-        self.name = name
-        self.thread: threading.Thread | None = None
-
-    def put(self, item: Any) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def halt(self) -> None:
-        """Stop the thread and wait for it to end (it ends after its current step)."""
-        self.stop.set()
-        t = self.thread
-        while t is not None and t.is_alive():
-            try:
-                self.q.get_nowait()  # a put waiting for room sees the stop
-            except queue.Empty:
-                pass
-            t.join(timeout=0.05)
-
-    def start(self) -> "_Worker":
-        """Start the thread (once); iterating starts it too."""
-        if self.thread is not None:
-            return self
-
-        def run() -> None:
-            try:
-                self.produce(self.put, self.stop.is_set)
-                self.put(_END)
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                self.put(e)
-
-        self.thread = threading.Thread(target=run, name=self.name, daemon=True)
-        self.thread.start()
-        return self
-
-    def __iter__(self) -> Iterator[Any]:
-        self.start()
-        try:
-            while True:
-                try:
-                    item = self.q.get(timeout=0.1)
-                except queue.Empty:
-                    if self.stop.is_set():  # halted: nothing more comes
-                        return
-                    continue
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.halt()
-
 
 class _Times:
     def __init__(self) -> None:
@@ -159,7 +85,7 @@ class BatchPipeline:
         self.misses = 0
         self.lookups = 0
         self._count_lock = threading.Lock()
-        self._live: set[_Worker] = set()  # the threads of epochs being iterated
+        self._live: set[Worker] = set()  # the threads of epochs being iterated
 
     @property
     def gather_threads(self) -> int:
@@ -167,15 +93,15 @@ class BatchPipeline:
         return min(self.workers, MAX_WORKERS.get(self.schedule, self.workers))
 
     def _run(self, produce, depth: int, name: str) -> Generator[Any, None, None]:
-        """Iterate a :class:`_Worker` over ``produce``; :meth:`close` halts it."""
+        """Iterate a :class:`Worker` over ``produce``; :meth:`close` halts it."""
         return self._iterate(self._worker(produce, depth, name))
 
-    def _worker(self, produce, depth: int, name: str) -> _Worker:
-        w = _Worker(produce, depth, name)
+    def _worker(self, produce, depth: int, name: str) -> Worker:
+        w = Worker(produce, depth, name)
         self._live.add(w)
         return w
 
-    def _iterate(self, w: _Worker) -> Generator[Any, None, None]:
+    def _iterate(self, w: Worker) -> Generator[Any, None, None]:
         try:
             yield from w
         finally:

@@ -114,8 +114,7 @@ class DirectReaders(Readers):
         reader = DirectReader(dataset.file("indices.bin"), queue_depth=options.queue_depth,
                               backend=options.io_backend)
         nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
-                               dtype=dataset.index_dtype)
-        nsrc._own = True
+                               dtype=dataset.index_dtype, owns_reader=True)
         try:
             feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
                                    queue_depth=options.queue_depth, backend=options.io_backend)
