@@ -103,3 +103,35 @@ def test_cached_feature_follows_the_feature_protocol(tmp_path):
         hits = int(((ids >= 100) & (ids < 150)).sum())
         st = f.stats()
         assert st["hits"] == hits and st["misses"] == 300 - hits and st["lookups"] == 300
+
+
+def test_misses_are_read_straight_into_the_batch_when_the_source_can():
+    """A source with ``read_into`` (DirectFeatures) gets the misses read into the batch's
+    rows, through the loader's timing wrapper too; a source without it is read and
+    scattered. Both give numpy's rows."""
+    from ooc.executor.loader.readers import TimedFeature
+
+    rng = np.random.default_rng(4)
+    table = rng.standard_normal((300, 5)).astype(np.float32)
+    calls: list[str] = []
+
+    class Plain:
+        def read(self, ids, out=None):
+            calls.append("read")
+            return table[ids]
+
+    class Into(Plain):
+        def read_into(self, ids, out, rows):
+            calls.append("read_into")
+            out[rows] = table[ids]
+            return out
+
+    ids = rng.permutation(300)[:120]
+    for source, want in [(Plain(), "read"), (Into(), "read_into"),
+                         (TimedFeature(Into()), "read_into"), (TimedFeature(Plain()), "read")]:
+        cache = FeatureCache(300, 50, 5, np.float32)
+        cache.switch(np.arange(50), Plain())
+        calls.clear()
+        out, nmiss = cache.gather(ids, source)
+        np.testing.assert_array_equal(out, table[ids])
+        assert calls == [want] and nmiss == int((ids >= 50).sum())

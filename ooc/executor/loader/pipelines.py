@@ -29,7 +29,7 @@ from ...inspector.pipeline import Inspector
 from ...inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
 from ...storage.features import Feature, counters
 from ...worker import Worker
-from ..cache.feature_cache import FeatureCache
+from ..cache.feature_cache import CachedFeature, FeatureCache
 
 #: Gathered batches queued ahead of the training step. One is enough to overlap gather
 #: with compute; each more costs a batch of rows of the memory budget (the planner counts
@@ -79,10 +79,11 @@ class BatchPipeline:
         self.shuffle = shuffle
         self.source = source
         self.cache = cache
+        #: what batches are gathered from: the cache over the source, or the source
+        self.reader: Feature = CachedFeature(cache, source) if cache is not None else source
         self.prefetch = prefetch
         self.workers = int(workers)
         self.times = _Times()
-        self.misses = 0
         self.lookups = 0
         self._count_lock = threading.Lock()
         self._live: set[Worker] = set()  # the threads of epochs being iterated
@@ -139,15 +140,16 @@ class BatchPipeline:
         return self._run(lambda put, stopped: _feed(self._items(epoch, stopped), put),
                          self.prefetch, "ooc-gather")
 
+    @property
+    def misses(self) -> int:
+        """Rows read from the source (every row when nothing caches)."""
+        return int(getattr(self.reader, "misses", self.lookups))
+
     def _gather(self, batch: SampledBatch) -> np.ndarray:
         t0 = time.perf_counter()
-        if self.cache is not None:
-            rows, nmiss = self.cache.gather(batch.node_ids, self.source)
-        else:
-            rows, nmiss = self.source.read(batch.node_ids), len(batch.node_ids)
+        rows = self.reader.read(batch.node_ids)
         self.times.add("gather", time.perf_counter() - t0)
         with self._count_lock:
-            self.misses += nmiss
             self.lookups += len(batch.node_ids)
         return rows
 

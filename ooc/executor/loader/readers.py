@@ -137,11 +137,20 @@ class TimedFeature:
     def __init__(self, inner: Feature):
         self.inner = inner
         self.read_s = 0.0
+        if hasattr(inner, "read_into"):  # a source that reads into given rows stays one
+            self.read_into = self._read_into
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         t0 = time.perf_counter()
         try:
             return self.inner.read(ids, out)
+        finally:
+            self.read_s += time.perf_counter() - t0
+
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.read_into(ids, out, rows)  # type: ignore[attr-defined]
         finally:
             self.read_s += time.perf_counter() - t0
 
