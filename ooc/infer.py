@@ -3,7 +3,8 @@
     python -m ooc.infer --data DIR --checkpoint PATH --out OUT.zarr \\
         --memory-budget 2GiB --report r.json [--chunk-rows 32768] [--order auto]
 
-Computes ``h1`` .. ``hL`` (``hL`` = model output) and ``pred`` for every node
+Computes ``h1`` .. ``hL`` (``hL`` = model output; the layers before it are deleted
+once used unless ``--keep-layers``) and ``pred`` for every node
 of the dataset into the Zarr group ``--out``, layer by layer from full
 in-neighbourhoods (see :mod:`ooc.executor.inference.layerwise`). The group is built in
 ``.<out name>.partial`` beside ``--out`` and renamed when complete; re-running
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="previous-layer chunk cache policy (default belady)")
     p.add_argument("--features", default="auto", choices=["auto", "direct", "mmap"],
                    help="layer-0 feature reader (default: O_DIRECT when available)")
+    p.add_argument("--layer-dtype", default="float32", choices=["float32", "float16"],
+                   help="dtype of the layers before the last (float16 halves their disk and "
+                        "the next layer's reads; the output layer stays float32)")
+    p.add_argument("--keep-layers", action="store_true",
+                   help="keep every layer's embeddings (default: a layer is deleted once the "
+                        "next is complete, so only the output layer stays)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out when it holds another run (same run: resumed)")
     add_io_backend_arg(p)
@@ -106,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .storage import open_dataset
 
     # every option is checked before a file is read or written
-    check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy)
+    check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy,
+                  args.layer_dtype)
     check_range("--threads", args.threads, 1, 4096, integer=True)
     features = _feature_reader_choice(args)
     if args.threads is not None:
@@ -117,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               chunk_rows=args.chunk_rows, order=args.order,
                               partition=args.partition, policy=args.policy,
                               features=features, block_rows=args.block_rows,
-                              overwrite=args.overwrite, progress=not args.no_progress)
+                              overwrite=args.overwrite, progress=not args.no_progress,
+                              layer_dtype=args.layer_dtype, keep_layers=args.keep_layers)
     rep["checkpoint"] = str(args.checkpoint)
     rep["ru_maxrss_bytes"] = peak_rss_bytes()
     if args.report:

@@ -144,7 +144,7 @@ def test_kill9_during_inference_leaves_no_store_and_resumes(graph, tmp_path):
     torch.manual_seed(0)
     ck = save_checkpoint(tmp_path / "ck", 1, build_model("sage", 8, 16, 3, num_layers=2))
     base = ["--data", data, "--checkpoint", ck, "--memory-budget", "4GiB", "--chunk-rows", "32",
-            "--no-progress"]
+            "--no-progress", "--keep-layers"]
     from ooc.infer import main as infer_main
 
     assert infer_main([str(a) for a in base + ["--out", tmp_path / "full.zarr"]]) == 0

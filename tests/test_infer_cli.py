@@ -95,3 +95,19 @@ def test_corrupted_indices_is_one_line_not_a_signal(tmp_path):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert_one_line_error(r.stderr, "indices.bin", f"position {pos}")
     assert not (tmp_path / "e.zarr").exists()
+
+
+def test_cli_layer_dtype_and_keep_layers(run, tmp_path):
+    """``--layer-dtype float16 --keep-layers``: h1 kept as float16, the output float32;
+    without ``--keep-layers`` h1 is gone and reading it says how to keep it."""
+    path, a, model, ckpt = run
+    base = ["--data", str(path), "--checkpoint", str(ckpt), "--memory-budget", "4GiB",
+            "--chunk-rows", "64", "--no-progress", "--layer-dtype", "float16"]
+    assert main(base + ["--out", str(tmp_path / "k.zarr"), "--keep-layers"]) == 0
+    assert main(base + ["--out", str(tmp_path / "d.zarr")]) == 0
+    assert read_embeddings(tmp_path / "k.zarr", "h1").dtype == np.float16
+    h2 = read_embeddings(tmp_path / "d.zarr", "h2")
+    assert h2.dtype == np.float32
+    np.testing.assert_array_equal(h2, read_embeddings(tmp_path / "k.zarr", "h2"))
+    with pytest.raises(ValueError, match="h1 was not kept"):
+        read_embeddings(tmp_path / "d.zarr", "h1")

@@ -83,7 +83,7 @@ def cora(tmp_path_factory):
 
 def _check(ds, x, model, out, **kw):
     ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
-    rep = layerwise_inference(ds, model, out, **kw)
+    rep = layerwise_inference(ds, model, out, keep_layers=True, **kw)
     for l, r in enumerate(ref):
         h = read_embeddings(out, f"h{l + 1}")
         assert h.shape == r.shape
@@ -212,7 +212,7 @@ def test_resume_after_crash_gives_same_arrays(synth, tmp_path):
     ds, x = synth
     torch.manual_seed(4)
     model = build_model("gcn", x.shape[1], 16, 5, num_layers=3)
-    kw = dict(chunk_rows=128, block_rows=40, cache_chunks=3)
+    kw = dict(chunk_rows=128, block_rows=40, cache_chunks=3, keep_layers=True)
     full = tmp_path / "full.zarr"
     layerwise_inference(ds, model, full, **kw)
 
@@ -267,3 +267,90 @@ def test_belady_beats_lru_and_fifo():
     assert loads == [1, 2, 3]
     with pytest.raises(RuntimeError):
         c.get(5)
+
+
+def _stored_bytes(out: Path) -> int:
+    return sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+
+
+def test_layers_are_deleted_once_used_unless_kept(synth, tmp_path):
+    """By default only the output layer stays (each input goes once the next layer is
+    complete, a crash's leftovers on resume too); ``keep_layers`` keeps them all. The
+    output layer is the same either way."""
+    ds, x = synth
+    torch.manual_seed(5)
+    model = build_model("sage", x.shape[1], 32, 5, num_layers=3)
+    ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
+    kw = dict(chunk_rows=128, cache_chunks=4)
+    kept, lean = tmp_path / "kept.zarr", tmp_path / "lean.zarr"
+    layerwise_inference(ds, model, kept, keep_layers=True, **kw)
+    seen: list[list[str]] = []
+
+    def arrays_now(l, c):  # what the partial output holds while layer l+1 is written
+        import zarr
+        if c == 0:
+            seen.append(sorted(zarr.open_group(str(partial_path(lean)), mode="r").array_keys()))
+
+    rep = layerwise_inference(ds, model, lean, on_chunk=arrays_now, **kw)
+    assert not rep["keep_layers"]
+    assert seen == [["h1"], ["h1", "h2"], ["h2", "h3"]]  # never three layers at once
+    np.testing.assert_array_equal(read_embeddings(lean, "h3"), read_embeddings(kept, "h3"))
+    assert np.abs(read_embeddings(lean, "h3") - ref[-1]).max() < TOL
+    for name in ("h1", "h2"):
+        with pytest.raises(OocError, match=f"{name} was not kept.*keep_layers"):
+            read_embeddings(lean, name)
+        np.testing.assert_allclose(read_embeddings(kept, name), ref[int(name[1]) - 1], atol=TOL)
+    assert _stored_bytes(lean) < _stored_bytes(kept) - x.shape[0] * 32 * 4
+
+
+def test_float16_layers_halve_the_intermediate_bytes(synth, tmp_path):
+    """``layer_dtype="float16"``: the layers before the last are stored (and read back) as
+    float16, the output layer stays float32 and within float16's rounding of the exact
+    one; an output past float16's range is refused naming the node."""
+    ds, x = synth
+    torch.manual_seed(6)
+    model = build_model("sage", x.shape[1], 32, 5, num_layers=3)
+    ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
+    kw = dict(chunk_rows=128, cache_chunks=2, keep_layers=True)
+    r32 = layerwise_inference(ds, model, tmp_path / "f32.zarr", **kw)
+    r16 = layerwise_inference(ds, model, tmp_path / "f16.zarr", layer_dtype="float16", **kw)
+    for name in ("h1", "h2"):
+        h = read_embeddings(tmp_path / "f16.zarr", name)
+        assert h.dtype == np.float16
+        np.testing.assert_allclose(h.astype(np.float32), ref[int(name[1]) - 1], rtol=2e-3,
+                                   atol=2e-3)
+    h3 = read_embeddings(tmp_path / "f16.zarr", "h3")
+    assert h3.dtype == np.float32
+    scale = np.abs(ref[-1]).max()
+    assert np.abs(h3 - ref[-1]).max() < 1e-2 * max(scale, 1.0)
+    # layers 2 and 3 read float16 chunks: half the bytes of the float32 run
+    for l in (1, 2):
+        assert r16["layers"][l]["bytes_read"] * 2 == r32["layers"][l]["bytes_read"]
+    with torch.no_grad():  # outputs past 65504 cannot be float16
+        for p in model.parameters():
+            p.mul_(1e3)
+    with pytest.raises(OocError, match="past float16's range"):
+        layerwise_inference(ds, model, tmp_path / "big.zarr", layer_dtype="float16", **kw)
+    with pytest.raises(OocError, match="layer_dtype"):
+        layerwise_inference(ds, model, tmp_path / "x.zarr", layer_dtype="bfloat16")
+
+
+def test_a_disk_too_small_is_refused_before_anything_is_written(synth, tmp_path, monkeypatch):
+    ds, x = synth
+    model = build_model("sage", x.shape[1], 32, 5, num_layers=3)
+    real = shutil.disk_usage
+
+    def small(path):
+        u = real(path)
+        return type(u)(u.total, u.total - 300_000, 300_000)
+
+    monkeypatch.setattr(shutil, "disk_usage", small)
+    n = ds.num_nodes
+    for kw, need in [(dict(keep_layers=True), n * (32 * 4 * 2 + 5 * 4 + 8)),  # all, pred
+                     (dict(), n * 32 * 4 * 2),  # h1 beside h2 at the fullest
+                     (dict(layer_dtype="float16", keep_layers=True), n * (32 * 2 * 2 + 5 * 4 + 8))]:
+        out = tmp_path / "o.zarr"
+        assert need > 300_000
+        with pytest.raises(OocError, match="needs .* of disk, .* is free"):
+            layerwise_inference(ds, model, out, chunk_rows=128, **kw)
+        assert not out.exists() and not partial_path(out).exists()

@@ -67,7 +67,7 @@ def _ooc_reference(model, x: np.ndarray, edge_index: np.ndarray) -> list[np.ndar
 def _compare(ds, model, ref: list[np.ndarray], out, **kw) -> tuple[dict, float]:
     """Run ooc from disk; returns its report and the largest difference over all layers
     (scaled down by the layer's largest magnitude where that exceeds 1)."""
-    rep = layerwise_inference(ds, model, out, memory_budget="3GiB", **kw)
+    rep = layerwise_inference(ds, model, out, memory_budget="3GiB", keep_layers=True, **kw)
     worst = 0.0
     for l, r in enumerate(ref):
         h = read_embeddings(out, f"h{l + 1}")

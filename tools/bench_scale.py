@@ -63,9 +63,12 @@ def dataset_bytes(shape: sg.Shape) -> int:
 
 def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
     """What each stage writes beside the dataset (upper estimates)."""
+    from ooc.executor.inference.store import disk_bytes
+
     n = shape.nodes
+    dims = [shape.feature_dim, HIDDEN, HIDDEN, shape.classes]  # a layer beside its input
     return {"train": 64 << 20,                                  # checkpoints, runtime files
-            "infer": n * (HIDDEN * 4 * 2 + shape.classes * 4),   # two hidden layers + logits
+            "infer": disk_bytes(n, dims, [4, 4, 4], False, True),
             "partition": 2 * dataset_bytes(shape)}               # replicas: a factor below 2
     # (not every stage runs: the caller sums the ones it runs)
 

@@ -67,7 +67,8 @@ class LayerPlan:
 
 
 def _layer_memory(budget: int, n: int, d_in: int, d_out: int, chunking: Chunking,
-                  cache: CacheSettings) -> tuple[int, int, int, int, int, bool]:
+                  cache: CacheSettings, in_itemsize: int = 4
+                  ) -> tuple[int, int, int, int, int, bool]:
     """``(cap, work, node_bytes, edge_bytes, rss0, pressure)`` at the start of a layer."""
     trim_malloc()
     rss0 = rss()
@@ -76,7 +77,8 @@ def _layer_memory(budget: int, n: int, d_in: int, d_out: int, chunking: Chunking
     # last contents); if the budget is now short, run with the minimum.
     floor = budget - 2 * rows * d_out * 4 - SAFETY_BYTES - 2 * MiB
     cap, work, node_bytes, edge_bytes = plan_memory(budget, min(rss0, floor), rows, d_in, d_out,
-                                                     True, cache.capacity, chunking.num_chunks)
+                                                     True, cache.capacity, chunking.num_chunks,
+                                                     in_itemsize)
     return cap, work, node_bytes, edge_bytes, rss0, rss0 > floor
 
 
@@ -105,11 +107,13 @@ def _choose_layer0_reads(dataset: Dataset, topo: Topology, starts: np.ndarray,
 
 
 def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, budget: int,
-               chunking: Chunking, cache: CacheSettings) -> LayerPlan:
-    """Size the cache and blocks of layer ``l`` from the budget and plan its reads."""
+               chunking: Chunking, cache: CacheSettings, in_itemsize: int = 4) -> LayerPlan:
+    """Size the cache and blocks of layer ``l`` from the budget and plan its reads
+    (``in_itemsize``: bytes of an input value in its chunks, 2 for a float16 layer)."""
     n = topo.num_nodes
     cap, work, node_bytes, edge_bytes, rss0, pressure = _layer_memory(budget, n, d_in, d_out,
-                                                                       chunking, cache)
+                                                                       chunking, cache,
+                                                                       in_itemsize)
     t0 = time.perf_counter()
     starts = plan_blocks(topo.indptr, topo.perm, chunking.chunk_rows,
                          int(chunking.block_rows or chunking.chunk_rows), node_bytes,
@@ -124,4 +128,4 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
                                                             cap, cache.policy)
     rows = min(chunking.chunk_rows, max(n, 1))
     return LayerPlan(l, d_in, d_out, starts, ptr, seq, keyof, cap, work, rss0, pressure,
-                     rows * d_in * 4, time.perf_counter() - t0, layer0)
+                     rows * d_in * in_itemsize, time.perf_counter() - t0, layer0)

@@ -7,10 +7,14 @@ sampling): layer 0 reads ``features.bin`` through the storage readers, layer
 node's embedding is computed once per layer, so the redundant computation of
 sample-wise inference (every target recomputing its own L-hop tree) is gone.
 
-Output: a Zarr v3 group at ``out`` with arrays ``h1`` .. ``hL`` (float32
-[N, d_l], rows chunked by ``chunk_rows``; ``hL`` is the model output),
-``pred`` (int64 argmax of ``hL``) and, when the processing order is not node
-id order, ``row_of_node`` (int64 [N]). Rows are stored in *processing order*
+Output: a Zarr v3 group at ``out`` with arrays ``h1`` .. ``hL`` ([N, d_l],
+rows chunked by ``chunk_rows``; ``hL`` is the model output, float32; the layers
+before it float32 or, with ``layer_dtype="float16"``, float16), ``pred`` (int64
+argmax of ``hL``) and, when the processing order is not node id order,
+``row_of_node`` (int64 [N]). A layer is deleted once the next one is complete
+(only ``hL`` stays) unless ``keep_layers``. The disk the run needs at its
+fullest (a layer beside its input, or every layer kept) is checked before
+anything is written. Rows are stored in *processing order*
 (GLISP assigns local ids in PDS order for the same reason: the previous layer
 is then read nearly sequentially): row ``row_of_node[v]`` holds node ``v``. In
 node id order (``order="natural"``, the default without a partitioning)
@@ -117,9 +121,13 @@ from .memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss
 from .model_adapter import LayerwiseModel, as_layerwise
 from .order import ORDERS, compute_order, order_digest, rows_and_nodes
 from .runner import Run, run_layer
-from .store import (PROGRESS_FILE, Progress, locked_partial, not_replaceable, open_group, seal,
-                    partial_path, predictions, read_embeddings, read_progress, swap_in)
+from .store import (PROGRESS_FILE, Progress, disk_bytes, drop_layer, locked_partial,
+                    not_replaceable, open_group, partial_path, predictions, read_embeddings,
+                    read_progress, seal, swap_in)
 from ...storage.errors import IOFailure, InvalidValue, OocError, OutputExists
+
+#: dtypes a layer before the last may be stored in
+LAYER_DTYPES = ("float32", "float16")
 
 #: the public names (the pieces' own modules hold the rest)
 __all__ = ["layerwise_inference", "check_options", "compute_order", "read_embeddings",
@@ -152,7 +160,7 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
 
 
 def check_options(budget: int, chunk_rows: int, block_rows: int | None,
-                  cache_chunks: int | None, policy: str) -> None:
+                  cache_chunks: int | None, policy: str, layer_dtype: str = "float32") -> None:
     """Range-check the inference settings (one-line :class:`OocError` naming the option)."""
     from ...cli import check_range
 
@@ -162,6 +170,11 @@ def check_options(budget: int, chunk_rows: int, block_rows: int | None,
     check_range("cache_chunks", cache_chunks, 0, None, integer=True)
     if policy not in POLICIES:
         raise InvalidValue(f"unknown cache policy {policy!r} (choose one of {', '.join(POLICIES)})")
+    if layer_dtype not in LAYER_DTYPES:
+        from ...storage.errors import setting
+
+        raise InvalidValue(f"{setting('--layer-dtype')} {layer_dtype!r}: choose one of "
+                           f"{', '.join(LAYER_DTYPES)}")
 
 
 @dataclass
@@ -178,6 +191,8 @@ class Job:
     fingerprint: dict
     dims: list[int]              # input width, then every layer's output width
     features: Any = "auto"       # the layer-0 reader (see layerwise_inference)
+    layer_dtype: str = "float32"  # of the layers before the last
+    keep_layers: bool = False     # keep every layer (else each input goes once used)
     show_bar: bool = False
     on_chunk: Callable[[int, int], None] | None = None
 
@@ -193,7 +208,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
                         policy: str = "belady", features: Any = "auto",
                         block_rows: int | None = None, cache_chunks: int | None = None,
                         overwrite: bool = False, progress: bool = True,
-                        on_chunk: Callable[[int, int], None] | None = None) -> dict:
+                        on_chunk: Callable[[int, int], None] | None = None,
+                        layer_dtype: str = "float32", keep_layers: bool = False) -> dict:
     """Compute every layer of ``model`` for every node, layer by layer, out of core.
 
     Args:
@@ -219,6 +235,10 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         progress: a progress bar per layer on stderr (default; False for none).
         on_chunk: called as ``on_chunk(layer, chunk)`` after each output chunk
             is durably written (tests use it to simulate a crash).
+        layer_dtype: ``float32`` or ``float16`` for ``h1`` .. ``h{L-1}`` (half the disk and
+            the reads of the next layer; ``hL`` stays float32).
+        keep_layers: keep every layer; by default a layer is deleted once the next one
+            is complete, so the run holds at most two layers on disk.
 
     Returns:
         The report: per-layer timings, bytes read, cache hit ratios, peak RSS,
@@ -231,20 +251,22 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         shared = current_budget()
         memory_budget = shared.total if shared is not None else "2GiB"
     budget = _parse_size(memory_budget)
-    check_options(budget, chunk_rows, block_rows, cache_chunks, policy)
+    check_options(budget, chunk_rows, block_rows, cache_chunks, policy, layer_dtype)
     chunking = Chunking(int(chunk_rows), 0, block_rows)
     job = _resolve(dataset, model, out, budget, chunking, CacheSettings(policy, cache_chunks),
-                   order, partition)
+                   order, partition, layer_dtype, bool(keep_layers))
     job.features, job.show_bar, job.on_chunk = features, progress, on_chunk
     if _is_finished(job, overwrite):
         return _finished_report(job, t_start)
+    check_disk(job)
     report = _write_partial(job)
     report["time_s"] = time.perf_counter() - t_start
     return report
 
 
 def _resolve(dataset, model, out, budget: int, chunking: Chunking, cache: CacheSettings,
-             order: Any, partition: Any) -> Job:
+             order: Any, partition: Any, layer_dtype: str = "float32",
+             keep_layers: bool = False) -> Job:
     """Open and check the dataset, the model, the order and the budget's minimum."""
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
@@ -260,10 +282,34 @@ def _resolve(dataset, model, out, budget: int, chunking: Chunking, cache: CacheS
                    "num_nodes": n,
                    "num_edges": dataset.num_edges, "chunk_rows": chunking.chunk_rows,
                    "order": order_name, "order_digest": order_digest(perm),
-                   "model": lw.digest(), "num_layers": lw.num_layers}
+                   "model": lw.digest(), "num_layers": lw.num_layers,
+                   "layer_dtype": layer_dtype, "keep_layers": keep_layers}
     dims = _layer_dims(dataset, lw, budget, chunking.chunk_rows, cache.capacity)
     return Job(dataset, lw, Path(out), budget, chunking, cache, perm, order_name, fingerprint,
-               dims)
+               dims, layer_dtype=layer_dtype, keep_layers=keep_layers)
+
+
+def check_disk(job: Job) -> None:
+    """Refuse, before anything is written, a run whose output does not fit the free disk
+    beside ``out`` (what a partial output of the same run already holds counts as free)."""
+    from ...cli import format_size
+
+    n, nl = job.dataset.num_nodes, job.num_layers
+    sizes = [np.dtype(job.layer_dtype).itemsize] * (nl - 1) + [4]
+    need = disk_bytes(n, job.dims, sizes, job.keep_layers, job.perm is not None)
+    work = partial_path(job.out)
+    have = sum(f.stat().st_size for f in work.rglob("*") if f.is_file()) \
+        if work.is_dir() and not work.is_symlink() else 0
+    parent = job.out.parent if job.out.parent.exists() else Path(".")
+    free = shutil.disk_usage(parent).free
+    if need - have > free:
+        hint = ("" if job.layer_dtype == "float16" or nl < 2 else
+                "; --layer-dtype float16 halves the layers before the last")
+        hint += "; without --keep-layers only two layers are on disk at once" \
+            if job.keep_layers else ""
+        raise IOFailure(f"{parent}: layer-wise inference of {n:,} nodes needs "
+                        f"{format_size(need - have)} of disk, {format_size(free)} is free"
+                        f"{hint}")
 
 
 def _layer_dims(dataset: Dataset, model: LayerwiseModel, budget: int, chunk_rows: int,
@@ -329,7 +375,8 @@ def _base_report(job: Job, reader_name: str, resumed: bool) -> dict:
         "policy": job.cache.policy, "feature_reader": reader_name,
         "chunk_rows": job.chunking.chunk_rows, "num_chunks": job.chunking.num_chunks,
         "memory_budget_bytes": job.budget, "resumed": resumed, "resumed_chunks": 0,
-        "layers": [], "dims": job.dims,
+        "layers": [], "dims": job.dims, "layer_dtype": job.layer_dtype,
+        "keep_layers": job.keep_layers,
     }
 
 
@@ -361,7 +408,7 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
     topo = Topology.of(job.dataset, perm, rowof, job.model.gcn_norm)
     reader, reader_name = _feature_reader(job.dataset, job.features)
     return Run(job.dataset, job.model, group, topo, reader, job.budget, job.chunking, job.cache,
-               progress, job.show_bar), reader_name
+               progress, job.show_bar, job.layer_dtype), reader_name
 
 
 def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:
@@ -372,6 +419,7 @@ def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:
     for l in range(job.num_layers):  # the budget still holds every layer's minimum
         plan_memory(job.budget, base_rss, rows, job.dims[l], job.dims[l + 1], True,
                     job.cache.capacity)
+    _drop_inputs(run, job, int(run.progress.state["layers_done"]))  # a crash's leftovers
     for l in range(job.num_layers):
         if l < run.progress.state["layers_done"]:
             report["resumed_chunks"] += job.chunking.num_chunks
@@ -383,10 +431,20 @@ def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:
         report["resumed_chunks"] += lrep.pop("resumed_chunks")
         report["layers"].append(lrep)
         run.progress.layer_written(l)
+        _drop_inputs(run, job, l + 1)
     t0 = time.perf_counter()
     report.update(predictions(job.dataset, run.group, f"h{job.num_layers}", run.topo.perm,
                               job.chunking.chunk_rows, job.chunking.num_chunks))
     report["predict_s"] = time.perf_counter() - t0
+
+
+def _drop_inputs(run: Run, job: Job, done: int) -> None:
+    """With ``done`` layers complete, delete ``h1`` .. ``h{done-1}`` (no later layer reads
+    them) unless the job keeps its layers; a resumed run deletes what a crash left."""
+    if job.keep_layers:
+        return
+    for k in range(1, done):
+        drop_layer(run.group, f"h{k}")
 
 
 def _summarise(report: dict, peak: int, budget: int) -> dict:

@@ -55,9 +55,10 @@ class PeakRss:
 
 
 def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, cached: bool,
-                cache_chunks: int | None = None, num_chunks: int | None = None
-                ) -> tuple[int, int, int, int]:
-    """Split what ``budget`` leaves above ``rss`` for one layer.
+                cache_chunks: int | None = None, num_chunks: int | None = None,
+                in_itemsize: int = 4) -> tuple[int, int, int, int]:
+    """Split what ``budget`` leaves above ``rss`` for one layer (``in_itemsize``: bytes of
+    an input value as the chunk cache holds it, 2 for a float16 layer).
 
     Returns ``(cache_chunks, work_bytes, node_bytes, edge_bytes)``: half of the
     free memory (after two output chunk buffers and :data:`SAFETY_BYTES`) goes
@@ -69,7 +70,7 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
 
     tune_malloc()  # a budget holds only with freed chunk arrays returned to the OS
     out_chunk_bytes = chunk_rows * d_out * 4
-    in_chunk_bytes = chunk_rows * d_in * 4
+    in_chunk_bytes = chunk_rows * d_in * int(in_itemsize)
     avail = budget - rss - 2 * out_chunk_bytes - SAFETY_BYTES
     if avail <= 0:
         raise BudgetError(f"memory budget {budget / MiB:.0f} MiB is too small: the process already "

@@ -32,6 +32,8 @@ class Run:
     cache: CacheSettings
     progress: Progress
     show_bar: bool = False
+    #: dtype of the layers before the last (``float16`` halves their disk and reads)
+    layer_dtype: str = "float32"
 
 
 class NonFiniteOutput(OocError, FloatingPointError):
@@ -41,8 +43,8 @@ class NonFiniteOutput(OocError, FloatingPointError):
 @dataclass
 class LayerInput:
     """Where a layer's input rows come from: the previous layer's array ``prev``
-    (float32 [N, d_in], processing order) or, for layer 0, ``reader`` (node id order);
-    counts the bytes read and the whole chunks loaded."""
+    ([N, d_in] float32 or float16, processing order) or, for layer 0, ``reader`` (node id
+    order); counts the bytes read and the whole chunks loaded."""
     prev: Any
     reader: Any
     row_bytes: int
@@ -60,7 +62,8 @@ class LayerInput:
         return a
 
     def load_chunk(self, c: int) -> np.ndarray:
-        """Input chunk ``c``: float32 [rows, d_in] (the chunk cache's loader)."""
+        """Input chunk ``c``: [rows, d_in] in the stored dtype, float32 for layer 0 (the
+        chunk cache's loader; rows become float32 when gathered into a block)."""
         a0, a1 = c * self.chunk_rows, min(self.num_nodes, (c + 1) * self.chunk_rows)
         if self.prev is not None:
             a = np.asarray(self.prev[a0:a1])
@@ -163,9 +166,12 @@ def check_finite(buf: np.ndarray, run: Run, l: int, c0: int) -> None:
     bad = ~np.isfinite(buf).all(axis=1)
     if bad.any():
         node = int(run.topo.perm[c0 + int(np.argmax(bad))])
+        why = ("a value past float16's range: use --layer-dtype float32"
+               if buf.dtype == np.float16 else
+               "NaN or infinite features or model weights")
         raise NonFiniteOutput(f"{run.dataset.path}: layer {l + 1} of inference gives a "
-                              f"non-finite output at node {node} (NaN or infinite features "
-                              f"or model weights); nothing was renamed into the output")
+                              f"non-finite output at node {node} ({why}); nothing was "
+                              f"renamed into the output")
 
 
 def run_layer(run: Run, l: int) -> dict:
@@ -174,10 +180,12 @@ def run_layer(run: Run, l: int) -> dict:
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
     prev = None if l == 0 else run.group[f"h{l}"]
     d_in = run.dataset.feature_dim if prev is None else int(prev.shape[1])
+    itemsize = 4 if prev is None else int(np.dtype(prev.dtype).itemsize)
     plan = plan_layer(l, run.dataset, run.topo, d_in, run.model.out_dim(l, d_in), run.budget,
-                      ch, run.cache)
+                      ch, run.cache, itemsize)
     first_chunk = run.progress.first_chunk(l, name in run.group)
-    arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows)
+    dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
+    arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
     first_block = int(np.searchsorted(plan.starts, first_chunk * ch.chunk_rows, side="left"))
     run.progress.state.update(layer=l, chunks_done=first_chunk)
     src = LayerInput(prev, run.reader, run.dataset.layout.row_bytes, ch.chunk_rows, n)
@@ -198,6 +206,10 @@ def run_layer(run: Run, l: int) -> dict:
                                                                            b, stats)
             b += 1
         check_finite(buf, run, l, c0)
+        if buf.dtype != arr.dtype:  # a float16 layer: finite before, so past its range
+            with np.errstate(over="ignore"):  # an overflow is named just below
+                buf = buf.astype(arr.dtype)
+            check_finite(buf, run, l, c0)
         t0 = time.perf_counter()
         write_chunk(run.group, arr, name, c, c0, buf)
         del buf

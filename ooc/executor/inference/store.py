@@ -45,10 +45,18 @@ def partial_path(out: str | os.PathLike) -> Path:
 
 def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = None) -> np.ndarray:
     """Rows of array ``name`` (``h1`` .. ``hL``, ``pred``) for node ids ``ids``
-    (all nodes, in node id order, when None), undoing the processing order."""
+    (all nodes, in node id order, when None), undoing the processing order, in the
+    stored dtype (intermediate layers are float16 when written so)."""
     import zarr
 
     g = zarr.open_group(str(out), mode="r")
+    if name not in g:
+        dropped = g.attrs.get("dropped")
+        if isinstance(dropped, list) and name in dropped:
+            raise InvalidValue(f"{out}: {name} was not kept (a layer is deleted once the next "
+                               f"is complete; keep_layers=True / --keep-layers keeps it)")
+        raise InvalidValue(f"{out}: no array {name!r} (it has "
+                           f"{', '.join(sorted(g.array_keys()))})")
     arr = g[name]
     if not isinstance(arr, zarr.Array):
         raise InvalidValue(f"{out}: {name} is a group, not an array")
@@ -174,13 +182,38 @@ def open_group(work: Path, order_name: str, chunk_rows: int, num_layers: int,
     return group
 
 
-def layer_array(group, name: str, n: int, d_out: int, chunk_rows: int):
-    """``group[name]`` when it exists, else a new float32 [n, d_out] array."""
+def layer_array(group, name: str, n: int, d_out: int, chunk_rows: int,
+                dtype: str = "float32"):
+    """``group[name]`` when it exists, else a new [n, d_out] array of ``dtype``."""
     if name in group:
         return group[name]
-    return group.create_array(name, shape=(n, d_out), dtype="float32",
+    return group.create_array(name, shape=(n, d_out), dtype=dtype,
                               chunks=(chunk_rows, d_out), compressors=None, fill_value=0.0,
                               overwrite=True)
+
+
+def drop_layer(group, name: str) -> None:
+    """Delete layer array ``name`` (an input no later layer reads) and record it in the
+    group's ``dropped`` attribute, so :func:`read_embeddings` can say why it is gone."""
+    if name in group:
+        del group[name]
+    old = group.attrs.get("dropped")
+    dropped = list(old) if isinstance(old, list) else []
+    if name not in dropped:
+        group.attrs["dropped"] = dropped + [name]
+
+
+def disk_bytes(n: int, dims: list[int], itemsizes: list[int], keep_layers: bool,
+               row_of_node: bool) -> int:
+    """The most disk an output of ``n`` rows takes while it is computed: layer ``l+1``
+    (``dims[l+1]`` wide, ``itemsizes[l]`` bytes a value) beside its input layer, or every
+    layer when ``keep_layers``; then ``pred`` (int64) and ``row_of_node`` (int64) too."""
+    size = [0] + [n * d * b for d, b in zip(dims[1:], itemsizes)]
+    extra = 8 * n * (1 + int(row_of_node))
+    if keep_layers:
+        return sum(size) + extra
+    during = max(size[l] + size[l + 1] for l in range(len(size) - 1))
+    return max(during + extra - 8 * n, size[-1] + extra)
 
 
 def write_chunk(group, arr, name: str, c: int, c0: int, buf: np.ndarray) -> None:
