@@ -330,8 +330,7 @@ class OocFeatureStore(_OnBackend, FeatureStore):
         for attr in attrs:
             name = self._check(attr)
             if name == "y":
-                out.append(torch.from_numpy(np.asarray(b.dataset.labels[self._ids(attr)],
-                                                       dtype=np.int64)))
+                out.append(torch.from_numpy(b.dataset.read_labels(self._ids(attr))))
                 continue
             key = id(attr.index)
             if key not in x_for:

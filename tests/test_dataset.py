@@ -369,3 +369,34 @@ def test_a_raw_dataset_folder_gets_the_command_that_converts_it(tmp_path):
             with pytest.raises(DatasetError, match=f"ooc.prepare planetoid --root {cora.parent} "
                                                    f"--name Cora --out Cora-ooc"):
                 open_dataset(where)
+
+
+def _mapped_kib(path) -> int:
+    """KiB of this process's RSS that map ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                inside = len(head) >= 6 and head[-1] == str(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+def test_read_labels_leaves_no_label_pages_resident(tmp_path):
+    """Labels of random ids (an epoch's seeds, a batch's nodes) are numpy's, and the
+    label file's pages they touched are not left in the process's RSS."""
+    n = 1 << 20  # 8 MiB of labels
+    rng = np.random.default_rng(0)
+    y = rng.integers(-1, 40, n)
+    indptr, indices = csc_from_edges(np.arange(n), (np.arange(n) + 1) % n, n)
+    path = write_dataset(tmp_path / "d", indptr, indices, np.zeros((n, 1), np.float32),
+                         labels=y, num_classes=40, train_idx=np.arange(n // 2))
+    ds = open_dataset(path)
+    labels_file = os.path.realpath(path / "labels.npy")
+    ids = rng.choice(n, 200_000, replace=False)
+    np.testing.assert_array_equal(ds.read_labels(ids), y[ids])
+    assert _mapped_kib(labels_file) <= 64  # at most a fault-around window
+    np.asarray(ds.labels[ids])  # the same read through the map stays resident
+    assert _mapped_kib(labels_file) > 4096

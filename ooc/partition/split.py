@@ -159,7 +159,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
             _release(feats._mm)
             _release(w._features)
         labels = np.full(nq, -1, dtype=np.int64)
-        labels[:n_own] = np.asarray(dataset.labels[owned])
+        labels[:n_own] = dataset.read_labels(owned)
         w.write_labels(labels, dataset.num_classes)
         splits = []
         for ids in (dataset.train_idx, dataset.val_idx, dataset.test_idx):

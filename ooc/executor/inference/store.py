@@ -254,7 +254,7 @@ def predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows
             p = np.asarray(pred_arr[c0:c1])
         if split_of is not None:  # has_labels
             nodes = perm[c0:c1]
-            y = np.asarray(dataset.labels[nodes])
+            y = dataset.read_labels(nodes)
             sp = split_of[nodes]
             correct += np.bincount(sp[(p == y) & (y >= 0)], minlength=4)
             total += np.bincount(sp[y >= 0], minlength=4)

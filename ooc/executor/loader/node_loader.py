@@ -214,7 +214,7 @@ class NodeLoader:
                                   num_threads=num_threads, progress=False)
         self.config.validate()
         opts.validate()
-        self._labels = dataset.labels if labels else None
+        self._labels = labels
         # input_id of a seed: its position in ``seeds`` (PyG's NeighborLoader gives it)
         self._seed_order = np.argsort(self.seeds, kind="stable")
         self._seeds_sorted = self.seeds[self._seed_order]
@@ -263,7 +263,7 @@ class NodeLoader:
         return self._epoch(epoch)
 
     def _epoch(self, epoch: int) -> Iterator[Any]:
-        labels = self._labels
+        labels = self.dataset if self._labels else None
         with self._source.epoch():
             batches = self._source.pipeline().batches(epoch)
             while True:
@@ -278,7 +278,7 @@ class NodeLoader:
     def _data(self, batch, rows, labels):
         y = None
         if labels is not None:  # every node's, as PyG's loaders give them
-            y = np.asarray(labels[np.asarray(batch.node_ids, dtype=np.int64)], dtype=np.int64)
+            y = labels.read_labels(batch.node_ids)
         data = to_data(batch, rows, y)
         seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
         data.input_id = torch.as_tensor(

@@ -637,7 +637,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
         for p in params:
             p.grad = None
         ids = np.asarray(batch.node_ids, dtype=np.int64)
-        y = np.asarray(dataset.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
+        y = dataset.read_labels(ids[:int(batch.num_seeds)])
         data = to_data(batch, rows, y).to(params[0].device if params else "cpu")
         call = model_call(model)
         if train:

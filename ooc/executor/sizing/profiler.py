@@ -771,7 +771,7 @@ def _time_steps(model, optimizer, batches, features, dataset, device, stage: _St
         b, rows = batches[i % n], rows_list[i % n]
         ids = np.asarray(b.node_ids, dtype=np.int64)
         t0, c0 = time.perf_counter(), time.process_time()
-        y = np.asarray(dataset.labels[ids[:int(b.num_seeds)]], dtype=np.int64)
+        y = dataset.read_labels(ids[:int(b.num_seeds)])
         data = to_data(b, rows, y).to(device)
         train_step(call, optimizer, default_loss, data)
         if device.type == "cuda":

@@ -172,7 +172,7 @@ class Trainer:
     def _to_data(self, batch, rows: np.ndarray):
         """A sampled batch, its feature rows and its seeds' labels as a PyG Data (CPU)."""
         ids = np.asarray(batch.node_ids, dtype=np.int64)
-        y = np.asarray(self.labels[ids[:int(batch.num_seeds)]], dtype=np.int64)
+        y = self.dataset.read_labels(ids[:int(batch.num_seeds)])
         return to_data(batch, rows, y)
 
     # -- epochs --------------------------------------------------------------
