@@ -241,7 +241,7 @@ class _Backend:
             from .inspector.sampler import NeighborSampler
 
             s = self.settings
-            self._sampler = NeighborSampler(self.dataset.indptr, self.sources().neighbors,
+            self._sampler = NeighborSampler(self.dataset.node_offsets(), self.sources().neighbors,
                                             s["num_neighbors"], num_threads=s["num_threads"])
         return self._sampler
 

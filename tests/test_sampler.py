@@ -238,3 +238,43 @@ def test_pyg_graphsage_trim_to_layer(graph):
                         num_sampled_edges_per_hop=b.num_sampled_edges)[:b.num_seeds]
     assert trimmed.shape == (20, 4)
     torch.testing.assert_close(trimmed, full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 1000])
+def test_node_offsets_equal_indptr(n, monkeypatch):
+    """The sampler's compact indptr (uint32 within 64-node blocks, an int64 base per
+    block) gives indptr back exactly, built over several chunks, at 4.125 bytes a node."""
+    from ooc.storage import offsets as O
+
+    monkeypatch.setattr(O, "CHUNK", 128)  # several chunks, each a whole number of blocks
+    rng = np.random.default_rng(n)
+    indptr = np.concatenate([[0], np.cumsum(rng.integers(0, 50, n))]).astype(np.int64)
+    off = O.NodeOffsets(indptr)
+    assert off.rel.dtype == np.uint32 and off.num_nodes == n and off.num_edges == indptr[-1]
+    np.testing.assert_array_equal(off[np.arange(n + 1)], indptr)
+    assert off.nbytes == 4 * (n + 1) + 8 * (-(-(n + 1) // 64))
+
+
+def test_node_offsets_keep_int64_where_a_block_spans_2_to_the_32():
+    from ooc.storage.offsets import NodeOffsets
+
+    indptr = np.array([0, 5, (1 << 32) + 7, (1 << 32) + 9], dtype=np.int64)
+    off = NodeOffsets(indptr)
+    assert off.rel.dtype == np.int64
+    np.testing.assert_array_equal(off[np.arange(4)], indptr)
+    small = NodeOffsets(np.array([0, (1 << 32) - 1], dtype=np.int64))
+    assert small.rel.dtype == np.uint32 and small[1] == (1 << 32) - 1
+
+
+def test_samplers_of_a_dataset_share_one_offsets(small_dataset):
+    from ooc.storage import open_dataset
+
+    ds = open_dataset(small_dataset[0])
+    a = NeighborSampler(ds.node_offsets(), ds.indices, [3])
+    b = NeighborSampler(ds.node_offsets(), ds.indices, [5, 2])
+    assert a.offsets is b.offsets is ds.node_offsets()
+    ref = NeighborSampler(np.asarray(ds.indptr), np.asarray(ds.indices), [5, 2])
+    seeds = np.asarray(ds.train_idx[:40])
+    x, y = b.sample(seeds, 9), ref.sample(seeds, 9)
+    np.testing.assert_array_equal(x.node_ids, y.node_ids)
+    np.testing.assert_array_equal(x.edge_index, y.edge_index)

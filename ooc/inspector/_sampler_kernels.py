@@ -84,22 +84,28 @@ def select_positions(key, d, k, out, o):
     out[o:o + k] = np.sort(out[o:o + k])
 
 
+@nb.njit(inline="always", cache=True)
+def list_start(base, rel, v):
+    """``indptr[v]`` from its compact form (:class:`~ooc.storage.offsets.NodeOffsets`)."""
+    return base[v >> 6] + np.int64(rel[v])
+
+
 @nb.njit(parallel=True, cache=True)
-def hop_counts(front, indptr, fanout, counts):
+def hop_counts(front, base, rel, fanout, counts):
     """counts[i] = number of neighbours sampled for front[i]."""
     for i in prange(front.shape[0]):
         v = front[i]
-        d = indptr[v + 1] - indptr[v]
+        d = list_start(base, rel, v + 1) - list_start(base, rel, v)
         counts[i] = d if (fanout < 0 or d < fanout) else fanout
 
 
 @nb.njit(parallel=True, cache=True)
-def hop_select(front, front_batch, batch_seeds, hop, indptr, offsets, rel_pos, edge_pos):
+def hop_select(front, front_batch, batch_seeds, hop, base, rel, offsets, rel_pos, edge_pos):
     """Fill the sampled positions of every frontier node (relative and absolute)."""
     for i in prange(front.shape[0]):
         v = front[i]
-        base = indptr[v]
-        d = indptr[v + 1] - base
+        start = list_start(base, rel, v)
+        d = list_start(base, rel, v + 1) - start
         o = offsets[i]
         k = offsets[i + 1] - o
         if k == 0:
@@ -107,7 +113,7 @@ def hop_select(front, front_batch, batch_seeds, hop, indptr, offsets, rel_pos, e
         key = node_key(batch_seeds[front_batch[i]], hop, v, d)
         select_positions(key, d, k, rel_pos, o)
         for e in range(o, o + k):
-            edge_pos[e] = base + rel_pos[e]
+            edge_pos[e] = start + rel_pos[e]
 
 
 @nb.njit(inline="always", cache=True)

@@ -26,6 +26,7 @@ import numpy as np
 from ..storage.dataset import index_range_error
 from . import _sampler_kernels as K
 from .neighbors import InMemoryNeighbors, NeighborRequest, NeighborSource, source_path
+from ..storage.offsets import NodeOffsets
 from ..storage.errors import InvalidValue
 
 __all__ = ["SampledBatch", "NeighborSampler", "derive_seed", "epoch_batches"]
@@ -118,8 +119,10 @@ class NeighborSampler:
     """Uniform neighbour sampler without replacement over a CSC graph.
 
     Args:
-        indptr: int64 [N+1] CSC offsets (in-neighbours of v are list
-            ``indptr[v]:indptr[v+1]``), in memory.
+        indptr: CSC offsets [N+1] (in-neighbours of v are list ``indptr[v]:indptr[v+1]``):
+            a :class:`~ooc.storage.offsets.NodeOffsets` (what a dataset's
+            ``node_offsets()`` shares between its samplers), or an int array or memmap,
+            which is made into one (4.125 bytes per node).
         source: a :class:`~ooc.inspector.neighbors.NeighborSource`, or an
             indices array / memmap (wrapped in ``InMemoryNeighbors``).
         fanouts: neighbours per node per hop; ``-1`` = all.
@@ -128,17 +131,15 @@ class NeighborSampler:
             its working memory; one source request per hop per group).
     """
 
-    def __init__(self, indptr: np.ndarray, source, fanouts: Sequence[int],
+    def __init__(self, indptr: "np.ndarray | NodeOffsets", source, fanouts: Sequence[int],
                  num_threads: int | None = None, group_size: int = 64):
-        indptr = np.asarray(indptr)
-        if indptr.ndim != 1 or indptr.shape[0] < 1:
-            raise InvalidValue("indptr must be a 1-D array of length N+1")
-        self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
-        self.num_nodes = self.indptr.shape[0] - 1
+        self.offsets = indptr if isinstance(indptr, NodeOffsets) else \
+            NodeOffsets(np.asarray(indptr))
+        self.num_nodes = self.offsets.num_nodes
         if not isinstance(source, NeighborSource):
             source = InMemoryNeighbors(source)
         if isinstance(source, InMemoryNeighbors):
-            source.check_length(int(self.indptr[-1]))
+            source.check_length(self.offsets.num_edges)
         self.source = source
         self.fanouts = [int(f) for f in fanouts]
         if not self.fanouts or any(f < -1 for f in self.fanouts):
@@ -189,14 +190,15 @@ class NeighborSampler:
         for h, fanout in enumerate(self.fanouts, start=1):
             f = front.shape[0]
             counts = np.empty(f, dtype=np.int64)
-            K.hop_counts(front, self.indptr, fanout, counts)
+            K.hop_counts(front, self.offsets.base, self.offsets.rel, fanout, counts)
             offsets = np.zeros(f + 1, dtype=np.int64)
             np.cumsum(counts, out=offsets[1:])
             m = int(offsets[-1])
             rel = np.empty(m, dtype=np.int64)
             epos = np.empty(m, dtype=np.int64)
             front_batch = np.repeat(np.arange(B, dtype=np.int64), np.diff(front_ptr))
-            K.hop_select(front, front_batch, bseeds, h, self.indptr, offsets, rel, epos)
+            K.hop_select(front, front_batch, bseeds, h, self.offsets.base, self.offsets.rel,
+                         offsets, rel, epos)
             nbr = self.source.gather(NeighborRequest(front, offsets, rel, epos))
             nbr = np.ascontiguousarray(nbr, dtype=np.int64)
             if nbr.shape[0] != m:

@@ -4,9 +4,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -164,6 +166,9 @@ class MmapFeatures(RowTable):
         self._mm = None
 
 
+_OFFSETS_LOCK = threading.Lock()
+
+
 @dataclass
 class Dataset:
     """An opened dataset folder.
@@ -191,6 +196,7 @@ class Dataset:
     test_idx: np.ndarray
     layout: FeatureLayout = field(repr=False)
     _indices_checked: bool = field(default=False, repr=False, compare=False)
+    _offsets: Any = field(default=None, repr=False, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -218,6 +224,17 @@ class Dataset:
 
     def file(self, name: str) -> Path:
         return self.path / name
+
+    def node_offsets(self):
+        """``indptr`` in the sampler's compact form
+        (:class:`~ooc.storage.offsets.NodeOffsets`, 4.125 bytes per node), made on first
+        use and shared by every sampler of this dataset."""
+        with _OFFSETS_LOCK:
+            if self._offsets is None:
+                from .offsets import NodeOffsets
+
+                self._offsets = NodeOffsets(self.indptr)
+            return self._offsets
 
     def read_labels(self, ids: np.ndarray) -> np.ndarray:
         """Labels of ``ids`` (int64 [n]; -1 unlabeled), then the label file's pages this

@@ -288,7 +288,7 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
     closers = list(src.closers)
     try:
         features = TimedFeature(src.features)
-        sampler = NeighborSampler(dataset.indptr, src.neighbors, list(config.fanouts),
+        sampler = NeighborSampler(dataset.node_offsets(), src.neighbors, list(config.fanouts),
                                   num_threads=config.num_threads)
         cache = _feature_cache(dataset, preset, feat_bytes, info)
         if cache is not None:
@@ -309,7 +309,7 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
                                 shuffle=False, cache=cache)
 
     def on_demand(ids: np.ndarray, cfg, shuffle: bool) -> BatchPipeline:
-        own = NeighborSampler(dataset.indptr, sampler.source, list(cfg.fanouts),
+        own = NeighborSampler(sampler.offsets, sampler.source, list(cfg.fanouts),
                               num_threads=cfg.num_threads)
         return OnDemandPipeline(own, ids, cfg.batch_size, cfg.seed, features, shuffle=shuffle,
                                 cache=cache)

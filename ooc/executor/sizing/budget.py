@@ -242,7 +242,7 @@ def _child_main(argv: list[str]) -> None:
     opts.queue_depth, opts.io_threads, opts.io_backend = int(qd), int(io_threads), backend
     src = open_sources(ds, preset, opts)
     try:
-        sampler = NeighborSampler(ds.indptr, src.neighbors, [int(f) for f in fanouts.split(",")],
+        sampler = NeighborSampler(ds.node_offsets(), src.neighbors, [int(f) for f in fanouts.split(",")],
                                   num_threads=int(threads) or None)
         seeds = np.asarray(ds.train_idx[:8], dtype=np.int64)
         if len(seeds):
@@ -489,7 +489,7 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None,
     src = open_sources(dataset, preset, opts)
     peaks: dict[str, int] = {}
     try:
-        sampler = NeighborSampler(dataset.indptr, src.neighbors, list(config.fanouts),
+        sampler = NeighborSampler(dataset.node_offsets(), src.neighbors, list(config.fanouts),
                                   num_threads=config.num_threads)
         hold = _Holder(sampler, src.features, model, dataset, peaks, limit, in_flight)
         batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
