@@ -246,10 +246,9 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     """
     t_start = time.perf_counter()
     if memory_budget is None:
-        from ..loader.process_budget import current_budget
+        from ..loader.process_budget import process_total
 
-        shared = current_budget()
-        memory_budget = shared.total if shared is not None else "2GiB"
+        memory_budget = process_total() or "2GiB"
     budget = _parse_size(memory_budget)
     check_options(budget, chunk_rows, block_rows, cache_chunks, policy, layer_dtype)
     chunking = Chunking(int(chunk_rows), 0, block_rows)

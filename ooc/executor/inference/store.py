@@ -208,12 +208,12 @@ def disk_bytes(n: int, dims: list[int], itemsizes: list[int], keep_layers: bool,
     """The most disk an output of ``n`` rows takes while it is computed: layer ``l+1``
     (``dims[l+1]`` wide, ``itemsizes[l]`` bytes a value) beside its input layer, or every
     layer when ``keep_layers``; then ``pred`` (int64) and ``row_of_node`` (int64) too."""
-    size = [0] + [n * d * b for d, b in zip(dims[1:], itemsizes)]
-    extra = 8 * n * (1 + int(row_of_node))
+    size = [0] + [n * d * b for d, b in zip(dims[1:], itemsizes)]  # size[0]: the features
+    pred, rowof = 8 * n, 8 * n * int(row_of_node)
     if keep_layers:
-        return sum(size) + extra
-    during = max(size[l] + size[l + 1] for l in range(len(size) - 1))
-    return max(during + extra - 8 * n, size[-1] + extra)
+        return sum(size) + pred + rowof
+    beside_input = max(size[l] + size[l + 1] for l in range(len(size) - 1))
+    return rowof + max(beside_input, size[-1] + pred)
 
 
 def write_chunk(group, arr, name: str, c: int, c0: int, buf: np.ndarray) -> None:

@@ -186,7 +186,7 @@ class NodeLoader:
                  **options: Any):
         from ...storage import open_dataset
         from .presets import resolve_preset
-        from .process_budget import MemoryBudget, current_budget
+        from .process_budget import current_budget, parse_budget
         from .stack import ModeOptions, build_stack
         from ..training.config import TrainConfig
 
@@ -195,7 +195,7 @@ class NodeLoader:
         if isinstance(dataset, (str, Path)):
             dataset = shared.dataset(dataset) if shared is not None else open_dataset(dataset)
         fanouts = check_loader_args(num_neighbors, batch_size, preset)
-        own_budget = MemoryBudget(memory_budget).total if memory_budget is not None else None
+        own_budget = parse_budget(memory_budget) if memory_budget is not None else None
         try:
             opts = ModeOptions(io_backend=io_backend, memory_budget=own_budget, **options)
         except TypeError as e:

@@ -51,6 +51,11 @@ class _Times:
 MAX_WORKERS = {"superbatch": 1}
 
 
+def gather_threads(schedule: str, workers: int) -> int:
+    """Gather threads an epoch of ``schedule`` runs for ``workers`` asked for."""
+    return min(int(workers), MAX_WORKERS.get(schedule, int(workers)))
+
+
 def batches_in_flight(workers: int) -> int:
     """Gathered batches held at once with ``workers`` gather threads (0: batches are made
     in the consumer's thread): each thread's queue and the batch it is making, and the
@@ -91,7 +96,7 @@ class BatchPipeline:
     @property
     def gather_threads(self) -> int:
         """Gather threads an epoch runs: ``workers``, capped by the schedule's maximum."""
-        return min(self.workers, MAX_WORKERS.get(self.schedule, self.workers))
+        return gather_threads(self.schedule, self.workers)
 
     def _run(self, produce, depth: int, name: str) -> Generator[Any, None, None]:
         """Iterate a :class:`Worker` over ``produce``; :meth:`close` halts it."""
@@ -153,7 +158,7 @@ class BatchPipeline:
             self.lookups += len(batch.node_ids)
         return rows
 
-    def _items(self, epoch: int, stopped) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+    def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         raise NotImplementedError  # pragma: no cover - abstract
 
     def stage_times(self) -> dict[str, float]:
@@ -171,13 +176,11 @@ class BatchPipeline:
         return st
 
 
-def _feed(items: Iterator[Any], put) -> None:
+def _feed(items: Generator[Any, None, None], put) -> None:
     """Put every item of ``items`` until ``put`` refuses one (the consumer is gone)."""
     for item in items:
         if not put(item):
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            items.close()
             return
 
 
@@ -200,7 +203,7 @@ class OnDemandPipeline(BatchPipeline):
         self.times.add("sample", time.perf_counter() - t0)
         return batch, self._gather(batch)
 
-    def _items(self, epoch: int, stopped) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+    def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         seed_batches, bseeds = self.plan(epoch)
         for ids, bs in zip(seed_batches, bseeds):
             if stopped():
@@ -277,7 +280,7 @@ class SuperbatchPipeline(BatchPipeline):
 
         return self._run(load, 1, "ooc-loader")
 
-    def _items(self, epoch: int, stopped) -> Iterator[tuple[SampledBatch, np.ndarray]]:
+    def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         cache = self.cache
         assert cache is not None
         superbatches = self._superbatches(epoch)

@@ -57,7 +57,8 @@ _ACTIVE: list["MemoryBudget"] = []  # the `with` blocks, innermost last
 _PROCESS: list["MemoryBudget"] = []  # set_memory_budget's, at most one
 
 
-def _size(nbytes: int | str) -> int:
+def parse_budget(nbytes: int | str) -> int:
+    """Bytes of a budget given as bytes or a size such as ``"4GiB"`` (positive)."""
     from ...cli import SizeError, parse_size
 
     try:
@@ -110,7 +111,7 @@ class MemoryBudget:
     def __init__(self, nbytes: int | str):
         from ..sizing.budget import default_reserve
 
-        self.total = _size(nbytes)
+        self.total = parse_budget(nbytes)
         self.reserve = default_reserve(self.total)
         self._groups: dict[tuple, _Group] = {}
         self._live_epochs = 0
@@ -266,6 +267,12 @@ def current_budget() -> MemoryBudget | None:
         if _ACTIVE:
             return _ACTIVE[-1]
         return _PROCESS[0] if _PROCESS else None
+
+
+def process_total() -> int | None:
+    """Bytes of the budget things made now run under (:func:`current_budget`), or None."""
+    budget = current_budget()
+    return budget.total if budget is not None else None
 
 
 @contextlib.contextmanager

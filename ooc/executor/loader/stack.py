@@ -27,6 +27,7 @@ cache 25% of the full neighbor cache).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -301,20 +302,19 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
         for c in reversed(closers):
             c()
         raise
-    eval_bs = config.eval_batch_size or config.batch_size
-
-    def eval_factory(ids: np.ndarray) -> BatchPipeline:
-        # the feature cache only serves hits here (never updated), whatever its state
-        return OnDemandPipeline(sampler, ids, eval_bs, config.seed + EVAL_SEED_OFFSET, features,
-                                shuffle=False, cache=cache)
-
     def on_demand(ids: np.ndarray, cfg, shuffle: bool) -> BatchPipeline:
-        own = NeighborSampler(sampler.offsets, sampler.source, list(cfg.fanouts),
-                              num_threads=cfg.num_threads)
+        # the feature cache only serves hits here (never updated), whatever its state
+        own = sampler if (list(cfg.fanouts), cfg.num_threads) == \
+            (sampler.fanouts, sampler.num_threads) else \
+            NeighborSampler(sampler.offsets, sampler.source, list(cfg.fanouts),
+                            num_threads=cfg.num_threads)
         return OnDemandPipeline(own, ids, cfg.batch_size, cfg.seed, features, shuffle=shuffle,
                                 cache=cache)
 
-    return Stack(preset, train, eval_factory, features, info, closers, on_demand)
+    eval_config = dataclasses.replace(config, batch_size=config.eval_batch_size
+                                      or config.batch_size, seed=config.seed + EVAL_SEED_OFFSET)
+    return Stack(preset, train, lambda ids: on_demand(ids, eval_config, False), features, info,
+                 closers, on_demand)
 
 
 #: Runtime folders are named ``run<pid>-<random>`` inside the runtime parent.

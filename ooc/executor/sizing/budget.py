@@ -16,8 +16,9 @@ file pages this process maps):
    :func:`~ooc.executor.loader.pipelines.batches_in_flight` gathered batches
    (each gather thread's queue and the batch it makes, and the one training:
    ``PREFETCH + 2`` with one thread), so the probe samples that many batches
-   of epoch 1 with the mode's uncached neighbour path, gathers all their rows with its uncached feature path
-   (every row a miss: the largest reader buffers) and runs one training step
+   of epoch 1 with the mode's uncached neighbour path, gathers all their rows
+   with its uncached feature path (every row a miss: the largest reader
+   buffers) and runs one training step
    of the model itself (Adam at learning rate 0: the weights stay as they are;
    its state included) with the largest of them; the kernel's high-water mark
    (reset through ``/proc/self/clear_refs``) gives the peak above
@@ -78,7 +79,7 @@ from ...memory import current_rss_bytes as rss_bytes
 from ...memory import peak_rss_bytes as hwm_bytes
 from ...memory import reset_peak_rss as reset_hwm
 from ..cache.feature_cache import row_cost
-from ..loader.pipelines import MAX_WORKERS, batches_in_flight
+from ..loader.pipelines import batches_in_flight, gather_threads
 from ...storage.errors import BudgetError, setting
 
 MiB = 1 << 20
@@ -335,9 +336,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     gc.collect()
     trim_malloc()
     setup = stages["setup_rss"] = rss_bytes()
-    threads = min(int(workers), MAX_WORKERS.get(preset.policy.schedule, int(workers)))
     probe = _probe(dataset, config, opts, model, preset, limit=budget - reserve,
-                   in_flight=batches_in_flight(threads))
+                   in_flight=batches_in_flight(gather_threads(preset.policy.schedule, workers)))
     loop = stages["loop_peak"] = max(0, max(probe["peaks"].values()) - setup)
     loop_parts = loop + _computed_parts(dataset, preset, opts, probe["max_edges"], stages)
     explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0

@@ -142,14 +142,12 @@ class Trainer:
         self._closed = False
         if pipeline is None:
             from ..loader.presets import resolve_preset
+            from ..loader.process_budget import process_total
             from ..loader.stack import ModeOptions, build_stack
 
             resolve_preset(config.mode)
-            from ..loader.process_budget import current_budget
-
             options = options or ModeOptions()
-            shared = current_budget()
-            budget = options.memory_budget or (shared.total if shared is not None else None)
+            budget = options.memory_budget or process_total()
             if budget:
                 from ..sizing.budget import plan_memory
 
