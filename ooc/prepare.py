@@ -28,6 +28,7 @@ from .memory import current_rss_bytes
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 from .storage.ingest.limits import planned_peak
 from .storage.errors import InvalidValue
+from .storage.writer import REORDERS
 
 
 def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
@@ -39,6 +40,10 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
     p.add_argument("--buffer", type=parse_size, default=DEFAULT_BUFFER, metavar="SIZE",
                    help="memory for the scatter buffer and input chunks, e.g. 256MiB (default 512MiB); "
                         "memory use is about 32 bytes per node plus this")
+    p.add_argument("--reorder", choices=REORDERS, default="auto",
+                   help="store the feature rows in a locality order so that neighbours share "
+                        "pages (node ids stay yours): auto = when rows are smaller than a page "
+                        "(default), locality = always, none = node order")
     if name:
         p.add_argument("--name", default="", help="dataset name stored in meta.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -172,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats: dict = {}
     progress = not args.no_progress
     common = dict(overwrite=args.overwrite, progress=progress, buffer_bytes=args.buffer, stats=stats,
-                  allow_nonfinite=args.allow_nonfinite)
+                  allow_nonfinite=args.allow_nonfinite, reorder=args.reorder)
     if args.command == "edgelist":
         out = ingest.ingest_edgelist(
             args.edges, args.out, fmt=args.format, header=args.header, num_nodes=args.num_nodes,

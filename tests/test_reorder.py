@@ -69,3 +69,196 @@ def test_isolated_nodes_and_empty_graph():
     indptr = np.zeros(6, np.int64)
     order = locality_order(indptr, np.zeros(0, np.int32))
     np.testing.assert_array_equal(order, np.arange(5))
+
+
+# -- features stored in a locality order (ingest's --reorder) -----------------------------
+
+from ooc.storage import open_dataset, write_dataset  # noqa: E402
+from ooc.storage.dataset import ROW_MAP_FILE  # noqa: E402
+from ooc.storage.errors import DatasetError, IdOutOfRange  # noqa: E402
+from ooc.storage.layout import FeatureLayout  # noqa: E402
+from ooc.storage.reorder import permute_rows, rows_of  # noqa: E402
+
+
+def _layout_file(path, x: np.ndarray) -> FeatureLayout:
+    lay = FeatureLayout(x.shape[0], x.shape[1], x.dtype.name)
+    buf = np.zeros(lay.file_bytes, np.uint8)
+    lay.view(buf)[0:x.shape[0]] = x
+    buf.tofile(path)
+    return lay
+
+
+@pytest.mark.parametrize("dim,dtype", [(32, "float32"), (100, "float16"), (1500, "float32")])
+@pytest.mark.parametrize("buffer", [1 << 30, 64 << 10])
+def test_permute_rows_places_every_row(tmp_path, dim, dtype, buffer):
+    """Row v of the source lands at row row_of[v], in memory and through bucket files
+    (a small buffer), for rows sharing pages, rows with page padding and multi-page rows;
+    the buckets are gone afterwards."""
+    rng = np.random.default_rng(dim)
+    n = 997
+    x = rng.standard_normal((n, dim)).astype(dtype)
+    lay = _layout_file(tmp_path / "src.bin", x)
+    row_of = rng.permutation(n).astype(np.int32)
+    buckets = permute_rows(tmp_path / "src.bin", tmp_path / "dst.bin", lay, row_of, buffer)
+    assert (buckets == 1) == (buffer == 1 << 30)
+    assert (tmp_path / "dst.bin").stat().st_size == lay.file_bytes
+    got = lay.view(np.fromfile(tmp_path / "dst.bin", np.uint8))[0:n]
+    want = np.empty_like(x)
+    want[row_of] = x
+    np.testing.assert_array_equal(got, want)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.bin", "src.bin"]
+
+
+def test_rows_of_inverts_an_order():
+    order = np.random.default_rng(0).permutation(1000).astype(np.int32)
+    row_of = rows_of(order)
+    np.testing.assert_array_equal(row_of[order], np.arange(1000))
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """One planted-community graph written twice: rows in node order and in a locality
+    order (32 float32 = 128 B rows: 32 a page)."""
+    indptr, indices, comm = _planted(k=40, size=24, p_out=0.02)
+    n = len(comm)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, 32)).astype(np.float32)
+    y = comm % 5
+    tmp = tmp_path_factory.mktemp("stored")
+    kw = dict(labels=y, num_classes=5, train_idx=np.arange(0, n, 2), val_idx=np.arange(1, n, 4),
+              test_idx=np.arange(3, n, 4))
+    plain = write_dataset(tmp / "plain", indptr, indices, x, reorder="none", **kw)
+    local = write_dataset(tmp / "local", indptr, indices, x, reorder="locality",
+                          buffer_bytes=16 << 10, **kw)
+    return open_dataset(plain), open_dataset(local), x, comm
+
+
+def test_a_reordered_dataset_reads_the_same_rows_by_node_id(stored):
+    plain, local, x, _ = stored
+    assert plain.row_of is None and ROW_MAP_FILE not in plain.meta["files"]
+    assert local.meta["feature_order"]["kind"] == "locality"
+    assert local.meta["feature_order"]["buckets"] > 1       # the bounded two-pass path ran
+    np.testing.assert_array_equal(np.sort(np.asarray(local.row_of)), np.arange(len(x)))
+    assert not np.array_equal(np.asarray(local.row_of), np.arange(len(x)))
+    ids = np.random.default_rng(1).integers(0, len(x), 500)
+    np.testing.assert_array_equal(local.features.read(ids), x[ids])
+    np.testing.assert_array_equal(plain.features.read(ids), x[ids])
+    for name in ("indptr", "indices", "labels", "train_idx", "val_idx", "test_idx"):
+        np.testing.assert_array_equal(np.asarray(getattr(local, name)),
+                                      np.asarray(getattr(plain, name)))
+    with pytest.raises(IdOutOfRange, match="features.bin: node id 960 out of range"):
+        local.features.read(np.array([0, len(x)]))
+
+
+def test_a_community_is_read_in_few_pages_from_a_reordered_dataset(stored):
+    """The O_DIRECT reader reads the pages of the rows asked for: one community's 24 rows
+    span about 24 pages in node order and a couple in the locality order."""
+    from ooc.storage.direct import DirectFeatures
+
+    plain, local, x, comm = stored
+    pages = {}
+    for name, ds in (("plain", plain), ("local", local)):
+        f = DirectFeatures(ds.file("features.bin"), ds.layout)
+        reader = ds.by_node(f)
+        total = 0
+        for c in range(40):
+            ids = np.flatnonzero(comm == c)
+            before = f.stats.bytes_read
+            np.testing.assert_array_equal(reader.read(ids), x[ids])
+            total += (f.stats.bytes_read - before) // 4096
+        f.close()
+        pages[name] = total / 40
+    assert pages["plain"] > 15, pages
+    assert pages["local"] < 4, pages
+
+
+@pytest.mark.parametrize("preset", ["ooc", "static", "baseline"])
+def test_a_loader_gives_the_same_batches_from_either_order(stored, preset):
+    """NodeLoader batches (n_id, x, y, edges) do not depend on the order the rows are stored
+    in: the caches and readers are addressed by node id."""
+    import ooc
+
+    plain, local, x, _ = stored
+    out = []
+    for ds in (plain, local):
+        with ooc.NodeLoader(ds, num_neighbors=[4, 3], batch_size=64, input_nodes="train",
+                            shuffle=True, preset=preset, seed=5, superbatch_size=3) as loader:
+            out.append([list(loader) for _ in range(2)])
+    for ea, eb in zip(*out):
+        assert len(ea) == len(eb)
+        for a, b in zip(ea, eb):
+            np.testing.assert_array_equal(a.n_id.numpy(), b.n_id.numpy())
+            np.testing.assert_array_equal(b.x.numpy(), x[b.n_id.numpy()])
+            np.testing.assert_array_equal(a.x.numpy(), b.x.numpy())
+            np.testing.assert_array_equal(a.y.numpy(), b.y.numpy())
+            np.testing.assert_array_equal(a.edge_index.numpy(), b.edge_index.numpy())
+
+
+def test_inference_over_a_reordered_dataset_writes_rows_by_node_id(stored, tmp_path):
+    """Layer-wise inference's output rows are node ids whatever the stored order (it
+    processes targets in the stored order)."""
+    import torch
+
+    from ooc.executor.inference.layerwise import layerwise_inference, read_embeddings
+    from ooc.executor.training.models import build_model
+
+    plain, local, x, _ = stored
+    torch.manual_seed(0)
+    model = build_model("sage", 32, 16, 5, num_layers=2)
+    outs = []
+    for name, ds in (("plain", plain), ("local", local)):
+        rep = layerwise_inference(ds, model, tmp_path / f"{name}.zarr", chunk_rows=64)
+        outs.append((read_embeddings(tmp_path / f"{name}.zarr", "h2"), rep))
+    assert outs[1][1]["order"] == "locality"
+    np.testing.assert_allclose(outs[0][0], outs[1][0], atol=1e-5)
+
+
+def test_a_damaged_row_map_is_refused(stored, tmp_path):
+    """A row map that is not a permutation is refused at open, naming the file (the
+    checksum in meta.json catches it first when present)."""
+    import json
+    import shutil
+
+    from ooc.storage.dataset import meta_checksum
+
+    _, local, _, _ = stored
+    copy = tmp_path / "copy"
+    shutil.copytree(local.path, copy)
+    row_of = np.load(copy / ROW_MAP_FILE)
+    row_of[5] = row_of[6]
+    np.save(copy / ROW_MAP_FILE, row_of)
+    with pytest.raises(DatasetError, match=f"{ROW_MAP_FILE}: checksum does not match"):
+        open_dataset(copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    del meta["files"][ROW_MAP_FILE]["sha256"]
+    meta["checksum"] = meta_checksum(meta)
+    (copy / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match=r"entry 6 .* repeated: not a permutation"):
+        open_dataset(copy)
+
+
+def test_the_order_holds_12_bytes_a_node():
+    """locality_order holds a label, a count and the order per node (int32 each below 2^31
+    nodes) plus one window, however sparse the graph (a window is bounded in nodes too);
+    rows_of then holds the order and its inverse."""
+    import tracemalloc
+
+    from ooc.storage import csc_from_edges
+
+    rng = np.random.default_rng(0)
+    small = csc_from_edges(np.arange(10), np.arange(1, 11) % 10, 10)
+    rows_of(locality_order(*small))  # numba's typing and imports are not the order's
+    n = 2_000_000
+    indptr, indices = csc_from_edges(rng.integers(0, n, 5000), rng.integers(0, n, 5000), n)
+    tracemalloc.start()
+    try:
+        order = locality_order(indptr, indices, window_bytes=1 << 20)
+        peak_order = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        row_of = rows_of(order)
+        peak_rows = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak_order < 12 * n + (3 << 20), peak_order / n
+    assert peak_rows < 8 * n + (1 << 20), peak_rows / n
+    np.testing.assert_array_equal(row_of[order], np.arange(n))

@@ -261,6 +261,11 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--feature-dim", type=int, default=DEFAULT_DATASET["feature_dim"])
     p.add_argument("--avg-degree", type=float, default=DEFAULT_DATASET["avg_degree"])
     p.add_argument("--train-fraction", type=float, default=DEFAULT_DATASET["train_fraction"])
+    p.add_argument("--community-size", type=int, default=None, metavar="K",
+                   help="many small communities of about K nodes hidden by the id permutation "
+                        "(default: one community per class)")
+    p.add_argument("--reorder", choices=("auto", "locality", "none"), default="auto",
+                   help="row order of the generated dataset's features (ooc.prepare --reorder)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--fanouts", default="10,5")
     p.add_argument("--hidden", type=int, default=64)
@@ -277,7 +282,8 @@ def open_bench_dataset(args) -> tuple[Path, dict, int, float] | None:
     from ooc.storage import open_dataset
 
     spec = dict(DEFAULT_DATASET, nodes=args.nodes, feature_dim=args.feature_dim,
-                avg_degree=args.avg_degree, train_fraction=args.train_fraction)
+                avg_degree=args.avg_degree, train_fraction=args.train_fraction,
+                community_size=args.community_size, reorder=args.reorder)
     root = Path(os.environ.get("OOC_CACHE", Path.home() / ".cache" / "ooc"))
     data = ensure_dataset(args.data or root / f"bench-{args.nodes}-{args.feature_dim}", spec)
     d = open_dataset(data)

@@ -68,3 +68,19 @@ def inverse_into(perm, rank):
     """``rank[perm[i]] = i`` for every i (``rank``: [N], int32 or int64)."""
     for i in range(perm.shape[0]):
         rank[perm[i]] = i
+
+
+@njit(cache=True, nogil=True)
+def first_repeat(values, n, seen):
+    """Position in ``values`` of the first value outside ``[0, n)`` or already marked in
+    the bitmap ``seen`` (uint8 [ceil(n / 8)], updated), else -1: checks, a chunk at a
+    time, that a file holds a permutation of ``0 .. n-1``."""
+    for i in range(values.shape[0]):
+        v = values[i]
+        if v < 0 or v >= n:
+            return i
+        byte, bit = v >> 3, np.uint8(1 << (v & 7))
+        if seen[byte] & bit:
+            return i
+        seen[byte] |= bit
+    return -1

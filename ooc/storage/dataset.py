@@ -45,6 +45,9 @@ REQUIRED_FILES = (
     "val_idx.npy",
     "test_idx.npy",
 )
+#: Node id -> row of ``features.bin`` (int32/int64 [N], a permutation), present when
+#: the rows are stored in another order than the node ids (``meta["feature_order"]``).
+ROW_MAP_FILE = "feature_rows.npy"
 
 
 def sha256_file(path: Path) -> str:
@@ -180,7 +183,9 @@ class Dataset:
             ``indices[indptr[v]:indptr[v+1]]`` (paged in as it is read: file-backed
             memory the kernel can reclaim, not a resident copy).
         indices: int32 or int64 [E] memmap of ``indices.bin``.
-        features: the feature table (``read(ids)`` -> [n, dim]).
+        features: the feature table (``read(ids)`` -> [n, dim], by node id).
+        row_of: node id -> row of ``features.bin`` (int32/int64 [N] memmap of
+            ``feature_rows.npy``) when the rows are stored in a locality order, else None.
         labels: int64 [N] memmap, -1 where unlabeled.
         train_idx, val_idx, test_idx: int64 node ids.
     """
@@ -189,12 +194,13 @@ class Dataset:
     meta: dict
     indptr: np.ndarray
     indices: np.ndarray
-    features: MmapFeatures
+    features: Any
     labels: np.ndarray
     train_idx: np.ndarray
     val_idx: np.ndarray
     test_idx: np.ndarray
     layout: FeatureLayout = field(repr=False)
+    row_of: np.ndarray | None = field(default=None, repr=False)
     _indices_checked: bool = field(default=False, repr=False, compare=False)
     _offsets: Any = field(default=None, repr=False, compare=False)
 
@@ -224,6 +230,17 @@ class Dataset:
 
     def file(self, name: str) -> Path:
         return self.path / name
+
+    def by_node(self, reader):
+        """``reader`` of ``features.bin`` (ids = stored rows) read by node id: itself when
+        the rows are in node order, else wrapped in
+        :class:`~ooc.storage.features.NodeRows`. Every reader of the features goes
+        through this."""
+        if self.row_of is None:
+            return reader
+        from .features import NodeRows
+
+        return NodeRows(reader, self.row_of, str(self.file("features.bin")))
 
     def node_offsets(self):
         """``indptr`` in the sampler's compact form
@@ -602,6 +619,35 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
         raise DatasetError(mp, "was edited after the dataset was written (its checksum does not "
                                "match its fields); write the dataset again with ooc.prepare")
-    return Dataset(path=path, meta=meta, indptr=indptr, indices=indices,
-                   features=MmapFeatures(path / "features.bin", layout), labels=labels,
-                   train_idx=splits[0], val_idx=splits[1], test_idx=splits[2], layout=layout)
+    row_of = _load_row_map(path, meta, n)
+    ds = Dataset(path=path, meta=meta, indptr=indptr, indices=indices,
+                 features=None, labels=labels, train_idx=splits[0], val_idx=splits[1],
+                 test_idx=splits[2], layout=layout, row_of=row_of)
+    ds.features = ds.by_node(MmapFeatures(path / "features.bin", layout))
+    return ds
+
+
+def _load_row_map(path: Path, meta: dict, n: int) -> np.ndarray | None:
+    """The memmap of ``feature_rows.npy`` when ``meta.json`` lists one, checked to be a
+    permutation of ``0 .. n-1`` (one pass, an n-bit bitmap), else None."""
+    if "feature_order" not in meta:
+        return None
+    from ._reorder_kernels import first_repeat
+
+    p = path / ROW_MAP_FILE
+    entry = meta["files"].get(ROW_MAP_FILE)
+    if not isinstance(entry, dict) or not _is_int(entry.get("bytes")):
+        raise DatasetError(path / "meta.json", f"field 'feature_order' is set but it does not "
+                                               f"list {ROW_MAP_FILE}")
+    _check_size(p, entry["bytes"])
+    if entry.get("sha256") is not None and sha256_file(p) != entry["sha256"]:
+        raise DatasetError(p, "checksum does not match meta.json (corrupted file)")
+    dtype = np.int32 if n < (1 << 31) else np.int64
+    row_of = _load_npy(p, dtype, (n,), mmap=True)
+    seen = np.zeros(-(-n // 8), dtype=np.uint8)
+    for a, chunk in _npy_chunks(p, row_of):
+        k = first_repeat(np.ascontiguousarray(chunk), n, seen)
+        if k >= 0:
+            raise DatasetError(p, f"entry {a + k} ({int(chunk[k])}) is out of range or repeated: "
+                                  f"not a permutation of the {n} feature rows")
+    return row_of

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .errors import InvalidValue
+from .errors import IdOutOfRange, InvalidValue
 
 
 @runtime_checkable
@@ -63,3 +63,50 @@ def check_out(out: np.ndarray | None, n: int, dim: int, dtype: DTypeLike, what: 
         raise InvalidValue(f"{what}: out must be a C-contiguous {np.dtype(dtype)} array of shape "
                          f"({n}, {dim}), got {out.dtype} {tuple(out.shape)}")
     return out
+
+
+class NodeRows:
+    """A feature table stored in another row order, read by node id.
+
+    Node ``v``'s row is row ``row_of[v]`` of ``source``; ``read(ids)`` returns the rows of
+    ``ids`` in the order given, as if the table were stored in node order. Every other
+    attribute (``stats``, ``backend``, ``layout``, ...) is the source's.
+
+    Args:
+        source: a :class:`Feature` of the stored table (its ids are stored rows).
+        row_of: int32/int64 [N], node id -> stored row (a memmap of the dataset's
+            ``feature_rows.npy``: 4 bytes a node, paged in as batches touch it).
+        what: the file named in errors.
+    """
+
+    def __init__(self, source, row_of: np.ndarray, what: str):
+        self.source = source
+        self.row_of = row_of
+        self.what = what
+        if hasattr(source, "read_into"):
+            self.read_into = self._read_into
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("source", "row_of", "what"):  # not set yet (e.g. while unpickling)
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Stored rows of node ``ids`` (int64 [n]).
+
+        Raises:
+            IdOutOfRange: an id outside ``[0, N)``, named with the file.
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        n = self.row_of.shape[0]
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise IdOutOfRange(f"{self.what}: node id {bad} out of range [0, {n})")
+        return np.asarray(self.row_of[ids], dtype=np.int64)
+
+    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows of node ``ids`` (int64 [n]) as [n, dim] of the table's dtype."""
+        return self.source.read(self.rows(ids), out)
+
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return self.source.read_into(self.rows(ids), out, rows)

@@ -7,17 +7,29 @@ memory), then groups nodes by label: each group of at most ``cap`` nodes is cont
 the new order. Memory: 4 B/node for the labels and 4 B/node for the label sizes while
 propagating, then 4 B/node of counts and the order itself (int32 when N < 2^31, else
 int64), plus one window of ``indices``.
+
+Ingest stores ``features.bin`` in that order (:class:`~ooc.storage.writer.DatasetWriter`'s
+``reorder``): :func:`permute_rows` rewrites the file in bounded memory and the dataset
+keeps ``feature_rows.npy`` (node id -> row, :func:`rows_of`); readers are addressed by
+node id through :class:`~ooc.storage.features.NodeRows`, so every id a user sees is
+unchanged.
 """
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from . import _reorder_kernels as K
+from .errors import InvalidValue
+from .layout import FeatureLayout
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
 DEFAULT_WINDOW = 64 << 20
+#: Most bucket files :func:`permute_rows` writes at once.
+MAX_BUCKETS = 256
 
 
 @dataclass
@@ -36,13 +48,14 @@ def _id_dtype(n: int) -> np.dtype:
 
 def _windows(indptr: np.ndarray, window_bytes: int, itemsize: int):
     """Node ranges ``[v0, v1)`` whose in-neighbour lists together take at most
-    ``window_bytes`` (at least one node per range)."""
+    ``window_bytes``, and whose ``indptr`` entries too (at least one node per range)."""
     n = indptr.shape[0] - 1
     per = max(1, window_bytes // itemsize)
+    max_nodes = max(1, window_bytes // 8)
     v0 = 0
     while v0 < n:
         v1 = int(np.searchsorted(indptr, int(indptr[v0]) + per, side="right")) - 1
-        v1 = min(n, max(v0 + 1, v1))
+        v1 = min(n, v0 + max_nodes, max(v0 + 1, v1))
         yield v0, v1
         v0 = v1
 
@@ -87,3 +100,119 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     order = np.empty(n, dtype=dt)
     K.order_by_label(label, count, order)
     return order
+
+
+def rows_of(order: np.ndarray) -> np.ndarray:
+    """The inverse of ``order`` (``order[row] = node``): ``row_of[node] = row``, same dtype."""
+    row_of = np.empty_like(order)
+    K.inverse_into(order, row_of)
+    return row_of
+
+
+def _read_rows(f, layout: FeatureLayout, a: int, b: int) -> np.ndarray:
+    """Rows ``a .. b`` of a page-laid-out feature file (``a`` at a page boundary) as a
+    C-contiguous [b - a, dim] array, read with plain reads (no mapping in the RSS)."""
+    local = FeatureLayout(b - a, layout.dim, layout.dtype)
+    f.seek(int(layout.row_offsets(np.array([a]))[0]))
+    buf = np.frombuffer(f.read(local.file_bytes), dtype=np.uint8)
+    if buf.shape[0] < local.file_bytes:
+        raise OSError(errno.EIO, "short read", str(f.name))
+    return np.ascontiguousarray(local.view(buf)[0:b - a])
+
+
+def _write_rows(f, layout: FeatureLayout, a: int, rows: np.ndarray) -> None:
+    """Write ``rows`` as rows ``a ..`` of a page-laid-out file (``a`` at a page boundary)."""
+    local = FeatureLayout(rows.shape[0], layout.dim, layout.dtype)
+    buf = np.zeros(local.file_bytes, dtype=np.uint8)
+    local.view(buf)[0:rows.shape[0]] = rows
+    f.seek(int(layout.row_offsets(np.array([a]))[0]))
+    buf.tofile(f)
+
+
+def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray,
+                 buffer_bytes: int = 256 << 20, scratch: Path | None = None) -> int:
+    """Write the feature file ``src`` to ``dst`` with node ``v``'s row at row ``row_of[v]``.
+
+    Memory is bounded by ``buffer_bytes`` whatever the file's size: when the rows fit in a
+    quarter of it they are permuted in memory; otherwise in two passes over buckets of
+    consecutive destination rows: the first reads ``src`` front to back and appends each
+    row (and its destination) to its bucket's file under ``scratch``; the second loads one
+    bucket at a time, places its rows and writes them to ``dst`` in order. Every byte is
+    read and written sequentially; the buckets take as much disk as ``src`` (plus 8 bytes
+    a row) until ``dst`` is complete, and are removed as they are consumed.
+
+    Args:
+        src, dst: feature files in ``layout`` (``dst`` is created).
+        layout: the files' :class:`FeatureLayout`.
+        row_of: int32/int64 [N], a permutation of ``0 .. N-1``.
+        buffer_bytes: memory the permutation may use for rows.
+        scratch: folder for the buckets (default: ``dst``'s).
+
+    Returns:
+        The number of buckets (1 when permuted in memory).
+    """
+    n, rb = layout.num_rows, layout.row_bytes
+    unit = layout.rows_per_page or 1
+    part = max(unit, (max(1, int(buffer_bytes) // 4) // rb) // unit * unit)
+    buckets = -(-n // part) if n else 1
+    if buckets > MAX_BUCKETS:  # few enough files open at once; each bucket a little larger
+        part = -(-(-(-n // MAX_BUCKETS)) // unit) * unit
+        buckets = -(-n // part)
+    scratch = Path(scratch) if scratch is not None else Path(dst).parent
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        if buckets == 1:
+            block = np.empty((n, layout.dim), dtype=layout.dtype)
+            for a in range(0, n, part):
+                b = min(n, a + part)
+                block[np.asarray(row_of[a:b], dtype=np.int64)] = _read_rows(fin, layout, a, b)
+            _write_rows(fout, layout, 0, block)
+            return 1
+        names = [scratch / f".bucket-{k}" for k in range(buckets)]
+        try:
+            _scatter_to_buckets(fin, layout, row_of, part, names)
+            for k, name in enumerate(names):
+                a = k * part
+                b = min(n, a + part)
+                ids = np.fromfile(name.with_suffix(".ids"), dtype=np.int64)
+                rows = np.fromfile(name, dtype=layout.dtype).reshape(-1, layout.dim)
+                if ids.shape[0] != b - a or rows.shape[0] != b - a:
+                    raise InvalidValue(f"{name}: bucket holds {ids.shape[0]} rows, expected "
+                                       f"{b - a} (row_of is not a permutation)")
+                block = np.empty_like(rows)
+                block[ids - a] = rows
+                del rows
+                _write_rows(fout, layout, a, block)
+                name.unlink()
+                name.with_suffix(".ids").unlink()
+        finally:
+            for name in names:
+                name.unlink(missing_ok=True)
+                name.with_suffix(".ids").unlink(missing_ok=True)
+    return buckets
+
+
+def _scatter_to_buckets(fin, layout: FeatureLayout, row_of: np.ndarray, part: int,
+                        names: list[Path]) -> None:
+    """The first pass of :func:`permute_rows`: ``src`` read in chunks of ``part`` rows,
+    each row appended to the file of the bucket its destination falls in."""
+    n = layout.num_rows
+    outs = [open(name, "wb") for name in names]
+    ids_out = [open(name.with_suffix(".ids"), "wb") for name in names]
+    try:
+        for a in range(0, n, part):
+            b = min(n, a + part)
+            rows = _read_rows(fin, layout, a, b)
+            dest = np.asarray(row_of[a:b], dtype=np.int64)
+            bucket = dest // part
+            by = np.argsort(bucket, kind="stable")
+            ends = np.cumsum(np.bincount(bucket, minlength=len(names)))
+            rows, dest = rows[by], dest[by]
+            start = 0
+            for k, end in enumerate(ends):
+                if end > start:
+                    rows[start:end].tofile(outs[k])
+                    dest[start:end].tofile(ids_out[k])
+                start = int(end)
+    finally:
+        for f in outs + ids_out:
+            f.close()

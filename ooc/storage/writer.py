@@ -11,11 +11,16 @@ import numpy as np
 
 from .atomic import atomic_dir, write_json
 from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, REQUIRED_FILES,
+                      ROW_MAP_FILE,
                       meta_checksum, open_dataset, replace_problem, sampled_sha256,
                       scan_index_range, sha256_file, split_overlap)
 from .errors import DatasetError, OocError
 from .layout import FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes
 from .errors import IdOutOfRange, InvalidValue
+
+
+#: ``reorder`` values of :class:`DatasetWriter` (``--reorder`` of ``ooc.prepare``).
+REORDERS = ("auto", "locality", "none")
 
 
 def allocate(path: Path, nbytes: int) -> None:
@@ -57,12 +62,22 @@ class DatasetWriter:
     the rest read back at the end. Any is an error unless
     ``allow_nonfinite``; the count goes to ``meta.json`` as
     ``nonfinite_features``. ``overwrite`` replaces only an ooc dataset folder.
+
+    ``reorder``: ``locality`` stores the feature rows in a locality order
+    (:func:`~ooc.storage.reorder.locality_order`: neighbours' rows share pages) once the
+    rest is written, with ``feature_rows.npy`` mapping node ids to rows; node ids, labels,
+    splits and the adjacency stay as given. ``auto`` does so when rows are smaller than
+    a page (larger rows are read a row at a time, so their order changes nothing);
+    ``none`` keeps node order. ``buffer_bytes`` bounds the memory the reorder uses.
     """
 
     def __init__(self, out: str | os.PathLike, num_nodes: int, feature_dim: int,
                  feature_dtype: str = "float32", name: str = "", directed: bool = True,
                  overwrite: bool = False, source: dict[str, Any] | None = None,
-                 allow_nonfinite: bool = False, features_name: str = "features"):
+                 allow_nonfinite: bool = False, features_name: str = "features",
+                 reorder: str = "none", buffer_bytes: int = 256 << 20):
+        if reorder not in REORDERS:
+            raise InvalidValue(f"reorder must be one of {', '.join(REORDERS)}, got {reorder!r}")
         if feature_dtype not in FEATURE_DTYPES:
             raise InvalidValue(f"feature dtype must be one of {FEATURE_DTYPES}, got {feature_dtype!r}")
         if num_nodes < 0 or feature_dim < 1:
@@ -83,6 +98,8 @@ class DatasetWriter:
         self._features: np.ndarray | None = None    # likewise
         self.allow_nonfinite = allow_nonfinite
         self.features_name = features_name
+        self.reorder = reorder
+        self.buffer_bytes = int(buffer_bytes)
         self.nonfinite = 0
         self.first_nonfinite = -1
         self._rows_checked = 0
@@ -254,13 +271,15 @@ class DatasetWriter:
                            f"infinite as {self.layout.dtype} (first at node {self.first_nonfinite}); "
                            f"pass --allow-nonfinite to keep them")
         idt = index_dtype(self.num_nodes)
+        self._reorder_features()
         try:
             lo, hi, crcs = scan_index_range(self._dir / "indices.bin", idt, self.num_edges,
                                             self.num_nodes)
         except DatasetError as e:
             raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
         files = {}
-        for name in REQUIRED_FILES:
+        for name in REQUIRED_FILES + ((ROW_MAP_FILE,) if "feature_order" in self.extra_meta
+                                      else ()):
             p = self._dir / name
             entry: dict[str, Any] = {"bytes": p.stat().st_size}
             if name.endswith(".npy") and entry["bytes"] <= CHECKSUM_LIMIT:
@@ -292,6 +311,32 @@ class DatasetWriter:
             open_dataset(self._dir)
         except DatasetError as e:
             raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
+
+    def _reorder_features(self) -> None:
+        """Store ``features.bin`` in a locality order (see the class docstring)."""
+        lay, n = self.layout, self.num_nodes
+        if self.reorder == "none" or n < 2 or (self.reorder == "auto" and lay.rows_per_page < 2):
+            return
+        from .reorder import OrderStats, locality_order, permute_rows, rows_of
+
+        assert self.num_edges is not None
+        indptr = np.load(self._dir / "indptr.npy", mmap_mode="r")
+        idt = index_dtype(n)
+        indices = (np.memmap(self._dir / "indices.bin", dtype=idt, mode="r",
+                             shape=(self.num_edges,)) if self.num_edges else np.zeros(0, idt))
+        stats = OrderStats(0, [], 0, 0)
+        order = locality_order(indptr, indices, window_bytes=max(1 << 20, self.buffer_bytes // 4),
+                               stats=stats)
+        del indptr, indices
+        row_of = rows_of(order)
+        del order
+        src, dst = self._dir / "features.bin", self._dir / "features.reordered"
+        buckets = permute_rows(src, dst, lay, row_of, self.buffer_bytes)
+        os.replace(dst, src)
+        np.save(self._dir / ROW_MAP_FILE, row_of)
+        self.extra_meta["feature_order"] = {
+            "kind": "locality", "groups": stats.groups, "largest_group": stats.largest_group,
+            "sweeps": stats.sweeps, "buckets": buckets}
 
     def _check_remaining_features(self, step_bytes: int = 16 << 20) -> None:
         """Read back (plain reads: no mapping in RSS) the feature rows

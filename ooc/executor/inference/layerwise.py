@@ -152,7 +152,7 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
     backend = "auto" if kind in ("auto", "direct") else kind
     try:
         f = DirectFeatures(dataset.file("features.bin"), dataset.layout, backend=backend)
-        return f, f"direct ({f.backend})"
+        return dataset.by_node(f), f"direct ({f.backend})"
     except (OocError, ValueError) as e:
         if kind != "auto":
             raise InvalidValue(f"direct feature reader unavailable: {e}") from None

@@ -54,21 +54,26 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     assignment array (PDS over it). ``partition``: assignment array or path
     to an ``owner.npy``. ``locality`` groups nodes whose in-neighbours are each other
     (:func:`ooc.storage.reorder.locality_order`), so a block of targets reads few pages
-    and few chunks of the previous layer; ``auto`` is ``pds`` with a partitioning, else
-    ``locality`` from :data:`AUTO_LOCALITY_NODES` nodes, else ``natural``.
+    and few chunks of the previous layer (a dataset stored in a locality order has it
+    already: its rows' order); ``auto`` is ``pds`` with a partitioning, else ``locality``
+    for a dataset stored in one or from :data:`AUTO_LOCALITY_NODES` nodes, else ``natural``.
     """
     owner, order = _partition_of(dataset, order, partition)
+    stored = getattr(dataset, "row_of", None)
     if order == "auto":
         order = "pds" if owner is not None else (
-            "locality" if dataset.num_nodes >= AUTO_LOCALITY_NODES else "natural")
+            "locality" if stored is not None or dataset.num_nodes >= AUTO_LOCALITY_NODES
+            else "natural")
     if order not in ORDERS:
         raise InvalidValue(f"unknown order {order!r} (choose one of {', '.join(ORDERS)} "
                        "or pass a partition assignment array)")
     if order == "natural":
         return None, "natural"
     if order == "locality":
-        from ...storage.reorder import locality_order
+        from ...storage.reorder import locality_order, rows_of
 
+        if stored is not None:  # the order the feature rows are stored in (made at ingest)
+            return rows_of(np.asarray(stored)).astype(np.int64), "locality"
         return locality_order(dataset.indptr, dataset.indices).astype(np.int64), "locality"
     deg = dataset.in_degrees()
     if order == "degree":

@@ -75,7 +75,7 @@ class MmapReaders(Readers):
                                      options.io_threads)
         info = {"io_threads": options.io_threads, "readahead": "off (MADV_RANDOM)",
                 "reader_backend": "mmap", "neighbor_reader_backend": "mmap"}
-        return Sources(nsrc, feats, info, [nsrc.close, feats.close])
+        return Sources(nsrc, dataset.by_node(feats), info, [nsrc.close, feats.close])
 
     def mapped_bytes_bound(self, dataset, options, max_edges: int) -> int:
         """A page fault maps the page-cache pages around it too (fault-around,
@@ -123,7 +123,7 @@ class DirectReaders(Readers):
             raise
         info = {"queue_depth": options.queue_depth, "reader_backend": feats.backend,
                 "neighbor_reader_backend": reader.backend}
-        return Sources(nsrc, feats, info, [nsrc.close, feats.close])
+        return Sources(nsrc, dataset.by_node(feats), info, [nsrc.close, feats.close])
 
 
 #: Reader kinds by name.

@@ -377,11 +377,16 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
 
 def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int]) -> int:
     """What the probe cannot measure, added to ``stages``: the file pages the
-    readers may keep mapped (``mapped_file_pages``). Returns it."""
+    readers may keep mapped (``mapped_file_pages``) and the node -> feature row map of a
+    dataset stored in a locality order (``feature_row_map``, 4 bytes a node: a few
+    probe batches touch part of it, an epoch all of it). Returns their sum."""
     mapped = preset.readers.mapped_bytes_bound(dataset, opts, max_edges)
     if mapped:
         stages["mapped_file_pages"] = mapped
-    return mapped
+    row_map = int(dataset.row_of.nbytes) if getattr(dataset, "row_of", None) is not None else 0
+    if row_map:
+        stages["feature_row_map"] = row_map
+    return mapped + row_map
 
 
 class _SuperbatchPlan:

@@ -642,7 +642,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                     name: str = "", buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False,
                     progress: bool = True, stats: dict | None = None,
                     allow_nonfinite: bool = False,
-                    random_split: tuple[float, float, int] | None = None) -> Path:
+                    random_split: tuple[float, float, int] | None = None,
+                    reorder: str = "auto") -> Path:
     """Convert an edge list (text/CSV, ``.npy`` [2,E] or [E,2], raw int32/int64
     pairs) to a dataset folder at ``out`` and return its path.
 
@@ -695,7 +696,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                 "features": str(features) if features is not None else "constant 1.0"}
     with DatasetWriter(out, n, dim, feature_dtype, name=name, directed=not undirected,
                        overwrite=overwrite, source=meta_src, allow_nonfinite=allow_nonfinite,
-                       features_name=str(features)) as w:
+                       features_name=str(features), reorder=reorder,
+                       buffer_bytes=buffer_bytes) as w:
         st = scatter_passes(w, source, counts, undirected, dedup, remove_self_loops,
                             buffer_bytes, progress)
         if feat is not None:

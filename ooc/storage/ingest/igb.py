@@ -31,7 +31,7 @@ def ingest_igb(root, out, label: str = "19", train_fraction: float = 0.6,
                feature_dtype: str | None = None, name: str = "",
                buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False,
                progress: bool = True, stats: dict | None = None,
-               allow_nonfinite: bool = False) -> Path:
+               allow_nonfinite: bool = False, reorder: str = "auto") -> Path:
     """Convert the IGB graph under ``root`` to a dataset folder ``out`` and return its path.
 
     ``label`` picks ``node_label_<label>.npy`` (``19`` or ``2K``)."""
@@ -44,4 +44,4 @@ def ingest_igb(root, out, label: str = "19", train_fraction: float = 0.6,
         feature_dtype=feature_dtype, labels=_find(root, f"node_label_{label}.npy"),
         name=name or root.name, buffer_bytes=buffer_bytes, overwrite=overwrite,
         progress=progress, stats=stats, allow_nonfinite=allow_nonfinite,
-        random_split=(train_fraction, val_fraction, seed))
+        random_split=(train_fraction, val_fraction, seed), reorder=reorder)

@@ -143,7 +143,8 @@ def _feature_dim(path: Path) -> int:
 def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, dedup: bool = False,
                remove_self_loops: bool = False, feature_dtype: str = "float32", name: str = "",
                buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False, progress: bool = True,
-               stats: dict | None = None, allow_nonfinite: bool = False) -> Path:
+               stats: dict | None = None, allow_nonfinite: bool = False,
+               reorder: str = "auto") -> Path:
     """Convert an OGB node-property dataset folder ``root`` (holding ``raw/``
     and ``split/``) to a dataset folder ``out`` and return its path.
 
@@ -167,7 +168,7 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
                else _csv_inputs(root / "raw"))
         return _ingest(root, out, src, split, split_files, undirected, dedup, remove_self_loops,
                        feature_dtype, name, buffer_bytes, overwrite, progress, stats,
-                       allow_nonfinite, t0)
+                       allow_nonfinite, t0, reorder)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -288,7 +289,7 @@ def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
 def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected: bool,
             dedup: bool, remove_self_loops: bool, feature_dtype: str, name: str,
             buffer_bytes: int, overwrite: bool, progress: bool, stats: dict | None,
-            allow_nonfinite: bool, t0: float) -> Path:
+            allow_nonfinite: bool, t0: float, reorder: str) -> Path:
     counts = count_pass(src.source, src.n, undirected, remove_self_loops, buffer_bytes, progress)
     n = counts.shape[0]
     check_not_empty(src.source, counts)
@@ -306,7 +307,8 @@ def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected:
                 "layout": "npz" if isinstance(src.source, NpyEdges) else "csv"}
     with DatasetWriter(out, n, src.dim, feature_dtype, name=name or root.name,
                        directed=not undirected, overwrite=overwrite, source=meta_src,
-                       allow_nonfinite=allow_nonfinite, features_name=str(src.feature_path)) as w:
+                       allow_nonfinite=allow_nonfinite, features_name=str(src.feature_path),
+                       reorder=reorder, buffer_bytes=buffer_bytes) as w:
         st = scatter_passes(w, src.source, counts, undirected, dedup, remove_self_loops,
                             buffer_bytes, progress)
         src.write_features(w, n, buffer_bytes, progress)

@@ -34,7 +34,7 @@ def raw_dir(root, name: str) -> Path:
 
 def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bool = True,
                      buffer_bytes: int | None = None, stats: dict | None = None,
-                     allow_nonfinite: bool = False) -> Path:
+                     allow_nonfinite: bool = False, reorder: str = "auto") -> Path:
     """Convert Planetoid ``name`` (Cora, CiteSeer, PubMed) under ``root`` to ``out``."""
     t0 = time.perf_counter()
     out = check_out(out, overwrite, (root,))
@@ -67,7 +67,8 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
            "reader": "torch_geometric.io.planetoid.read_planetoid_data", "split": "public"}
     with DatasetWriter(out, n, x.shape[1], "float32", name=NAMES[prefix], directed=False,
                        overwrite=overwrite, source=src, allow_nonfinite=allow_nonfinite,
-                       features_name=f"{folder}/ind.{prefix}.allx") as w:
+                       features_name=f"{folder}/ind.{prefix}.allx", reorder=reorder,
+                       **({} if buffer_bytes is None else {"buffer_bytes": buffer_bytes})) as w:
         w.write_indptr(indptr)
         w.indices()[:] = indices
         w.check_features(0, x)

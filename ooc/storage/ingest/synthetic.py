@@ -103,7 +103,8 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                        undirected: bool = True, overwrite: bool = False, progress: bool = True,
                        p_in: float = 0.85, signal: float = 1.0, noise: float | None = None,
                        buffer_bytes: int = DEFAULT_BUFFER, stats: dict | None = None,
-                       allow_nonfinite: bool = False, community_size: int | None = None) -> Path:
+                       allow_nonfinite: bool = False, community_size: int | None = None,
+                       reorder: str = "auto") -> Path:
     """Generate a synthetic dataset folder at ``out`` and return its path.
 
     ``test_fraction=None`` puts every node outside train/val into test.
@@ -160,7 +161,8 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
               "fractions": list(fr), "generated_pairs": num_gen}
     with DatasetWriter(out, nodes, feature_dim, dtype, name=Path(out).name, directed=not undirected,
                        overwrite=overwrite, source=params, allow_nonfinite=allow_nonfinite,
-                       features_name="synthetic features") as w:
+                       features_name="synthetic features", reorder=reorder,
+                       buffer_bytes=buffer_bytes) as w:
         st = scatter_passes(w, source, counts, undirected, True, True, buffer_bytes, progress)
         sink = FeatureSink(w)
         step = sink.chunk_rows(max(1 << 20, min(64 << 20, buffer_bytes // 4)))
