@@ -90,7 +90,8 @@ def _layout_file(path, x: np.ndarray) -> FeatureLayout:
 
 @pytest.mark.parametrize("dim,dtype", [(32, "float32"), (100, "float16"), (1500, "float32")])
 @pytest.mark.parametrize("buffer", [1 << 30, 64 << 10])
-def test_permute_rows_places_every_row(tmp_path, dim, dtype, buffer):
+@pytest.mark.parametrize("remove_src", [False, True])
+def test_permute_rows_places_every_row(tmp_path, dim, dtype, buffer, remove_src):
     """Row v of the source lands at row row_of[v], in memory and through bucket files
     (a small buffer), for rows sharing pages, rows with page padding and multi-page rows;
     the buckets are gone afterwards."""
@@ -99,14 +100,16 @@ def test_permute_rows_places_every_row(tmp_path, dim, dtype, buffer):
     x = rng.standard_normal((n, dim)).astype(dtype)
     lay = _layout_file(tmp_path / "src.bin", x)
     row_of = rng.permutation(n).astype(np.int32)
-    buckets = permute_rows(tmp_path / "src.bin", tmp_path / "dst.bin", lay, row_of, buffer)
+    buckets = permute_rows(tmp_path / "src.bin", tmp_path / "dst.bin", lay, row_of, buffer,
+                           remove_src=remove_src)
     assert (buckets == 1) == (buffer == 1 << 30)
     assert (tmp_path / "dst.bin").stat().st_size == lay.file_bytes
     got = lay.view(np.fromfile(tmp_path / "dst.bin", np.uint8))[0:n]
     want = np.empty_like(x)
     want[row_of] = x
     np.testing.assert_array_equal(got, want)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.bin", "src.bin"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.bin"] + ([] if remove_src
+                                                                      else ["src.bin"])
 
 
 def test_rows_of_inverts_an_order():

@@ -130,7 +130,8 @@ def _write_rows(f, layout: FeatureLayout, a: int, rows: np.ndarray) -> None:
 
 
 def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray,
-                 buffer_bytes: int = 256 << 20, scratch: Path | None = None) -> int:
+                 buffer_bytes: int = 256 << 20, scratch: Path | None = None,
+                 remove_src: bool = False) -> int:
     """Write the feature file ``src`` to ``dst`` with node ``v``'s row at row ``row_of[v]``.
 
     Memory is bounded by ``buffer_bytes`` whatever the file's size: when the rows fit in a
@@ -139,7 +140,8 @@ def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray
     row (and its destination) to its bucket's file under ``scratch``; the second loads one
     bucket at a time, places its rows and writes them to ``dst`` in order. Every byte is
     read and written sequentially; the buckets take as much disk as ``src`` (plus 8 bytes
-    a row) until ``dst`` is complete, and are removed as they are consumed.
+    a row) and are removed as they are consumed. With ``remove_src`` the source is deleted
+    once read, so the disk holds at most 8 bytes a row and one bucket more than ``src``.
 
     Args:
         src, dst: feature files in ``layout`` (``dst`` is created).
@@ -165,11 +167,15 @@ def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray
             for a in range(0, n, part):
                 b = min(n, a + part)
                 block[np.asarray(row_of[a:b], dtype=np.int64)] = _read_rows(fin, layout, a, b)
+            if remove_src:
+                Path(src).unlink()
             _write_rows(fout, layout, 0, block)
             return 1
         names = [scratch / f".bucket-{k}" for k in range(buckets)]
         try:
             _scatter_to_buckets(fin, layout, row_of, part, names)
+            if remove_src:
+                Path(src).unlink()
             for k, name in enumerate(names):
                 a = k * part
                 b = min(n, a + part)

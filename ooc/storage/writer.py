@@ -331,7 +331,7 @@ class DatasetWriter:
         row_of = rows_of(order)
         del order
         src, dst = self._dir / "features.bin", self._dir / "features.reordered"
-        buckets = permute_rows(src, dst, lay, row_of, self.buffer_bytes)
+        buckets = permute_rows(src, dst, lay, row_of, self.buffer_bytes, remove_src=True)
         os.replace(dst, src)
         np.save(self._dir / ROW_MAP_FILE, row_of)
         self.extra_meta["feature_order"] = {
