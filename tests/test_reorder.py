@@ -265,3 +265,34 @@ def test_the_order_holds_12_bytes_a_node():
     assert peak_order < 12 * n + (3 << 20), peak_order / n
     assert peak_rows < 8 * n + (1 << 20), peak_rows / n
     np.testing.assert_array_equal(row_of[order], np.arange(n))
+
+
+def test_a_cache_fill_reads_each_page_once_in_chunks(stored):
+    """A cache fill larger than one read chunk reads the rows in their stored order, so
+    each page is read once, but for a page split between two chunks (in node order, the
+    chunks of a reordered file each read pages all over it, many of them again)."""
+    from ooc.executor.cache.feature_cache import FeatureCache
+    from ooc.storage.direct import DirectFeatures
+
+    _, local, x, comm = stored
+    ids = np.flatnonzero(comm < 20)                       # half the communities
+    f = DirectFeatures(local.file("features.bin"), local.layout)
+    cache = FeatureCache(len(x), len(ids), 32, np.float32)
+    cache.switch_chunk = 50
+    cache.switch(ids, local.by_node(f))
+    pages = len(np.unique(np.asarray(local.row_of)[ids] // local.layout.rows_per_page))
+    chunks = -(-len(ids) // 50)
+    assert pages <= f.stats.pages <= pages + chunks - 1
+    np.testing.assert_array_equal(cache.gather(ids, local.by_node(f))[0], x[ids])
+
+    class NodeOrder:  # the same rows without storage_order: chunks in node id order
+        def __init__(self, inner):
+            self.read = inner.read
+
+    g = DirectFeatures(local.file("features.bin"), local.layout)
+    other = FeatureCache(len(x), len(ids), 32, np.float32)
+    other.switch_chunk = 50
+    other.switch(ids, NodeOrder(local.by_node(g)))
+    assert g.stats.pages > 1.5 * f.stats.pages, (g.stats.pages, f.stats.pages)
+    f.close()
+    g.close()

@@ -108,5 +108,12 @@ class NodeRows:
         """Rows of node ``ids`` (int64 [n]) as [n, dim] of the table's dtype."""
         return self.source.read(self.rows(ids), out)
 
+    def storage_order(self, ids: np.ndarray) -> np.ndarray:
+        """A permutation of ``range(len(ids))`` that puts ``ids`` in the order their rows are
+        stored: a reader of many rows in chunks reads them in this order, so each chunk
+        covers a stretch of the file instead of pages all over it (read again by the next
+        chunk)."""
+        return np.argsort(self.rows(ids), kind="stable")
+
     def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return self.source.read_into(self.rows(ids), out, rows)

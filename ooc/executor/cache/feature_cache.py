@@ -106,6 +106,10 @@ class FeatureCache:
             evict = held[~stay[rows]]
             new = init_ids[at < 0]
             slots = self._assign(new, evict)
+            storage_order = getattr(source, "storage_order", None)
+            if storage_order is not None and len(new) > self.switch_chunk:
+                by = storage_order(new)   # each chunk a stretch of the file (rows reordered)
+                new, slots = new[by], slots[by]
             # in chunks, so the read buffers stay the size of a batch, not of the cache
             for a in range(0, len(new), self.switch_chunk):
                 b = min(len(new), a + self.switch_chunk)
