@@ -9,6 +9,7 @@ page-aligned O_DIRECT reads.
 """
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,6 +138,22 @@ class RowView:
             ids = np.arange(*ids.indices(self.layout.num_rows))
         ids = np.asarray(ids, dtype=np.int64)
         self._arr[self._split(ids)] = rows
+
+
+def read_rows(f, layout: FeatureLayout, a: int, b: int) -> np.ndarray:
+    """Rows ``a .. b`` of a page-laid-out feature file open for reading (``a`` at a page
+    boundary: a multiple of ``rows_per_page``) as a C-contiguous [b - a, dim] array, read
+    with plain reads (nothing mapped into the process).
+
+    Raises:
+        OSError: the file ends before row ``b``.
+    """
+    local = FeatureLayout(b - a, layout.dim, layout.dtype)
+    f.seek(int(layout.row_offsets(np.array([a]))[0]))
+    buf = np.frombuffer(f.read(local.file_bytes), dtype=np.uint8)
+    if buf.shape[0] < local.file_bytes:
+        raise OSError(errno.EIO, "short read", str(getattr(f, "name", "")))
+    return np.ascontiguousarray(local.view(buf)[0:b - a])
 
 
 def index_dtype(num_nodes: int) -> np.dtype:

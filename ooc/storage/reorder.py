@@ -16,7 +16,6 @@ unchanged.
 """
 from __future__ import annotations
 
-import errno
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import numpy as np
 
 from . import _reorder_kernels as K
 from .errors import InvalidValue
-from .layout import FeatureLayout
+from .layout import FeatureLayout, read_rows
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
 DEFAULT_WINDOW = 64 << 20
@@ -109,17 +108,6 @@ def rows_of(order: np.ndarray) -> np.ndarray:
     return row_of
 
 
-def _read_rows(f, layout: FeatureLayout, a: int, b: int) -> np.ndarray:
-    """Rows ``a .. b`` of a page-laid-out feature file (``a`` at a page boundary) as a
-    C-contiguous [b - a, dim] array, read with plain reads (no mapping in the RSS)."""
-    local = FeatureLayout(b - a, layout.dim, layout.dtype)
-    f.seek(int(layout.row_offsets(np.array([a]))[0]))
-    buf = np.frombuffer(f.read(local.file_bytes), dtype=np.uint8)
-    if buf.shape[0] < local.file_bytes:
-        raise OSError(errno.EIO, "short read", str(f.name))
-    return np.ascontiguousarray(local.view(buf)[0:b - a])
-
-
 def _write_rows(f, layout: FeatureLayout, a: int, rows: np.ndarray) -> None:
     """Write ``rows`` as rows ``a ..`` of a page-laid-out file (``a`` at a page boundary)."""
     local = FeatureLayout(rows.shape[0], layout.dim, layout.dtype)
@@ -166,7 +154,7 @@ def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray
             block = np.empty((n, layout.dim), dtype=layout.dtype)
             for a in range(0, n, part):
                 b = min(n, a + part)
-                block[np.asarray(row_of[a:b], dtype=np.int64)] = _read_rows(fin, layout, a, b)
+                block[np.asarray(row_of[a:b], dtype=np.int64)] = read_rows(fin, layout, a, b)
             if remove_src:
                 Path(src).unlink()
             _write_rows(fout, layout, 0, block)
@@ -207,7 +195,7 @@ def _scatter_to_buckets(fin, layout: FeatureLayout, row_of: np.ndarray, part: in
     try:
         for a in range(0, n, part):
             b = min(n, a + part)
-            rows = _read_rows(fin, layout, a, b)
+            rows = read_rows(fin, layout, a, b)
             dest = np.asarray(row_of[a:b], dtype=np.int64)
             bucket = dest // part
             by = np.argsort(bucket, kind="stable")

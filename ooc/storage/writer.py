@@ -15,7 +15,8 @@ from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, 
                       meta_checksum, open_dataset, replace_problem, sampled_sha256,
                       scan_index_range, sha256_file, split_overlap)
 from .errors import DatasetError, OocError
-from .layout import FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes
+from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes,
+                     read_rows)
 from .errors import IdOutOfRange, InvalidValue
 
 
@@ -351,11 +352,8 @@ class DatasetWriter:
             a = (self._rows_checked // unit) * unit
             while a < n:
                 b = min(n, a + step)
-                local = FeatureLayout(b - a, lay.dim, lay.dtype)
-                f.seek((a // unit) * group_bytes)
-                buf = np.frombuffer(f.read(local.file_bytes), dtype=np.uint8)
-                rows = local.view(buf)[self._rows_checked - a:b - a]
-                self.check_features(self._rows_checked, rows)
+                self.check_features(self._rows_checked,
+                                    read_rows(f, lay, a, b)[self._rows_checked - a:])
                 a = b
 
 

@@ -59,7 +59,7 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     for a dataset stored in one or from :data:`AUTO_LOCALITY_NODES` nodes, else ``natural``.
     """
     owner, order = _partition_of(dataset, order, partition)
-    stored = getattr(dataset, "row_of", None)
+    stored = dataset.row_of
     if order == "auto":
         order = "pds" if owner is not None else (
             "locality" if stored is not None or dataset.num_nodes >= AUTO_LOCALITY_NODES

@@ -383,7 +383,7 @@ def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int
     mapped = preset.readers.mapped_bytes_bound(dataset, opts, max_edges)
     if mapped:
         stages["mapped_file_pages"] = mapped
-    row_map = int(dataset.row_of.nbytes) if getattr(dataset, "row_of", None) is not None else 0
+    row_map = int(dataset.row_of.nbytes) if dataset.row_of is not None else 0
     if row_map:
         stages["feature_row_map"] = row_map
     return mapped + row_map

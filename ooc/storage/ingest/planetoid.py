@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import OocError
 from ..writer import DatasetWriter, csc_from_edges
-from .edgelist import check_out
+from .edgelist import DEFAULT_BUFFER, check_out
 from ..errors import InvalidValue, NotFound
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
@@ -68,7 +68,7 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
     with DatasetWriter(out, n, x.shape[1], "float32", name=NAMES[prefix], directed=False,
                        overwrite=overwrite, source=src, allow_nonfinite=allow_nonfinite,
                        features_name=f"{folder}/ind.{prefix}.allx", reorder=reorder,
-                       **({} if buffer_bytes is None else {"buffer_bytes": buffer_bytes})) as w:
+                       buffer_bytes=buffer_bytes or DEFAULT_BUFFER) as w:
         w.write_indptr(indptr)
         w.indices()[:] = indices
         w.check_features(0, x)
