@@ -26,7 +26,7 @@ from ooc.executor.training.checkpoint import load_checkpoint
 #: hang guard only (each run takes seconds)
 GUARD_S = 300
 #: Runs ``python -m ooc.train``/``ooc.infer`` and kills itself with SIGKILL when the
-#: K-th training batch is converted (train) or the K-th output chunk is recorded (infer).
+#: K-th training step starts (train) or the K-th output chunk is recorded (infer).
 KILLER = r"""
 import os, signal, sys
 which, K = sys.argv[1], int(sys.argv[2])
@@ -37,11 +37,11 @@ def hit():
         os.kill(os.getpid(), signal.SIGKILL)
 if which == "train":
     import ooc.executor.training.trainer as T
-    orig = T.Trainer._to_data
-    def patched(self, batch, rows):
+    orig = T.Trainer._step
+    def patched(self, *args):
         hit()
-        return orig(self, batch, rows)
-    T.Trainer._to_data = patched
+        return orig(self, *args)
+    T.Trainer._step = patched
     from ooc.train import main
 else:
     import ooc.executor.inference.store as I

@@ -199,3 +199,34 @@ def test_input_id_is_each_seeds_position_in_input_nodes(graph):
 def test_num_neighbors_in_pygs_forms_only(graph, bad, needle):
     with pytest.raises(OocError, match=needle):
         ooc.NodeLoader(graph, bad, "train", preset="baseline")
+
+
+def test_trainer_batches_are_the_loaders(graph):
+    """The trainer runs the loader users run: its epoch's Data equal NodeLoader's with the
+    same settings, with the seeds' labels only (labels="seeds")."""
+    from ooc.executor.training.config import TrainConfig
+    from ooc.executor.training.trainer import Trainer
+
+    cfg = TrainConfig(fanouts=[4, 3], batch_size=64, seed=7, mode="static", device="cpu",
+                      progress=False)
+    with Trainer(graph, cfg, log=lambda m: None) as t:
+        mine = list(t.train_loader.batches(2))
+    with ooc.NodeLoader(graph, [4, 3], "train", batch_size=64, shuffle=True, preset="static",
+                        seed=7, labels="seeds") as loader:
+        loader.set_epoch(2)
+        theirs = list(loader)
+    assert len(mine) == len(theirs) == -(-len(graph.train_idx) // 64)
+    labels = np.asarray(graph.labels)
+    for a, b in zip(mine, theirs):
+        for key in ("x", "edge_index", "n_id", "y", "input_id"):
+            assert torch.equal(a[key], b[key]), key
+        seeds = a.n_id[:a.batch_size].numpy()
+        np.testing.assert_array_equal(a.y.numpy(), labels[seeds])   # seeds' labels only
+        np.testing.assert_array_equal(np.asarray(graph.train_idx)[a.input_id.numpy()], seeds)
+
+
+def test_labels_argument(graph):
+    with ooc.NodeLoader(graph, [3], "val", batch_size=32, labels=False) as loader:
+        assert all("y" not in d for d in loader)
+    with pytest.raises(OocError, match="labels 'some'"):
+        ooc.NodeLoader(graph, [3], "val", labels="some")

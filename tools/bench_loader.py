@@ -97,12 +97,9 @@ def child(spec: dict) -> int:
             c0 = time.process_time()
             w0 = time.perf_counter()
             nb = nodes = 0
-            for batch, rows in prod.batches(e):
-                ids = np.asarray(batch.node_ids, dtype=np.int64)
-                data = t._to_data(batch, rows)
-                assert data.x.shape[0] == ids.shape[0]
+            for data in t.train_loader.batches(e):
                 nb += 1
-                nodes += int(ids.shape[0])
+                nodes += int(data.num_nodes)
             wall = time.perf_counter() - w0
             cpu = time.process_time() - c0
             io1 = _io_counters(prod)

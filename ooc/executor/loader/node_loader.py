@@ -23,6 +23,7 @@ cache. The batches are the same in every preset for one seed.
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -115,6 +116,38 @@ class _OwnStack:
             stack.close()
 
 
+class _GivenPipeline:
+    """A pipeline its caller built and owns (:meth:`NodeLoader.over_pipeline`): the loader
+    reads batches from it and leaves closing it to the caller."""
+
+    plan = None
+    info: dict = {}
+
+    def __init__(self, pipeline):
+        self._pipeline = pipeline
+
+    def pipeline(self):
+        return self._pipeline
+
+    def epoch(self):
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        self._pipeline = None
+
+
+#: ``labels=`` of :class:`NodeLoader`: which nodes' labels ``data.y`` holds.
+LABELS = {True: "all", "all": "all", "seeds": "seeds", False: None, None: None}
+
+
+def _check_labels(labels) -> str | None:
+    try:
+        return LABELS[labels]
+    except (KeyError, TypeError):
+        raise InvalidValue(f"labels {labels!r}: expected True (every node's, as PyG), "
+                           f"'seeds' (the seeds' only) or False") from None
+
+
 def _check_workers(num_workers, persistent_workers: bool) -> int:
     if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) \
             or num_workers < 0:
@@ -161,8 +194,11 @@ class NodeLoader:
         seed: sampling seed; the same seed gives the same batches in every preset.
         io_backend: reader of the O_DIRECT presets (``"auto"``, ``"io_uring"``, ...).
         num_threads: sampler threads (default: all cores).
-        labels: attach ``data.y`` (every node's label, seeds first as in PyG; -1 where
-            unlabeled): a loss takes ``data.y[:data.batch_size]``.
+        labels: ``True``: ``data.y`` holds every node's label, seeds first, as in PyG
+            (-1 where unlabeled); ``"seeds"``: the seeds' labels only ([batch_size],
+            one label read per seed instead of per node: what the trainer uses);
+            ``False``: no ``data.y``. A loss takes ``data.y[:data.batch_size]`` in
+            either form.
         **options: cache and I/O settings of :class:`~ooc.executor.loader.stack.ModeOptions`
             (``feature_cache_size``, ``neighbor_cache_size``, ``superbatch_size``,
             ``runtime_dir``, ``runtime_disk_budget``, ``queue_depth``, ``io_threads``).
@@ -182,7 +218,8 @@ class NodeLoader:
                  batch_size: int = 1024, shuffle: bool = False, num_workers: int = 1,
                  persistent_workers: bool = False, pin_memory: bool = False,
                  preset: Any = "ooc", memory_budget: int | str | None = None, seed: int = 0,
-                 io_backend: str = "auto", num_threads: int | None = None, labels: bool = True,
+                 io_backend: str = "auto", num_threads: int | None = None,
+                 labels: bool | str = True,
                  **options: Any):
         from ...storage import open_dataset
         from .presets import resolve_preset
@@ -200,38 +237,72 @@ class NodeLoader:
             opts = ModeOptions(io_backend=io_backend, memory_budget=own_budget, **options)
         except TypeError as e:
             raise InvalidValue(f"NodeLoader: {e}") from None
-        self.dataset = dataset
-        self.seeds = resolve_input_nodes(dataset, input_nodes)
+        seeds = resolve_input_nodes(dataset, input_nodes)
         self.preset = resolve_preset(preset)
-        self.batch_size = int(batch_size)
         self.num_workers = workers
         self.persistent_workers = bool(persistent_workers)
-        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
-        if pin_memory and not self.pin_memory:
-            warnings.warn("NodeLoader: pin_memory=True but no CUDA device is available; "
-                          "batches are not pinned", UserWarning, stacklevel=2)
-        self.config = TrainConfig(fanouts=fanouts, batch_size=self.batch_size, seed=int(seed),
-                                  num_threads=num_threads, progress=False)
-        self.config.validate()
+        config = TrainConfig(fanouts=fanouts, batch_size=int(batch_size), seed=int(seed),
+                             num_threads=num_threads, progress=False)
+        config.validate()
         opts.validate()
-        self._labels = labels
-        # input_id of a seed: its position in ``seeds`` (PyG's NeighborLoader gives it)
-        self._seed_order = np.argsort(self.seeds, kind="stable")
-        self._seeds_sorted = self.seeds[self._seed_order]
+        label_mode = _check_labels(labels)
         if shared is not None:
-            self._source: Any = shared.join(dataset, self.preset, opts, self.config, self.seeds,
-                                            shuffle, workers)
+            source: Any = shared.join(dataset, self.preset, opts, config, seeds, shuffle, workers)
         else:
             plan = None
             if own_budget:
                 from ..sizing.budget import plan_memory
 
-                plan = plan_memory(dataset, self.config, own_budget, opts, preset=self.preset,
+                plan = plan_memory(dataset, config, own_budget, opts, preset=self.preset,
                                    workers=workers)
-            stack = build_stack(dataset, self.config, opts, plan=plan, seeds=self.seeds,
-                                shuffle=shuffle, preset=self.preset)
-            self._source = _OwnStack(stack, plan, workers)
-        self._finalizer = weakref.finalize(self, self._source.close)
+            stack = build_stack(dataset, config, opts, plan=plan, seeds=seeds, shuffle=shuffle,
+                                preset=self.preset)
+            source = _OwnStack(stack, plan, workers)
+        self._setup(dataset, seeds, config, source, label_mode, pin_memory)
+
+    @classmethod
+    def over_pipeline(cls, dataset, pipeline, seeds: np.ndarray, config, *,
+                      labels: bool | str = True, pin_memory: bool = False) -> "NodeLoader":
+        """A loader over a pipeline its caller built with
+        :func:`~ooc.executor.loader.stack.build_stack` (the trainer's training and
+        evaluation pipelines): the same ``Data`` as any loader, and closing it leaves the
+        pipeline to its owner.
+
+        Args:
+            dataset: the opened dataset the pipeline reads.
+            pipeline: a :class:`~ooc.executor.loader.pipelines.BatchPipeline` over ``seeds``.
+            seeds: the pipeline's seed ids (int64 [n]), for ``data.input_id``.
+            config: the :class:`~ooc.executor.training.config.TrainConfig` it was built with.
+            labels, pin_memory: as for :class:`NodeLoader`.
+        """
+        from .presets import resolve_preset
+
+        self = cls.__new__(cls)
+        self.preset = resolve_preset(config.mode)
+        self.num_workers = int(getattr(pipeline, "workers", 0))
+        self.persistent_workers = False
+        self._setup(dataset, np.asarray(seeds, dtype=np.int64), config,
+                    _GivenPipeline(pipeline), _check_labels(labels), pin_memory)
+        return self
+
+    def _setup(self, dataset, seeds: np.ndarray, config, source, label_mode: str | None,
+               pin_memory: bool) -> None:
+        self.dataset = dataset
+        self.seeds = seeds
+        self.config = config
+        self.batch_size = int(config.batch_size)
+        self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        if pin_memory and not self.pin_memory:
+            warnings.warn("NodeLoader: pin_memory=True but no CUDA device is available; "
+                          "batches are not pinned", UserWarning, stacklevel=3)
+        self._labels = label_mode
+        # input_id of a seed: its position in ``seeds`` (PyG's NeighborLoader gives it)
+        self._seed_order = np.argsort(seeds, kind="stable")
+        self._seeds_sorted = seeds[self._seed_order]
+        #: seconds spent turning batches into ``Data`` during the last epoch
+        self.convert_seconds = 0.0
+        self._source = source
+        self._finalizer = weakref.finalize(self, source.close)
         self._next_epoch = 1
 
     @property
@@ -260,10 +331,17 @@ class NodeLoader:
             raise InvalidValue("NodeLoader is closed")
         epoch = self._next_epoch
         self._next_epoch += 1
-        return self._epoch(epoch)
+        return self.batches(epoch)
+
+    def batches(self, epoch: int) -> Iterator[Any]:
+        """The ``Data`` batches of ``epoch`` without moving :attr:`epoch` (``iter()`` runs
+        the next one); the trainer evaluates with epoch 0."""
+        if not self._finalizer.alive:
+            raise InvalidValue("NodeLoader is closed")
+        return self._epoch(int(epoch))
 
     def _epoch(self, epoch: int) -> Iterator[Any]:
-        labels = self.dataset if self._labels else None
+        self.convert_seconds = 0.0
         with self._source.epoch():
             batches = self._source.pipeline().batches(epoch)
             while True:
@@ -273,14 +351,20 @@ class NodeLoader:
                     batch, rows = next(batches)
                 except StopIteration:
                     return
-                yield self._data(batch, rows, labels)
+                t0 = time.perf_counter()
+                data = self._data(batch, rows)
+                self.convert_seconds += time.perf_counter() - t0
+                yield data
 
-    def _data(self, batch, rows, labels):
-        y = None
-        if labels is not None:  # every node's, as PyG's loaders give them
-            y = labels.read_labels(batch.node_ids)
-        data = to_data(batch, rows, y)
+    def _data(self, batch, rows):
+        """The one conversion of a sampled batch and its rows into PyG ``Data``."""
         seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
+        y = None
+        if self._labels == "all":  # every node's, as PyG's loaders give them
+            y = self.dataset.read_labels(batch.node_ids)
+        elif self._labels == "seeds":
+            y = self.dataset.read_labels(seeds)
+        data = to_data(batch, rows, y)
         data.input_id = torch.as_tensor(
             self._seed_order[np.searchsorted(self._seeds_sorted, seeds)])
         if self.pin_memory:

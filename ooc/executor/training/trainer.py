@@ -2,9 +2,10 @@
 
 One code path for every mode. A :class:`Trainer` owns the model, the
 optimizer and the mode's pipelines (:func:`ooc.executor.loader.stack.build_stack`):
-a training pipeline and a factory of evaluation pipelines, each yielding
-``(batch, rows)`` pairs prepared on background threads
-(:mod:`ooc.executor.loader.pipelines`).
+a training pipeline and a factory of evaluation pipelines, read through
+:class:`~ooc.executor.loader.node_loader.NodeLoader` (``over_pipeline``), so the
+trainer, the CLI and a user's own loop get the same ``Data`` from the same code
+(the trainer asks for the seeds' labels only).
 
 Determinism: the model is initialised after ``torch.manual_seed(seed)``; the
 batch order and sampled batches of epoch ``e`` come from ``(seed, e)``
@@ -29,7 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...memory import peak_rss_bytes
-from ..loader.batch import to_data
+from ..loader.node_loader import NodeLoader
 from .checkpoint import (check_dataset, describe_model, load_checkpoint, save_checkpoint,
                          set_rng_state)
 from .config import LIMITS, TrainConfig  # noqa: F401  (re-exported from here too)
@@ -157,6 +158,9 @@ class Trainer:
             self._pipeline = pipeline
             self.mode_info = dict(pipeline.info)
         self.train_producer, self.eval_producer_factory, self.features = pipeline
+        #: the training batches as ``Data`` (seeds' labels only): the loader code users run
+        self.train_loader = NodeLoader.over_pipeline(dataset, self.train_producer,
+                                                     dataset.train_idx, config, labels="seeds")
         self.labels = dataset.labels
         self.epoch = 0  # the last completed epoch
         self.history: list[dict[str, Any]] = []
@@ -165,13 +169,6 @@ class Trainer:
         self.on_batch: Callable[[], None] | None = None
         self.nodes_seen = 0
         self.batches_seen = 0
-
-    # -- one batch -----------------------------------------------------------
-    def _to_data(self, batch, rows: np.ndarray):
-        """A sampled batch, its feature rows and its seeds' labels as a PyG Data (CPU)."""
-        ids = np.asarray(batch.node_ids, dtype=np.int64)
-        y = self.dataset.read_labels(ids[:int(batch.num_seeds)])
-        return to_data(batch, rows, y)
 
     # -- epochs --------------------------------------------------------------
     def _check_open(self) -> None:
@@ -194,17 +191,15 @@ class Trainer:
         bar = tqdm(total=len(producer), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch",
                    leave=False, disable=(None if cfg.progress else True), dynamic_ncols=True)
         io0 = _io_counters(producer)
-        it = iter(producer.batches(epoch))
-        wait = 0.0  # time blocked waiting for the producer
+        loader = self.train_loader
+        it = loader.batches(epoch)
+        wait = 0.0  # time blocked waiting for the loader (its conversion included)
         while True:
             t0 = time.perf_counter()
-            item = next(it, None)
+            data = next(it, None)
             wait += time.perf_counter() - t0
-            if item is None:
+            if data is None:
                 break
-            batch, rows = item
-            with timers("convert"):
-                data = self._to_data(batch, rows)
             with timers("transfer", sync=self.device):
                 data = data.to(self.device, non_blocking=True)
             with timers("compute"):
@@ -217,7 +212,7 @@ class Trainer:
                 correct += right
                 count += n
                 growth_max = max(growth_max, growth)
-            nodes += int(len(batch.node_ids))
+            nodes += int(data.num_nodes)
             nb += 1
             self.batches_seen += 1
             if self.on_batch is not None:
@@ -228,8 +223,9 @@ class Trainer:
         stages = dict(producer.stage_times()) if hasattr(producer, "stage_times") else {}
         for stage, seconds in stages.items():
             timers.add(stage, seconds)
+        timers.add("convert", loader.convert_seconds)
         inside = sum(stages.values()) if getattr(producer, "synchronous", False) else 0.0
-        timers.add("stall", max(0.0, wait - inside))
+        timers.add("stall", max(0.0, wait - inside - loader.convert_seconds))
         train_time = time.perf_counter() - t_start
         io = _io_delta(io0, _io_counters(producer))
         if "feature_read_s" in io:
@@ -305,11 +301,11 @@ class Trainer:
         if ids.size == 0:
             return 0, 0
         self.model.eval()
-        producer = self.eval_producer_factory(ids)
+        loader = NodeLoader.over_pipeline(self.dataset, self.eval_producer_factory(ids), ids,
+                                          self.config, labels="seeds")
         correct, count = 0, 0
-        for item in producer.batches(0):
-            batch, rows = item
-            data = self._to_data(batch, rows).to(self.device)
+        for data in loader.batches(0):
+            data = data.to(self.device)
             pred = eval_forward(self._call, data).argmax(-1)
             y = data.y[:data.batch_size]
             labeled = y >= 0
