@@ -173,18 +173,6 @@ def write_report(path: str | os.PathLike, report: dict, note: str = "") -> None:
         raise IOFailure(f"{path}: cannot write the report ({what}){note}") from None
 
 
-def add_io_backend_arg(p: argparse.ArgumentParser) -> None:
-    """``--io-backend``: which reader serves O_DIRECT reads (see ooc.storage.io_backends)."""
-    from .storage.io_backends import AUTO_ORDER, REGISTRY
-
-    choices = ("auto",) + tuple(REGISTRY)
-    p.add_argument("--io-backend", choices=choices, metavar="{" + ",".join(choices) + "}",
-                   help="how features and neighbour lists are read from disk: auto = the "
-                        f"first that works here, in the order {', '.join(AUTO_ORDER)} (a "
-                        "native backend is probed in a child process first; a fallback is "
-                        "one note on stderr)")
-
-
 def check_range(option: str, value: float | int | None, lo: float | None = None,
                 hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
                 integer: bool = False) -> None:

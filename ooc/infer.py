@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, check_report_path,
+from .cli import (ArgumentParser, add_report_arg, check_report_path,
                   format_size, main_wrapper, parse_size, peak_rss_bytes, write_report)
+from .executor.settings import BY_NAME
 from .storage.errors import InvalidValue
 
 
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "next is complete, so only the output layer stays)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out when it holds another run (same run: resumed)")
-    add_io_backend_arg(p)
+    BY_NAME["io_backend"].add_to(p)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_report_arg(p)

@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cli import (ArgumentParser, add_io_backend_arg, add_report_arg, check_report_path,
-                  main_wrapper, write_report)
+from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrapper,
+                  write_report)
+from .executor.settings import MODE, RUN, TRAIN, add_arguments, parse_fanouts
 from .jit import note_if_cold
 from .storage.errors import DatasetError, OocError
 from .storage.errors import IOFailure, InvalidValue
@@ -34,17 +35,11 @@ DEFAULT_DATASET: dict[str, Any] = dict(nodes=100_000, avg_degree=10, feature_dim
                        train_fraction=0.1, val_fraction=0.05, test_fraction=0.1, seed=0)
 DEFAULT_NAME = "default-v1"
 
-#: Option defaults (``None`` options are derived: ``layers`` from ``fanouts``).
-DEFAULTS: dict[str, Any] = dict(
-    data=None, model="sage", fanouts="10,10", layers=None, batch_size=1024,
-    eval_batch_size=None, hidden=128, heads=4, lr=0.005, weight_decay=5e-4, dropout=0.5,
-    epochs=3, seed=0, device="auto", eval_every=1, threads=None, mode="ooc",
-    checkpoint_every=1, superbatch_size=None, runtime_dir=None, runtime_disk_budget="1GiB",
-    feature_cache_size=None, neighbor_cache_size=None, queue_depth=64, io_threads=16,
-    memory_budget=None, io_backend="auto",
-    workers=None, partitions=None, sync_every=1, compute_fraction=None, partition_dir=None,
-    optimizer_sync="average", halo_hops=None, no_eval=False, max_weight_growth=10.0,
-)
+#: Option defaults, keyed as the parsed command line and a checkpoint's ``args``: the
+#: declared settings (:mod:`ooc.executor.settings`) plus ``data`` and ``layers``
+#: (derived from ``fanouts`` when None).
+DEFAULTS: dict[str, Any] = {"data": None, "layers": None,
+                            **{st.dest: st.cli_default() for st in TRAIN + MODE + RUN}}
 #: Kernel modules a training run compiles on its first run on a machine.
 TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",
                  "ooc.executor.cache._cache_kernels", "ooc.storage._direct_kernels")
@@ -100,97 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "$OOC_CACHE/default-v1 (default ~/.cache/ooc/default-v1).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         argument_default=argparse.SUPPRESS)
-    d = DEFAULTS
     p.add_argument("--data", metavar="DIR", help="dataset folder (python -m ooc.prepare)")
-    from .executor.loader.presets import PRESET_NAMES
-
-    p.add_argument("--mode", choices=PRESET_NAMES,
-                   help=f"preset (default {d['mode']}): baseline = memmaps and the page cache, "
-                        "no app caches (PyG+); static = neighbor cache + static degree-ordered "
-                        "feature cache, O_DIRECT (Ali+PG); ooc = neighbor cache + superbatch "
-                        "inspector + Belady feature cache, O_DIRECT (Ginex)")
-    p.add_argument("--memory-budget", metavar="SIZE", help="bound the process's memory: the "
-                   "caches get what is left after the measured working memory and a reserve")
-    p.add_argument("--feature-cache-size", metavar="SIZE", help="feature cache bytes "
-                   "(default: from --memory-budget, else 10%% of the features)")
-    p.add_argument("--neighbor-cache-size", metavar="SIZE", help="neighbor cache bytes "
-                   "(default: from --memory-budget, else 25%% of the full cache)")
-    p.add_argument("--superbatch-size", type=int, help="batches per superbatch (ooc; default: "
-                   "the largest whose runtime files fit --runtime-disk-budget)")
-    p.add_argument("--sizes", metavar="JSON", help="cache and superbatch sizes recommended by "
-                   "tools/size_caches.py (its --report); explicit size options win")
-    p.add_argument("--runtime-dir", metavar="DIR", help="runtime files (default <data>/runtime)")
-    p.add_argument("--runtime-disk-budget", metavar="SIZE",
-                   help=f"disk for runtime files (default {d['runtime_disk_budget']})")
-    p.add_argument("--queue-depth", type=int, help=f"io_uring queue depth (default "
-                   f"{d['queue_depth']})")
-    p.add_argument("--io-threads", type=int, help=f"baseline memmap copy threads (default "
-                   f"{d['io_threads']})")
-    add_io_backend_arg(p)
-    p.add_argument("--workers", type=int, help="Q worker processes with model averaging "
-                   "(torch.distributed gloo on 127.0.0.1, or the torchrun environment); 1 "
-                   "simulates the partitions sequentially in this process")
-    p.add_argument("--partitions", type=int, help="P partitions, partition j on worker j mod Q "
-                   "(default: the workload-allocation rule from --memory-budget)")
-    p.add_argument("--sync-every", type=int, help="average the local models every K epochs "
-                   "(default 1)")
-    p.add_argument("--optimizer-sync", choices=["average", "reset"],
-                   help="at each sync, average the local Adam states with the weights, or "
-                        "restart every local Adam (default average)")
-    p.add_argument("--halo-hops", type=int, help="hops of in-neighbourhood each partition "
-                   "holds when --workers partitions the graph itself (default: the number of "
-                   "layers, so sampled neighbourhoods are the whole graph's; 1 = SDT-GNN's "
-                   "full in-neighbour lists only, smaller partitions)")
-    p.add_argument("--compute-fraction", type=float, help="T/M: share of the per-worker "
-                   "--memory-budget the computation needs (default 2/3)")
-    p.add_argument("--partition-dir", metavar="DIR", help="partition folder (default "
-                   "<data>.partitions/spring_p<P>, partitioned with SPRING when missing)")
-    p.add_argument("--no-eval", action="store_true", help="skip validation/test evaluation")
-    p.add_argument("--model", choices=["sage", "gcn", "gat"], help=f"default {d['model']}")
-    p.add_argument("--fanouts", metavar="F1,F2,..",
-                   help=f"neighbours sampled per layer, -1 = all; sets the number of layers "
-                        f"(default {d['fanouts']})")
+    add_arguments(p, TRAIN)
     p.add_argument("--layers", type=int, help="number of layers (must match --fanouts; "
                    "alone, fanouts default to 10 per layer)")
-    p.add_argument("--batch-size", type=int, help=f"seeds per batch (default {d['batch_size']})")
-    p.add_argument("--eval-batch-size", type=int, help="seeds per evaluation batch "
-                   "(default: --batch-size)")
-    p.add_argument("--hidden", type=int, help=f"hidden width (default {d['hidden']})")
-    p.add_argument("--heads", type=int, help=f"GAT attention heads (default {d['heads']})")
-    p.add_argument("--lr", type=float, help=f"Adam learning rate (default {d['lr']})")
-    p.add_argument("--weight-decay", type=float, help="Adam weight decay (default 5e-4)")
-    p.add_argument("--dropout", type=float, help=f"dropout (default {d['dropout']})")
-    p.add_argument("--max-weight-growth", type=float, metavar="X",
-                   help="stop when one step grows the weights more than X times (an exploding "
-                        "update; normal steps stay within a few percent; default "
-                        f"{d['max_weight_growth']:g})")
-    p.add_argument("--epochs", type=int, help=f"train until this epoch (default {d['epochs']})")
-    p.add_argument("--seed", type=int, help=f"random seed (default {d['seed']})")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"],
-                   help="auto: CUDA when available (default auto)")
-    p.add_argument("--eval-every", type=int,
-                   help="evaluate on the validation split every N epochs (default 1)")
-    p.add_argument("--threads", type=int, help="sampler threads (default: all cores)")
+    add_arguments(p, MODE)
+    p.add_argument("--sizes", metavar="JSON", help="cache and superbatch sizes recommended by "
+                   "tools/size_caches.py (its --report); explicit size options win")
+    add_arguments(p, RUN)
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="save epoch_NNNN.pt here after every --checkpoint-every epochs")
-    p.add_argument("--checkpoint-every", type=int, help="epochs between checkpoints (default 1)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --checkpoint-dir with its "
                         "settings (options given here override the others)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_report_arg(p)
     return p
-
-
-def parse_fanouts(text: str) -> list[int]:
-    try:
-        f = [int(t) for t in str(text).replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise InvalidValue(f"--fanouts {text!r}: expected comma-separated integers, e.g. 10,10") \
-            from None
-    if not f or any(v == 0 or v < -1 for v in f):
-        raise InvalidValue(f"--fanouts {text!r}: need one value per layer, each > 0 or -1 (all)")
-    return f
 
 
 def _settings(given: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, Any]:
@@ -214,59 +134,17 @@ def _settings(given: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, 
     return s
 
 
-#: Range of the integer and float options that TrainConfig does not hold:
-#: (settings key, lowest, highest, integer, open low end, open high end); None = no bound.
-OPTION_LIMITS = (
-    ("queue_depth", 1, 4096, True, False, False), ("io_threads", 1, 1024, True, False, False),
-    ("superbatch_size", 1, None, True, False, False),
-    ("checkpoint_every", 1, None, True, False, False), ("workers", 1, 256, True, False, False),
-    ("partitions", 1, 1 << 16, True, False, False), ("sync_every", 1, None, True, False, False),
-    ("halo_hops", 1, 64, True, False, False),
-    ("compute_fraction", 0, 1, False, True, True),
-)
-#: Size options: (settings key, smallest accepted byte count).
-SIZE_LIMITS = (("memory_budget", 1), ("runtime_disk_budget", 1), ("feature_cache_size", 0),
-               ("neighbor_cache_size", 0))
-
-
-def _size(key: str, value: Any) -> int | None:
-    """Bytes of a size option (``512MiB``, ``8GiB``); None when not given."""
-    from .cli import parse_size
-
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except Exception:  # noqa: BLE001 - argparse error type
-        raise InvalidValue(f"--{key.replace('_', '-')} {value!r}: not a size (e.g. 512MiB, 8GiB)") \
-            from None
-
-
 def _check_options(s: dict[str, Any], progress: bool):
-    """Range-check every option; returns the run's ``TrainConfig``.
+    """Check every setting; returns the run's ``TrainConfig``.
 
     Runs before the dataset is opened or created, so bad input touches no file.
     """
-    from .cli import check_range
-
-    for key, lo, hi, integer, lo_open, hi_open in OPTION_LIMITS:
-        check_range(f"--{key.replace('_', '-')}", s.get(key), lo, hi, integer=integer,
-                    lo_open=lo_open, hi_open=hi_open)
-    for key, lo in SIZE_LIMITS:
-        v = _size(key, s.get(key))
-        if v is not None and v < lo:
-            hint = " (leave the option out for no budget)" if key == "memory_budget" else ""
-            raise InvalidValue(f"--{key.replace('_', '-')} {s[key]}: must be at least {lo} "
-                           f"byte{'s' if lo != 1 else ''}{hint}")
+    for st in RUN + MODE:
+        st.check(st.from_cli(s.get(st.dest)))
     from .executor.training.config import TrainConfig
 
-    config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
-                         batch_size=s["batch_size"], eval_batch_size=s["eval_batch_size"],
-                         hidden=s["hidden"], dropout=s["dropout"], heads=s["heads"], lr=s["lr"],
-                         weight_decay=s["weight_decay"], epochs=s["epochs"], seed=s["seed"],
-                         eval_every=s["eval_every"], device=s["device"],
-                         num_threads=s["threads"], progress=progress, mode=s["mode"],
-                         max_weight_growth=s["max_weight_growth"])
+    config = TrainConfig(progress=progress,
+                         **{st.name: st.from_cli(s[st.dest]) for st in TRAIN})
     config.validate()
     if s["no_eval"]:
         config.eval_every = 10**9
@@ -376,15 +254,7 @@ def _mode_options(s: dict):
     """The loader stack's options from the settings."""
     from .executor.loader.stack import ModeOptions
 
-    def size(key):
-        return _size(key, s.get(key))
-
-    return ModeOptions(superbatch_size=s["superbatch_size"], runtime_dir=s["runtime_dir"],
-                       runtime_disk_budget=size("runtime_disk_budget"),
-                       feature_cache_size=size("feature_cache_size"),
-                       neighbor_cache_size=size("neighbor_cache_size"),
-                       queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
-                       memory_budget=size("memory_budget"), io_backend=s["io_backend"])
+    return ModeOptions(**{st.name: st.from_cli(s[st.dest]) for st in MODE})
 
 
 def _train(dataset, config, options, s: dict, ckdir, ck_path):

@@ -48,7 +48,7 @@ CASES = [
      r"--seed 99999999999999999999999: must be an integer in \[0, 9223372036854775807\]"),
     ("seed-neg", "train", TRAIN + " --seed=-1", 2, r"--seed -1: must be"),
     ("memory-budget-0", "train", TRAIN + " --memory-budget 0", 2,
-     r"--memory-budget 0: must be at least 1 byte \(leave the option out for no budget\)"),
+     r"--memory-budget 0: must be at least 1 byte \(leave the setting out for no budget\)"),
     ("memory-budget-junk", "train", TRAIN + " --memory-budget lots", 2,
      r"--memory-budget 'lots': not a size"),
     ("runtime-budget-0", "train", TRAIN + " --runtime-disk-budget 0", 2,

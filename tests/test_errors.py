@@ -72,13 +72,17 @@ def test_a_setting_is_named_the_way_its_caller_wrote_it(graph, tmp_path):
     from conftest import REPO
     from ooc.storage.errors import cli_names, setting
 
-    assert setting("--memory-budget") == "memory_budget" and setting("--threads") == "num_threads"
+    from ooc.executor.settings import BY_NAME
+
+    assert setting("--memory-budget") == "memory_budget"
+    assert BY_NAME["num_threads"].label() == "num_threads"     # the keyword, not "threads"
     with cli_names():
         assert setting("--memory-budget") == "--memory-budget"
+        assert BY_NAME["num_threads"].label() == "--threads"
     ds = ooc.open_dataset(graph)
     with pytest.raises(ValueError, match=r"^memory_budget 1\.0 MiB is below what mode ooc needs"):
         ooc.NodeLoader(ds, [3, 3], batch_size=8, memory_budget="1MiB")
-    with pytest.raises(ValueError, match=r"^queue_depth must be >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"^queue_depth 0: must be an integer in \[1, 4096\]"):
         ooc.NodeLoader(ds, [3, 3], batch_size=8, queue_depth=0)
     with pytest.raises(ValueError, match=r"^batch_size 0: must be an integer"):
         ooc.TrainConfig(batch_size=0).validate()

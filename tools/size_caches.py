@@ -26,11 +26,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.cli import (ArgumentParser, add_io_backend_arg, add_report_arg, format_size,  # noqa: E402
-                     main_wrapper, parse_size)
+from ooc.cli import (ArgumentParser, add_report_arg, format_size, main_wrapper,  # noqa: E402
+                     parse_size)
+from ooc.executor.settings import BY_NAME, add_arguments  # noqa: E402
 from ooc.storage.errors import OocError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+#: The training settings the profile depends on (as ``python -m ooc.train`` takes them).
+TRAINING = ("model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay", "dropout",
+            "seed", "device", "num_threads", "queue_depth", "io_backend", "runtime_dir",
+            "runtime_disk_budget")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,29 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="DIR", required=True, help="dataset folder")
     p.add_argument("--memory-budget", metavar="SIZE", required=True,
                    help="memory the training process may use")
-    p.add_argument("--runtime-disk-budget", metavar="SIZE", help="disk for runtime files "
-                   "(default 1GiB)")
     from ooc.executor.loader.presets import PRESET_NAMES
 
     p.add_argument("--mode", choices=PRESET_NAMES, help="profile this preset only (default: "
                    "every preset of --presets, recommending the fastest)")
     p.add_argument("--presets", metavar="P1,P2,..", help="presets to profile and compare "
                    f"(default {','.join(PRESET_NAMES)})")
-    p.add_argument("--model", choices=["sage", "gcn", "gat"])
-    p.add_argument("--fanouts", metavar="F1,F2,..")
-    p.add_argument("--layers", type=int)
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--hidden", type=int)
-    p.add_argument("--heads", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--weight-decay", type=float)
-    p.add_argument("--dropout", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, help="sampler threads")
-    p.add_argument("--queue-depth", type=int)
-    add_io_backend_arg(p)
-    p.add_argument("--runtime-dir", metavar="DIR")
+    add_arguments(p, [BY_NAME[n] for n in TRAINING])
+    p.add_argument("--layers", type=int, help="number of layers (must match --fanouts)")
     p.add_argument("--reserve", metavar="SIZE", help="headroom (default max(48MiB, 10%% of "
                    "the budget))")
     p.add_argument("--trace-batches", type=int, help="batches sampled for the rates and "
@@ -74,16 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the first is compared)")
     add_report_arg(p)
     return p
-
-
-def _size(name: str, v) -> int:
-    try:
-        n = parse_size(v)
-    except Exception:  # noqa: BLE001 - argparse's error type
-        raise OocError(f"--{name} {v!r}: not a size (e.g. 512MiB, 8GiB)") from None
-    if n <= 0:
-        raise OocError(f"--{name} must be positive, got {v!r}")
-    return n
 
 
 def _presets(text: str | None, mode: str | None) -> list[str]:
@@ -177,7 +157,7 @@ def main(argv=None) -> int:
         verify_epochs = 1
     trace = given.pop("trace_batches", None)
     presets = _presets(given.pop("presets", None), given.get("mode"))
-    budget = _size("memory-budget", given.pop("memory_budget"))
+    budget = BY_NAME["memory_budget"].size(given.pop("memory_budget"))
     reserve = given.pop("reserve", None)
     reserve = None if reserve is None else parse_size(reserve)
     if trace is not None and trace < 1:
@@ -187,26 +167,18 @@ def main(argv=None) -> int:
                        "--verify-epochs N >= 1")
 
     from ooc.storage import open_dataset
-    from ooc.train import _settings, parse_fanouts
+    from ooc.train import _check_options, _mode_options, _settings
 
     s = _settings(given, None)
+    config = _check_options(s, progress=False)
+    config.mode = presets[0]
+    options = _mode_options(s)
     dataset = open_dataset(s["data"])  # bad input fails here, before torch is loaded
-    disk = _size("runtime-disk-budget", s["runtime_disk_budget"])
 
-    from ooc.executor.loader.stack import ModeOptions
     from ooc.executor.sizing.profiler import compare_presets, profile
-    from ooc.executor.training.trainer import TrainConfig
     from ooc.memory import tune_malloc
 
     tune_malloc()
-    config = TrainConfig(model=s["model"], fanouts=parse_fanouts(s["fanouts"]),
-                         batch_size=s["batch_size"], hidden=s["hidden"], dropout=s["dropout"],
-                         heads=s["heads"], lr=s["lr"], weight_decay=s["weight_decay"],
-                         seed=s["seed"], device=s["device"], num_threads=s["threads"],
-                         progress=False, mode=presets[0])
-    options = ModeOptions(runtime_dir=s["runtime_dir"], runtime_disk_budget=disk,
-                          queue_depth=int(s["queue_depth"]), io_threads=int(s["io_threads"]),
-                          io_backend=s["io_backend"])
     options.validate()
     if len(presets) == 1:
         rep = profile(dataset, config, options, budget, reserve=reserve, trace_batches=trace)

@@ -36,17 +36,18 @@ from typing import Iterator
 #: Whether the running code serves a command line (:func:`cli_names`).
 _CLI_NAMES: contextvars.ContextVar[bool] = contextvars.ContextVar("ooc_cli_names", default=False)
 #: CLI options whose Python keyword is not the option with ``-`` turned into ``_``.
-_KEYWORDS = {"--threads": "num_threads", "--checkpoint-dir": "checkpoint_dir",
+_KEYWORDS = {"--checkpoint-dir": "checkpoint_dir",
              "--overwrite": "overwrite=True"}
 
 
-def setting(option: str) -> str:
+def setting(option: str, keyword: str | None = None) -> str:
     """The name of the setting ``option`` (its CLI flag, e.g. ``--memory-budget``) the way
     the caller wrote it: the flag under a command line (:func:`cli_names`), else the Python
-    keyword (``memory_budget``), so an error names what the user can change."""
+    keyword (``keyword``, or the flag as a keyword: ``memory_budget``), so an error names
+    what the user can change."""
     if _CLI_NAMES.get() or not option.startswith("--"):
         return option
-    return _KEYWORDS.get(option, option[2:].replace("-", "_"))
+    return keyword or _KEYWORDS.get(option, option[2:].replace("-", "_"))
 
 
 @contextlib.contextmanager

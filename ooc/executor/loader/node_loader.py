@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .batch import to_data
+from ..settings import BY_NAME, check_fanouts, default
 from ...storage.errors import IdOutOfRange, InvalidValue
 
 SPLITS = ("train", "val", "test")
@@ -75,18 +76,8 @@ def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> 
     if isinstance(num_neighbors, dict):
         raise InvalidValue("num_neighbors as a dict (per edge type) is for heterogeneous graphs, "
                        "which ooc does not support: give one list, e.g. [10, 10]")
-    if isinstance(num_neighbors, (str, bytes)) or not hasattr(num_neighbors, "__iter__"):
-        raise InvalidValue(f"num_neighbors {num_neighbors!r}: a list with one int per layer, as in "
-                       f"PyG, e.g. [10, 10]")
-    values: list[Any] = list(num_neighbors)  # the caller's values, checked here
-    whole = all((isinstance(f, (int, np.integer)) and not isinstance(f, bool))
-                or (isinstance(f, float) and f.is_integer()) for f in values)
-    fanouts = [int(f) for f in values] if whole else []
-    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-        raise InvalidValue(f"num_neighbors {list(num_neighbors)}: one value per layer, each "
-                       f"> 0 or -1 (all)")
-    if int(batch_size) < 1:
-        raise InvalidValue(f"batch_size must be >= 1, got {batch_size}")
+    fanouts = check_fanouts(num_neighbors, "num_neighbors")
+    BY_NAME["batch_size"].check(batch_size)
     return fanouts
 
 
@@ -214,11 +205,12 @@ class NodeLoader:
     runtime files; garbage collection does the same.
     """
 
-    def __init__(self, dataset, num_neighbors: Sequence[int] = (10, 10), input_nodes=None, *,
-                 batch_size: int = 1024, shuffle: bool = False, num_workers: int = 1,
-                 persistent_workers: bool = False, pin_memory: bool = False,
-                 preset: Any = "ooc", memory_budget: int | str | None = None, seed: int = 0,
-                 io_backend: str = "auto", num_threads: int | None = None,
+    def __init__(self, dataset, num_neighbors: Sequence[int] = default("fanouts"),
+                 input_nodes=None, *, batch_size: int = default("batch_size"),
+                 shuffle: bool = False, num_workers: int = 1, persistent_workers: bool = False,
+                 pin_memory: bool = False, preset: Any = default("mode"),
+                 memory_budget: int | str | None = None, seed: int = default("seed"),
+                 io_backend: str = default("io_backend"), num_threads: int | None = None,
                  labels: bool | str = True,
                  **options: Any):
         from ...storage import open_dataset

@@ -46,7 +46,8 @@ from ..cache.feature_cache import FeatureCache
 from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
 from .presets import Preset, resolve_preset
 from .readers import Sources, TimedFeature
-from ...storage.errors import IOFailure, InvalidValue, setting
+from ..settings import BY_NAME as _S, MODE, check_all
+from ...storage.errors import IOFailure, InvalidValue
 
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
@@ -54,54 +55,40 @@ EVAL_SEED_OFFSET = 0x5EED
 
 @dataclass
 class ModeOptions:
-    """Mode settings (the CLI's cache and I/O options).
+    """Cache and I/O settings: each field is the setting of the same name in
+    :data:`ooc.executor.settings.MODE` (default, limits, help). Sizes are bytes; a
+    size given as text (``"512MiB"``) becomes bytes in :meth:`validate`.
 
     Attributes:
-        superbatch_size: batches per superbatch (``ooc``); None: the largest
-            whose runtime files fit ``runtime_disk_budget`` (Ginex §3.5),
-            capped by the memory plan and the epoch length.
+        memory_budget: bytes the process may use (see :mod:`ooc.executor.sizing.budget`).
+        feature_cache_size: feature cache bytes (rows x row bytes); None: from the
+            memory plan or the default.
+        neighbor_cache_size: neighbor cache bytes (its map of cached nodes included).
+        superbatch_size: batches per superbatch (``ooc``); None: the largest whose
+            runtime files fit ``runtime_disk_budget`` (Ginex §3.5), capped by the
+            memory plan and the epoch length.
         runtime_dir: folder of runtime files (default ``<dataset>/runtime``).
         runtime_disk_budget: bytes of runtime files on disk (default 1 GiB).
-        feature_cache_size: feature cache bytes (rows × row bytes); None:
-            from the memory plan or the default.
-        neighbor_cache_size: neighbor cache bytes (its map of cached nodes included).
         queue_depth: io_uring queue depth of the O_DIRECT readers.
         io_threads: threads of the baseline's memmap copies.
-        memory_budget: bytes the process may use (see :mod:`ooc.executor.sizing.budget`).
         io_backend: the O_DIRECT readers' backend (``auto`` or a name of
             :data:`ooc.storage.io_backends.REGISTRY`); baseline reads through memmaps.
     """
 
-    superbatch_size: int | None = None
-    runtime_dir: str | None = None
-    runtime_disk_budget: int = 1 << 30
-    feature_cache_size: int | None = None
-    neighbor_cache_size: int | None = None
-    queue_depth: int = 64
-    io_threads: int = 16
-    memory_budget: int | None = None
-    io_backend: str = "auto"
+    superbatch_size: int | None = _S["superbatch_size"].field()
+    runtime_dir: str | None = _S["runtime_dir"].field()
+    runtime_disk_budget: int = _S["runtime_disk_budget"].field()
+    feature_cache_size: int | None = _S["feature_cache_size"].field()
+    neighbor_cache_size: int | None = _S["neighbor_cache_size"].field()
+    queue_depth: int = _S["queue_depth"].field()
+    io_threads: int = _S["io_threads"].field()
+    memory_budget: int | None = _S["memory_budget"].field()
+    io_backend: str = _S["io_backend"].field()
 
     def validate(self) -> None:
-        from ...storage.io_backends import check_choice
-
-        try:
-            check_choice(self.io_backend)
-        except ValueError as e:
-            raise InvalidValue(f"{setting('--io-backend')}: {e}") from None
-        for name in ("queue_depth", "io_threads"):
-            if int(getattr(self, name)) < 1:
-                raise InvalidValue(f"{setting('--' + name.replace('_', '-'))} must be >= 1, got "
-                                   f"{getattr(self, name)}")
-        if self.superbatch_size is not None and self.superbatch_size < 1:
-            raise InvalidValue(f"{setting('--superbatch-size')} must be >= 1, got {self.superbatch_size}")
-        for name in ("feature_cache_size", "neighbor_cache_size"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise InvalidValue(f"{setting('--' + name.replace('_', '-'))} must be >= 0, got {v}")
-        if self.runtime_disk_budget < 1:
-            raise InvalidValue(f"{setting('--runtime-disk-budget')} must be positive, got "
-                               f"{self.runtime_disk_budget}")
+        """Check every setting (one-line :class:`InvalidValue` naming it as the caller
+        wrote it); sizes given as text become bytes."""
+        check_all(self, MODE)
 
 
 @dataclass

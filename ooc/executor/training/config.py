@@ -1,62 +1,50 @@
-"""The settings of a training run (the CLI's options), without torch.
+"""The settings of a training run, without torch.
 
 ``TrainConfig`` is what the CLI, the loader, the memory planner and the
-trainer share; keeping it free of torch lets the planner's kernel-compile
-child and the CLI's option checks run before torch is imported.
+trainer share; its fields, defaults and limits are the declarations of
+:data:`ooc.executor.settings.TRAIN`. Keeping it free of torch lets the planner's
+kernel-compile child and the CLI's option checks run before torch is imported.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ...storage.errors import InvalidValue
+from ..settings import BY_NAME, TRAIN, check_all
+
+_S = BY_NAME
 
 
 @dataclass
 class TrainConfig:
-    """Settings of a training run (the CLI's options)."""
+    """Settings of a training run; each field is the setting of the same name in
+    :data:`ooc.executor.settings.TRAIN` (default, limits, help), besides ``progress``
+    (progress bars) and ``eval_final`` (evaluate after the last epoch)."""
 
-    model: str = "sage"
-    fanouts: list[int] = field(default_factory=lambda: [10, 10])
-    batch_size: int = 1024
-    eval_batch_size: int | None = None
-    hidden: int = 128
-    dropout: float = 0.5
-    heads: int = 4
-    lr: float = 0.005
-    weight_decay: float = 5e-4
-    epochs: int = 3
-    seed: int = 0
-    eval_every: int = 1
-    device: str = "auto"
-    num_threads: int | None = None
+    model: str = _S["model"].field()
+    fanouts: list[int] = _S["fanouts"].field()
+    batch_size: int = _S["batch_size"].field()
+    eval_batch_size: int | None = _S["eval_batch_size"].field()
+    hidden: int = _S["hidden"].field()
+    dropout: float = _S["dropout"].field()
+    heads: int = _S["heads"].field()
+    lr: float = _S["lr"].field()
+    weight_decay: float = _S["weight_decay"].field()
+    epochs: int = _S["epochs"].field()
+    seed: int = _S["seed"].field()
+    eval_every: int = _S["eval_every"].field()
+    device: str = _S["device"].field()
+    num_threads: int | None = _S["num_threads"].field()
     progress: bool = True
-    mode: str = "ooc"
+    mode: str = _S["mode"].field()
     eval_final: bool = True
     #: the largest factor by which one step may grow the weights (see ``finite.py``)
-    max_weight_growth: float = 10.0
+    max_weight_growth: float = _S["max_weight_growth"].field()
 
     @property
     def num_layers(self) -> int:
         return len(self.fanouts)
 
     def validate(self) -> None:
-        """Range-check every setting (one-line :class:`OocError` naming the CLI option)."""
-        from ...cli import check_range
-
-        if not self.fanouts or any((f == 0 or f < -1) for f in self.fanouts):
-            raise InvalidValue(f"bad fanouts {self.fanouts}: need one per layer, each > 0 or -1 (all)")
-        for name, option, lo, hi in LIMITS:
-            check_range(option, getattr(self, name), lo, hi, integer=True)
-        check_range("--lr", self.lr, 0, None, lo_open=True)
-        check_range("--weight-decay", self.weight_decay, 0, None)
-        check_range("--dropout", self.dropout, 0, 1, hi_open=True)
-        check_range("--max-weight-growth", self.max_weight_growth, 1, None, lo_open=True)
-
-
-#: Integer settings of :class:`TrainConfig`: (field, CLI option, lowest, highest); a
-#: None value passes (``num_threads``: all cores; ``eval_batch_size``: ``batch_size``).
-LIMITS = (("batch_size", "--batch-size", 1, 1 << 30),
-          ("eval_batch_size", "--eval-batch-size", 1, 1 << 30),
-          ("hidden", "--hidden", 1, 1 << 16), ("heads", "--heads", 1, 256),
-          ("epochs", "--epochs", 1, 10**9), ("eval_every", "--eval-every", 1, None),
-          ("seed", "--seed", 0, (1 << 63) - 1), ("num_threads", "--threads", 1, 4096))
+        """Check every setting (one-line :class:`InvalidValue` naming it as the caller
+        wrote it: the flag on a command line, the keyword from Python)."""
+        check_all(self, TRAIN)

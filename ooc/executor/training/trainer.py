@@ -33,7 +33,7 @@ from ...memory import peak_rss_bytes
 from ..loader.node_loader import NodeLoader
 from .checkpoint import (check_dataset, describe_model, load_checkpoint, save_checkpoint,
                          set_rng_state)
-from .config import LIMITS, TrainConfig  # noqa: F401  (re-exported from here too)
+from .config import TrainConfig  # noqa: F401  (re-exported from here too)
 from .finite import NonFiniteLoss, TrainingDiverged, UpdateWatch, check_step  # noqa: F401
 from .models import GNN, build_model  # noqa: F401  (GNN: the docstrings' model class)
 from .step import default_loss, eval_forward, model_call, train_step  # noqa: F401
