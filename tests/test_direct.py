@@ -515,40 +515,6 @@ def test_read_into_refuses_bad_targets(tmp_path):
         assert not out.any()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_rows_memory_is_recycled_only_when_nothing_holds_it(tmp_path, backend):
-    """``read`` reuses the memory of its previous rows once they are dropped, and never
-    while an array, a view or a memoryview over them is alive: those keep their bytes."""
-    path, lay, rows = _feature_file(tmp_path, 400, 1024, "float32")
-    _backend_or_skip(backend, path)
-    rng = np.random.default_rng(11)
-    with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
-        ids = [rng.integers(0, 400, 120) for _ in range(6)]
-        a = f.read(ids[0])
-        addr = a.ctypes.data
-        del a
-        b = f.read(ids[1])  # a is gone: same memory
-        assert f.recycled == 1 and b.ctypes.data == addr
-        np.testing.assert_array_equal(b, rows[ids[1]])
-        tail = b[100:]  # a view outlives the array
-        del b
-        c = f.read(ids[2])
-        assert f.recycled == 1 and not np.shares_memory(c, tail)
-        np.testing.assert_array_equal(tail, rows[ids[1][100:]])
-        np.testing.assert_array_equal(c, rows[ids[2]])
-        m = memoryview(c)
-        del c
-        d = f.read(ids[3])
-        assert f.recycled == 1
-        np.testing.assert_array_equal(np.frombuffer(m, np.float32).reshape(120, 1024),
-                                      rows[ids[2]])
-        del m, d
-        e = f.read(ids[4][:50])  # smaller: fits in the free memory
-        assert f.recycled == 2
-        np.testing.assert_array_equal(e, rows[ids[4][:50]])
-        np.testing.assert_array_equal(tail, rows[ids[1][100:]])
-
-
 def test_feature_read_refuses_a_wrong_out(tmp_path):
     path, lay, rows = _feature_file(tmp_path, 50, 1024, "float32")
     ids = np.array([1, 2, 3])

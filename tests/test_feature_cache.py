@@ -135,3 +135,39 @@ def test_misses_are_read_straight_into_the_batch_when_the_source_can():
         out, nmiss = cache.gather(ids, source)
         np.testing.assert_array_equal(out, table[ids])
         assert calls == [want] and nmiss == int((ids >= 50).sum())
+
+
+@pytest.mark.parametrize("row_dim", [100, 1024])
+def test_a_switch_reads_rows_straight_into_the_cache(tmp_path, row_dim):
+    """A switch from a DirectFeatures source reads the new rows into their slots (no row
+    buffer): the cache then serves numpy's rows for rows smaller and as large as a page,
+    in chunks smaller than the fill."""
+    from ooc.storage.direct import DirectFeatures
+    from ooc.storage.layout import FeatureLayout
+
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((3000, row_dim)).astype(np.float32)
+    lay = FeatureLayout(3000, row_dim, "float32")
+    buf = np.zeros(lay.file_bytes, np.uint8)
+    for r in range(3000):
+        page, slot = divmod(r, lay.rows_per_page) if lay.rows_per_page else (r, 0)
+        off = page * 4096 * max(1, lay.pages_per_row) + slot * lay.row_bytes
+        buf[off:off + x[r].nbytes] = x[r].view(np.uint8)
+    (tmp_path / "f.bin").write_bytes(buf.tobytes())
+    with DirectFeatures(tmp_path / "f.bin", lay, backend="preadv") as src:
+        cache = FeatureCache(3000, 700, row_dim, np.float32)
+        cache.switch_chunk = 128
+        first = rng.permutation(3000)[:700]
+        assert cache.switch(first, src) == 700
+        second = np.concatenate([first[:300], rng.permutation(3000)[:400]])
+        second = np.unique(second)[:700]
+        cache.switch(second, src)
+        before = src.stats.rows_direct + src.stats.rows_copied
+
+        class Refuse:
+            def read(self, ids, out=None):
+                raise AssertionError("a hit was read")
+
+        out, misses = cache.gather(second, Refuse())
+        np.testing.assert_array_equal(out, x[second])
+        assert misses == 0 and src.stats.rows_direct + src.stats.rows_copied == before

@@ -132,8 +132,7 @@ def test_feature_rows_match_numpy(tmp_path):
 
 def test_rows_read_once_are_not_registered(tmp_path):
     """Whole-page rows read straight into a new array each call are plain reads (no
-    registration per call); recycled row memory is registered once and read with
-    READ_FIXED; the page buffer of smaller rows stays registered once."""
+    registration per call); the page buffer of smaller rows stays registered once."""
     x = np.random.default_rng(3).standard_normal((700, 1024)).astype(np.float32)
     path = tmp_path / "features.bin"
     x.tofile(path)  # 4 KiB rows: the file is the rows
@@ -144,26 +143,18 @@ def test_rows_read_once_are_not_registered(tmp_path):
         kept = []
         for _ in range(5):
             ids = rng.integers(0, 700, 500)
-            kept.append(f.read(ids))  # held: never recycled
+            kept.append(f.read(ids))  # held
             np.testing.assert_array_equal(kept[-1], x[ids])
-        assert io.registrations == 0 and io.reads_fixed == 0 and f.recycled == 0
+        assert io.registrations == 0 and io.reads_fixed == 0
         assert io.reads_plain == f.stats.read_ops and f.stats.rows_direct == 2500
         del kept
-        # dropped each time: the memory is recycled and registered once
+        # dropped each time: still new memory, read with plain reads
         plain, ops = io.reads_plain, f.stats.read_ops
         for k in range(5):
             ids = rng.integers(0, 700, 500 - 10 * k)
             np.testing.assert_array_equal(f.read(ids), x[ids])
-        assert f.recycled == 5 and io.registrations == 1
-        assert io.reads_plain == plain and io.reads_fixed == f.stats.read_ops - ops
-        # rows held while the registration moves to other memory: not recycled
-        ids = rng.integers(0, 700, 300)
-        held = f.read(ids)
-        f.reader.read_pages(np.arange(4), f.reader.scratch(4 * PAGE))
-        assert io.references(U._memory_owner(held)) == 0
-        other = f.read(rng.integers(0, 700, 300))
-        assert f.recycled == 6 and not np.shares_memory(held, other)
-        np.testing.assert_array_equal(held, x[ids])
+        assert io.registrations == 0 and io.reads_fixed == 0
+        assert io.reads_plain - plain == f.stats.read_ops - ops
     small = FeatureLayout(7000, 100, "float32")  # the same file as 10 rows per page
     y = x[:, :1000].reshape(7000, 100)
     with DirectFeatures(path, small, queue_depth=16, backend="io_uring") as f:

@@ -26,7 +26,6 @@ hands out the reader's reusable scratch buffer: one thread per reader for it.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import weakref
 from dataclasses import asdict, dataclass
@@ -175,10 +174,6 @@ class DirectReader:
         only into memory it keeps: see :class:`~ooc.storage.io_backends.ReadBackend`)."""
         return self._io.fresh_buffers
 
-    def references(self, owner: np.ndarray) -> int:
-        """References the backend holds to ``owner`` (memory it registered with the kernel)."""
-        return self._io.references(owner)
-
     def read_runs_into_scratch(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
                                npages: int) -> np.ndarray:
         """:meth:`read_runs` into the scratch buffer; its first ``npages`` pages. The caller
@@ -307,13 +302,6 @@ class DirectFeatures(RowTable):
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
 
-    Whole-page rows that ``read`` allocates are recycled: when every array
-    (and view, memoryview, tensor) over the previous call's rows has been
-    dropped (its memory's reference count is down to the reader's and its
-    backend's own references), the next call reads into the same memory,
-    which the io_uring backend then registers once (``IORING_OP_READ_FIXED``,
-    no page faults). Rows still referenced are never reused. ``recycled``
-    counts such calls.
     ``read_into(ids, out, rows)`` reads into chosen rows of a larger array (a
     batch's misses into the batch's rows) the same two ways.
     """
@@ -322,9 +310,6 @@ class DirectFeatures(RowTable):
                  backend: str = "auto", max_read_bytes: int = DEFAULT_MAX_READ_BYTES):
         self.path = Path(path)
         self.layout = layout
-        self.recycled = 0
-        self._spare: np.ndarray | None = None  # memory of the rows the last read allocated
-        self._spare_lock = threading.Lock()  # the check and the take are one step
         self._scratch_lock = threading.Lock()  # the page buffer: filled, then copied out
         self.reader = DirectReader(path, queue_depth=queue_depth, backend=backend,
                                    max_read_bytes=max_read_bytes)
@@ -347,40 +332,17 @@ class DirectFeatures(RowTable):
         lay = self.layout
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         n = ids.shape[0]
-        own = out is None and n > 0 and lay.row_bytes % PAGE == 0
-        reuse = False
-        if out is None:
-            if own:
-                out, reuse = self._rows_memory(n)
-            else:
-                out = np.empty((n, lay.dim), dtype=lay.dtype)
+        if out is None and n and lay.row_bytes % PAGE == 0:
+            # page-aligned, so the rows are read straight into it
+            out = _aligned_part(np.empty(n * lay.row_bytes + PAGE, np.uint8), n * lay.row_bytes
+                                ).view(lay.dtype).reshape(n, lay.dim)
+        elif out is None:
+            out = np.empty((n, lay.dim), dtype=lay.dtype)
         else:
             check_out(out, n, lay.dim, lay.dtype, str(self.path))
         if n:
-            # recycled memory: the backend sees all of it, so it registers it once
-            region = None
-            if reuse:
-                assert self._spare is not None  # reuse: _rows_memory handed out part of it
-                region = _aligned_part(self._spare, self._spare.nbytes - PAGE)
-            self._read(ids, np.arange(n, dtype=np.int64), out, region)
+            self._read(ids, np.arange(n, dtype=np.int64), out)
         return out
-
-    def _rows_memory(self, n: int) -> tuple[np.ndarray, bool]:
-        """A page-aligned ``[n, dim]`` row array for :meth:`read`, and whether it is the
-        previous call's memory, free again (see the class docstring)."""
-        lay = self.layout
-        need = n * lay.row_bytes
-        with self._spare_lock:
-            # free when only this attribute (and getrefcount's argument) and the backend
-            # refer to it
-            if self._spare is not None and self._spare.nbytes >= need + PAGE \
-                    and sys.getrefcount(self._spare) == 2 + self.reader.references(self._spare):
-                self.recycled += 1
-                reuse = True
-            else:
-                self._spare = np.empty(-(-(need + need // 4) // PAGE) * PAGE + PAGE, np.uint8)
-                reuse = False
-            return _aligned_part(self._spare, need).view(lay.dtype).reshape(n, lay.dim), reuse
 
     def read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Rows ``ids`` into ``out[rows]`` (``rows`` int64 [len(ids)], distinct rows of
@@ -400,15 +362,11 @@ class DirectFeatures(RowTable):
             raise InvalidValue(f"{self.path}: target row {dst[bad]} " + (
                 f"out of range [0, {out.shape[0]})" if why == 1 else "given twice"))
         if ids.shape[0]:
-            self._read(ids, dst, out, None)
+            self._read(ids, dst, out)
         return out
 
-    def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray,
-              region: np.ndarray | None) -> None:
-        """``out[dst[i]] = row ids[i]`` (ids, dst int64 [n], n > 0; ``out`` checked).
-
-        ``region``: None, or uint8 memory starting where ``out`` starts that is read
-        into again and again (recycled rows): the backend is given all of it, to keep."""
+    def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray) -> None:
+        """``out[dst[i]] = row ids[i]`` (ids, dst int64 [n], n > 0; ``out`` checked)."""
         lay = self.layout
         r = self.reader
         rows = out.view(np.uint8).reshape(out.shape[0], lay.row_bytes)
@@ -417,9 +375,8 @@ class DirectFeatures(RowTable):
             offs, lens, bufs, dup_dst, dup_src, bad = K.plan_row_reads(
                 ids, dst, lay.pages_per_row, lay.num_rows, r.max_run_pages)
             self._check_ids(ids, bad)
-            r.read_runs(offs, lens, bufs, rows.reshape(-1) if region is None else region,
-                         (ids.shape[0] - dup_dst.shape[0]) * lay.pages_per_row,
-                         reuse=region is not None)
+            r.read_runs(offs, lens, bufs, rows.reshape(-1),
+                         (ids.shape[0] - dup_dst.shape[0]) * lay.pages_per_row, reuse=False)
             if dup_dst.shape[0]:  # rare (batch ids are unique): numpy, no kernel to compile
                 rows[dup_dst] = rows[dup_src]
             r.stats.rows_direct += ids.shape[0]

@@ -111,11 +111,6 @@ class ReadBackend:
     def close(self) -> None:
         """Release the backend's resources (idempotent)."""
 
-    def references(self, owner: np.ndarray) -> int:
-        """How many references to ``owner`` (an array owning its memory) the backend keeps
-        (e.g. to memory it registered with the kernel)."""
-        return 0
-
     # ------------------------------------------------------------ shared helpers
     def short_read(self, off: int, want: int, got: int) -> OocError:
         """The error for a read of ``want`` bytes at ``off`` that returned ``got`` (< 0: -errno)."""

@@ -16,7 +16,7 @@ the file), so no read is left writing into a buffer handed back.
 
 Registered resources: the file is registered once (``IOSQE_FIXED_FILE``);
 a buffer that will be read into again (``reuse=True``: the reader's page
-buffer, the recycled row memory of ``DirectFeatures.read``) is registered
+buffer) is registered
 (``IORING_OP_READ_FIXED``: the kernel does not pin its pages per read) the
 first time it is seen, and re-registered when a later such buffer lies
 outside it. A buffer read into once (``reuse=False``: new row memory, a
@@ -149,9 +149,6 @@ class NativeUringBackend(ReadBackend):
             os.close(fd)
 
     # ------------------------------------------------------------------ buffers
-    def references(self, owner: np.ndarray) -> int:
-        return sum(1 for t in (self._reg, self._reg_refused) if t is not None and t[0] is owner)
-
     def _buffer_index(self, out: np.ndarray, reuse: bool) -> int:
         """0 when ``out`` lies in the registered buffer (registering it now if needed and
         ``reuse``), -1 when it is read with plain reads (used once, or its registration was

@@ -110,9 +110,14 @@ class FeatureCache:
             if storage_order is not None and len(new) > self.switch_chunk:
                 by = storage_order(new)   # each chunk a stretch of the file (rows reordered)
                 new, slots = new[by], slots[by]
-            # in chunks, so the read buffers stay the size of a batch, not of the cache
+            # in chunks, so a read's buffers stay the size of a batch, not of the cache;
+            # straight into the slots when the source can
+            read_into = getattr(source, "read_into", None)
             for a in range(0, len(new), self.switch_chunk):
                 b = min(len(new), a + self.switch_chunk)
+                if read_into is not None:
+                    read_into(new[a:b], self.cache, slots[a:b])
+                    continue
                 rows = source.read(new[a:b])
                 K.copy_rows_to_slots(_bits(np.ascontiguousarray(rows, dtype=self.cache.dtype)),
                                      np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
