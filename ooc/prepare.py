@@ -56,12 +56,8 @@ def _graph_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remove-self-loops", action="store_true", help="drop edges v -> v")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog="python -m ooc.prepare", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="command", required=True,
-                            metavar="{edgelist,ogb,igb,planetoid,synthetic}")
-
+def _add_edgelist(sub) -> None:
+    """The ``edgelist`` subcommand's options."""
     e = sub.add_parser("edgelist", help="text/CSV, .npy [2,E] or [E,2], or raw int32/int64 pairs",
                        description="Convert an edge list (src dst per edge; CSC keeps in-neighbours).")
     e.add_argument("edges", type=Path, help="edge file (.txt/.csv[.gz], .npy, raw binary)")
@@ -78,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--test-idx", type=Path, help=".npy node ids or boolean mask")
     _common(e)
 
+
+def _add_ogb(sub) -> None:
+    """The ``ogb`` subcommand's options."""
     o = sub.add_parser("ogb", help="an OGB node-property folder (raw/*.csv.gz or raw/data.npz, "
                                    "split/<name>/)")
     o.add_argument("--root", type=Path, required=True,
@@ -87,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--dtype", choices=("float32", "float16"), default="float32")
     _common(o)
 
+
+def _add_igb(sub) -> None:
+    """The ``igb`` subcommand's options."""
     ig = sub.add_parser("igb", help="an IGB graph's .npy files (node_feat, edge_index [E, 2], "
                                     "node_label_19/2K)")
     ig.add_argument("--root", type=Path, required=True, help="folder holding the graph's .npy files")
@@ -100,11 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     ig.add_argument("--dtype", choices=("float32", "float16"), help="feature dtype on disk")
     _common(ig)
 
+
+def _add_planetoid(sub) -> None:
+    """The ``planetoid`` subcommand's options."""
     pl = sub.add_parser("planetoid", help="PyG Planetoid raw files (Cora, CiteSeer, PubMed)")
     pl.add_argument("--root", type=Path, required=True, help="folder holding <name>/raw/ind.<name>.*")
     pl.add_argument("--name", dest="dataset", required=True, help="Cora, CiteSeer or PubMed")
     _common(pl, name=False)
 
+
+def _add_synthetic(sub) -> None:
+    """The ``synthetic`` subcommand's options."""
     s = sub.add_parser("synthetic", help="power-law graph with communities (labels) and noisy features")
     s.add_argument("--nodes", type=int, default=100_000, help="number of nodes (default 100000)")
     s.add_argument("--avg-degree", type=float, default=10.0,
@@ -136,6 +144,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--directed", dest="undirected", action="store_false",
                    help="store each generated edge in one direction only")
     _common(s)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="python -m ooc.prepare", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True,
+                            metavar="{edgelist,ogb,igb,planetoid,synthetic}")
+    _add_edgelist(sub)
+    _add_ogb(sub)
+    _add_igb(sub)
+    _add_planetoid(sub)
+    _add_synthetic(sub)
     return ap
 
 

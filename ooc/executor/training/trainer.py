@@ -17,6 +17,7 @@ checkpoint of epoch ``e - 1``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import resource
 import sys
@@ -88,6 +89,27 @@ class Timers:
 
     def as_dict(self) -> dict[str, float]:
         return {k: round(v, 6) for k, v in self.s.items()}
+
+
+@dataclasses.dataclass
+class _EpochSums:
+    """What an epoch's batches add up to."""
+
+    loss: float = 0.0        # summed over labeled seeds
+    correct: int = 0
+    count: int = 0           # labeled seeds
+    nodes: int = 0           # nodes of the batches
+    batches: int = 0
+    growth_max: float = 0.0  # the largest weight growth of one step
+    wait: float = 0.0        # seconds blocked on the loader
+
+    def add(self, loss: float, growth: float, labeled: int, right: int, nodes: int) -> None:
+        self.loss += loss * labeled
+        self.correct += right
+        self.count += labeled
+        self.growth_max = max(self.growth_max, growth)
+        self.nodes += nodes
+        self.batches += 1
 
 
 class Trainer:
@@ -185,61 +207,25 @@ class Trainer:
         self.model.train()
         timers = Timers()
         producer = self.train_producer
-        loss_sum, correct, count, nodes, nb, growth_max = 0.0, 0, 0, 0, 0, 0.0
         self._watch.start()
         t_start = time.perf_counter()
-        bar = tqdm(total=len(producer), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch",
-                   leave=False, disable=(None if cfg.progress else True), dynamic_ncols=True)
         io0 = _io_counters(producer)
-        loader = self.train_loader
-        it = loader.batches(epoch)
-        wait = 0.0  # time blocked waiting for the loader (its conversion included)
-        while True:
-            t0 = time.perf_counter()
-            data = next(it, None)
-            wait += time.perf_counter() - t0
-            if data is None:
-                break
-            with timers("transfer", sync=self.device):
-                data = data.to(self.device, non_blocking=True)
-            with timers("compute"):
-                try:
-                    loss_v, growth, n, right = self._step(data, epoch, nb + 1, len(producer))
-                except TrainingDiverged:
-                    bar.close()
-                    raise
-                loss_sum += loss_v * n
-                correct += right
-                count += n
-                growth_max = max(growth_max, growth)
-            nodes += int(data.num_nodes)
-            nb += 1
-            self.batches_seen += 1
-            if self.on_batch is not None:
-                self.on_batch()
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_v:.4f}", refresh=False)
-        bar.close()
-        stages = dict(producer.stage_times()) if hasattr(producer, "stage_times") else {}
-        for stage, seconds in stages.items():
-            timers.add(stage, seconds)
-        timers.add("convert", loader.convert_seconds)
-        inside = sum(stages.values()) if getattr(producer, "synchronous", False) else 0.0
-        timers.add("stall", max(0.0, wait - inside - loader.convert_seconds))
+        sums = self._train_batches(epoch, timers)
+        self._add_stage_times(timers, sums.wait)
         train_time = time.perf_counter() - t_start
         io = _io_delta(io0, _io_counters(producer))
         if "feature_read_s" in io:
             timers.add("read", io.pop("feature_read_s"))
-        self.nodes_seen += nodes
+        self.nodes_seen += sums.nodes
         rec: dict[str, Any] = {
             "epoch": epoch,
-            "loss": loss_sum / max(count, 1),
-            "train_acc": correct / max(count, 1),
+            "loss": sums.loss / max(sums.count, 1),
+            "train_acc": sums.correct / max(sums.count, 1),
             "time_s": round(train_time, 6),
             "timers": timers.as_dict(),
             "val_acc": None,  # filled when this epoch is evaluated (--eval-every)
             "io": io,
-            "max_weight_growth": round(growth_max, 6),
+            "max_weight_growth": round(sums.growth_max, 6),
         }
         for k, v in timers.s.items():
             self.timers.add(k, v)
@@ -251,6 +237,44 @@ class Trainer:
         self.history.append(rec)
         self.log(self.summary_line(rec))
         return rec
+
+    def _train_batches(self, epoch: int, timers: Timers) -> "_EpochSums":
+        """Train on every batch of ``epoch`` (a progress bar unless ``config.progress`` is
+        off); the transfer and compute seconds go to ``timers``."""
+        steps = len(self.train_producer)
+        sums = _EpochSums()
+        bar = tqdm(total=steps, desc=f"epoch {epoch}/{self.config.epochs}", unit="batch",
+                   leave=False, disable=(None if self.config.progress else True),
+                   dynamic_ncols=True)
+        it = self.train_loader.batches(epoch)
+        with contextlib.closing(bar):
+            while True:
+                t0 = time.perf_counter()
+                data = next(it, None)
+                sums.wait += time.perf_counter() - t0
+                if data is None:
+                    return sums
+                with timers("transfer", sync=self.device):
+                    data = data.to(self.device, non_blocking=True)
+                with timers("compute"):
+                    loss_v, growth, n, right = self._step(data, epoch, sums.batches + 1, steps)
+                sums.add(loss_v, growth, n, right, int(data.num_nodes))
+                self.batches_seen += 1
+                if self.on_batch is not None:
+                    self.on_batch()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_v:.4f}", refresh=False)
+
+    def _add_stage_times(self, timers: Timers, wait: float) -> None:
+        """The loader's stage seconds of the epoch, its conversion, and the stall: time
+        the loop waited (``wait``) beyond what a synchronous loader spent inside."""
+        producer, loader = self.train_producer, self.train_loader
+        stages = dict(producer.stage_times()) if hasattr(producer, "stage_times") else {}
+        for stage, seconds in stages.items():
+            timers.add(stage, seconds)
+        timers.add("convert", loader.convert_seconds)
+        inside = sum(stages.values()) if getattr(producer, "synchronous", False) else 0.0
+        timers.add("stall", max(0.0, wait - inside - loader.convert_seconds))
 
     def _step(self, data, epoch: int, step: int, steps: int) -> tuple[float, float, int, int]:
         """One training step and its checks: ``(loss, weight growth, labeled seeds,
