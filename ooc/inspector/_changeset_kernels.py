@@ -175,6 +175,9 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
     next use only; keys in the module docstring). O(T) plus the partial
     buckets.
 
+    Bucket n holds the cached ids next used in batch n (``mem[ptr[n]:][:cnt[n]]``,
+    bit n of ``bits`` set while non-empty); ``st[x]``: 0 out, 1 cached, 2 admitted now.
+
     Args:
         lid, nxt, ptr: as for :func:`next_use` (``nxt[p] == S``: never again).
         M: local id range; K: capacity; record: produce the changesets;
@@ -195,10 +198,43 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
         maxb = max(maxb, ptr[i + 1] - ptr[i])
     sc = np.empty(maxb, np.int64)
     hit = np.empty(maxb, np.bool_)
-    # C_0: ids in order of first use, ties by id
+    init, size, top = _first_cache(lid, ptr, K, st, cnt, bits, mem, sc)
+    n_rec = T if record else 0
+    ins = np.empty(n_rec, np.int64)
+    inpos = np.empty(n_rec, np.int64)
+    outs = np.empty(n_rec + (K if record else 0), np.int64)
+    in_ptr = np.zeros(S + 1, np.int64)
+    out_ptr = np.zeros(S + 1, np.int64)
+    misses = np.empty(S, np.int64)
+    nin = 0
+    nout = 0
+    for i in range(S):
+        o0 = nout
+        nh, size, top, nout = _serve_hits(lid, nxt, ptr, i, S, st, cnt, bits, mem, hit,
+                                          record, outs, nout, size, top)
+        misses[i] = (ptr[i + 1] - ptr[i]) - nh
+        if K > 0:
+            size, top = _admit_misses(lid, nxt, ptr, i, S, K, st, cnt, bits, mem, hit,
+                                      size, top)
+            size, top, nout = _evict_excess(ptr, M, K, st, cnt, bits, mem, sc, record, outs,
+                                            nout, size, top)
+            nin = _insert_survivors(lid, ptr, i, st, hit, record, ins, inpos, nin)
+        if record and nout - o0 > 1:
+            outs[o0:nout].sort()
+        in_ptr[i + 1] = nin
+        out_ptr[i + 1] = nout
+    return init, ins[:nin], inpos[:nin], in_ptr, outs[:nout], out_ptr, misses
+
+
+@numba.njit(cache=True)
+def _first_cache(lid, ptr, K, st, cnt, bits, mem, sc):
+    """C_0: the first K ids in order of first use, ties by id, queued in the bucket of
+    their first batch. Returns ``(init, size, top)``: the ids sorted (int64 [<=K]), how
+    many, and the highest bucket used (-1: none)."""
+    S = ptr.shape[0] - 1
     size = 0
     top = -1
-    init = np.empty(min(K, T), np.int64)
+    init = np.empty(min(K, lid.shape[0]), np.int64)
     i = 0
     while i < S and size < K:
         nnew = 0
@@ -219,119 +255,127 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
         if nnew:
             top = i
         i += 1
-    init = np.sort(init[:size])
-    n_rec = T if record else 0
-    ins = np.empty(n_rec, np.int64)
-    inpos = np.empty(n_rec, np.int64)
-    outs = np.empty(n_rec + (K if record else 0), np.int64)
-    in_ptr = np.zeros(S + 1, np.int64)
-    out_ptr = np.zeros(S + 1, np.int64)
-    misses = np.empty(S, np.int64)
-    nin = 0
-    nout = 0
-    for i in range(S):
-        a = ptr[i]
-        b = ptr[i + 1]
-        o0 = nout
-        nh = 0
-        # hits (= bucket i): to the bucket of their next use, or out
-        for p in range(a, b):
-            x = lid[p]
-            h = st[x] != 0
-            hit[p - a] = h
-            if h:
-                nh += 1
-                n = nxt[p]
-                if n >= S:
-                    st[x] = 0
-                    size -= 1
-                    if record:
-                        outs[nout] = x
-                        nout += 1
-                else:
-                    _push(mem, ptr, cnt, bits, n, x)
-                    if n > top:
-                        top = n
-        cnt[i] = 0
-        _bit_clear(bits, i)
-        misses[i] = (b - a) - nh
-        if K > 0:
-            # misses with a next use become candidates (st 2); a miss used
-            # after every entry of a full cache is bypassed at once
-            for p in range(a, b):
-                if hit[p - a]:
-                    continue
-                n = nxt[p]
-                if n >= S:
-                    continue
-                if size >= K:
-                    top = _top_bucket(bits, cnt, top)
-                    if n > top:
-                        continue
-                x = lid[p]
-                st[x] = 2
+    return np.sort(init[:size]), size, top
+
+
+@numba.njit(cache=True)
+def _serve_hits(lid, nxt, ptr, i, S, st, cnt, bits, mem, hit, record, outs, nout, size, top):
+    """Batch i's hits (bucket i) move to the bucket of their next use, or leave the cache
+    when there is none; ``hit[p - ptr[i]]`` marks them. Returns ``(hits, size, top,
+    nout)``; bucket i is empty after."""
+    nh = 0
+    a = ptr[i]
+    for p in range(a, ptr[i + 1]):
+        x = lid[p]
+        h = st[x] != 0
+        hit[p - a] = h
+        if h:
+            nh += 1
+            n = nxt[p]
+            if n >= S:
+                st[x] = 0
+                size -= 1
+                if record:
+                    outs[nout] = x
+                    nout += 1
+            else:
                 _push(mem, ptr, cnt, bits, n, x)
                 if n > top:
                     top = n
-                size += 1
-            # evict the largest keys: whole buckets from the top, then one partly
-            while size > K:
-                n = _top_bucket(bits, cnt, top)
-                top = n
-                excess = size - K
-                c = cnt[n]
-                base = ptr[n]
-                if c <= excess:
-                    for j in range(base, base + c):
-                        x = mem[j]
-                        if st[x] == 1 and record:
-                            outs[nout] = x
-                            nout += 1
-                        st[x] = 0
-                    cnt[n] = 0
-                    _bit_clear(bits, n)
-                    size -= c
-                    continue
-                # partial: new entries (st 2) go first, larger ids first
-                n2 = _gather(mem, base, c, st, 2, sc)
-                if n2 >= excess:
-                    thr2 = np.partition(sc[:n2], n2 - excess)[n2 - excess]
-                    thr1 = M  # the cached entries all stay
-                else:
-                    thr2 = -1  # every new entry goes
-                    n1 = _gather(mem, base, c, st, 1, sc)
-                    e1 = excess - n2
-                    thr1 = np.partition(sc[:n1], n1 - e1)[n1 - e1]
-                keep = base
-                for j in range(base, base + c):
-                    x = mem[j]
-                    s = st[x]
-                    if (s == 2 and x >= thr2) or (s == 1 and x >= thr1):
-                        if s == 1 and record:
-                            outs[nout] = x
-                            nout += 1
-                        st[x] = 0
-                    else:
-                        mem[keep] = x
-                        keep += 1
-                cnt[n] = c - excess
-                size = K
-            # the surviving misses are inserted (st 2 -> 1)
-            for p in range(a, b):
-                if hit[p - a]:
-                    continue
-                x = lid[p]
-                if st[x] == 2:
-                    st[x] = 1
-                    if record:
-                        ins[nin] = x
-                        inpos[nin] = p - a
-                        nin += 1
-        if record and nout - o0 > 1:
-            outs[o0:nout].sort()
-        in_ptr[i + 1] = nin
-        out_ptr[i + 1] = nout
-    return init, ins[:nin], inpos[:nin], in_ptr, outs[:nout], out_ptr, misses
+    cnt[i] = 0
+    _bit_clear(bits, i)
+    return nh, size, top, nout
+
+
+@numba.njit(cache=True)
+def _admit_misses(lid, nxt, ptr, i, S, K, st, cnt, bits, mem, hit, size, top):
+    """Batch i's misses with a next use become candidates (st 2) in its bucket; a miss
+    used after every entry of a full cache is bypassed at once. Returns ``(size, top)``
+    (size may exceed K: :func:`_evict_excess` brings it back)."""
+    a = ptr[i]
+    for p in range(a, ptr[i + 1]):
+        if hit[p - a]:
+            continue
+        n = nxt[p]
+        if n >= S:
+            continue
+        if size >= K:
+            top = _top_bucket(bits, cnt, top)
+            if n > top:
+                continue
+        x = lid[p]
+        st[x] = 2
+        _push(mem, ptr, cnt, bits, n, x)
+        if n > top:
+            top = n
+        size += 1
+    return size, top
+
+
+@numba.njit(cache=True)
+def _evict_excess(ptr, M, K, st, cnt, bits, mem, sc, record, outs, nout, size, top):
+    """Evict the largest keys until ``size <= K``: whole buckets from the top, then part of
+    one (new entries first, larger ids first). Evicted cached entries (st 1) are recorded
+    in ``outs``. Returns ``(size, top, nout)``."""
+    while size > K:
+        n = _top_bucket(bits, cnt, top)
+        top = n
+        excess = size - K
+        c = cnt[n]
+        base = ptr[n]
+        if c <= excess:
+            for j in range(base, base + c):
+                x = mem[j]
+                if st[x] == 1 and record:
+                    outs[nout] = x
+                    nout += 1
+                st[x] = 0
+            cnt[n] = 0
+            _bit_clear(bits, n)
+            size -= c
+            continue
+        n2 = _gather(mem, base, c, st, 2, sc)
+        if n2 >= excess:
+            thr2 = np.partition(sc[:n2], n2 - excess)[n2 - excess]
+            thr1 = M  # the cached entries all stay
+        else:
+            thr2 = -1  # every new entry goes
+            n1 = _gather(mem, base, c, st, 1, sc)
+            e1 = excess - n2
+            thr1 = np.partition(sc[:n1], n1 - e1)[n1 - e1]
+        keep = base
+        for j in range(base, base + c):
+            x = mem[j]
+            s = st[x]
+            if (s == 2 and x >= thr2) or (s == 1 and x >= thr1):
+                if s == 1 and record:
+                    outs[nout] = x
+                    nout += 1
+                st[x] = 0
+            else:
+                mem[keep] = x
+                keep += 1
+        cnt[n] = c - excess
+        size = K
+    return size, top, nout
+
+
+@numba.njit(cache=True)
+def _insert_survivors(lid, ptr, i, st, hit, record, ins, inpos, nin):
+    """Batch i's admitted misses that survived eviction enter the cache (st 2 -> 1),
+    recorded with their positions in the batch. Returns ``nin``."""
+    a = ptr[i]
+    for p in range(a, ptr[i + 1]):
+        if hit[p - a]:
+            continue
+        x = lid[p]
+        if st[x] == 2:
+            st[x] = 1
+            if record:
+                ins[nin] = x
+                inpos[nin] = p - a
+                nin += 1
+    return nin
 
 
 @numba.njit(cache=True, nogil=True)
