@@ -161,10 +161,20 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
         if c[v] == 0:
             c[v] = k
             k += 1
-    nc = k  # cluster ids 1..k-1
+    size, rep, head, tail, nxt = _cluster_lists(st, c, k, prio)
+    parent, n_before = _merge_small_clusters(st, c, prio, cap, rule, size, rep, head, tail, nxt)
+    owner, nr, n_split = _assign_largest_first(parent, size, head, nxt, cap, p)
+    return owner, n_before, nr, n_split
+
+
+@nb.njit(**_NB)
+def _cluster_lists(st, c, nc, prio):
+    """Each cluster's size, representative (the richest member; ties: ``prio``) and
+    members as a singly linked list in node order (``head``/``tail`` per cluster,
+    ``nxt`` per node), for cluster ids ``1..nc-1`` in ``c`` (int64 [N])."""
+    n = c.shape[0]
     size = np.zeros(nc, dtype=np.int64)
     rep = np.full(nc, -1, dtype=np.int64)
-    # members of every cluster as a singly linked list in node order
     head = np.full(nc, -1, dtype=np.int64)
     tail = np.full(nc, -1, dtype=np.int64)
     nxt = np.full(n, -1, dtype=np.int64)
@@ -184,6 +194,15 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
             kr = _rep_key(st, r)
             if kv > kr or (kv == kr and prio[v] > prio[r]):
                 rep[cl] = v
+    return size, rep, head, tail, nxt
+
+
+@nb.njit(**_NB)
+def _merge_small_clusters(st, c, prio, cap, rule, size, rep, head, tail, nxt):
+    """Merge clusters smallest first (equal sizes: lower id first) into the target the
+    rule picks, within ``cap``; updates sizes, representatives and member lists.
+    Returns ``(parent, clusters before merging)``: ``parent[i] == i`` for a root."""
+    nc = size.shape[0]
     parent = np.arange(nc)
     heap = [(np.int64(0), np.int64(0))]
     heap.pop()
@@ -195,7 +214,6 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
     heapq.heapify(heap)
     cnt = np.zeros(nc if rule == VOTE else 1, dtype=np.int64)
     touched = np.empty(nc if rule == VOTE else 1, dtype=np.int64)
-    # smallest first; equal sizes: lower cluster id (earlier created) first
     while len(heap) > 0:
         s, i = heapq.heappop(heap)
         if size[i] != s or parent[i] != i:
@@ -220,9 +238,17 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
         if ki > kj or (ki == kj and prio[r] > prio[rj]):
             rep[j] = r
         heapq.heappush(heap, (size[j], j))  # re-rank the grown cluster
-    # final clusters, largest first (stable: equal sizes by cluster id), each
-    # to the least loaded partition; one that would overfill it is split along
-    # its member order (merged sub-clusters stay together) at the cap
+    return parent, n_before
+
+
+@nb.njit(**_NB)
+def _assign_largest_first(parent, size, head, nxt, cap, p):
+    """Final clusters, largest first (stable: equal sizes by cluster id), each to the least
+    loaded partition; one that would overfill it is split along its member order (merged
+    sub-clusters stay together) at the cap. Returns ``(owner int32 [N], clusters, clusters
+    split)``."""
+    nc = size.shape[0]
+    n = nxt.shape[0]
     roots = np.empty(nc, dtype=np.int64)
     nr = 0
     for cl in range(1, nc):
@@ -236,8 +262,7 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
     owner = np.empty(n, dtype=np.int32)
     n_split = 0
     for idx in order:
-        cl = roots[idx]
-        v = head[cl]
+        v = head[roots[idx]]
         pieces = 0
         while v >= 0:
             q = 0
@@ -254,4 +279,4 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
             pieces += 1
         if pieces > 1:
             n_split += 1
-    return owner, n_before, nr, n_split
+    return owner, nr, n_split
