@@ -417,11 +417,12 @@ def test_runs_longer_than_one_sqe_are_split(tmp_path, monkeypatch):
     path = tmp_path / "f.bin"
     data = _write(path, 64)
     monkeypatch.setattr(K, "MAX_SQE_BYTES", 3 * PAGE)
-    # the kernel reads the module global at compile time: compile a fresh copy
-    read_runs = K.read_runs.py_func
+    # the kernels read the module global at compile time: compile fresh copies of the one
+    # that queues the reads and of read_runs, which then calls it
     import numba as nb
 
-    capped = nb.njit(nogil=True)(read_runs)
+    monkeypatch.setattr(K, "_fill_queue", nb.njit(nogil=True)(K._fill_queue.py_func))
+    capped = nb.njit(nogil=True)(K.read_runs.py_func)
     with _open(path, 4) as r:
         out = r.scratch(64 * PAGE)
         err = np.zeros(3, np.int64)

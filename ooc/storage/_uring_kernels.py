@@ -336,16 +336,9 @@ def read_runs(st, fd, fixed_file, offs, lens, bufs, base, buf_index, queue_depth
     """
     n = offs.shape[0]
     qd = min(queue_depth, st[S_SQ_ENTRIES])
-    ring_fd = st[S_RING_FD]
-    sq_head_p = st[S_SQ_HEAD]
-    sq_tail_p = st[S_SQ_TAIL]
-    cq_head_p = st[S_CQ_HEAD]
-    cq_tail_p = st[S_CQ_TAIL]
-    cq_mask = st[S_CQ_MASK]
-    cqes = st[S_CQES]
     sqe_flags = IOSQE_FIXED_FILE if fixed_file else 0
     sq_tail = st[S_SQ_TAIL_LOCAL]
-    cq_head = _ld_u32(cq_head_p)
+    cq_head = _ld_u32(st[S_CQ_HEAD])
     done = np.zeros(n, np.int64)   # bytes of each run read so far
     redo = np.empty(qd, np.int64)  # runs to resubmit (at most one per read in flight)
     nredo = 0
@@ -355,62 +348,87 @@ def read_runs(st, fd, fixed_file, offs, lens, bufs, base, buf_index, queue_depth
     status = OK
     while True:
         if not failed:
-            queued = 0
-            while inflight < qd and (nredo > 0 or nxt < n):
-                if nredo > 0:
-                    nredo -= 1
-                    i = redo[nredo]
-                else:
-                    i = nxt
-                    nxt += 1
-                d = done[i]
-                # one SQE reads at most MAX_SQE_BYTES (len is a u32); the rest is a short read
-                _push_read(st, sq_tail, fd, sqe_flags, offs[i] + d,
-                           min(lens[i] - d, MAX_SQE_BYTES), base + bufs[i] + d, buf_index, i)
-                sq_tail = (sq_tail + 1) & 0xFFFFFFFF
-                inflight += 1
-                queued += 1
-            if queued:
-                _st_rel_u32(sq_tail_p, sq_tail)
+            sq_tail, nxt, nredo, inflight = _fill_queue(
+                st, fd, sqe_flags, offs, lens, bufs, base, buf_index, qd, done, redo, nredo,
+                nxt, inflight, sq_tail)
         if inflight == 0:
             break
-        to_submit = (sq_tail - _ld_acq_u32(sq_head_p)) & 0xFFFFFFFF
-        wait = _ld_acq_u32(cq_tail_p) == cq_head
+        to_submit = (sq_tail - _ld_acq_u32(st[S_SQ_HEAD])) & 0xFFFFFFFF
+        wait = _ld_acq_u32(st[S_CQ_TAIL]) == cq_head
         if to_submit or wait:
-            r = _libc_syscall(SYS_IO_URING_ENTER, ring_fd, to_submit, 1 if wait else 0,
+            r = _libc_syscall(SYS_IO_URING_ENTER, st[S_RING_FD], to_submit, 1 if wait else 0,
                               IORING_ENTER_GETEVENTS if wait else 0, 0, 0)
             if r < 0 and r != -EINTR and r != -EAGAIN and r != -EBUSY:
                 status = r
                 break
-        cq_tail = _ld_acq_u32(cq_tail_p)
-        while cq_head != cq_tail:
-            cqe = cqes + (cq_head & cq_mask) * CQE_BYTES
-            i = _ld_u64(cqe)
-            res = _ld_i32(cqe + 8)
-            cq_head = (cq_head + 1) & 0xFFFFFFFF
-            inflight -= 1
-            want = lens[i] - done[i]
-            if res == want:
-                done[i] = lens[i]
-                continue
-            retry = res == -EAGAIN or res == -EINTR
-            if 0 < res < want:
-                done[i] += res
-                retry = True
-            if retry:
-                if not failed:
-                    redo[nredo] = i
-                    nredo += 1
-                continue
-            if not failed:
-                failed = True
-                status = READ_FAILED
-                err[0] = i
-                err[1] = done[i]
-                err[2] = res
-        _st_rel_u32(cq_head_p, cq_head)
+        cq_head, inflight, nredo, failed, status = _reap(
+            st, lens, done, redo, nredo, cq_head, inflight, failed, status, err)
     st[S_SQ_TAIL_LOCAL] = sq_tail
     return status
+
+
+@nb.njit(cache=True, nogil=True)
+def _fill_queue(st, fd, sqe_flags, offs, lens, bufs, base, buf_index, qd, done, redo, nredo,
+                nxt, inflight, sq_tail):
+    """Queue reads until ``qd`` are in flight: resubmissions (``redo``) first, then the
+    next runs; one SQE reads at most ``MAX_SQE_BYTES`` of a run (the rest comes back as a
+    short read). Publishes the new tail. Returns ``(sq_tail, nxt, nredo, inflight)``."""
+    n = offs.shape[0]
+    queued = 0
+    while inflight < qd and (nredo > 0 or nxt < n):
+        if nredo > 0:
+            nredo -= 1
+            i = redo[nredo]
+        else:
+            i = nxt
+            nxt += 1
+        d = done[i]
+        _push_read(st, sq_tail, fd, sqe_flags, offs[i] + d,
+                   min(lens[i] - d, MAX_SQE_BYTES), base + bufs[i] + d, buf_index, i)
+        sq_tail = (sq_tail + 1) & 0xFFFFFFFF
+        inflight += 1
+        queued += 1
+    if queued:
+        _st_rel_u32(st[S_SQ_TAIL], sq_tail)
+    return sq_tail, nxt, nredo, inflight
+
+
+@nb.njit(cache=True, nogil=True)
+def _reap(st, lens, done, redo, nredo, cq_head, inflight, failed, status, err):
+    """Take every completion in the ring: a whole read finishes its run; a short read,
+    ``-EAGAIN`` or ``-EINTR`` is queued for resubmission (unless a read failed); the first
+    failure sets ``READ_FAILED`` and ``err``. Publishes the new head. Returns ``(cq_head,
+    inflight, nredo, failed, status)``."""
+    cq_mask = st[S_CQ_MASK]
+    cqes = st[S_CQES]
+    cq_tail = _ld_acq_u32(st[S_CQ_TAIL])
+    while cq_head != cq_tail:
+        cqe = cqes + (cq_head & cq_mask) * CQE_BYTES
+        i = _ld_u64(cqe)
+        res = _ld_i32(cqe + 8)
+        cq_head = (cq_head + 1) & 0xFFFFFFFF
+        inflight -= 1
+        want = lens[i] - done[i]
+        if res == want:
+            done[i] = lens[i]
+            continue
+        retry = res == -EAGAIN or res == -EINTR
+        if 0 < res < want:
+            done[i] += res
+            retry = True
+        if retry:
+            if not failed:
+                redo[nredo] = i
+                nredo += 1
+            continue
+        if not failed:
+            failed = True
+            status = READ_FAILED
+            err[0] = i
+            err[1] = done[i]
+            err[2] = res
+    _st_rel_u32(st[S_CQ_HEAD], cq_head)
+    return cq_head, inflight, nredo, failed, status
 
 
 @nb.njit(cache=True, nogil=True)
