@@ -217,36 +217,56 @@ def ring_open(entries, flags, st):
     fd = _libc_syscall(SYS_IO_URING_SETUP, entries, p.ctypes.data, 0, 0, 0, 0)
     if fd < 0:
         return fd
+    maps = _map_rings(fd, p)
+    if maps[0] < 0:
+        _libc_close(fd)
+        return maps[0]
+    _fill_state(st, fd, flags, p, maps)
+    return 0
+
+
+@nb.njit(cache=True, nogil=True)
+def _map_rings(fd, p):
+    """Map the SQ ring, the CQ ring (unless the kernel maps both at once) and the SQE
+    array of the ring ``fd`` set up with params ``p`` (uint32 [30]). Returns ``(status,
+    sq, sq_len, cq, cq_len, sqes, sqes_len)``: status 0, or -errno with nothing mapped.
+    ``cq_len`` is 0 when the CQ ring shares the SQ ring's mapping."""
     sq_entries = np.int64(p[0])
     cq_entries = np.int64(p[1])
-    features = np.int64(p[5])
     # sq_off: head, tail, ring_mask, ring_entries, flags, dropped, array (u32 10..16)
     # cq_off: head, tail, ring_mask, ring_entries, overflow, cqes, flags (u32 20..26)
     sq_len = np.int64(p[16]) + sq_entries * 4
     cq_len = np.int64(p[25]) + cq_entries * CQE_BYTES
-    single = (features & IORING_FEAT_SINGLE_MMAP) != 0
+    single = (np.int64(p[5]) & IORING_FEAT_SINGLE_MMAP) != 0
     if single:
         sq_len = max(sq_len, cq_len)
-        cq_len = sq_len
+        cq_len = 0
     sq = _libc_mmap(sq_len, PROT_READ_WRITE, MAP_SHARED_POPULATE, fd, IORING_OFF_SQ_RING)
     if sq < 0:
-        _libc_close(fd)
-        return sq
+        return sq, 0, 0, 0, 0, 0, 0
     cq = sq
     if not single:
         cq = _libc_mmap(cq_len, PROT_READ_WRITE, MAP_SHARED_POPULATE, fd, IORING_OFF_CQ_RING)
         if cq < 0:
             _libc_munmap(sq, sq_len)
-            _libc_close(fd)
-            return cq
+            return cq, 0, 0, 0, 0, 0, 0
     sqes_len = sq_entries * SQE_BYTES
     sqes = _libc_mmap(sqes_len, PROT_READ_WRITE, MAP_SHARED_POPULATE, fd, IORING_OFF_SQES)
     if sqes < 0:
         if not single:
             _libc_munmap(cq, cq_len)
         _libc_munmap(sq, sq_len)
-        _libc_close(fd)
-        return sqes
+        return sqes, 0, 0, 0, 0, 0, 0
+    return 0, sq, sq_len, cq, cq_len, sqes, sqes_len
+
+
+@nb.njit(cache=True, nogil=True)
+def _fill_state(st, fd, flags, p, maps):
+    """``st`` (int64 [NSTATE]) for the ring ``fd`` and its mappings (:func:`_map_rings`);
+    SQ slot k is pointed at SQE k for good (the kernel reads SQEs through that index
+    array)."""
+    _, sq, sq_len, cq, cq_len, sqes, sqes_len = maps
+    sq_entries = np.int64(p[0])
     st[S_RING_FD] = fd
     st[S_SQ_HEAD] = sq + np.int64(p[10])
     st[S_SQ_TAIL] = sq + np.int64(p[11])
@@ -256,21 +276,19 @@ def ring_open(entries, flags, st):
     st[S_CQ_HEAD] = cq + np.int64(p[20])
     st[S_CQ_TAIL] = cq + np.int64(p[21])
     st[S_CQ_MASK] = _ld_u32(cq + np.int64(p[22]))
-    st[S_CQ_ENTRIES] = cq_entries
+    st[S_CQ_ENTRIES] = np.int64(p[1])
     st[S_CQES] = cq + np.int64(p[25])
     st[S_SQ_MAP] = sq
     st[S_SQ_MAP_LEN] = sq_len
-    st[S_CQ_MAP] = 0 if single else cq
-    st[S_CQ_MAP_LEN] = 0 if single else cq_len
+    st[S_CQ_MAP] = 0 if cq_len == 0 else cq
+    st[S_CQ_MAP_LEN] = cq_len
     st[S_SQES_MAP_LEN] = sqes_len
     st[S_SQ_TAIL_LOCAL] = _ld_u32(st[S_SQ_TAIL])
-    st[S_FEATURES] = features
+    st[S_FEATURES] = np.int64(p[5])
     st[S_SETUP_FLAGS] = flags
-    # SQ slot k always holds SQE k (the kernel reads SQEs through this index array)
     array = sq + np.int64(p[16])
     for k in range(sq_entries):
         _st_u32(array + 4 * k, k)
-    return 0
 
 
 @nb.njit(cache=True, nogil=True)
