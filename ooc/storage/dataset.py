@@ -375,6 +375,19 @@ def _load_meta(path: Path) -> dict:
     """Parse ``meta.json`` and check every field's type and range (not yet
     against the files)."""
     mp = path / "meta.json"
+    meta = _parse_meta(path, mp)
+    _check_meta_fields(mp, meta)
+    _check_meta_files(mp, meta["files"])
+    if "index_range" in meta:
+        r = meta["index_range"]
+        if not (isinstance(r, list) and len(r) == 2 and all(_is_int(v) for v in r)):
+            raise DatasetError(mp, f"field 'index_range' must be [min, max] integers, got {r!r}")
+    return meta
+
+
+def _parse_meta(path: Path, mp: Path) -> dict:
+    """The JSON object of ``mp`` (the ``meta.json`` of the folder ``path``), checked to be
+    an ooc dataset's of this format version and to hold every required field."""
     if not path.is_dir():
         raise DatasetError(path, "not a dataset folder (missing or not a directory)")
     if not mp.is_file():
@@ -396,6 +409,13 @@ def _load_meta(path: Path) -> dict:
                 "index_dtype", "num_classes", "files"):
         if key not in meta:
             raise DatasetError(mp, f"missing field {key!r}")
+    return meta
+
+
+def _check_meta_fields(mp: Path, meta: dict) -> None:
+    """The counts, dtypes and optional fields of ``meta`` (parsed from ``mp``): each of
+    its type and in range, the index dtype the one ``num_nodes`` needs, and any recorded
+    feature layout field the one ``feature_dim`` and ``feature_dtype`` give."""
     n = _meta_int(mp, meta, "num_nodes", 0, 2**62)
     _meta_int(mp, meta, "num_edges", 0, 2**62)
     _meta_int(mp, meta, "feature_dim", 1, MAX_FEATURE_DIM)
@@ -416,7 +436,12 @@ def _load_meta(path: Path) -> dict:
     for key, kind in (("directed", bool), ("name", str), ("source", dict)):
         if key in meta and not isinstance(meta[key], kind):
             raise DatasetError(mp, f"field {key!r} must be a {kind.__name__}, got {meta[key]!r}")
-    files = meta["files"]
+
+
+def _check_meta_files(mp: Path, files: Any) -> None:
+    """The ``files`` field of the ``meta.json`` at ``mp``: an object with an entry for
+    every required file, each with an integer ``bytes`` >= 0, sha256 hex digests where
+    it has ``sha256``/``sampled_sha256``, and a list of integers as ``block_crc32``."""
     if not isinstance(files, dict):
         raise DatasetError(mp, f"field 'files' must be an object, got {files!r}")
     for name in REQUIRED_FILES:
@@ -435,11 +460,6 @@ def _load_meta(path: Path) -> dict:
         crcs = entry.get("block_crc32")
         if crcs is not None and not (isinstance(crcs, list) and all(_is_int(c) for c in crcs)):
             raise DatasetError(mp, f"'block_crc32' of {name} must be a list of integers")
-    if "index_range" in meta:
-        r = meta["index_range"]
-        if not (isinstance(r, list) and len(r) == 2 and all(_is_int(v) for v in r)):
-            raise DatasetError(mp, f"field 'index_range' must be [min, max] integers, got {r!r}")
-    return meta
 
 
 def _load_npy(path: Path, dtype, shape: tuple | None, mmap: bool = False) -> np.ndarray:
@@ -560,10 +580,34 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     path = Path(path)
     meta = _load_meta(path)
     mp = path / "meta.json"
-    n, e = meta["num_nodes"], meta["num_edges"]
+    n = meta["num_nodes"]
+    layout = FeatureLayout(n, meta["feature_dim"], meta["feature_dtype"])
+    _check_files(path, meta, layout)
+    indptr = _load_npy(path / "indptr.npy", np.int64, (n + 1,), mmap=True)
+    _check_indptr(path / "indptr.npy", indptr, meta["num_edges"])
+    indices = _open_indices(path, meta, verify)
+    labels = _open_labels(path, n, meta["num_classes"])
+    splits = _load_splits(path, n)
+    if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
+        raise DatasetError(mp, "was edited after the dataset was written (its checksum does not "
+                               "match its fields); write the dataset again with ooc.prepare")
+    row_of = _load_row_map(path, meta, n)
+    ds = Dataset(path=path, meta=meta, indptr=indptr, indices=indices,
+                 features=None, labels=labels, train_idx=splits[0], val_idx=splits[1],
+                 test_idx=splits[2], layout=layout, row_of=row_of)
+    ds.features = ds.by_node(MmapFeatures(path / "features.bin", layout))
+    return ds
+
+
+def _check_files(path: Path, meta: dict, layout: FeatureLayout) -> None:
+    """The required files of the folder ``path`` against its ``meta`` (checked by
+    :func:`_load_meta`): the sizes of ``features.bin`` (``layout``) and ``indices.bin``
+    that the counts imply and the number of block checksums of ``indices.bin``, then
+    each file's size on disk and its sha256 (full or of sampled pages) where recorded."""
+    mp = path / "meta.json"
+    e = meta["num_edges"]
     files = meta["files"]
     idt = np.dtype(meta["index_dtype"])
-    layout = FeatureLayout(n, meta["feature_dim"], meta["feature_dtype"])
     implied = {"features.bin": layout.file_bytes, "indices.bin": padded_bytes(e * idt.itemsize)}
     for name, want in implied.items():
         if files[name]["bytes"] != want:
@@ -583,8 +627,16 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
             raise DatasetError(path / name, "checksum of sampled pages does not match meta.json "
                                             "(corrupted file)")
 
-    indptr = _load_npy(path / "indptr.npy", np.int64, (n + 1,), mmap=True)
-    _check_indptr(path / "indptr.npy", indptr, e)
+
+def _open_indices(path: Path, meta: dict, verify: bool) -> np.ndarray:
+    """``indices.bin`` of the folder ``path`` as an int32/int64 [E] memmap (an empty
+    array when E is 0). The id range ``meta`` records must lie in ``[0, N)``; the file is
+    scanned (:func:`scan_index_range`) with ``verify``, or when ``meta`` records no
+    range and the file is at most ``INDEX_SCAN_LIMIT`` bytes."""
+    mp = path / "meta.json"
+    n, e = meta["num_nodes"], meta["num_edges"]
+    files = meta["files"]
+    idt = np.dtype(meta["index_dtype"])
     ipath = path / "indices.bin"
     if e and "index_range" in meta:
         lo, hi = meta["index_range"]
@@ -593,10 +645,13 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
                                    f"[0, {n}) (corrupted meta.json or file)")
     if e and (verify or ("index_range" not in meta and files["indices.bin"]["bytes"] <= INDEX_SCAN_LIMIT)):
         scan_index_range(ipath, idt, e, n, files["indices.bin"].get("block_crc32"))
-    indices = (np.memmap(ipath, dtype=idt, mode="r", shape=(e,)) if e else np.zeros(0, dtype=idt))
+    return np.memmap(ipath, dtype=idt, mode="r", shape=(e,)) if e else np.zeros(0, dtype=idt)
 
+
+def _open_labels(path: Path, n: int, c: int) -> np.ndarray:
+    """``labels.npy`` of the folder ``path`` as an int64 [n] memmap, every label checked
+    to be in ``[-1, c)`` (one streaming pass of plain reads)."""
     labels = _load_npy(path / "labels.npy", np.int64, (n,), mmap=True)
-    c = meta["num_classes"]
     lmin, lmax = 0, -1
     for a, chunk in _npy_chunks(path / "labels.npy", labels):
         lmin, lmax = (min(lmin, int(chunk.min())) if a else int(chunk.min()),
@@ -604,6 +659,12 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     if n and (lmin < -1 or lmax >= c):
         raise DatasetError(path / "labels.npy",
                            f"label out of range [-1, {c}) (min {lmin}, max {lmax})")
+    return labels
+
+
+def _load_splits(path: Path, n: int) -> list[np.ndarray]:
+    """The train, validation and test node ids (int64 [k] each, read into memory) of the
+    folder ``path``, each id in ``[0, n)`` and in at most one split once."""
     names = ("train_idx.npy", "val_idx.npy", "test_idx.npy")
     splits = []
     for name in names:
@@ -616,15 +677,7 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
         i, j, v = clash
         what = "twice" if i == j else f"also in {names[i]}"
         raise DatasetError(path / names[j], f"node {v} is listed {what}")
-    if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
-        raise DatasetError(mp, "was edited after the dataset was written (its checksum does not "
-                               "match its fields); write the dataset again with ooc.prepare")
-    row_of = _load_row_map(path, meta, n)
-    ds = Dataset(path=path, meta=meta, indptr=indptr, indices=indices,
-                 features=None, labels=labels, train_idx=splits[0], val_idx=splits[1],
-                 test_idx=splits[2], layout=layout, row_of=row_of)
-    ds.features = ds.by_node(MmapFeatures(path / "features.bin", layout))
-    return ds
+    return splits
 
 
 def _load_row_map(path: Path, meta: dict, n: int) -> np.ndarray | None:

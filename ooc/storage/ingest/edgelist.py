@@ -635,6 +635,58 @@ def labelled_split(labels: np.ndarray, train: float, val: float, seed: int) -> l
 
 # -- the public entry point ----------------------------------------------------
 
+def _node_count_hint(num_nodes: int | None, feat: NpyReader | None, labels: Any) -> int:
+    """The node count known before the count pass, checked against :mod:`.limits`:
+    ``num_nodes``, else the row count of the features ``feat``, else the length of the
+    labels file ``labels`` (a path or None), else -1 (the count pass takes max id + 1)."""
+    n_hint = num_nodes if num_nodes is not None else (feat.shape[0] if feat is not None else -1)
+    if num_nodes is not None:
+        if num_nodes < 1:
+            raise InvalidValue(f"{setting('--num-nodes')} must be at least 1, got {num_nodes}")
+        L.check_node_count(num_nodes, f"{setting('--num-nodes')} {num_nodes}")
+    elif feat is not None:
+        L.check_node_count(int(n_hint), f"{feat.path} ({n_hint} rows)")
+    if n_hint < 0 and labels is not None:
+        lr = NpyReader(labels)
+        n_hint = lr.shape[0] if lr.shape else -1
+        if n_hint >= 0:
+            L.check_node_count(int(n_hint), f"{lr.path} ({n_hint} labels)")
+    return int(n_hint)
+
+
+def _load_labels_and_splits(labels: Any, split_files: tuple[Any, Any, Any], n: int,
+                            random_split: tuple[float, float, int] | None
+                            ) -> tuple[tuple[np.ndarray, int] | None, list[np.ndarray]]:
+    """The labels (int64 [n] and the class count, or None without a ``labels`` file)
+    and the train, validation and test ids (int64, one array per file of
+    ``split_files``, empty where it is None; with ``random_split`` and labels, the
+    labelled nodes split at random by :func:`labelled_split` instead)."""
+    lab = load_labels(labels, n) if labels is not None else None
+    splits = [load_split(p, n) if p is not None else np.zeros(0, np.int64)
+              for p in split_files]
+    if random_split is not None and lab is not None:
+        splits = labelled_split(lab[0], *random_split)
+    return lab, splits
+
+
+def _write_nodes(w: DatasetWriter, feat: NpyReader | None, lab: tuple[np.ndarray, int] | None,
+                 splits: list[np.ndarray], split_files: tuple[Any, Any, Any], buffer_bytes: int,
+                 progress: bool) -> None:
+    """Write the features of ``w`` (the rows of ``feat``, else one feature of value 1.0 per
+    node), its labels ``lab`` (int64 [N] and the class count) when given, and its three
+    ``splits`` (int64 ids), named in errors after ``split_files`` where given."""
+    if feat is not None:
+        write_features_npy(w, feat, buffer_bytes, progress)
+    else:
+        write_constant_features(w)
+    if lab is not None:
+        w.write_labels(*lab)
+    train, val, test = splits  # three lists: the split files', or labelled_split's
+    train_idx, val_idx, test_idx = split_files
+    w.write_splits(train, val, test, names=(str(train_idx or "train_idx"),
+                                            str(val_idx or "val_idx"), str(test_idx or "test_idx")))
+
+
 def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                     num_nodes: int | None = None, undirected: bool = False, dedup: bool = False,
                     remove_self_loops: bool = False, features=None, feature_dtype: str | None = None,
@@ -658,36 +710,20 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
     validation, the rest to test.
     """
     t0 = time.perf_counter()
-    out = check_out(out, overwrite, (edges, features, labels, train_idx, val_idx, test_idx))
+    split_files = (train_idx, val_idx, test_idx)
+    out = check_out(out, overwrite, (edges, features, labels, *split_files))
     source = open_edges(edges, fmt, header)
     feat = open_features(features) if features is not None else None
-    if labels is not None:
-        check_input(labels)
-    for p in (train_idx, val_idx, test_idx):
+    for p in (labels, *split_files):
         if p is not None:
             check_input(p)
-    n_hint = num_nodes if num_nodes is not None else (feat.shape[0] if feat is not None else -1)
-    if num_nodes is not None:
-        if num_nodes < 1:
-            raise InvalidValue(f"{setting('--num-nodes')} must be at least 1, got {num_nodes}")
-        L.check_node_count(num_nodes, f"{setting('--num-nodes')} {num_nodes}")
-    elif feat is not None:
-        L.check_node_count(int(n_hint), f"{feat.path} ({n_hint} rows)")
-    if n_hint < 0 and labels is not None:
-        lr = NpyReader(labels)
-        n_hint = lr.shape[0] if lr.shape else -1
-        if n_hint >= 0:
-            L.check_node_count(int(n_hint), f"{lr.path} ({n_hint} labels)")
-    counts = count_pass(source, int(n_hint), undirected, remove_self_loops, buffer_bytes, progress)
+    n_hint = _node_count_hint(num_nodes, feat, labels)
+    counts = count_pass(source, n_hint, undirected, remove_self_loops, buffer_bytes, progress)
     n = counts.shape[0]
     check_not_empty(source, counts)
     if feat is not None:
         open_features(features, n)
-    lab = load_labels(labels, n) if labels is not None else None
-    splits = [load_split(p, n) if p is not None else np.zeros(0, np.int64)
-              for p in (train_idx, val_idx, test_idx)]
-    if random_split is not None and lab is not None:
-        splits = labelled_split(lab[0], *random_split)
+    lab, splits = _load_labels_and_splits(labels, split_files, n, random_split)
     if feature_dtype is None:
         feature_dtype = "float16" if feat is not None and feat.dtype == np.float16 else "float32"
     dim = feat.shape[1] if feat is not None else 1
@@ -700,15 +736,7 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                        buffer_bytes=buffer_bytes) as w:
         st = scatter_passes(w, source, counts, undirected, dedup, remove_self_loops,
                             buffer_bytes, progress)
-        if feat is not None:
-            write_features_npy(w, feat, buffer_bytes, progress)
-        else:
-            write_constant_features(w)
-        if lab is not None:
-            w.write_labels(*lab)
-        train, val, test = splits  # three lists: the split files', or labelled_split's
-        w.write_splits(train, val, test, names=(str(train_idx or "train_idx"),
-                                                str(val_idx or "val_idx"), str(test_idx or "test_idx")))
+        _write_nodes(w, feat, lab, splits, split_files, buffer_bytes, progress)
         assert w.num_edges is not None  # set by write_indptr in scatter_passes
         st.update(num_nodes=n, num_edges=w.num_edges)
     if stats is not None:

@@ -97,24 +97,12 @@ def _splits(n: int, seed: int, fractions) -> list[np.ndarray]:
     return out
 
 
-def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, feature_dim: int = 64,
-                       classes: int = 8, dtype: str = "float32", train_fraction: float = 0.1,
-                       val_fraction: float = 0.05, test_fraction: float | None = None, seed: int = 0,
-                       undirected: bool = True, overwrite: bool = False, progress: bool = True,
-                       p_in: float = 0.85, signal: float = 1.0, noise: float | None = None,
-                       buffer_bytes: int = DEFAULT_BUFFER, stats: dict | None = None,
-                       allow_nonfinite: bool = False, community_size: int | None = None,
-                       reorder: str = "auto") -> Path:
-    """Generate a synthetic dataset folder at ``out`` and return its path.
-
-    ``test_fraction=None`` puts every node outside train/val into test.
-    ``signal`` is the centroid norm, ``noise`` the per-coordinate standard
-    deviation (default chosen so features alone give roughly 50% accuracy
-    with 8 classes and 64 dims). ``community_size`` splits the graph into
-    ``ceil(nodes / community_size)`` communities (labels: community modulo
-    ``classes``) instead of one per class.
-    """
-    t0 = time.perf_counter()
+def _check_settings(nodes: int, avg_degree: float, feature_dim: int, classes: int, dtype: str,
+                    train_fraction: float, val_fraction: float, test_fraction: float | None,
+                    seed: int, p_in: float, signal: float, noise: float | None
+                    ) -> tuple[float, float, float]:
+    """Refuse any setting of :func:`generate_synthetic` out of its range; return the
+    split fractions ``(train, val, test)`` (``test_fraction=None``: the rest)."""
     for flag, v in (("--avg-degree", avg_degree), ("--train-fraction", train_fraction),
                     ("--val-fraction", val_fraction), ("--test-fraction", test_fraction),
                     ("--p-in", p_in), ("--noise", noise), ("signal", signal)):
@@ -144,6 +132,56 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
         raise InvalidValue(f"split fractions must be >= 0 and sum to at most 1, got {fr}")
     if not 0 <= p_in <= 1:
         raise InvalidValue(f"{setting('--p-in')} must be in [0, 1], got {p_in}")
+    return fr
+
+
+def _centroids(classes: int, feature_dim: int, signal: float, seed: int) -> np.ndarray:
+    """float64 [classes, feature_dim]: a seeded random centroid of norm ``signal`` per class."""
+    rng = np.random.default_rng([seed, 1])
+    centroids = rng.standard_normal((classes, feature_dim))
+    centroids *= signal / np.linalg.norm(centroids, axis=1, keepdims=True)
+    return centroids
+
+
+def _write_features(w: DatasetWriter, labels: np.ndarray, centroids: np.ndarray, noise: float,
+                    seed: int, buffer_bytes: int, progress: bool) -> None:
+    """Write ``features.bin`` of ``w``: row ``v`` is ``centroids[labels[v]] + noise * N(0, 1)``
+    (``labels`` int64 [N], ``centroids`` float64 [classes, dim]), made and written in
+    page-aligned float32 chunks of at most a quarter of ``buffer_bytes`` (1 to 64 MiB)."""
+    nodes, feature_dim = labels.shape[0], centroids.shape[1]
+    sink = FeatureSink(w)
+    step = sink.chunk_rows(max(1 << 20, min(64 << 20, buffer_bytes // 4)))
+    with _progress(nodes, "features", progress, unit="rows") as bar:
+        for a in range(0, nodes, step):
+            b = min(nodes, a + step)
+            x = np.empty((b - a, feature_dim), dtype=np.float32)
+            K.noisy_features(seed, a, labels[a:b], centroids.astype(np.float32),
+                             np.float32(noise), x)
+            sink.write(a, x)
+            bar.update(b - a)
+    sink.sync()
+
+
+def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, feature_dim: int = 64,
+                       classes: int = 8, dtype: str = "float32", train_fraction: float = 0.1,
+                       val_fraction: float = 0.05, test_fraction: float | None = None, seed: int = 0,
+                       undirected: bool = True, overwrite: bool = False, progress: bool = True,
+                       p_in: float = 0.85, signal: float = 1.0, noise: float | None = None,
+                       buffer_bytes: int = DEFAULT_BUFFER, stats: dict | None = None,
+                       allow_nonfinite: bool = False, community_size: int | None = None,
+                       reorder: str = "auto") -> Path:
+    """Generate a synthetic dataset folder at ``out`` and return its path.
+
+    ``test_fraction=None`` puts every node outside train/val into test.
+    ``signal`` is the centroid norm, ``noise`` the per-coordinate standard
+    deviation (default chosen so features alone give roughly 50% accuracy
+    with 8 classes and 64 dims). ``community_size`` splits the graph into
+    ``ceil(nodes / community_size)`` communities (labels: community modulo
+    ``classes``) instead of one per class.
+    """
+    t0 = time.perf_counter()
+    fr = _check_settings(nodes, avg_degree, feature_dim, classes, dtype, train_fraction,
+                         val_fraction, test_fraction, seed, p_in, signal, noise)
     communities = communities_of(nodes, classes, community_size)
     out = check_out(out, overwrite)
     if noise is None:
@@ -152,9 +190,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
     source = SyntheticEdges(nodes, num_gen, classes, p_in, seed, communities=communities)
     counts = count_pass(source, nodes, undirected, True, buffer_bytes, progress)
     labels = source.labels()
-    rng = np.random.default_rng([seed, 1])
-    centroids = rng.standard_normal((classes, feature_dim))
-    centroids *= signal / np.linalg.norm(centroids, axis=1, keepdims=True)
+    centroids = _centroids(classes, feature_dim, signal, seed)
     params = {"kind": "synthetic", "nodes": nodes, "avg_degree": avg_degree, "feature_dim": feature_dim,
               "classes": classes, "dtype": dtype, "seed": seed, "undirected": undirected,
               "p_in": p_in, "communities": communities, "rmat": list(RMAT), "signal": signal, "noise": noise,
@@ -164,17 +200,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                        features_name="synthetic features", reorder=reorder,
                        buffer_bytes=buffer_bytes) as w:
         st = scatter_passes(w, source, counts, undirected, True, True, buffer_bytes, progress)
-        sink = FeatureSink(w)
-        step = sink.chunk_rows(max(1 << 20, min(64 << 20, buffer_bytes // 4)))
-        with _progress(nodes, "features", progress, unit="rows") as bar:
-            for a in range(0, nodes, step):
-                b = min(nodes, a + step)
-                x = np.empty((b - a, feature_dim), dtype=np.float32)
-                K.noisy_features(seed, a, labels[a:b], centroids.astype(np.float32),
-                                 np.float32(noise), x)
-                sink.write(a, x)
-                bar.update(b - a)
-        sink.sync()
+        _write_features(w, labels, centroids, noise, seed, buffer_bytes, progress)
         w.write_labels(labels, classes)
         train, val, test = _splits(nodes, seed, fr)  # one array per fraction of fr
         w.write_splits(train, val, test)
