@@ -49,6 +49,60 @@ def _least_loaded(load, p):
     return best
 
 
+@nb.njit(inline="always")
+def _greedy_choice(bits, u, v, load, rem, p):
+    """PowerGraph's greedy rule for edge (u, v): the least loaded partition holding both,
+    else one holding the endpoint with more unassigned edges (``rem``), else the least
+    loaded of all. Counts the edge off ``rem``."""
+    q = _least_loaded_both(bits, u, v, load, p)
+    if q < 0:
+        hu = _least_loaded_in(bits, u, load, p)
+        hv = _least_loaded_in(bits, v, load, p)
+        if hu >= 0 and hv >= 0:
+            q = hu if rem[u] > rem[v] else hv
+        elif hu >= 0:
+            q = hu
+        elif hv >= 0:
+            q = hv
+        else:
+            q = _least_loaded(load, p)
+    rem[u] -= 1
+    rem[v] -= 1
+    return q
+
+
+@nb.njit(inline="always")
+def _hdrf_choice(bits, u, v, deg, load, p, lam, eps):
+    """HDRF for edge (u, v): the partition of the best replication score (the endpoint of
+    lower partial degree ``deg`` counts more) plus ``lam`` times the balance score.
+    Counts the edge into ``deg``."""
+    deg[u] += 1
+    deg[v] += 1
+    du = deg[u]
+    dv = deg[v]
+    tu = du / (du + dv)
+    tv = 1.0 - tu
+    mx = load[0]
+    mn = load[0]
+    for r in range(1, p):
+        if load[r] > mx:
+            mx = load[r]
+        if load[r] < mn:
+            mn = load[r]
+    best = -1.0
+    q = 0
+    for r in range(p):
+        score = lam * (mx - load[r]) / (eps + mx - mn)
+        if _has(bits, u, r):
+            score += 2.0 - tu
+        if _has(bits, v, r):
+            score += 2.0 - tv
+        if score > best:
+            best = score
+            q = r
+    return q
+
+
 @nb.njit(**_NB)
 def edge_chunk(algo, indptr, a, first_dst, src, p, seed, deg, rem, bits, load,
                cand_in, cnt_in, cand_out, cnt_out, lam, eps, last):
@@ -74,45 +128,9 @@ def edge_chunk(algo, indptr, a, first_dst, src, p, seed, deg, rem, bits, load,
             w = u if deg[u] < deg[v] else v
             q = hash_node(w, seed, p)
         elif algo == GREEDY:
-            q = _least_loaded_both(bits, u, v, load, p)
-            if q < 0:
-                hu = _least_loaded_in(bits, u, load, p)
-                hv = _least_loaded_in(bits, v, load, p)
-                if hu >= 0 and hv >= 0:
-                    q = hu if rem[u] > rem[v] else hv
-                elif hu >= 0:
-                    q = hu
-                elif hv >= 0:
-                    q = hv
-                else:
-                    q = _least_loaded(load, p)
-            rem[u] -= 1
-            rem[v] -= 1
+            q = _greedy_choice(bits, u, v, load, rem, p)
         else:  # HDRF
-            deg[u] += 1
-            deg[v] += 1
-            du = deg[u]
-            dv = deg[v]
-            tu = du / (du + dv)
-            tv = 1.0 - tu
-            mx = load[0]
-            mn = load[0]
-            for r in range(1, p):
-                if load[r] > mx:
-                    mx = load[r]
-                if load[r] < mn:
-                    mn = load[r]
-            best = -1.0
-            q = 0
-            for r in range(p):
-                score = lam * (mx - load[r]) / (eps + mx - mn)
-                if _has(bits, u, r):
-                    score += 2.0 - tu
-                if _has(bits, v, r):
-                    score += 2.0 - tv
-                if score > best:
-                    best = score
-                    q = r
+            q = _hdrf_choice(bits, u, v, deg, load, p, lam, eps)
         load[q] += 1
         bits[u, q >> 6] |= np.uint64(1) << np.uint64(q & 63)
         bits[v, q >> 6] |= np.uint64(1) << np.uint64(q & 63)
