@@ -294,37 +294,10 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
     indeg = in_degrees(indptr)
     if out_degrees is None:
         out_degrees = compute_out_degrees(indices, n, dtype=indeg.dtype)
-    # addresses stay below the entries the budget can hold (which decides their dtype)
-    max_address = max(0, int(budget_bytes) // dtype.itemsize)
-    # the map charged as a hash table (bytes per cached node) or as a direct table
-    # (bytes per node of the graph): the one that lets more lists in
-    best, most, entries = (np.iinfo(np.int64).max, -1), -1, 0
-    count_only = np.zeros(0, np.int64)
-    for extra, room in ((map_bytes_per_node(n, max_address), int(budget_bytes)),
-                        (0, int(budget_bytes) - _map_bytes(n, n, max_address))):
-        key, last = _select(indeg, out_degrees, dtype.itemsize, extra, room)
-        k, e = NK.select_nodes(indeg, out_degrees, key, last, 0, n, count_only)
-        if k > most:
-            best, most, entries = (key, last), int(k), int(e)
+    best, most, entries = _choose(indeg, out_degrees, dtype.itemsize, int(budget_bytes))
     slots = IdMap(most, max(0, n - 1), max(0, entries - 1))
     cache_array = np.empty(entries, dtype=dtype)
-    # node ranges in turn: their chosen nodes, addresses and lists, the memmaps' pages
-    # released after each (the peak holds the cache and one range's pages)
-    step = min(FILL_SLICE_NODES, max(1, FILL_SLICE_ENTRIES * n // max(1, entries)))
-    ids = np.empty(min(n, step), np.int64)
-    at = 0
-    for a in range(0, n, step):
-        k, e = NK.select_nodes(indeg, out_degrees, best[0], best[1], a, min(n, a + step), ids)
-        if not k:
-            continue
-        chosen = ids[:k]
-        sizes = indeg[chosen].astype(np.int64) + 1
-        addr = at + np.cumsum(sizes) - sizes  # where each entry starts
-        NK.fill_cache(chosen, addr, indptr, indices, cache_array)
-        slots.put(chosen, addr)
-        at += int(e)
-        release_mapped(indices)
-        release_mapped(indptr)
+    _fill(indptr, indices, indeg, out_degrees, best, slots, cache_array)
     meta = {
         "version": CACHE_VERSION,
         "policy": "out_in_degree_ratio",
@@ -339,6 +312,57 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
     cache = NeighborCache(slots, cache_array, meta)
     meta["bytes"] = cache.nbytes
     return cache
+
+
+def _choose(indeg: np.ndarray, out_deg: np.ndarray, itemsize: int,
+            budget_bytes: int) -> tuple[tuple[int, int], int, int]:
+    """The nodes the cache takes, as ``((key, last), nodes, entries)``: the
+    :func:`_select` bound, how many nodes it takes and their entries (counts and
+    lists, ``itemsize`` bytes each). ``indeg``, ``out_deg``: [N] degrees.
+
+    The map is charged as a hash table (bytes per cached node) or as a direct table
+    (bytes per node of the graph): the one that lets more lists in.
+    """
+    n = indeg.shape[0]
+    # addresses stay below the entries the budget can hold (which decides their dtype)
+    max_address = max(0, budget_bytes // itemsize)
+    best, most, entries = (np.iinfo(np.int64).max, -1), -1, 0
+    count_only = np.zeros(0, np.int64)
+    for extra, room in ((map_bytes_per_node(n, max_address), budget_bytes),
+                        (0, budget_bytes - _map_bytes(n, n, max_address))):
+        key, last = _select(indeg, out_deg, itemsize, extra, room)
+        k, e = NK.select_nodes(indeg, out_deg, key, last, 0, n, count_only)
+        if k > most:
+            best, most, entries = (key, last), int(k), int(e)
+    return best, most, entries
+
+
+def _fill(indptr: np.ndarray, indices: np.ndarray, indeg: np.ndarray, out_deg: np.ndarray,
+          best: tuple[int, int], slots: IdMap, cache_array: np.ndarray) -> None:
+    """Copy the lists of the nodes ``best`` selects (see :func:`_choose`) into
+    ``cache_array`` (the index dtype, [entries]) and their addresses into ``slots``.
+
+    ``indptr`` (int64 [N+1]) and ``indices`` ([E]) may be memmaps: node ranges are
+    done in turn (their chosen nodes, addresses and lists) and the memmaps' pages
+    released after each, so the peak holds the cache and one range's pages.
+    """
+    n = indeg.shape[0]
+    entries = cache_array.shape[0]
+    step = min(FILL_SLICE_NODES, max(1, FILL_SLICE_ENTRIES * n // max(1, entries)))
+    ids = np.empty(min(n, step), np.int64)
+    at = 0
+    for a in range(0, n, step):
+        k, e = NK.select_nodes(indeg, out_deg, best[0], best[1], a, min(n, a + step), ids)
+        if not k:
+            continue
+        chosen = ids[:k]
+        sizes = indeg[chosen].astype(np.int64) + 1
+        addr = at + np.cumsum(sizes) - sizes  # where each entry starts
+        NK.fill_cache(chosen, addr, indptr, indices, cache_array)
+        slots.put(chosen, addr)
+        at += int(e)
+        release_mapped(indices)
+        release_mapped(indptr)
 
 
 def build_bytes(num_nodes: int, num_edges: int, itemsize: int = 8) -> int:

@@ -170,6 +170,33 @@ class NeighborSampler:
         return out
 
     def _sample_group(self, seed_batches, batch_seeds) -> list[SampledBatch]:
+        """Sample the batches of one group together: one source request per hop."""
+        all_nodes, ptr = self._check_seeds(seed_batches)
+        bseeds = np.array([int(s) & _M64 for s in batch_seeds], dtype=np.uint64).view(np.int64)
+        all_ptr = ptr
+        front = all_nodes
+        front_ptr = ptr.copy()
+        hop_new: list[np.ndarray] = []          # per hop: new-node counts per batch
+        hop_edges: list[tuple] = []             # per hop: (src, dst, edge offsets per batch)
+        for h, fanout in enumerate(self.fanouts, start=1):
+            offsets, epos, nbr = self._draw(front, front_ptr, bseeds, h, fanout)
+            src, dst, new_nodes, new_cnt = self._dedup(all_nodes, all_ptr, front_ptr, offsets,
+                                                       epos, nbr)
+            eptr = offsets[front_ptr]
+            hop_new.append(new_cnt)
+            hop_edges.append((src, dst, eptr))
+            # append new nodes; they are the next frontier
+            all_nodes, all_ptr, front, front_ptr = _merge_new(all_nodes, all_ptr, new_nodes,
+                                                              eptr, new_cnt)
+        return _assemble(ptr, all_nodes, all_ptr, hop_new, hop_edges)
+
+    def _check_seeds(self, seed_batches) -> tuple[np.ndarray, np.ndarray]:
+        """The group's seeds concatenated (int64 [S]) and each batch's range in them
+        (int64 [B + 1]).
+
+        Raises:
+            InvalidValue: a batch with duplicate seeds or a seed outside ``[0, N)``.
+        """
         B = len(seed_batches)
         seeds = [np.asarray(s, dtype=np.int64).reshape(-1) for s in seed_batches]
         ptr = np.zeros(B + 1, dtype=np.int64)
@@ -181,67 +208,111 @@ class NeighborSampler:
             b = int(np.flatnonzero(bad)[0])
             what = "duplicate seed ids" if bad[b] == 1 else f"seed ids outside [0, {self.num_nodes})"
             raise InvalidValue(f"batch {b}: {what}")
-        bseeds = np.array([int(s) & _M64 for s in batch_seeds], dtype=np.uint64).view(np.int64)
-        all_ptr = ptr
-        front = all_nodes
-        front_ptr = ptr.copy()
-        hop_new: list[np.ndarray] = []          # per hop: new-node counts per batch
-        hop_edges: list[tuple] = []             # per hop: (src, dst, edge offsets per batch)
-        for h, fanout in enumerate(self.fanouts, start=1):
-            f = front.shape[0]
-            counts = np.empty(f, dtype=np.int64)
-            K.hop_counts(front, self.offsets.base, self.offsets.rel, fanout, counts)
-            offsets = np.zeros(f + 1, dtype=np.int64)
-            np.cumsum(counts, out=offsets[1:])
-            m = int(offsets[-1])
-            rel = np.empty(m, dtype=np.int64)
-            epos = np.empty(m, dtype=np.int64)
-            front_batch = np.repeat(np.arange(B, dtype=np.int64), np.diff(front_ptr))
-            K.hop_select(front, front_batch, bseeds, h, self.offsets.base, self.offsets.rel,
-                         offsets, rel, epos)
-            nbr = self.source.gather(NeighborRequest(front, offsets, rel, epos))
-            nbr = np.ascontiguousarray(nbr, dtype=np.int64)
-            if nbr.shape[0] != m:
-                raise RuntimeError(f"neighbour source returned {nbr.shape[0]} ids for {m} positions")
-            src = np.empty(m, dtype=np.int64)
-            dst = np.empty(m, dtype=np.int64)
-            new_nodes = np.empty(m, dtype=np.int64)
-            new_cnt = np.zeros(B, dtype=np.int64)
-            bad_pos = np.full(B, -1, dtype=np.int64)
-            K.hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, self.num_nodes, src, dst,
-                        new_nodes, new_cnt, bad_pos)
-            if (bad_pos >= 0).any():
-                e = int(bad_pos[bad_pos >= 0].min())
-                raise index_range_error(source_path(self.source), int(epos[e]), int(nbr[e]),
-                                        self.num_nodes)
-            eptr = offsets[front_ptr]
-            hop_new.append(new_cnt)
-            hop_edges.append((src, dst, eptr))
-            # append new nodes; they are the next frontier
-            sizes = np.diff(all_ptr) + new_cnt
-            out_ptr = np.zeros(B + 1, dtype=np.int64)
-            np.cumsum(sizes, out=out_ptr[1:])
-            nfront_ptr = np.zeros(B + 1, dtype=np.int64)
-            np.cumsum(new_cnt, out=nfront_ptr[1:])
-            out_nodes = np.empty(int(out_ptr[-1]), dtype=np.int64)
-            nfront = np.empty(int(nfront_ptr[-1]), dtype=np.int64)
-            K.merge_nodes(all_nodes, all_ptr, new_nodes, eptr[:-1].copy(), new_cnt,
-                          out_nodes, out_ptr, nfront, nfront_ptr)
-            all_nodes, all_ptr, front, front_ptr = out_nodes, out_ptr, nfront, nfront_ptr
+        return all_nodes, ptr
 
-        result = []
-        for b in range(B):
-            srcs = [s[e[b]:e[b + 1]] for s, _, e in hop_edges]
-            dsts = [d[e[b]:e[b + 1]] for _, d, e in hop_edges]
-            ei = np.empty((2, sum(x.shape[0] for x in srcs)), dtype=np.int64)
-            if srcs:
-                np.concatenate(srcs, out=ei[0])
-                np.concatenate(dsts, out=ei[1])
-            result.append(SampledBatch(
-                node_ids=all_nodes[all_ptr[b]:all_ptr[b + 1]].copy(),
-                num_seeds=int(ptr[b + 1] - ptr[b]),
-                edge_index=ei,
-                num_sampled_nodes=[int(ptr[b + 1] - ptr[b])] + [int(c[b]) for c in hop_new],
-                num_sampled_edges=[int(e[b + 1] - e[b]) for _, _, e in hop_edges],
-            ))
-        return result
+    def _draw(self, front: np.ndarray, front_ptr: np.ndarray, bseeds: np.ndarray, h: int,
+              fanout: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Draw hop ``h``'s neighbours of the frontier and fetch their ids from the source.
+
+        ``front``: int64 [f] the frontier nodes, batch by batch (batch ``b`` at
+        ``front_ptr[b]:front_ptr[b+1]``, int64 [B + 1]); ``bseeds``: int64 [B] batch
+        seeds. Returns ``offsets`` (int64 [f + 1]: node ``i``'s draws at
+        ``offsets[i]:offsets[i+1]``), ``epos`` (int64 [m]: the edge position of each
+        draw) and ``nbr`` (int64 [m]: the neighbour ids there).
+        """
+        f = front.shape[0]
+        B = front_ptr.shape[0] - 1
+        counts = np.empty(f, dtype=np.int64)
+        K.hop_counts(front, self.offsets.base, self.offsets.rel, fanout, counts)
+        offsets = np.zeros(f + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        m = int(offsets[-1])
+        rel = np.empty(m, dtype=np.int64)
+        epos = np.empty(m, dtype=np.int64)
+        front_batch = np.repeat(np.arange(B, dtype=np.int64), np.diff(front_ptr))
+        K.hop_select(front, front_batch, bseeds, h, self.offsets.base, self.offsets.rel,
+                     offsets, rel, epos)
+        nbr = self.source.gather(NeighborRequest(front, offsets, rel, epos))
+        nbr = np.ascontiguousarray(nbr, dtype=np.int64)
+        if nbr.shape[0] != m:
+            raise RuntimeError(f"neighbour source returned {nbr.shape[0]} ids for {m} positions")
+        return offsets, epos, nbr
+
+    def _dedup(self, all_nodes: np.ndarray, all_ptr: np.ndarray, front_ptr: np.ndarray,
+               offsets: np.ndarray, epos: np.ndarray, nbr: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One hop's edges in local ids and its new nodes, per batch.
+
+        ``all_nodes`` (int64, batch ``b`` at ``all_ptr[b]:all_ptr[b+1]``): the nodes
+        sampled so far; ``front_ptr``, ``offsets``, ``epos``, ``nbr``: as in
+        :meth:`_draw`. Returns ``src`` and ``dst`` (int64 [m], local ids), ``new_nodes``
+        (int64 [m], batch ``b``'s new nodes from ``offsets[front_ptr[b]]``) and
+        ``new_cnt`` (int64 [B]).
+
+        Raises:
+            DatasetError: a neighbour id outside ``[0, N)`` (file and position named).
+        """
+        m = nbr.shape[0]
+        B = front_ptr.shape[0] - 1
+        src = np.empty(m, dtype=np.int64)
+        dst = np.empty(m, dtype=np.int64)
+        new_nodes = np.empty(m, dtype=np.int64)
+        new_cnt = np.zeros(B, dtype=np.int64)
+        bad_pos = np.full(B, -1, dtype=np.int64)
+        K.hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, self.num_nodes, src, dst,
+                    new_nodes, new_cnt, bad_pos)
+        if (bad_pos >= 0).any():
+            e = int(bad_pos[bad_pos >= 0].min())
+            raise index_range_error(source_path(self.source), int(epos[e]), int(nbr[e]),
+                                    self.num_nodes)
+        return src, dst, new_nodes, new_cnt
+
+
+def _merge_new(all_nodes: np.ndarray, all_ptr: np.ndarray, new_nodes: np.ndarray,
+               eptr: np.ndarray, new_cnt: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each batch's new nodes appended to its nodes.
+
+    ``all_nodes`` (int64, batch ``b`` at ``all_ptr[b]:all_ptr[b+1]``, int64 [B + 1]);
+    ``new_nodes`` (int64 [m], batch ``b``'s ``new_cnt[b]`` new nodes from
+    ``eptr[b]``; ``eptr``: int64 [B + 1]). Returns the merged nodes and their
+    offsets, and the new nodes alone (the next frontier) and their offsets.
+    """
+    B = all_ptr.shape[0] - 1
+    sizes = np.diff(all_ptr) + new_cnt
+    out_ptr = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out_ptr[1:])
+    nfront_ptr = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(new_cnt, out=nfront_ptr[1:])
+    out_nodes = np.empty(int(out_ptr[-1]), dtype=np.int64)
+    nfront = np.empty(int(nfront_ptr[-1]), dtype=np.int64)
+    K.merge_nodes(all_nodes, all_ptr, new_nodes, eptr[:-1].copy(), new_cnt,
+                  out_nodes, out_ptr, nfront, nfront_ptr)
+    return out_nodes, out_ptr, nfront, nfront_ptr
+
+
+def _assemble(ptr: np.ndarray, all_nodes: np.ndarray, all_ptr: np.ndarray,
+              hop_new: list[np.ndarray], hop_edges: list[tuple]) -> list[SampledBatch]:
+    """One :class:`SampledBatch` per batch of the group.
+
+    ``ptr``: int64 [B + 1] the seed ranges; ``all_nodes``/``all_ptr``: every batch's
+    nodes; ``hop_new``: per hop, int64 [B] new-node counts; ``hop_edges``: per hop,
+    ``(src, dst, eptr)``, batch ``b``'s edges at ``eptr[b]:eptr[b+1]`` of ``src`` and
+    ``dst`` (int64, local ids).
+    """
+    result = []
+    for b in range(ptr.shape[0] - 1):
+        srcs = [s[e[b]:e[b + 1]] for s, _, e in hop_edges]
+        dsts = [d[e[b]:e[b + 1]] for _, d, e in hop_edges]
+        ei = np.empty((2, sum(x.shape[0] for x in srcs)), dtype=np.int64)
+        if srcs:
+            np.concatenate(srcs, out=ei[0])
+            np.concatenate(dsts, out=ei[1])
+        result.append(SampledBatch(
+            node_ids=all_nodes[all_ptr[b]:all_ptr[b + 1]].copy(),
+            num_seeds=int(ptr[b + 1] - ptr[b]),
+            edge_index=ei,
+            num_sampled_nodes=[int(ptr[b + 1] - ptr[b])] + [int(c[b]) for c in hop_new],
+            num_sampled_edges=[int(e[b + 1] - e[b]) for _, _, e in hop_edges],
+        ))
+    return result

@@ -115,13 +115,41 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     ``data``), so a partition of an older version of the dataset is not reused.
     Nothing is left at ``out`` unless everything succeeded.
     """
-    from .split import part_name, write_partition
-
     t_start = time.perf_counter()
     dataset = open_dataset(data)
     _check(dataset, parts, algo, beta)
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
         raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
+    out = _check_output(dataset, data, out, overwrite)
+    a = partition(dataset, parts, algo, beta=beta, seed=seed, chunk_edges=chunk_edges,
+                  progress=progress, **params)
+    a.vertex_cut = None  # not written; frees N * ceil(p / 64) words before the split
+    metrics, bits = compute_metrics(dataset, a.owner, parts, chunk_edges, progress,
+                                    return_bits=True)
+    t_split = time.perf_counter()
+    try:
+        with atomic_dir(out, overwrite=overwrite, locked="partition output",
+                        inputs=(data,)) as tmp:
+            np.save(tmp / "owner.npy", a.owner.astype(np.int32))
+            parts_list = _write_parts(dataset, a.owner, bits, parts, tmp, algo, chunk_edges,
+                                      progress, halo_hops) if split else []
+            split_time = time.perf_counter() - t_split
+            report = _partition_report(dataset, out, a, metrics, algo, parts, beta, split,
+                                       halo_hops, parts_list, split_time, t_start)
+            write_json(tmp / "partition.json", report)
+    except OocError:
+        raise
+    except OSError as e:
+        raise IOFailure(f"{out}: {e.strerror or e} while writing partitions; nothing was written") \
+            from None
+    return report
+
+
+def _check_output(dataset: Dataset, data: str | os.PathLike, out: str | os.PathLike,
+                  overwrite: bool) -> Path:
+    """``out`` as a :class:`Path`, once it is known to be a valid output folder: absent
+    (or ``overwrite``), not the dataset folder nor inside it, and one that may be
+    replaced (:func:`~ooc.storage.atomic.replace_refusal`)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise OutputExists(f"{out}: already exists (pass --overwrite to replace it)")
@@ -131,54 +159,54 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
         problem = replace_refusal(out, (data,))
         if problem:
             raise InvalidValue(f"{out}: {problem}")
-    a = partition(dataset, parts, algo, beta=beta, seed=seed, chunk_edges=chunk_edges,
-                  progress=progress, **params)
-    a.vertex_cut = None  # not written; frees N * ceil(p / 64) words before the split
-    metrics, bits = compute_metrics(dataset, a.owner, parts, chunk_edges, progress,
-                                    return_bits=True)
-    time_s = a.time_s + metrics["metrics_time_s"]
-    t_split = time.perf_counter()
-    parts_list = []
-    try:
-        with atomic_dir(out, overwrite=overwrite, locked="partition output",
-                        inputs=(data,)) as tmp:
-            np.save(tmp / "owner.npy", a.owner.astype(np.int32))
-            if split:
-                g2l = np.full(dataset.num_nodes, -1, dtype=np.int64)
-                for q in range(parts):
-                    parts_list.append(write_partition(dataset, a.owner, bits, q, parts,
-                                                      tmp / part_name(q), g2l, algo,
-                                                      chunk_edges, progress, halo_hops))
-            split_time = time.perf_counter() - t_split
-            report = {
-                "data": str(dataset.path), "out": str(out), "algo": algo, "p": parts,
-                "params": {**a.params, **({"beta": beta} if algo == "spring" else {})},
-                "info": a.info,
-                "replication_factor": metrics["replication_factor"],
-                "node_balance": metrics["node_balance"],
-                "node_balance_with_replicas": metrics["node_balance_with_replicas"],
-                "edge_balance": metrics["edge_balance"],
-                "edge_cut": metrics["edge_cut"],
-                "edge_cut_ratio": metrics["edge_cut_ratio"],
-                "num_nodes": metrics["num_nodes"], "num_edges": metrics["num_edges"],
-                "assign_time_s": a.time_s,
-                "metrics_time_s": metrics["metrics_time_s"],
-                "time_s": time_s,
-                "split_time_s": split_time if split else 0.0,
-                "total_time_s": time.perf_counter() - t_start,
-                "peak_rss_bytes": peak_rss_bytes(),
-                "split": split,
-                "halo_hops": int(halo_hops),
-                "parts": parts_list or metrics["partitions"],
-                "source_fingerprint": dataset.fingerprint(),
-            }
-            if split:
-                report["halo_replication_factor"] = \
-                    sum(pq["nodes"] for pq in parts_list) / dataset.num_nodes
-            write_json(tmp / "partition.json", report)
-    except OocError:
-        raise
-    except OSError as e:
-        raise IOFailure(f"{out}: {e.strerror or e} while writing partitions; nothing was written") \
-            from None
+    return out
+
+
+def _write_parts(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, parts: int,
+                 tmp: Path, algo: str, chunk_edges: int, progress: bool,
+                 halo_hops: int) -> list[dict]:
+    """Write every partition's dataset under ``tmp``; their summaries, in partition order.
+
+    ``owner``: int [N] owning partition of every node; ``bits``: the replica bitmap of
+    :func:`ooc.partition.metrics.replica_bits`. One int64 [N] global-to-local scratch
+    array serves every partition.
+    """
+    from .split import part_name, write_partition
+
+    g2l = np.full(dataset.num_nodes, -1, dtype=np.int64)
+    return [write_partition(dataset, owner, bits, q, parts, tmp / part_name(q), g2l, algo,
+                            chunk_edges, progress, halo_hops)
+            for q in range(parts)]
+
+
+def _partition_report(dataset: Dataset, out: Path, a: Assignment, metrics: dict, algo: str,
+                      parts: int, beta: float, split: bool, halo_hops: int,
+                      parts_list: list[dict], split_time: float, t_start: float) -> dict:
+    """The report of :func:`partition_dataset` (``partition.json``); ``total_time_s`` and
+    ``peak_rss_bytes`` are taken now, ``t_start`` being when the call began."""
+    report = {
+        "data": str(dataset.path), "out": str(out), "algo": algo, "p": parts,
+        "params": {**a.params, **({"beta": beta} if algo == "spring" else {})},
+        "info": a.info,
+        "replication_factor": metrics["replication_factor"],
+        "node_balance": metrics["node_balance"],
+        "node_balance_with_replicas": metrics["node_balance_with_replicas"],
+        "edge_balance": metrics["edge_balance"],
+        "edge_cut": metrics["edge_cut"],
+        "edge_cut_ratio": metrics["edge_cut_ratio"],
+        "num_nodes": metrics["num_nodes"], "num_edges": metrics["num_edges"],
+        "assign_time_s": a.time_s,
+        "metrics_time_s": metrics["metrics_time_s"],
+        "time_s": a.time_s + metrics["metrics_time_s"],
+        "split_time_s": split_time if split else 0.0,
+        "total_time_s": time.perf_counter() - t_start,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "split": split,
+        "halo_hops": int(halo_hops),
+        "parts": parts_list or metrics["partitions"],
+        "source_fingerprint": dataset.fingerprint(),
+    }
+    if split:
+        report["halo_replication_factor"] = \
+            sum(pq["nodes"] for pq in parts_list) / dataset.num_nodes
     return report

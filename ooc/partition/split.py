@@ -118,20 +118,9 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     n_rep = nq - n_own
     n_inner = nq - per_hop[-1]  # layers 0..H-1: full in-neighbour lists
     g2l[gids] = np.arange(nq, dtype=g2l.dtype)
-    indptr_src = dataset.indptr
-    inner = gids[:n_inner]
-    local_deg = np.zeros(nq, dtype=np.int64)
-    local_deg[:n_inner] = indptr_src[inner + 1] - indptr_src[inner]
-    indptr = np.zeros(nq + 1, dtype=np.int64)
-    np.cumsum(local_deg, out=indptr[1:])
+    indptr = _local_indptr(dataset.indptr, gids, n_inner)
     eq = int(indptr[-1])
-    src_meta = dataset.meta
-    with DatasetWriter(out, nq, dataset.feature_dim, dataset.layout.dtype,
-                       name=f"{src_meta.get('name', '')}-{name}",
-                       directed=bool(src_meta.get("directed", True)),
-                       source={"partition_of": str(dataset.path)},
-                       # the source was ingested with --allow-nonfinite: its partitions keep them
-                       allow_nonfinite=int(src_meta.get("nonfinite_features", 0) or 0) > 0) as w:
+    with _part_writer(dataset, out, nq, name) as w:
         w.extra_meta["partition"] = {"part": q, "parts": parts, "algo": algo,
                                      "num_owned": int(n_own), "num_replicas": int(n_rep),
                                      "halo_hops": int(halo_hops),
@@ -139,33 +128,12 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
         w.write_indptr(indptr)
         ind = w.indices()
         if eq:
-            stream = EdgeStream(dataset, chunk_edges=chunk_edges)
-            pos = 0
-            with progress_bar(dataset.num_edges, f"split {name}: edges", progress) as bar:
-                for ch in stream:
-                    pos += halo_local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, g2l,
-                                            n_inner, indptr, ind)
-                    _release(ind)
-                    bar.update(ch.b - ch.a)
-            if pos != eq:
-                raise RuntimeError(f"{name}: wrote {pos} edges, expected {eq}")
-        # features through a memmap of the source file, in chunks of rows
-        feats = dataset.features
-        dst_view = w.features()
-        rows = max(1, FEATURE_CHUNK_BYTES // max(1, dataset.layout.row_bytes))
-        for a in range(0, nq, rows):
-            b = min(nq, a + rows)
-            dst_view[a:b] = feats.read(gids[a:b])
-            _release(feats._mm)
-            _release(w._features)
+            _copy_edges(dataset, g2l, n_inner, indptr, ind, chunk_edges, progress, name)
+        _copy_features(dataset, w, gids)
         labels = np.full(nq, -1, dtype=np.int64)
         labels[:n_own] = dataset.read_labels(owned)
         w.write_labels(labels, dataset.num_classes)
-        splits = []
-        for ids in (dataset.train_idx, dataset.val_idx, dataset.test_idx):
-            ids = np.asarray(ids, dtype=np.int64)
-            ids = ids[owner[ids] == q]
-            splits.append(g2l[ids].astype(np.int64))
+        splits = _local_splits(dataset, owner, q, g2l)
         w.write_splits(*splits)
         assert w.tmp is not None  # inside the writer's with block
         np.save(w.tmp / "global_ids.npy", gids)
@@ -176,3 +144,75 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
                    "test": int(splits[2].size)}
     g2l[gids] = -1
     return summary
+
+
+def _local_indptr(indptr_src: np.ndarray, gids: np.ndarray, n_inner: int) -> np.ndarray:
+    """int64 [n_q + 1] CSC offsets of the partition whose nodes are ``gids`` (int64 [n_q],
+    global ids in local order): the source in-degree for the first ``n_inner`` nodes
+    (layers ``0..H-1``), 0 for the rest. ``indptr_src``: int64 [N + 1] source offsets."""
+    nq = gids.size
+    inner = gids[:n_inner]
+    local_deg = np.zeros(nq, dtype=np.int64)
+    local_deg[:n_inner] = indptr_src[inner + 1] - indptr_src[inner]
+    indptr = np.zeros(nq + 1, dtype=np.int64)
+    np.cumsum(local_deg, out=indptr[1:])
+    return indptr
+
+
+def _part_writer(dataset: Dataset, out: Path, nq: int, name: str) -> DatasetWriter:
+    """The writer of partition ``name``'s dataset at ``out``: ``nq`` nodes with the
+    source's feature dim and dtype; the source's name, direction and non-finite
+    setting carried over."""
+    src_meta = dataset.meta
+    return DatasetWriter(out, nq, dataset.feature_dim, dataset.layout.dtype,
+                         name=f"{src_meta.get('name', '')}-{name}",
+                         directed=bool(src_meta.get("directed", True)),
+                         source={"partition_of": str(dataset.path)},
+                         # the source was ingested with --allow-nonfinite: its partitions keep them
+                         allow_nonfinite=int(src_meta.get("nonfinite_features", 0) or 0) > 0)
+
+
+def _copy_edges(dataset: Dataset, g2l: np.ndarray, n_inner: int, indptr: np.ndarray,
+                ind: np.ndarray, chunk_edges: int, progress: bool, name: str) -> None:
+    """One pass over the edge stream: every edge whose destination is among the first
+    ``n_inner`` local nodes, its source mapped through ``g2l`` (int64 [N]), to its place
+    in ``ind`` (the writer's indices memmap, [indptr[-1]]); ``indptr``: int64 [n_q + 1]
+    local offsets. The memmap's pages are released after each chunk."""
+    eq = int(indptr[-1])
+    stream = EdgeStream(dataset, chunk_edges=chunk_edges)
+    pos = 0
+    with progress_bar(dataset.num_edges, f"split {name}: edges", progress) as bar:
+        for ch in stream:
+            pos += halo_local_chunk(stream.indptr, ch.a, ch.first_dst, ch.src, g2l,
+                                    n_inner, indptr, ind)
+            _release(ind)
+            bar.update(ch.b - ch.a)
+    if pos != eq:
+        raise RuntimeError(f"{name}: wrote {pos} edges, expected {eq}")
+
+
+def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None:
+    """Rows ``gids`` (int64 [n_q]) of the source's features to the writer's feature file,
+    in chunks of :data:`FEATURE_CHUNK_BYTES`; the pages of both memmaps are released
+    after each chunk."""
+    nq = gids.size
+    feats = dataset.features
+    dst_view = w.features()
+    rows = max(1, FEATURE_CHUNK_BYTES // max(1, dataset.layout.row_bytes))
+    for a in range(0, nq, rows):
+        b = min(nq, a + rows)
+        dst_view[a:b] = feats.read(gids[a:b])
+        _release(feats._mm)
+        _release(w._features)
+
+
+def _local_splits(dataset: Dataset, owner: np.ndarray, q: int, g2l: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The source's train/val/test ids owned by partition ``q``, in local ids (int64,
+    source order kept); ``owner``: int [N], ``g2l``: int64 [N] global-to-local map."""
+    splits = []
+    for ids in (dataset.train_idx, dataset.val_idx, dataset.test_idx):
+        ids = np.asarray(ids, dtype=np.int64)
+        ids = ids[owner[ids] == q]
+        splits.append(g2l[ids].astype(np.int64))
+    return splits[0], splits[1], splits[2]

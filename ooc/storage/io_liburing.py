@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import OocError
 from .io_backends import ReadBackend, Refused
 from .layout import PAGE
 
@@ -72,6 +73,14 @@ def _page_slots(out: np.ndarray) -> tuple[list, list]:
         entry = ([mv[k * PAGE:(k + 1) * PAGE] for k in range(npages)], [None] * npages)
         _PAGES[addr] = entry
     return entry
+
+
+def _run_lists(offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray
+               ) -> tuple[list, list, list, list]:
+    """Per run (from int64 [R] file offsets, byte lengths and byte offsets in the
+    buffer, all page multiples), as lists of int: its file offset, its length, its
+    first page in the buffer and its number of pages."""
+    return offs.tolist(), lens.tolist(), (bufs // PAGE).tolist(), (lens // PAGE).tolist()
 
 
 class LiburingBackend(ReadBackend):
@@ -137,24 +146,22 @@ class LiburingBackend(ReadBackend):
             os.close(fd)
 
     def read_runs(self, offs, lens, bufs, out, reuse: bool = True) -> None:
+        """See :meth:`ReadBackend.read_runs`: ``queue_depth`` reads in flight, each run
+        one ``readv`` of the page views of ``out`` it fills. Reads still in flight are
+        waited for before an error is raised."""
         if self.ring is None:
             raise self.short_read(0, 0, -errno.EBADF)
         L = _L
         ring = self.ring
         fd = self.fd
-        cqe = self._cqe
         get_sqe = L.io_uring_get_sqe
         prep = L.io_uring_prep_readv
         Iovec = L.Iovec
-        offs = offs.tolist()
-        lens_l = lens.tolist()
-        slots = (bufs // PAGE).tolist()
-        npgs = (lens // PAGE).tolist()
+        offs, lens_l, slots, npgs = _run_lists(offs, lens, bufs)
         nruns = len(offs)
         views, one = _page_slots(out)
         iovs = [None] * nruns  # kept alive until completion
         qd = self.queue_depth
-        cq_mask = self._cq_entries - 1
         i = 0
         inflight = 0
         err = None
@@ -180,19 +187,7 @@ class LiburingBackend(ReadBackend):
                 self._submit_and_wait(ring)
                 ready = L.io_uring_cq_ready(ring)
                 while ready:
-                    L.io_uring_wait_cqe(ring, cqe)  # sets cqe to the CQ head, no syscall
-                    head = self._cq_head & cq_mask
-                    m = min(ready, self._cq_entries - head)  # cqe[j] does not wrap
-                    for j in range(m):
-                        c = cqe[j]
-                        u = c.user_data
-                        try:
-                            res = c.res
-                        except OSError as e:  # the binding raises on a negative res
-                            res = -(e.errno or errno.EIO)
-                        if res != lens_l[u] and err is None:
-                            err = self.short_read(offs[u], lens_l[u], res)
-                        iovs[u] = None
+                    m, err = self._check_completions(ready, offs, lens_l, iovs, err)
                     L.io_uring_cq_advance(ring, m)
                     self._cq_head += m
                     inflight -= m
@@ -203,6 +198,33 @@ class LiburingBackend(ReadBackend):
             raise
         if err is not None:
             raise err
+
+    def _check_completions(self, ready: int, offs: list, lens: list, iovs: list,
+                           err: OocError | None) -> tuple[int, OocError | None]:
+        """Check the completions from the CQ head on, at most ``ready`` and up to the
+        end of the CQ array (so ``cqe[j]`` does not wrap); without advancing the CQ.
+
+        ``offs``, ``lens``: per run, its file offset and bytes (lists of int); a
+        completion's ``user_data`` is its run. Drops each completed run's ``Iovec``
+        from ``iovs``. Returns how many completions were checked, and ``err`` or, when
+        that is None, the error of the first read among them that failed or came
+        back short.
+        """
+        cqe = self._cqe
+        _L.io_uring_wait_cqe(self.ring, cqe)  # sets cqe to the CQ head, no syscall
+        head = self._cq_head & (self._cq_entries - 1)
+        m = min(ready, self._cq_entries - head)
+        for j in range(m):
+            c = cqe[j]
+            u = c.user_data
+            try:
+                res = c.res
+            except OSError as e:  # the binding raises on a negative res
+                res = -(e.errno or errno.EIO)
+            if res != lens[u] and err is None:
+                err = self.short_read(offs[u], lens[u], res)
+            iovs[u] = None
+        return m, err
 
     def _submit_and_wait(self, ring) -> None:
         """Submit queued SQEs, then sleep (GIL released) until a completion is posted.

@@ -141,20 +141,12 @@ def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray
     Returns:
         The number of buckets (1 when permuted in memory).
     """
-    n, rb = layout.num_rows, layout.row_bytes
-    unit = layout.rows_per_page or 1
-    part = max(unit, (max(1, int(buffer_bytes) // 4) // rb) // unit * unit)
-    buckets = -(-n // part) if n else 1
-    if buckets > MAX_BUCKETS:  # few enough files open at once; each bucket a little larger
-        part = -(-(-(-n // MAX_BUCKETS)) // unit) * unit
-        buckets = -(-n // part)
+    n = layout.num_rows
+    part, buckets = _buckets(layout, buffer_bytes)
     scratch = Path(scratch) if scratch is not None else Path(dst).parent
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         if buckets == 1:
-            block = np.empty((n, layout.dim), dtype=layout.dtype)
-            for a in range(0, n, part):
-                b = min(n, a + part)
-                block[np.asarray(row_of[a:b], dtype=np.int64)] = read_rows(fin, layout, a, b)
+            block = _permute_in_memory(fin, layout, row_of, part)
             if remove_src:
                 Path(src).unlink()
             _write_rows(fout, layout, 0, block)
@@ -165,24 +157,38 @@ def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray
             if remove_src:
                 Path(src).unlink()
             for k, name in enumerate(names):
-                a = k * part
-                b = min(n, a + part)
-                ids = np.fromfile(name.with_suffix(".ids"), dtype=np.int64)
-                rows = np.fromfile(name, dtype=layout.dtype).reshape(-1, layout.dim)
-                if ids.shape[0] != b - a or rows.shape[0] != b - a:
-                    raise InvalidValue(f"{name}: bucket holds {ids.shape[0]} rows, expected "
-                                       f"{b - a} (row_of is not a permutation)")
-                block = np.empty_like(rows)
-                block[ids - a] = rows
-                del rows
-                _write_rows(fout, layout, a, block)
-                name.unlink()
-                name.with_suffix(".ids").unlink()
+                _write_bucket(fout, layout, name, k * part, min(n, k * part + part))
         finally:
             for name in names:
                 name.unlink(missing_ok=True)
                 name.with_suffix(".ids").unlink(missing_ok=True)
     return buckets
+
+
+def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
+    """``(rows per bucket, buckets)`` of :func:`permute_rows`: a bucket's rows take at
+    most a quarter of ``buffer_bytes`` (whole pages of rows, at least one page), unless
+    that makes more than :data:`MAX_BUCKETS` buckets; 1 bucket: permuted in memory."""
+    n, rb = layout.num_rows, layout.row_bytes
+    unit = layout.rows_per_page or 1
+    part = max(unit, (max(1, int(buffer_bytes) // 4) // rb) // unit * unit)
+    buckets = -(-n // part) if n else 1
+    if buckets > MAX_BUCKETS:  # few enough files open at once; each bucket a little larger
+        part = -(-(-(-n // MAX_BUCKETS)) // unit) * unit
+        buckets = -(-n // part)
+    return part, buckets
+
+
+def _permute_in_memory(fin, layout: FeatureLayout, row_of: np.ndarray,
+                       part: int) -> np.ndarray:
+    """All rows of ``fin`` (the source file, read in chunks of ``part`` rows), each at
+    its destination ``row_of[v]`` (int32/int64 [N]): ``layout.dtype`` [N, dim]."""
+    n = layout.num_rows
+    block = np.empty((n, layout.dim), dtype=layout.dtype)
+    for a in range(0, n, part):
+        b = min(n, a + part)
+        block[np.asarray(row_of[a:b], dtype=np.int64)] = read_rows(fin, layout, a, b)
+    return block
 
 
 def _scatter_to_buckets(fin, layout: FeatureLayout, row_of: np.ndarray, part: int,
@@ -210,3 +216,26 @@ def _scatter_to_buckets(fin, layout: FeatureLayout, row_of: np.ndarray, part: in
     finally:
         for f in outs + ids_out:
             f.close()
+
+
+def _write_bucket(fout, layout: FeatureLayout, name: Path, a: int, b: int) -> None:
+    """The second pass of :func:`permute_rows` for one bucket: its rows (``name``,
+    ``layout.dtype`` [b - a, dim]) placed by their destinations (``name.ids``, int64
+    [b - a], in ``a .. b-1``) and written as rows ``a .. b-1`` of ``fout``; the
+    bucket's files are then removed.
+
+    Raises:
+        InvalidValue: the bucket does not hold ``b - a`` rows (``row_of`` is not a
+            permutation).
+    """
+    ids = np.fromfile(name.with_suffix(".ids"), dtype=np.int64)
+    rows = np.fromfile(name, dtype=layout.dtype).reshape(-1, layout.dim)
+    if ids.shape[0] != b - a or rows.shape[0] != b - a:
+        raise InvalidValue(f"{name}: bucket holds {ids.shape[0]} rows, expected "
+                           f"{b - a} (row_of is not a permutation)")
+    block = np.empty_like(rows)
+    block[ids - a] = rows
+    del rows
+    _write_rows(fout, layout, a, block)
+    name.unlink()
+    name.with_suffix(".ids").unlink()

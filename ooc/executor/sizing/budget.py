@@ -330,23 +330,9 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     budget = int(budget)
     reserve = default_reserve(budget) if reserve is None else int(reserve)
     stages: dict[str, int] = {}
-
-    kernels = compile_kernels(dataset, config, opts, preset=preset)
-    warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype)  # loads them here
-    gc.collect()
-    trim_malloc()
-    setup = stages["setup_rss"] = rss_bytes()
-    probe = _probe(dataset, config, opts, model, preset, limit=budget - reserve,
-                   in_flight=batches_in_flight(gather_threads(preset.policy.schedule, workers)))
-    loop = stages["loop_peak"] = max(0, max(probe["peaks"].values()) - setup)
-    loop_parts = loop + _computed_parts(dataset, preset, opts, probe["max_edges"], stages)
     explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0
-    # building the neighbor cache or the static order happens before the feature cache
-    # is filled: it needs room beside the neighbor cache, not beside the loop
-    build = _build_transient(dataset, preset, explicit_n)
-    if build > loop_parts:
-        stages["build_transient_above_loop"] = build - loop_parts
-    fixed = setup + max(loop_parts, build)
+    kernels, probe, fixed = _measure_fixed(dataset, config, opts, model, preset,
+                                           budget - reserve, workers, explicit_n, stages)
     sb = _SuperbatchPlan(dataset, config, opts, probe, preset) if preset.policy.schedule == "superbatch" \
         else None
     if sb is not None:
@@ -364,15 +350,50 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
                       step_estimate=probe["step_estimate"])
     free = budget - working - reserve
     if free < extra:
-        raise BudgetError(f"{setting('--memory-budget')} {_fmt(budget)} is below what mode "
-                          f"{preset.name} needs: {_fmt(working)} working memory"
-                       + (f" + {_fmt(extra)} of requested caches" if extra else "")
-                       + f" + {_fmt(reserve)} reserve; {probe['too_large']}the smallest budget "
-                       f"that works is {plan.min_budget // MiB}MiB")
+        raise _refusal(plan, preset, extra, probe["too_large"])
     if preset.caches:
         split_free(plan, dataset, preset, opts, free, neighbor_fraction)
     plan.planned_peak_bytes = working + plan.feature_cache_bytes + plan.neighbor_cache_bytes
     return plan
+
+
+def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: int,
+                   explicit_n: int | None, stages: dict[str, int]
+                   ) -> tuple[str, dict[str, Any], int]:
+    """The working memory besides the superbatch in flight: ``setup_rss`` (kernels
+    loaded), the probed loop's peak above it plus the computed parts, or the build
+    transient where that is larger; each added to ``stages``.
+
+    ``limit``: the absolute RSS a probed step must fit under (budget - reserve);
+    ``explicit_n``: the neighbor cache size the options set (None: automatic).
+    Returns how the kernels were made ready, the probe (:func:`_probe`) and the bytes.
+    """
+    kernels = compile_kernels(dataset, config, opts, preset=preset)
+    warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype)  # loads them here
+    gc.collect()
+    trim_malloc()
+    setup = stages["setup_rss"] = rss_bytes()
+    probe = _probe(dataset, config, opts, model, preset, limit=limit,
+                   in_flight=batches_in_flight(gather_threads(preset.policy.schedule, workers)))
+    loop = stages["loop_peak"] = max(0, max(probe["peaks"].values()) - setup)
+    loop_parts = loop + _computed_parts(dataset, preset, opts, probe["max_edges"], stages)
+    # building the neighbor cache or the static order happens before the feature cache
+    # is filled: it needs room beside the neighbor cache, not beside the loop
+    build = _build_transient(dataset, preset, explicit_n)
+    if build > loop_parts:
+        stages["build_transient_above_loop"] = build - loop_parts
+    return kernels, probe, setup + max(loop_parts, build)
+
+
+def _refusal(plan: MemoryPlan, preset, extra: int, too_large: str) -> BudgetError:
+    """The error for a budget below the plan's working memory, the ``extra`` bytes of
+    caches the options request and the reserve; it names the smallest budget that
+    works (``too_large``: why a probed step was not run, or empty)."""
+    return BudgetError(f"{setting('--memory-budget')} {_fmt(plan.budget)} is below what mode "
+                       f"{preset.name} needs: {_fmt(plan.working)} working memory"
+                       + (f" + {_fmt(extra)} of requested caches" if extra else "")
+                       + f" + {_fmt(plan.reserve)} reserve; {too_large}the smallest budget "
+                       f"that works is {plan.min_budget // MiB}MiB")
 
 
 def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int]) -> int:

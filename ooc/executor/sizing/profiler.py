@@ -666,8 +666,9 @@ def _superbatch_arithmetic(options, plan, shape: _Shape, m: _Measured) -> list[s
 
 def _report(dataset, config, preset, options, plan, budget, reserve, shape: _Shape,
             m: _Measured, sim, curves, rates, epoch, arith, device) -> dict[str, Any]:
+    """The profile's report (see :func:`profile`); takes ``capacity_rows`` and
+    ``curves_s`` out of ``curves``."""
     n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
-    st, g = m.stages, m.stages["gather"]
     if m.runtime:
         m.runtime["planned_bytes_per_batch"] = plan.runtime_bytes_per_batch
     caps = curves.pop("capacity_rows")
@@ -683,50 +684,65 @@ def _report(dataset, config, preset, options, plan, budget, reserve, shape: _Sha
                    "device": str(device), "seed": config.seed},
         "budget_bytes": int(budget), "reserve_bytes": int(reserve),
         "runtime_disk_budget_bytes": int(options.runtime_disk_budget),
-        "measured": {
-            "setup_rss_bytes": plan.stages["setup_rss"],
-            "peak_rss_bytes": dict(plan.stage_peaks),
-            "profile_peak_rss_bytes": {k: v.peak for k, v in st.items() if v.wall}
-            | {"build_mode": m.build.peak},
-            "stage_seconds": {k: {"wall": v.wall, "cpu": v.cpu} for k, v in st.items()},
-            "trace_batches": shape.T, "ids_per_batch": m.ids_per_batch,
-            "batch_node_fraction": m.ids_per_batch / n,
-            "runtime_files": m.runtime,
-            "sampling_batches_per_s": shape.T / max(st["sample"].wall, 1e-9),
-            "sampling_nodes_per_s": shape.T * m.ids_per_batch / max(st["sample"].wall, 1e-9),
-            "gather_rows_per_s": m.lookups / max(g.wall, 1e-9),
-            "read_s_per_missed_row": rates["per_row_read"],
-            "gather_s_per_lookup_besides_reads": rates["gather_other"],
-            "gather_measured_miss_ratio": rates["measured_miss"],
-            "switch_rows_read": int(m.switched),
-            "compute_s_per_batch": m.step_s[0],
-            "compute_steps_timed": st["compute"].count,
-            "build_mode_s": m.build.wall,
-            "curves_s": curves_s,
-            "gpu": m.gpu,
-            "reader_backend": m.reader_backend,
-        },
+        "measured": _measured_block(n, plan, shape, m, rates, curves_s),
         "memory_plan": plan.as_dict(),
-        "recommendation": {
-            "feature_cache_bytes": int(plan.feature_cache_bytes),
-            "feature_cache_rows": int(plan.feature_cache_rows),
-            "feature_cache_fraction": plan.feature_cache_rows / n,
-            "neighbor_cache_bytes": int(plan.neighbor_cache_bytes),
-            "superbatch_size": plan.superbatch_size,
-            "min_budget_bytes": int(plan.min_budget),
-            "predicted_miss_ratio": rates["pred_miss"],
-            "predicted_miss_policy": preset.policy.curve,
-            "simulated_trace": {**sim, "batches": shape.T, "superbatch_size": shape.S},
-            "expected_epoch_s": epoch["epoch_s"],
-            "epoch_model": epoch,
-            "per_batch_s": {k: {"wall": v[0], "cpu": v[1]}
-                            for k, v in rates["per_batch"].items()},
-            "train_args": _train_args(plan, preset),
-        },
+        "recommendation": _recommendation(n, preset, plan, shape, sim, rates, epoch),
         "arithmetic": arith,
         "miss_curves": {"capacity_rows": caps, "capacity_fraction": [c / n for c in caps],
                         "recommended_rows": int(plan.feature_cache_rows), **curves},
         "sizes": sizes_block(dataset, config, plan),
+    }
+
+
+def _measured_block(n: int, plan, shape: _Shape, m: _Measured, rates: dict,
+                    curves_s: float) -> dict[str, Any]:
+    """The report's ``measured`` block: the memory plan's measurements, the stages'
+    seconds and peaks, and the rates derived from them (``n``: the dataset's nodes)."""
+    st, g = m.stages, m.stages["gather"]
+    return {
+        "setup_rss_bytes": plan.stages["setup_rss"],
+        "peak_rss_bytes": dict(plan.stage_peaks),
+        "profile_peak_rss_bytes": {k: v.peak for k, v in st.items() if v.wall}
+        | {"build_mode": m.build.peak},
+        "stage_seconds": {k: {"wall": v.wall, "cpu": v.cpu} for k, v in st.items()},
+        "trace_batches": shape.T, "ids_per_batch": m.ids_per_batch,
+        "batch_node_fraction": m.ids_per_batch / n,
+        "runtime_files": m.runtime,
+        "sampling_batches_per_s": shape.T / max(st["sample"].wall, 1e-9),
+        "sampling_nodes_per_s": shape.T * m.ids_per_batch / max(st["sample"].wall, 1e-9),
+        "gather_rows_per_s": m.lookups / max(g.wall, 1e-9),
+        "read_s_per_missed_row": rates["per_row_read"],
+        "gather_s_per_lookup_besides_reads": rates["gather_other"],
+        "gather_measured_miss_ratio": rates["measured_miss"],
+        "switch_rows_read": int(m.switched),
+        "compute_s_per_batch": m.step_s[0],
+        "compute_steps_timed": st["compute"].count,
+        "build_mode_s": m.build.wall,
+        "curves_s": curves_s,
+        "gpu": m.gpu,
+        "reader_backend": m.reader_backend,
+    }
+
+
+def _recommendation(n: int, preset, plan, shape: _Shape, sim: dict, rates: dict,
+                    epoch: dict) -> dict[str, Any]:
+    """The report's ``recommendation`` block: the plan's sizes, the predicted miss
+    ratio and epoch time, and the ``ooc.train`` arguments that apply them."""
+    return {
+        "feature_cache_bytes": int(plan.feature_cache_bytes),
+        "feature_cache_rows": int(plan.feature_cache_rows),
+        "feature_cache_fraction": plan.feature_cache_rows / n,
+        "neighbor_cache_bytes": int(plan.neighbor_cache_bytes),
+        "superbatch_size": plan.superbatch_size,
+        "min_budget_bytes": int(plan.min_budget),
+        "predicted_miss_ratio": rates["pred_miss"],
+        "predicted_miss_policy": preset.policy.curve,
+        "simulated_trace": {**sim, "batches": shape.T, "superbatch_size": shape.S},
+        "expected_epoch_s": epoch["epoch_s"],
+        "epoch_model": epoch,
+        "per_batch_s": {k: {"wall": v[0], "cpu": v[1]}
+                        for k, v in rates["per_batch"].items()},
+        "train_args": _train_args(plan, preset),
     }
 
 
