@@ -97,9 +97,10 @@ def test_synthetic_matches_full_forward(synth, tmp_path, kind):
     torch.manual_seed(0)
     model = build_model(kind, x.shape[1], 32, 5, num_layers=3)
     rep, ref = _check(ds, x, model, tmp_path / "out.zarr", chunk_rows=128, block_rows=50,
-                      cache_chunks=3)
+                      cache_chunks=8)
     assert rep["num_chunks"] == 16
     later = [la for la in rep["layers"] if la["layer"] > 1]
+    assert all(la["reads"]["mode"] == "chunks" for la in later)   # fewer bytes than rows here
     assert all(la["cache"]["evictions"] + la["cache"]["bypasses"] > 0 for la in later)
     assert all(la["blocks"] > rep["num_chunks"] for la in rep["layers"])
     # predictions and accuracy
@@ -161,7 +162,7 @@ def test_orders_and_policies_agree(synth, tmp_path, order):
     ds, x = synth
     torch.manual_seed(3)
     model = build_model("gcn", x.shape[1], 16, 5, num_layers=2)
-    kw = dict(chunk_rows=200, block_rows=64, cache_chunks=2)
+    kw = dict(chunk_rows=200, block_rows=64, cache_chunks=6)
     if order == "pds":
         kw["order"] = np.random.default_rng(0).integers(0, 4, ds.num_nodes)
     elif order in ("degree", "locality"):
@@ -188,7 +189,7 @@ def test_layer0_reads_rows_or_chunks(synth, tmp_path, cap, mode):
     rep, _ = _check(ds, x, model, tmp_path / "l0.zarr", chunk_rows=128, block_rows=64,
                     cache_chunks=cap, order="degree")
     l0 = rep["layers"][0]
-    assert l0["layer0_reads"]["mode"] == mode
+    assert l0["reads"]["mode"] == mode
     if mode == "chunks":
         assert l0["chunk_reads"] == 16 and l0["cache"]["hits"] > 0
 
@@ -311,7 +312,7 @@ def test_float16_layers_halve_the_intermediate_bytes(synth, tmp_path):
     torch.manual_seed(6)
     model = build_model("sage", x.shape[1], 32, 5, num_layers=3)
     ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
-    kw = dict(chunk_rows=128, cache_chunks=2, keep_layers=True)
+    kw = dict(chunk_rows=128, cache_chunks=16, keep_layers=True)  # every chunk read once
     r32 = layerwise_inference(ds, model, tmp_path / "f32.zarr", **kw)
     r16 = layerwise_inference(ds, model, tmp_path / "f16.zarr", layer_dtype="float16", **kw)
     for name in ("h1", "h2"):
@@ -354,3 +355,92 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(synth, tmp_path,
         with pytest.raises(OocError, match="needs .* of disk, .* is free"):
             layerwise_inference(ds, model, out, chunk_rows=128, **kw)
         assert not out.exists() and not partial_path(out).exists()
+
+
+@pytest.mark.parametrize("layer_dtype", ["float32", "float16"])
+def test_later_layers_read_rows_from_chunk_files(synth, tmp_path, layer_dtype):
+    """Without a chunk cache every layer reads the rows its blocks need (a later layer from
+    the previous layer's chunk files): the same outputs as the full forward pass, and the
+    bytes read are the planned pages."""
+    ds, x = synth
+    torch.manual_seed(6)
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=3)
+    out = tmp_path / f"rows-{layer_dtype}.zarr"
+    if layer_dtype == "float32":
+        rep, _ = _check(ds, x, model, out, chunk_rows=128, block_rows=64, cache_chunks=0)
+    else:
+        rep = layerwise_inference(ds, model, out, chunk_rows=128, block_rows=64, cache_chunks=0,
+                                  layer_dtype="float16", keep_layers=True)
+        with torch.no_grad():
+            ref = layerwise_inference(ds, model, tmp_path / "cached.zarr", chunk_rows=128,
+                                      cache_chunks=16, layer_dtype="float16")
+        np.testing.assert_array_equal(read_embeddings(out, "h3"),
+                                      read_embeddings(tmp_path / "cached.zarr", "h3"))
+        assert ref["layers"][2]["reads"]["mode"] == "chunks"
+    for la in rep["layers"]:
+        assert la["reads"]["mode"] == "rows" and la["cache"] is None
+        assert la["bytes_read"] == la["reads"]["planned_row_bytes"] > 0
+
+
+def test_chunk_file_rows_match_the_array(tmp_path):
+    """ChunkFileRows reads rows in any order across chunk files as zarr does; a chunk Zarr
+    did not write (fill values) reads as zeros; a truncated chunk file is one error."""
+    import zarr
+
+    from ooc.executor.inference.chunk_rows import ChunkFileRows
+    from ooc.storage.errors import DatasetError
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((1000, 100)).astype(np.float32)   # rows of 400 B straddle pages
+    a[256:384] = 0.0                                           # chunk 2: fill values only
+    g = zarr.open_group(str(tmp_path / "g"), mode="w")
+    arr = g.create_array("h1", shape=a.shape, dtype="float32", chunks=(128, 100),
+                         compressors=None, fill_value=0.0)
+    arr[:] = a
+    reader = ChunkFileRows(tmp_path / "g" / "h1", 1000, 128, 100, np.float32)
+    rows = rng.permutation(1000)[:300].astype(np.int64)
+    out = np.empty((300, 100), np.float32)
+    reader.read(rows, out)
+    np.testing.assert_array_equal(out, a[rows])
+    assert reader.pages > 0
+    (tmp_path / "g" / "h1" / "c" / "2" / "0").unlink(missing_ok=True)
+    reader.read(np.arange(256, 384, dtype=np.int64), out[:128])
+    assert not out[:128].any()
+    f = tmp_path / "g" / "h1" / "c" / "5" / "0"
+    f.write_bytes(f.read_bytes()[:1000])
+    with pytest.raises(DatasetError, match=r"c/5/0: 1000 bytes, a chunk of 128 rows"):
+        reader.read(np.array([700], np.int64), out[:1])
+
+
+def test_a_budget_that_forces_extra_reads_is_noted():
+    """A layer planned to read its input many times over gets one note naming the budget
+    whose chunk cache holds all of it; none when the budget already does."""
+    from ooc.executor.inference.blocks import Chunking, LayerPlan, note_extra_reads
+    from ooc.storage import notes
+
+    MiB = 1 << 20
+    n, d = 100_000, 128                   # a 48.8 MiB input in 13 chunks of 4 MiB
+    chunking = Chunking(8192, 13)
+    none = np.zeros(0, np.int64)
+
+    def plan(planned):
+        return LayerPlan(1, d, d, none, None, None, none, 0, 0, 300 * MiB, False,
+                         8192 * d * 4, reads={"mode": "rows", "planned_row_bytes": planned,
+                                              "planned_chunk_bytes": 10 * planned})
+
+    lines: list[str] = []
+    notes.reset()
+    notes.sink = lines.append
+    try:
+        note_extra_reads(plan(10 * n * d * 4), 400 * MiB, n, chunking, d * 4, d * 4)
+        # rss 300 + outputs 8 + safety 48 + a chunk 4 + 13 chunks twice 104 + margin 32
+        assert len(lines) == 1 and "memory_budget 400.0 MiB" in lines[0], lines
+        assert "layer 2 reads about 488.3 MiB (10x its input)" in lines[0], lines
+        assert "; 496.0 MiB holds its input in memory" in lines[0], lines
+        notes.reset()
+        note_extra_reads(plan(10 * n * d * 4), 496 * MiB, n, chunking, d * 4, d * 4)
+        note_extra_reads(plan(2 * n * d * 4), 400 * MiB, n, chunking, d * 4, d * 4)
+        assert len(lines) == 1
+    finally:
+        notes.sink = None
+        notes.reset()

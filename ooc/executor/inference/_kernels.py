@@ -154,21 +154,24 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
 
 
 @numba.njit(cache=True)
-def count_block_keys(indptr, indices, perm, block_starts, key_div, num_keys):
-    """Sum over blocks of the distinct keys ``node // key_div`` of the block's
-    targets and in-neighbours (e.g. feature pages read per block)."""
+def count_block_keys(indptr, indices, perm, block_starts, keyof, key_div, num_keys):
+    """Sum over blocks of the distinct keys ``keyof[node] // key_div`` (``keyof`` empty:
+    ``node // key_div``) of the block's targets and in-neighbours (e.g. the pages of
+    their rows a block reads)."""
     nblocks = block_starts.shape[0] - 1
+    mapped = keyof.shape[0] > 0
     stamp = np.full(num_keys, -1, dtype=np.int64)
     total = 0
     for b in range(nblocks):
         for r in range(block_starts[b], block_starts[b + 1]):
             v = perm[r]
-            k = v // key_div
+            k = (keyof[v] if mapped else v) // key_div
             if stamp[k] != b:
                 stamp[k] = b
                 total += 1
             for j in range(indptr[v], indptr[v + 1]):
-                k = indices[j] // key_div
+                u = indices[j]
+                k = (keyof[u] if mapped else u) // key_div
                 if stamp[k] != b:
                     stamp[k] = b
                     total += 1

@@ -38,13 +38,13 @@ class LayerPlan:
 
     Attributes:
         starts: int64 [B+1] first row of each block, then N.
-        ptr, seq: block b reads previous-layer chunks ``seq[ptr[b]:ptr[b+1]]``
-            (int64); both None when layer 0 reads feature rows per block.
+        ptr, seq: block b reads input chunks ``seq[ptr[b]:ptr[b+1]]`` (int64); both
+            None when the blocks read the rows they need instead.
         keyof: int64 [N] node -> row of the input array (chunk = row // chunk_rows).
         cap: cache capacity in chunks (0 without a cache).
         work, rss0, pressure: block working-set bytes, RSS at the start, and
             whether RSS had grown past what the budget planned for.
-        layer0: for layer 0, the planned bytes of both ways and the one chosen.
+        reads: the planned bytes of both ways and the one chosen (``mode``).
     """
     l: int
     d_in: int
@@ -59,7 +59,7 @@ class LayerPlan:
     pressure: bool
     in_chunk_bytes: int
     plan_s: float = 0.0
-    layer0: dict | None = None
+    reads: dict | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -82,28 +82,45 @@ def _layer_memory(budget: int, n: int, d_in: int, d_out: int, chunking: Chunking
     return cap, work, node_bytes, edge_bytes, rss0, rss0 > floor
 
 
-def _choose_layer0_reads(dataset: Dataset, topo: Topology, starts: np.ndarray,
-                         chunking: Chunking, cap: int, policy: str):
-    """Layer 0 reads the rows each block needs (pages, deduplicated per block) or whole
-    feature chunks through the cache, whichever the plan says reads fewer bytes.
-    Returns ``(ptr, seq, keyof, cap, info)`` (``ptr``/``seq`` None and ``cap`` 0 for rows)."""
-    lay, n = dataset.layout, topo.num_nodes
-    ident = topo.rowof if topo.natural else np.arange(n, dtype=np.int64)
-    if lay.rows_per_page:
-        page_bytes = count_block_keys(topo.indptr, topo.indices, topo.perm, starts,
-                                      lay.rows_per_page, lay.num_pages) * PAGE
-    else:
-        page_bytes = count_block_keys(topo.indptr, topo.indices, topo.perm, starts, 1, n) \
+def _planned_row_bytes(l: int, dataset: Dataset, topo: Topology, starts: np.ndarray,
+                       in_row_bytes: int) -> int:
+    """Bytes of pages the blocks read when each reads the rows it needs (pages counted
+    once per block): layer 0's in ``features.bin`` (rows packed in pages, in the stored
+    order), a later layer's in its chunk files (rows in processing order, contiguous)."""
+    n = topo.num_nodes
+    if l == 0:
+        lay = dataset.layout
+        keyof = dataset.row_of if dataset.row_of is not None else np.zeros(0, np.int64)
+        if lay.rows_per_page:
+            return count_block_keys(topo.indptr, topo.indices, topo.perm, starts, keyof,
+                                    lay.rows_per_page, lay.num_pages) * PAGE
+        return count_block_keys(topo.indptr, topo.indices, topo.perm, starts, keyof, 1, n) \
             * lay.pages_per_row * PAGE
-    ptr, seq = access_plan(topo.indptr, topo.indices, topo.perm, ident, starts,
+    per_page = max(1, PAGE // in_row_bytes)
+    pages_per_row = -(-in_row_bytes // PAGE)
+    return count_block_keys(topo.indptr, topo.indices, topo.perm, starts, topo.rowof,
+                            per_page, -(-n // per_page)) * pages_per_row * PAGE
+
+
+def _choose_reads(l: int, dataset: Dataset, topo: Topology, starts: np.ndarray,
+                  chunking: Chunking, cap: int, policy: str, in_row_bytes: int):
+    """A layer reads the rows each block needs (pages, deduplicated per block) or whole
+    input chunks through the cache, whichever the plan says reads fewer bytes.
+    Returns ``(ptr, seq, keyof, cap, info)`` (``ptr``/``seq`` None and ``cap`` 0 for rows);
+    ``keyof`` maps a node to its row in the input: a node id for layer 0 (features are
+    read by node id), its processing-order row for a later layer."""
+    n = topo.num_nodes
+    keyof = topo.rowof if l > 0 or topo.natural else np.arange(n, dtype=np.int64)
+    page_bytes = _planned_row_bytes(l, dataset, topo, starts, in_row_bytes)
+    ptr, seq = access_plan(topo.indptr, topo.indices, topo.perm, keyof, starts,
                            chunking.chunk_rows, chunking.num_chunks)
     sim = simulate(seq, cap, policy, num_keys=chunking.num_chunks) if cap else None
     rows = min(chunking.chunk_rows, max(n, 1))
-    chunk_bytes = (sim["misses"] if sim else seq.shape[0]) * rows * lay.row_bytes
+    chunk_bytes = (sim["misses"] if sim else seq.shape[0]) * rows * in_row_bytes
     info = {"planned_row_bytes": int(page_bytes), "planned_chunk_bytes": int(chunk_bytes)}
     if cap and chunk_bytes < page_bytes:
-        return ptr, seq, ident, cap, {"mode": "chunks", **info}
-    return None, None, topo.rowof, 0, {"mode": "rows", **info}
+        return ptr, seq, keyof, cap, {"mode": "chunks", **info}
+    return None, None, (topo.rowof if l == 0 else keyof), 0, {"mode": "rows", **info}
 
 
 def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, budget: int,
@@ -115,17 +132,58 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
                                                                        chunking, cache,
                                                                        in_itemsize)
     t0 = time.perf_counter()
-    starts = plan_blocks(topo.indptr, topo.perm, chunking.chunk_rows,
-                         int(chunking.block_rows or chunking.chunk_rows), node_bytes,
+    block_rows = int(chunking.block_rows or chunking.chunk_rows)
+    starts = plan_blocks(topo.indptr, topo.perm, chunking.chunk_rows, block_rows, node_bytes,
                          edge_bytes, work)
-    layer0 = None
-    if l > 0:
-        ptr, seq = access_plan(topo.indptr, topo.indices, topo.perm, topo.rowof, starts,
-                               chunking.chunk_rows, chunking.num_chunks)
-        keyof = topo.rowof
-    else:
-        ptr, seq, keyof, cap, layer0 = _choose_layer0_reads(dataset, topo, starts, chunking,
-                                                            cap, cache.policy)
+    in_row_bytes = dataset.layout.row_bytes if l == 0 else d_in * in_itemsize
+    ptr, seq, keyof, cap_used, reads = _choose_reads(l, dataset, topo, starts, chunking, cap,
+                                                     cache.policy, in_row_bytes)
+    if cap and not cap_used:
+        # rows it is: the memory planned for the cache goes to larger blocks, which read
+        # each page once for more targets
+        _, work, _, _, _, _ = _layer_memory(budget, n, d_in, d_out, chunking,
+                                            CacheSettings(cache.policy, 0), in_itemsize)
+        starts = plan_blocks(topo.indptr, topo.perm, chunking.chunk_rows, block_rows,
+                             node_bytes, edge_bytes, work)
+        reads["planned_row_bytes"] = _planned_row_bytes(l, dataset, topo, starts, in_row_bytes)
+    cap = cap_used
     rows = min(chunking.chunk_rows, max(n, 1))
     return LayerPlan(l, d_in, d_out, starts, ptr, seq, keyof, cap, work, rss0, pressure,
-                     rows * d_in * in_itemsize, time.perf_counter() - t0, layer0)
+                     rows * d_in * in_itemsize, time.perf_counter() - t0, reads)
+
+
+#: Planned reads above this many times a layer's input table are worth a note.
+EXTRA_READS = 3.0
+#: What a suggested budget adds for RSS grown by the time a later layer starts.
+RSS_MARGIN = 32 * MiB
+
+
+def note_extra_reads(plan: LayerPlan, budget: int, n: int, chunking: Chunking,
+                     in_row_bytes: int, out_row_bytes: int) -> None:
+    """A one-line note when the budget makes layer ``plan.l`` read its input more than
+    :data:`EXTRA_READS` times over, naming the budget whose chunk cache holds all of it
+    (``in_row_bytes``/``out_row_bytes``: bytes of an input row in its chunks and of an
+    output row in memory)."""
+    from ...cli import format_size
+    from ...storage.errors import setting
+    from ...storage.notes import note
+
+    table = n * in_row_bytes
+    if plan.reads is None or not table:
+        return
+    planned = plan.reads["planned_row_bytes" if plan.reads["mode"] == "rows"
+                         else "planned_chunk_bytes"]
+    if planned <= EXTRA_READS * table:
+        return
+    rows = min(chunking.chunk_rows, max(n, 1))
+    in_chunk = rows * in_row_bytes
+    # RSS grows a little from layer to layer (the allocator keeps freed chunks): margin
+    enough = (plan.rss0 + 2 * rows * out_row_bytes + SAFETY_BYTES + in_chunk
+              + 2 * chunking.num_chunks * in_chunk + RSS_MARGIN)
+    enough = -(-enough // MiB) * MiB
+    if enough <= budget:
+        return
+    note(f"inference layer {plan.l + 1} reads about {format_size(planned)} ("
+         f"{planned / table:.0f}x its input) at {setting('--memory-budget')} "
+         f"{format_size(budget)}; {format_size(enough)} holds its input in memory")
+

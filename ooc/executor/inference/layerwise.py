@@ -43,13 +43,13 @@ layer the resident size is measured; what is left (minus the output chunk
 buffer) is split between the chunk cache and the block working set, and
 blocks of targets are cut so that their local graphs fit (a single node whose
 in-neighbourhood alone exceeds it still gets a block of its own). Peak RSS is
-sampled and reported (per layer too). Layer 0 reads either the feature pages
-each block needs (O_DIRECT reader, deduplicated per block) or whole feature
-chunks through the same cache, whichever the plan says reads fewer bytes.
-Reads are chunk-granular for later layers: when the cache holds only part of
-the previous layer and blocks touch most chunks (ids without locality), bytes
-read grow as blocks x chunks -- give the cache the previous layer if the budget
-allows, or use a locality order (PDS).
+sampled and reported (per layer too). Every layer reads either the pages of
+the rows each block needs (deduplicated per block: layer 0 through the O_DIRECT
+feature reader, a later layer from the previous layer's chunk files,
+:mod:`.chunk_rows`) or whole input chunks through the cache, whichever the plan
+says reads fewer bytes; reading rows, the memory the cache would have had goes
+to larger blocks. When the budget makes a layer read its input more than three
+times over, a note names the budget whose cache holds all of it.
 
 Atomic output: everything is written into ``.<name>.partial`` beside
 ``out`` (:func:`partial_path`) and renamed to ``out`` when every array is

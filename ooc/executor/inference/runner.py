@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,9 @@ import torch
 from ...storage.dataset import Dataset
 from ...storage.errors import OocError
 from ..cache.chunk_cache import ChunkCache
-from .blocks import CacheSettings, Chunking, LayerPlan, plan_layer
+from ...storage.layout import PAGE
+from .blocks import CacheSettings, Chunking, LayerPlan, note_extra_reads, plan_layer
+from .chunk_rows import ChunkFileRows
 from .local_graph import LocalGraph, Topology, local_graph
 from .model_adapter import LayerwiseModel
 from .store import Progress, layer_array, write_chunk
@@ -52,6 +55,8 @@ class LayerInput:
     num_nodes: int
     bytes_read: int = 0
     chunk_reads: int = 0
+    #: the previous layer's rows read from its chunk files (a layer that reads rows)
+    prev_rows: ChunkFileRows | None = None
 
     def _read_features(self, ids: np.ndarray) -> np.ndarray:
         st = getattr(self.reader, "stats", None)
@@ -74,10 +79,17 @@ class LayerInput:
         self.chunk_reads += 1
         return a
 
-    def read_rows(self, nodes: np.ndarray, x: np.ndarray) -> None:
-        """Feature rows of ``nodes`` into ``x`` (read in ascending id order)."""
-        o = np.argsort(nodes)
-        x[o] = self._read_features(nodes[o])
+    def read_rows(self, nodes: np.ndarray, keyof: np.ndarray, x: np.ndarray) -> None:
+        """The input rows of ``nodes`` into ``x`` (float32 [len(nodes), d_in]): feature rows
+        by node id for layer 0, else the previous layer's rows ``keyof[nodes]`` from its
+        chunk files (in ascending order either way)."""
+        if self.prev_rows is None:
+            o = np.argsort(nodes)
+            x[o] = self._read_features(nodes[o])
+            return
+        before = self.prev_rows.pages
+        self.prev_rows.read(keyof[nodes], x)
+        self.bytes_read += (self.prev_rows.pages - before) * PAGE
 
 
 @dataclass
@@ -115,7 +127,7 @@ def _run_block(run: Run, plan: LayerPlan, src: LayerInput, cache: ChunkCache | N
     t1 = time.perf_counter()
     x = np.empty((g.nodes.shape[0], plan.d_in), dtype=np.float32)
     if cache is None:
-        src.read_rows(g.nodes, x)
+        src.read_rows(g.nodes, plan.keyof, x)
     else:
         _gather_from_chunks(plan, cache, run.chunking.chunk_rows, b, g.nodes, x)
     t2 = time.perf_counter()
@@ -155,7 +167,7 @@ def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int
         "bytes_read": int(src.bytes_read), "chunk_reads": src.chunk_reads,
         "accesses": accesses,
         "cache": None if cache is None else {**cache.stats(), "chunk_bytes": plan.in_chunk_bytes},
-        "layer0_reads": plan.layer0,
+        "reads": plan.reads,
         "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
     }
 
@@ -183,12 +195,17 @@ def run_layer(run: Run, l: int) -> dict:
     itemsize = 4 if prev is None else int(np.dtype(prev.dtype).itemsize)
     plan = plan_layer(l, run.dataset, run.topo, d_in, run.model.out_dim(l, d_in), run.budget,
                       ch, run.cache, itemsize)
+    if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
+        note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
     first_block = int(np.searchsorted(plan.starts, first_chunk * ch.chunk_rows, side="left"))
     run.progress.state.update(layer=l, chunks_done=first_chunk)
     src = LayerInput(prev, run.reader, run.dataset.layout.row_bytes, ch.chunk_rows, n)
+    if prev is not None and plan.seq is None:
+        src.prev_rows = ChunkFileRows(Path(run.group.store.root) / f"h{l}", n, ch.chunk_rows,
+                                      d_in, prev.dtype)
     cache = None
     if plan.seq is not None:
         assert plan.ptr is not None  # ptr and seq are None together
