@@ -230,3 +230,17 @@ def test_labels_argument(graph):
         assert all("y" not in d for d in loader)
     with pytest.raises(OocError, match="labels 'some'"):
         ooc.NodeLoader(graph, [3], "val", labels="some")
+
+
+def test_batches_take_the_models_sparse_path(graph):
+    """Every batch's targets are sorted hop after hop, so the built-in SAGE aggregates each
+    layer with one CSR spmm (``target_csr`` is not None for any layer's edges)."""
+    from ooc.executor.training.models import target_csr
+
+    with ooc.NodeLoader(graph, [5, 4, 3], "train", batch_size=64, preset="static") as loader:
+        for d in loader:
+            nodes, edges = d.num_sampled_nodes, d.num_sampled_edges
+            for keep in range(2, len(nodes) + 1):   # what layer L - keep + 1 reads
+                m = sum(edges[:keep - 1])
+                assert target_csr(d.edge_index[:, :m], sum(nodes[:keep]),
+                                  sum(nodes[:keep - 1]), torch.float32) is not None

@@ -122,3 +122,55 @@ def test_trains_on_separable_graph(kind):
     acc = (model(x, ei).argmax(-1) == y).float().mean().item()
     assert losses[-1] < losses[0] * 0.5
     assert acc > 0.95
+
+
+def test_target_csr_only_for_sorted_targets():
+    """The CSR adjacency is the edge list's (row = target) when targets are sorted and in
+    range; None otherwise, so the caller scatters."""
+    from ooc.executor.training.models import target_csr
+
+    ei = torch.tensor([[4, 0, 2, 4, 1], [0, 0, 1, 2, 2]])
+    adj = target_csr(ei, 5, 3, torch.float32)
+    assert adj is not None
+    dense = torch.zeros(3, 5)
+    dense[ei[1], ei[0]] += 1
+    assert torch.equal(adj.to_dense(), dense)
+    assert target_csr(ei[:, [1, 0, 3, 2, 4]].flip(1), 5, 3, torch.float32) is None  # unsorted
+    assert target_csr(ei, 5, 2, torch.float32) is None                             # target 2
+    assert target_csr(torch.zeros(2, 0, dtype=torch.long), 5, 3, torch.float32) is not None
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_sage_sparse_path_equals_the_scatter_path(monkeypatch, layers):
+    """SAGE on a sampled batch through the CSR spmm gives the scatter path's outputs and
+    gradients."""
+    from ooc.executor.training import models as M
+    from ooc.inspector.sampler import NeighborSampler
+    from ooc.storage import csc_from_edges
+
+    g = torch.Generator().manual_seed(3)
+    n = 300
+    src, dst = torch.randint(0, n, (2, 3000), generator=g).numpy()
+    indptr, indices = csc_from_edges(src, dst, n)
+    batch = NeighborSampler(indptr, indices, [5, 4, 3][:layers]).sample(
+        torch.arange(0, 64).numpy(), 1)
+    x = torch.randn(len(batch.node_ids), 12, generator=g)
+    ei = torch.as_tensor(batch.edge_index)
+    torch.manual_seed(0)
+    model = build_model("sage", 12, 16, 5, layers, dropout=0.0)
+
+    def step():
+        model.zero_grad()
+        out = model(x, ei, batch.num_sampled_nodes, batch.num_sampled_edges)[:64]
+        out.square().sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    calls = []
+    real = M.target_csr
+    monkeypatch.setattr(M, "target_csr", lambda *a: calls.append(real(*a)) or calls[-1])
+    fast, fast_grads = step()
+    assert len(calls) == layers and all(c is not None for c in calls)  # the sparse path ran
+    monkeypatch.setattr(M, "target_csr", lambda *a: None)
+    slow, slow_grads = step()
+    assert torch.allclose(fast, slow, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fast_grads, slow_grads))

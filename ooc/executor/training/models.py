@@ -19,6 +19,7 @@ uses that to apply full-graph degrees.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -123,7 +124,12 @@ class GNN(torch.nn.Module):
                                                    add_self_loops=True, dtype=x.dtype)
             h = conv(x, edge_index, edge_weight)[:num_targets]
         elif num_targets is not None and num_targets < x.size(0):
-            h = conv((x, x[:num_targets]), edge_index, size=(x.size(0), num_targets))
+            adj = target_csr(edge_index, x.size(0), num_targets, x.dtype) \
+                if self.kind == "sage" else None
+            if adj is not None:  # PyG's sparse path: one spmm, no [E, d] message tensor
+                h = conv((x, x[:num_targets]), adj)
+            else:
+                h = conv((x, x[:num_targets]), edge_index, size=(x.size(0), num_targets))
         else:
             h = conv(x, edge_index)
         if l < self.num_layers - 1:
@@ -187,6 +193,23 @@ class GNN(torch.nn.Module):
             m = sum(edges[:keep - 1])
             x = self.layer(l, x[:n_src], edge_index[:, :m], num_targets=n_dst)
         return x
+
+
+def target_csr(edge_index: Tensor, num_src: int, num_dst: int, dtype: torch.dtype
+               ) -> Tensor | None:
+    """The bipartite adjacency ``[num_dst, num_src]`` (row = target, values 1) as a CSR
+    ``torch.sparse`` tensor, for PyG's ``spmm`` path, when ``edge_index``'s targets (row
+    1) are non-decreasing and below ``num_dst``, as every sampled batch's are (hop after
+    hop, each node's neighbours together); None otherwise (the caller scatters)."""
+    dst = edge_index[1]
+    if dst.numel() and (int(dst[-1]) >= num_dst or bool((dst[1:] < dst[:-1]).any())):
+        return None
+    crow = torch.zeros(num_dst + 1, dtype=torch.int64, device=dst.device)
+    torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=crow[1:])
+    ones = torch.ones(dst.numel(), dtype=dtype, device=dst.device)
+    with warnings.catch_warnings():  # "sparse CSR support is in beta"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, edge_index[0], ones, size=(num_dst, num_src))
 
 
 def build_model(kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
