@@ -24,6 +24,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..cli import check_range, format_size, parse_size
 from ..storage.errors import InvalidValue, setting
 
@@ -178,9 +180,8 @@ def check_fanouts(values: Any, label: str = "fanouts", shown: str | None = None)
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InvalidValue(f"{label} {values!r}: a list with one int per layer, e.g. [10, 10]")
     given = list(values)
-    whole = all((isinstance(f, int) and not isinstance(f, bool))
-                or (isinstance(f, float) and f.is_integer())
-                or (hasattr(f, "dtype") and getattr(f.dtype, "kind", "") in "iu") for f in given)
+    whole = all((isinstance(f, (int, np.integer)) and not isinstance(f, bool))
+                or (isinstance(f, float) and f.is_integer()) for f in given)
     fanouts = [int(f) for f in given] if whole else []
     if not fanouts or any(f == 0 or f < -1 for f in fanouts):
         raise InvalidValue(f"{label} {shown or given}: one value per layer, each > 0 or -1 "

@@ -107,8 +107,9 @@ def _choose_reads(l: int, dataset: Dataset, topo: Topology, starts: np.ndarray,
     """A layer reads the rows each block needs (pages, deduplicated per block) or whole
     input chunks through the cache, whichever the plan says reads fewer bytes.
     Returns ``(ptr, seq, keyof, cap, info)`` (``ptr``/``seq`` None and ``cap`` 0 for rows);
-    ``keyof`` maps a node to its row in the input: a node id for layer 0 (features are
-    read by node id), its processing-order row for a later layer."""
+    ``keyof`` maps a node to its key in the input: reading chunks, the row of layer 0's
+    chunks (node ids) or of a later layer's (processing order); reading rows, the
+    processing-order row (layer 0 then reads by node id)."""
     n = topo.num_nodes
     keyof = topo.rowof if l > 0 or topo.natural else np.arange(n, dtype=np.int64)
     page_bytes = _planned_row_bytes(l, dataset, topo, starts, in_row_bytes)
@@ -120,7 +121,7 @@ def _choose_reads(l: int, dataset: Dataset, topo: Topology, starts: np.ndarray,
     info = {"planned_row_bytes": int(page_bytes), "planned_chunk_bytes": int(chunk_bytes)}
     if cap and chunk_bytes < page_bytes:
         return ptr, seq, keyof, cap, {"mode": "chunks", **info}
-    return None, None, (topo.rowof if l == 0 else keyof), 0, {"mode": "rows", **info}
+    return None, None, topo.rowof, 0, {"mode": "rows", **info}
 
 
 def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, budget: int,

@@ -112,13 +112,16 @@ class _GivenPipeline:
     reads batches from it and leaves closing it to the caller."""
 
     plan = None
-    info: dict = {}
 
     def __init__(self, pipeline):
         self._pipeline = pipeline
 
     def pipeline(self):
         return self._pipeline
+
+    @property
+    def info(self) -> dict:
+        return dict(getattr(self._pipeline, "info", None) or {})
 
     def epoch(self):
         return contextlib.nullcontext()

@@ -202,8 +202,8 @@ def target_csr(edge_index: Tensor, num_src: int, num_dst: int, dtype: torch.dtyp
     1) are non-decreasing and below ``num_dst``, as every sampled batch's are (hop after
     hop, each node's neighbours together); None otherwise (the caller scatters)."""
     dst = edge_index[1]
-    if dst.numel() and (int(dst[-1]) >= num_dst or bool((dst[1:] < dst[:-1]).any())):
-        return None
+    if dst.numel() and bool((dst[-1] >= num_dst) | (dst[1:] < dst[:-1]).any()):
+        return None  # one device sync for both checks
     crow = torch.zeros(num_dst + 1, dtype=torch.int64, device=dst.device)
     torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=crow[1:])
     ones = torch.ones(dst.numel(), dtype=dtype, device=dst.device)
