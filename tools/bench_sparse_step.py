@@ -22,10 +22,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ooc  # noqa: E402
+from ooc.cli import main_wrapper  # noqa: E402
 from ooc.executor.training import models as M  # noqa: E402
 
 
-def main() -> None:
+@main_wrapper
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--fanouts", default="15,10,5")
@@ -34,7 +36,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     ds = ooc.open_dataset(a.data)
     fanouts = [int(f) for f in a.fanouts.split(",")]
@@ -80,7 +82,8 @@ def main() -> None:
           f"{a.hidden}; {a.threads} threads")
     print(f"scatter {s:.3f} s  csr {c:.3f} s  ratio {s / c:.2f}x  (medians of {a.rounds})")
     print(f"max |out diff| {d_out:.2e}  max |grad diff| {d_grad:.2e}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
