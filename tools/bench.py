@@ -314,6 +314,9 @@ def main(argv=None) -> int:
     p.add_argument("--report", type=Path, default=Path("bench.json"))
     p.add_argument("--chart", type=Path, default=None, help="PNG (default: report with .png)")
     args = p.parse_args(argv)
+    # the report's folder (bench_out/ in the README's command) is made before the run, so
+    # a missing one does not lose the measurements at the end
+    args.report.parent.mkdir(parents=True, exist_ok=True)
     # SIGTERM unwinds like Ctrl-C, so an interrupted run removes its cgroup
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
