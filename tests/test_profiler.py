@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from ooc.executor.sizing.budget import default_reserve
-from ooc.executor.sizing.profiler import load_sizes, predict_epoch, simulate_epoch
+from ooc.executor.sizing.profiler import (extrapolate_epoch, load_sizes, predict_epoch,
+                                         simulate_epoch)
+from ooc.executor.sizing.rehearsal import Rehearsal
 from ooc.storage.errors import OocError
 from ooc.storage.ingest import generate_synthetic
 
@@ -173,6 +175,27 @@ def test_predict_epoch_arithmetic():
     assert e["epoch_s"] == pytest.approx(max(0.5, 0.4, 10 * 0.14 / 2))
 
 
+def test_extrapolate_epoch_arithmetic():
+    # a rehearsal of 9 batches in superbatches of 3: the first superbatch ends at 0.9 s, then
+    # 0.2 s a batch, its producer busy half the time
+    r = Rehearsal(batches=9, superbatch_size=3, warm_batches=3, warm_s=0.9, steady_s=0.2,
+                  steady_read_s=0.6, steady_busy=0.5, miss_ratio=0.4, wall_s=2.1, stage_s={})
+    e = extrapolate_epoch(41, 8, r, reads={"epoch_per_batch": 500, "rehearsal_per_batch": 400,
+                                           "seconds_each": 1e-4})
+    t = e["terms_s"]
+    assert e["warm_batches"] == 8
+    assert t["warm_up"] == pytest.approx(0.9 * 8 / 3)
+    assert t["steady"] == pytest.approx(33 * 0.2)
+    assert t["reads"] == pytest.approx(33 * 100 * 1e-4 * 0.5)  # 100 more reads a batch
+    assert e["epoch_s"] == pytest.approx(sum(t.values()))
+    # the on-demand schedule: the first batch is the warm-up
+    r = Rehearsal(batches=5, superbatch_size=None, warm_batches=1, warm_s=0.5, steady_s=0.25,
+                  steady_read_s=0.0, steady_busy=1.0, miss_ratio=0.6, wall_s=1.5, stage_s={})
+    e = extrapolate_epoch(11, None, r, reads={"epoch_per_batch": 50, "rehearsal_per_batch": 60,
+                                              "seconds_each": 1e-3})
+    assert e["epoch_s"] == pytest.approx(0.5 + 10 * (0.25 - 10 * 1e-3))
+
+
 def test_simulate_epoch_against_references():
     rng = np.random.default_rng(3)
     n = 300
@@ -245,3 +268,99 @@ def test_predicted_miss_ratio_matches_training(graph, fanouts, batch, extra_mib,
     assert 0 < v["measured_miss_ratio"] < 1
     assert abs(v["predicted_miss_ratio"] - v["measured_miss_ratio"]) <= 0.03, v
     assert v["peak_rss_bytes"] <= r["budget_bytes"]
+
+
+@pytest.mark.parametrize("mode,superbatch", [("static", None), ("ooc", 2)])
+def test_rehearsal_reads_what_the_simulation_counts(data, tmp_path, mode, superbatch):
+    """A rehearsal trains the epoch's first batches through the real stack: its feature
+    misses are exactly the preset's policy replayed over those batches."""
+    from ooc.executor.cache.policies import degree_order
+    from ooc.executor.loader.stack import ModeOptions, build_stack
+    from ooc.executor.sizing.profiler import _model_for
+    from ooc.executor.sizing.rehearsal import rehearse
+    from ooc.executor.training.config import TrainConfig
+    from ooc.inspector.sampler import epoch_batches
+    from ooc.storage import open_dataset
+
+    ds = open_dataset(data)
+    cfg = TrainConfig(mode=mode, fanouts=[4, 3], batch_size=64, hidden=8, device="cpu",
+                      progress=False)
+    opts = ModeOptions(feature_cache_size=300 * ds.layout.row_bytes, neighbor_cache_size=0,
+                       runtime_dir=str(tmp_path / "rt"))
+    seeds = np.concatenate(epoch_batches(ds.train_idx, 64, cfg.seed, 1)[:6])
+    model, optimizer, device = _model_for(ds, cfg)
+    r = rehearse(ds, cfg, opts, mode, seeds, superbatch, model, optimizer, device)
+    assert r.batches == 6 and r.superbatch_size == superbatch
+    assert r.warm_batches == (superbatch or 1) and 0 < r.warm_s <= r.wall_s and r.steady_s > 0
+    assert 0 <= r.steady_busy <= 1 and r.steady_read_s > 0
+    stack = build_stack(ds, cfg, opts, seeds=seeds, shuffle=False)
+    try:
+        batches, bseeds = stack.train.plan(1)
+        trace = [np.asarray(b.node_ids, np.int64)
+                 for b in stack.train.sampler.sample_many(batches, bseeds)]
+        capacity = stack.train.cache.capacity
+    finally:
+        stack.close()
+    sim = simulate_epoch(mode, trace, ds.num_nodes, capacity, superbatch,
+                         hot_order=degree_order(ds))
+    assert 0 < sim["misses"] < sim["lookups"]
+    assert r.miss_ratio == sim["misses"] / sim["lookups"]
+
+
+def test_device_reads_through_the_page_cache_are_an_lru_of_pages(data):
+    """Readers through the page cache read a batch's page only when an LRU of the free
+    memory has dropped it (brute force: a batch finds the capacity's most recently used
+    pages), feature rows' pages and the sampled nodes' neighbour-list pages alike;
+    O_DIRECT readers read every missed row."""
+    from ooc.executor.sizing.profiler import device_reads
+    from ooc.inspector.sampler import SampledBatch
+    from ooc.storage import open_dataset
+
+    ds = open_dataset(data)
+    per_page = 4096 // ds.layout.row_bytes
+    feature_pages = -(-ds.num_nodes // per_page)
+    isz = ds.indices.dtype.itemsize
+    rng = np.random.default_rng(5)
+    trace = [np.unique(rng.integers(0, ds.num_nodes, 40)) for _ in range(10)]
+    # the first 5 nodes of each batch are its seeds, whose neighbour lists were sampled
+    batches = [SampledBatch(t, 5, np.zeros((2, 0), np.int64), [5, len(t) - 5]) for t in trace]
+    reh = Rehearsal(batches=3, superbatch_size=None, warm_batches=1, warm_s=0.1, steady_s=0.2,
+                    steady_read_s=0.3, steady_busy=0.5, miss_ratio=1.0, wall_s=0.5, stage_s={})
+    cap_pages = 60  # of 125 feature pages and a few neighbour-list pages
+    order: list[int] = []  # pages by last use, least recent first
+    misses = []
+    for t in trace:
+        rows = t if ds.row_of is None else np.asarray(ds.row_of[t])
+        now = set((rows // per_page).tolist())
+        for v in t[:5].tolist():
+            a, b = int(ds.indptr[v]) * isz, max(int(ds.indptr[v + 1]) * isz - 1, int(ds.indptr[v]) * isz)
+            now |= {feature_pages + a // 4096, feature_pages + b // 4096}
+        cached = set(order[-cap_pages:])  # what the batch finds
+        misses.append(sum(p not in cached for p in now))
+        order = [p for p in order if p not in now] + sorted(now)
+    r = device_reads(ds, "baseline", batches, reh, None, 0, cap_pages * 4096)
+    # after the first batch (the warm-up); the producer busy 0.5 x 0.2 s x 2 steady batches
+    assert r["epoch_per_batch"] == pytest.approx(sum(misses[1:]) / 9)
+    assert r["rehearsal_per_batch"] == pytest.approx(sum(misses[1:3]) / 2)
+    assert r["seconds_each"] == pytest.approx(0.2 / sum(misses[1:3]))
+    assert 0 < sum(misses[3:]) < sum(len(np.unique(t // per_page)) for t in trace[3:])
+    # O_DIRECT with a static cache of the 1,000 hottest rows: the rows outside it, each
+    # costing the steady feature-read seconds
+    hot = rng.permutation(ds.num_nodes)
+    out = [int(np.sum(~np.isin(t, hot[:1000]))) for t in trace]
+    r = device_reads(ds, "static", batches, reh, None, 1000, cap_pages * 4096, hot_order=hot)
+    assert r["unit"] == "row"
+    assert r["epoch_per_batch"] == pytest.approx(sum(out[1:]) / 9)
+    assert r["rehearsal_per_batch"] == pytest.approx(sum(out[1:3]) / 2)
+    assert r["seconds_each"] == pytest.approx(0.3 / sum(out[1:3]))
+
+
+def test_rehearsal_shape():
+    from ooc.executor.sizing.rehearsal import rehearsal_shape
+
+    assert rehearsal_shape(100, None) == (16, None)
+    assert rehearsal_shape(5, None) == (5, None)
+    assert rehearsal_shape(100, 7) == (21, 7)  # whole superbatches, at least 16 batches
+    assert rehearsal_shape(100, 50) == (16, 8)
+    assert rehearsal_shape(18, 7) == (18, 7)  # the whole epoch
+    assert rehearsal_shape(6, 6) == (6, 3)  # at least half of it after the first superbatch

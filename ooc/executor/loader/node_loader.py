@@ -27,7 +27,7 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Generator, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -328,14 +328,14 @@ class NodeLoader:
         self._next_epoch += 1
         return self.batches(epoch)
 
-    def batches(self, epoch: int) -> Iterator[Any]:
+    def batches(self, epoch: int) -> Generator[Any, None, None]:
         """The ``Data`` batches of ``epoch`` without moving :attr:`epoch` (``iter()`` runs
         the next one); the trainer evaluates with epoch 0."""
         if not self._finalizer.alive:
             raise InvalidValue("NodeLoader is closed")
         return self._epoch(int(epoch))
 
-    def _epoch(self, epoch: int) -> Iterator[Any]:
+    def _epoch(self, epoch: int) -> Generator[Any, None, None]:
         self.convert_seconds = 0.0
         with self._source.epoch():
             batches = self._source.pipeline().batches(epoch)

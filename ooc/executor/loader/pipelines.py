@@ -74,6 +74,8 @@ class BatchPipeline:
 
     sampler: NeighborSampler  # set by each subclass
     schedule = ""
+    #: the stages (of :meth:`stage_times`) run on the thread that makes the batches
+    producer_stages: tuple[str, ...] = ("gather",)
 
     def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
                  source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH,
@@ -162,7 +164,8 @@ class BatchPipeline:
         raise NotImplementedError  # pragma: no cover - abstract
 
     def stage_times(self) -> dict[str, float]:
-        return dict(self.times.s)
+        with self.times._lock:
+            return dict(self.times.s)
 
     def io_stats(self) -> dict[str, Any]:
         """Reads, bytes and hit ratio of the feature path so far."""
@@ -190,6 +193,7 @@ class OnDemandPipeline(BatchPipeline):
     makes batches k, k + n, ... and they are handed out in order."""
 
     schedule = "on_demand"
+    producer_stages = ("sample", "gather")
 
     def __init__(self, sampler: NeighborSampler, seeds: np.ndarray, batch_size: int, seed: int,
                  source: Feature, shuffle: bool = True, cache: FeatureCache | None = None,
@@ -254,6 +258,7 @@ class SuperbatchPipeline(BatchPipeline):
     """
 
     schedule = "superbatch"
+    producer_stages = ("switch", "gather", "update")
 
     def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
                  source: Feature, cache: FeatureCache, shuffle: bool = True,

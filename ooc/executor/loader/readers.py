@@ -46,6 +46,9 @@ class Readers:
     name: ClassVar[str] = ""
     #: whether a neighbor cache may sit in front of its neighbour reads
     neighbor_cache: ClassVar[bool] = False
+    #: whether its feature reads go through the kernel's page cache, which then keeps
+    #: rows across batches in whatever memory the process leaves free
+    page_cache: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -66,6 +69,7 @@ class Readers:
 
 class MmapReaders(Readers):
     name: ClassVar[str] = "mmap"
+    page_cache: ClassVar[bool] = True
 
     def open(self, dataset, options) -> Sources:
         from ...storage.mmap_features import ThreadedMmapFeatures

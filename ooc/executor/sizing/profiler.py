@@ -28,7 +28,14 @@
    training reports. **Miss-ratio curves** repeat it at 1%..100% of the
    feature table (``ooc`` at this superbatch size, the static
    degree-ordered cache, LRU for reference).
-4. **The expected epoch time** from those rates (see :func:`predict_epoch`).
+4. **A rehearsal** (:mod:`ooc.executor.sizing.rehearsal`): the epoch's first batches
+   trained with the recommended sizes as training runs them (the same stack and loader,
+   the stages sharing the cores), from a cold page cache.
+5. **The expected epoch time**: the rehearsal extrapolated to the epoch
+   (:func:`extrapolate_epoch`: its startup and steady seconds per batch, corrected for
+   the epoch's predicted misses and superbatch size); the stage model
+   (:func:`predict_epoch`, each stage timed alone, overlapped on paper) is reported
+   beside it.
 
 The report (a JSON-friendly dict) carries the measurements, the
 recommendation, the arithmetic as text lines, the curves, and ``sizes`` — the
@@ -208,6 +215,114 @@ def predict_epoch(preset, num_batches: int, superbatch_size: int | None,
     return out
 
 
+def extrapolate_epoch(num_batches: int, superbatch_size: int | None, rehearsal,
+                      reads: dict[str, Any]) -> dict[str, Any]:
+    """Expected seconds of one training epoch from a rehearsal of its first batches
+    (:class:`~ooc.executor.sizing.rehearsal.Rehearsal`), which ran the stages together
+    as training runs them.
+
+    ``epoch = warm-up x W / W_r + (num_batches - W) x (steady + reads x busy)``, where
+    ``W`` is the epoch's warm-up (its first superbatch of ``superbatch_size``, else its
+    first batch) and ``W_r`` the rehearsal's:
+
+    - ``warm-up``: the rehearsal's seconds to the end of its warm-up, scaled by
+      ``W / W_r`` (the first superbatch's sampling, changesets, cache fill and batches
+      grow with it);
+    - ``steady``: the rehearsal's seconds per batch after its warm-up;
+    - ``reads``: the epoch's device reads per batch after its warm-up minus the
+      rehearsal's (``reads``: ``epoch_per_batch``, ``rehearsal_per_batch``,
+      ``seconds_each``; see :func:`device_reads`), times the seconds each;
+    - ``busy``: the share of the rehearsal's steady part the thread making batches was
+      busy (reads an idle producer hides cost nothing).
+    """
+    from .rehearsal import warm_batches
+
+    r = rehearsal
+    nb = int(num_batches)
+    w = warm_batches(nb, superbatch_size)
+    more = (reads["epoch_per_batch"] - reads["rehearsal_per_batch"]) * reads["seconds_each"]
+    terms = {"warm_up": r.warm_s * w / max(r.warm_batches, 1),
+             "steady": (nb - w) * r.steady_s,
+             "reads": (nb - w) * more * r.steady_busy}
+    return {"num_batches": nb, "warm_batches": w, "terms_s": terms, "rehearsal": r.as_dict(),
+            "reads": reads,
+            "formula": "warm_up x W / W_r + (num_batches - W) x (steady + reads x busy)",
+            "epoch_s": max(r.warm_s, sum(terms.values()))}
+
+
+def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int | None,
+                 capacity: int, page_cache_bytes: int, hot_order: np.ndarray | None = None,
+                 device: str = "cpu") -> dict[str, Any]:
+    """Reads from the device per batch after the warm-up, in the traced epoch
+    (``batches``, :class:`~ooc.inspector.sampler.SampledBatch` in order, superbatches of
+    ``superbatch_size``) and in the rehearsal (its first ``rehearsal.batches``, its
+    superbatch size), and the seconds one costs.
+
+    O_DIRECT readers read the feature rows their cache of ``capacity`` rows misses plus
+    those its switches load (the preset's policy replayed, :func:`simulate_epoch`), each
+    costing the rehearsal's steady feature-read seconds over its steady reads. Readers
+    through the kernel's page cache (``preset.readers.page_cache``) read a page only
+    when the page cache has dropped it: the pages of each batch's feature rows (4 KiB,
+    or one row when rows are larger; in stored order) and of its sampled nodes'
+    neighbour lists, through one LRU of ``page_cache_bytes`` (what a memory cgroup at
+    the budget leaves beside the process), each costing the rehearsal's steady seconds
+    of the thread that samples and gathers over its steady page reads.
+    """
+    from ..loader.presets import resolve_preset
+    from .rehearsal import warm_batches
+
+    trace = [np.asarray(b.node_ids, dtype=np.int64) for b in batches]
+    if resolve_preset(preset).readers.page_cache:
+        per_batch = _page_cache_misses(dataset, batches, page_cache_bytes)
+
+        def count(tr: list, sb: int | None) -> int:
+            return int(per_batch[:len(tr)].sum())
+        name, seconds = "page", rehearsal.steady_busy * rehearsal.steady_s * \
+            rehearsal.steady_batches
+    else:
+        def count(tr: list, sb: int | None) -> int:
+            r = simulate_epoch(preset, tr, dataset.num_nodes, capacity, sb,
+                               hot_order=hot_order, device=device)
+            return int(r["misses"] + r.get("switch_reads", 0))
+        name, seconds = "row", rehearsal.steady_read_s
+
+    def steady(tr: list, warm: int, sb: int | None) -> float:
+        return (count(tr, sb) - count(tr[:warm], sb)) / (len(tr) - warm) if len(tr) > warm \
+            else 0.0
+
+    k = min(int(rehearsal.batches), len(trace))
+    epoch = steady(trace, warm_batches(len(trace), superbatch_size), superbatch_size)
+    rehearsed = steady(trace[:k], int(rehearsal.warm_batches), rehearsal.superbatch_size)
+    each = seconds / max(rehearsed * rehearsal.steady_batches, 1.0)
+    return {"unit": name, "epoch_per_batch": epoch, "rehearsal_per_batch": rehearsed,
+            "seconds_each": each}
+
+
+def _page_cache_misses(dataset, batches: list, cache_bytes: int) -> np.ndarray:
+    """Pages each batch reads through an LRU page cache of ``cache_bytes`` (int64
+    [len(batches)]): its feature rows' (4 KiB pages, or a row each when rows are larger:
+    the unit the cache is counted in) and the first and last page of each sampled node's
+    neighbour list in ``indices.bin`` (a longer list is sampled, not read whole)."""
+    from ...inspector.policies import lru_stack_distances
+
+    row_bytes = dataset.layout.row_bytes
+    unit = max(4096, row_bytes)
+    base = -(-dataset.num_nodes * row_bytes // unit)  # neighbour pages after the rows'
+    isz = dataset.indices.dtype.itemsize
+    pages = []
+    for b in batches:
+        ids = np.asarray(b.node_ids, dtype=np.int64)
+        rows = ids if dataset.row_of is None else np.asarray(dataset.row_of[ids], np.int64)
+        targets = ids[:int(sum(b.num_sampled_nodes[:-1]))]
+        lo = np.asarray(dataset.indptr[targets], dtype=np.int64) * isz
+        hi = np.maximum(np.asarray(dataset.indptr[targets + 1], dtype=np.int64) * isz - 1, lo)
+        pages.append(np.unique(np.concatenate([rows * row_bytes // unit,
+                                               base + lo // 4096, base + hi // 4096])))
+    missed = lru_stack_distances(pages) >= max(0, int(cache_bytes)) // unit
+    at = np.concatenate([[0], np.cumsum(missed)])[np.cumsum([0] + [len(p) for p in pages])]
+    return np.diff(at).astype(np.int64)
+
+
 # -- the schedule training runs, simulated -------------------------------------------------
 
 
@@ -345,10 +460,17 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
                  (model, optimizer, device, compute_steps), log)
     log(f"size_caches: simulating the {preset.name} schedule over {shape.T} batches (cache "
         f"carried across superbatches of {shape.S}) and the miss-ratio curves")
-    sim, curves = _simulate(dataset, preset, plan, shape, m, gpu)
+    sim, curves, sim_hot = _simulate(dataset, preset, plan, shape, m, gpu)
     rates = _rates(m, sim, shape, preset)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    epoch = predict_epoch(preset, shape.nb, shape.S, rates["per_batch"], rates["switch_s"], cores)
+    staged = predict_epoch(preset, shape.nb, shape.S, rates["per_batch"], rates["switch_s"], cores)
+    reh = _rehearse(dataset, config, options, plan, preset, shape, seed_batches,
+                    (model, optimizer, device), log)
+    reads = device_reads(dataset, preset, m.batches, reh, plan.superbatch_size,
+                         int(plan.feature_cache_rows), int(budget) - plan.working,
+                         hot_order=sim_hot, device="cuda" if gpu["available"] else "cpu")
+    epoch = extrapolate_epoch(shape.nb, plan.superbatch_size, reh, reads)
+    epoch["stage_model"] = staged
     arith = _arithmetic(dataset, preset, options, plan, budget, reserve, shape, m, rates, epoch)
     report = _report(dataset, config, preset, options, plan, budget, reserve, shape, m, sim,
                      curves, rates, epoch, arith, device)
@@ -391,6 +513,11 @@ def compare_presets(dataset, config, options, budget: int, presets, reserve: int
                                               "feature_cache_rows", "neighbor_cache_bytes",
                                               "superbatch_size", "per_batch_s")}
         summary[name]["compute_steps_timed"] = r["measured"]["compute_steps_timed"]
+        em = rec["epoch_model"]
+        summary[name]["epoch_terms_s"] = em["terms_s"]
+        summary[name]["stage_model_epoch_s"] = em["stage_model"]["epoch_s"]
+        summary[name]["rehearsal"] = em["rehearsal"]
+        summary[name]["device_reads"] = em["reads"]
         summary[name]["sizes"] = r["sizes"]
     out = dict(reports[best])
     out["recommended_preset"] = best
@@ -415,6 +542,27 @@ def _model_for(dataset, config):
     return model, optimizer, device
 
 
+def _recommended_options(options, plan):
+    """``options`` with the plan's cache and superbatch sizes (no budget left to plan)."""
+    return replace(options, feature_cache_size=plan.feature_cache_bytes,
+                   neighbor_cache_size=plan.neighbor_cache_bytes,
+                   superbatch_size=plan.superbatch_size, memory_budget=None)
+
+
+def _rehearse(dataset, config, options, plan, preset, shape: _Shape, seed_batches, training,
+              log):
+    """:func:`~ooc.executor.sizing.rehearsal.rehearse` the epoch's first batches with the
+    recommended sizes."""
+    from .rehearsal import rehearsal_shape, rehearse
+
+    k, s_r = rehearsal_shape(shape.nb, plan.superbatch_size)
+    log(f"size_caches: rehearsing the first {k} batches as training runs them"
+        + (f" (superbatches of {s_r})" if s_r else ""))
+    model, optimizer, device = training
+    return rehearse(dataset, config, _recommended_options(options, plan), preset,
+                    np.concatenate(seed_batches[:k]), s_r, model, optimizer, device)
+
+
 def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches, gpu,
              training, log) -> _Measured:
     """Build the stack with the recommended sizes, as training builds it, and time its
@@ -422,9 +570,7 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
     from ...inspector.sampler import derive_seed
     from ..loader.stack import build_stack
 
-    rec = replace(options, feature_cache_size=plan.feature_cache_bytes,
-                  neighbor_cache_size=plan.neighbor_cache_bytes,
-                  superbatch_size=plan.superbatch_size, memory_budget=None)
+    rec = _recommended_options(options, plan)
     log(f"size_caches: building the {preset.name} mode with the recommended sizes "
         f"(feature cache {_fmt(plan.feature_cache_bytes)}, neighbor cache "
         f"{_fmt(plan.neighbor_cache_bytes)}, superbatch {plan.superbatch_size})")
@@ -543,7 +689,8 @@ def _next_superbatch(m: _Measured, shape: _Shape, j: int, cache, features):
 
 
 def _simulate(dataset, preset, plan, shape: _Shape, m: _Measured, gpu: dict):
-    """The epoch's misses under the recommended size, and the miss-ratio curves."""
+    """The epoch's misses under the recommended size, the miss-ratio curves, and the
+    nodes by decreasing out-degree (the static cache's order)."""
     from ..cache.policies import degree_order
 
     n = dataset.num_nodes
@@ -557,7 +704,11 @@ def _simulate(dataset, preset, plan, shape: _Shape, m: _Measured, gpu: dict):
     curves = miss_curves(m.trace, n, shape.S, hot, np.array(caps, np.int64), device=device)
     curves["capacity_rows"] = caps
     curves["curves_s"] = time.perf_counter() - t0
-    return sim, curves
+    return sim, curves, hot
+
+
+#: Gather misses below this many rows are too few to time reads by.
+MIN_TIMED_READS = 1024
 
 
 def _rates(m: _Measured, sim: dict, shape: _Shape, preset) -> dict[str, Any]:
@@ -565,7 +716,10 @@ def _rates(m: _Measured, sim: dict, shape: _Shape, preset) -> dict[str, Any]:
     the seconds of one switch."""
     st, T, S0 = m.stages, shape.T, shape.S0
     pred_miss = sim["misses"] / max(sim["lookups"], 1)
-    per_row_read = m.read_gather / max(m.misses, 1)
+    # seconds per row read: the gathers' own, or with the switches' reads pooled in when
+    # the gathers missed too few rows to time (a first superbatch the switch filled)
+    per_row_read = (m.read_gather / m.misses if m.misses >= MIN_TIMED_READS
+                    else (m.read_gather + m.read_switch) / max(m.misses + m.switched, 1))
     g = st["gather"]
     gather_other = max(0.0, g.wall - m.read_gather) / max(m.lookups, 1)
     pred_miss_rows = pred_miss * m.ids_per_batch
@@ -630,14 +784,27 @@ def _arithmetic(dataset, preset, options, plan, budget, reserve, shape: _Shape, 
         ]
     if plan.superbatch_size:
         arith += _superbatch_arithmetic(options, plan, shape, m)
-    terms = epoch["terms_s"]
+    staged, reh, reads = epoch["stage_model"], epoch["rehearsal"], epoch["reads"]
+    terms = staged["terms_s"]
     arith.append(
-        f"epoch = {epoch['formula']}: "
-        + (f"startup {epoch['startup_s']:.2f}s + " if "startup_s" in epoch else "")
+        f"rehearsal: {reh['batches']} batches trained as training runs them"
+        + (f" (superbatches of {reh['superbatch_size']})" if reh["superbatch_size"] else "")
+        + f": warm-up ({reh['warm_batches']} batches) {reh['warm_s']:.2f}s, then "
+          f"{reh['steady_s_per_batch']:.3f}s a batch, producer busy {reh['steady_busy']:.0%}, "
+          f"miss ratio {reh['miss_ratio']:.3f}; device reads per batch after the warm-up "
+          f"({reads['unit']}s): epoch {reads['epoch_per_batch']:,.0f}, rehearsal "
+          f"{reads['rehearsal_per_batch']:,.0f}, {reads['seconds_each'] * 1e6:.1f} us each")
+    arith.append(
+        f"epoch = {epoch['formula']} = "
+        + " + ".join(f"{k} {v:.2f}s" for k, v in epoch["terms_s"].items())
+        + f" = {epoch['epoch_s']:.2f}s")
+    arith.append(
+        f"stage model (each stage timed alone): {staged['formula']}: "
+        + (f"startup {staged['startup_s']:.2f}s + " if "startup_s" in staged else "")
         + "max(" + ", ".join(f"{k} {v:.2f}s" for k, v in terms.items()) + ")"
-        + (f" + {epoch['superbatches']} x switch {rates['switch_s']:.2f}s"
-           if "superbatches" in epoch else "")
-        + f" = {epoch['epoch_s']:.2f}s; per batch: "
+        + (f" + {staged['superbatches']} x switch {rates['switch_s']:.2f}s"
+           if "superbatches" in staged else "")
+        + f" = {staged['epoch_s']:.2f}s; per batch: "
         + ", ".join(f"{k} {v[0] * 1e3:.1f} ms" for k, v in rates["per_batch"].items())
         + f"; gather at the predicted miss ratio {rates['pred_miss']:.3f} "
           f"({rates['pred_miss_rows']:,.0f} rows x {rates['per_row_read'] * 1e6:.1f} us/row read)")
@@ -824,5 +991,5 @@ def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, A
             "changeset_s_trace": dt, "fits": scaled <= 0.8 * total}
 
 
-__all__ = ["CURVE_FRACTIONS", "compare_presets", "load_sizes", "miss_curves", "predict_epoch",
-           "profile", "simulate_epoch", "sizes_block"]
+__all__ = ["CURVE_FRACTIONS", "compare_presets", "device_reads", "extrapolate_epoch", "load_sizes",
+           "miss_curves", "predict_epoch", "profile", "simulate_epoch", "sizes_block"]
