@@ -7,9 +7,12 @@
 Measures the peak RSS of the sample stage and of the main loop (the same
 measurement as ``ooc.train --memory-budget``), runtime-file bytes per batch,
 sampling / changeset / gather / compute rates, CUDA memory of the changeset
-pass when a GPU is present; recommends the neighbor and feature cache bytes,
-the superbatch size and the expected epoch time, with the arithmetic; draws
-Belady / static degree-ordered / LRU miss-ratio curves. The logic is
+pass when a GPU is present; recommends the neighbor and feature cache bytes
+and the superbatch size, with the arithmetic; trains the epoch's first batches
+with them as training runs them (a rehearsal) and extrapolates the expected
+epoch time from it; draws Belady / static degree-ordered / LRU miss-ratio
+curves. Without ``--mode`` every preset is profiled and the one with the
+shortest expected epoch recommended. The logic is
 :mod:`ooc.executor.sizing.profiler`.
 
 ``--verify`` then trains one epoch with the recommendation in a subprocess
@@ -232,7 +235,8 @@ def _per_preset(rep: dict) -> dict[str, dict]:
 
 def _print_comparison(rep: dict) -> None:
     """The presets side by side, and which one the measurements favour."""
-    print("size_caches: presets under the same budget (expected epoch from the measured stages):")
+    print("size_caches: presets under the same budget (expected epoch from each one's "
+          "rehearsal):")
     print(f"  {'preset':10} {'epoch s':>9} {'miss ratio':>11} {'feature cache rows':>19} "
           f"{'superbatch':>10}")
     for name, p in rep["presets"].items():
