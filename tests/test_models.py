@@ -74,7 +74,7 @@ def test_trimmed_forward_matches_untrimmed_on_seeds(kind):
     x = torch.randn(9, 6)
     full = model(x, ei)
     trimmed = model(x, ei, nodes, edges)
-    assert trimmed.shape[0] == (5 if kind == "gcn" else 2)  # SAGE, GAT: the seeds only
+    assert trimmed.shape[0] == 2  # the seeds only
     assert torch.allclose(full[:2], trimmed[:2], atol=1e-6)
 
 
@@ -174,3 +174,69 @@ def test_sage_sparse_path_equals_the_scatter_path(monkeypatch, layers):
     slow, slow_grads = step()
     assert torch.allclose(fast, slow, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fast_grads, slow_grads))
+
+
+def test_with_self_loops_keeps_targets_sorted():
+    from ooc.executor.training.models import with_self_loops
+
+    ei = torch.tensor([[4, 0, 2, 4, 1], [0, 0, 2, 2, 3]])
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    loop_w = torch.tensor([10.0, 11.0, 12.0, 13.0, 14.0])
+    got_ei, got_w = with_self_loops(ei, 5, w, loop_w)
+    # brute force: each target's edges in order, then its loop
+    want = []
+    for t in range(5):
+        want += [(int(s), t, float(x)) for s, d, x in zip(ei[0], ei[1], w) if int(d) == t]
+        want.append((t, t, float(loop_w[t])))
+    assert list(zip(got_ei[0].tolist(), got_ei[1].tolist(), got_w.tolist())) == want
+    # unsorted targets: the loops are appended
+    got_ei, got_w = with_self_loops(ei.flip(1), 5, w.flip(0), loop_w)
+    assert torch.equal(got_ei[:, 5:], torch.arange(5).repeat(2, 1))
+    assert torch.equal(got_w, torch.cat([w.flip(0), loop_w]))
+
+
+def _sorted_batch(seed=0):
+    """A 3-hop batch in NeighborLoader layout whose edges' targets are sorted (hop after
+    hop, each node's neighbours together), as ooc's sampler makes them."""
+    g = torch.Generator().manual_seed(seed)
+    nodes = [4, 9, 20, 30]
+    starts = [0, 4, 13, 33]
+    src, dst, edges = [], [], []
+    for h in range(3):
+        m = 0
+        for t in range(starts[h], starts[h] + nodes[h]):
+            k = int(torch.randint(1, 4, (1,), generator=g))
+            pool = torch.arange(0, starts[h + 1] + nodes[h + 1])
+            pool = pool[pool != t]  # no self loops in the graph
+            src += pool[torch.randperm(len(pool), generator=g)[:k]].tolist()
+            dst += [t] * k
+            m += k
+        edges.append(m)
+    return torch.tensor([src, dst]), nodes, edges
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sorted_batches_take_the_csr_path_with_the_same_outputs(kind, monkeypatch):
+    """Sampled batches aggregate through CSR (SAGE and GCN; GAT needs every edge's
+    attention) with the seeds' outputs of the untrimmed forward pass."""
+    from ooc.executor.training import models as M
+
+    torch.manual_seed(2)
+    model = build_model(kind, 6, 8, 3, 3).eval()
+    ei, nodes, edges = _sorted_batch()
+    x = torch.randn(sum(nodes), 6)
+    full = model(x, ei)[:4]
+    real, used = M.target_csr, []
+
+    def counting(*args, **kwargs):
+        adj = real(*args, **kwargs)
+        used.append(adj is not None)
+        return adj
+
+    monkeypatch.setattr(M, "target_csr", counting)
+    trimmed = model(x, ei, nodes, edges)
+    assert trimmed.shape == (4, 3)
+    assert torch.allclose(full, trimmed, atol=1e-5)
+    assert used == ([True] * 3 if kind != "gat" else [])
+    monkeypatch.setattr(M, "target_csr", lambda *a, **k: None)  # the scatter path
+    assert torch.allclose(model(x, ei, nodes, edges), trimmed, atol=1e-5)

@@ -1,7 +1,7 @@
-"""The built-in SAGE's training step on sampled batches: CSR spmm against scatter.
+"""A built-in model's training step on sampled batches: CSR spmm against scatter.
 
-    python tools/bench_sparse_step.py --data D [--fanouts 15,10,5] [--batch-size 1024]
-        [--hidden 256] [--batches 8] [--rounds 3]
+    python tools/bench_sparse_step.py --data D [--model sage|gcn] [--fanouts 15,10,5]
+        [--batch-size 1024] [--hidden 256] [--batches 8] [--rounds 3]
 
 Takes ``--batches`` batches of ``ooc.NodeLoader`` (baseline preset: the batches are the
 same in every preset) and times forward and backward of the model on each, with the CSR
@@ -30,6 +30,7 @@ from ooc.executor.training import models as M  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
+    ap.add_argument("--model", choices=("sage", "gcn"), default="sage")
     ap.add_argument("--fanouts", default="15,10,5")
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=256)
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
             if len(batches) == a.batches:
                 break
     torch.manual_seed(0)
-    model = M.build_model("sage", ds.feature_dim, a.hidden, ds.num_classes, len(fanouts),
+    model = M.build_model(a.model, ds.feature_dim, a.hidden, ds.num_classes, len(fanouts),
                           dropout=0.0)
     real = M.target_csr
 
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     nodes = statistics.mean(int(b.num_nodes) for b in batches)
     edges = statistics.mean(int(b.edge_index.size(1)) for b in batches)
     s, c = statistics.median(times[False]), statistics.median(times[True])
-    print(f"{len(batches)} batches of ~{nodes:,.0f} nodes, {edges:,.0f} edges; hidden "
+    print(f"{a.model}: {len(batches)} batches of ~{nodes:,.0f} nodes, {edges:,.0f} edges; hidden "
           f"{a.hidden}; {a.threads} threads")
     print(f"scatter {s:.3f} s  csr {c:.3f} s  ratio {s / c:.2f}x  (medians of {a.rounds})")
     print(f"max |out diff| {d_out:.2e}  max |grad diff| {d_grad:.2e}")

@@ -6,8 +6,9 @@ the layer-wise inference code both rely on:
 * ``forward(x, edge_index, num_sampled_nodes_per_hop=None,
   num_sampled_edges_per_hop=None)`` runs all layers on a full graph, or on a
   sampled batch in PyG NeighborLoader layout (nodes and edges ordered by hop),
-  in which case :func:`torch_geometric.utils.trim_to_layer` drops the hops a
-  layer no longer needs. The first ``batch_size`` rows are the seeds' outputs.
+  in which case each layer reads only the hops it needs and computes rows only for
+  the hops the next layer reads (the last layer: the seeds). The first
+  ``batch_size`` rows are the seeds' outputs.
 * ``layer(l, x, edge_index, edge_weight=None)`` runs layer ``l`` alone on a
   local graph; ``forward`` is exactly ``layer(0) .. layer(L-1)`` in sequence.
 
@@ -27,7 +28,6 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
-from torch_geometric.utils import trim_to_layer
 
 from ...storage.errors import InvalidValue
 
@@ -122,7 +122,9 @@ class GNN(torch.nn.Module):
             if edge_weight is None:
                 edge_index, edge_weight = gcn_norm(edge_index, None, num_nodes=x.size(0),
                                                    add_self_loops=True, dtype=x.dtype)
-            h = conv(x, edge_index, edge_weight)[:num_targets]
+            adj = None if num_targets is None else \
+                target_csr(edge_index, x.size(0), num_targets, x.dtype, edge_weight)
+            h = conv(x, adj) if adj is not None else conv(x, edge_index, edge_weight)[:num_targets]
         elif num_targets is not None and num_targets < x.size(0):
             adj = target_csr(edge_index, x.size(0), num_targets, x.dtype) \
                 if self.kind == "sage" else None
@@ -145,10 +147,10 @@ class GNN(torch.nn.Module):
         With the per-hop counts of a sampled batch (NeighborLoader layout),
         layer ``l`` reads the first ``L - l + 1`` hops and their edges only and
         computes rows for the first ``L - l`` hops, the ones the next layer
-        reads (SAGE and GAT run bipartite; GCN computes every row it reads and
-        drops hops with ``trim_to_layer``). The output then holds the seeds'
-        rows first (SAGE and GAT: only them), equal to those of the untrimmed
-        pass (GCN keeps the degrees of the whole sampled graph for that).
+        reads (bipartite; SAGE and GCN aggregate through a CSR adjacency and
+        PyG's ``spmm``). The output then holds only the seeds' rows, equal to
+        those of the untrimmed pass (GCN keeps the degrees of the whole sampled
+        graph for that).
         """
         if num_sampled_nodes_per_hop is None or num_sampled_edges_per_hop is None:  # no trimming
             for l in range(self.num_layers):
@@ -156,8 +158,6 @@ class GNN(torch.nn.Module):
             return x
         nodes = [int(v) for v in num_sampled_nodes_per_hop]
         edges = [int(v) for v in num_sampled_edges_per_hop]
-        if self.kind != "gcn":
-            return self._forward_bipartite(x, edge_index, nodes, edges)
         dinv = None
         if self.kind == "gcn":
             # Degrees of the whole sampled graph (+1 self loop), as the untrimmed
@@ -166,24 +166,15 @@ class GNN(torch.nn.Module):
             deg.scatter_add_(0, edge_index[1], torch.ones(edge_index.size(1), dtype=x.dtype,
                                                           device=x.device))
             dinv = deg.pow(-0.5)
-        for l in range(self.num_layers):
-            x, edge_index, _ = trim_to_layer(l, nodes, edges, x, edge_index)
-            if dinv is None:
-                x = self.layer(l, x, edge_index)
-            else:
-                n = x.size(0)
-                loops = torch.arange(n, device=x.device)
-                ei = torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
-                w = torch.cat([dinv[edge_index[0]] * dinv[edge_index[1]], dinv[:n] * dinv[:n]])
-                x = self.layer(l, x, ei, w)
-        return x
-
+        return self._forward_bipartite(x, edge_index, nodes, edges, dinv)
 
     def _forward_bipartite(self, x: Tensor, edge_index: Tensor, nodes: list[int],
-                           edges: list[int]) -> Tensor:
+                           edges: list[int], dinv: Tensor | None = None) -> Tensor:
         """Layer ``l`` reads hops ``0 .. L - l`` and the edges into hops ``0 .. L - l - 1``
         (edges are ordered by hop, so that is a prefix) and writes rows for hops
-        ``0 .. L - l - 1`` only."""
+        ``0 .. L - l - 1`` only. GCN (``dinv``: [n] inverse square roots of the sampled
+        graph's degrees plus one) weighs each edge ``dinv[src] * dinv[dst]`` and adds each
+        target's self loop, weighed ``dinv[t]^2``."""
         L = self.num_layers
         hops = len(nodes)
         for l in range(L):
@@ -191,25 +182,53 @@ class GNN(torch.nn.Module):
             n_src = sum(nodes[:keep])
             n_dst = sum(nodes[:keep - 1]) if keep > 1 else nodes[0]
             m = sum(edges[:keep - 1])
-            x = self.layer(l, x[:n_src], edge_index[:, :m], num_targets=n_dst)
+            ei, w = edge_index[:, :m], None
+            if dinv is not None:
+                ei, w = with_self_loops(ei, n_dst, dinv[ei[0]] * dinv[ei[1]],
+                                        dinv[:n_dst] * dinv[:n_dst])
+            x = self.layer(l, x[:n_src], ei, w, num_targets=n_dst)
         return x
 
 
-def target_csr(edge_index: Tensor, num_src: int, num_dst: int, dtype: torch.dtype
-               ) -> Tensor | None:
-    """The bipartite adjacency ``[num_dst, num_src]`` (row = target, values 1) as a CSR
-    ``torch.sparse`` tensor, for PyG's ``spmm`` path, when ``edge_index``'s targets (row
-    1) are non-decreasing and below ``num_dst``, as every sampled batch's are (hop after
-    hop, each node's neighbours together); None otherwise (the caller scatters)."""
+def target_csr(edge_index: Tensor, num_src: int, num_dst: int, dtype: torch.dtype,
+               values: Tensor | None = None) -> Tensor | None:
+    """The bipartite adjacency ``[num_dst, num_src]`` (row = target; ``values`` [m], else
+    ones) as a CSR ``torch.sparse`` tensor, for PyG's ``spmm`` path, when
+    ``edge_index``'s targets (row 1) are non-decreasing and below ``num_dst``, as every
+    sampled batch's are (hop after hop, each node's neighbours together); None
+    otherwise (the caller scatters)."""
     dst = edge_index[1]
     if dst.numel() and bool((dst[-1] >= num_dst) | (dst[1:] < dst[:-1]).any()):
         return None  # one device sync for both checks
     crow = torch.zeros(num_dst + 1, dtype=torch.int64, device=dst.device)
     torch.cumsum(torch.bincount(dst, minlength=num_dst), 0, out=crow[1:])
-    ones = torch.ones(dst.numel(), dtype=dtype, device=dst.device)
+    vals = values.to(dtype) if values is not None else \
+        torch.ones(dst.numel(), dtype=dtype, device=dst.device)
     with warnings.catch_warnings():  # "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)
-        return torch.sparse_csr_tensor(crow, edge_index[0], ones, size=(num_dst, num_src))
+        return torch.sparse_csr_tensor(crow, edge_index[0], vals, size=(num_dst, num_src))
+
+
+def with_self_loops(edge_index: Tensor, num_dst: int, weight: Tensor, loop_weight: Tensor
+                    ) -> tuple[Tensor, Tensor]:
+    """``edge_index`` (int64 [2, m], targets non-decreasing and below ``num_dst``) and
+    its ``weight`` [m] with a self loop ``(t, t)`` of weight ``loop_weight[t]`` after
+    each target ``t``'s edges, so the targets stay sorted: ([2, m + num_dst],
+    [m + num_dst]). Targets out of that order get their loops appended instead."""
+    dst = edge_index[1]
+    m, dev = dst.numel(), dst.device
+    loops = torch.arange(num_dst, device=dev)
+    if m and bool((dst[-1] >= num_dst) | (dst[1:] < dst[:-1]).any()):
+        return (torch.cat([edge_index, torch.stack([loops, loops])], dim=1),
+                torch.cat([weight, loop_weight]))
+    ends = torch.cumsum(torch.bincount(dst, minlength=num_dst), 0)
+    at_edge = torch.arange(m, device=dev) + dst      # t loops precede target t's edges
+    at_loop = ends + loops                          # after target t's edges
+    ei = torch.empty(2, m + num_dst, dtype=edge_index.dtype, device=dev)
+    w = torch.empty(m + num_dst, dtype=weight.dtype, device=dev)
+    ei[:, at_edge], w[at_edge] = edge_index, weight
+    ei[0, at_loop], ei[1, at_loop], w[at_loop] = loops, loops, loop_weight
+    return ei, w
 
 
 def build_model(kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
