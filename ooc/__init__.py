@@ -41,6 +41,10 @@ def __getattr__(name: str):
         from .executor.loader import process_budget
 
         return getattr(process_budget, name)
+    if name == "build_model":
+        from .executor.training.models import build_model
+
+        return build_model
     if name in ("Trainer", "TrainConfig"):
         from .executor.training import trainer
 
@@ -52,5 +56,5 @@ __version__ = "0.1.0"
 
 __all__ = ["BudgetError", "Dataset", "DatasetError", "IOFailure", "IdOutOfRange", "InvalidValue",
            "MemoryBudget", "NodeLoader", "NotFound", "OocError", "OutputBusy", "OutputExists",
-           "TimedOut", "TrainConfig", "Trainer", "configure_process", "load_model",
+           "TimedOut", "TrainConfig", "Trainer", "build_model", "configure_process", "load_model",
            "memory_budget", "open_dataset", "set_memory_budget", "write_dataset", "__version__"]

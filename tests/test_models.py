@@ -240,3 +240,20 @@ def test_sorted_batches_take_the_csr_path_with_the_same_outputs(kind, monkeypatc
     assert used == ([True] * 3 if kind != "gat" else [])
     monkeypatch.setattr(M, "target_csr", lambda *a, **k: None)  # the scatter path
     assert torch.allclose(model(x, ei, nodes, edges), trimmed, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn"])
+def test_seed_outputs_equal_stock_pyg_with_the_same_weights(kind):
+    """The built-in model on a sampled batch (bipartite, CSR) gives the seeds the outputs
+    of stock PyG's model of that kind with the same weights on the whole batch graph."""
+    from torch_geometric.nn.models import GCN, GraphSAGE
+
+    torch.manual_seed(3)
+    model = build_model(kind, 6, 8, 3, 3, dropout=0.0).eval()
+    cls = GraphSAGE if kind == "sage" else GCN
+    stock = cls(6, 8, 3, 3, dropout=0.0).eval()
+    assert stock.load_state_dict(model.state_dict(), strict=True) is not None
+    ei, nodes, edges = _sorted_batch(seed=4)
+    x = torch.randn(sum(nodes), 6)
+    ours = model(x, ei, nodes, edges)
+    assert torch.allclose(ours, stock(x, ei)[:4], atol=1e-5)

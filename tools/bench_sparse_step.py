@@ -1,13 +1,28 @@
-"""A built-in model's training step on sampled batches: CSR spmm against scatter.
+"""A built-in model's training step on sampled batches: CSR spmm against scatter, and
+against stock PyG's model of the same kind on the same batches.
 
     python tools/bench_sparse_step.py --data D [--model sage|gcn] [--fanouts 15,10,5]
         [--batch-size 1024] [--hidden 256] [--batches 8] [--rounds 3]
 
 Takes ``--batches`` batches of ``ooc.NodeLoader`` (baseline preset: the batches are the
-same in every preset) and times forward and backward of the model on each, with the CSR
-adjacency path (``ooc.executor.training.models.target_csr``) and with it disabled (PyG's
-gather-scatter over an [E, d] message tensor), alternating, ``--rounds`` times; prints the
-medians, their ratio and the largest output and gradient differences.
+same in every preset) and times forward and backward (cross-entropy over the seeds) on
+each, alternating, ``--rounds`` times, of:
+
+- ``ooc csr``: the built-in model, aggregating through a CSR adjacency
+  (``ooc.executor.training.models.target_csr``), what training runs;
+- ``ooc scatter``: the same with the CSR path disabled (PyG's gather-scatter over an
+  [E, d] message tensor);
+- ``pyg trim``: stock PyG's ``GraphSAGE`` / ``GCN`` (``torch_geometric.nn.models``) with
+  the built-in model's weights, called as PyG's NeighborLoader examples call it:
+  ``model(x, edge_index, num_sampled_nodes_per_hop=..., num_sampled_edges_per_hop=...)``
+  (``trim_to_layer``, scatter);
+- ``pyg adj_t``: the same stock model on the batch's whole adjacency as a CSR
+  ``torch.sparse`` tensor (PyG's ``spmm`` path; PyG trims only ``torch_sparse``
+  tensors, not installed here, so every layer computes every row).
+
+Prints the medians, the ratios to ``ooc csr`` and the largest seed-output difference of
+each variant from ``ooc csr`` (stock GCN normalises each trimmed layer by its own
+degrees, so ``pyg trim`` differs there by design).
 """
 from __future__ import annotations
 
@@ -24,6 +39,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ooc  # noqa: E402
 from ooc.cli import main_wrapper  # noqa: E402
 from ooc.executor.training import models as M  # noqa: E402
+
+
+def stock_model(kind: str, model: M.GNN):
+    """Stock PyG's model of ``kind`` with ``model``'s weights (the same convolutions)."""
+    from torch_geometric.nn.models import GCN, GraphSAGE
+
+    cls = {"sage": GraphSAGE, "gcn": GCN}[kind]
+    extra = {"normalize": True, "add_self_loops": True} if kind == "gcn" else {}
+    stock = cls(model.dims[0], model.dims[1], model.num_layers, model.dims[-1], dropout=0.0,
+                **extra)
+    missing, unexpected = stock.load_state_dict(model.state_dict(), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"stock {cls.__name__} does not take the weights: missing "
+                           f"{missing}, unexpected {unexpected}")
+    return stock
 
 
 @main_wrapper
@@ -51,38 +81,55 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = M.build_model(a.model, ds.feature_dim, a.hidden, ds.num_classes, len(fanouts),
                           dropout=0.0)
+    stock = stock_model(a.model, model)
     real = M.target_csr
+    adj_t = [real(b.edge_index, b.num_nodes, b.num_nodes, b.x.dtype) for b in batches]
 
-    def run(sparse: bool):
-        M.target_csr = real if sparse else (lambda *args: None)
+    def ooc_step(csr: bool):
+        def step(i, b):
+            M.target_csr = real if csr else (lambda *args, **kwargs: None)
+            try:
+                return model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
+            finally:
+                M.target_csr = real
+        return model, step
+
+    variants = {
+        "ooc csr": ooc_step(True),
+        "ooc scatter": ooc_step(False),
+        "pyg trim": (stock, lambda i, b: stock(
+            b.x, b.edge_index, num_sampled_nodes_per_hop=b.num_sampled_nodes,
+            num_sampled_edges_per_hop=b.num_sampled_edges)),
+        "pyg adj_t": (stock, lambda i, b: stock(b.x, adj_t[i])),
+    }
+
+    def run(name: str):
+        net, step = variants[name]
         total, outs = 0.0, []
-        for b in batches:
-            model.zero_grad()
+        for i, b in enumerate(batches):
+            net.zero_grad()
             t0 = time.perf_counter()
-            out = model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
-            out = out[:b.batch_size]
+            out = step(i, b)[:b.batch_size]
             torch.nn.functional.cross_entropy(out, b.y[:b.batch_size]).backward()
             total += time.perf_counter() - t0
-            outs.append((out.detach(), [p.grad.clone() for p in model.parameters()]))
+            outs.append(out.detach())
         return total, outs
 
-    times: dict[bool, list[float]] = {True: [], False: []}
+    times: dict[str, list[float]] = {k: [] for k in variants}
     outs = {}
     for _ in range(a.rounds):
-        for sparse in (False, True):
-            t, outs[sparse] = run(sparse)
-            times[sparse].append(t)
-    M.target_csr = real
-    d_out = max(float((x[0] - y[0]).abs().max()) for x, y in zip(outs[True], outs[False]))
-    d_grad = max(float((g - h).abs().max()) for x, y in zip(outs[True], outs[False])
-                 for g, h in zip(x[1], y[1]))
+        for name in variants:
+            t, outs[name] = run(name)
+            times[name].append(t)
     nodes = statistics.mean(int(b.num_nodes) for b in batches)
     edges = statistics.mean(int(b.edge_index.size(1)) for b in batches)
-    s, c = statistics.median(times[False]), statistics.median(times[True])
-    print(f"{a.model}: {len(batches)} batches of ~{nodes:,.0f} nodes, {edges:,.0f} edges; hidden "
-          f"{a.hidden}; {a.threads} threads")
-    print(f"scatter {s:.3f} s  csr {c:.3f} s  ratio {s / c:.2f}x  (medians of {a.rounds})")
-    print(f"max |out diff| {d_out:.2e}  max |grad diff| {d_grad:.2e}")
+    print(f"{a.model}: {len(batches)} batches of ~{nodes:,.0f} nodes, {edges:,.0f} edges; "
+          f"hidden {a.hidden}; {a.threads} threads; medians of {a.rounds}")
+    ref = statistics.median(times["ooc csr"])
+    for name in variants:
+        t = statistics.median(times[name])
+        diff = max(float((x - y).abs().max()) for x, y in zip(outs[name], outs["ooc csr"]))
+        print(f"  {name:12} {t:7.3f} s  {t / ref:5.2f}x ooc csr  max |seed out diff| {diff:.1e}")
     return 0
 
 

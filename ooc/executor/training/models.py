@@ -233,5 +233,14 @@ def with_self_loops(edge_index: Tensor, num_dst: int, weight: Tensor, loop_weigh
 
 def build_model(kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
                 dropout: float = 0.5, heads: int = 4) -> GNN:
-    """Build a :class:`GNN` (``kind`` in ``sage``, ``gcn``, ``gat``)."""
+    """A :class:`GNN` of ``num_layers`` PyG convolutions (``kind`` in ``sage``, ``gcn``,
+    ``gat``) from ``in_dim`` through ``hidden`` to ``out_dim`` channels, ReLU (GAT: ELU)
+    and ``dropout`` between them (GAT: ``heads`` attention heads in the hidden layers).
+
+    It takes the call stock PyG models take on a sampled batch, ``model(data.x,
+    data.edge_index, num_sampled_nodes_per_hop=..., num_sampled_edges_per_hop=...)``,
+    and computes only the rows the next layer reads (SAGE and GCN through a CSR
+    ``spmm``); its first ``data.batch_size`` rows are the seeds' outputs [batch_size,
+    out_dim].
+    """
     return GNN(kind, in_dim, hidden, out_dim, num_layers, dropout=dropout, heads=heads)
