@@ -10,7 +10,7 @@ import pytest
 
 from ooc.executor.sizing.budget import default_reserve
 from ooc.executor.sizing.profiler import (extrapolate_epoch, load_sizes, predict_epoch,
-                                         simulate_epoch)
+                                         run_time, simulate_epoch)
 from ooc.executor.sizing.rehearsal import Rehearsal
 from ooc.storage.errors import OocError
 from ooc.storage.ingest import generate_synthetic
@@ -112,13 +112,17 @@ def test_presets_compared_and_fastest_recommended(data, tmp_path):
     r = json.loads(rep.read_text())
     p = r["presets"]
     assert set(p) == {"ooc", "static"}
-    best = min(p, key=lambda k: p[k]["expected_epoch_s"])
+    best = min(p, key=lambda k: p[k]["expected_run_s"])
     assert r["recommended_preset"] == best == r["sizes"]["mode"] == r["config"]["mode"]
-    assert r["recommendation"]["expected_epoch_s"] == p[best]["expected_epoch_s"]
+    assert r["recommendation"]["expected_run_s"] == p[best]["expected_run_s"]
+    for one in p.values():  # a run of 3 epochs (the default): build, the first, two later
+        run = one["run"]
+        assert run["epochs"] == 3 and one["expected_run_s"] == pytest.approx(
+            run["build_s"] + one["expected_epoch_s"] + 2 * one["expected_later_epoch_s"])
     for name, one in p.items():
         assert one["sizes"]["mode"] == name and one["compute_steps_timed"] >= 5
     assert p["static"]["superbatch_size"] is None and p["ooc"]["superbatch_size"] >= 1
-    assert f"recommended preset: {best}" in so
+    assert f"recommended preset: {best} (shortest expected run of 3 epochs)" in so
 
 
 def test_mode_and_presets_exclusive(data):
@@ -188,6 +192,14 @@ def test_extrapolate_epoch_arithmetic():
     assert t["steady"] == pytest.approx(33 * 0.2)
     assert t["reads"] == pytest.approx(33 * 100 * 1e-4 * 0.5)  # 100 more reads a batch
     assert e["epoch_s"] == pytest.approx(sum(t.values()))
+    # a later epoch: no warm-up fill; reads of the epoch's second half (here the first's)
+    assert e["later_epoch_s"] == pytest.approx(41 * (0.2 + 100 * 1e-4 * 0.5))
+    e = extrapolate_epoch(41, 8, r, reads={"epoch_per_batch": 500, "rehearsal_per_batch": 400,
+                                           "later_per_batch": 300, "seconds_each": 1e-4},
+                          startup_s=0.7)
+    assert e["later_epoch_s"] == pytest.approx(0.7 + 41 * (0.2 - 100 * 1e-4 * 0.5))
+    run = run_time(2.0, e["epoch_s"], e["later_epoch_s"], 4)
+    assert run["total_s"] == pytest.approx(2.0 + e["epoch_s"] + 3 * e["later_epoch_s"])
     # the on-demand schedule: the first batch is the warm-up
     r = Rehearsal(batches=5, superbatch_size=None, warm_batches=1, warm_s=0.5, steady_s=0.25,
                   steady_read_s=0.0, steady_busy=1.0, miss_ratio=0.6, wall_s=1.5, stage_s={})
@@ -343,6 +355,7 @@ def test_device_reads_through_the_page_cache_are_an_lru_of_pages(data):
     assert r["epoch_per_batch"] == pytest.approx(sum(misses[1:]) / 9)
     assert r["rehearsal_per_batch"] == pytest.approx(sum(misses[1:3]) / 2)
     assert r["seconds_each"] == pytest.approx(0.2 / sum(misses[1:3]))
+    assert r["later_per_batch"] == pytest.approx(sum(misses[5:]) / 5)  # the second half
     assert 0 < sum(misses[3:]) < sum(len(np.unique(t // per_page)) for t in trace[3:])
     # O_DIRECT with a static cache of the 1,000 hottest rows: the rows outside it, each
     # costing the steady feature-read seconds

@@ -12,7 +12,8 @@ and the superbatch size, with the arithmetic; trains the epoch's first batches
 with them as training runs them (a rehearsal) and extrapolates the expected
 epoch time from it; draws Belady / static degree-ordered / LRU miss-ratio
 curves. Without ``--mode`` every preset is profiled and the one with the
-shortest expected epoch recommended. The logic is
+shortest expected run of ``--epochs`` epochs recommended (its build, its first
+epoch, in which the ``ooc`` cache fills, and the later ones). The logic is
 :mod:`ooc.executor.sizing.profiler`.
 
 ``--verify`` then trains one epoch with the recommendation in a subprocess
@@ -25,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+import numpy as np
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,8 +40,8 @@ from ooc.storage.errors import OocError  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 #: The training settings the profile depends on (as ``python -m ooc.train`` takes them).
 TRAINING = ("model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay", "dropout",
-            "seed", "device", "num_threads", "queue_depth", "io_backend", "runtime_dir",
-            "runtime_disk_budget")
+            "seed", "epochs", "device", "num_threads", "queue_depth", "io_backend",
+            "runtime_dir", "runtime_disk_budget")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,8 +126,13 @@ def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     e1 = tr["epochs"][0]
     io = e1.get("io", {})
     rec = rep["recommendation"]
+    later = [e["time_s"] for e in tr["epochs"][1:]]
     res.update(epoch_times_s=[e["time_s"] for e in tr["epochs"]],
                measured_epoch_s=e1["time_s"], predicted_epoch_s=rec["expected_epoch_s"],
+               measured_later_epoch_s=float(np.median(later)) if later else None,
+               predicted_later_epoch_s=rec["expected_later_epoch_s"],
+               measured_run_s=tr.get("total_time_s"), predicted_run_s=rec["run"]["total_s"]
+               if rec["run"]["epochs"] == epochs else None,
                measured_miss_ratio=(io.get("feature_misses", 0) / io["feature_lookups"]
                                     if io.get("feature_lookups") else None),
                predicted_miss_ratio=rec["predicted_miss_ratio"],
@@ -140,6 +148,12 @@ def print_verification(v: dict, budget: int) -> None:
     rows = [("miss ratio (epoch 1)", f"{v['predicted_miss_ratio']:.3f}",
              "n/a" if v["measured_miss_ratio"] is None else f"{v['measured_miss_ratio']:.3f}"),
             ("epoch 1 time", f"{v['predicted_epoch_s']:.2f} s", f"{v['measured_epoch_s']:.2f} s"),
+            ("later epochs (median)", f"{v['predicted_later_epoch_s']:.2f} s",
+             "n/a" if v["measured_later_epoch_s"] is None
+             else f"{v['measured_later_epoch_s']:.2f} s"),
+            (f"run of {len(v['epoch_times_s'])} epochs",
+             "n/a" if v["predicted_run_s"] is None else f"{v['predicted_run_s']:.2f} s",
+             "n/a" if v["measured_run_s"] is None else f"{v['measured_run_s']:.2f} s"),
             ("peak RSS (VmHWM)", f"<= {format_size(budget)}", format_size(v["peak_rss_bytes"])),
             ("cgroup max usage", f"<= {format_size(budget)}",
              format_size(cg["max_usage_in_bytes"]) if "max_usage_in_bytes" in cg
@@ -235,18 +249,21 @@ def _per_preset(rep: dict) -> dict[str, dict]:
 
 def _print_comparison(rep: dict) -> None:
     """The presets side by side, and which one the measurements favour."""
-    print("size_caches: presets under the same budget (expected epoch from each one's "
+    epochs = rep["recommendation"]["run"]["epochs"]
+    print("size_caches: presets under the same budget (expected seconds from each one's "
           "rehearsal):")
-    print(f"  {'preset':10} {'epoch s':>9} {'miss ratio':>11} {'feature cache rows':>19} "
-          f"{'superbatch':>10}")
+    print(f"  {'preset':10} {'build':>7} {'epoch 1':>8} {'later':>7} {f'{epochs} epochs':>10} "
+          f"{'miss ratio':>11} {'feature cache rows':>19} {'superbatch':>10}")
     for name, p in rep["presets"].items():
         if "error" in p:
             print(f"  {name:10} does not fit: {p['error']}")
             continue
-        print(f"  {name:10} {p['expected_epoch_s']:9.2f} {p['predicted_miss_ratio']:11.3f} "
-              f"{p['feature_cache_rows']:19,} {str(p['superbatch_size'] or '-'):>10}")
+        print(f"  {name:10} {p['run']['build_s']:7.2f} {p['expected_epoch_s']:8.2f} "
+              f"{p['expected_later_epoch_s']:7.2f} {p['expected_run_s']:10.2f} "
+              f"{p['predicted_miss_ratio']:11.3f} {p['feature_cache_rows']:19,} "
+              f"{str(p['superbatch_size'] or '-'):>10}")
     print(f"size_caches: recommended preset: {rep['recommended_preset']} (shortest expected "
-          f"epoch)")
+          f"run of {epochs} epochs)")
 
 
 if __name__ == "__main__":

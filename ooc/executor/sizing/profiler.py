@@ -216,7 +216,7 @@ def predict_epoch(preset, num_batches: int, superbatch_size: int | None,
 
 
 def extrapolate_epoch(num_batches: int, superbatch_size: int | None, rehearsal,
-                      reads: dict[str, Any]) -> dict[str, Any]:
+                      reads: dict[str, Any], startup_s: float = 0.0) -> dict[str, Any]:
     """Expected seconds of one training epoch from a rehearsal of its first batches
     (:class:`~ooc.executor.sizing.rehearsal.Rehearsal`), which ran the stages together
     as training runs them.
@@ -234,20 +234,38 @@ def extrapolate_epoch(num_batches: int, superbatch_size: int | None, rehearsal,
       ``seconds_each``; see :func:`device_reads`), times the seconds each;
     - ``busy``: the share of the rehearsal's steady part the thread making batches was
       busy (reads an idle producer hides cost nothing).
+
+    A later epoch starts with the cache the previous one left (no fill): ``later_epoch_s
+    = startup_s + num_batches x (steady + later reads x busy)``, with ``startup_s`` the
+    seconds before its first batch (the first superbatch's sampling and changesets) and
+    the reads per batch of the traced epoch's second half (``reads["later_per_batch"]``).
     """
     from .rehearsal import warm_batches
 
     r = rehearsal
     nb = int(num_batches)
     w = warm_batches(nb, superbatch_size)
-    more = (reads["epoch_per_batch"] - reads["rehearsal_per_batch"]) * reads["seconds_each"]
+    each, base = reads["seconds_each"], reads["rehearsal_per_batch"]
+    more = (reads["epoch_per_batch"] - base) * each
     terms = {"warm_up": r.warm_s * w / max(r.warm_batches, 1),
              "steady": (nb - w) * r.steady_s,
              "reads": (nb - w) * more * r.steady_busy}
+    later_reads = reads.get("later_per_batch", reads["epoch_per_batch"])
+    later = startup_s + nb * max(0.0, r.steady_s + (later_reads - base) * each * r.steady_busy)
     return {"num_batches": nb, "warm_batches": w, "terms_s": terms, "rehearsal": r.as_dict(),
             "reads": reads,
             "formula": "warm_up x W / W_r + (num_batches - W) x (steady + reads x busy)",
-            "epoch_s": max(r.warm_s, sum(terms.values()))}
+            "epoch_s": max(r.warm_s, sum(terms.values())), "later_epoch_s": later,
+            "later_startup_s": startup_s}
+
+
+def run_time(build_s: float, first_s: float, later_s: float, epochs: int) -> dict[str, Any]:
+    """Expected seconds of a training run of ``epochs`` epochs: the stack's build (a
+    static cache's fill, a saved neighbor cache's load), the first epoch (a superbatch
+    cache fills during it), then the later ones."""
+    e = max(1, int(epochs))
+    return {"epochs": e, "build_s": build_s, "first_epoch_s": first_s,
+            "later_epoch_s": later_s, "total_s": build_s + first_s + (e - 1) * later_s}
 
 
 def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int | None,
@@ -294,8 +312,12 @@ def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int
     epoch = steady(trace, warm_batches(len(trace), superbatch_size), superbatch_size)
     rehearsed = steady(trace[:k], int(rehearsal.warm_batches), rehearsal.superbatch_size)
     each = seconds / max(rehearsed * rehearsal.steady_batches, 1.0)
+    # a later epoch: the reads of the trace's second half (whole superbatches before it),
+    # once the first superbatches have filled the cache
+    half = -(-(len(trace) // 2) // (superbatch_size or 1)) * (superbatch_size or 1)
+    later = steady(trace, half, superbatch_size) if 0 < half < len(trace) else epoch
     return {"unit": name, "epoch_per_batch": epoch, "rehearsal_per_batch": rehearsed,
-            "seconds_each": each}
+            "later_per_batch": later, "seconds_each": each}
 
 
 def _page_cache_misses(dataset, batches: list, cache_bytes: int) -> np.ndarray:
@@ -469,8 +491,12 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     reads = device_reads(dataset, preset, m.batches, reh, plan.superbatch_size,
                          int(plan.feature_cache_rows), int(budget) - plan.working,
                          hot_order=sim_hot, device="cuda" if gpu["available"] else "cpu")
-    epoch = extrapolate_epoch(shape.nb, plan.superbatch_size, reh, reads)
+    pb = rates["per_batch"]
+    startup = (plan.superbatch_size or 0) and \
+        min(plan.superbatch_size, shape.nb) * (pb["sample"][0] + pb["changesets"][0])
+    epoch = extrapolate_epoch(shape.nb, plan.superbatch_size, reh, reads, startup_s=startup)
     epoch["stage_model"] = staged
+    epoch["run"] = run_time(reh.build_s, epoch["epoch_s"], epoch["later_epoch_s"], config.epochs)
     arith = _arithmetic(dataset, preset, options, plan, budget, reserve, shape, m, rates, epoch)
     report = _report(dataset, config, preset, options, plan, budget, reserve, shape, m, sim,
                      curves, rates, epoch, arith, device)
@@ -482,7 +508,8 @@ def compare_presets(dataset, config, options, budget: int, presets, reserve: int
                     trace_batches: int | None = None, log: Callable[[str], None] = print
                     ) -> dict[str, Any]:
     """:func:`profile` each preset in ``presets`` (names) under the same budget and
-    recommend the one with the shortest expected epoch.
+    recommend the one with the shortest expected run (:func:`run_time`: its build, first
+    epoch and ``config.epochs - 1`` later epochs).
 
     Returns the recommended preset's report, plus ``recommended_preset`` and
     ``presets``: per preset its expected epoch, predicted miss ratio, cache sizes,
@@ -505,11 +532,12 @@ def compare_presets(dataset, config, options, budget: int, presets, reserve: int
             log(f"size_caches: preset {name} does not fit: {e}")
     if not reports:
         raise errors[next(iter(presets))]
-    best = min(reports, key=lambda k: reports[k]["recommendation"]["expected_epoch_s"])
+    best = min(reports, key=lambda k: reports[k]["recommendation"]["expected_run_s"])
     summary: dict[str, Any] = {name: {"error": str(e)} for name, e in errors.items()}
     for name, r in reports.items():
         rec = r["recommendation"]
-        summary[name] = {k: rec[k] for k in ("expected_epoch_s", "predicted_miss_ratio",
+        summary[name] = {k: rec[k] for k in ("expected_epoch_s", "expected_later_epoch_s",
+                                              "expected_run_s", "predicted_miss_ratio",
                                               "feature_cache_rows", "neighbor_cache_bytes",
                                               "superbatch_size", "per_batch_s")}
         summary[name]["compute_steps_timed"] = r["measured"]["compute_steps_timed"]
@@ -518,6 +546,7 @@ def compare_presets(dataset, config, options, budget: int, presets, reserve: int
         summary[name]["stage_model_epoch_s"] = em["stage_model"]["epoch_s"]
         summary[name]["rehearsal"] = em["rehearsal"]
         summary[name]["device_reads"] = em["reads"]
+        summary[name]["run"] = rec["run"]
         summary[name]["sizes"] = r["sizes"]
     out = dict(reports[best])
     out["recommended_preset"] = best
@@ -798,6 +827,13 @@ def _arithmetic(dataset, preset, options, plan, budget, reserve, shape: _Shape, 
         f"epoch = {epoch['formula']} = "
         + " + ".join(f"{k} {v:.2f}s" for k, v in epoch["terms_s"].items())
         + f" = {epoch['epoch_s']:.2f}s")
+    run = epoch["run"]
+    arith.append(
+        f"later epochs (the cache kept): startup {epoch['later_startup_s']:.2f}s + "
+        f"{shape.nb} x (steady + reads x busy at {reads['later_per_batch']:,.0f} reads a batch)"
+        f" = {epoch['later_epoch_s']:.2f}s; a run of {run['epochs']} epochs = build "
+        f"{run['build_s']:.2f}s + first {run['first_epoch_s']:.2f}s + {run['epochs'] - 1} x "
+        f"{run['later_epoch_s']:.2f}s = {run['total_s']:.2f}s")
     arith.append(
         f"stage model (each stage timed alone): {staged['formula']}: "
         + (f"startup {staged['startup_s']:.2f}s + " if "startup_s" in staged else "")
@@ -906,6 +942,9 @@ def _recommendation(n: int, preset, plan, shape: _Shape, sim: dict, rates: dict,
         "predicted_miss_policy": preset.policy.curve,
         "simulated_trace": {**sim, "batches": shape.T, "superbatch_size": shape.S},
         "expected_epoch_s": epoch["epoch_s"],
+        "expected_later_epoch_s": epoch["later_epoch_s"],
+        "expected_run_s": epoch["run"]["total_s"],
+        "run": epoch["run"],
         "epoch_model": epoch,
         "per_batch_s": {k: {"wall": v[0], "cpu": v[1]}
                         for k, v in rates["per_batch"].items()},
@@ -992,4 +1031,5 @@ def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, A
 
 
 __all__ = ["CURVE_FRACTIONS", "compare_presets", "device_reads", "extrapolate_epoch", "load_sizes",
-           "miss_curves", "predict_epoch", "profile", "simulate_epoch", "sizes_block"]
+           "miss_curves", "predict_epoch", "profile", "run_time", "simulate_epoch",
+           "sizes_block"]

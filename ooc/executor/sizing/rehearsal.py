@@ -49,6 +49,8 @@ class Rehearsal:
         miss_ratio: feature rows read by gathers / rows looked up, whole rehearsal.
         wall_s: seconds of the whole rehearsal.
         stage_s: the pipeline's stage seconds (``sample``, ``gather``, ...).
+        build_s: seconds to build the stack before the epoch (a saved neighbor cache
+            loaded, a static cache filled), what a training run pays once.
     """
 
     batches: int
@@ -61,6 +63,7 @@ class Rehearsal:
     miss_ratio: float
     wall_s: float
     stage_s: dict[str, float]
+    build_s: float = 0.0
 
     @property
     def steady_batches(self) -> int:
@@ -71,7 +74,7 @@ class Rehearsal:
                 "warm_batches": self.warm_batches, "warm_s": self.warm_s,
                 "steady_s_per_batch": self.steady_s, "steady_read_s": self.steady_read_s,
                 "steady_busy": self.steady_busy, "miss_ratio": self.miss_ratio,
-                "wall_s": self.wall_s, "stage_s": dict(self.stage_s)}
+                "wall_s": self.wall_s, "stage_s": dict(self.stage_s), "build_s": self.build_s}
 
 
 def rehearsal_shape(num_batches: int, superbatch_size: int | None) -> tuple[int, int | None]:
@@ -113,7 +116,9 @@ def rehearse(dataset, config, options, preset, seeds: np.ndarray, superbatch_siz
     nb = -(-len(seeds) // int(config.batch_size))
     warm = warm_batches(nb, superbatch_size)
     drop_page_cache(dataset.path)  # a training run starts cold
+    t0 = time.perf_counter()
     stack = build_stack(dataset, config, opts, seeds=seeds, shuffle=False, preset=preset)
+    build_s = time.perf_counter() - t0
     try:
         marks = _train(dataset, config, stack, seeds, model, optimizer, device, warm, max_s)
         io = stack.train.io_stats()
@@ -130,7 +135,8 @@ def rehearse(dataset, config, options, preset, seeds: np.ndarray, superbatch_siz
                      steady_busy=float(min(1.0, (busy[-1] - busy[w - 1]) / span)) if span > 0
                      else 0.0,
                      miss_ratio=io["feature_misses"] / max(io["feature_lookups"], 1),
-                     wall_s=float(ends[-1]), stage_s={s: float(v) for s, v in stages.items()})
+                     wall_s=float(ends[-1]), stage_s={s: float(v) for s, v in stages.items()},
+                     build_s=build_s)
 
 
 def _train(dataset, config, stack, seeds, model, optimizer, device, warm: int, max_s: float
