@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ooc  # noqa: E402
 from ooc.cli import main_wrapper  # noqa: E402
+from ooc.executor.settings import parse_fanouts  # noqa: E402
 from ooc.executor.training import models as M  # noqa: E402
 
 
@@ -56,6 +57,43 @@ def stock_model(kind: str, model: M.GNN):
     return stock
 
 
+def variants(model: M.GNN, stock, batches: list) -> dict:
+    """name -> (the module trained, ``step(i, batch)`` giving its outputs)."""
+    real = M.target_csr
+    adj_t = [real(b.edge_index, b.num_nodes, b.num_nodes, b.x.dtype) for b in batches]
+
+    def ooc_step(csr: bool):
+        def step(i, b):
+            M.target_csr = real if csr else (lambda *args, **kwargs: None)
+            try:
+                return model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
+            finally:
+                M.target_csr = real
+        return model, step
+
+    return {
+        "ooc csr": ooc_step(True),
+        "ooc scatter": ooc_step(False),
+        "pyg trim": (stock, lambda i, b: stock(
+            b.x, b.edge_index, num_sampled_nodes_per_hop=b.num_sampled_nodes,
+            num_sampled_edges_per_hop=b.num_sampled_edges)),
+        "pyg adj_t": (stock, lambda i, b: stock(b.x, adj_t[i])),
+    }
+
+
+def run(net, step, batches: list) -> tuple[float, list]:
+    """Seconds of forward and backward over ``batches``, and the seeds' outputs."""
+    total, outs = 0.0, []
+    for i, b in enumerate(batches):
+        net.zero_grad()
+        t0 = time.perf_counter()
+        out = step(i, b)[:b.batch_size]
+        torch.nn.functional.cross_entropy(out, b.y[:b.batch_size]).backward()
+        total += time.perf_counter() - t0
+        outs.append(out.detach())
+    return total, outs
+
+
 @main_wrapper
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -70,7 +108,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     ds = ooc.open_dataset(a.data)
-    fanouts = [int(f) for f in a.fanouts.split(",")]
+    fanouts = parse_fanouts(a.fanouts)
     batches = []
     with ooc.NodeLoader(ds, fanouts, "train", batch_size=a.batch_size, shuffle=True,
                         preset="baseline", num_workers=0) as loader:
@@ -81,52 +119,19 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = M.build_model(a.model, ds.feature_dim, a.hidden, ds.num_classes, len(fanouts),
                           dropout=0.0)
-    stock = stock_model(a.model, model)
-    real = M.target_csr
-    adj_t = [real(b.edge_index, b.num_nodes, b.num_nodes, b.x.dtype) for b in batches]
-
-    def ooc_step(csr: bool):
-        def step(i, b):
-            M.target_csr = real if csr else (lambda *args, **kwargs: None)
-            try:
-                return model(b.x, b.edge_index, b.num_sampled_nodes, b.num_sampled_edges)
-            finally:
-                M.target_csr = real
-        return model, step
-
-    variants = {
-        "ooc csr": ooc_step(True),
-        "ooc scatter": ooc_step(False),
-        "pyg trim": (stock, lambda i, b: stock(
-            b.x, b.edge_index, num_sampled_nodes_per_hop=b.num_sampled_nodes,
-            num_sampled_edges_per_hop=b.num_sampled_edges)),
-        "pyg adj_t": (stock, lambda i, b: stock(b.x, adj_t[i])),
-    }
-
-    def run(name: str):
-        net, step = variants[name]
-        total, outs = 0.0, []
-        for i, b in enumerate(batches):
-            net.zero_grad()
-            t0 = time.perf_counter()
-            out = step(i, b)[:b.batch_size]
-            torch.nn.functional.cross_entropy(out, b.y[:b.batch_size]).backward()
-            total += time.perf_counter() - t0
-            outs.append(out.detach())
-        return total, outs
-
-    times: dict[str, list[float]] = {k: [] for k in variants}
+    ways = variants(model, stock_model(a.model, model), batches)
+    times: dict[str, list[float]] = {k: [] for k in ways}
     outs = {}
     for _ in range(a.rounds):
-        for name in variants:
-            t, outs[name] = run(name)
+        for name, (net, step) in ways.items():
+            t, outs[name] = run(net, step, batches)
             times[name].append(t)
     nodes = statistics.mean(int(b.num_nodes) for b in batches)
     edges = statistics.mean(int(b.edge_index.size(1)) for b in batches)
     print(f"{a.model}: {len(batches)} batches of ~{nodes:,.0f} nodes, {edges:,.0f} edges; "
           f"hidden {a.hidden}; {a.threads} threads; medians of {a.rounds}")
     ref = statistics.median(times["ooc csr"])
-    for name in variants:
+    for name in ways:
         t = statistics.median(times[name])
         diff = max(float((x - y).abs().max()) for x, y in zip(outs[name], outs["ooc csr"]))
         print(f"  {name:12} {t:7.3f} s  {t / ref:5.2f}x ooc csr  max |seed out diff| {diff:.1e}")

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-
-import numpy as np
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -129,7 +128,7 @@ def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     later = [e["time_s"] for e in tr["epochs"][1:]]
     res.update(epoch_times_s=[e["time_s"] for e in tr["epochs"]],
                measured_epoch_s=e1["time_s"], predicted_epoch_s=rec["expected_epoch_s"],
-               measured_later_epoch_s=float(np.median(later)) if later else None,
+               measured_later_epoch_s=statistics.median(later) if later else None,
                predicted_later_epoch_s=rec["expected_later_epoch_s"],
                measured_run_s=tr.get("total_time_s"), predicted_run_s=rec["run"]["total_s"]
                if rec["run"]["epochs"] == epochs else None,

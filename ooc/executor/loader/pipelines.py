@@ -45,6 +45,11 @@ class _Times:
         with self._lock:  # several gather threads add to one stage
             self.s[stage] = self.s.get(stage, 0.0) + seconds
 
+    def snapshot(self) -> dict[str, float]:
+        """The seconds so far, copied while no thread adds."""
+        with self._lock:
+            return dict(self.s)
+
 
 #: The most gather threads a schedule can use: the superbatch schedule applies each
 #: batch's changeset before the next batch's gather, so its gathers run in order on one.
@@ -164,8 +169,7 @@ class BatchPipeline:
         raise NotImplementedError  # pragma: no cover - abstract
 
     def stage_times(self) -> dict[str, float]:
-        with self.times._lock:
-            return dict(self.times.s)
+        return self.times.snapshot()
 
     def io_stats(self) -> dict[str, Any]:
         """Reads, bytes and hit ratio of the feature path so far."""

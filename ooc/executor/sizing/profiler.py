@@ -31,11 +31,12 @@
 4. **A rehearsal** (:mod:`ooc.executor.sizing.rehearsal`): the epoch's first batches
    trained with the recommended sizes as training runs them (the same stack and loader,
    the stages sharing the cores), from a cold page cache.
-5. **The expected epoch time**: the rehearsal extrapolated to the epoch
-   (:func:`extrapolate_epoch`: its startup and steady seconds per batch, corrected for
-   the epoch's predicted misses and superbatch size); the stage model
-   (:func:`predict_epoch`, each stage timed alone, overlapped on paper) is reported
-   beside it.
+5. **The expected times**: the rehearsal extrapolated (:func:`extrapolate_epoch`: its
+   warm-up and steady seconds per batch, corrected by the simulated device reads of
+   :func:`device_reads`) to the first epoch and to a later one (the cache kept), and
+   the run of ``config.epochs`` epochs with the stack's build (:func:`run_time`); the
+   stage model (:func:`predict_epoch`, each stage timed alone, overlapped on paper) is
+   reported beside them.
 
 The report (a JSON-friendly dict) carries the measurements, the
 recommendation, the arithmetic as text lines, the curves, and ``sizes`` — the
@@ -55,6 +56,7 @@ import numpy as np
 
 from ...storage.errors import OocError
 from ...storage.errors import IOFailure, InvalidValue, NotFound
+from ...storage.layout import PAGE
 from ..cache.feature_cache import row_cost
 
 #: Cache sizes of the miss-ratio curves, as fractions of the feature table.
@@ -270,7 +272,7 @@ def run_time(build_s: float, first_s: float, later_s: float, epochs: int) -> dic
 
 def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int | None,
                  capacity: int, page_cache_bytes: int, hot_order: np.ndarray | None = None,
-                 device: str = "cpu") -> dict[str, Any]:
+                 device: str = "cpu", epoch_reads: int | None = None) -> dict[str, Any]:
     """Reads from the device per batch after the warm-up, in the traced epoch
     (``batches``, :class:`~ooc.inspector.sampler.SampledBatch` in order, superbatches of
     ``superbatch_size``) and in the rehearsal (its first ``rehearsal.batches``, its
@@ -285,6 +287,10 @@ def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int
     neighbour lists, through one LRU of ``page_cache_bytes`` (what a memory cgroup at
     the budget leaves beside the process), each costing the rehearsal's steady seconds
     of the thread that samples and gathers over its steady page reads.
+
+    ``epoch_reads``: the O_DIRECT reads of the whole trace at ``superbatch_size`` when
+    the caller has simulated them already (misses plus switch reads); each prefix is
+    simulated once.
     """
     from ..loader.presets import resolve_preset
     from .rehearsal import warm_batches
@@ -298,10 +304,16 @@ def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int
         name, seconds = "page", rehearsal.steady_busy * rehearsal.steady_s * \
             rehearsal.steady_batches
     else:
+        known: dict[tuple[int, int | None], int] = {}
+        if epoch_reads is not None:
+            known[len(trace), superbatch_size] = int(epoch_reads)
+
         def count(tr: list, sb: int | None) -> int:
-            r = simulate_epoch(preset, tr, dataset.num_nodes, capacity, sb,
-                               hot_order=hot_order, device=device)
-            return int(r["misses"] + r.get("switch_reads", 0))
+            if (len(tr), sb) not in known:
+                r = simulate_epoch(preset, tr, dataset.num_nodes, capacity, sb,
+                                   hot_order=hot_order, device=device)
+                known[len(tr), sb] = int(r["misses"] + r["switch_reads"])
+            return known[len(tr), sb]
         name, seconds = "row", rehearsal.steady_read_s
 
     def steady(tr: list, warm: int, sb: int | None) -> float:
@@ -328,7 +340,7 @@ def _page_cache_misses(dataset, batches: list, cache_bytes: int) -> np.ndarray:
     from ...inspector.policies import lru_stack_distances
 
     row_bytes = dataset.layout.row_bytes
-    unit = max(4096, row_bytes)
+    unit = max(PAGE, row_bytes)
     base = -(-dataset.num_nodes * row_bytes // unit)  # neighbour pages after the rows'
     isz = dataset.indices.dtype.itemsize
     pages = []
@@ -339,7 +351,7 @@ def _page_cache_misses(dataset, batches: list, cache_bytes: int) -> np.ndarray:
         lo = np.asarray(dataset.indptr[targets], dtype=np.int64) * isz
         hi = np.maximum(np.asarray(dataset.indptr[targets + 1], dtype=np.int64) * isz - 1, lo)
         pages.append(np.unique(np.concatenate([rows * row_bytes // unit,
-                                               base + lo // 4096, base + hi // 4096])))
+                                               base + lo // PAGE, base + hi // PAGE])))
     missed = lru_stack_distances(pages) >= max(0, int(cache_bytes)) // unit
     at = np.concatenate([[0], np.cumsum(missed)])[np.cumsum([0] + [len(p) for p in pages])]
     return np.diff(at).astype(np.int64)
@@ -480,28 +492,40 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     gpu = {"available": bool(torch.cuda.is_available())}
     m = _measure(dataset, config, options, plan, preset, shape, seed_batches, gpu,
                  (model, optimizer, device, compute_steps), log)
+    reh = _rehearse(dataset, config, options, plan, preset, shape, seed_batches,
+                    (model, optimizer, device), log)
     log(f"size_caches: simulating the {preset.name} schedule over {shape.T} batches (cache "
         f"carried across superbatches of {shape.S}) and the miss-ratio curves")
     sim, curves, sim_hot = _simulate(dataset, preset, plan, shape, m, gpu)
     rates = _rates(m, sim, shape, preset)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     staged = predict_epoch(preset, shape.nb, shape.S, rates["per_batch"], rates["switch_s"], cores)
-    reh = _rehearse(dataset, config, options, plan, preset, shape, seed_batches,
-                    (model, optimizer, device), log)
     reads = device_reads(dataset, preset, m.batches, reh, plan.superbatch_size,
                          int(plan.feature_cache_rows), int(budget) - plan.working,
-                         hot_order=sim_hot, device="cuda" if gpu["available"] else "cpu")
-    pb = rates["per_batch"]
-    startup = (plan.superbatch_size or 0) and \
-        min(plan.superbatch_size, shape.nb) * (pb["sample"][0] + pb["changesets"][0])
-    epoch = extrapolate_epoch(shape.nb, plan.superbatch_size, reh, reads, startup_s=startup)
+                         hot_order=sim_hot, device="cuda" if gpu["available"] else "cpu",
+                         epoch_reads=sim["misses"] + sim["switch_reads"])
+    del sim_hot  # 8 bytes per node
+    epoch = _expected_times(plan, shape, rates, reh, reads, config.epochs)
     epoch["stage_model"] = staged
-    epoch["run"] = run_time(reh.build_s, epoch["epoch_s"], epoch["later_epoch_s"], config.epochs)
     arith = _arithmetic(dataset, preset, options, plan, budget, reserve, shape, m, rates, epoch)
     report = _report(dataset, config, preset, options, plan, budget, reserve, shape, m, sim,
                      curves, rates, epoch, arith, device)
     report["profile_s"] = time.perf_counter() - t_start
     return report
+
+
+def _expected_times(plan, shape: _Shape, rates: dict, reh, reads: dict, epochs: int
+                    ) -> dict[str, Any]:
+    """The first and later epochs (:func:`extrapolate_epoch`) and the run of ``epochs``
+    epochs (:func:`run_time`); a later epoch starts by sampling its first superbatch and
+    computing its changesets, at the stage rates."""
+    pb = rates["per_batch"]
+    startup = 0.0
+    if plan.superbatch_size:
+        startup = min(plan.superbatch_size, shape.nb) * (pb["sample"][0] + pb["changesets"][0])
+    epoch = extrapolate_epoch(shape.nb, plan.superbatch_size, reh, reads, startup_s=startup)
+    epoch["run"] = run_time(reh.build_s, epoch["epoch_s"], epoch["later_epoch_s"], epochs)
+    return epoch
 
 
 def compare_presets(dataset, config, options, budget: int, presets, reserve: int | None = None,
@@ -813,6 +837,12 @@ def _arithmetic(dataset, preset, options, plan, budget, reserve, shape: _Shape, 
         ]
     if plan.superbatch_size:
         arith += _superbatch_arithmetic(options, plan, shape, m)
+    return arith + _epoch_arithmetic(shape, rates, epoch)
+
+
+def _epoch_arithmetic(shape: _Shape, rates: dict, epoch: dict) -> list[str]:
+    """The rehearsal, the expected epochs and run, and the stage model, as text lines."""
+    arith: list[str] = []
     staged, reh, reads = epoch["stage_model"], epoch["rehearsal"], epoch["reads"]
     terms = staged["terms_s"]
     arith.append(
