@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.executor.inference._kernels import access_plan, plan_blocks  # noqa: E402
+from ooc.executor.inference._kernels import access_plan  # noqa: E402
 from ooc.executor.cache.chunk_cache import simulate  # noqa: E402
 from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings  # noqa: E402
 from ooc.executor.training.models import build_model  # noqa: E402
@@ -218,7 +218,8 @@ def cache_study(ds, perms, chunk_rows, block_rows, cache_frac):
     for name, perm in perms.items():
         rowof = np.empty(n, dtype=np.int64)
         rowof[perm] = np.arange(n)
-        starts = plan_blocks(ds.indptr, perm, chunk_rows, block_rows, 1, 0, 1 << 62)
+        starts = np.union1d(np.arange(0, n, block_rows), np.arange(0, n, chunk_rows))
+        starts = np.append(starts, n).astype(np.int64)
         ptr, seq = access_plan(ds.indptr, indices, perm, rowof, starts, chunk_rows, nch, True)
         r = {"order": name, "chunks": nch, "capacity": cap, "blocks": int(starts.shape[0] - 1),
              "accesses": int(seq.shape[0])}

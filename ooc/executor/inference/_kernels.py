@@ -26,15 +26,19 @@ def nonloop_in_degree(indptr, indices):
 
 
 @numba.njit(cache=True)
-def plan_blocks(indptr, perm, chunk_rows, max_targets, node_bytes, edge_bytes, work_bytes):
-    """Cut rows 0..N into blocks of consecutive rows.
+def plan_blocks(indptr, indices, perm, max_targets, target_bytes, node_bytes, edge_bytes,
+                work_bytes, stamp):
+    """Cut rows 0..N into blocks of consecutive rows, each costing at most ``work_bytes``.
 
-    A block never crosses an output chunk boundary (multiples of
-    ``chunk_rows``), holds at most ``max_targets`` targets and, estimated as
-    ``targets * node_bytes + in_edges * (edge_bytes + node_bytes)`` (every
-    in-edge may bring a new neighbour row), at most ``work_bytes`` -- except a
-    single target whose in-neighbourhood alone is larger, which gets a block
-    to itself. Returns int64 block starts followed by N.
+    Row ``r`` is target ``perm[r]`` with in-neighbours ``indices[indptr[v]:indptr[v+1]]``
+    (the graph's CSC, or a block's local graph with ``perm`` the identity to cut it
+    into sub-blocks). A block's cost is ``targets * target_bytes + local_nodes *
+    node_bytes + in_edges * edge_bytes``, with ``local_nodes`` the distinct nodes among
+    its targets and their in-neighbours, counted exactly (``stamp``: int64 [number of
+    nodes] of -1, left as found; a repeated in-neighbour of one target counts twice). A
+    block holds at most ``max_targets`` targets; a single target costing more than
+    ``work_bytes`` gets a block to itself. Blocks may span output chunks. Returns int64
+    block starts followed by N.
     """
     n = perm.shape[0]
     starts = np.empty(n + 1, dtype=np.int64)
@@ -42,20 +46,32 @@ def plan_blocks(indptr, perm, chunk_rows, max_targets, node_bytes, edge_bytes, w
     r = 0
     while r < n:
         starts[nb] = r
-        nb += 1
-        chunk_end = min(n, (r // chunk_rows + 1) * chunk_rows)
         cost = 0
         cnt = 0
-        while r < chunk_end and cnt < max_targets:
+        while r < n and cnt < max_targets:
             v = perm[r]
-            d = indptr[v + 1] - indptr[v]
-            c = node_bytes + d * (edge_bytes + node_bytes)
+            c = target_bytes + (indptr[v + 1] - indptr[v]) * edge_bytes
+            if stamp[v] != nb:
+                c += node_bytes
+            for j in range(indptr[v], indptr[v + 1]):
+                u = indices[j]
+                if stamp[u] != nb and u != v:
+                    c += node_bytes
             if cnt > 0 and cost + c > work_bytes:
-                break
+                break  # row r starts the next block (its stamps are not set yet)
+            stamp[v] = nb
+            for j in range(indptr[v], indptr[v + 1]):
+                stamp[indices[j]] = nb
             cost += c
             cnt += 1
             r += 1
+        nb += 1
     starts[nb] = n
+    for r in range(n):
+        v = perm[r]
+        stamp[v] = -1
+        for j in range(indptr[v], indptr[v + 1]):
+            stamp[indices[j]] = -1
     return starts[: nb + 1].copy()
 
 
@@ -110,14 +126,17 @@ def access_plan(indptr, indices, perm, rowof, block_starts, chunk_rows, num_chun
 
 @numba.njit(cache=True)
 def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
-    """The local graph of the targets ``perm[s:e]``.
+    """The local graph of the targets ``perm[s:e]`` (in-neighbours of v are
+    ``indices[indptr[v]:indptr[v+1]]``: the graph's CSC, or a block's local graph with
+    ``perm`` the identity to take a sub-block of it).
 
     Local ids: targets first (0 .. e-s-1, in row order), then their
-    in-neighbours in order of first appearance. ``scratch`` is an int64 [N]
-    array of -1 (left as it was found). Returns ``(nodes, src, dst)``:
-    ``nodes`` the global node id of every local node, ``src``/``dst`` the
-    local edges neighbour -> target (self loops skipped when
-    ``drop_self_loops``).
+    in-neighbours in order of first appearance. ``scratch`` is an int64 array of -1, one
+    per node (left as it was found). Returns ``(nodes, src, eptr)``:
+    ``nodes`` int64 the global node id of every local node, ``src`` int64 [m] the
+    local source of every in-edge, target by target (self loops skipped when
+    ``drop_self_loops``), ``eptr`` int64 [e-s+1]: target ``t``'s in-edges are
+    ``src[eptr[t]:eptr[t+1]]``.
     """
     nt = e - s
     m = 0
@@ -126,7 +145,7 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
         m += indptr[v + 1] - indptr[v]
     nodes = np.empty(nt + m, dtype=np.int64)
     src = np.empty(m, dtype=np.int64)
-    dst = np.empty(m, dtype=np.int64)
+    eptr = np.empty(nt + 1, dtype=np.int64)
     for i in range(nt):
         v = perm[s + i]
         nodes[i] = v
@@ -134,6 +153,7 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
     nn = nt
     k = 0
     for i in range(nt):
+        eptr[i] = k
         v = perm[s + i]
         for j in range(indptr[v], indptr[v + 1]):
             u = indices[j]
@@ -146,11 +166,11 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
                 nodes[nn] = u
                 nn += 1
             src[k] = lu
-            dst[k] = i
             k += 1
+    eptr[nt] = k
     for i in range(nn):
         scratch[nodes[i]] = -1
-    return nodes[:nn].copy(), src[:k].copy(), dst[:k].copy()
+    return nodes[:nn].copy(), src[:k].copy(), eptr
 
 
 @numba.njit(cache=True)

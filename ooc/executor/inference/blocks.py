@@ -13,7 +13,7 @@ from ...storage.layout import PAGE
 from ..cache.chunk_cache import simulate
 from ._kernels import access_plan, count_block_keys, plan_blocks
 from .local_graph import Topology
-from .memory_plan import MiB, SAFETY_BYTES, plan_memory, rss
+from .memory_plan import MiB, SAFETY_BYTES, BlockCosts, plan_memory, rss
 
 
 @dataclass
@@ -26,7 +26,8 @@ class CacheSettings:
 
 @dataclass
 class Chunking:
-    """Output rows per Zarr chunk, their count, and the cap on targets per block."""
+    """Output rows per Zarr chunk, their count, and the cap on targets per block (None:
+    as many as the memory holds)."""
     chunk_rows: int
     num_chunks: int
     block_rows: int | None = None
@@ -44,6 +45,11 @@ class LayerPlan:
         cap: cache capacity in chunks (0 without a cache).
         work, rss0, pressure: block working-set bytes, RSS at the start, and
             whether RSS had grown past what the budget planned for.
+        sub_work, sub_costs: each sub-block's share of ``work`` and its costs (the
+            layer's own, measured where possible): a block's targets run through the
+            layer a sub-block at a time, so a block is sized by the rows it holds.
+        one_block: the working set that would run the layer as one block (each input
+            page read once).
         reads: the planned bytes of both ways and the one chosen (``mode``).
     """
     l: int
@@ -58,6 +64,9 @@ class LayerPlan:
     rss0: int
     pressure: bool
     in_chunk_bytes: int
+    sub_work: int
+    sub_costs: BlockCosts
+    one_block: int = 0
     plan_s: float = 0.0
     reads: dict | None = None
 
@@ -67,19 +76,17 @@ class LayerPlan:
 
 
 def _layer_memory(budget: int, n: int, d_in: int, d_out: int, chunking: Chunking,
-                  cache: CacheSettings, in_itemsize: int = 4
-                  ) -> tuple[int, int, int, int, int, bool]:
-    """``(cap, work, node_bytes, edge_bytes, rss0, pressure)`` at the start of a layer."""
+                  cache: CacheSettings, in_itemsize: int = 4) -> tuple[int, int, int, bool]:
+    """``(cap, work, rss0, pressure)`` at the start of a layer."""
     trim_malloc()
     rss0 = rss()
     rows = min(chunking.chunk_rows, max(n, 1))
     # RSS may have grown since the start (allocator arenas, the chunk cache's
     # last contents); if the budget is now short, run with the minimum.
     floor = budget - 2 * rows * d_out * 4 - SAFETY_BYTES - 2 * MiB
-    cap, work, node_bytes, edge_bytes = plan_memory(budget, min(rss0, floor), rows, d_in, d_out,
-                                                     True, cache.capacity, chunking.num_chunks,
-                                                     in_itemsize)
-    return cap, work, node_bytes, edge_bytes, rss0, rss0 > floor
+    cap, work = plan_memory(budget, min(rss0, floor), rows, d_in, d_out, True, cache.capacity,
+                            chunking.num_chunks, in_itemsize)
+    return cap, work, rss0, rss0 > floor
 
 
 def _planned_row_bytes(l: int, dataset: Dataset, topo: Topology, starts: np.ndarray,
@@ -102,55 +109,73 @@ def _planned_row_bytes(l: int, dataset: Dataset, topo: Topology, starts: np.ndar
                             per_page, -(-n // per_page)) * pages_per_row * PAGE
 
 
-def _choose_reads(l: int, dataset: Dataset, topo: Topology, starts: np.ndarray,
-                  chunking: Chunking, cap: int, policy: str, in_row_bytes: int):
-    """A layer reads the rows each block needs (pages, deduplicated per block) or whole
-    input chunks through the cache, whichever the plan says reads fewer bytes.
-    Returns ``(ptr, seq, keyof, cap, info)`` (``ptr``/``seq`` None and ``cap`` 0 for rows);
-    ``keyof`` maps a node to its key in the input: reading chunks, the row of layer 0's
-    chunks (node ids) or of a later layer's (processing order); reading rows, the
-    processing-order row (layer 0 then reads by node id)."""
+def _chunk_plan(topo: Topology, starts: np.ndarray, chunking: Chunking, cap: int,
+                policy: str, in_row_bytes: int, natural_keys: bool):
+    """Reading whole input chunks through a cache of ``cap`` chunks: ``(ptr, seq, keyof,
+    bytes)``, the chunks each block reads, node -> row of the input's chunks (layer 0's
+    chunks are by node id, a later layer's in processing order: ``natural_keys``) and the
+    bytes the cache's misses read."""
     n = topo.num_nodes
-    keyof = topo.rowof if l > 0 or topo.natural else np.arange(n, dtype=np.int64)
-    page_bytes = _planned_row_bytes(l, dataset, topo, starts, in_row_bytes)
+    keyof = topo.rowof if natural_keys else np.arange(n, dtype=np.int64)
     ptr, seq = access_plan(topo.indptr, topo.indices, topo.perm, keyof, starts,
                            chunking.chunk_rows, chunking.num_chunks)
-    sim = simulate(seq, cap, policy, num_keys=chunking.num_chunks) if cap else None
+    misses = simulate(seq, cap, policy, num_keys=chunking.num_chunks)["misses"]
     rows = min(chunking.chunk_rows, max(n, 1))
-    chunk_bytes = (sim["misses"] if sim else seq.shape[0]) * rows * in_row_bytes
-    info = {"planned_row_bytes": int(page_bytes), "planned_chunk_bytes": int(chunk_bytes)}
-    if cap and chunk_bytes < page_bytes:
-        return ptr, seq, keyof, cap, {"mode": "chunks", **info}
-    return None, None, topo.rowof, 0, {"mode": "rows", **info}
+    return ptr, seq, keyof, int(misses * rows * in_row_bytes)
+
+
+#: The share of a block's working set its sub-blocks run in.
+SUB_SHARE = 0.125
+
+
+def _blocks(topo: Topology, chunking: Chunking, work: int, outer: BlockCosts,
+            inner: BlockCosts) -> tuple[np.ndarray, int]:
+    """Block starts for ``work`` bytes (blocks costed by ``outer`` in the rest beside
+    their sub-blocks' share) and that share."""
+    sub_work = max(int(work * SUB_SHARE), 1)
+    block_rows = int(chunking.block_rows or max(topo.num_nodes, 1))
+    starts = plan_blocks(topo.indptr, topo.indices, topo.perm, block_rows, outer.target,
+                         outer.node, outer.edge, max(work - sub_work, 1), topo.scratch)
+    return starts, sub_work
 
 
 def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, budget: int,
-               chunking: Chunking, cache: CacheSettings, in_itemsize: int = 4) -> LayerPlan:
-    """Size the cache and blocks of layer ``l`` from the budget and plan its reads
-    (``in_itemsize``: bytes of an input value in its chunks, 2 for a float16 layer)."""
+               chunking: Chunking, cache: CacheSettings, costs: BlockCosts,
+               in_itemsize: int = 4) -> LayerPlan:
+    """Size the blocks of layer ``l`` from the budget and plan its reads (``costs``: the
+    layer's sub-block costs; ``in_itemsize``: bytes of an input value in its chunks, 2 for
+    a float16 layer).
+
+    Two plans are made and the one the planner counts fewer bytes for is taken: the
+    blocks read the rows they need (pages, deduplicated per block), every byte of the
+    budget going to blocks; or half the memory caches whole input chunks (Belady over
+    the blocks' chunk sequence) and smaller blocks take their rows from it."""
     n = topo.num_nodes
-    cap, work, node_bytes, edge_bytes, rss0, pressure = _layer_memory(budget, n, d_in, d_out,
-                                                                       chunking, cache,
-                                                                       in_itemsize)
     t0 = time.perf_counter()
-    block_rows = int(chunking.block_rows or chunking.chunk_rows)
-    starts = plan_blocks(topo.indptr, topo.perm, chunking.chunk_rows, block_rows, node_bytes,
-                         edge_bytes, work)
+    outer = BlockCosts.block(d_in, topo.dinv is not None)
     in_row_bytes = dataset.layout.row_bytes if l == 0 else d_in * in_itemsize
-    ptr, seq, keyof, cap_used, reads = _choose_reads(l, dataset, topo, starts, chunking, cap,
-                                                     cache.policy, in_row_bytes)
-    if cap and not cap_used:
-        # rows it is: the memory planned for the cache goes to larger blocks, which read
-        # each page once for more targets
-        _, work, _, _, _, _ = _layer_memory(budget, n, d_in, d_out, chunking,
+    _, work, rss0, pressure = _layer_memory(budget, n, d_in, d_out, chunking,
                                             CacheSettings(cache.policy, 0), in_itemsize)
-        starts = plan_blocks(topo.indptr, topo.perm, chunking.chunk_rows, block_rows,
-                             node_bytes, edge_bytes, work)
-        reads["planned_row_bytes"] = _planned_row_bytes(l, dataset, topo, starts, in_row_bytes)
-    cap = cap_used
+    starts, sub_work = _blocks(topo, chunking, work, outer, costs)
+    row_bytes = _planned_row_bytes(l, dataset, topo, starts, in_row_bytes)
+    reads = {"mode": "rows", "planned_row_bytes": int(row_bytes), "planned_chunk_bytes": None}
+    ptr = seq = None
+    keyof, cap = topo.rowof, 0
+    c_cap, c_work, _, _ = _layer_memory(budget, n, d_in, d_out, chunking, cache, in_itemsize)
+    if c_cap:
+        c_starts, c_sub = _blocks(topo, chunking, c_work, outer, costs)
+        c_ptr, c_seq, c_keyof, chunk_bytes = _chunk_plan(
+            topo, c_starts, chunking, c_cap, cache.policy, in_row_bytes, l > 0 or topo.natural)
+        reads["planned_chunk_bytes"] = chunk_bytes
+        if chunk_bytes < row_bytes:
+            reads["mode"] = "chunks"
+            starts, sub_work, ptr, seq, keyof, cap, work = (c_starts, c_sub, c_ptr, c_seq,
+                                                            c_keyof, c_cap, c_work)
     rows = min(chunking.chunk_rows, max(n, 1))
+    one_block = int(outer.of(n, n, int(topo.indptr[-1])) / (1 - SUB_SHARE))
     return LayerPlan(l, d_in, d_out, starts, ptr, seq, keyof, cap, work, rss0, pressure,
-                     rows * d_in * in_itemsize, time.perf_counter() - t0, reads)
+                     rows * d_in * in_itemsize, sub_work, costs, one_block,
+                     time.perf_counter() - t0, reads)
 
 
 #: Planned reads above this many times a layer's input table are worth a note.
@@ -162,7 +187,8 @@ RSS_MARGIN = 32 * MiB
 def note_extra_reads(plan: LayerPlan, budget: int, n: int, chunking: Chunking,
                      in_row_bytes: int, out_row_bytes: int) -> None:
     """A one-line note when the budget makes layer ``plan.l`` read its input more than
-    :data:`EXTRA_READS` times over, naming the budget whose chunk cache holds all of it
+    :data:`EXTRA_READS` times over, naming the budget that reads it once: one block of
+    every node, or a chunk cache that holds all of it, whichever is smaller
     (``in_row_bytes``/``out_row_bytes``: bytes of an input row in its chunks and of an
     output row in memory)."""
     from ...cli import format_size
@@ -179,12 +205,14 @@ def note_extra_reads(plan: LayerPlan, budget: int, n: int, chunking: Chunking,
     rows = min(chunking.chunk_rows, max(n, 1))
     in_chunk = rows * in_row_bytes
     # RSS grows a little from layer to layer (the allocator keeps freed chunks): margin
-    enough = (plan.rss0 + 2 * rows * out_row_bytes + SAFETY_BYTES + in_chunk
-              + 2 * chunking.num_chunks * in_chunk + RSS_MARGIN)
+    held = 2 * chunking.num_chunks * in_chunk + in_chunk
+    if plan.one_block:
+        held = min(held, plan.one_block)
+    enough = plan.rss0 + 2 * rows * out_row_bytes + SAFETY_BYTES + held + RSS_MARGIN
     enough = -(-enough // MiB) * MiB
     if enough <= budget:
         return
     note(f"inference layer {plan.l + 1} reads about {format_size(planned)} ("
          f"{planned / table:.0f}x its input) at {setting('--memory-budget')} "
-         f"{format_size(budget)}; {format_size(enough)} holds its input in memory")
+         f"{format_size(budget)}; {format_size(enough)} reads it once")
 

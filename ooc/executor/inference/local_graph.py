@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...storage.dataset import Dataset
-from ._kernels import build_local, nonloop_in_degree
+from ._kernels import build_local, nonloop_in_degree, plan_blocks
 
 
 @dataclass
@@ -54,31 +54,69 @@ class Topology:
 
 @dataclass
 class LocalGraph:
-    """The local graph of targets ``perm[s:e]``.
+    """The local graph of targets ``perm[s:e]`` (a block).
 
     ``nodes`` int64 [n_local] global ids (targets first, in row order, then
-    their in-neighbours); ``src``/``dst`` int64 [m] local ids, neighbour ->
-    target; ``weight`` float32 [m] full-graph GCN weights (self loops of the
-    targets appended to ``src``/``dst``) or None.
+    their in-neighbours); ``src`` int64 [m] the local source of every in-edge,
+    target by target: target ``t``'s are ``src[eptr[t]:eptr[t+1]]`` (``eptr`` int64
+    [num_targets + 1]). GCN: ``weight`` float32 [m] full-graph weights of the edges
+    (self loops dropped) and ``loop_weight`` float32 [num_targets] of each target's
+    self loop; both None for other models.
     """
     nodes: np.ndarray
     src: np.ndarray
-    dst: np.ndarray
+    eptr: np.ndarray
     weight: np.ndarray | None
+    loop_weight: np.ndarray | None
     num_targets: int
+
+    def sub_blocks(self, target_bytes: int, node_bytes: int, edge_bytes: int,
+                   work_bytes: int) -> np.ndarray:
+        """Starts of sub-blocks of consecutive targets whose own local graphs cost at
+        most ``work_bytes`` each (see :func:`._kernels.plan_blocks`), then
+        ``num_targets``."""
+        nt = self.num_targets
+        return plan_blocks(self.eptr, self.src, np.arange(nt, dtype=np.int64), max(nt, 1),
+                           target_bytes, node_bytes, edge_bytes, work_bytes,
+                           np.full(self.nodes.shape[0], -1, dtype=np.int64))
+
+    def sub(self, a: int, z: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Targets ``a..z`` as a graph of their own: ``(nodes, edge_index, weight)`` with
+        ``nodes`` int64 [n] the block-local id of each of its nodes (targets first, then
+        in-neighbours in order of first appearance), ``edge_index`` int64 [2, m] its
+        edges (row 0 source, row 1 target, targets non-decreasing) and, GCN, ``weight``
+        float32 [m] with one self loop per target after its edges (else None)."""
+        ident = np.arange(self.num_targets, dtype=np.int64)
+        scratch = np.full(self.nodes.shape[0], -1, dtype=np.int64)
+        nodes, src, eptr = build_local(self.eptr, self.src, ident, a, z, scratch, False)
+        nt, m = z - a, src.shape[0]
+        counts = np.diff(eptr)
+        dst = np.repeat(np.arange(nt, dtype=np.int64), counts)
+        if self.weight is None:
+            return nodes, np.stack([src, dst]), None
+        assert self.loop_weight is not None  # GCN: both weights
+        at_edge = np.arange(m, dtype=np.int64) + dst   # t loops come before target t's edges
+        at_loop = eptr[1:] + np.arange(nt, dtype=np.int64)
+        ei = np.empty((2, m + nt), dtype=np.int64)
+        w = np.empty(m + nt, dtype=np.float32)
+        ei[0, at_edge], ei[1, at_edge], w[at_edge] = src, dst, \
+            self.weight[self.eptr[a]:self.eptr[z]]
+        ei[0, at_loop] = ei[1, at_loop] = np.arange(nt, dtype=np.int64)
+        w[at_loop] = self.loop_weight[a:z]
+        return nodes, ei, w
 
 
 def local_graph(topo: Topology, s: int, e: int) -> LocalGraph:
-    """The local graph of rows ``s..e`` (GCN: self loops dropped, one per target
-    added, weights ``dinv[src] * dinv[dst]`` as ``gcn_norm`` gives on the full graph)."""
+    """The local graph of rows ``s..e`` (GCN: self loops dropped, edges weighted
+    ``dinv[src] * dinv[dst]`` and each target's own loop ``dinv[t]**2``, as ``gcn_norm``
+    gives on the full graph)."""
     gcn = topo.dinv is not None
-    nodes, src, dst = build_local(topo.indptr, topo.indices, topo.perm, s, e, topo.scratch, gcn)
+    nodes, src, eptr = build_local(topo.indptr, topo.indices, topo.perm, s, e, topo.scratch,
+                                   gcn)
     nt = e - s
-    w = None
+    w = lw = None
     if topo.dinv is not None:  # gcn
-        loops = np.arange(nt, dtype=np.int64)
         dl = topo.dinv[nodes]
-        w = np.concatenate([dl[src] * dl[dst], dl[:nt] * dl[:nt]])
-        src = np.concatenate([src, loops])
-        dst = np.concatenate([dst, loops])
-    return LocalGraph(nodes, src, dst, w, nt)
+        w = dl[src] * np.repeat(dl[:nt], np.diff(eptr))
+        lw = dl[:nt] * dl[:nt]
+    return LocalGraph(nodes, src, eptr, w, lw, nt)

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from ...storage.errors import BudgetError, setting
 
@@ -56,15 +61,13 @@ class PeakRss:
 
 def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, cached: bool,
                 cache_chunks: int | None = None, num_chunks: int | None = None,
-                in_itemsize: int = 4) -> tuple[int, int, int, int]:
+                in_itemsize: int = 4) -> tuple[int, int]:
     """Split what ``budget`` leaves above ``rss`` for one layer (``in_itemsize``: bytes of
     an input value as the chunk cache holds it, 2 for a float16 layer).
 
-    Returns ``(cache_chunks, work_bytes, node_bytes, edge_bytes)``: half of the
-    free memory (after two output chunk buffers and :data:`SAFETY_BYTES`) goes
-    to the previous-layer chunk cache, the rest to one block's working set,
-    whose size is estimated per local node and per edge (x rows, torch copies,
-    messages, the int64 edge index).
+    Returns ``(cache_chunks, work_bytes)``: half of the free memory (after two output
+    chunk buffers and :data:`SAFETY_BYTES`) goes to the previous-layer chunk cache, the
+    rest to one block's working set (see :class:`BlockCosts`).
     """
     from ...memory import tune_malloc
 
@@ -86,10 +89,116 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
     if num_chunks is not None:
         cap = min(cap, num_chunks)
     work = max(avail - cap * in_chunk_bytes, avail // 4)
-    if cached:  # a chunk read on a miss that is not kept
+    if cap:  # a chunk read on a miss that is not kept
         work -= in_chunk_bytes
-    work = max(work, 1 * MiB)
-    # measured peaks are ~1.2x these (torch temporaries, allocator slack): x1.5
-    node_bytes = 6 * (3 * d_in + 4 * d_out) + 96
-    edge_bytes = 144 + 6 * 3 * (d_in + d_out)
-    return cap, work, node_bytes, edge_bytes
+    return cap, max(work, 1 * MiB)
+
+
+@dataclass(frozen=True)
+class BlockCosts:
+    """Bytes of a working set per target, per local node and per in-edge, and where
+    they come from (``measured``: the layer run on graphs of known sizes)."""
+    target: int
+    node: int
+    edge: int
+    measured: bool = False
+
+    def of(self, targets: int, nodes: int, edges: int) -> int:
+        return targets * self.target + nodes * self.node + edges * self.edge
+
+    @classmethod
+    def estimate(cls, d_in: int, d_out: int) -> "BlockCosts":
+        """A layer that builds a message per edge (x rows, torch copies, the messages, the
+        int64 edge index), x1.5 over what such layers were measured to hold: where the
+        kernel's peak memory cannot be read."""
+        return cls(4 * d_out * 6, 6 * (3 * d_in + 4 * d_out) + 96, 144 + 6 * 3 * (d_in + d_out))
+
+    @classmethod
+    def block(cls, d_in: int, gcn: bool) -> "BlockCosts":
+        """What a block holds around its sub-blocks (the runner's own arrays; its output
+        rows go to the output chunk as each sub-block ends): per target its edge
+        pointer (GCN: its self loop's weight), per local node its float32 input row,
+        global id and the gathers' sort keys and stamps, per edge the local graph's
+        source and the build's copies (GCN: the weights and their temporaries)."""
+        return cls(24, 4 * d_in + 48, 24 + (24 if gcn else 0))
+
+
+#: Targets of the probe graphs a layer's memory is measured on (see :func:`measure_costs`):
+#: the first measurement, and the most a second one takes where memory allows.
+PROBE_MIN, PROBE_MAX = 256, 2048
+#: Margin on measured costs (allocator rounding, sizes between the probes).
+PROBE_MARGIN = 1.25
+
+
+def measure_costs(layer: Callable[["Tensor", "Tensor", "Tensor | None", int], "Tensor"],
+                  d_in: int, d_out: int, gcn: bool, free: int) -> BlockCosts | None:
+    """Bytes per target, local node and edge of one sub-block: the sub-block's local graph
+    built (:meth:`.local_graph.LocalGraph.sub`), its rows copied and ``layer(x,
+    edge_index, weight, num_targets)`` run on four random graphs that differ in one size
+    each, the peak RSS (the kernel's high-water mark, reset before each) read after
+    each. Measured at :data:`PROBE_MIN` targets, then again on the largest graphs up to
+    :data:`PROBE_MAX` targets that the first measurement says fit half of ``free`` bytes
+    (larger graphs: less noise from allocator rounding). No cost is taken below what the
+    sub-block certainly holds (its float32 output row, its copy of each input row, its
+    int64 edge index and node ids). None where the high-water mark cannot be reset."""
+    from ...memory import reset_peak_rss
+
+    if not reset_peak_rss():
+        return None
+    _probe(layer, d_in, gcn, 16, 32, 128)  # first calls: compiled kernels, torch's state
+    floor = BlockCosts(4 * d_out, 4 * d_in + 8, 24)
+    costs = _measure(layer, d_in, gcn, PROBE_MIN, floor)
+    t = PROBE_MAX
+    while t > PROBE_MIN and _probe_bytes(costs, d_in, t) > free // 2:
+        t //= 2
+    return costs if t == PROBE_MIN else _measure(layer, d_in, gcn, t, floor)
+
+
+def _shapes(t: int) -> list[tuple[int, int, int]]:
+    """The probe graphs (targets, local nodes, edges): a base, then twice the nodes, three
+    times the edges, and three times the targets of the second."""
+    return [(t, 2 * t, 8 * t), (t, 4 * t, 8 * t), (t, 2 * t, 24 * t), (3 * t, 4 * t, 8 * t)]
+
+
+def _probe_bytes(costs: BlockCosts, d_in: int, t: int) -> int:
+    """What the largest probe graph of :func:`_shapes` holds: its rows, its edges' source
+    ids and pointers, and the sub-block on top."""
+    return max(costs.of(*s) + 4 * d_in * s[1] + 16 * s[2] for s in _shapes(t))
+
+
+def _measure(layer, d_in: int, gcn: bool, t: int, floor: BlockCosts) -> BlockCosts:
+    """The costs fitted to the four probe graphs of ``t`` targets, none below ``floor``."""
+    a, b, c, d = (_probe(layer, d_in, gcn, *s) for s in _shapes(t))
+    node = max(floor.node, (b - a) / (2 * t))
+    edge = max(floor.edge, (c - a) / (16 * t))
+    target = max(floor.target, (d - b) / (2 * t))
+    # what the base graph held beyond its per-item costs, spread over its targets
+    rest = max(0.0, a - t * target - 2 * t * node - 8 * t * edge) / t
+    return BlockCosts(int(PROBE_MARGIN * (target + rest)) + 1, int(PROBE_MARGIN * node) + 1,
+                      int(PROBE_MARGIN * edge) + 1, True)
+
+
+def _probe(layer, d_in: int, gcn: bool, t: int, n: int, m: int) -> int:
+    """Peak bytes above the RSS before it of one sub-block of ``t`` targets, ``n`` local
+    nodes and ``m`` edges (a deterministic random graph) through ``layer``."""
+    import numpy as np
+    import torch
+
+    from ...memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
+    from .local_graph import LocalGraph
+
+    rng = np.random.default_rng(t + n + m)
+    g = LocalGraph(np.arange(n, dtype=np.int64), rng.integers(0, n, m, dtype=np.int64),
+                   np.linspace(0, m, t + 1).astype(np.int64),
+                   np.full(m, 0.1, dtype=np.float32) if gcn else None,
+                   np.full(t, 0.1, dtype=np.float32) if gcn else None, t)
+    x = rng.standard_normal((n, d_in), dtype=np.float32)
+    trim_malloc()
+    base = current_rss_bytes()
+    reset_peak_rss()
+    nodes, ei, w = g.sub(0, t)
+    xs = torch.from_numpy(x[nodes])
+    h = layer(xs, torch.from_numpy(ei), None if w is None else torch.from_numpy(w), t)
+    peak = peak_rss_bytes() - base
+    del nodes, ei, w, xs, h
+    return peak

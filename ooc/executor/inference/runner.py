@@ -4,7 +4,7 @@ written and recorded in the progress file."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from ...storage.layout import PAGE
 from .blocks import CacheSettings, Chunking, LayerPlan, note_extra_reads, plan_layer
 from .chunk_rows import ChunkFileRows
 from .local_graph import LocalGraph, Topology, local_graph
+from .memory_plan import SAFETY_BYTES, BlockCosts, measure_costs, rss
 from .model_adapter import LayerwiseModel
 from .store import Progress, layer_array, write_chunk
 
@@ -43,6 +44,10 @@ class NonFiniteOutput(OocError, FloatingPointError):
     """A layer's output holds a NaN or an infinity (named by its first node)."""
 
 
+#: Feature rows read at once into a block (at most this many pages in the reader's buffer).
+READ_ROWS = 2048
+
+
 @dataclass
 class LayerInput:
     """Where a layer's input rows come from: the previous layer's array ``prev``
@@ -57,6 +62,8 @@ class LayerInput:
     chunk_reads: int = 0
     #: the previous layer's rows read from its chunk files (a layer that reads rows)
     prev_rows: ChunkFileRows | None = None
+    #: int64 [N] node -> row of ``features.bin`` where its rows are not by node id
+    row_of: np.ndarray | None = None
 
     def _read_features(self, ids: np.ndarray) -> np.ndarray:
         st = getattr(self.reader, "stats", None)
@@ -81,11 +88,14 @@ class LayerInput:
 
     def read_rows(self, nodes: np.ndarray, keyof: np.ndarray, x: np.ndarray) -> None:
         """The input rows of ``nodes`` into ``x`` (float32 [len(nodes), d_in]): feature rows
-        by node id for layer 0, else the previous layer's rows ``keyof[nodes]`` from its
-        chunk files (in ascending order either way)."""
-        if self.prev_rows is None:
-            o = np.argsort(nodes)
-            x[o] = self._read_features(nodes[o])
+        by node id for layer 0 (ascending, :data:`READ_ROWS` at a time, so the reader's
+        page buffer stays small), else the previous layer's rows ``keyof[nodes]`` from
+        its chunk files (a chunk file at a time)."""
+        if self.prev_rows is None:  # ascending in the file (its rows may not be by node id)
+            o = np.argsort(nodes if self.row_of is None else self.row_of[nodes])
+            for a in range(0, o.shape[0], READ_ROWS):
+                part = o[a:a + READ_ROWS]
+                x[part] = self._read_features(nodes[part])
             return
         before = self.prev_rows.pages
         self.prev_rows.read(keyof[nodes], x)
@@ -99,6 +109,7 @@ class LayerStats:
         ("plan", "local_graph", "read", "compute", "write"), 0.0))
     peak_block_nodes: int = 0
     peak_block_edges: int = 0
+    sub_blocks: int = 0
 
 
 def _gather_from_chunks(plan: LayerPlan, cache: ChunkCache, chunk_rows: int, b: int,
@@ -119,8 +130,10 @@ def _gather_from_chunks(plan: LayerPlan, cache: ChunkCache, chunk_rows: int, b: 
 
 
 def _run_block(run: Run, plan: LayerPlan, src: LayerInput, cache: ChunkCache | None, b: int,
-               stats: LayerStats) -> np.ndarray:
-    """Layer ``plan.l`` for the targets of block ``b``: float32-convertible [targets, d_out]."""
+               stats: LayerStats, writer: "_ChunkWriter") -> None:
+    """Layer ``plan.l`` for the targets of block ``b``, its output rows handed to
+    ``writer``. The block's input rows are read once; its targets run through the layer
+    a sub-block at a time, each on its own local graph (sized by ``plan.sub_work``)."""
     s, e = int(plan.starts[b]), int(plan.starts[b + 1])
     t0 = time.perf_counter()
     g: LocalGraph = local_graph(run.topo, s, e)
@@ -131,16 +144,23 @@ def _run_block(run: Run, plan: LayerPlan, src: LayerInput, cache: ChunkCache | N
     else:
         _gather_from_chunks(plan, cache, run.chunking.chunk_rows, b, g.nodes, x)
     t2 = time.perf_counter()
-    ei = torch.from_numpy(np.stack([g.src, g.dst]))
-    ew = None if g.weight is None else torch.from_numpy(g.weight)
-    h = run.model.targets(plan.l, torch.from_numpy(x), ei, ew, g.num_targets).numpy()
-    t = stats.time_s
-    t["local_graph"] += t1 - t0
-    t["read"] += t2 - t1
-    t["compute"] += time.perf_counter() - t2
+    c = plan.sub_costs
+    subs = g.sub_blocks(c.target, c.node, c.edge, plan.sub_work)
+    stats.time_s["local_graph"] += t1 - t0 + time.perf_counter() - t2
+    stats.time_s["read"] += t2 - t1
+    for k in range(subs.shape[0] - 1):
+        a, z = int(subs[k]), int(subs[k + 1])
+        t3 = time.perf_counter()
+        nodes, ei, w = g.sub(a, z)
+        xs = x if nodes.shape[0] == x.shape[0] else x[nodes]  # the whole block: as it is
+        h = run.model.targets(plan.l, torch.from_numpy(xs), torch.from_numpy(ei),
+                              None if w is None else torch.from_numpy(w), z - a).numpy()
+        del xs, nodes, ei, w
+        stats.time_s["compute"] += time.perf_counter() - t3
+        writer.put(s + a, h)
+        stats.peak_block_edges = max(stats.peak_block_edges, int(g.eptr[z] - g.eptr[a]))
     stats.peak_block_nodes = max(stats.peak_block_nodes, int(g.nodes.shape[0]))
-    stats.peak_block_edges = max(stats.peak_block_edges, int(g.src.shape[0]))
-    return h
+    stats.sub_blocks += subs.shape[0] - 1
 
 
 def _progress_bar(run: Run, l: int, first_chunk: int):
@@ -161,7 +181,9 @@ def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int
     return {
         "layer": plan.l + 1, "array": name, "in_dim": plan.d_in, "out_dim": plan.d_out,
         "blocks": plan.num_blocks, "blocks_run": plan.num_blocks - first_block,
-        "resumed_chunks": first_chunk, "peak_block_nodes": stats.peak_block_nodes,
+        "resumed_chunks": first_chunk, "sub_blocks": stats.sub_blocks,
+        "sub_costs": asdict(plan.sub_costs),
+        "peak_block_nodes": stats.peak_block_nodes,
         "peak_block_edges": stats.peak_block_edges, "work_bytes": int(plan.work),
         "rss_at_start": plan.rss0, "budget_pressure": bool(plan.pressure),
         "bytes_read": int(src.bytes_read), "chunk_reads": src.chunk_reads,
@@ -186,6 +208,79 @@ def check_finite(buf: np.ndarray, run: Run, l: int, c0: int) -> None:
                               f"renamed into the output")
 
 
+class _ChunkWriter:
+    """Takes a layer's output rows in row order, block by block (a block may span output
+    chunks), and writes each output chunk once it is full, from chunk ``first_chunk`` on
+    (rows before it are written already and dropped): checked finite, converted to the
+    array's dtype, written, recorded in the progress file."""
+
+    def __init__(self, run: Run, l: int, arr: Any, name: str, d_out: int, first_chunk: int,
+                 stats: LayerStats):
+        self.run, self.l, self.arr, self.name, self.d_out = run, l, arr, name, d_out
+        self.stats = stats
+        self.c = first_chunk
+        self.buf: np.ndarray | None = None
+        self.bar = _progress_bar(run, l, first_chunk)
+
+    def _bounds(self, c: int) -> tuple[int, int]:
+        cr = self.run.chunking.chunk_rows
+        return c * cr, min(self.run.topo.num_nodes, (c + 1) * cr)
+
+    def put(self, r0: int, h: np.ndarray) -> None:
+        """Output rows ``r0 .. r0 + len(h)`` (float32 [k, d_out])."""
+        r1 = r0 + h.shape[0]
+        while self.c < self.run.chunking.num_chunks:
+            c0, c1 = self._bounds(self.c)
+            a, z = max(r0, c0), min(r1, c1)
+            if a >= z:
+                return
+            if self.buf is None:
+                self.buf = np.empty((c1 - c0, self.d_out), dtype=np.float32)
+            self.buf[a - c0:z - c0] = h[a - r0:z - r0]
+            if z < c1:
+                return
+            self._write(c0)
+
+    def _write(self, c0: int) -> None:
+        run, l, buf = self.run, self.l, self.buf
+        assert buf is not None  # full: every row was put
+        self.buf = None
+        check_finite(buf, run, l, c0)
+        if buf.dtype != self.arr.dtype:  # a float16 layer: finite before, so past its range
+            with np.errstate(over="ignore"):  # an overflow is named just below
+                buf = buf.astype(self.arr.dtype)
+            check_finite(buf, run, l, c0)
+        t0 = time.perf_counter()
+        write_chunk(run.group, self.arr, self.name, self.c, c0, buf)
+        del buf
+        run.progress.chunk_written(self.c)
+        self.stats.time_s["write"] += time.perf_counter() - t0
+        if self.bar is not None:
+            self.bar.update(1)
+        if run.progress.on_chunk is not None:
+            run.progress.on_chunk(l, self.c)
+        self.c += 1
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        assert self.c == self.run.chunking.num_chunks and self.buf is None, "rows left unwritten"
+
+
+def layer_costs(run: Run, l: int, d_in: int, d_out: int) -> BlockCosts | None:
+    """Bytes per target, local node and edge of layer ``l``'s sub-blocks, measured by
+    running the layer on probe graphs no larger than the budget leaves room for (None
+    where peak RSS cannot be measured)."""
+    model = run.model
+    rows = min(run.chunking.chunk_rows, max(run.topo.num_nodes, 1))
+    free = run.budget - rss() - 2 * rows * d_out * 4 - SAFETY_BYTES
+
+    def layer(x, ei, w, nt):
+        return model.targets(l, x, ei, w, nt)
+
+    return measure_costs(layer, d_in, d_out, model.gcn_norm, free)
+
+
 def run_layer(run: Run, l: int) -> dict:
     """Compute array ``h{l+1}`` for every node (resuming its written chunks); returns
     the layer's report (timings, blocks, bytes read, cache statistics)."""
@@ -193,16 +288,22 @@ def run_layer(run: Run, l: int) -> dict:
     prev = None if l == 0 else run.group[f"h{l}"]
     d_in = run.dataset.feature_dim if prev is None else int(prev.shape[1])
     itemsize = 4 if prev is None else int(np.dtype(prev.dtype).itemsize)
-    plan = plan_layer(l, run.dataset, run.topo, d_in, run.model.out_dim(l, d_in), run.budget,
-                      ch, run.cache, itemsize)
+    d_out = run.model.out_dim(l, d_in)
+    t0 = time.perf_counter()
+    costs = layer_costs(run, l, d_in, d_out)
+    probe_s = time.perf_counter() - t0
+    plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, ch, run.cache,
+                      costs or BlockCosts.estimate(d_in, d_out), itemsize)
     if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
         note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
-    first_block = int(np.searchsorted(plan.starts, first_chunk * ch.chunk_rows, side="left"))
+    first_block = int(np.searchsorted(plan.starts, first_chunk * ch.chunk_rows,
+                                      side="right")) - 1
     run.progress.state.update(layer=l, chunks_done=first_chunk)
-    src = LayerInput(prev, run.reader, run.dataset.layout.row_bytes, ch.chunk_rows, n)
+    src = LayerInput(prev, run.reader, run.dataset.layout.row_bytes, ch.chunk_rows, n,
+                     row_of=run.dataset.row_of)
     if prev is not None and plan.seq is None:
         src.prev_rows = ChunkFileRows(Path(run.group.store.root) / f"h{l}", n, ch.chunk_rows,
                                       d_in, prev.dtype)
@@ -212,30 +313,9 @@ def run_layer(run: Run, l: int) -> dict:
         cache = ChunkCache(plan.cap, run.cache.policy, sequence=plan.seq[plan.ptr[first_block]:],
                            loader=src.load_chunk, num_keys=ch.num_chunks)
     stats = LayerStats()
-    stats.time_s["plan"] = plan.plan_s
-    bar = _progress_bar(run, l, first_chunk)
-    b = first_block
-    for c in range(first_chunk, ch.num_chunks):
-        c0, c1 = c * ch.chunk_rows, min(n, (c + 1) * ch.chunk_rows)
-        buf = np.empty((c1 - c0, plan.d_out), dtype=np.float32)
-        while b < plan.num_blocks and plan.starts[b] < c1:
-            buf[plan.starts[b] - c0:plan.starts[b + 1] - c0] = _run_block(run, plan, src, cache,
-                                                                           b, stats)
-            b += 1
-        check_finite(buf, run, l, c0)
-        if buf.dtype != arr.dtype:  # a float16 layer: finite before, so past its range
-            with np.errstate(over="ignore"):  # an overflow is named just below
-                buf = buf.astype(arr.dtype)
-            check_finite(buf, run, l, c0)
-        t0 = time.perf_counter()
-        write_chunk(run.group, arr, name, c, c0, buf)
-        del buf
-        run.progress.chunk_written(c)
-        stats.time_s["write"] += time.perf_counter() - t0
-        if bar is not None:
-            bar.update(1)
-        if run.progress.on_chunk is not None:
-            run.progress.on_chunk(l, c)
-    if bar is not None:
-        bar.close()
-    return _layer_report(plan, name, first_chunk, first_block, src, cache, stats)
+    stats.time_s["plan"] = plan.plan_s + probe_s
+    writer = _ChunkWriter(run, l, arr, name, plan.d_out, first_chunk, stats)
+    for b in range(max(first_block, 0), plan.num_blocks if first_chunk < ch.num_chunks else 0):
+        _run_block(run, plan, src, cache, b, stats, writer)
+    writer.close()
+    return _layer_report(plan, name, first_chunk, max(first_block, 0), src, cache, stats)
