@@ -39,17 +39,23 @@ for comparison. GLISP's first cache level (a local disk copy of remote
 chunks) is not needed here: the store is already on the local disk.
 
 Memory: ``memory_budget`` bounds the whole process. At the start of each
-layer the resident size is measured; what is left (minus the output chunk
-buffer) is split between the chunk cache and the block working set, and
-blocks of targets are cut so that their local graphs fit (a single node whose
-in-neighbourhood alone exceeds it still gets a block of its own). Peak RSS is
-sampled and reported (per layer too). Every layer reads either the pages of
-the rows each block needs (deduplicated per block: layer 0 through the O_DIRECT
-feature reader, a later layer from the previous layer's chunk files,
-:mod:`.chunk_rows`) or whole input chunks through the cache, whichever the plan
-says reads fewer bytes; reading rows, the memory the cache would have had goes
-to larger blocks. When the budget makes a layer read its input more than three
-times over, a note names the budget whose cache holds all of it.
+layer the resident size is measured, and so is the layer itself: it runs on
+probe graphs of known sizes and the kernel's peak RSS gives its bytes per
+target, local node and edge (:func:`.memory_plan.measure_costs`). What the
+budget leaves (minus two output chunk buffers and a margin) goes to blocks of consecutive
+targets, sized by the rows they hold: the distinct local nodes (targets and
+in-neighbours) are counted exactly, a block may span output chunks, and its
+targets run through the layer a sub-block at a time (an eighth of the memory),
+each on its own local graph, their outputs going straight to the output chunk.
+A single node whose in-neighbourhood alone exceeds a block still gets one of
+its own. Peak RSS is sampled and reported (per layer too). Every layer plans
+its reads two ways and takes the one that reads fewer bytes: the blocks read
+the pages of the rows they need (deduplicated per block: layer 0 through the
+O_DIRECT feature reader in file order, a later layer from the previous layer's
+chunk files, :mod:`.chunk_rows`), every byte going to blocks; or half the
+memory caches whole input chunks and smaller blocks take their rows from it.
+When the budget makes a layer read its input more than three times over, a
+note names the budget that reads it once.
 
 Atomic output: everything is written into ``.<name>.partial`` beside
 ``out`` (:func:`partial_path`) and renamed to ``out`` when every array is
@@ -229,7 +235,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
             else memmap), ``direct``, ``mmap``, a backend of
             :data:`ooc.storage.io_backends.REGISTRY` (``io_uring``, ``preadv``, ...)
             or an object with ``read(ids)``.
-        block_rows: at most this many targets per block (default: chunk_rows).
+        block_rows: at most this many targets per block (default: as many as the
+            memory holds).
         cache_chunks: force the cache capacity in chunks (default: from budget).
         overwrite: replace an existing output that belongs to another run.
         progress: a progress bar per layer on stderr (default; False for none).

@@ -59,6 +59,12 @@ class PeakRss:
         self.peak = max(self.peak, rss())
 
 
+def headroom(budget: int, rss: int, chunk_rows: int, d_out: int) -> int:
+    """What ``budget`` leaves a layer above ``rss``: two float32 output chunk buffers and
+    :data:`SAFETY_BYTES` taken off."""
+    return budget - rss - 2 * chunk_rows * d_out * 4 - SAFETY_BYTES
+
+
 def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, cached: bool,
                 cache_chunks: int | None = None, num_chunks: int | None = None,
                 in_itemsize: int = 4) -> tuple[int, int]:
@@ -74,7 +80,7 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
     tune_malloc()  # a budget holds only with freed chunk arrays returned to the OS
     out_chunk_bytes = chunk_rows * d_out * 4
     in_chunk_bytes = chunk_rows * d_in * int(in_itemsize)
-    avail = budget - rss - 2 * out_chunk_bytes - SAFETY_BYTES
+    avail = headroom(budget, rss, chunk_rows, d_out)
     if avail <= 0:
         raise BudgetError(f"memory budget {budget / MiB:.0f} MiB is too small: the process already "
                        f"holds {rss / MiB:.0f} MiB and an output chunk needs "

@@ -18,7 +18,7 @@ from ...storage.layout import PAGE
 from .blocks import CacheSettings, Chunking, LayerPlan, note_extra_reads, plan_layer
 from .chunk_rows import ChunkFileRows
 from .local_graph import LocalGraph, Topology, local_graph
-from .memory_plan import SAFETY_BYTES, BlockCosts, measure_costs, rss
+from .memory_plan import BlockCosts, headroom, measure_costs, rss
 from .model_adapter import LayerwiseModel
 from .store import Progress, layer_array, write_chunk
 
@@ -273,7 +273,7 @@ def layer_costs(run: Run, l: int, d_in: int, d_out: int) -> BlockCosts | None:
     where peak RSS cannot be measured)."""
     model = run.model
     rows = min(run.chunking.chunk_rows, max(run.topo.num_nodes, 1))
-    free = run.budget - rss() - 2 * rows * d_out * 4 - SAFETY_BYTES
+    free = headroom(run.budget, rss(), rows, d_out)
 
     def layer(x, ei, w, nt):
         return model.targets(l, x, ei, w, nt)
