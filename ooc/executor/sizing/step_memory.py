@@ -9,17 +9,19 @@ would. It charges, in float32:
 * the optimizer (training only): gradients, Adam's two moments, and the step's
   temporaries (two of the largest parameter);
 * per layer ``l`` (reading the first ``L - l + 1`` hops of the batch and writing
-  rows for the first ``L - l``, or for all it reads under GCN, as
-  :meth:`~ooc.executor.training.models.GNN.forward` runs it): its input and output rows
+  rows for the first ``L - l``, as :meth:`~ooc.executor.training.models.GNN.forward`
+  runs it; GCN transforms every row it reads first): its input and output rows
   (forward values kept for backward, their gradients, the temporaries of the
   convolution's sum); the output layer's rows are the logits, ``rows x C``;
-* the layer's message buffers (:func:`message_elements`, what the aggregation
-  of the model allocates per edge);
+* the layer's aggregation buffers (:func:`message_elements`, what the aggregation
+  of the model allocates per edge: index arrays for SAGE's and GCN's sparse
+  product, messages for GAT);
 * the loss over the seeds (log-softmax, its gradient, one temporary).
 
-Measured against the real step's RSS peak (SAGE, GCN, GAT; 7 to 65536 classes,
-batches of 64 to 1024 seeds) it lies between 0.8x (small steps, where the
-planner's reserve is larger than the difference) and 2x, mostly 1.1x-1.4x.
+Measured against the real step's RSS peak (fanouts 15,10,5, hidden 256, batches of
+256 and 1024 seeds on a 1M-node graph) it is 1.8x for SAGE, 2.2-2.3x for GCN and
+1.35x for GAT: an upper bound, which is what the gate needs (the planner runs and
+measures every step that this bound lets fit).
 """
 from __future__ import annotations
 
@@ -44,19 +46,24 @@ class StepEstimate:
         return self.optimizer + self.layers + self.messages + self.logits + self.loss
 
 
+#: Float-sized elements per edge of a sparse (CSR) aggregation: the adjacency's column
+#: ids and values, its transpose in the backward pass, and (GCN) the edge list with the
+#: targets' self loops and their weights put in between.
+CSR_EDGE_ELEMENTS = {"sage": 9, "gcn": 20}
+
+
 def message_elements(kind: str, rows: int, edges: int, d_in: int, d_out: int, heads: int,
                      backward: bool) -> int:
     """Float elements a layer's aggregation holds at its fullest (``backward``: gradients
-    flow back into the layer's input). SAGE gathers its input rows per edge
-    (``edges x d_in``), and their gradient when ``backward``; GCN and GAT add a self loop
-    per target row and gather the transformed rows (``d_out``) and their weighted copies, GAT
-    also ~10 attention values per edge and head (scores, softmax, dropout, gradients).
+    flow back into the layer's input). SAGE and GCN aggregate a sampled batch through a
+    CSR adjacency and one ``spmm`` (:func:`~ooc.executor.training.models.target_csr`):
+    index arrays per edge (:data:`CSR_EDGE_ELEMENTS`), no row per edge. GAT gathers the
+    transformed rows (``d_out``) per edge and self loop and their weighted copies, and
+    ~10 attention values per edge and head (scores, softmax, dropout, gradients).
     """
-    if kind == "sage":
-        return (2 if backward else 1) * edges * d_in
+    if kind in CSR_EDGE_ELEMENTS:
+        return CSR_EDGE_ELEMENTS[kind] * (edges + (rows if kind == "gcn" else 0))
     m = edges + rows
-    if kind == "gcn":
-        return 2 * m * d_out
     return 4 * m * d_out + 10 * m * heads
 
 
@@ -64,7 +71,8 @@ def layer_work(nodes: Sequence[int], edges: Sequence[int], num_layers: int,
                bipartite: bool = True) -> list[tuple[int, int, int]]:
     """``(rows read, rows written, edges)`` of layer ``l``: it reads the first
     ``L - l + 1`` hops and their edges and writes rows for the first ``L - l`` hops
-    (``bipartite``: SAGE, GAT) or for every row it reads (GCN)."""
+    (``bipartite``, as the built-in models run a sampled batch) or for every row it
+    reads."""
     out = []
     for l in range(num_layers):
         rows_in = sum(nodes[:num_layers + 1 - l])
@@ -91,11 +99,13 @@ def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: in
     params = [p.numel() for p in model.parameters() if p.requires_grad]
     optimizer = (3 * sum(params) + 2 * max(params, default=0)) * F32 if train else 0
     layers = messages = logits = 0
-    work = layer_work(list(nodes), list(edges), model.num_layers, model.kind != "gcn")
+    work = layer_work(list(nodes), list(edges), model.num_layers)
     for l, (rows, rows_out, m) in enumerate(work):
         d_in, d_out = model.dims[l], model.dims[l + 1]
         backward = train and l > 0
         layers += (2 if backward else 1) * rows * d_in * F32
+        if model.kind == "gcn":  # GCN transforms every row it reads, then aggregates
+            layers += (2 if train else 1) * rows * d_out * F32
         if l == model.num_layers - 1:
             logits = 3 * rows_out * d_out * F32
         else:
