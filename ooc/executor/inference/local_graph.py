@@ -89,21 +89,19 @@ class LocalGraph:
         ident = np.arange(self.num_targets, dtype=np.int64)
         scratch = np.full(self.nodes.shape[0], -1, dtype=np.int64)
         nodes, src, eptr = build_local(self.eptr, self.src, ident, a, z, scratch, False)
-        nt, m = z - a, src.shape[0]
-        counts = np.diff(eptr)
-        dst = np.repeat(np.arange(nt, dtype=np.int64), counts)
+        dst = np.repeat(np.arange(z - a, dtype=np.int64), np.diff(eptr))
+        ei = np.stack([src, dst])
         if self.weight is None:
-            return nodes, np.stack([src, dst]), None
+            return nodes, ei, None
+        import torch
+
+        from ..training.models import with_self_loops
+
         assert self.loop_weight is not None  # GCN: both weights
-        at_edge = np.arange(m, dtype=np.int64) + dst   # t loops come before target t's edges
-        at_loop = eptr[1:] + np.arange(nt, dtype=np.int64)
-        ei = np.empty((2, m + nt), dtype=np.int64)
-        w = np.empty(m + nt, dtype=np.float32)
-        ei[0, at_edge], ei[1, at_edge], w[at_edge] = src, dst, \
-            self.weight[self.eptr[a]:self.eptr[z]]
-        ei[0, at_loop] = ei[1, at_loop] = np.arange(nt, dtype=np.int64)
-        w[at_loop] = self.loop_weight[a:z]
-        return nodes, ei, w
+        lei, w = with_self_loops(torch.from_numpy(ei), z - a,
+                                 torch.from_numpy(self.weight[self.eptr[a]:self.eptr[z]]),
+                                 torch.from_numpy(self.loop_weight[a:z]))
+        return nodes, lei.numpy(), w.numpy()
 
 
 def local_graph(topo: Topology, s: int, e: int) -> LocalGraph:
