@@ -64,13 +64,13 @@ class Crash(ReadBackend):
     def version(cls):
         return "{version}"
 
-    def __init__(self, path, size, queue_depth):
+    def __init__(self, path, size, queue_depth, page_cache=False):
         os.kill(os.getpid(), signal.{sig})
 
 class Refuse(ReadBackend):
     name = "refusing"
 
-    def __init__(self, path, size, queue_depth):
+    def __init__(self, path, size, queue_depth, page_cache=False):
         raise Refused("io_uring_setup failed: Operation not permitted")
 """
 

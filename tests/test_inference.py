@@ -388,34 +388,83 @@ def test_later_layers_read_rows_from_chunk_files(synth, tmp_path, layer_dtype):
         assert la["bytes_read"] == la["reads"]["planned_row_bytes"] > 0
 
 
-def test_chunk_file_rows_match_the_array(tmp_path):
-    """ChunkFileRows reads rows in any order across chunk files as zarr does; a chunk Zarr
-    did not write (fill values) reads as zeros; a truncated chunk file is one error."""
+def _distinct_pages(rows: np.ndarray, chunk_rows: int, row_bytes: int) -> int:
+    """Distinct 4 KiB pages of the chunk files holding ``rows`` (an independent count)."""
+    from ooc.storage.layout import PAGE
+    pages = set()
+    for r in rows.tolist():
+        c, k = divmod(r, chunk_rows)
+        pages.update((c, p) for p in range(k * row_bytes // PAGE,
+                                           ((k + 1) * row_bytes - 1) // PAGE + 1))
+    return len(pages)
+
+
+@pytest.mark.parametrize("backend,dtype,dim", [
+    ("io_uring", "float32", 100),      # rows of 400 B straddle pages; partial last pages
+    ("io_uring", "float16", 256),      # 512 B rows, 8 to a page, cast to float32
+    ("preadv", "float32", 1100),       # rows of 4400 B span two or three pages
+    ("mmap", "float32", 100),
+])
+def test_chunk_file_rows_match_the_array(tmp_path, monkeypatch, backend, dtype, dim):
+    """ChunkFileRows reads rows in any order across chunk files as zarr does, through the
+    named page reader (io_uring here: the test fails rather than fall back), in requests
+    of at most READ_PAGES pages that read each page once; a chunk Zarr did not write
+    (fill values) reads as zeros; a truncated chunk file is one error."""
     import zarr
 
-    from ooc.executor.inference.chunk_rows import ChunkFileRows
+    from ooc.executor.inference import chunk_rows as CR
     from ooc.storage.errors import DatasetError
 
+    monkeypatch.setattr(CR, "READ_PAGES", 3)   # many requests per chunk, one row over
     rng = np.random.default_rng(3)
-    a = rng.standard_normal((1000, 100)).astype(np.float32)   # rows of 400 B straddle pages
+    a = rng.standard_normal((1000, dim)).astype(dtype)
     a[256:384] = 0.0                                           # chunk 2: fill values only
     g = zarr.open_group(str(tmp_path / "g"), mode="w")
-    arr = g.create_array("h1", shape=a.shape, dtype="float32", chunks=(128, 100),
+    arr = g.create_array("h1", shape=a.shape, dtype=dtype, chunks=(128, dim),
                          compressors=None, fill_value=0.0)
     arr[:] = a
-    reader = ChunkFileRows(tmp_path / "g" / "h1", 1000, 128, 100, np.float32)
-    rows = rng.permutation(1000)[:300].astype(np.int64)
-    out = np.empty((300, 100), np.float32)
+    reader = CR.ChunkFileRows(tmp_path / "g" / "h1", 1000, 128, dim, dtype, backend=backend)
+    rows = np.concatenate((rng.permutation(1000)[:300], np.arange(100, 140))).astype(np.int64)
+    rows = np.unique(rows)[rng.permutation(np.unique(rows).shape[0])]
+    out = np.full((rows.shape[0], dim), np.nan, np.float32)
     reader.read(rows, out)
-    np.testing.assert_array_equal(out, a[rows])
-    assert reader.pages > 0
-    (tmp_path / "g" / "h1" / "c" / "2" / "0").unlink(missing_ok=True)
+    np.testing.assert_array_equal(out, a[rows].astype(np.float32))
+    assert reader.backend_used == backend
+    assert not (tmp_path / "g" / "h1" / "c" / "2" / "0").exists()  # all fill: no file
+    written = rows[(rows < 256) | (rows >= 384)]
+    assert reader.pages == _distinct_pages(written, 128, a.itemsize * dim) > 0
+    out[:128] = np.nan
     reader.read(np.arange(256, 384, dtype=np.int64), out[:128])
     assert not out[:128].any()
     f = tmp_path / "g" / "h1" / "c" / "5" / "0"
     f.write_bytes(f.read_bytes()[:1000])
     with pytest.raises(DatasetError, match=r"c/5/0: 1000 bytes, a chunk of 128 rows"):
         reader.read(np.array([700], np.int64), out[:1])
+
+
+def test_chunk_row_requests_read_each_page_once():
+    """The request cutter: consecutive rows, at most the limit of pages each (one row over
+    alone), cut only where a row begins on an unread page; every row in one request."""
+    from ooc.executor.inference.chunk_rows import _groups
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 40))
+        fresh = rng.random(n) < 0.6
+        fresh[0] = True
+        new = np.where(fresh, rng.integers(1, 4, n), rng.integers(0, 3, n))
+        limit = int(rng.integers(1, 8))
+        gs = _groups(fresh, new, limit)
+        assert gs[0][0] == 0 and gs[-1][1] == n
+        assert all(gs[i][1] == gs[i + 1][0] for i in range(len(gs) - 1))
+        cuts = np.flatnonzero(fresh).tolist() + [n]
+        for a, z in gs:
+            assert z > a and fresh[a]
+            inner = [c for c in cuts if a < c < z]
+            assert new[a:z].sum() <= limit or not inner   # over the limit: no cut inside
+            after = [c for c in cuts if c > z]
+            if z < n and after:                            # greedy: the next cut is over
+                assert new[a:after[0]].sum() > limit
 
 
 def test_a_budget_that_forces_extra_reads_is_noted():

@@ -70,6 +70,23 @@ def test_probe_passes_and_auto_picks_the_engine(tmp_path, monkeypatch):
     probe.forget()
 
 
+@pytest.mark.parametrize("backend", ["io_uring", "liburing", "preadv"])
+def test_page_cache_reads_match_numpy(data_file, backend):
+    """``page_cache=True``: the same backend reads without O_DIRECT (a file this process
+    just wrote is copied from the page cache), the same bytes as numpy, any partial last
+    page left out as with O_DIRECT."""
+    if backend == "liburing":
+        pytest.importorskip("liburing", reason="the liburing binding is not installed")
+    path, data = data_file
+    pages = np.unique(np.random.default_rng(5).integers(0, 1027, 300))
+    with DirectReader(path, queue_depth=16, backend=backend, page_cache=True) as r:
+        assert r.backend == backend and not r.o_direct
+        out = aligned_empty(pages.shape[0] * PAGE)
+        r.read_pages(pages, out)
+    want = data.reshape(-1, PAGE)[pages].reshape(-1)
+    np.testing.assert_array_equal(out, want)
+
+
 @pytest.mark.parametrize("qd", [1, 3, 64, 512])
 def test_random_pages_match_numpy(data_file, qd):
     path, data = data_file

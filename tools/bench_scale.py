@@ -42,6 +42,7 @@ import memcg  # noqa: E402  (tools/memcg.py)
 import scale_graph as sg  # noqa: E402  (tools/scale_graph.py)
 
 from ooc.cli import format_size, parse_size  # noqa: E402
+from ooc.executor.inference.store import partial_path  # noqa: E402
 
 STAGES = ("ingest", "train", "infer", "partition")
 HIDDEN = 256
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(w["data"], ignore_errors=True)
         elif stage in ("train", "infer", "partition"):
             shutil.rmtree(outputs[stage], ignore_errors=True)
+        if stage == "infer":  # a run stopped at the stage limit leaves one to resume
+            shutil.rmtree(partial_path(w["emb"]), ignore_errors=True)
         res = run_stage(stage, w, args.memory_budget, args.epochs, args.stage_limit)
         res["disk_bytes"] = du(outputs[stage])
         rep["stages"][stage] = res

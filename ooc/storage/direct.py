@@ -101,6 +101,9 @@ class DirectReader:
             (``"liburing"``, ``"preadv"``, ``"mmap"``, ...). An explicit backend
             that cannot be used raises :class:`OocError` with the reason.
         max_read_bytes: adjacent pages are coalesced into reads of at most this.
+        page_cache: read through the kernel's page cache instead of ``O_DIRECT``
+            (readahead off): for a file likely still cached, such as one this process
+            wrote a moment ago; the reads still go many at a time.
 
     Attributes:
         backend: name of the backend in use. ``o_direct``: whether the page cache is
@@ -110,7 +113,7 @@ class DirectReader:
     """
 
     def __init__(self, path, queue_depth: int = 64, backend: str = "auto",
-                 max_read_bytes: int = DEFAULT_MAX_READ_BYTES):
+                 max_read_bytes: int = DEFAULT_MAX_READ_BYTES, page_cache: bool = False):
         self.path = os.fspath(path)
         check_choice(backend)
         if not 1 <= int(queue_depth) <= _MAX_QUEUE_DEPTH:
@@ -125,7 +128,8 @@ class DirectReader:
         except OSError as e:
             raise IOFailure(f"{self.path}: cannot open for reading: {e.strerror}") from None
         self.num_pages = self.size // PAGE
-        self._io: ReadBackend = open_backend(self.path, self.size, self.queue_depth, backend)
+        self._io: ReadBackend = open_backend(self.path, self.size, self.queue_depth, backend,
+                                             page_cache)
         self._holder = [self._io]
         self._finalizer = weakref.finalize(self, _close_backend, self._holder)
         self.backend: str = self._io.name

@@ -68,6 +68,8 @@ class ReadBackend:
     Attributes:
         path: the file. ``size``: its size in bytes when opened.
         queue_depth: reads in flight (ring depth, or threads).
+        page_cache: read through the kernel's page cache (no ``O_DIRECT``; for a file
+            likely still cached, e.g. one this process just wrote), with readahead off.
         o_direct: whether reads bypass the page cache.
     """
 
@@ -82,10 +84,11 @@ class ReadBackend:
     #: state per buffer, so callers should read into a reused buffer).
     fresh_buffers: ClassVar[bool] = True
 
-    def __init__(self, path: str, size: int, queue_depth: int):
+    def __init__(self, path: str, size: int, queue_depth: int, page_cache: bool = False):
         self.path = path
         self.size = size
         self.queue_depth = queue_depth
+        self.page_cache = page_cache
         self.o_direct = False
 
     @classmethod
@@ -120,13 +123,14 @@ class ReadBackend:
         return OocError(f"{self.path}: short read at offset {off}: got {got} of {want} bytes "
                         f"(file truncated or changed while reading?)")
 
-    def open_fd(self, direct: bool) -> int:
-        """Open the file read-only, with ``O_DIRECT`` when ``direct`` and accepted.
+    def open_fd(self) -> int:
+        """Open the file read-only: with ``O_DIRECT`` where accepted, unless
+        :attr:`page_cache` (then with readahead off: the runs are what is needed).
 
         Some file systems accept the flag but fail the reads, so one page is read
         to check. Sets :attr:`o_direct`; returns the descriptor.
         """
-        if direct:
+        if not self.page_cache:
             try:
                 fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
             except OSError as e:
@@ -143,7 +147,16 @@ class ReadBackend:
         except OSError as e:
             raise IOFailure(f"{self.path}: cannot open for reading: {e.strerror}") from None
         self.o_direct = False
+        if self.page_cache and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         return fd
+
+    def refuse_buffered(self) -> None:
+        """Raise :class:`Refused` when ``O_DIRECT`` was wanted but refused (for a
+        backend that reads only with it; the descriptor is closed first)."""
+        if not self.page_cache and not self.o_direct:
+            self.close()
+            raise Refused("O_DIRECT refused by the file system (EINVAL)")
 
 
 def _probe_read(fd: int) -> bool:
@@ -183,7 +196,7 @@ def check_choice(name: str) -> str:
 
 
 def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
-                 ) -> ReadBackend:
+                 page_cache: bool = False) -> ReadBackend:
     """Open ``backend`` (or the first that works here, for ``"auto"``) on ``path``.
 
     An explicit backend that cannot be used raises :class:`OocError` with the
@@ -202,7 +215,7 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
                 verdict = probe.verdict(name, REGISTRY[name], path)
                 if not verdict.ok:
                     raise Refused(verdict.reason)
-            b = cls(path, size, queue_depth)
+            b = cls(path, size, queue_depth, page_cache)
         except Refused as r:
             if backend != "auto":
                 raise InvalidValue(f"{path}: I/O backend {name} unavailable: {r}") from None
@@ -212,7 +225,7 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
             if tried:
                 note(f"{'; '.join(tried)}; reading with {b.describe()}",
                      key=f"fallback:{name}:{tried[0].split(':')[0]}")
-            elif not b.o_direct and name == "preadv":
+            elif not b.o_direct and not page_cache and name == "preadv":
                 note(f"O_DIRECT refused for {path}; reading with {b.describe()}",
                      key="fallback:buffered")
         return b

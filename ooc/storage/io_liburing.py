@@ -99,16 +99,14 @@ class LiburingBackend(ReadBackend):
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    def __init__(self, path: str, size: int, queue_depth: int):
-        super().__init__(path, size, queue_depth)
+    def __init__(self, path: str, size: int, queue_depth: int, page_cache: bool = False):
+        super().__init__(path, size, queue_depth, page_cache)
         self.fd = -1
         self.ring = None
         self.efd = -1
         L = _binding()
-        self.fd = self.open_fd(direct=True)
-        if not self.o_direct:
-            self.close()
-            raise Refused("O_DIRECT refused by the file system (EINVAL)")
+        self.fd = self.open_fd()
+        self.refuse_buffered()
         entries = _pow2(queue_depth)
         ring = L.Ring()
         try:

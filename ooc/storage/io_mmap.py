@@ -21,8 +21,8 @@ class MmapBackend(ReadBackend):
     name = "mmap"
     label = "mmap (page cache)"
 
-    def __init__(self, path: str, size: int, queue_depth: int):
-        super().__init__(path, size, queue_depth)
+    def __init__(self, path: str, size: int, queue_depth: int, page_cache: bool = False):
+        super().__init__(path, size, queue_depth, page_cache)
         self.mm: mmap.mmap | None = None
         self.view = np.zeros(0, np.uint8)
         if size == 0:

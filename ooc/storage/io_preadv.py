@@ -20,13 +20,13 @@ class PreadvBackend(ReadBackend):
 
     name = "preadv"
 
-    def __init__(self, path: str, size: int, queue_depth: int):
-        super().__init__(path, size, queue_depth)
+    def __init__(self, path: str, size: int, queue_depth: int, page_cache: bool = False):
+        super().__init__(path, size, queue_depth, page_cache)
         self.fd = -1
         self.pool: ThreadPoolExecutor | None = None
         if not hasattr(os, "preadv"):
             raise Refused("os.preadv not available")
-        self.fd = self.open_fd(direct=True)
+        self.fd = self.open_fd()
         self.threads = min(queue_depth, MAX_THREADS)
         if self.threads > 1:
             self.pool = ThreadPoolExecutor(max_workers=self.threads,

@@ -1,4 +1,5 @@
-"""``io_uring`` backend: O_DIRECT + io_uring with the submit/reap loop in compiled code.
+"""``io_uring`` backend: O_DIRECT + io_uring with the submit/reap loop in compiled code
+(or buffered reads through the page cache, when the reader asks for them).
 
 No binding: :mod:`._uring_kernels` makes the ``io_uring_setup`` /
 ``io_uring_enter`` / ``io_uring_register`` system calls itself and works on
@@ -107,8 +108,8 @@ class NativeUringBackend(ReadBackend):
 
         return f"{__version__}+engine{ENGINE_VERSION}+numba{numba.__version__}"
 
-    def __init__(self, path: str, size: int, queue_depth: int):
-        super().__init__(path, size, queue_depth)
+    def __init__(self, path: str, size: int, queue_depth: int, page_cache: bool = False):
+        super().__init__(path, size, queue_depth, page_cache)
         self.fd = -1
         self._st = np.full(K.NSTATE, -1, np.int64)
         self._reg: tuple[np.ndarray, int, int] | None = None  # (owner, start, end)
@@ -118,10 +119,8 @@ class NativeUringBackend(ReadBackend):
         self.reads_fixed = self.reads_plain = self.registrations = 0
         self.busy_s = 0.0
         self.fixed_refused = ""
-        self.fd = self.open_fd(direct=True)
-        if not self.o_direct:
-            self.close()
-            raise Refused("O_DIRECT refused by the file system (EINVAL)")
+        self.fd = self.open_fd()
+        self.refuse_buffered()
         st = np.zeros(K.NSTATE, np.int64)
         entries = _pow2(queue_depth)
         r = K.ring_open(entries, K.IORING_SETUP_CLAMP | K.IORING_SETUP_COOP_TASKRUN, st)

@@ -196,3 +196,16 @@ def count_block_keys(indptr, indices, perm, block_starts, keyof, key_div, num_ke
                     stamp[k] = b
                     total += 1
     return total
+
+
+
+@numba.njit(cache=True)
+def gather_rows(vals, offsets, at, out):
+    """``out[at[i]] = vals[offsets[i] : offsets[i] + out.shape[1]]`` (vals [*] and out
+    [k, dim] of one dtype; offsets int64 [m] in elements; at int64 [m], rows of out)."""
+    d = out.shape[1]
+    for i in range(offsets.shape[0]):
+        o = offsets[i]
+        r = at[i]
+        for j in range(d):
+            out[r, j] = vals[o + j]

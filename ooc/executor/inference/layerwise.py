@@ -120,6 +120,7 @@ import torch
 
 from ...memory import trim_malloc
 from ...storage.dataset import Dataset, open_dataset
+from ...storage.io_backends import REGISTRY
 from ..cache.chunk_cache import POLICIES
 from .blocks import CacheSettings, Chunking
 from .local_graph import Topology
@@ -413,8 +414,9 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
     progress.save()
     topo = Topology.of(job.dataset, perm, rowof, job.model.gcn_norm)
     reader, reader_name = _feature_reader(job.dataset, job.features)
+    backend = job.features if job.features in REGISTRY else "auto"
     return Run(job.dataset, job.model, group, topo, reader, job.budget, job.chunking, job.cache,
-               progress, job.show_bar, job.layer_dtype), reader_name
+               progress, job.show_bar, job.layer_dtype, backend), reader_name
 
 
 def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:

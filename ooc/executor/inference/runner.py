@@ -39,6 +39,8 @@ class Run:
     show_bar: bool = False
     #: dtype of the layers before the last (``float16`` halves their disk and reads)
     layer_dtype: str = "float32"
+    #: the page reader's backend for a later layer's rows (see :class:`ChunkFileRows`)
+    io_backend: str = "auto"
 
 
 class NonFiniteOutput(OocError, FloatingPointError):
@@ -193,7 +195,8 @@ def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int
         "bytes_read": int(src.bytes_read), "chunk_reads": src.chunk_reads,
         "accesses": accesses,
         "cache": None if cache is None else {**cache.stats(), "chunk_bytes": plan.in_chunk_bytes},
-        "reads": plan.reads,
+        "reads": {**(plan.reads or {}), "backend": src.prev_rows.backend_used if src.prev_rows
+                  else None},
         "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
     }
 
@@ -311,7 +314,7 @@ def run_layer(run: Run, l: int) -> dict:
                      row_of=run.dataset.row_of)
     if prev is not None and plan.seq is None:
         src.prev_rows = ChunkFileRows(Path(run.group.store.root) / f"h{l}", n, ch.chunk_rows,
-                                      d_in, prev.dtype)
+                                      d_in, prev.dtype, backend=run.io_backend)
     cache = None
     if plan.seq is not None:
         assert plan.ptr is not None  # ptr and seq are None together
