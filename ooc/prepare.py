@@ -27,6 +27,7 @@ from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrappe
 from .memory import current_rss_bytes
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 from .storage.ingest.limits import planned_peak
+from .storage.layout import FeatureLayout
 from .storage.errors import InvalidValue
 from .storage.writer import REORDERS
 
@@ -175,8 +176,11 @@ def _planned_peak(rss0: int, stats: dict, out: Path, buffer: int) -> int:
 
     meta = json.loads((Path(out) / "meta.json").read_text())
     stored = stats.get("edges_before_dedup", meta["num_edges"])
+    reordered = None
+    if meta.get("feature_order", {}).get("kind") == "locality":
+        reordered = FeatureLayout(meta["num_nodes"], meta["feature_dim"], meta["feature_dtype"])
     return planned_peak(rss0, meta["num_nodes"], stored, buffer,
-                        4 if meta["index_dtype"] == "int32" else 8, meta["row_bytes"])
+                        4 if meta["index_dtype"] == "int32" else 8, meta["row_bytes"], reordered)
 
 
 @main_wrapper

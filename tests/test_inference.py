@@ -386,6 +386,8 @@ def test_later_layers_read_rows_from_chunk_files(synth, tmp_path, layer_dtype):
     for la in rep["layers"]:
         assert la["reads"]["mode"] == "rows" and la["cache"] is None
         assert la["bytes_read"] == la["reads"]["planned_row_bytes"] > 0
+        # a later layer's rows come through the io_uring reader (this kernel has it)
+        assert la["reads"]["backend"] == (None if la["layer"] == 1 else "io_uring")
 
 
 def _distinct_pages(rows: np.ndarray, chunk_rows: int, row_bytes: int) -> int:

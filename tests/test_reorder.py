@@ -296,3 +296,54 @@ def test_a_cache_fill_reads_each_page_once_in_chunks(stored):
     assert g.stats.pages > 1.5 * f.stats.pages, (g.stats.pages, f.stats.pages)
     f.close()
     g.close()
+
+
+@pytest.mark.parametrize("dim,buffer", [(32, 4 << 20), (32, 1 << 30), (100, 4 << 20)])
+def test_permute_rows_stays_within_its_planned_memory(tmp_path, dim, buffer):
+    """permute_rows' allocations stay under what ingest plans for it (the inverse, two
+    buckets of rows, 24 B a row), and that plan is not loose by more than a third (through
+    bucket files with a small buffer, and in memory with a large one)."""
+    import tracemalloc
+
+    from ooc.storage.reorder import permute_rows, reorder_phases
+
+    rng = np.random.default_rng(1)
+    n = 200_000
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    lay = _layout_file(tmp_path / "src.bin", x)
+    row_of = rng.permutation(n).astype(np.int32)
+    permute_rows(tmp_path / "src.bin", tmp_path / "warm.bin", lay, row_of, buffer)  # imports
+    tracemalloc.start()
+    try:
+        permute_rows(tmp_path / "src.bin", tmp_path / "dst.bin", lay, row_of, buffer)
+        peak = tracemalloc.get_traced_memory()[1] + row_of.nbytes  # the inverse, held before
+    finally:
+        tracemalloc.stop()
+    plan = reorder_phases(lay, buffer)["permute"]
+    assert peak <= plan <= 1.34 * peak, (peak, plan)
+
+
+def test_a_sweep_over_a_mapped_file_leaves_its_pages(tmp_path):
+    """locality_order over memmapped indptr/indices (as ingest runs it) lets each window's
+    pages go: the process's file-backed RSS does not grow by the adjacency's size."""
+    from ooc.storage import csc_from_edges
+
+    def rss_file() -> int:
+        for line in open("/proc/self/status"):
+            if line.startswith("RssFile:"):
+                return int(line.split()[1]) * 1024
+        pytest.skip("no RssFile in /proc/self/status on this kernel")
+
+    rng = np.random.default_rng(2)
+    n = 400_000
+    indptr, indices = csc_from_edges(rng.integers(0, n, 4_000_000), rng.integers(0, n, 4_000_000),
+                                     n)
+    np.save(tmp_path / "indptr.npy", indptr)
+    indices.astype(np.int32).tofile(tmp_path / "indices.bin")
+    size = indptr.nbytes + 4 * indices.shape[0]                   # 19 MB
+    ip = np.load(tmp_path / "indptr.npy", mmap_mode="r")
+    ix = np.memmap(tmp_path / "indices.bin", dtype=np.int32, mode="r")
+    locality_order(*csc_from_edges(np.arange(10), np.arange(1, 11) % 10, 10))  # compile
+    before = rss_file()
+    locality_order(ip, ix, window_bytes=1 << 20, sweeps=2)
+    assert rss_file() - before < size // 4, (rss_file() - before, size)

@@ -49,6 +49,13 @@ class FeatureLayout:
         return 1 if self.row_bytes <= PAGE else -(-self.row_bytes // PAGE)
 
     @property
+    def packed(self) -> bool:
+        """Whether rows follow each other with no padding (they fill pages exactly), so
+        the file's bytes are the rows as a C-contiguous array."""
+        return self.row_bytes % PAGE == 0 or (self.rows_per_page > 0
+                                             and self.rows_per_page * self.row_bytes == PAGE)
+
+    @property
     def num_pages(self) -> int:
         if self.rows_per_page:
             return -(-self.num_rows // self.rows_per_page)
@@ -150,9 +157,15 @@ def read_rows(f, layout: FeatureLayout, a: int, b: int) -> np.ndarray:
     """
     local = FeatureLayout(b - a, layout.dim, layout.dtype)
     f.seek(int(layout.row_offsets(np.array([a]))[0]))
-    buf = np.frombuffer(f.read(local.file_bytes), dtype=np.uint8)
-    if buf.shape[0] < local.file_bytes:
-        raise OSError(errno.EIO, "short read", str(getattr(f, "name", "")))
+    buf = np.empty(local.file_bytes, dtype=np.uint8)  # read into: no bytes object beside it
+    got = 0
+    while got < buf.shape[0]:
+        k = f.readinto(memoryview(buf)[got:])
+        if not k:
+            raise OSError(errno.EIO, "short read", str(getattr(f, "name", "")))
+        got += k
+    if layout.packed:
+        return buf[:(b - a) * layout.row_bytes].view(layout.dtype).reshape(b - a, layout.dim)
     return np.ascontiguousarray(local.view(buf)[0:b - a])
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from . import _reorder_kernels as K
 from .errors import InvalidValue
 from .layout import FeatureLayout, read_rows
+from .pagecache import release_mapped
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
 DEFAULT_WINDOW = 64 << 20
@@ -79,6 +80,7 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     size = np.ones(n, dtype=dt)
     wins = list(_windows(indptr, window_bytes, indices.dtype.itemsize))
     max_deg = max((int(np.diff(indptr[v0:v1 + 1]).max(initial=0)) for v0, v1 in wins), default=0)
+    release_mapped(indptr)
     scratch = np.empty(max(1, max_deg), dtype=dt)
     moved: list[int] = []
     for _ in range(max(0, int(sweeps))):
@@ -87,6 +89,11 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1], dtype=np.int64)
             window = np.ascontiguousarray(indices[int(ptr[0]):int(ptr[-1])])
             m += K.propagate_window(ptr, window, v0, label, size, int(cap), scratch)
+            del ptr, window
+            # the window's mapped pages leave the RSS (the page cache keeps them): a sweep
+            # would otherwise hold the whole file
+            release_mapped(indices)
+            release_mapped(indptr)
         moved.append(int(m))
         if m < max(1, n // 100):
             break
@@ -101,6 +108,34 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     return order
 
 
+def reorder_peak(layout: FeatureLayout, buffer_bytes: int) -> int:
+    """Bytes the ingest's reorder holds at its fullest (beside what the process held
+    before): the largest of its :func:`reorder_phases`."""
+    return max(reorder_phases(layout, buffer_bytes).values())
+
+
+def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
+    """Bytes each phase of the ingest's reorder holds for ``layout.num_rows`` nodes and an
+    ingest buffer of ``buffer_bytes``:
+
+    - ``propagate``: labels and label sizes (id-sized, per node), one window of ``indices``
+      and its ``indptr`` (a quarter of the buffer each, at most, mapped then released);
+    - ``order``: labels, counts and the order (three ids per node), then the order and
+      its inverse;
+    - ``permute`` (:func:`permute_rows`): the inverse (an id per node), two buckets' rows
+      (read and placed, or as read and laid out in pages) and 40 bytes a row of their
+      destinations, sort keys and sort order (and 1 KiB of open files per bucket).
+    """
+    n = int(layout.num_rows)
+    it = _id_dtype(n).itemsize
+    window = max(1 << 20, int(buffer_bytes) // 4)
+    part, buckets = _buckets(layout, buffer_bytes)
+    part = min(n, part)
+    pages = FeatureLayout(part, layout.dim, layout.dtype).file_bytes
+    return {"propagate": 2 * it * n + 2 * window, "order": 3 * it * n,
+            "permute": it * n + 2 * pages + 40 * part + 1024 * buckets}
+
+
 def rows_of(order: np.ndarray) -> np.ndarray:
     """The inverse of ``order`` (``order[row] = node``): ``row_of[node] = row``, same dtype."""
     row_of = np.empty_like(order)
@@ -109,11 +144,18 @@ def rows_of(order: np.ndarray) -> np.ndarray:
 
 
 def _write_rows(f, layout: FeatureLayout, a: int, rows: np.ndarray) -> None:
-    """Write ``rows`` as rows ``a ..`` of a page-laid-out file (``a`` at a page boundary)."""
+    """Write ``rows`` as rows ``a ..`` of a page-laid-out file (``a`` at a page boundary).
+
+    Rows that fill pages exactly (no padding between them) are written as they are, the
+    last page padded with zeros; others are laid out in a page buffer first."""
     local = FeatureLayout(rows.shape[0], layout.dim, layout.dtype)
+    f.seek(int(layout.row_offsets(np.array([a]))[0]))
+    if layout.packed:
+        np.ascontiguousarray(rows).tofile(f)
+        f.write(bytes(local.file_bytes - rows.shape[0] * layout.row_bytes))
+        return
     buf = np.zeros(local.file_bytes, dtype=np.uint8)
     local.view(buf)[0:rows.shape[0]] = rows
-    f.seek(int(layout.row_offsets(np.array([a]))[0]))
     buf.tofile(f)
 
 
@@ -196,8 +238,10 @@ def _scatter_to_buckets(fin, layout: FeatureLayout, row_of: np.ndarray, part: in
     """The first pass of :func:`permute_rows`: ``src`` read in chunks of ``part`` rows,
     each row appended to the file of the bucket its destination falls in."""
     n = layout.num_rows
-    outs = [open(name, "wb") for name in names]
-    ids_out = [open(name.with_suffix(".ids"), "wb") for name in names]
+    # unbuffered: a bucket's rows go out in one write, and up to 2 x MAX_BUCKETS buffers
+    # of 8 KiB would be memory the plan does not count
+    outs = [open(name, "wb", buffering=0) for name in names]
+    ids_out = [open(name.with_suffix(".ids"), "wb", buffering=0) for name in names]
     try:
         for a in range(0, n, part):
             b = min(n, a + part)
@@ -206,13 +250,14 @@ def _scatter_to_buckets(fin, layout: FeatureLayout, row_of: np.ndarray, part: in
             bucket = dest // part
             by = np.argsort(bucket, kind="stable")
             ends = np.cumsum(np.bincount(bucket, minlength=len(names)))
-            rows, dest = rows[by], dest[by]
+            del bucket
             start = 0
-            for k, end in enumerate(ends):
+            for k, end in enumerate(ends):  # one bucket's rows copied at a time
                 if end > start:
-                    rows[start:end].tofile(outs[k])
-                    dest[start:end].tofile(ids_out[k])
+                    rows[by[start:end]].tofile(outs[k])
+                    dest[by[start:end]].tofile(ids_out[k])
                 start = int(end)
+            del rows, dest, by  # before the next chunk is read beside them
     finally:
         for f in outs + ids_out:
             f.close()

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 
 from ..errors import InvalidValue
+from ..layout import FeatureLayout
+from ..reorder import reorder_peak
 
 BYTES_PER_NODE = 16
 #: Largest ids up to this many nodes are always accepted without --num-nodes
@@ -105,7 +107,8 @@ def id_node_limit(max_edges: int | None) -> int:
 
 
 def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int,
-                 index_itemsize: int = 4, row_bytes: int = 512) -> int:
+                 index_itemsize: int = 4, row_bytes: int = 512,
+                 reordered: FeatureLayout | None = None) -> int:
     """The peak RSS an ingest plans for, from what it wrote: ``base`` (the RSS before it),
     :data:`BYTES_PER_NODE` per node, and the larger of its two phases' buffers:
 
@@ -114,11 +117,14 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
       quarter of the buffer at most) beside the edge chunk being read (int64 sources
       and targets and their copies: 32 bytes an edge, a quarter of the buffer at most);
     - a feature chunk (a quarter of the buffer) as read and converted to the stored
-      dtype or laid out in pages (rows that fill pages exactly are written as read).
+      dtype or laid out in pages (rows that fill pages exactly are written as read);
+    - when the feature rows were stored in a locality order (``reordered``: their
+      layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`).
     """
     b = int(buffer_bytes)
     n, e = int(num_nodes), int(stored_edges)
     window = min(3 * b // 4, e * index_itemsize) + min(b // 4, 32 * n)
     chunk = min(b // 4, 32 * e)
     features = 2 * min(b // 4, n * int(row_bytes)) + 4096
-    return int(base) + BYTES_PER_NODE * n + max(window + chunk, features)
+    reorder = 0 if reordered is None else reorder_peak(reordered, b)
+    return int(base) + BYTES_PER_NODE * n + max(window + chunk, features, reorder)
