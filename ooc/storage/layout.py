@@ -160,7 +160,7 @@ def read_rows(f, layout: FeatureLayout, a: int, b: int) -> np.ndarray:
     buf = np.empty(local.file_bytes, dtype=np.uint8)  # read into: no bytes object beside it
     got = 0
     while got < buf.shape[0]:
-        k = f.readinto(memoryview(buf)[got:])
+        k = f.readinto(buf[got:].data)
         if not k:
             raise OSError(errno.EIO, "short read", str(getattr(f, "name", "")))
         got += k
