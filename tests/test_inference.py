@@ -390,6 +390,20 @@ def test_later_layers_read_rows_from_chunk_files(synth, tmp_path, layer_dtype):
         assert la["reads"]["backend"] == (None if la["layer"] == 1 else "io_uring")
 
 
+def test_one_block_reads_rows_and_each_page_once(synth, tmp_path):
+    """A layer whose targets fit one block reads the rows it needs (no chunk plan is made:
+    whole chunks cannot read less than every needed page once), at most its input table."""
+    ds, x = synth
+    torch.manual_seed(7)
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    rep, _ = _check(ds, x, model, tmp_path / "one.zarr", chunk_rows=128)
+    for la, width in zip(rep["layers"], (ds.layout.row_bytes, 16 * 4)):
+        assert la["blocks"] == 1 and la["reads"]["mode"] == "rows"
+        assert la["reads"]["planned_chunk_bytes"] is None
+        table = ds.layout.file_bytes if la["layer"] == 1 else -(-ds.num_nodes * width // 4096) * 4096
+        assert 0 < la["bytes_read"] <= table + 4096 * (ds.num_nodes // 128 + 1)
+
+
 def _distinct_pages(rows: np.ndarray, chunk_rows: int, row_bytes: int) -> int:
     """Distinct 4 KiB pages of the chunk files holding ``rows`` (an independent count)."""
     from ooc.storage.layout import PAGE

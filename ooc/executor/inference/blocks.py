@@ -149,7 +149,8 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
     Two plans are made and the one the planner counts fewer bytes for is taken: the
     blocks read the rows they need (pages, deduplicated per block), every byte of the
     budget going to blocks; or half the memory caches whole input chunks (Belady over
-    the blocks' chunk sequence) and smaller blocks take their rows from it."""
+    the blocks' chunk sequence) and smaller blocks take their rows from it. The second
+    is not made when the first is one block (it reads every page at most once)."""
     n = topo.num_nodes
     t0 = time.perf_counter()
     outer = BlockCosts.block(d_in, topo.dinv is not None)
@@ -162,7 +163,8 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
     ptr = seq = None
     keyof, cap = topo.rowof, 0
     c_cap, c_work, _, _ = _layer_memory(budget, n, d_in, d_out, chunking, cache, in_itemsize)
-    if c_cap:
+    # one block reads each page once: whole chunks cannot read less (nor be planned for free)
+    if c_cap and starts.shape[0] > 2:
         c_starts, c_sub = _blocks(topo, chunking, c_work, outer, costs)
         c_ptr, c_seq, c_keyof, chunk_bytes = _chunk_plan(
             topo, c_starts, chunking, c_cap, cache.policy, in_row_bytes, l > 0 or topo.natural)
