@@ -61,7 +61,8 @@ class Refused(Exception):
 class ReadBackend:
     """Reads byte runs of one file into a page-aligned buffer.
 
-    Subclasses set :attr:`name`, open their resources in ``__init__`` (raising
+    Subclasses set :attr:`name`, open their resources in ``__init__(path, size,
+    queue_depth, page_cache=False)`` (the file through :meth:`open_fd`; raising
     :class:`Refused` with a reason when they cannot work here) and implement
     :meth:`read_runs` and :meth:`close`.
 

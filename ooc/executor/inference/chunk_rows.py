@@ -11,8 +11,8 @@ pages of those rows with the storage's batched page reader
 reads in flight, adjacent pages coalesced, each page once) into one reused page buffer
 and copies the rows out. The reads go through the page cache, readahead off: the file
 was written by this run a layer ago, and whatever of it the kernel still holds is a
-copy rather than a disk read (``O_DIRECT`` would read it all from the device: 7x
-slower for a 1M-node layer the cache held, 1.25x faster for one it did not). A chunk
+copy rather than a disk read (``O_DIRECT`` reads it all from the device: 5x slower for
+a 1M-node layer the cache held, 1.3x faster for one it did not; ``docs/benchmarks.md``). A chunk
 file whose size is not a whole number of pages has its partial last page read with one
 ``pread``.
 """
@@ -105,7 +105,8 @@ class ChunkFileRows:
             reader = DirectReader(path, queue_depth=self.queue_depth, backend=self.backend,
                                   page_cache=True)
         except OocError as e:
-            raise DatasetError(path, f"cannot read a chunk of the previous layer ({e})") from None
+            why = str(e).removeprefix(f"{path}: ")
+            raise DatasetError(path, f"cannot read a chunk of the previous layer: {why}") from None
         try:
             self.backend_used = reader.backend
             for a, z in _groups(first > prev, new_pages[:direct], READ_PAGES):
