@@ -152,7 +152,7 @@ class ReadBackend:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         return fd
 
-    def refuse_buffered(self) -> None:
+    def require_o_direct(self) -> None:
         """Raise :class:`Refused` when ``O_DIRECT`` was wanted but refused (for a
         backend that reads only with it; the descriptor is closed first)."""
         if not self.page_cache and not self.o_direct:

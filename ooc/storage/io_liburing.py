@@ -106,7 +106,7 @@ class LiburingBackend(ReadBackend):
         self.efd = -1
         L = _binding()
         self.fd = self.open_fd()
-        self.refuse_buffered()
+        self.require_o_direct()
         entries = _pow2(queue_depth)
         ring = L.Ring()
         try:

@@ -120,7 +120,7 @@ class NativeUringBackend(ReadBackend):
         self.busy_s = 0.0
         self.fixed_refused = ""
         self.fd = self.open_fd()
-        self.refuse_buffered()
+        self.require_o_direct()
         st = np.zeros(K.NSTATE, np.int64)
         entries = _pow2(queue_depth)
         r = K.ring_open(entries, K.IORING_SETUP_CLAMP | K.IORING_SETUP_COOP_TASKRUN, st)

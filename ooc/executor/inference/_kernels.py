@@ -198,7 +198,6 @@ def count_block_keys(indptr, indices, perm, block_starts, keyof, key_div, num_ke
     return total
 
 
-
 @numba.njit(cache=True)
 def gather_rows(vals, offsets, at, out):
     """``out[at[i]] = vals[offsets[i] : offsets[i] + out.shape[1]]`` (vals [*] and out

@@ -414,7 +414,8 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
     progress.save()
     topo = Topology.of(job.dataset, perm, rowof, job.model.gcn_norm)
     reader, reader_name = _feature_reader(job.dataset, job.features)
-    backend = job.features if job.features in REGISTRY else "auto"
+    backend = job.features if isinstance(job.features, str) and job.features in REGISTRY \
+        else "auto"
     return Run(job.dataset, job.model, group, topo, reader, job.budget, job.chunking, job.cache,
                progress, job.show_bar, job.layer_dtype, backend), reader_name
 
