@@ -17,18 +17,9 @@ from ooc.storage import (
 from ooc.storage import io_backends as B
 from ooc.storage import notes, probe
 
-from conftest import write_stand_in_binding
+from conftest import backend_or_skip, write_stand_in_binding
 
 BACKENDS = list(B.REGISTRY)
-
-
-def _unavailable(backend: str, path) -> str:
-    """Why ``backend`` cannot read ``path`` here (the probe's verdict), or '' if it can."""
-    try:
-        DirectReader(path, backend=backend).close()
-        return ""
-    except OocError as e:
-        return str(e)
 
 
 @pytest.fixture
@@ -38,12 +29,6 @@ def raw_file(tmp_path):
     path = tmp_path / "raw.bin"
     data.tofile(path)
     return path, data
-
-
-def _backend_or_skip(backend, path):
-    why = _unavailable(backend, path)
-    if why:
-        pytest.skip(f"{backend} cannot run on this machine: {why.split(': ', 1)[-1]}")
 
 
 def _fds() -> int:
@@ -70,7 +55,7 @@ def test_aligned_empty():
 @pytest.mark.parametrize("qd", [1, 4, 64])
 def test_random_pages(raw_file, backend, qd):
     path, data = raw_file
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     pages_ref = data.reshape(-1, PAGE)
     rng = np.random.default_rng(qd)
     with DirectReader(path, queue_depth=qd, backend=backend, max_read_bytes=3 * PAGE) as r:
@@ -96,7 +81,7 @@ def test_random_pages(raw_file, backend, qd):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_many_small_requests_wrap_the_ring(raw_file, backend):
     path, data = raw_file
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     rng = np.random.default_rng(5)
     with DirectReader(path, queue_depth=2, backend=backend, max_read_bytes=PAGE) as r:
         out = aligned_empty(8 * PAGE)
@@ -129,7 +114,7 @@ def test_bad_requests(raw_file):
 def test_short_read_truncated_file(tmp_path, backend):
     path = tmp_path / "short.bin"
     np.arange(3 * PAGE + 100, dtype=np.uint8).tofile(path)  # partial last page
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     with DirectReader(path, backend=backend) as r:
         out = aligned_empty(4 * PAGE)
         r.read_pages(np.arange(3), out)
@@ -141,7 +126,7 @@ def test_short_read_truncated_file(tmp_path, backend):
 def test_file_shrinks_under_the_reader(tmp_path, backend):
     path = tmp_path / "shrink.bin"
     np.zeros(8 * PAGE, np.uint8).tofile(path)
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     with DirectReader(path, backend=backend, queue_depth=4) as r:
         os.truncate(path, 5 * PAGE + 10)
         with pytest.raises(OocError, match=r"shrink\.bin.*short read"):
@@ -152,7 +137,7 @@ def test_file_shrinks_under_the_reader(tmp_path, backend):
 def test_io_error_cqe(raw_file, monkeypatch):
     """A negative cqe res becomes an OocError naming the file and errno."""
     path, _ = raw_file
-    _backend_or_skip("liburing", path)
+    backend_or_skip("liburing", path)
     with DirectReader(path, backend="liburing") as r:
         err = r._io.short_read(8192, 4096, -errno.EIO)
         assert isinstance(err, OocError) and "raw.bin" in str(err) and "errno 5" in str(err)
@@ -171,7 +156,7 @@ def test_io_error_cqe(raw_file, monkeypatch):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_no_fd_leak(raw_file, backend):
     path, data = raw_file
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     gc.collect()
     before = _fds()
     for _ in range(5):
@@ -224,7 +209,7 @@ def test_close_while_another_thread_reads(tmp_path, backend):
     the test instead of ending the run."""
     path = tmp_path / "f.bin"
     np.random.default_rng(0).integers(0, 256, 16 << 20, dtype=np.uint8).tofile(path)
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     r = subprocess.run([sys.executable, "-c", _CLOSE_RACE, str(path), backend],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
@@ -384,7 +369,7 @@ def test_features_match_numpy(tmp_path, backend, dim, dtype):
     """Rows smaller than a page (7, 128, 100), exactly a page (1024 f32, 2048 f16), three
     pages (3072 f32) and not a multiple of a page (3000 f16, 1500 f32)."""
     path, lay, rows = _feature_file(tmp_path, 500, dim, dtype)
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     rng = np.random.default_rng(dim)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
         assert f.shape == (500, dim) and f.dtype == np.dtype(dtype)
@@ -421,7 +406,7 @@ def test_feature_rows_take_the_direct_path_where_they_can(tmp_path, backend, dim
     array that is not page-aligned, and rows that are not whole pages, go through the page
     buffer (``rows_copied``). Either way the bytes are numpy's."""
     path, lay, rows = _feature_file(tmp_path, 400, dim, dtype)
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     whole = lay.row_bytes % PAGE == 0
     rng = np.random.default_rng(5)
     with DirectFeatures(path, lay, queue_depth=16, backend=backend) as f:
@@ -454,7 +439,7 @@ def test_whole_rows_merge_into_runs_only_where_the_target_is_contiguous(tmp_path
     ``max_read_bytes``); rows next to each other in the file only are not; a repeated id
     is read once."""
     path, lay, rows = _feature_file(tmp_path, 200, 2048, "float32")  # 2 pages a row
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend,
                         max_read_bytes=6 * PAGE) as f:
         cases = [
@@ -476,7 +461,7 @@ def test_read_into_chosen_rows(tmp_path, backend, dim, dtype):
     """``read_into`` fills exactly ``out[rows]`` (other rows untouched), repeated ids
     included, into a page-aligned array and into one off a page boundary."""
     path, lay, rows = _feature_file(tmp_path, 300, dim, dtype)
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     rng = np.random.default_rng(9)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
         for shift in (0, 64):
@@ -552,7 +537,7 @@ def test_read_index_ranges(tmp_path, backend):
     padded[: indices.size] = indices
     path = tmp_path / "indices.bin"
     padded.tofile(path)
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     with DirectReader(path, backend=backend, queue_depth=16) as r:
         for n in (0, 1, 10, 200):
             nodes = rng.choice(200, size=n, replace=False) if n < 200 else np.arange(200)
@@ -584,7 +569,7 @@ def test_repeated_reads_do_not_grow_memory(raw_file):
 
     path, data = raw_file
     rng = np.random.default_rng(3)
-    _backend_or_skip("liburing", path)
+    backend_or_skip("liburing", path)
     with DirectReader(path, backend="liburing") as r:
         buf = r.scratch(64 * PAGE)
         reqs = [np.unique(rng.integers(0, 300, 40)) for _ in range(300)]
@@ -637,7 +622,7 @@ def test_liburing_wait_releases_the_gil(tmp_path):
 
     f = tmp_path / "f.bin"
     f.write_bytes(np.arange(8192, dtype=np.uint8).tobytes())
-    _backend_or_skip("liburing", f)  # never import a binding the probe has not passed
+    backend_or_skip("liburing", f)  # never import a binding the probe has not passed
     script = tmp_path / "gil.py"
     script.write_text(GIL_SCRIPT)
     r = subprocess.run([sys.executable, str(script), str(f)], capture_output=True, text=True,
@@ -652,7 +637,7 @@ def test_small_rows_read_from_several_threads_at_once(tmp_path, backend):
     import threading
 
     path, lay, rows = _feature_file(tmp_path, 5000, 24, "float32")  # 96 B rows
-    _backend_or_skip(backend, path)
+    backend_or_skip(backend, path)
     wrong: list[int] = []
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
         def reader(k: int) -> None:
