@@ -6,6 +6,7 @@ Each command is first run to completion (its wall time ``T``, kernels compiled),
 killed at fractions of ``T`` from its start; every outcome is checked, whichever it is."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -51,16 +52,25 @@ def synthetic(tmp_path_factory):
     return root, data, root / "ck"
 
 
-def _exercise(make_old, new_args, which) -> set:
-    """Put the old output in place, kill ``new_args`` at each fraction of its wall time,
-    and classify what is at the output after each kill with ``which()`` ("old" or
-    "new"; it asserts the output is complete and valid). Returns the outcomes seen."""
+def _exercise(make_old, out, new_args, which) -> set:
+    """Put the old output at ``out`` (made once by ``make_old()``, then put back as a copy),
+    kill ``new_args`` at each fraction of its wall time, and classify what is at the output
+    after each kill with ``which()`` ("old" or "new"; it asserts the output is complete and
+    valid). What a killed run left beside ``out`` stays for the next. Returns the outcomes
+    seen."""
     make_old()
+    saved = out.parent / f"saved-{out.name}"
+    shutil.copytree(out, saved, symlinks=True)
+
+    def put_old():
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(saved, out, symlinks=True)
+
     t = _run(new_args)
     assert which() == "new"
     seen = set()
     for f in FRACTIONS:
-        make_old()
+        put_old()
         assert which() == "old"
         _killed_at(new_args, f * t)
         seen.add(which())
@@ -76,12 +86,12 @@ def test_prepare(synthetic, tmp_path):
            32, "--out", out, "--overwrite", "--no-progress"]
 
     def make_old():
-        _run(old + ["--overwrite"] if out.exists() else old)
+        _run(old)
 
     def which():
         return {1000: "old", 300_000: "new"}[open_dataset(out).num_nodes]
 
-    assert _exercise(make_old, new, which) <= {"old", "new"}
+    assert _exercise(make_old, out, new, which) <= {"old", "new"}
 
 
 def test_partition(synthetic, tmp_path):
@@ -99,7 +109,7 @@ def test_partition(synthetic, tmp_path):
         assert not (out / part_name(rec["p"])).exists()
         return {2: "old", 5: "new"}[rec["p"]]
 
-    assert _exercise(make_old, base + ["--parts", 5], which) <= {"old", "new"}
+    assert _exercise(make_old, out, base + ["--parts", 5], which) <= {"old", "new"}
 
 
 def test_infer(synthetic, tmp_path):
@@ -119,7 +129,7 @@ def test_infer(synthetic, tmp_path):
         assert g["pred"].shape == (150_000,)
         return {65536: "old", 8192: "new"}[g["h2"].chunks[0]]
 
-    assert _exercise(make_old, base + ["--chunk-rows", 8192], which) <= {"old", "new"}
+    assert _exercise(make_old, out, base + ["--chunk-rows", 8192], which) <= {"old", "new"}
 
 
 def test_train(synthetic, tmp_path):
