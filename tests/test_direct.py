@@ -392,6 +392,40 @@ def test_features_match_numpy(tmp_path, backend, dim, dtype):
             f.read(np.array([-1]))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,dtype", [(128, "float32"), (7, "float32"), (1500, "float32"),
+                                       (3000, "float16")])
+def test_large_requests_read_in_pieces_of_a_bounded_buffer(tmp_path, backend, dim, dtype):
+    """A request needing more than ``max_pages`` pages is read in pieces: the same rows
+    (any order, repeats, into chosen rows), each page still read once, and the page
+    buffer never larger than ``max_pages`` pages; a bad id fails before any read."""
+    path, lay, rows = _feature_file(tmp_path, 700, dim, dtype)
+    backend_or_skip(backend, path)
+    rng = np.random.default_rng(dim)
+    max_pages = 3 * lay.pages_per_row
+    with DirectFeatures(path, lay, queue_depth=4, backend=backend, max_pages=max_pages) as f:
+        for n in (1, 9, 300, 2000):
+            ids = rng.integers(0, 700, n)
+            ids[: n // 3] = ids[n // 3]  # repeats
+            before = f.stats.pages
+            np.testing.assert_array_equal(f.read(ids), rows[ids])
+            pages = np.unique(lay.row_offsets(np.unique(ids)) // PAGE)
+            if lay.pages_per_row > 1:  # a padded row spans its pages
+                pages = (pages[:, None] + np.arange(lay.pages_per_row)).ravel()
+            assert f.stats.pages - before == pages.shape[0]
+            out = np.full((n + 5, dim), 3, dtype)
+            dst = rng.permutation(n + 5)[:n]
+            f.read_into(ids, out, dst)
+            want = np.full((n + 5, dim), 3, dtype)
+            want[dst] = rows[ids]
+            np.testing.assert_array_equal(out, want)
+        assert f.reader._scratch.size <= max_pages * PAGE
+        before = f.stats.pages
+        with pytest.raises(IndexError, match="row id 700 out of range"):
+            f.read(np.concatenate([np.arange(600), [700]]))
+        assert f.stats.pages == before
+
+
 def _whole_rows_direct(backend) -> bool:
     """Whether this backend reads whole-page rows straight into the caller's rows."""
     return B.backend_class(backend).fresh_buffers

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES
 from ..storage.errors import DatasetError, InvalidValue
 from ..storage.pagecache import advise
 from . import _mmap_neighbors_kernels as MK
@@ -160,10 +161,11 @@ class DirectNeighbors(NeighborSource):
             ``indices_path``.
         owns_reader: whether :meth:`close` closes the reader (default: when this
             source opened it).
-        max_pages: pages per submission (default 16384 = 64 MiB).
+        max_pages: pages per submission (default
+            :data:`~ooc.storage.direct.DEFAULT_MAX_BUFFER_PAGES`, 64 MiB).
     """
 
-    def __init__(self, indices_path, indptr: np.ndarray, reader=None, max_pages: int = 16384,
+    def __init__(self, indices_path, indptr: np.ndarray, reader=None, max_pages: int = DEFAULT_MAX_BUFFER_PAGES,
                  dtype=None, owns_reader: bool | None = None):
         self.path = os.fspath(indices_path)
         n = int(np.asarray(indptr).shape[0]) - 1

@@ -46,6 +46,10 @@ __all__ = [
 
 #: Largest single read when adjacent pages are coalesced.
 DEFAULT_MAX_READ_BYTES = 256 << 10
+#: Pages of a page buffer (64 MiB): a larger request is read in pieces of at most this many
+#: pages, so a batch of scattered small rows (a 4 KiB page for each 512 B row) does not hold
+#: a page buffer of its whole request.
+DEFAULT_MAX_BUFFER_PAGES = 16384
 _MAX_QUEUE_DEPTH = 4096
 
 
@@ -104,6 +108,8 @@ class DirectReader:
         page_cache: read through the kernel's page cache instead of ``O_DIRECT``
             (readahead off): for a file likely still cached, such as one this process
             wrote a moment ago; the reads still go many at a time.
+        max_buffer_pages: the scratch buffer doubles as requests grow, but not past this
+            many pages unless one request needs more.
 
     Attributes:
         backend: name of the backend in use. ``o_direct``: whether the page cache is
@@ -113,8 +119,10 @@ class DirectReader:
     """
 
     def __init__(self, path, queue_depth: int = 64, backend: str = "auto",
-                 max_read_bytes: int = DEFAULT_MAX_READ_BYTES, page_cache: bool = False):
+                 max_read_bytes: int = DEFAULT_MAX_READ_BYTES, page_cache: bool = False,
+                 max_buffer_pages: int = DEFAULT_MAX_BUFFER_PAGES):
         self.path = os.fspath(path)
+        self.max_buffer_pages = max(1, int(max_buffer_pages))
         check_choice(backend)
         if not 1 <= int(queue_depth) <= _MAX_QUEUE_DEPTH:
             raise InvalidValue(f"queue_depth must be in [1, {_MAX_QUEUE_DEPTH}], got {queue_depth}")
@@ -169,7 +177,8 @@ class DirectReader:
     def scratch(self, nbytes: int) -> np.ndarray:
         """The reader's reusable page-aligned buffer, grown to ``nbytes`` (contents undefined)."""
         if self._scratch.size < nbytes:
-            self._scratch = aligned_empty(max(int(nbytes), 2 * self._scratch.size))
+            grown = min(2 * self._scratch.size, self.max_buffer_pages * PAGE)
+            self._scratch = aligned_empty(max(int(nbytes), grown))
         return self._scratch[:nbytes]
 
     @property
@@ -302,7 +311,9 @@ class DirectFeatures(RowTable):
       id is read once and copied.
     * other rows (several per page, or padded to whole pages), and whole-page
       rows for an ``out`` off a page boundary, are read into the reader's page
-      buffer and copied out (``extract_rows``).
+      buffer and copied out (``extract_rows``); a request of more than
+      ``max_pages`` pages is read in pieces of at most that many, in file order,
+      so the buffer stays at most ``max_pages * 4096`` bytes.
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
 
@@ -311,12 +322,14 @@ class DirectFeatures(RowTable):
     """
 
     def __init__(self, path, layout: FeatureLayout, queue_depth: int = 64,
-                 backend: str = "auto", max_read_bytes: int = DEFAULT_MAX_READ_BYTES):
+                 backend: str = "auto", max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
+                 max_pages: int = DEFAULT_MAX_BUFFER_PAGES):
         self.path = Path(path)
         self.layout = layout
+        self.max_pages = max(1, int(max_pages), layout.pages_per_row)
         self._scratch_lock = threading.Lock()  # the page buffer: filled, then copied out
         self.reader = DirectReader(path, queue_depth=queue_depth, backend=backend,
-                                   max_read_bytes=max_read_bytes)
+                                   max_read_bytes=max_read_bytes, max_buffer_pages=self.max_pages)
         if self.reader.size < layout.file_bytes:
             size = self.reader.size
             self.reader.close()
@@ -385,13 +398,41 @@ class DirectFeatures(RowTable):
                 rows[dup_dst] = rows[dup_src]
             r.stats.rows_direct += ids.shape[0]
             return
-        offs, lens, bufs, slot, npages, bad = K.plan_page_reads(
-            ids, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
-        self._check_ids(ids, bad)
         with self._scratch_lock:
-            buf = r.read_runs_into_scratch(offs, lens, bufs, npages)
-            K.extract_rows(buf, ids, slot, lay.rows_per_page, lay.row_bytes, dst, rows)
+            for part, pdst in self._pieces(ids, dst):
+                offs, lens, bufs, slot, npages, bad = K.plan_page_reads(
+                    part, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
+                self._check_ids(part, bad)
+                buf = r.read_runs_into_scratch(offs, lens, bufs, npages)
+                K.extract_rows(buf, part, slot, lay.rows_per_page, lay.row_bytes, pdst, rows)
             r.stats.rows_copied += ids.shape[0]
+
+    def _pieces(self, ids: np.ndarray, dst: np.ndarray):
+        """``(ids, dst)`` pieces of a request whose pages number at most
+        :attr:`max_pages` each: the whole request when its rows cannot need more, else
+        its rows in file order cut at page boundaries (ids checked first, so a bad one
+        fails before anything is read)."""
+        lay = self.layout
+        n = ids.shape[0]
+        if n * lay.pages_per_row <= self.max_pages:
+            yield ids, dst
+            return
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= lay.num_rows:
+            self._check_ids(ids, int(np.argmax((ids < 0) | (ids >= lay.num_rows))))
+        o = np.argsort(ids, kind="stable")
+        sids = ids[o]
+        # the index of each row's page (several rows a page) or of each distinct row
+        first = sids // lay.rows_per_page if lay.rows_per_page else sids
+        fresh = np.empty(n, dtype=np.int64)
+        fresh[0] = 0
+        fresh[1:] = first[1:] != first[:-1]
+        per = self.max_pages if lay.rows_per_page else max(1, self.max_pages // lay.pages_per_row)
+        piece = np.cumsum(fresh) // per
+        cuts = np.flatnonzero(piece[1:] != piece[:-1]) + 1
+        bounds = np.concatenate([[0], cuts, [n]])
+        for a, z in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            yield sids[a:z], dst[o[a:z]]
 
     def _check_ids(self, ids: np.ndarray, bad: int) -> None:
         if bad >= 0:
