@@ -165,8 +165,9 @@ class DirectNeighbors(NeighborSource):
             :data:`~ooc.storage.direct.DEFAULT_MAX_BUFFER_PAGES`, 64 MiB).
     """
 
-    def __init__(self, indices_path, indptr: np.ndarray, reader=None, max_pages: int = DEFAULT_MAX_BUFFER_PAGES,
-                 dtype=None, owns_reader: bool | None = None):
+    def __init__(self, indices_path, indptr: np.ndarray, reader=None,
+                 max_pages: int = DEFAULT_MAX_BUFFER_PAGES, dtype=None,
+                 owns_reader: bool | None = None):
         self.path = os.fspath(indices_path)
         n = int(np.asarray(indptr).shape[0]) - 1
         self.dtype = np.dtype(dtype) if dtype is not None else (
