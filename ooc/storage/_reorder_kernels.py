@@ -7,14 +7,15 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def propagate_window(ptr, window, v0, label, size, cap, scratch):
+def propagate_window(ptr, window, v0, label, size, cap, count):
     """One label-propagation sweep over nodes ``v0 .. v0 + len(ptr) - 2``.
 
     ``ptr`` is ``indptr[v0 : v1 + 1]`` (absolute offsets) and ``window`` the in-neighbour
     ids ``indices[ptr[0] : ptr[-1]]``. Each node takes the label most frequent among its
-    in-neighbours (ties: its own label, then the smaller one), moving only into a label that holds fewer
-    than ``cap`` nodes; ``size`` counts the nodes per label and is kept up to date.
-    ``scratch`` holds at least the largest degree. Returns how many nodes moved.
+    in-neighbours (ties: its own label, then the smaller one), moving only into a label
+    that holds fewer than ``cap`` nodes; ``size`` counts the nodes per label and is kept
+    up to date. ``count`` ([N], zeros, label dtype) tallies a node's neighbour labels and
+    is zero again on return. Returns how many nodes moved.
     """
     moved = 0
     base = ptr[0]
@@ -25,20 +26,19 @@ def propagate_window(ptr, window, v0, label, size, cap, scratch):
             continue
         v = v0 + k
         for j in range(d):
-            scratch[j] = label[window[a + j]]
-        buf = np.sort(scratch[:d])
+            count[label[window[a + j]]] += 1
         cur = label[v]
         best, best_cnt = cur, 0
-        i = 0
-        while i < d:
-            lab = buf[i]
-            j = i
-            while j < d and buf[j] == lab:
-                j += 1
-            c = j - i
-            if (c > best_cnt or (c == best_cnt and lab == cur)) and (lab == cur or size[lab] < cap):
+        for j in range(d):  # each distinct label once: its tally is cleared as it is read
+            lab = label[window[a + j]]
+            c = count[lab]
+            if c == 0:
+                continue
+            count[lab] = 0
+            if lab != cur and size[lab] >= cap:
+                continue
+            if c > best_cnt or (c == best_cnt and (lab == cur or (best != cur and lab < best))):
                 best, best_cnt = lab, c
-            i = j
         if best != cur:
             size[cur] -= 1
             size[best] += 1

@@ -79,16 +79,15 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     label = np.arange(n, dtype=dt)
     size = np.ones(n, dtype=dt)
     wins = list(_windows(indptr, window_bytes, indices.dtype.itemsize))
-    max_deg = max((int(np.diff(indptr[v0:v1 + 1]).max(initial=0)) for v0, v1 in wins), default=0)
     release_mapped(indptr)
-    scratch = np.empty(max(1, max_deg), dtype=dt)
+    count = np.zeros(n, dtype=dt)  # a node's neighbour labels, tallied (zero between nodes)
     moved: list[int] = []
     for _ in range(max(0, int(sweeps))):
         m = 0
         for v0, v1 in wins:
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1], dtype=np.int64)
             window = np.ascontiguousarray(indices[int(ptr[0]):int(ptr[-1])])
-            m += K.propagate_window(ptr, window, v0, label, size, int(cap), scratch)
+            m += K.propagate_window(ptr, window, v0, label, size, int(cap), count)
             del ptr, window
             # the window's mapped pages leave the RSS (the page cache keeps them): a sweep
             # would otherwise hold the whole file
@@ -101,10 +100,10 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
         groups = size[size > 0]
         stats.sweeps, stats.moved = len(moved), moved
         stats.groups, stats.largest_group = int(groups.shape[0]), int(groups.max(initial=0))
-    del size
-    count = np.zeros(n + 1, dtype=np.int64 if n + 1 >= (1 << 31) else np.int32)
+    del size, count
+    starts = np.zeros(n + 1, dtype=np.int64 if n + 1 >= (1 << 31) else np.int32)
     order = np.empty(n, dtype=dt)
-    K.order_by_label(label, count, order)
+    K.order_by_label(label, starts, order)
     return order
 
 
@@ -118,8 +117,9 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
     """Bytes each phase of the ingest's reorder holds for ``layout.num_rows`` nodes and an
     ingest buffer of ``buffer_bytes``:
 
-    - ``propagate``: labels and label sizes (id-sized, per node), one window of ``indices``
-      and its ``indptr`` (a quarter of the buffer each, at most, mapped then released);
+    - ``propagate``: labels, label sizes and a node's label tallies (id-sized, per node),
+      one window of ``indices`` and its ``indptr`` (a quarter of the buffer each, at most,
+      mapped then released);
     - ``order``: labels, counts and the order (three ids per node), then the order and
       its inverse;
     - ``permute`` (:func:`permute_rows`): the inverse (an id per node), two buckets' rows
@@ -132,7 +132,7 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
     part, buckets = _buckets(layout, buffer_bytes)
     part = min(n, part)
     pages = FeatureLayout(part, layout.dim, layout.dtype).file_bytes
-    return {"propagate": 2 * it * n + 2 * window, "order": 3 * it * n,
+    return {"propagate": 3 * it * n + 2 * window, "order": 3 * it * n,
             "permute": it * n + 2 * pages + 40 * part + 1024 * buckets}
 
 
