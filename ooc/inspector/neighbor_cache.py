@@ -221,10 +221,10 @@ def _degree_chunks(indptr: np.ndarray, chunk: int):
     release_mapped(indptr)
 
 
-def in_degrees(indptr: np.ndarray, chunk: int = 1 << 22) -> np.ndarray:
+def in_degrees(indptr: np.ndarray, chunk: int = 1 << 22, dtype=None) -> np.ndarray:
     """[N] in-degrees from ``indptr`` (int64 [N+1], an array or a memmap read in chunks),
-    uint32 (int64 when the graph has 2^32 edges or more)."""
-    out = np.empty(indptr.shape[0] - 1, dtype=degree_dtype(int(indptr[-1])))
+    ``dtype`` (default uint32, int64 when the graph has 2^32 edges or more)."""
+    out = np.empty(indptr.shape[0] - 1, dtype=dtype or degree_dtype(int(indptr[-1])))
     for a, deg in _degree_chunks(indptr, chunk):
         out[a:a + deg.shape[0]] = deg
     return out
@@ -276,7 +276,8 @@ def _select(in_deg: np.ndarray, out_deg: np.ndarray, itemsize: int, extra: int,
 
 
 def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: int,
-                         out_degrees: np.ndarray | None = None) -> NeighborCache:
+                         out_degrees: np.ndarray | None = None,
+                         degrees=None) -> NeighborCache:
     """Choose and fill the cache (Ginex §3.2).
 
     Nodes with at least one in-neighbour are ranked by ``out_deg / in_deg``
@@ -287,11 +288,12 @@ def build_neighbor_cache(indptr: np.ndarray, indices: np.ndarray, budget_bytes: 
     Streaming: besides what it keeps (the lists and the map), the build holds
     the in- and out-degrees (4 bytes per node each, 8 from 2^32 edges) and one
     range of nodes' lists at a time (memmaps' pages released as it goes):
-    :func:`build_bytes`.
+    :func:`build_bytes`. ``degrees``: the degree counters' dtype (default
+    :func:`degree_dtype` of the edge count).
     """
     n = indptr.shape[0] - 1
     dtype = np.dtype(indices.dtype)
-    indeg = in_degrees(indptr)
+    indeg = in_degrees(indptr, dtype=degrees)
     if out_degrees is None:
         out_degrees = compute_out_degrees(indices, n, dtype=indeg.dtype)
     best, most, entries = _choose(indeg, out_degrees, dtype.itemsize, int(budget_bytes))

@@ -238,7 +238,7 @@ def _child_main(argv: list[str]) -> None:
     readers, policy, path, fanouts, threads, qd, io_threads, backend = argv
     preset = Preset("child", READERS[readers](), POLICIES.get(policy, CachePolicy)())
     ds = open_dataset(path)
-    warm_up_kernels(preset, ds.feature_dim, ds.feature_dtype)
+    warm_up_kernels(preset, ds.feature_dim, ds.feature_dtype, ds.index_dtype, ds.num_edges)
     opts = _default_options()
     opts.queue_depth, opts.io_threads, opts.io_backend = int(qd), int(io_threads), backend
     src = open_sources(ds, preset, opts)
@@ -248,14 +248,22 @@ def _child_main(argv: list[str]) -> None:
         seeds = np.asarray(ds.train_idx[:8], dtype=np.int64)
         if len(seeds):
             b = sampler.sample_many([seeds, seeds], [1, 2])[0]
-            src.features.read(b.node_ids)
+            rows = src.features.read(b.node_ids)
+            if hasattr(src.features, "read_into"):  # a batch's misses into its rows
+                k = b.node_ids.shape[0]
+                src.features.read_into(b.node_ids, rows, np.arange(k, dtype=np.int64))
     finally:
         src.close()
 
 
-def warm_up_kernels(preset, dim: int, dtype) -> None:
+def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: int = 0) -> None:
     """Compile (or load from numba's on-disk cache) every kernel the preset runs
     after planning, on a tiny in-memory graph, before anything is measured.
+
+    numba compiles a kernel once per argument type, read-only arrays apart: the tiny
+    graph's arrays have the types the dataset's have (read-only, ids of ``index_dtype``,
+    degree counters of a graph of ``num_edges`` edges), and its neighbor cache holds
+    part of it (the selection's tie-break runs) and is checked as a loaded one is.
 
     On a first run (cold cache) numba compiles a kernel the first time it is
     called; LLVM then needs ~100 MB for a moment. A kernel first called
@@ -264,7 +272,8 @@ def warm_up_kernels(preset, dim: int, dtype) -> None:
     The probe below covers the sampler and the readers; this covers the
     neighbor cache, the feature cache and the policy's own kernels.
     """
-    from ...inspector.neighbor_cache import build_neighbor_cache
+    from ...inspector.neighbor_cache import (build_neighbor_cache, compute_out_degrees,
+                                             degree_dtype, full_cache_bytes)
     from ...inspector.neighbors import CachedNeighbors, InMemoryNeighbors
     from ...inspector.sampler import NeighborSampler
     from ..cache.feature_cache import FeatureCache
@@ -275,10 +284,15 @@ def warm_up_kernels(preset, dim: int, dtype) -> None:
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    indices = src[order].astype(np.int32)
+    indices = src[order].astype(index_dtype)
     if preset.neighbor_cache:
-        cache = build_neighbor_cache(indptr, indices, 64 * n + 64)
-        source = CachedNeighbors(cache, InMemoryNeighbors(indices))
+        indptr.setflags(write=False)  # as the dataset's memmaps are
+        indices.setflags(write=False)
+        degrees = degree_dtype(num_edges)
+        cache = build_neighbor_cache(indptr, indices, full_cache_bytes(indptr, indices.itemsize) // 2,
+                                     compute_out_degrees(indices, n, dtype=degrees), degrees)
+        cache.check(indptr, "warm-up")
+        source = CachedNeighbors(cache, InMemoryNeighbors(np.array(indices)))
         NeighborSampler(indptr, source, [3, 2]).sample_many(
             [np.arange(4, dtype=np.int64), np.arange(4, 8, dtype=np.int64)], [1, 2])
     if preset.policy.caches:
@@ -369,7 +383,8 @@ def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: in
     Returns how the kernels were made ready, the probe (:func:`_probe`) and the bytes.
     """
     kernels = compile_kernels(dataset, config, opts, preset=preset)
-    warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype)  # loads them here
+    warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype,  # loads them here
+                    dataset.index_dtype, dataset.num_edges)
     gc.collect()
     trim_malloc()
     setup = stages["setup_rss"] = rss_bytes()

@@ -1,0 +1,42 @@
+"""The kernels a training run calls after its memory plan are compiled (or loaded) before
+it: numba compiles a kernel once per argument type, read-only arrays apart, so the
+warm-up must call each with the types the dataset's memmaps give."""
+import numba
+import numpy as np
+
+from ooc.executor.loader.presets import PRESETS
+from ooc.executor.sizing.budget import _child_main
+from ooc.inspector import _neighbor_cache_kernels as NK
+from ooc.inspector.neighbor_cache import build_neighbor_cache, full_cache_bytes
+from ooc.storage import DirectFeatures, open_dataset
+from ooc.storage import _direct_kernels as DK
+from ooc.storage.ingest import generate_synthetic
+
+
+def _signatures() -> dict[str, int]:
+    """Specializations each kernel of the neighbor cache and the direct reader holds."""
+    return {f"{m.__name__}.{k}": len(v.signatures) for m in (NK, DK)
+            for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
+
+
+def test_a_run_after_the_warm_up_compiles_nothing(tmp_path):
+    ds = open_dataset(generate_synthetic(tmp_path / "d", nodes=3000, avg_degree=6,
+                                         feature_dim=128, progress=False))
+    p = PRESETS["ooc"]
+    # compile_kernels' child, in this process: the warm-up, then a batch sampled and read
+    _child_main([p.readers.name, p.policy.name, str(ds.path), "5,5", "0", "64", "16", "auto"])
+    before = _signatures()
+    # what the trainer does after its plan: build a neighbor cache that holds part of the
+    # graph from the dataset's memmaps and check it (load_or_build_neighbor_cache), read a
+    # batch's misses into the batch's rows
+    cache = build_neighbor_cache(ds.indptr, ds.indices,
+                                 full_cache_bytes(ds.indptr, ds.index_dtype.itemsize) // 3)
+    assert 0 < cache.nodes.shape[0] < ds.num_nodes
+    cache.check(ds.indptr, ds.file("indices.bin"))
+    ids = np.arange(0, ds.num_nodes, 7, dtype=np.int64)
+    with DirectFeatures(ds.file("features.bin"), ds.layout) as f:
+        out = np.zeros((ids.shape[0] + 3, ds.feature_dim), ds.feature_dtype)
+        f.read_into(ids, out, np.arange(ids.shape[0], dtype=np.int64) + 3)
+    after = _signatures()
+    assert after == before, {k: (before.get(k), v) for k, v in after.items()
+                             if v != before.get(k)}
