@@ -153,6 +153,37 @@ def test_save_load_beside_dataset(dataset):
     open_dataset(dataset.path, verify=True)   # the extra folder does not disturb the dataset
 
 
+def test_a_saved_cache_of_a_slightly_smaller_budget_is_used(dataset, tmp_path, monkeypatch):
+    """A run whose planned budget is a little larger than a saved cache's uses that cache
+    (no build, no new folder); one more than 5% larger builds its own."""
+    import shutil
+
+    from ooc.inspector import neighbor_cache as nc
+
+    path = tmp_path / "ds"
+    shutil.copytree(dataset.path, path, ignore=shutil.ignore_patterns("neighbor_cache"))
+    ds = open_dataset(path)
+    budget = 8 * ds.num_nodes + 6000
+    saved = load_or_build_neighbor_cache(ds, budget)
+    built = []
+    real_build = nc.build_neighbor_cache
+    monkeypatch.setattr(nc, "build_neighbor_cache",
+                        lambda *a, **k: built.append(a[2]) or real_build(*a, **k))
+    near = load_or_build_neighbor_cache(ds, int(budget * 1.04))
+    assert built == [] and sorted(p.name for p in (path / "neighbor_cache").iterdir()) == [
+        str(budget)]
+    np.testing.assert_array_equal(near.nodes, saved.nodes)
+    np.testing.assert_array_equal(near.cache_array, saved.cache_array)
+    far = int(budget * 1.06)
+    bigger = load_or_build_neighbor_cache(ds, far)
+    assert built == [far] and (path / "neighbor_cache" / str(far) / "meta.json").exists()
+    assert bigger.num_cached >= saved.num_cached
+    # a budget smaller than the saved one does not take the larger cache
+    smaller = int(budget * 0.99)
+    load_or_build_neighbor_cache(ds, smaller)
+    assert built == [far, smaller]
+
+
 def test_corrupt_saved_cache_is_rebuilt(dataset, tmp_path):
     """A saved cache whose counts or ids do not fit the dataset is rebuilt, not trusted."""
     import shutil

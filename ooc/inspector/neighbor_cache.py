@@ -23,7 +23,10 @@ hash of the dataset's ``meta.json`` (sizes and checksums of its files). A
 saved cache is checked against ``indptr`` when loaded (entries inside the
 array, counts equal to the in-degrees, ids in range) and rebuilt when it
 does not match; ids out of range while building are an error naming
-``indices.bin`` and the position.
+``indices.bin`` and the position. A saved cache of a budget up to
+:data:`REUSE_SHARE` smaller is used rather than building another (the budget a
+run plans varies a little from run to run: each would otherwise build and
+keep a cache of its own).
 """
 from __future__ import annotations
 
@@ -405,9 +408,26 @@ def _load_valid(folder: Path, dataset) -> NeighborCache | None:
     return cache
 
 
+#: A saved cache of at least this share of the budget is used instead of building one.
+REUSE_SHARE = 0.95
+
+
+def _saved_near(folder: Path, budget_bytes: int) -> list[Path]:
+    """Saved caches beside ``folder`` (same parent) of budgets within
+    ``[REUSE_SHARE * budget_bytes, budget_bytes)``, largest first."""
+    try:
+        names = [p.name for p in folder.parent.iterdir() if p.name.isdigit()]
+    except OSError:
+        return []
+    near = sorted((int(b) for b in names if REUSE_SHARE * budget_bytes <= int(b) < budget_bytes),
+                  reverse=True)
+    return [folder.parent / str(b) for b in near]
+
+
 def load_or_build_neighbor_cache(dataset, budget_bytes: int) -> NeighborCache:
-    """Load the dataset's neighbor cache of ``budget_bytes``, building and saving it
-    first if there is none that fits (see the module docstring for where).
+    """Load the dataset's neighbor cache of ``budget_bytes`` (or a saved one up to
+    :data:`REUSE_SHARE` smaller), building and saving it first if there is none that
+    fits (see the module docstring for where).
 
     ``dataset`` is an :class:`ooc.storage.Dataset`. A cache that cannot be saved
     anywhere is still returned (and built again next time).
@@ -422,9 +442,10 @@ def load_or_build_neighbor_cache(dataset, budget_bytes: int) -> NeighborCache:
         there = None
     for folder in (here, there):
         if folder is not None:
-            cache = _load_valid(folder, dataset)
-            if cache is not None:
-                return cache
+            for saved in [folder, *_saved_near(folder, budget_bytes)]:
+                cache = _load_valid(saved, dataset)
+                if cache is not None:
+                    return cache
     cache = build_neighbor_cache(dataset.indptr, dataset.indices, budget_bytes)
     cache.check(dataset.indptr, dataset.file("indices.bin"))
     for folder in (here, there):
