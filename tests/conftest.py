@@ -50,8 +50,6 @@ def assert_one_line_error(stderr: str, *needles: str) -> str:
     return last
 
 
-#: A stand-in native binding: ``Crash`` kills its process with a signal in its constructor,
-#: as a wheel built for another CPU does; ``Refuse`` refuses as a kernel without io_uring.
 def backend_or_skip(backend: str, path) -> None:
     """Skip unless ``backend`` can read ``path`` here: the probe's verdict, taken in a child
     process for a native binding, so a wheel built for another CPU (SIGILL) is never
@@ -64,6 +62,8 @@ def backend_or_skip(backend: str, path) -> None:
         pytest.skip(f"{backend} cannot run on this machine: {str(e).split(': ', 1)[-1]}")
 
 
+#: A stand-in native binding: ``Crash`` kills its process with a signal in its constructor,
+#: as a wheel built for another CPU does; ``Refuse`` refuses as a kernel without io_uring.
 STAND_IN_BINDING = """
 import os, signal
 from ooc.storage.io_backends import ReadBackend, Refused

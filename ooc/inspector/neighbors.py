@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES
+from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, grown
 from ..storage.errors import DatasetError, InvalidValue
+from ..storage.layout import PAGE
 from ..storage.pagecache import advise
 from . import _mmap_neighbors_kernels as MK
 from . import _neighbor_cache_kernels as NK
@@ -34,8 +35,6 @@ from . import _sampler_kernels as K
 
 __all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors", "CachedNeighbors",
            "DirectNeighbors", "MmapNeighbors", "source_path"]
-
-PAGE = 4096
 
 
 @dataclass
@@ -175,24 +174,17 @@ class DirectNeighbors(NeighborSource):
         self.num_edges = int(indptr[-1])
         self._own = reader is None if owns_reader is None else bool(owns_reader)
         if reader is None:
-            from ooc.storage.direct import DirectReader
             reader = DirectReader(self.path)
         self.reader = reader
         self.max_pages = max(1, int(max_pages))
-        self._buf: np.ndarray | None = None
+        self._buf = aligned_empty(0)
         self._lock = threading.Lock()  # one page buffer: filled, then extracted from
         self.submissions = 0
         self.pages_read = 0
 
     def _buffer(self, npages: int) -> np.ndarray:
-        need = npages * PAGE
-        if self._buf is None or self._buf.shape[0] < need:
-            try:
-                from ooc.storage.direct import aligned_empty
-            except ImportError:  # pragma: no cover - direct reader not installed yet
-                aligned_empty = _aligned_empty
-            self._buf = aligned_empty(max(need, PAGE, 2 * (0 if self._buf is None else self._buf.shape[0])))
-        return self._buf[:need]
+        self._buf = grown(self._buf, npages * PAGE, self.max_pages * PAGE)
+        return self._buf[:npages * PAGE]
 
     def gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
@@ -261,9 +253,3 @@ def source_path(source) -> str:
         if p:
             return os.fspath(p)
     return "indices.bin"
-
-
-def _aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
-    raw = np.empty(nbytes + align, dtype=np.uint8)
-    off = (-raw.ctypes.data) % align
-    return raw[off:off + nbytes]

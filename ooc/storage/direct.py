@@ -61,6 +61,15 @@ def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
     return _aligned_part(np.empty(nbytes + align, dtype=np.uint8), nbytes, align)
 
 
+def grown(buf: np.ndarray, nbytes: int, cap: int) -> np.ndarray:
+    """``buf`` (page-aligned uint8) when it holds ``nbytes``, else a new one of ``nbytes``,
+    or of twice ``buf``'s size where that is larger but not past ``cap`` bytes: a reused
+    page buffer grows in few steps and stays near ``cap`` unless one request needs more."""
+    if buf.size >= nbytes:
+        return buf
+    return aligned_empty(max(int(nbytes), min(2 * buf.size, int(cap))))
+
+
 def _aligned_part(raw: np.ndarray, nbytes: int, align: int = PAGE) -> np.ndarray:
     """The first ``nbytes`` of uint8 ``raw`` from its first ``align``-aligned byte (a view)."""
     shift = (-raw.ctypes.data) % align
@@ -176,9 +185,7 @@ class DirectReader:
     # ------------------------------------------------------------------ read
     def scratch(self, nbytes: int) -> np.ndarray:
         """The reader's reusable page-aligned buffer, grown to ``nbytes`` (contents undefined)."""
-        if self._scratch.size < nbytes:
-            grown = min(2 * self._scratch.size, self.max_buffer_pages * PAGE)
-            self._scratch = aligned_empty(max(int(nbytes), grown))
+        self._scratch = grown(self._scratch, nbytes, self.max_buffer_pages * PAGE)
         return self._scratch[:nbytes]
 
     @property

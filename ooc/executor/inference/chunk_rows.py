@@ -12,9 +12,9 @@ reads in flight, adjacent pages coalesced, each page once) into one reused page 
 and copies the rows out. The reads go through the page cache, readahead off: the file
 was written by this run a layer ago, and whatever of it the kernel still holds is a
 copy rather than a disk read (``O_DIRECT`` reads it all from the device: 5x slower for
-a 1M-node layer the cache held, 1.3x faster for one it did not; ``docs/benchmarks.md``). A chunk
-file whose size is not a whole number of pages has its partial last page read with one
-``pread``.
+a 1M-node layer the cache held, 1.3x faster for one it did not; ``docs/benchmarks.md``).
+A chunk file whose size is not a whole number of pages has its partial last page read
+with one ``pread``.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...storage.direct import DirectReader, aligned_empty, read_ranges
+from ...storage.direct import DirectReader, aligned_empty, grown, read_ranges
 from ...storage.errors import DatasetError, OocError
 from ...storage.layout import PAGE
 from . import _kernels as K
@@ -111,9 +111,7 @@ class ChunkFileRows:
             self.backend_used = reader.backend
             for a, z in _groups(first > prev, new_pages[:direct], READ_PAGES):
                 npages = int(new_pages[a:z].sum())
-                if self._buf.size < npages * PAGE:
-                    self._buf = aligned_empty(max(npages, min(READ_PAGES, 2 * self._buf.size
-                                                               // PAGE)) * PAGE)
+                self._buf = grown(self._buf, npages * PAGE, READ_PAGES * PAGE)
                 buf, offs = read_ranges(reader, local[a:z] * rb, (local[a:z] + 1) * rb,
                                         self._buf[:npages * PAGE])
                 self._copy_out(buf, offs, at[a:z], out)
