@@ -383,3 +383,89 @@ def test_keep_unused_and_cached_carry_the_cache_between_superbatches(method):
     assert b.init_ids.tolist() == [1, 2] and b.num_misses == 1
     with pytest.raises(OocError, match="exceed the capacity"):
         precompute_changesets([[1]], 4, 1, method=method, cached=[1, 2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the "
+                    "torch path is checked on the CPU by the tests above")
+def test_cuda_equals_numba_and_the_reference():
+    """The torch path on CUDA (what ``method="auto"`` picks there) gives numba's changesets:
+    graph traces at several capacities against the brute-force states, a long superbatch,
+    the carried cache, and the duplicate-id refusal."""
+    from ooc.inspector.changesets import final_state
+
+    batches = _graph_trace()
+    touched = len(set(np.concatenate(batches).tolist()))
+    ref_states, ref_misses = _brute_states(batches, touched // 5)
+    for frac in (0.0, 0.05, 0.2, 1.0):
+        cap = int(frac * touched)
+        a = precompute_changesets(batches, 300, cap, device="cuda")
+        assert a.method == "torch"
+        assert a.equals(precompute_changesets(batches, 300, cap, method="numba"))
+    states, misses = _replay(precompute_changesets(batches, 300, touched // 5, device="cuda"),
+                             batches, touched // 5)
+    assert states == ref_states and misses == ref_misses
+    S, m = 5_000, 7
+    long = _cyclic(S, m)
+    assert precompute_changesets(long, S + m, m - 1, device="cuda").equals(
+        precompute_changesets(long, S + m, m - 1, method="numba"))
+    prev, nxt = batches[:12], batches[12:]
+    a = precompute_changesets(prev, 300, 40, device="cuda", keep_unused=True)
+    b = precompute_changesets(prev, 300, 40, method="numba", keep_unused=True)
+    assert a.equals(b)
+    cached = final_state(a)
+    assert precompute_changesets(nxt, 300, 40, device="cuda", cached=cached, keep_unused=True).equals(
+        precompute_changesets(nxt, 300, 40, method="numba", cached=cached, keep_unused=True))
+    with pytest.raises(OocError, match="occurs twice in batch 1"):
+        precompute_changesets([[1, 2], [3, 3]], 4, 1, device="cuda")
+
+
+def _keep_unused_outs(plain, batches, capacity):
+    """Reference for ``keep_unused``: replay Belady's outs with a Python FIFO of the entries
+    it drops after their last access (found by scanning the later batches); a step that
+    needs room evicts the oldest of them."""
+    unused, size, outs = [], len(plain.init_ids), []
+    for i, st_ in enumerate(plain.steps):
+        out = sorted(int(v) for v in st_.out_ids)
+        forced = [x for x in out if _later(batches, x, i)]
+        unused += [x for x in out if not _later(batches, x, i)]
+        size += len(st_.in_ids) - len(out)
+        k = max(0, size + len(unused) - capacity)
+        outs.append(sorted(forced + unused[:k]))
+        unused = unused[k:]
+    return outs
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_keep_unused_equals_a_fifo_of_dropped_entries(method):
+    from ooc.inspector.changesets import final_state
+
+    rng = np.random.default_rng(11)
+    traces = [_graph_trace(seed=s) for s in range(3)] + [_random_trace(rng, 30, 50, 12)
+                                                         for _ in range(20)]
+    for batches in traces:
+        n = max(int(np.max(b)) for b in batches if len(b)) + 1
+        for cap in (0, 1, 7, 40, n):
+            plain = precompute_changesets(batches, n, cap, method=method)
+            kept = precompute_changesets(batches, n, cap, method=method, keep_unused=True)
+            assert [s.out_ids.tolist() for s in kept.steps] == _keep_unused_outs(plain, batches, cap)
+            assert np.array_equal(kept.in_ids, plain.in_ids)
+            assert np.array_equal(kept.out_later, np.zeros(0, bool))
+            assert all(bool(lt) == _later(batches, int(x), i) for i, s in enumerate(plain.steps)
+                       for x, lt in zip(s.out_ids, plain.out_later[plain.out_ptr[i]:]))
+            cached = final_state(kept)
+            full = [cached, *batches]
+            carried = precompute_changesets(batches, n, cap, method=method, cached=cached,
+                                            keep_unused=True)
+            ref = _keep_unused_outs(precompute_changesets(full, n, cap, method=method), full, cap)
+            assert [s.out_ids.tolist() for s in carried.steps] == ref[1:]
+
+
+def test_final_state_of_huge_ids():
+    from ooc.inspector.changesets import final_state
+
+    batches = _graph_trace()
+    base = (1 << 62) - 1000  # past the packed sort key: the lexsort orders them
+    a = precompute_changesets(batches, 300, 30, keep_unused=True)
+    b = precompute_changesets([x + base for x in batches], base + 300, 30, keep_unused=True)
+    assert len(final_state(a)) == 30
+    assert np.array_equal(final_state(b), final_state(a) + base)

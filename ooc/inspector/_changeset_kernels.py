@@ -185,8 +185,10 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
     Returns:
         (init [<=K] sorted local ids, in_ids local [n_in] (per step in batch
         order), in_pos int64 [n_in], in_ptr [S+1], out_ids local [n_out] (per
-        step sorted), out_ptr [S+1], misses int64 [S]), all int64. Without
-        ``record`` only ``misses`` is filled.
+        step sorted), out_ptr [S+1], misses int64 [S], out_later bool [n_out]),
+        int64 but ``out_later``: True where the evicted id is accessed again in
+        the trace (evicted to make room), False where it leaves after its last
+        access. Without ``record`` only ``misses`` is filled.
     """
     S = ptr.shape[0] - 1
     T = lid.shape[0]
@@ -203,6 +205,7 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
     ins = np.empty(n_rec, np.int64)
     inpos = np.empty(n_rec, np.int64)
     outs = np.empty(n_rec + (K if record else 0), np.int64)
+    out_later = np.empty(outs.shape[0], np.bool_)
     in_ptr = np.zeros(S + 1, np.int64)
     out_ptr = np.zeros(S + 1, np.int64)
     misses = np.empty(S, np.int64)
@@ -213,17 +216,32 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
         nh, size, top, nout = _serve_hits(lid, nxt, ptr, i, S, st, cnt, bits, mem, hit,
                                           record, outs, nout, size, top)
         misses[i] = (ptr[i + 1] - ptr[i]) - nh
+        dropped = nout  # the hits' outs (no next use) come first, then the evictions
         if K > 0:
             size, top = _admit_misses(lid, nxt, ptr, i, S, K, st, cnt, bits, mem, hit,
                                       size, top)
             size, top, nout = _evict_excess(ptr, M, K, st, cnt, bits, mem, sc, record, outs,
                                             nout, size, top)
             nin = _insert_survivors(lid, ptr, i, st, hit, record, ins, inpos, nin)
-        if record and nout - o0 > 1:
-            outs[o0:nout].sort()
+        if record:
+            _sort_outs(outs, out_later, o0, dropped, nout)
         in_ptr[i + 1] = nin
         out_ptr[i + 1] = nout
-    return init, ins[:nin], inpos[:nin], in_ptr, outs[:nout], out_ptr, misses
+    return init, ins[:nin], inpos[:nin], in_ptr, outs[:nout], out_ptr, misses, out_later[:nout]
+
+
+@numba.njit(cache=True)
+def _sort_outs(outs, out_later, o0, dropped, nout):
+    """Sort one step's evicted ids ``outs[o0:nout]`` and fill ``out_later`` beside them
+    (False for ``outs[o0:dropped]``, left by their last access): the flag rides in the low
+    bit of ``2 * id + flag`` through the sort."""
+    for j in range(o0, nout):
+        outs[j] = 2 * outs[j] + (j >= dropped)
+    if nout - o0 > 1:
+        outs[o0:nout].sort()
+    for j in range(o0, nout):
+        out_later[j] = (outs[j] & 1) == 1
+        outs[j] >>= 1
 
 
 @numba.njit(cache=True)

@@ -60,7 +60,6 @@ torch on CUDA.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
@@ -157,12 +156,15 @@ class FlatChangesets:
 class Changesets(FlatChangesets):
     """:func:`precompute_changesets`' result: the flat changesets plus
     ``misses[i] = |ids_i − C_i|`` per step (``out_ids`` sorted within a step,
-    ``in_ids`` in batch order)."""
+    ``in_ids`` in batch order) and ``out_later`` (bool, beside ``out_ids``: True
+    where the id is accessed again later in the superbatch, i.e. evicted to make
+    room; False where it leaves after its last access)."""
 
     misses: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     capacity: int = 0
     method: str = ""
     num_accesses: int = 0
+    out_later: np.ndarray = field(default_factory=lambda: np.zeros(0, bool), repr=False)
     _steps: list | None = field(default=None, repr=False)
 
     @property
@@ -294,35 +296,45 @@ def precompute_changesets(batches: Sequence, num_nodes: int, capacity: int, devi
         raise InvalidValue(f"changesets: unknown method {method!r} (auto, torch, numba)")
     cs.num_accesses = int(flat.shape[0])
     if keep_unused:
-        cs = _keep_unused(cs, flat, ptr, capacity)
+        cs = _keep_unused(cs, capacity)
     return cs
 
 
-def _keep_unused(cs: Changesets, flat: np.ndarray, ptr: np.ndarray, capacity: int) -> Changesets:
-    """Rewrite ``out_ids`` so entries with no later access stay until their slot is needed."""
+def _keep_unused(cs: Changesets, capacity: int) -> Changesets:
+    """Rewrite ``out_ids`` so entries with no later access stay until their slot is needed.
+
+    The kept entries form one FIFO queue: each step appends the ids Belady drops after their
+    last access (``~out_later``, in ``out_ids`` order) and, when the step's Belady state plus
+    the queue exceed ``capacity``, evicts the queue's oldest entries along with the entries
+    Belady evicts to make room. O(S) Python steps of numpy work, O(n_out) data."""
     S = len(cs)
-    if S == 0 or flat.size == 0:
+    if S == 0 or cs.out_ids.size == 0:
         return cs
-    step = np.repeat(np.arange(S, dtype=np.int64), np.diff(ptr))
-    rev_ids, first_rev = np.unique(flat[::-1], return_index=True)
-    last = step[::-1][first_rev]  # last step accessing rev_ids[k]
-    unused: deque = deque()  # oldest first
+    later = cs.out_later
+    if later.shape != cs.out_ids.shape:
+        raise AssertionError("changesets: out_later does not match out_ids")
+    queue = cs.out_ids[~later]  # the dropped ids, step by step: the FIFO's whole history
+    step_out = np.diff(cs.out_ptr)
+    step_in = np.diff(cs.in_ptr)
+    dropped = np.zeros(later.shape[0] + 1, np.int64)  # dropped[j]: queued among out_ids[:j]
+    np.cumsum(~later, out=dropped[1:])
     size = len(cs.init_ids)  # entries with a later access (Belady's state)
-    outs = []
+    head = 0  # queue entries evicted so far
+    outs, out_ptr = [], np.zeros(S + 1, np.int64)
     for i in range(S):
-        ins = cs.in_ids[cs.in_ptr[i]:cs.in_ptr[i + 1]]
-        out = cs.out_ids[cs.out_ptr[i]:cs.out_ptr[i + 1]]
-        later = last[np.searchsorted(rev_ids, out)] > i  # every cached id is in the trace
-        forced = out[later]
-        unused.extend(out[~later].tolist())
-        size += len(ins) - len(out)
-        excess = size + len(unused) - capacity
-        evict = [unused.popleft() for _ in range(max(0, excess))]
-        outs.append(np.sort(np.concatenate([forced, np.asarray(evict, dtype=np.int64)])))
-    out_ptr = np.zeros(S + 1, np.int64)
-    np.cumsum([len(o) for o in outs], out=out_ptr[1:])
+        size += int(step_in[i] - step_out[i])
+        pending = int(dropped[cs.out_ptr[i + 1]]) - head
+        e = max(0, size + pending - capacity)
+        o = cs.out_ids[cs.out_ptr[i]:cs.out_ptr[i + 1]]
+        forced = o[later[cs.out_ptr[i]:cs.out_ptr[i + 1]]]
+        if e:
+            forced = np.sort(np.concatenate((forced, queue[head:head + e])))
+            head += e
+        outs.append(forced)
+        out_ptr[i + 1] = out_ptr[i] + forced.shape[0]
     cs.out_ids = np.concatenate(outs).astype(np.int64, copy=False)
     cs.out_ptr = out_ptr
+    cs.out_later = np.zeros(0, bool)  # the rewritten outs are no longer Belady's
     cs._steps = None
     return cs
 
@@ -337,7 +349,7 @@ def _drop_first_step(cs: Changesets, num_cached: int) -> Changesets:
     init = np.setdiff1d(cs.init_ids, cs.out_ids[:b], assume_unique=True)  # both sets
     return Changesets(init, cs.in_ids, cs.in_positions, cs.in_ptr[1:].copy(), cs.out_ids[b:],
                       cs.out_ptr[1:] - b, cs.misses[1:].copy(), cs.capacity, cs.method,
-                      cs.num_accesses - num_cached)
+                      cs.num_accesses - num_cached, cs.out_later[b:])
 
 
 def final_state(cs: FlatChangesets) -> np.ndarray:
@@ -349,13 +361,20 @@ def final_state(cs: FlatChangesets) -> np.ndarray:
     t_in = np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.in_ptr))
     t_out = np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.out_ptr))
     t = np.concatenate([np.full(len(cs.init_ids), -1, np.int64), t_in, t_out])
-    present = np.concatenate([np.ones(len(cs.init_ids) + len(cs.in_ids), bool),
-                              np.zeros(len(cs.out_ids), bool)])
-    order = np.lexsort((t, ids))  # by id, then step: an id's last event is its state
-    ids, present = ids[order], present[order]
+    present = np.concatenate([np.ones(len(cs.init_ids) + len(cs.in_ids), np.int64),
+                              np.zeros(len(cs.out_ids), np.int64)])
+    # by id, then step: an id's last event is its state. A step inserts and evicts disjoint
+    # ids, so (id, step) is unique and one sorted int64 key (id, step, present) orders them.
+    span = 2 * (S + 1)
+    if int(ids.max()) < (np.iinfo(np.int64).max - span) // span:
+        key = np.sort((ids * (S + 1) + (t + 1)) * 2 + present)
+        ids, present = key // span, key & 1
+    else:  # ids too large for the packed key
+        order = np.lexsort((t, ids))
+        ids, present = ids[order], present[order]
     last = np.ones(ids.shape[0], bool)
     last[:-1] = ids[1:] != ids[:-1]
-    return ids[last & present]
+    return ids[last & (present == 1)]
 
 
 # -- numba path ------------------------------------------------------------------
@@ -367,11 +386,12 @@ def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacit
     if dup >= 0:
         raise _dup_error(ptr, dup, int(flat[dup]))
     mem = np.empty(flat.shape[0], np.int32 if M < (1 << 31) else np.int64)
-    init, ins, inpos, in_ptr, outs, out_ptr, misses = K.belady_buckets(
+    init, ins, inpos, in_ptr, outs, out_ptr, misses, later = K.belady_buckets(
         lid, nxt, ptr, M, min(capacity, M), True, mem)
     if uniq is not None:
         init, ins, outs = uniq[init], uniq[ins], uniq[outs]
-    return Changesets(init, ins, inpos, in_ptr, outs, out_ptr, misses, capacity, "numba")
+    return Changesets(init, ins, inpos, in_ptr, outs, out_ptr, misses, capacity, "numba",
+                      out_later=later)
 
 
 # -- torch path ------------------------------------------------------------------
@@ -398,21 +418,23 @@ def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
     state["incache"][c_cid] = True
     init_ids = t["uniq"][c_cid]
     ptr_l = ptr_np.tolist()
-    ins, inpos, outs = [], [], []
+    ins, inpos, outs, later = [], [], [], []
     hits = np.zeros(S, np.int64)
     in_cnt = np.zeros(S, np.int64)
     out_cnt = np.zeros(S, np.int64)
     for i in range(S):
         a, b = ptr_l[i], ptr_l[i + 1]
-        hits[i], in_c, pos, out_c = _torch_step(state, t["cid"][a:b], t["nxt"][a:b], i, S, Kc, M)
+        hits[i], in_c, pos, out_c, out_l = _torch_step(state, t["cid"][a:b], t["nxt"][a:b], i, S,
+                                                       Kc, M)
         ins.append(in_c)
         inpos.append(pos)
         outs.append(out_c)
+        later.append(out_l)
         in_cnt[i] = pos.shape[0]
         out_cnt[i] = out_c.shape[0]
 
-    def cat(xs):
-        return torch.cat(xs) if xs else torch.zeros(0, dtype=i64, device=dev)
+    def cat(xs, dtype=i64):
+        return torch.cat(xs) if xs else torch.zeros(0, dtype=dtype, device=dev)
 
     def host(x):
         return x.to(i64).cpu().numpy()
@@ -423,7 +445,7 @@ def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
     np.cumsum(out_cnt, out=out_ptr[1:])
     return Changesets(host(init_ids), host(t["uniq"][cat(ins)]), host(cat(inpos)), in_ptr,
                       host(t["uniq"][cat(outs)]), out_ptr, np.diff(ptr_np) - hits, capacity,
-                      "torch")
+                      "torch", out_later=cat(later, torch.bool).cpu().numpy())
 
 
 def _torch_next_uses(flat_np: np.ndarray, ptr_np: np.ndarray, dev: "torch.device") -> dict:
@@ -468,7 +490,8 @@ def _torch_step(state: dict, u, nx, i: int, S: int, Kc: int, M: int):
     """Batch ``i``: the cache (``state``: ``c_cid``/``c_next`` of the cached entries,
     ``incache`` [U]) keeps the ``Kc`` candidates (cached entries and the batch's ids
     ``u`` with next uses ``nx``) used again soonest. Returns (hits, inserted ids'
-    indices, their positions in the batch, evicted indices) and updates ``state``."""
+    indices, their positions in the batch, evicted indices sorted, whether each evicted
+    index is accessed again) and updates ``state``."""
     import torch
 
     i64, dev = torch.int64, u.device
@@ -496,7 +519,8 @@ def _torch_step(state: dict, u, nx, i: int, S: int, Kc: int, M: int):
             sel[torch.topk(key, drop, largest=True, sorted=False).indices] = False
     gone = ~sel
     gone[nk:] &= ~miss
-    out_c = torch.sort(cand_cid[gone]).values
+    out_c, order = torch.sort(cand_cid[gone])
+    out_l = (cand_next[gone] < S)[order]
     pos = torch.nonzero(sel[nk:] & miss).squeeze(1)
     in_c = u.index_select(0, pos)
     incache[out_c] = False
@@ -504,4 +528,4 @@ def _torch_step(state: dict, u, nx, i: int, S: int, Kc: int, M: int):
     sidx = torch.nonzero(sel).squeeze(1)
     state["c_cid"] = cand_cid.index_select(0, sidx)
     state["c_next"] = cand_next.index_select(0, sidx)
-    return hits, in_c, pos, out_c
+    return hits, in_c, pos, out_c, out_l

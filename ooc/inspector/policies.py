@@ -94,7 +94,7 @@ def miss_curve_belady(batches: Sequence, capacities, threads: int = 2) -> np.nda
         raise InvalidValue(f"cache policies: node id {int(flat[dup])} occurs twice in one batch")
 
     def one(c: int) -> int:
-        return int(K.belady_simulate(lid, nxt, ptr, M, int(min(c, M)), False)[-1].sum())
+        return int(K.belady_simulate(lid, nxt, ptr, M, int(min(c, M)), False)[6].sum())
 
     if len(caps) <= 1 or threads <= 1:
         return np.array([one(c) for c in caps], np.int64)
