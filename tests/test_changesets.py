@@ -469,3 +469,20 @@ def test_final_state_of_huge_ids():
     b = precompute_changesets([x + base for x in batches], base + 300, 30, keep_unused=True)
     assert len(final_state(a)) == 30
     assert np.array_equal(final_state(b), final_state(a) + base)
+
+
+def test_bench_changesets_runs_and_checks_the_methods_agree(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_changesets.py"
+    r = subprocess.run([sys.executable, str(tool), "--nodes", "20000", "--batch-size", "64",
+                        "--superbatches", "2,5", "--rounds", "1", "--report",
+                        str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert [row["superbatch"] for row in rep["rows"]] == [2, 5]
+    assert set(rep["rows"][0]["median_s"]) >= {"numba", "torch-cpu"}
+    assert 0 < rep["rows"][0]["misses"] <= rep["rows"][0]["accesses"]
