@@ -77,8 +77,8 @@ def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
 def check_disk(workdir: Path, shape: sg.Shape, stages: list[str], have_raw: bool) -> dict:
     """Refuse (exit 2) when the disk under ``workdir`` cannot hold what the run writes."""
     out = outputs_bytes(shape, stages)
-    # ingest rewrites the features in a locality order through bucket files: the original
-    # goes once read, so the buckets' row ids (8 B a node) and one bucket come on top
+    # ingest places the features in a locality order through bucket files, each removed
+    # once written to the file: the buckets' row ids (8 B a node) and one bucket on top
     need = (0 if have_raw else shape.raw_bytes()) + dataset_bytes(shape) + 8 * shape.nodes \
         + (512 << 20)
     need += max([out[s] for s in stages if s in out] or [0])

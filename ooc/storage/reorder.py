@@ -9,7 +9,8 @@ propagating, then 4 B/node of counts and the order itself (int32 when N < 2^31, 
 int64), plus one window of ``indices``.
 
 Ingest stores ``features.bin`` in that order (:class:`~ooc.storage.writer.DatasetWriter`'s
-``reorder``): :func:`permute_rows` rewrites the file in bounded memory and the dataset
+``reorder``): a :class:`RowPlacer` places the rows as they stream in once the adjacency is
+written (or :func:`permute_rows` rewrites a finished file) in bounded memory, and the dataset
 keeps ``feature_rows.npy`` (node id -> row, :func:`rows_of`); readers are addressed by
 node id through :class:`~ooc.storage.features.NodeRows`, so every id a user sees is
 unchanged.
@@ -23,7 +24,7 @@ import numpy as np
 
 from . import _reorder_kernels as K
 from .errors import InvalidValue
-from .layout import FeatureLayout, read_rows
+from .layout import PAGE, FeatureLayout, read_rows
 from .pagecache import release_mapped
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
@@ -122,9 +123,16 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
       mapped then released);
     - ``order``: labels, counts and the order (three ids per node), then the order and
       its inverse;
-    - ``permute`` (:func:`permute_rows`): the inverse (an id per node), two buckets' rows
-      (read and placed, or as read and laid out in pages) and 40 bytes a row of their
-      destinations, sort keys and sort order (and 1 KiB of open files per bucket).
+    - ``permute`` (:func:`permute_rows`, and a :class:`RowPlacer`'s last pass): the
+      inverse (an id per node), two buckets' rows (read and placed, or as read and laid
+      out in pages) and 40 bytes a row of their destinations, sort keys and sort order
+      (and 1 KiB of open files per bucket);
+    - ``place`` (a :class:`RowPlacer` fed as ingest streams the rows in): the inverse and
+      the streamed chunk as read (a quarter of the buffer at most), beside either the
+      block placed in memory, a copy of the chunk converted to the stored dtype and 8
+      bytes a row of destinations, or a bucket's copy of the chunk (at most the chunk) and
+      the same 40 bytes a row; through buckets, a source converted to the stored dtype
+      (float64 rows stored as float32) holds one more chunk than this.
     """
     n = int(layout.num_rows)
     it = _id_dtype(n).itemsize
@@ -133,7 +141,9 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
     part = min(n, part)
     pages = FeatureLayout(part, layout.dim, layout.dtype).file_bytes
     return {"propagate": 3 * it * n + 2 * window, "order": 3 * it * n,
-            "permute": it * n + 2 * pages + 40 * part + 1024 * buckets}
+            "permute": it * n + 2 * pages + 40 * part + 1024 * buckets,
+            "place": it * n + (pages + 8 * part if buckets == 1 else 40 * part + 1024 * buckets)
+            + 2 * min(int(buffer_bytes) // 4, n * layout.row_bytes) + PAGE}
 
 
 def rows_of(order: np.ndarray) -> np.ndarray:
@@ -159,19 +169,97 @@ def _write_rows(f, layout: FeatureLayout, a: int, rows: np.ndarray) -> None:
     buf.tofile(f)
 
 
+class RowPlacer:
+    """Feature rows that arrive in node order, written to ``dst`` with node ``v``'s row at
+    row ``row_of[v]``, in memory bounded by ``buffer_bytes`` whatever the file's size.
+
+    When the rows fit in a quarter of ``buffer_bytes`` they are placed in one block in
+    memory; otherwise each row is appended, as it arrives, to the file of the bucket of
+    consecutive destination rows it falls in (under ``scratch``), and :meth:`finish` loads
+    one bucket at a time, places its rows and writes them to ``dst`` in order. Every byte
+    is written and read sequentially; the buckets take as much disk as the rows (plus 8
+    bytes a row) and are removed as they are consumed.
+
+    Args:
+        dst: the feature file to write (created by :meth:`finish`).
+        layout: its :class:`FeatureLayout`.
+        row_of: int32/int64 [N], a permutation of ``0 .. N-1``.
+        buffer_bytes: memory the placement may use for rows.
+        scratch: folder for the buckets (default: ``dst``'s).
+    """
+
+    def __init__(self, dst: Path, layout: FeatureLayout, row_of: np.ndarray,
+                 buffer_bytes: int = 256 << 20, scratch: Path | None = None):
+        self.dst, self.layout, self.row_of = Path(dst), layout, row_of
+        self.part, self.buckets = _buckets(layout, buffer_bytes)
+        scratch = Path(scratch) if scratch is not None else self.dst.parent
+        self.names = [scratch / f".bucket-{k}" for k in range(self.buckets)]
+        self.block: np.ndarray | None = None
+        # unbuffered: a bucket's rows go out in one write, and up to 2 x MAX_BUCKETS buffers
+        # of 8 KiB would be memory the plan does not count
+        self.outs: list = []
+        self.ids_out: list = []
+        if self.buckets == 1:
+            self.block = np.empty((layout.num_rows, layout.dim), dtype=layout.dtype)
+        else:
+            self.outs = [open(name, "wb", buffering=0) for name in self.names]
+            self.ids_out = [open(name.with_suffix(".ids"), "wb", buffering=0)
+                            for name in self.names]
+
+    def add(self, start: int, rows: np.ndarray) -> None:
+        """Node rows ``start .. start + len(rows)`` (``layout.dtype`` [k, dim])."""
+        dest = np.asarray(self.row_of[start:start + rows.shape[0]], dtype=np.int64)
+        if self.block is not None:
+            self.block[dest] = rows
+            return
+        bucket = dest // self.part
+        by = np.argsort(bucket, kind="stable")
+        ends = np.cumsum(np.bincount(bucket, minlength=self.buckets))
+        del bucket
+        begin = 0
+        for k, end in enumerate(ends):  # one bucket's rows copied at a time
+            if end > begin:
+                rows[by[begin:end]].tofile(self.outs[k])
+                dest[by[begin:end]].tofile(self.ids_out[k])
+            begin = int(end)
+
+    def finish(self) -> int:
+        """Write ``dst`` from the placed rows; returns the number of buckets (1: placed in
+        memory). Raises :class:`InvalidValue` when a bucket does not hold its rows
+        (``row_of`` is not a permutation, or rows are missing)."""
+        n = self.layout.num_rows
+        self._close_files()
+        with open(self.dst, "wb") as fout:
+            if self.block is not None:
+                block, self.block = self.block, None
+                _write_rows(fout, self.layout, 0, block)
+            else:
+                for k, name in enumerate(self.names):
+                    _write_bucket(fout, self.layout, name, k * self.part,
+                                  min(n, k * self.part + self.part))
+        return self.buckets
+
+    def _close_files(self) -> None:
+        for f in self.outs + self.ids_out:
+            f.close()
+        self.outs, self.ids_out = [], []
+
+    def close(self) -> None:
+        """Drop the block and remove what is left of the buckets (after an error too)."""
+        self._close_files()
+        self.block = None
+        for name in self.names if self.buckets > 1 else ():
+            name.unlink(missing_ok=True)
+            name.with_suffix(".ids").unlink(missing_ok=True)
+
+
 def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray,
                  buffer_bytes: int = 256 << 20, scratch: Path | None = None,
                  remove_src: bool = False) -> int:
-    """Write the feature file ``src`` to ``dst`` with node ``v``'s row at row ``row_of[v]``.
-
-    Memory is bounded by ``buffer_bytes`` whatever the file's size: when the rows fit in a
-    quarter of it they are permuted in memory; otherwise in two passes over buckets of
-    consecutive destination rows: the first reads ``src`` front to back and appends each
-    row (and its destination) to its bucket's file under ``scratch``; the second loads one
-    bucket at a time, places its rows and writes them to ``dst`` in order. Every byte is
-    read and written sequentially; the buckets take as much disk as ``src`` (plus 8 bytes
-    a row) and are removed as they are consumed. With ``remove_src`` the source is deleted
-    once read, so the disk holds at most 8 bytes a row and one bucket more than ``src``.
+    """Write the feature file ``src`` to ``dst`` with node ``v``'s row at row ``row_of[v]``:
+    ``src`` read front to back into a :class:`RowPlacer` (same memory bound and buckets).
+    With ``remove_src`` the source is deleted once read, so the disk holds at most 8 bytes
+    a row and one bucket more than ``src``.
 
     Args:
         src, dst: feature files in ``layout`` (``dst`` is created).
@@ -184,27 +272,19 @@ def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray
         The number of buckets (1 when permuted in memory).
     """
     n = layout.num_rows
-    part, buckets = _buckets(layout, buffer_bytes)
-    scratch = Path(scratch) if scratch is not None else Path(dst).parent
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        if buckets == 1:
-            block = _permute_in_memory(fin, layout, row_of, part)
-            if remove_src:
-                Path(src).unlink()
-            _write_rows(fout, layout, 0, block)
-            return 1
-        names = [scratch / f".bucket-{k}" for k in range(buckets)]
-        try:
-            _scatter_to_buckets(fin, layout, row_of, part, names)
-            if remove_src:
-                Path(src).unlink()
-            for k, name in enumerate(names):
-                _write_bucket(fout, layout, name, k * part, min(n, k * part + part))
-        finally:
-            for name in names:
-                name.unlink(missing_ok=True)
-                name.with_suffix(".ids").unlink(missing_ok=True)
-    return buckets
+    placer = RowPlacer(dst, layout, row_of, buffer_bytes, scratch)
+    try:
+        with open(src, "rb") as fin:
+            for a in range(0, n, placer.part):
+                b = min(n, a + placer.part)
+                rows = read_rows(fin, layout, a, b)
+                placer.add(a, rows)
+                del rows  # before the next chunk is read beside it
+        if remove_src:
+            Path(src).unlink()
+        return placer.finish()
+    finally:
+        placer.close()
 
 
 def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
@@ -219,48 +299,6 @@ def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
         part = -(-(-(-n // MAX_BUCKETS)) // unit) * unit
         buckets = -(-n // part)
     return part, buckets
-
-
-def _permute_in_memory(fin, layout: FeatureLayout, row_of: np.ndarray,
-                       part: int) -> np.ndarray:
-    """All rows of ``fin`` (the source file, read in chunks of ``part`` rows), each at
-    its destination ``row_of[v]`` (int32/int64 [N]): ``layout.dtype`` [N, dim]."""
-    n = layout.num_rows
-    block = np.empty((n, layout.dim), dtype=layout.dtype)
-    for a in range(0, n, part):
-        b = min(n, a + part)
-        block[np.asarray(row_of[a:b], dtype=np.int64)] = read_rows(fin, layout, a, b)
-    return block
-
-
-def _scatter_to_buckets(fin, layout: FeatureLayout, row_of: np.ndarray, part: int,
-                        names: list[Path]) -> None:
-    """The first pass of :func:`permute_rows`: ``src`` read in chunks of ``part`` rows,
-    each row appended to the file of the bucket its destination falls in."""
-    n = layout.num_rows
-    # unbuffered: a bucket's rows go out in one write, and up to 2 x MAX_BUCKETS buffers
-    # of 8 KiB would be memory the plan does not count
-    outs = [open(name, "wb", buffering=0) for name in names]
-    ids_out = [open(name.with_suffix(".ids"), "wb", buffering=0) for name in names]
-    try:
-        for a in range(0, n, part):
-            b = min(n, a + part)
-            rows = read_rows(fin, layout, a, b)
-            dest = np.asarray(row_of[a:b], dtype=np.int64)
-            bucket = dest // part
-            by = np.argsort(bucket, kind="stable")
-            ends = np.cumsum(np.bincount(bucket, minlength=len(names)))
-            del bucket
-            start = 0
-            for k, end in enumerate(ends):  # one bucket's rows copied at a time
-                if end > start:
-                    rows[by[start:end]].tofile(outs[k])
-                    dest[by[start:end]].tofile(ids_out[k])
-                start = int(end)
-            del rows, dest, by  # before the next chunk is read beside them
-    finally:
-        for f in outs + ids_out:
-            f.close()
 
 
 def _write_bucket(fout, layout: FeatureLayout, name: Path, a: int, b: int) -> None:

@@ -104,6 +104,10 @@ class DatasetWriter:
         self.nonfinite = 0
         self.first_nonfinite = -1
         self._rows_checked = 0
+        self._row_of: np.ndarray | None = None      # the locality order's node -> row map
+        self._order_stats: Any = None
+        self._placer: Any = None                    # a RowPlacer while rows stream in
+        self._placed = 0                            # buckets of the rows placed as streamed
 
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
@@ -151,6 +155,9 @@ class DatasetWriter:
             if isinstance(mm, np.memmap):
                 mm.flush()
         self._indices = self._features = None
+        if self._placer is not None:
+            self._placer.close()
+            self._placer = None
 
     # -- parts ---------------------------------------------------------------
     def write_indptr(self, indptr: np.ndarray) -> None:
@@ -259,7 +266,10 @@ class DatasetWriter:
         if self.num_edges is None:
             raise InvalidValue("dataset has no adjacency (write_indptr was not called)")
         self.indices()
-        self.features()
+        if self._placer is not None:
+            raise InvalidValue("feature rows were placed but not finished (FeatureSink.sync)")
+        if not self._placed:
+            self.features()
         if self.num_classes is None:
             self.write_labels(np.full(self.num_nodes, -1, dtype=np.int64), 0)
         for name in ("train_idx.npy", "val_idx.npy", "test_idx.npy"):
@@ -313,31 +323,73 @@ class DatasetWriter:
         except DatasetError as e:
             raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
 
-    def _reorder_features(self) -> None:
-        """Store ``features.bin`` in a locality order (see the class docstring)."""
+    def _reorders(self) -> bool:
         lay, n = self.layout, self.num_nodes
-        if self.reorder == "none" or n < 2 or (self.reorder == "auto" and lay.rows_per_page < 2):
-            return
-        from .reorder import OrderStats, locality_order, permute_rows, rows_of
+        return not (self.reorder == "none" or n < 2
+                    or (self.reorder == "auto" and lay.rows_per_page < 2))
 
-        assert self.num_edges is not None
-        indptr = np.load(self._dir / "indptr.npy", mmap_mode="r")
-        idt = index_dtype(n)
-        indices = (np.memmap(self._dir / "indices.bin", dtype=idt, mode="r",
-                             shape=(self.num_edges,)) if self.num_edges else np.zeros(0, idt))
-        stats = OrderStats(0, [], 0, 0)
-        order = locality_order(indptr, indices, window_bytes=max(1 << 20, self.buffer_bytes // 4),
-                               stats=stats)
-        del indptr, indices
-        row_of = rows_of(order)
-        del order
-        src, dst = self._dir / "features.bin", self._dir / "features.reordered"
-        buckets = permute_rows(src, dst, lay, row_of, self.buffer_bytes, remove_src=True)
-        os.replace(dst, src)
+    def _feature_order(self) -> np.ndarray:
+        """``row_of`` (node id -> row, int32/int64 [N]) of the locality order, computed once
+        from the written adjacency."""
+        if self._row_of is None:
+            from .reorder import OrderStats, locality_order, rows_of
+
+            assert self.num_edges is not None  # the adjacency is written: the order reads it
+            n = self.num_nodes
+            indptr = np.load(self._dir / "indptr.npy", mmap_mode="r")
+            idt = index_dtype(n)
+            indices = (np.memmap(self._dir / "indices.bin", dtype=idt, mode="r",
+                                 shape=(self.num_edges,)) if self.num_edges else np.zeros(0, idt))
+            self._order_stats = OrderStats(0, [], 0, 0)
+            order = locality_order(indptr, indices,
+                                   window_bytes=max(1 << 20, self.buffer_bytes // 4),
+                                   stats=self._order_stats)
+            del indptr, indices
+            self._row_of = rows_of(order)
+        return self._row_of
+
+    def row_placer(self):
+        """A :class:`~ooc.storage.reorder.RowPlacer` that stores feature rows in the
+        locality order as they stream in (node order), or None when rows stay in node order
+        or the adjacency is not written yet (then :meth:`_finish` permutes the file).
+        :meth:`finish_placed` writes ``features.bin`` from it."""
+        if self.num_edges is None or not self._reorders() or self._placed:
+            return None
+        if self._placer is None:
+            from .reorder import RowPlacer
+
+            self._placer = RowPlacer(self._dir / "features.bin", self.layout,
+                                     self._feature_order(), self.buffer_bytes)
+        return self._placer
+
+    def finish_placed(self) -> None:
+        """Write ``features.bin`` from :meth:`row_placer`'s rows (every row must be in)."""
+        placer, self._placer = self._placer, None
+        try:
+            self._placed = placer.finish()
+        finally:
+            placer.close()
+
+    def _reorder_features(self) -> None:
+        """Store ``features.bin`` in a locality order (see the class docstring): already
+        done when the rows were placed as they streamed in, else the file is permuted."""
+        if not self._reorders():
+            return
+        from .reorder import permute_rows
+
+        row_of = self._feature_order()
+        buckets = self._placed
+        if not buckets:
+            src, dst = self._dir / "features.bin", self._dir / "features.reordered"
+            buckets = permute_rows(src, dst, self.layout, row_of, self.buffer_bytes,
+                                   remove_src=True)
+            os.replace(dst, src)
         np.save(self._dir / ROW_MAP_FILE, row_of)
+        stats = self._order_stats
         self.extra_meta["feature_order"] = {
             "kind": "locality", "groups": stats.groups, "largest_group": stats.largest_group,
             "sweeps": stats.sweeps, "buckets": buckets}
+        self._row_of = None
 
     def _check_remaining_features(self, step_bytes: int = 16 << 20) -> None:
         """Read back (plain reads: no mapping in RSS) the feature rows
@@ -345,6 +397,9 @@ class DatasetWriter:
         lay, n = self.layout, self.num_nodes
         if self._rows_checked >= n:
             return
+        if self._placed:  # the file is in the locality order: every row was checked as placed
+            raise InvalidValue(f"{self.features_name}: rows from {self._rows_checked} on were "
+                               f"never written")
         unit = lay.rows_per_page or 1                       # rows per whole-page group
         group_bytes = PAGE * (1 if lay.rows_per_page else lay.pages_per_row)
         step = unit * max(1, step_bytes // group_bytes)

@@ -493,13 +493,18 @@ def _shrink_indices(w: DatasetWriter, e: int, e_alloc: int) -> None:
 # -- features, labels, splits --------------------------------------------------
 
 class FeatureSink:
-    """Writes feature rows into ``features.bin`` of a writer with ``pwrite``,
-    page-aligned chunks at a time (no memmap, so RSS stays bounded)."""
+    """Writes feature rows, in node order, into ``features.bin`` of a writer: with
+    ``pwrite``, page-aligned chunks at a time (no memmap, so RSS stays bounded), or, when
+    the writer stores rows in a locality order and its adjacency is written, straight into
+    that order through the writer's :class:`~ooc.storage.reorder.RowPlacer` (the file is
+    then written once, by :meth:`sync`)."""
 
     def __init__(self, w: DatasetWriter):
         self.w = w
         self.layout = w.layout
-        w.features()  # reserve the file
+        self.placer = w.row_placer()
+        if self.placer is None:
+            w.features()  # reserve the file
         assert w.tmp is not None  # inside the writer's with block
         self.path = w.tmp / "features.bin"
 
@@ -515,6 +520,12 @@ class FeatureSink:
         lay = self.layout
         if lay.rows_per_page and start % lay.rows_per_page:
             raise InvalidValue("feature chunks must start at a page boundary")
+        if self.placer is not None:
+            with np.errstate(over="ignore"):  # an overflow to inf is counted, not raised
+                typed = np.ascontiguousarray(rows, dtype=lay.dtype)
+            self.w.check_features(start, typed)
+            self.placer.add(start, typed)
+            return
         if lay.rows_per_page and lay.rows_per_page * lay.row_bytes == PAGE:
             # rows fill whole pages with no padding: the rows' own bytes are the file's
             # (the file was allocated zeroed, so a last partial page needs no padding)
@@ -534,6 +545,9 @@ class FeatureSink:
             os.close(fd)
 
     def sync(self) -> None:
+        if self.placer is not None:
+            self.w.finish_placed()
+            self.placer = None
         fd = os.open(self.path, os.O_WRONLY)
         try:
             os.fsync(fd)
