@@ -19,6 +19,10 @@ def propagate_window(ptr, window, v0, label, size, cap, count):
     """
     moved = 0
     base = ptr[0]
+    maxd = 0
+    for k in range(ptr.shape[0] - 1):
+        maxd = max(maxd, ptr[k + 1] - ptr[k])
+    labs = np.empty(maxd, label.dtype)  # a node's neighbour labels: one random read each
     for k in range(ptr.shape[0] - 1):
         a = ptr[k] - base
         d = ptr[k + 1] - ptr[k]
@@ -26,11 +30,13 @@ def propagate_window(ptr, window, v0, label, size, cap, count):
             continue
         v = v0 + k
         for j in range(d):
-            count[label[window[a + j]]] += 1
+            lab = label[window[a + j]]
+            labs[j] = lab
+            count[lab] += 1
         cur = label[v]
         best, best_cnt = cur, 0
         for j in range(d):  # each distinct label once: its tally is cleared as it is read
-            lab = label[window[a + j]]
+            lab = labs[j]
             c = count[lab]
             if c == 0:
                 continue
