@@ -96,6 +96,20 @@ def write_stand_in_binding(folder: Path, module: str, sig: str = "SIGILL",
     return path
 
 
+def mount_small_tmpfs(path: Path, size: str = "256k") -> str | None:
+    """Mount a tmpfs of ``size`` at ``path`` (created) to fill a disk; None, or why it
+    cannot be done here (the caller skips with that reason and unmounts in a finally)."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        return "mounting a small tmpfs (to fill a disk) needs root"
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else f"mount -t tmpfs refused: {r.stderr.strip()}"
+
+
 def random_graph(n: int, e: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random directed edges (src, dst), int64 [e] each."""
     rng = np.random.default_rng(seed)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, community_graph
+from conftest import REPO, community_graph, mount_small_tmpfs
 from ooc.executor.training.checkpoint import save_checkpoint
 from ooc.executor.training.models import build_model
 from ooc.storage import open_dataset, write_dataset
@@ -208,15 +208,6 @@ def test_nothing_of_the_user_changed_and_no_output(world):
     assert left == []
 
 
-def _can_mount_tmpfs(path: Path, size: str = "256k") -> str | None:
-    if os.geteuid() != 0:
-        return "mounting a small tmpfs (to fill a disk) needs root"
-    path.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                       capture_output=True, text=True)
-    return None if r.returncode == 0 else f"mount -t tmpfs refused: {r.stderr.strip()}"
-
-
 @pytest.mark.parametrize("size,needle", [
     # the disk the run needs (h1 beside h2: 3000 x (64 + 3) x 4 B = 785 KiB) is refused
     # before anything is written
@@ -228,7 +219,7 @@ def test_infer_full_disk_is_one_line_and_leaves_nothing(tmp_path, size, needle):
     """A small tmpfs as the output's disk: one line naming the problem, exit 2, no
     output and no partial folder left on it."""
     mnt = tmp_path / "small"
-    why = _can_mount_tmpfs(mnt, size)
+    why = mount_small_tmpfs(mnt, size)
     if why:
         pytest.skip(why)
     try:

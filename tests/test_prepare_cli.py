@@ -84,6 +84,29 @@ def test_full_disk_cli(tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == [p]
 
 
+def test_a_disk_that_fills_while_rows_are_placed_is_one_line(tmp_path):
+    """A small tmpfs that holds the adjacency but not the feature rows' buckets (rows placed
+    in the locality order as they stream in): one line saying the disk is full, exit 2,
+    and nothing left on that disk."""
+    from conftest import mount_small_tmpfs
+
+    mnt = tmp_path / "small"
+    why = mount_small_tmpfs(mnt, "2m")
+    if why:
+        pytest.skip(why)
+    try:
+        p = subprocess.run([sys.executable, "-m", "ooc.prepare", "synthetic", "--nodes", "30000",
+                            "--avg-degree", "8", "--feature-dim", "32", "--community-size", "50",
+                            "--buffer", "1MiB", "--no-progress", "--out", str(mnt / "d")],
+                           capture_output=True, text=True, timeout=300)
+        err = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(err) == 1, p.stderr
+        assert "disk full while writing dataset" in err[0], err[0]
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
 def test_bad_size_and_planetoid_missing(tmp_path, capsys):
     with pytest.raises(SystemExit) as ei:
         main(["synthetic", "--out", str(tmp_path / "d"), "--buffer", "lots"])

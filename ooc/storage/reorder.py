@@ -43,6 +43,16 @@ class OrderStats:
     largest_group: int
 
 
+def write_array(f, a: np.ndarray) -> None:
+    """Write the bytes of ``a`` to the open binary file ``f`` (buffered or not). A full disk
+    raises ``OSError`` with ``errno.ENOSPC`` (``ndarray.tofile`` reports a short write
+    without an errno, which reads as something other than a full disk)."""
+    mv = np.ascontiguousarray(a).data.cast("B")
+    while mv.nbytes:
+        n = f.write(mv)
+        mv = mv[n:]
+
+
 def _id_dtype(n: int) -> np.dtype:
     return np.dtype(np.int32) if n < (1 << 31) else np.dtype(np.int64)
 
@@ -161,12 +171,12 @@ def _write_rows(f, layout: FeatureLayout, a: int, rows: np.ndarray) -> None:
     local = FeatureLayout(rows.shape[0], layout.dim, layout.dtype)
     f.seek(int(layout.row_offsets(np.array([a]))[0]))
     if layout.packed:
-        np.ascontiguousarray(rows).tofile(f)
+        write_array(f, rows)
         f.write(bytes(local.file_bytes - rows.shape[0] * layout.row_bytes))
         return
     buf = np.zeros(local.file_bytes, dtype=np.uint8)
     local.view(buf)[0:rows.shape[0]] = rows
-    buf.tofile(f)
+    write_array(f, buf)
 
 
 class RowPlacer:
@@ -219,8 +229,8 @@ class RowPlacer:
         begin = 0
         for k, end in enumerate(ends):  # one bucket's rows copied at a time
             if end > begin:
-                rows[by[begin:end]].tofile(self.outs[k])
-                dest[by[begin:end]].tofile(self.ids_out[k])
+                write_array(self.outs[k], rows[by[begin:end]])
+                write_array(self.ids_out[k], dest[by[begin:end]])
             begin = int(end)
 
     def finish(self) -> int:
