@@ -47,6 +47,8 @@ def write_array(f, a: np.ndarray) -> None:
     """Write the bytes of ``a`` to the open binary file ``f`` (buffered or not). A full disk
     raises ``OSError`` with ``errno.ENOSPC`` (``ndarray.tofile`` reports a short write
     without an errno, which reads as something other than a full disk)."""
+    if a.size == 0:
+        return
     mv = np.ascontiguousarray(a).data.cast("B")
     while mv.nbytes:
         n = f.write(mv)
