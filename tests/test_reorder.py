@@ -477,3 +477,15 @@ def test_placing_streamed_rows_stays_within_its_planned_memory(tmp_path, buffer)
         tracemalloc.stop()
     plan = reorder_phases(lay, buffer)["place"]
     assert peak <= plan <= 1.5 * peak, (peak, plan)
+
+
+def test_write_array_writes_every_byte(tmp_path):
+    from ooc.storage.reorder import write_array
+
+    x = np.arange(12, dtype=np.int64).reshape(3, 4)
+    with open(tmp_path / "a.bin", "wb", buffering=0) as f:  # unbuffered, as the buckets are
+        write_array(f, x[:, ::2])                            # not contiguous
+        write_array(f, np.zeros((0, 4), np.float32))          # nothing
+        write_array(f, x[2])
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "a.bin", np.int64),
+                                  np.concatenate([x[:, ::2].ravel(), x[2]]))
