@@ -29,10 +29,10 @@ def propagate_window(ptr, window, v0, label, size, cap, count):
         if d == 0:
             continue
         v = v0 + k
+        for j in range(d):  # independent loads first: many of them in flight at once
+            labs[j] = label[window[a + j]]
         for j in range(d):
-            lab = label[window[a + j]]
-            labs[j] = lab
-            count[lab] += 1
+            count[labs[j]] += 1
         cur = label[v]
         best, best_cnt = cur, 0
         for j in range(d):  # each distinct label once: its tally is cleared as it is read
