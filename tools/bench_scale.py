@@ -10,7 +10,8 @@ layout, then runs each stage as its own process in a memory cgroup of the budget
 ``tools/memcg.py``), with the page cache dropped first:
 
 - ingest: ``ooc.prepare ogb --undirected``
-- train: ``ooc.train`` (2 epochs, GraphSAGE, fanouts 15,10,5, batch 1024, hidden 256)
+- train: ``ooc.train`` (2 epochs, GraphSAGE, fanouts 15,10,5, batch 1024, hidden 256;
+  ``--epochs`` and ``--batch-size`` change the first two)
 - infer: ``ooc.infer`` (every node, all layers)
 - partition: ``ooc.partition --parts 8``
 
@@ -103,7 +104,8 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int) -> list[str]:
+def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
+               batch_size: int = 1024) -> list[str]:
     b = f"{budget >> 20}MiB"
     if stage == "ingest":
         return ["-m", "ooc.prepare", "ogb", "--root", str(w["raw"]), "--out", str(w["data"]),
@@ -111,7 +113,7 @@ def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int) -> list
                 "--no-progress", "--report", str(w["reports"] / "ingest.json")]
     if stage == "train":
         return ["-m", "ooc.train", "--data", str(w["data"]), "--model", "sage",
-                "--fanouts", FANOUTS, "--batch-size", "1024", "--hidden", str(HIDDEN),
+                "--fanouts", FANOUTS, "--batch-size", str(batch_size), "--hidden", str(HIDDEN),
                 "--epochs", str(epochs), "--memory-budget", b, "--checkpoint-dir", str(w["ckpt"]),
                 "--runtime-dir", str(w["runtime"]), "--no-progress",
                 "--report", str(w["reports"] / "train.json")]
@@ -134,10 +136,10 @@ def _planned(rep: dict) -> int | None:
     return None
 
 
-def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int,
+def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int, batch_size: int,
               seconds: float | None = None) -> dict:
     dropped = memcg.drop_page_cache()
-    r = memcg.run(stage, stage_argv(stage, w, budget, epochs), budget, seconds)
+    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size), budget, seconds)
     rep_path = w["reports"] / f"{stage}.json"
     try:
         rep = json.loads(rep_path.read_text())
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", default=",".join(STAGES),
                     help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--compress", action="store_true", help="deflate the raw npz members")
     ap.add_argument("--keep", action="store_true", help="keep every stage's output")
     ap.add_argument("--report", type=Path, help="write the JSON report here")
@@ -224,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(outputs[stage], ignore_errors=True)
         if stage == "infer":  # a run stopped at the stage limit leaves one to resume
             shutil.rmtree(partial_path(w["emb"]), ignore_errors=True)
-        res = run_stage(stage, w, args.memory_budget, args.epochs, args.stage_limit)
+        res = run_stage(stage, w, args.memory_budget, args.epochs, args.batch_size,
+                        args.stage_limit)
         res["disk_bytes"] = du(outputs[stage])
         rep["stages"][stage] = res
         log(f"{stage}: exit {res['rc']}, {res['wall_s']} s, peak RSS "
