@@ -342,13 +342,25 @@ def test_a_cache_fill_reads_each_page_once_in_chunks(stored):
     g.close()
 
 
+def _traced_peak(write, folder) -> int:
+    """Peak bytes Python allocates while ``write(path)`` runs, after a first call to
+    ``folder/warm.bin`` (imports and first-call allocations are not counted)."""
+    import tracemalloc
+
+    write(folder / "warm.bin")
+    tracemalloc.start()
+    try:
+        write(folder / "dst.bin")
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.parametrize("dim,buffer", [(32, 4 << 20), (32, 1 << 30), (100, 4 << 20)])
 def test_permute_rows_stays_within_its_planned_memory(tmp_path, dim, buffer):
     """permute_rows' allocations stay under what ingest plans for it (the inverse, two
     buckets of rows, 24 B a row), and that plan is not loose by more than a third (through
     bucket files with a small buffer, and in memory with a large one)."""
-    import tracemalloc
-
     from ooc.storage.reorder import permute_rows, reorder_phases
 
     rng = np.random.default_rng(1)
@@ -356,13 +368,8 @@ def test_permute_rows_stays_within_its_planned_memory(tmp_path, dim, buffer):
     x = rng.standard_normal((n, dim)).astype(np.float32)
     lay = _layout_file(tmp_path / "src.bin", x)
     row_of = rng.permutation(n).astype(np.int32)
-    permute_rows(tmp_path / "src.bin", tmp_path / "warm.bin", lay, row_of, buffer)  # imports
-    tracemalloc.start()
-    try:
-        permute_rows(tmp_path / "src.bin", tmp_path / "dst.bin", lay, row_of, buffer)
-        peak = tracemalloc.get_traced_memory()[1] + row_of.nbytes  # the inverse, held before
-    finally:
-        tracemalloc.stop()
+    peak = _traced_peak(lambda dst: permute_rows(tmp_path / "src.bin", dst, lay, row_of, buffer),
+                        tmp_path) + row_of.nbytes  # the inverse, held before
     plan = reorder_phases(lay, buffer)["permute"]
     assert peak <= plan <= 1.34 * peak, (peak, plan)
 
@@ -448,8 +455,6 @@ def test_placing_streamed_rows_stays_within_its_planned_memory(tmp_path, buffer)
     """Ingest's streamed placement (a float32 chunk read and placed as stored) stays under
     the plan's ``place`` phase, which is not loose by more than half (it also counts a
     converted copy of the chunk, which a float32 source does not make)."""
-    import tracemalloc
-
     from ooc.storage.reorder import RowPlacer, reorder_phases
 
     rng = np.random.default_rng(1)
@@ -468,13 +473,7 @@ def test_placing_streamed_rows_stays_within_its_planned_memory(tmp_path, buffer)
         placer.finish()
         placer.close()
 
-    stream(tmp_path / "warm.bin")
-    tracemalloc.start()
-    try:
-        stream(tmp_path / "dst.bin")
-        peak = tracemalloc.get_traced_memory()[1] + row_of.nbytes  # the inverse, held before
-    finally:
-        tracemalloc.stop()
+    peak = _traced_peak(stream, tmp_path) + row_of.nbytes  # the inverse, held before
     plan = reorder_phases(lay, buffer)["place"]
     assert peak <= plan <= 1.5 * peak, (peak, plan)
 
