@@ -520,18 +520,17 @@ class FeatureSink:
         lay = self.layout
         if lay.rows_per_page and start % lay.rows_per_page:
             raise InvalidValue("feature chunks must start at a page boundary")
-        if self.placer is not None:
-            with np.errstate(over="ignore"):  # an overflow to inf is counted, not raised
-                typed = np.ascontiguousarray(rows, dtype=lay.dtype)
-            self.w.check_features(start, typed)
-            self.placer.add(start, typed)
-            return
-        if lay.rows_per_page and lay.rows_per_page * lay.row_bytes == PAGE:
-            # rows fill whole pages with no padding: the rows' own bytes are the file's
-            # (the file was allocated zeroed, so a last partial page needs no padding)
+        # rows placed in the locality order, or rows that fill whole pages with no padding
+        # (the rows' own bytes are the file's; it was allocated zeroed, so a last partial
+        # page needs no padding), go as converted to the stored dtype
+        if self.placer is not None or (lay.rows_per_page
+                                       and lay.rows_per_page * lay.row_bytes == PAGE):
             with np.errstate(over="ignore"):  # an overflow to inf is counted, not raised
                 buf = np.ascontiguousarray(rows, dtype=lay.dtype)
             self.w.check_features(start, buf)
+            if self.placer is not None:
+                self.placer.add(start, buf)
+                return
         else:
             local = FeatureLayout(rows.shape[0], lay.dim, lay.dtype)
             buf = np.zeros(local.file_bytes, dtype=np.uint8)
