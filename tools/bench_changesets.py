@@ -77,10 +77,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--report")
     a = ap.parse_args()
-    sizes = sorted(int(s) for s in a.superbatches.split(","))
+    try:
+        sizes = sorted(int(s) for s in a.superbatches.split(","))
+        fanouts = [int(f) for f in a.fanouts.split(",")]
+    except ValueError:
+        ap.error("--superbatches and --fanouts take comma-separated integers")
+    if min(sizes) < 1 or min(fanouts) < 0 or a.rounds < 1 or not 0 <= a.cache_fraction <= 1 \
+            or not 0 < a.batch_size <= a.nodes:
+        ap.error("--superbatches and --rounds must be >= 1, --fanouts >= 0, --cache-fraction in "
+                 "[0, 1] and --batch-size in [1, --nodes]")
     t0 = time.perf_counter()
     indptr, indices = papers_like_csc(a.nodes, a.seed)
-    sampler = NeighborSampler(indptr, indices, [int(f) for f in a.fanouts.split(",")])
+    sampler = NeighborSampler(indptr, indices, fanouts)
     rng = np.random.default_rng(a.seed + 1)
     seeds = [rng.choice(a.nodes, a.batch_size, replace=False) for _ in range(sizes[-1])]
     ids = [b.node_ids for b in sampler.sample_many(seeds, [derive_seed(a.seed, 0, i)
