@@ -459,3 +459,34 @@ def test_partitions_of_a_dataset_ingested_with_nonfinite_features(tmp_path):
         d = open_dataset(part)
         total += int(np.isnan(d.features.read(np.arange(d.num_nodes))).sum())
     assert total >= 1
+
+
+def test_partitions_inherit_the_sources_locality_order(tmp_path):
+    """A source stored in a locality order: each partition stores its rows in the order of
+    their source rows (so the copy reads the source front to back), says so in its meta,
+    and still reads every node's own row."""
+    rng = np.random.default_rng(3)
+    n, size = 2400, 24  # 100 communities hidden by a permutation of the ids
+    comm = np.arange(n) // size
+    src = rng.integers(0, n, 12 * n)
+    dst = comm[src] * size + rng.integers(0, size, src.size)
+    perm = rng.permutation(n)
+    indptr, indices = csc_from_edges(perm[src], perm[dst], n)
+    x = rng.standard_normal((n, 32)).astype(np.float32)  # 128-byte rows, 32 a page
+    path = write_dataset(tmp_path / "d", indptr, indices, x, rng.integers(0, 3, n),
+                         np.arange(0, n, 2), np.arange(1, n, 4), np.arange(3, n, 4),
+                         num_classes=3, reorder="locality")
+    source = open_dataset(path)
+    assert source.row_of is not None
+    out = tmp_path / "p"
+    report = partition_dataset(path, out, 4, "spring")
+    _check_partitions(path, out, report)
+    for q in range(4):
+        d = open_dataset(out / f"part_{q:03d}", verify=True)
+        assert d.meta["feature_order"]["kind"] == "inherited"
+        gids = np.load(d.path / "global_ids.npy")
+        node_at_row = np.empty(d.num_nodes, dtype=np.int64)
+        node_at_row[np.asarray(d.row_of)] = np.arange(d.num_nodes)
+        assert np.all(np.diff(np.asarray(source.row_of)[gids[node_at_row]]) > 0)
+        raw = np.fromfile(d.path / "features.bin", dtype=np.float32)[:d.num_nodes * 32]
+        np.testing.assert_array_equal(raw.reshape(-1, 32), x[gids[node_at_row]])

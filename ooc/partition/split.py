@@ -20,9 +20,11 @@ of a BFS by in-edges:
 * ``labels.npy`` keeps the labels of owned nodes; every other node gets -1;
 * ``train/val/test_idx.npy`` are the source splits restricted to owned nodes,
   in local ids (source order kept);
-* features are copied through a memory map of the source ``features.bin``
-  in chunks of rows; mapped pages are released after each chunk so the
-  resident set stays bounded;
+* features are read from the source ``features.bin`` in chunks of rows,
+  each page that holds a wanted row read once (O_DIRECT where the file
+  system allows it); a source stored in a locality order lends it to the
+  partition (``feature_rows.npy``, ``feature_order.kind = "inherited"``), so
+  the copy reads the source and writes the partition front to back;
 * ``meta.json`` gets a ``partition`` entry: part, parts, algo, num_owned,
   num_replicas (all non-owned nodes), halo_hops, num_replicas_per_hop
   (list, layer sizes ``1..H``).
@@ -43,6 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from ..storage import Dataset, DatasetWriter
+from ..storage.direct import DirectFeatures
+from ..storage.pagecache import release_mapped
 from ._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, replicas_of
 from .base import progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
@@ -192,18 +196,40 @@ def _copy_edges(dataset: Dataset, g2l: np.ndarray, n_inner: int, indptr: np.ndar
 
 
 def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None:
-    """Rows ``gids`` (int64 [n_q]) of the source's features to the writer's feature file,
-    in chunks of :data:`FEATURE_CHUNK_BYTES`; the pages of both memmaps are released
-    after each chunk."""
+    """Rows ``gids`` (int64 [n_q], global ids in local order) of the source's features to
+    the writer's feature file, :data:`FEATURE_CHUNK_BYTES` of rows at a time, read by a
+    :class:`~ooc.storage.direct.DirectFeatures` (O_DIRECT where the file system allows it:
+    each page holding a row of the chunk is read once, and none stays in the page cache or
+    in this process).
+
+    A source stored in a locality order (``feature_rows.npy``) lends it to the partition:
+    the partition's rows are stored in the order of their source rows, so the copy reads
+    the source front to back and writes the partition front to back, and neighbours keep
+    sharing pages. A source in node order is copied in local order (each halo layer is in
+    ascending global id: again front to back)."""
     nq = gids.size
-    feats = dataset.features
+    lay = dataset.layout
+    if dataset.row_of is not None:
+        src_rows = np.asarray(dataset.row_of[gids], dtype=np.int64)
+        release_mapped(dataset.row_of)
+        order = np.argsort(src_rows, kind="stable")
+        src_rows = src_rows[order]
+        row_of = np.empty(nq, dtype=np.int32 if nq < (1 << 31) else np.int64)
+        row_of[order] = np.arange(nq, dtype=row_of.dtype)
+        del order
+        w.store_rows_in(row_of, "inherited")
+        del row_of
+    else:
+        src_rows = gids
     dst_view = w.features()
-    rows = max(1, FEATURE_CHUNK_BYTES // max(1, dataset.layout.row_bytes))
-    for a in range(0, nq, rows):
-        b = min(nq, a + rows)
-        dst_view[a:b] = feats.read(gids[a:b])
-        _release(feats._mm)
-        _release(w._features)
+    rows = max(1, FEATURE_CHUNK_BYTES // max(1, lay.row_bytes))
+    with DirectFeatures(dataset.file("features.bin"), lay) as source:
+        for a in range(0, nq, rows):
+            b = min(nq, a + rows)
+            chunk = source.read(src_rows[a:b])
+            w.check_features(a, chunk)
+            dst_view[a:b] = chunk
+            _release(w._features)
 
 
 def _local_splits(dataset: Dataset, owner: np.ndarray, q: int, g2l: np.ndarray

@@ -108,6 +108,7 @@ class DatasetWriter:
         self._order_stats: Any = None
         self._placer: Any = None                    # a RowPlacer while rows stream in
         self._placed = 0                            # buckets of the rows placed as streamed
+        self._given_order: dict[str, Any] | None = None  # meta of a row order set by the caller
 
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
@@ -325,7 +326,7 @@ class DatasetWriter:
 
     def _reorders(self) -> bool:
         lay, n = self.layout, self.num_nodes
-        return not (self.reorder == "none" or n < 2
+        return not (self.reorder == "none" or n < 2 or self._given_order is not None
                     or (self.reorder == "auto" and lay.rows_per_page < 2))
 
     def _feature_order(self) -> np.ndarray:
@@ -347,6 +348,18 @@ class DatasetWriter:
             del indptr, indices
             self._row_of = rows_of(order)
         return self._row_of
+
+    def store_rows_in(self, row_of: np.ndarray, kind: str, **info: Any) -> None:
+        """Declare that the caller writes ``features.bin`` in its own row order: node ``v``'s
+        row is ``row_of[v]`` (int [N], a permutation of ``0 .. N-1``, saved as
+        ``feature_rows.npy``). ``meta.json``'s ``feature_order`` becomes ``{"kind": kind,
+        **info}``; no locality order is computed. Rows go to :meth:`features` by stored row."""
+        if row_of.shape != (self.num_nodes,):
+            raise InvalidValue(f"{self.out}: the row order has {row_of.shape[0]} entries for "
+                               f"{self.num_nodes} nodes")
+        self._row_of = np.asarray(row_of, dtype=np.int32 if self.num_nodes < (1 << 31)
+                                  else np.int64)
+        self._given_order = {"kind": kind, **info}
 
     def row_placer(self):
         """A :class:`~ooc.storage.reorder.RowPlacer` that stores feature rows in the
@@ -372,7 +385,14 @@ class DatasetWriter:
 
     def _reorder_features(self) -> None:
         """Store ``features.bin`` in a locality order (see the class docstring): already
-        done when the rows were placed as they streamed in, else the file is permuted."""
+        done when the rows were placed as they streamed in, else the file is permuted. A
+        row order given by :meth:`store_rows_in` is only saved."""
+        if self._given_order is not None:
+            assert self._row_of is not None  # set with it
+            np.save(self._dir / ROW_MAP_FILE, self._row_of)
+            self.extra_meta["feature_order"] = self._given_order
+            self._row_of = None
+            return
         if not self._reorders():
             return
         from .reorder import permute_rows
