@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-layers", action="store_true",
                    help="keep every layer's embeddings (default: a layer is deleted once the "
                         "next is complete, so only the output layer stays)")
+    p.add_argument("--aggregate", default="auto", choices=["auto", "blocks", "streamed"],
+                   help="how a layer reads its input: streamed = a layer whose convolution is "
+                        "a mean, sum or max of its input rows (SAGE) streams the input table "
+                        "in order a few times, adding each row into its targets' "
+                        "accumulators; blocks = each block of targets reads its neighbours' "
+                        "rows; auto = streamed where it plans to read fewer bytes")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out when it holds another run (same run: resumed)")
     BY_NAME["io_backend"].add_to(p)
@@ -115,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # every option is checked before a file is read or written
     check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy,
-                  args.layer_dtype)
+                  args.layer_dtype, args.aggregate)
     check_range("--threads", args.threads, 1, 4096, integer=True)
     features = _feature_reader_choice(args)
     if args.threads is not None:
@@ -127,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               partition=args.partition, policy=args.policy,
                               features=features, block_rows=args.block_rows,
                               overwrite=args.overwrite, progress=not args.no_progress,
-                              layer_dtype=args.layer_dtype, keep_layers=args.keep_layers)
+                              layer_dtype=args.layer_dtype, keep_layers=args.keep_layers,
+                              aggregate=args.aggregate)
     rep["checkpoint"] = str(args.checkpoint)
     rep["ru_maxrss_bytes"] = peak_rss_bytes()
     if args.report:

@@ -97,7 +97,7 @@ def test_synthetic_matches_full_forward(synth, tmp_path, kind):
     torch.manual_seed(0)
     model = build_model(kind, x.shape[1], 32, 5, num_layers=3)
     rep, ref = _check(ds, x, model, tmp_path / "out.zarr", chunk_rows=128, block_rows=50,
-                      cache_chunks=8)
+                      cache_chunks=8, aggregate="blocks")
     assert rep["num_chunks"] == 16
     later = [la for la in rep["layers"] if la["layer"] > 1]
     assert all(la["reads"]["mode"] == "chunks" for la in later)   # fewer bytes than rows here
@@ -117,7 +117,7 @@ def test_cora_matches_full_forward_with_budget(cora, tmp_path, kind):
     torch.manual_seed(1)
     model = build_model(kind, x.shape[1], 16, 7, num_layers=2)
     rep, _ = _check(ds, x, model, tmp_path / "cora.zarr", chunk_rows=256, block_rows=64,
-                    cache_chunks=2, memory_budget="3GiB")
+                    cache_chunks=2, memory_budget="3GiB", aggregate="blocks")
     assert rep["num_chunks"] == 11
     assert rep["layers"][1]["cache"]["misses"] > rep["layers"][1]["cache"]["capacity_chunks"]
     assert rep["within_budget"]
@@ -191,7 +191,7 @@ def test_layer0_reads_rows_or_chunks(synth, tmp_path, cap, mode):
     torch.manual_seed(5)
     model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
     rep, _ = _check(ds, x, model, tmp_path / "l0.zarr", chunk_rows=128, block_rows=64,
-                    cache_chunks=cap, order="degree")
+                    cache_chunks=cap, order="degree", aggregate="blocks")
     l0 = rep["layers"][0]
     assert l0["reads"]["mode"] == mode
     if mode == "chunks":
@@ -373,13 +373,15 @@ def test_later_layers_read_rows_from_chunk_files(synth, tmp_path, layer_dtype):
     model = build_model("sage", x.shape[1], 16, 5, num_layers=3)
     out = tmp_path / f"rows-{layer_dtype}.zarr"
     if layer_dtype == "float32":
-        rep, _ = _check(ds, x, model, out, chunk_rows=128, block_rows=64, cache_chunks=0)
+        rep, _ = _check(ds, x, model, out, chunk_rows=128, block_rows=64, cache_chunks=0,
+                        aggregate="blocks")
     else:
         rep = layerwise_inference(ds, model, out, chunk_rows=128, block_rows=64, cache_chunks=0,
-                                  layer_dtype="float16", keep_layers=True)
+                                  layer_dtype="float16", keep_layers=True, aggregate="blocks")
         with torch.no_grad():
             ref = layerwise_inference(ds, model, tmp_path / "cached.zarr", chunk_rows=128,
-                                      block_rows=64, cache_chunks=16, layer_dtype="float16")
+                                      block_rows=64, cache_chunks=16, layer_dtype="float16",
+                                      aggregate="blocks")
         np.testing.assert_array_equal(read_embeddings(out, "h3"),
                                       read_embeddings(tmp_path / "cached.zarr", "h3"))
         assert ref["layers"][2]["reads"]["mode"] == "chunks"

@@ -120,7 +120,7 @@ def test_stock_model_on_cora(cora, tmp_path, name):
     model = _stock(name, x.shape[1], 32, 7, 2, seed=0)
     ref = _stock_reference(model, x, ei)
     rep, worst = _compare(ds, model, ref, tmp_path / "o.zarr", chunk_rows=512, block_rows=100,
-                          cache_chunks=2)
+                          cache_chunks=2, aggregate="blocks")
     assert rep["model"] == name and rep["num_chunks"] == 6
     assert rep["layers"][1]["cache"]["misses"] > 0
 

@@ -208,3 +208,59 @@ def gather_rows(vals, offsets, at, out):
         r = at[i]
         for j in range(d):
             out[r, j] = vals[o + j]
+
+
+@numba.njit(cache=True)
+def bucket_edges(indptr, src, a, first_dst, key_out, key_in, group_rows, src_rows,
+                 num_src_chunks, num_buckets, bid, pairs):
+    """Sort the CSC positions ``a .. a + len(src)`` into buckets of (target group, source
+    chunk), for streamed aggregation.
+
+    ``src``: the in-neighbours at those positions (``indices[a:a + m]``); the destination
+    of position ``k`` is the node ``v`` with ``indptr[v] <= k < indptr[v+1]``, found by
+    walking ``indptr`` from ``first_dst``. A target's group is ``key_out[v] //
+    group_rows``, a source's chunk ``key_in[u] // src_rows`` (``key_out``, ``key_in``:
+    int [N] node -> row of the output, of the input). Edge ``(u, v)`` goes to bucket
+    ``group * num_src_chunks + chunk`` as the pair ``(key_in[u] % src_rows,
+    key_out[v] % group_rows)``. ``bid``: int32 [m] scratch; ``pairs``: int32 [m, 2], filled
+    bucket after bucket (edges of a bucket in CSC order). Returns int64 [num_buckets + 1],
+    where each bucket's pairs start.
+    """
+    m = src.shape[0]
+    counts = np.zeros(num_buckets + 1, dtype=np.int64)
+    v = first_dst
+    for i in range(m):
+        while indptr[v + 1] <= a + i:
+            v += 1
+        b = (key_out[v] // group_rows) * num_src_chunks + key_in[src[i]] // src_rows
+        bid[i] = b
+        counts[b + 1] += 1
+    for b in range(num_buckets):
+        counts[b + 1] += counts[b]
+    pos = counts[:-1].copy()
+    v = first_dst
+    for i in range(m):
+        while indptr[v + 1] <= a + i:
+            v += 1
+        p = pos[bid[i]]
+        pos[bid[i]] = p + 1
+        pairs[p, 0] = key_in[src[i]] % src_rows
+        pairs[p, 1] = key_out[v] % group_rows
+    return counts
+
+
+@numba.njit(cache=True)
+def accumulate_rows(acc, x, pairs, use_max):
+    """``acc[t] += x[s]`` (or the elementwise max, ``use_max``) for every pair ``(s, t)`` of
+    ``pairs`` (int32 [m, 2]); ``acc`` float32 [targets, d], ``x`` float32 [sources, d]."""
+    d = acc.shape[1]
+    for i in range(pairs.shape[0]):
+        s = pairs[i, 0]
+        t = pairs[i, 1]
+        if use_max:
+            for j in range(d):
+                if x[s, j] > acc[t, j]:
+                    acc[t, j] = x[s, j]
+        else:
+            for j in range(d):
+                acc[t, j] += x[s, j]

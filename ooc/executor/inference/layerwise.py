@@ -127,7 +127,8 @@ from .local_graph import Topology
 from .memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss
 from .model_adapter import LayerwiseModel, as_layerwise
 from .order import ORDERS, compute_order, order_digest, rows_and_nodes
-from .runner import Run, run_layer
+from .runner import AGGREGATIONS, Run, run_layer
+from .streamed import BUCKET_BYTES
 from .store import (PROGRESS_FILE, Progress, disk_bytes, drop_layer, locked_partial,
                     not_replaceable, open_group, partial_path, predictions, read_embeddings,
                     read_progress, seal, swap_in)
@@ -167,9 +168,11 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
 
 
 def check_options(budget: int, chunk_rows: int, block_rows: int | None,
-                  cache_chunks: int | None, policy: str, layer_dtype: str = "float32") -> None:
+                  cache_chunks: int | None, policy: str, layer_dtype: str = "float32",
+                  aggregate: str = "auto") -> None:
     """Range-check the inference settings (one-line :class:`OocError` naming the option)."""
     from ...cli import check_range
+    from ...storage.errors import setting
 
     check_range("--memory-budget", budget, 1, None, integer=True)
     check_range("--chunk-rows", chunk_rows, 1, 1 << 24, integer=True)
@@ -178,10 +181,11 @@ def check_options(budget: int, chunk_rows: int, block_rows: int | None,
     if policy not in POLICIES:
         raise InvalidValue(f"unknown cache policy {policy!r} (choose one of {', '.join(POLICIES)})")
     if layer_dtype not in LAYER_DTYPES:
-        from ...storage.errors import setting
-
         raise InvalidValue(f"{setting('--layer-dtype')} {layer_dtype!r}: choose one of "
                            f"{', '.join(LAYER_DTYPES)}")
+    if aggregate not in AGGREGATIONS:
+        raise InvalidValue(f"{setting('--aggregate')} {aggregate!r}: choose one of "
+                           f"{', '.join(AGGREGATIONS)}")
 
 
 @dataclass
@@ -200,6 +204,8 @@ class Job:
     features: Any = "auto"       # the layer-0 reader (see layerwise_inference)
     layer_dtype: str = "float32"  # of the layers before the last
     keep_layers: bool = False     # keep every layer (else each input goes once used)
+    aggregate: str = "auto"       # how layers read their input (runner.AGGREGATIONS)
+    stream_rows: tuple[int | None, int | None] = (None, None)
     show_bar: bool = False
     on_chunk: Callable[[int, int], None] | None = None
 
@@ -216,7 +222,9 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
                         block_rows: int | None = None, cache_chunks: int | None = None,
                         overwrite: bool = False, progress: bool = True,
                         on_chunk: Callable[[int, int], None] | None = None,
-                        layer_dtype: str = "float32", keep_layers: bool = False) -> dict:
+                        layer_dtype: str = "float32", keep_layers: bool = False,
+                        aggregate: str = "auto",
+                        stream_rows: tuple[int | None, int | None] | None = None) -> dict:
     """Compute every layer of ``model`` for every node, layer by layer, out of core.
 
     Args:
@@ -247,6 +255,12 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
             the reads of the next layer; ``hL`` stays float32).
         keep_layers: keep every layer; by default a layer is deleted once the next one
             is complete, so the run holds at most two layers on disk.
+        aggregate: ``auto`` (a layer whose convolution is a plain mean, sum or max of its
+            input rows, as ``SAGEConv``'s, streams its input when that reads fewer bytes:
+            :mod:`.streamed`), ``blocks`` (never) or ``streamed`` (every layer; one line
+            when one cannot).
+        stream_rows: force the streamed layers' (group rows, source chunk rows), either
+            None for the budget's (tests and benchmarks).
 
     Returns:
         The report: per-layer timings, bytes read, cache hit ratios, peak RSS,
@@ -258,11 +272,14 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
 
         memory_budget = process_total() or "2GiB"
     budget = _parse_size(memory_budget)
-    check_options(budget, chunk_rows, block_rows, cache_chunks, policy, layer_dtype)
+    check_options(budget, chunk_rows, block_rows, cache_chunks, policy, layer_dtype, aggregate)
     chunking = Chunking(int(chunk_rows), 0, block_rows)
     job = _resolve(dataset, model, out, budget, chunking, CacheSettings(policy, cache_chunks),
                    order, partition, layer_dtype, bool(keep_layers))
     job.features, job.show_bar, job.on_chunk = features, progress, on_chunk
+    job.aggregate = aggregate
+    if stream_rows is not None:
+        job.stream_rows = stream_rows
     if _is_finished(job, overwrite):
         return _finished_report(job, t_start)
     check_disk(job)
@@ -304,6 +321,9 @@ def check_disk(job: Job) -> None:
     n, nl = job.dataset.num_nodes, job.num_layers
     sizes = [np.dtype(job.layer_dtype).itemsize] * (nl - 1) + [4]
     need = disk_bytes(n, job.dims, sizes, job.keep_layers, job.perm is not None)
+    if job.aggregate != "blocks" and any(job.model.aggregation(l) is not None
+                                         for l in range(nl)):
+        need += BUCKET_BYTES * job.dataset.num_edges  # a streamed layer's edge buckets
     work = partial_path(job.out)
     have = sum(f.stat().st_size for f in work.rglob("*") if f.is_file()) \
         if work.is_dir() and not work.is_symlink() else 0
@@ -417,7 +437,8 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
     backend = job.features if isinstance(job.features, str) and job.features in REGISTRY \
         else "auto"
     return Run(job.dataset, job.model, group, topo, reader, job.budget, job.chunking, job.cache,
-               progress, job.show_bar, job.layer_dtype, backend), reader_name
+               progress, job.show_bar, job.layer_dtype, backend, job.aggregate,
+               job.stream_rows), reader_name
 
 
 def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:

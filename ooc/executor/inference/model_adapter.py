@@ -59,6 +59,11 @@ class LayerwiseModel:
         name: the model's name in the report.
         targets_only: ``layer`` takes ``num_targets=`` and computes only those
             first rows (see :meth:`targets`).
+        aggregations: per layer, how its convolution reduces the in-neighbours' input
+            rows when it is a plain reduction of them (``"mean"``, ``"sum"`` or
+            ``"max"`` of the rows as they are, before any weight), else None: such a
+            layer can be computed from each target's reduced row alone
+            (:mod:`.streamed`).
     """
     module: torch.nn.Module
     num_layers: int
@@ -66,6 +71,11 @@ class LayerwiseModel:
     gcn_norm: bool
     name: str
     targets_only: bool = False
+    aggregations: tuple[str | None, ...] = ()
+
+    def aggregation(self, l: int) -> str | None:
+        """Layer ``l``'s plain reduction of its input rows (see ``aggregations``)."""
+        return self.aggregations[l] if l < len(self.aggregations) else None
 
     def targets(self, l: int, x: Tensor, edge_index: Tensor, edge_weight: Tensor | None,
                 num_targets: int) -> Tensor:
@@ -107,9 +117,11 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
         # the model's own attributes: read with getattr, as mypy would type ``model.layer``
         # by nn.Module.__getattr__ (Tensor | Module), which they never go through
         num_layers, layer = getattr(model, "num_layers"), getattr(model, "layer")
+        convs = getattr(model, "convs", None) if isinstance(model, GNN) else None
         return LayerwiseModel(model, int(num_layers), layer, gcn,
                               str(getattr(model, "kind", type(model).__name__)),
-                              targets_only=isinstance(model, GNN))
+                              targets_only=isinstance(model, GNN),
+                              aggregations=_reductions(convs) if convs is not None else ())
     if isinstance(model, BasicGNN):
         return _stock(model)
     raise InvalidValue("the model does not follow the layer-wise protocol "
@@ -132,7 +144,25 @@ def _stock(model) -> LayerwiseModel:
     gcn = _gcn_normalises(model)
     model.eval()
     return LayerwiseModel(model, int(model.num_layers), _StockLayers(model, gcn), gcn, name,
-                          targets_only=True)
+                          targets_only=True, aggregations=_reductions(model.convs))
+
+
+#: PyG aggregation names -> the reduction streamed aggregation computes.
+_REDUCTIONS = {"mean": "mean", "add": "sum", "sum": "sum", "max": "max"}
+
+
+def _reductions(convs) -> tuple[str | None, ...]:
+    """Per convolution, the plain reduction of the in-neighbours' rows it aggregates
+    (a ``SAGEConv`` without ``project``, aggregation ``mean``, ``sum``/``add`` or ``max``,
+    whose messages are the rows as they are), else None."""
+    from torch_geometric.nn import SAGEConv
+
+    out: list[str | None] = []
+    for conv in convs:
+        aggr = getattr(conv, "aggr", None)
+        ok = type(conv) is SAGEConv and not conv.project and isinstance(aggr, str)
+        out.append(_REDUCTIONS.get(str(aggr)) if ok else None)
+    return tuple(out)
 
 
 def _norm_problem(norm: torch.nn.Module) -> str | None:

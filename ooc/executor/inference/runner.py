@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ...storage.dataset import Dataset
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue, OocError
 from ..cache.chunk_cache import ChunkCache
 from ...storage.layout import PAGE
 from ...storage.pagecache import release_mapped
@@ -22,6 +22,7 @@ from .local_graph import LocalGraph, Topology, local_graph
 from .memory_plan import BlockCosts, headroom, measure_costs, rss
 from .model_adapter import LayerwiseModel
 from .store import Progress, layer_array, write_chunk
+from .streamed import StreamPlan, plan_stream, run_streamed
 
 
 @dataclass
@@ -41,6 +42,16 @@ class Run:
     layer_dtype: str = "float32"
     #: the page reader's backend for a later layer's rows (see :class:`ChunkFileRows`)
     io_backend: str = "auto"
+    #: how a layer reads its input (:data:`AGGREGATIONS`)
+    aggregate: str = "auto"
+    #: force the streamed plan's group and source chunk rows (tests)
+    stream_rows: tuple[int | None, int | None] = (None, None)
+
+
+#: ``aggregate`` values: ``blocks`` (every block reads its targets' in-neighbour rows),
+#: ``streamed`` (:mod:`.streamed`; layers whose convolution is a plain reduction) or
+#: ``auto``: streamed where it plans to read fewer bytes.
+AGGREGATIONS = ("auto", "blocks", "streamed")
 
 
 class NonFiniteOutput(OocError, FloatingPointError):
@@ -290,26 +301,95 @@ def layer_costs(run: Run, l: int, d_in: int, d_out: int) -> BlockCosts | None:
 
 def run_layer(run: Run, l: int) -> dict:
     """Compute array ``h{l+1}`` for every node (resuming its written chunks); returns
-    the layer's report (timings, blocks, bytes read, cache statistics)."""
+    the layer's report (timings, blocks, bytes read, cache statistics).
+
+    The layer runs by streamed aggregation (:mod:`.streamed`) when its convolution is a
+    plain reduction and that plans to read fewer bytes than the blocks (``run.aggregate``
+    may force either), else block after block."""
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
     prev = None if l == 0 else run.group[f"h{l}"]
     d_in = run.dataset.feature_dim if prev is None else int(prev.shape[1])
     itemsize = 4 if prev is None else int(np.dtype(prev.dtype).itemsize)
     d_out = run.model.out_dim(l, d_in)
     t0 = time.perf_counter()
-    costs = layer_costs(run, l, d_in, d_out)
+    costs = layer_costs(run, l, d_in, d_out) or BlockCosts.estimate(d_in, d_out)
     probe_s = time.perf_counter() - t0
-    plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, ch, run.cache,
-                      costs or BlockCosts.estimate(d_in, d_out), itemsize)
-    release_mapped(run.topo.indices)  # the plan walked every edge
-    if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
-        note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
+    stream = _stream_plan(run, l, prev, d_in, d_out, itemsize, costs)
+    plan = None
+    if stream is None or run.aggregate == "auto":
+        plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, ch, run.cache,
+                          costs, itemsize)
+        release_mapped(run.topo.indices)  # the plan walked every edge
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
+    run.progress.state.update(layer=l, chunks_done=first_chunk)
+    if stream is not None and (plan is None or run.aggregate == "streamed"
+                               or stream.planned_bytes < _planned_bytes(plan)):
+        arr = layer_array(run.group, name, n, d_out, ch.chunk_rows, dtype)
+        stats = LayerStats()
+        stats.time_s["plan"] = time.perf_counter() - t0
+        writer = _ChunkWriter(run, l, arr, name, d_out, first_chunk, stats)
+        read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats,
+                            Path(run.group.store.root))
+        writer.close()
+        return _streamed_report(l, name, d_in, d_out, stream, plan, first_chunk, read, stats)
+    assert plan is not None  # made whenever the layer does not stream
+    if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
+        note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
     arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
+    return _run_blocks(run, plan, prev, arr, name, first_chunk, plan.plan_s + probe_s)
+
+
+def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: int,
+                 costs: BlockCosts) -> StreamPlan | None:
+    """Layer ``l``'s streamed plan, None where it does not stream (one line when
+    ``run.aggregate`` asks for it and the layer cannot)."""
+    if run.aggregate == "blocks":
+        return None
+    ds, n = run.dataset, run.topo.num_nodes
+    reduction = run.model.aggregation(l)
+    lay = ds.layout
+    if prev is None:
+        in_row, table, unit = lay.row_bytes, lay.file_bytes, max(1, lay.rows_per_page)
+    else:
+        in_row, table, unit = d_in * itemsize, n * d_in * itemsize, run.chunking.chunk_rows
+    plan = plan_stream(reduction, n, int(run.topo.indptr[-1]), d_in, d_out, in_row, table,
+                       run.budget, run.chunking.chunk_rows, unit, costs, *run.stream_rows)
+    if plan is None and run.aggregate == "streamed":
+        why = ("its convolution is not a plain mean, sum or max of its input rows"
+               if reduction is None else "the budget does not hold one chunk of accumulators")
+        raise InvalidValue(f"--aggregate streamed: layer {l + 1} cannot stream ({why}); "
+                           f"use --aggregate auto")
+    return plan
+
+
+def _planned_bytes(plan: LayerPlan) -> int:
+    """The bytes the block plan reads, the way it chose."""
+    assert plan.reads is not None  # set by plan_layer
+    return int(plan.reads["planned_row_bytes" if plan.reads["mode"] == "rows"
+                          else "planned_chunk_bytes"])
+
+
+def _streamed_report(l: int, name: str, d_in: int, d_out: int, stream: StreamPlan,
+                     plan: LayerPlan | None, first_chunk: int, read: int,
+                     stats: LayerStats) -> dict:
+    return {
+        "layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
+        "blocks": stream.groups, "resumed_chunks": first_chunk, "sub_blocks": stats.sub_blocks,
+        "work_bytes": stream.work, "bytes_read": int(read), "cache": None,
+        "reads": {**stream.as_dict(),
+                  "planned_block_bytes": None if plan is None else _planned_bytes(plan)},
+        "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
+    }
+
+
+def _run_blocks(run: Run, plan: LayerPlan, prev: Any, arr: Any, name: str, first_chunk: int,
+                plan_s: float) -> dict:
+    """Layer ``plan.l`` block after block (see :func:`run_layer`)."""
+    ch, n, l = run.chunking, run.topo.num_nodes, plan.l
+    d_in = plan.d_in
     first_block = int(np.searchsorted(plan.starts, first_chunk * ch.chunk_rows,
                                       side="right")) - 1
-    run.progress.state.update(layer=l, chunks_done=first_chunk)
     src = LayerInput(prev, run.reader, run.dataset.layout.row_bytes, ch.chunk_rows, n,
                      row_of=run.dataset.row_of)
     if prev is not None and plan.seq is None:
@@ -321,7 +401,7 @@ def run_layer(run: Run, l: int) -> dict:
         cache = ChunkCache(plan.cap, run.cache.policy, sequence=plan.seq[plan.ptr[first_block]:],
                            loader=src.load_chunk, num_keys=ch.num_chunks)
     stats = LayerStats()
-    stats.time_s["plan"] = plan.plan_s + probe_s
+    stats.time_s["plan"] = plan_s
     writer = _ChunkWriter(run, l, arr, name, plan.d_out, first_chunk, stats)
     for b in range(max(first_block, 0), plan.num_blocks if first_chunk < ch.num_chunks else 0):
         _run_block(run, plan, src, cache, b, stats, writer)

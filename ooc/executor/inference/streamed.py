@@ -1,0 +1,296 @@
+"""Streamed aggregation: a layer whose convolution reduces its in-neighbours' rows (mean,
+sum or max of the rows as they are, before any weight: ``SAGEConv``) computed from the
+reduced rows, its input read front to back a few times instead of a page per in-edge.
+
+The blocks of :mod:`.runner` hold every input row their targets need, so on a graph whose
+edges leave the blocks (random edges, hubs) each block reads most pages of the input:
+about one page per in-edge in all. A reduction needs less: each target's sum (or max) of
+its in-neighbours' rows. So this layer keeps an accumulator row per target for a *group*
+of consecutive output rows (as many as the memory holds), streams the input table from
+disk in order, a *source chunk* at a time, and adds every edge's source row into its
+target's accumulator. The layer itself then runs on each target with one virtual
+in-neighbour whose row is the reduced one (divided by the in-degree for a mean): the
+convolution's mean, sum or max over that single neighbour is the reduced row, so the
+output equals the full neighbourhood's (to float rounding: the sum is taken in another
+order).
+
+Edges are first sorted into buckets by (target group, source chunk), one file each in
+``<partial>/edge_buckets`` (8 bytes an edge: the source's row in its chunk and the
+target's row in its group, int32), in one pass over ``indices.bin``; the folder is
+removed when the layer ends. A layer then reads its input once per group, the buckets
+once, and its targets' own rows once.
+
+Memory (what :func:`.memory_plan.headroom` leaves the layer): :data:`GROUP_SHARE` to the
+accumulators (float32 [group rows, d_in]), :data:`SOURCE_SHARE` to one source chunk as
+float32, the rest to the sub-blocks the layer runs in (their measured costs).
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ...storage.layout import PAGE, FeatureLayout, read_rows
+from ...storage.pagecache import release_mapped
+from ._kernels import accumulate_rows, bucket_edges
+from .memory_plan import BlockCosts, headroom, rss
+
+if TYPE_CHECKING:
+    from .runner import LayerStats, Run, _ChunkWriter
+
+#: Shares of a layer's free memory: accumulators, one source chunk; the rest runs sub-blocks.
+GROUP_SHARE = 0.6
+SOURCE_SHARE = 0.2
+#: CSC positions bucketed at once (int32 ids, bucket ids and pairs: 16 bytes each).
+BUCKET_EDGES = 1 << 22
+#: Pairs of a bucket read at once (8 bytes each).
+PAIR_PIECE = 1 << 21
+#: The directory of the bucket files, inside the partial output folder.
+BUCKET_DIR = "edge_buckets"
+#: Bytes of an edge in the buckets (two int32).
+BUCKET_BYTES = 8
+
+
+@dataclass
+class StreamPlan:
+    """How a layer streams.
+
+    Attributes:
+        reduction: ``mean``, ``sum`` or ``max``.
+        group_rows: output rows per group (accumulators held at once; a multiple of the
+            output chunk rows); ``groups`` their number.
+        src_rows: input rows per source chunk; ``src_chunks`` their number.
+        sub_rows: targets per sub-block the layer runs on.
+        planned_bytes: the bytes it reads: the input table once per group and once more
+            for the targets' own rows, the buckets once.
+        work: the free memory the plan splits.
+    """
+    reduction: str
+    group_rows: int
+    groups: int
+    src_rows: int
+    src_chunks: int
+    sub_rows: int
+    planned_bytes: int
+    work: int
+
+    def as_dict(self) -> dict:
+        return {"mode": "streamed", "reduction": self.reduction, "groups": self.groups,
+                "group_rows": self.group_rows, "source_chunks": self.src_chunks,
+                "source_rows": self.src_rows, "sub_rows": self.sub_rows,
+                "planned_stream_bytes": int(self.planned_bytes)}
+
+
+def _round_down(x: int, unit: int) -> int:
+    return (x // unit) * unit
+
+
+def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out: int,
+                in_row_bytes: int, table_bytes: int, budget: int, chunk_rows: int,
+                src_unit: int, costs: BlockCosts, group_rows: int | None = None,
+                src_rows: int | None = None) -> StreamPlan | None:
+    """The streamed plan of a layer, or None when its convolution is no plain reduction
+    (``reduction`` None) or the budget cannot hold one output chunk of accumulators and one
+    ``src_unit`` of source rows.
+
+    ``in_row_bytes``: an input row as stored; ``table_bytes``: the whole input as read;
+    ``src_unit``: source chunks are a multiple of it (the input's own chunk rows);
+    ``group_rows``/``src_rows``: force the sizes (tests).
+    """
+    if reduction is None or n == 0:
+        return None
+    rows = min(chunk_rows, n)
+    free = headroom(budget, rss(), rows, d_out)
+    acc_row = d_in * 4
+    if group_rows is None:
+        group_rows = int(free * GROUP_SHARE) // acc_row
+    if src_rows is None:
+        src_rows = int(free * SOURCE_SHARE) // (acc_row + in_row_bytes)
+    # whole output chunks a group (resuming goes by chunk), whole input units a source chunk
+    group_rows = min(_round_down(group_rows, rows), -(-n // rows) * rows)
+    src_rows = min(_round_down(src_rows, src_unit), -(-n // src_unit) * src_unit)
+    sub_free = free - group_rows * acc_row - src_rows * (acc_row + in_row_bytes) \
+        - PAIR_PIECE * 8
+    per_target = costs.target + 2 * costs.node + costs.edge + 3 * acc_row
+    sub_rows = min(sub_free // max(per_target, 1), group_rows)
+    if group_rows < 1 or src_rows < 1 or sub_rows < 1:
+        return None
+    groups, chunks = -(-n // group_rows), -(-n // src_rows)
+    # the table once per group, the buckets once, the targets' own rows once; a page more
+    # where a read starts or ends inside one
+    planned = (groups + 1) * table_bytes + BUCKET_BYTES * num_edges \
+        + (groups * chunks + -(-n // sub_rows) + groups) * 2 * PAGE
+    return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
+                      int(sub_rows), planned, int(free))
+
+
+class _Source:
+    """The input table read in stored order: ``features.bin``'s rows (layer 0) or the
+    previous layer's array (rows in processing order); counts the bytes read."""
+
+    def __init__(self, run: "Run", prev: Any):
+        self.run, self.prev = run, prev
+        self.bytes_read = 0
+        self._f = None if prev is not None else open(run.dataset.file("features.bin"), "rb")
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """Stored rows ``a .. b`` as float32 [b - a, d_in]."""
+        if self.prev is not None:
+            x = np.asarray(self.prev[a:b])
+            self.bytes_read += x.nbytes
+        else:
+            lay = self.run.dataset.layout
+            x = read_rows(self._f, lay, a, b)
+            self.bytes_read += FeatureLayout(b - a, lay.dim, lay.dtype).file_bytes
+        return np.asarray(x, dtype=np.float32)
+
+    def own_rows(self, nodes: np.ndarray, r0: int, r1: int) -> np.ndarray:
+        """The input rows of ``nodes`` (int64, output rows ``r0 .. r1``) as float32."""
+        if self.prev is not None:  # processing order: the same rows of the input
+            x = np.asarray(self.prev[r0:r1])
+            self.bytes_read += x.nbytes
+            return np.asarray(x, dtype=np.float32)
+        reader = self.run.reader
+        st = getattr(reader, "stats", None)
+        before = st.bytes_read if st is not None else 0
+        x = reader.read(nodes)
+        self.bytes_read += (st.bytes_read - before if st is not None
+                            else nodes.shape[0] * self.run.dataset.layout.row_bytes)
+        return np.asarray(x, dtype=np.float32)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+
+
+def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Path,
+                   stats: "LayerStats") -> np.ndarray:
+    """Bucket every edge (one pass over ``indices.bin``) into ``folder``; returns int64
+    [groups * src_chunks], the pairs in each bucket."""
+    topo = run.topo
+    nb = plan.groups * plan.src_chunks
+    sizes = np.zeros(nb, dtype=np.int64)
+    e = int(topo.indptr[-1])
+    step = min(BUCKET_EDGES, max(e, 1))
+    bid = np.empty(step, dtype=np.int32)
+    pairs = np.empty((step, 2), dtype=np.int32)
+    files: dict[int, Any] = {}
+    try:
+        for a in range(0, e, step):
+            b = min(e, a + step)
+            src = np.asarray(topo.indices[a:b])
+            first = int(np.searchsorted(topo.indptr, a, side="right")) - 1
+            counts = bucket_edges(topo.indptr, src, a, first, topo.rowof, key_in,
+                                  plan.group_rows, plan.src_rows, plan.src_chunks, nb,
+                                  bid[:b - a], pairs[:b - a])
+            release_mapped(topo.indices)
+            for k in np.flatnonzero(np.diff(counts)).tolist():
+                f = files.get(k)
+                if f is None:
+                    f = files[k] = open(folder / f"{k}.bin", "ab")
+                f.write(pairs[counts[k]:counts[k + 1]].data)
+                sizes[k] += counts[k + 1] - counts[k]
+            if len(files) > 256:  # open files stay few
+                for f in files.values():
+                    f.close()
+                files.clear()
+    finally:
+        for f in files.values():
+            f.close()
+    return sizes
+
+
+def _accumulate_group(src: _Source, plan: StreamPlan, g: int, g_rows: int, d_in: int,
+                      sizes: np.ndarray, folder: Path, n_in: int, stats: "LayerStats"
+                      ) -> np.ndarray:
+    """float32 [g_rows, d_in]: each target's sum (max) of its in-neighbours' rows."""
+    use_max = plan.reduction == "max"
+    acc = np.full((g_rows, d_in), -np.inf if use_max else 0.0, dtype=np.float32)
+    for c in range(plan.src_chunks):
+        k = g * plan.src_chunks + c
+        if not sizes[k]:
+            continue
+        t0 = time.perf_counter()
+        x = src.rows(c * plan.src_rows, min(n_in, (c + 1) * plan.src_rows))
+        t1 = time.perf_counter()
+        with open(folder / f"{k}.bin", "rb") as f:
+            left = int(sizes[k])
+            while left:
+                m = min(left, PAIR_PIECE)
+                pairs = np.fromfile(f, dtype=np.int32, count=2 * m).reshape(m, 2)
+                src.bytes_read += pairs.nbytes
+                accumulate_rows(acc, x, pairs, use_max)
+                left -= m
+        del x
+        stats.time_s["read"] += t1 - t0
+        stats.time_s["aggregate"] = stats.time_s.get("aggregate", 0.0) + \
+            time.perf_counter() - t1
+    if use_max:
+        acc[np.isneginf(acc)] = 0.0  # only targets without in-edges keep -inf: they get none
+    return acc
+
+
+def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, first_chunk: int,
+                 writer: "_ChunkWriter", stats: "LayerStats", work: Path) -> int:
+    """Layer ``l`` by streamed aggregation, output rows from ``first_chunk`` on handed to
+    ``writer``; returns the bytes read."""
+    topo, ch = run.topo, run.chunking
+    n = topo.num_nodes
+    if prev is not None:
+        key_in, n_in = topo.rowof, n
+    else:
+        row_of = run.dataset.row_of
+        key_in = np.asarray(row_of) if row_of is not None else np.arange(n, dtype=np.int64)
+        n_in = n
+    folder = work / BUCKET_DIR
+    shutil.rmtree(folder, ignore_errors=True)  # a killed run's buckets
+    folder.mkdir()
+    src = _Source(run, prev)
+    try:
+        t0 = time.perf_counter()
+        sizes = _write_buckets(run, plan, key_in, folder, stats)
+        if run.dataset.row_of is not None:
+            release_mapped(run.dataset.row_of)
+        stats.time_s["bucket"] = time.perf_counter() - t0
+        first_group = (first_chunk * ch.chunk_rows) // plan.group_rows
+        for g in range(first_group, plan.groups if first_chunk < ch.num_chunks else 0):
+            r0, r1 = g * plan.group_rows, min(n, (g + 1) * plan.group_rows)
+            acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, n_in, stats)
+            nodes = topo.perm[r0:r1]
+            dg = topo.indptr[nodes + 1] - topo.indptr[nodes]
+            if plan.reduction == "mean":
+                acc /= np.maximum(dg, 1).astype(np.float32)[:, None]
+            _run_group(run, l, plan, src, acc, nodes, dg, r0, writer, stats)
+            del acc
+    finally:
+        src.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return src.bytes_read
+
+
+def _run_group(run: "Run", l: int, plan: StreamPlan, src: _Source, acc: np.ndarray,
+               nodes: np.ndarray, deg: np.ndarray, r0: int, writer: "_ChunkWriter",
+               stats: "LayerStats") -> None:
+    """The layer on a group's targets (``nodes``, output rows ``r0 ..``), a sub-block at a
+    time: each target's own row and one virtual in-neighbour holding its reduced row."""
+    for a in range(0, nodes.shape[0], plan.sub_rows):
+        z = min(nodes.shape[0], a + plan.sub_rows)
+        m = z - a
+        t0 = time.perf_counter()
+        own = src.own_rows(nodes[a:z], r0 + a, r0 + z)
+        t1 = time.perf_counter()
+        x = np.concatenate([own, acc[a:z]])
+        del own
+        has = np.flatnonzero(deg[a:z] > 0)
+        ei = np.stack([has + m, has]).astype(np.int64)
+        h = run.model.targets(l, torch.from_numpy(x), torch.from_numpy(ei), None, m).numpy()
+        del x, ei
+        stats.time_s["read"] += t1 - t0
+        stats.time_s["compute"] += time.perf_counter() - t1
+        writer.put(r0 + a, h)
+        stats.sub_blocks += 1

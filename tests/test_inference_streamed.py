@@ -1,0 +1,174 @@
+"""Streamed aggregation (layers whose convolution is a plain reduction of its input rows):
+the same outputs as the in-memory forward pass, in several groups and source chunks, on a
+dataset stored in node order and in a locality order, resumed after a crash; the bytes it
+reads; what it refuses."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.nn import GraphSAGE
+
+from ooc.executor.inference.layerwise import layerwise_inference, partial_path, read_embeddings
+from ooc.executor.training.models import build_model
+from ooc.infer import main as infer_main
+from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
+
+TOL = 1e-4
+
+
+def _graph(rng: np.random.Generator, n: int = 1500, e: int = 12000):
+    """Skewed random edges with self loops and repeated edges; some nodes get no in-edge."""
+    src = (rng.pareto(1.5, e) * 40).astype(np.int64) % n
+    dst = rng.integers(0, n - 50, e)                  # the last 50 nodes: no in-edges
+    src[:30] = dst[:30]
+    src[30:60], dst[30:60] = src[60:90], dst[60:90]
+    return csc_from_edges(src, dst, n)
+
+
+@pytest.fixture(scope="module", params=["none", "locality"])
+def data(tmp_path_factory, request):
+    rng = np.random.default_rng(11)
+    indptr, indices = _graph(rng)
+    n = indptr.shape[0] - 1
+    x = rng.standard_normal((n, 20)).astype(np.float32)   # 80-byte rows, 51 a page
+    y = rng.integers(0, 4, n)
+    path = write_dataset(tmp_path_factory.mktemp("streamed") / "ds", indptr, indices, x,
+                         labels=y, num_classes=4, train_idx=np.arange(0, 700),
+                         val_idx=np.arange(700, 1000), test_idx=np.arange(1000, n),
+                         reorder=request.param)
+    ds = open_dataset(path)
+    assert (ds.row_of is not None) == (request.param == "locality")
+    return ds, x
+
+
+def _edge_index(ds) -> torch.Tensor:
+    dst = np.repeat(np.arange(ds.num_nodes), np.diff(ds.indptr))
+    return torch.from_numpy(np.stack([np.asarray(ds.indices, dtype=np.int64), dst]))
+
+
+def _reference(model, x: np.ndarray, ds) -> list[np.ndarray]:
+    """Every layer's output of the stock in-memory forward pass, layer by layer."""
+    model.eval()
+    ei = _edge_index(ds)
+    outs, h = [], torch.from_numpy(x)
+    with torch.no_grad():
+        for l, conv in enumerate(model.convs):
+            h = conv(h, ei)
+            if l < len(model.convs) - 1:
+                h = torch.relu(h)
+            outs.append(h.numpy().copy())
+    return outs
+
+
+def _models():
+    torch.manual_seed(0)
+    return {"ooc-sage": build_model("sage", 20, 24, 4, num_layers=3),
+            "pyg-mean": GraphSAGE(20, 16, 3, 4),
+            "pyg-max": GraphSAGE(20, 16, 2, 4, aggr="max"),
+            "pyg-sum": GraphSAGE(20, 16, 2, 4, aggr="sum")}
+
+
+@pytest.mark.parametrize("name", ["ooc-sage", "pyg-mean", "pyg-max", "pyg-sum"])
+def test_streamed_layers_equal_the_forward_pass(data, tmp_path, name):
+    ds, x = data
+    model = _models()[name]
+    ref = _reference(model, x, ds)
+    out = tmp_path / "s.zarr"
+    # 3 groups of 512 output rows, source chunks of about 200 rows: every edge kind is met
+    rep = layerwise_inference(ds, model, out, chunk_rows=128, aggregate="streamed",
+                              stream_rows=(512, 200), keep_layers=True, progress=False)
+    for l, r in enumerate(ref):
+        h = read_embeddings(out, f"h{l + 1}")
+        assert np.abs(h - r).max() < TOL, f"layer {l + 1}: {np.abs(h - r).max()}"
+    for la in rep["layers"]:
+        reads = la["reads"]
+        assert reads["mode"] == "streamed" and reads["groups"] == 3
+        assert reads["source_chunks"] >= 6
+        assert reads["reduction"] == {"pyg-max": "max", "pyg-sum": "sum"}.get(name, "mean")
+        assert 0 < la["bytes_read"] <= reads["planned_stream_bytes"]
+    assert not (out / "edge_buckets").exists()
+    np.testing.assert_array_equal(read_embeddings(out, "pred"), ref[-1].argmax(1))
+
+
+def test_float16_layers_and_a_resumed_crash(data, tmp_path):
+    """float16 layers before the last; a run stopped after a chunk in the middle of a group
+    resumes there and writes the arrays of an uninterrupted run."""
+    ds, x = data
+    model = _models()["ooc-sage"]
+    kw = dict(chunk_rows=128, aggregate="streamed", stream_rows=(512, 300),
+              layer_dtype="float16", keep_layers=True, progress=False)
+    whole = tmp_path / "whole.zarr"
+    layerwise_inference(ds, model, whole, **kw)
+    ref = _reference(model, x, ds)
+    assert np.abs(read_embeddings(whole, "h3") - ref[-1]).max() < 0.05  # float16 between
+
+    class Crash(Exception):
+        pass
+
+    def crash(l, c):
+        if (l, c) == (1, 5):  # chunk 6 of layer 2: inside its second group (chunks 4-7)
+            raise Crash
+
+    out = tmp_path / "crash.zarr"
+    with pytest.raises(Crash):
+        layerwise_inference(ds, model, out, on_chunk=crash, **kw)
+    prog = json.loads((partial_path(out) / "progress.json").read_text())
+    assert prog["layers_done"] == 1 and prog["chunks_done"] == 6
+    rep = layerwise_inference(ds, model, out, **kw)
+    assert rep["resumed"] and rep["resumed_chunks"] == 12 + 6
+    for name in ("h1", "h2", "h3"):
+        np.testing.assert_array_equal(read_embeddings(out, name), read_embeddings(whole, name))
+
+
+def test_auto_streams_where_blocks_would_read_more(data, tmp_path):
+    """With small blocks forced, the blocks plan to read more than streaming does: auto
+    streams, and says what each would read; where blocks read less it keeps them."""
+    ds, x = data
+    model = _models()["pyg-mean"]
+    rep = layerwise_inference(ds, model, tmp_path / "a.zarr", chunk_rows=128, block_rows=20,
+                              cache_chunks=0, progress=False)
+    for la in rep["layers"]:
+        assert la["reads"]["mode"] == "streamed"
+        assert la["reads"]["planned_block_bytes"] > la["reads"]["planned_stream_bytes"]
+    rep = layerwise_inference(ds, model, tmp_path / "b.zarr", chunk_rows=128, progress=False)
+    assert all(la["reads"]["mode"] in ("rows", "chunks") for la in rep["layers"])
+    np.testing.assert_allclose(read_embeddings(tmp_path / "a.zarr", "h3"),
+                               read_embeddings(tmp_path / "b.zarr", "h3"), atol=TOL)
+
+
+def test_a_layer_that_cannot_stream_is_refused_in_one_line(data, tmp_path, capsys):
+    ds, _ = data
+    model = build_model("gcn", 20, 16, 4, num_layers=2)
+    with pytest.raises(OocError, match="layer 1 cannot stream .*not a plain mean, sum or max"):
+        layerwise_inference(ds, model, tmp_path / "g.zarr", aggregate="streamed",
+                            progress=False)
+    with pytest.raises(SystemExit) as e:
+        infer_main(["--data", str(ds.path), "--checkpoint", str(tmp_path / "none.pt"),
+                    "--out", str(tmp_path / "o.zarr"), "--aggregate", "sideways"])
+    assert e.value.code == 2
+    assert "--aggregate: invalid choice: 'sideways'" in capsys.readouterr().err
+
+
+def test_the_disk_check_counts_the_edge_buckets(data, tmp_path, monkeypatch):
+    """Free disk for the layers but not for the edge buckets as well: a run that may stream
+    is refused before anything is written; one that reads by blocks runs."""
+    import shutil
+
+    from ooc.executor.inference.store import disk_bytes
+
+    ds, _ = data
+    model = _models()["pyg-sum"]
+    layers = disk_bytes(ds.num_nodes, [20, 16, 4], [4, 4], False, ds.row_of is not None)
+    free = layers + 4 * ds.num_edges  # half the buckets' 8 bytes an edge
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda p: type(real(p))(real(p).total, real(p).total - free, free))
+    out = tmp_path / "o.zarr"
+    with pytest.raises(OocError, match="needs .* of disk"):
+        layerwise_inference(ds, model, out, chunk_rows=128, progress=False)
+    assert not out.exists() and not partial_path(out).exists()
+    rep = layerwise_inference(ds, model, out, chunk_rows=128, aggregate="blocks", progress=False)
+    assert rep["layers"][0]["reads"]["mode"] in ("rows", "chunks")
