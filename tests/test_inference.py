@@ -534,7 +534,8 @@ def test_sub_blocks_of_single_targets_match_full_forward(synth, tmp_path, kind, 
     ds, x = synth
     torch.manual_seed(11)
     model = build_model(kind, x.shape[1], 16, 5, num_layers=2)
-    rep, _ = _check(ds, x, model, tmp_path / "sub.zarr", chunk_rows=300, block_rows=700)
+    rep, _ = _check(ds, x, model, tmp_path / "sub.zarr", chunk_rows=300, block_rows=700,
+                    aggregate="blocks")
     for la in rep["layers"]:
         assert la["blocks"] == 3 and la["sub_blocks"] == ds.num_nodes
 
@@ -545,7 +546,7 @@ def test_blocks_span_output_chunks_and_resume_inside_one(synth, tmp_path):
     ds, x = synth
     torch.manual_seed(12)
     model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
-    kw = dict(chunk_rows=100, block_rows=450, keep_layers=True)
+    kw = dict(chunk_rows=100, block_rows=450, keep_layers=True, aggregate="blocks")
     ref = tmp_path / "ref.zarr"
     rep = layerwise_inference(ds, model, ref, **kw)
     assert rep["layers"][0]["blocks"] == 5 and rep["num_chunks"] == 20

@@ -252,7 +252,10 @@ def bucket_edges(indptr, src, a, first_dst, key_out, key_in, group_rows, src_row
 @numba.njit(cache=True)
 def accumulate_rows(acc, x, pairs, use_max):
     """``acc[t] += x[s]`` (or the elementwise max, ``use_max``) for every pair ``(s, t)`` of
-    ``pairs`` (int32 [m, 2]); ``acc`` float32 [targets, d], ``x`` float32 [sources, d]."""
+    ``pairs`` (int32 [m, 2]); ``acc`` float32 [targets, d], ``x`` float32 [sources, d].
+
+    One thread: splitting the row's columns between two threads (no two writing one
+    value) ran 1.4x faster alone but 2.3x slower inside ``ooc.infer`` at scale 0.05."""
     d = acc.shape[1]
     for i in range(pairs.shape[0]):
         s = pairs[i, 0]

@@ -139,6 +139,19 @@ def _blocks(topo: Topology, chunking: Chunking, work: int, outer: BlockCosts,
     return starts, sub_work
 
 
+def fits_one_block(topo: Topology, d_in: int, d_out: int, budget: int, chunking: Chunking,
+                   policy: str, in_itemsize: int = 4) -> bool:
+    """Whether the budget runs layer ``l`` as one block of every node (then the blocks
+    read each input page once), from the block costs alone: no walk of the edges."""
+    n = topo.num_nodes
+    if chunking.block_rows is not None and chunking.block_rows < n:
+        return False
+    _, work, _, _ = _layer_memory(budget, n, d_in, d_out, chunking, CacheSettings(policy, 0),
+                                  in_itemsize)
+    outer = BlockCosts.block(d_in, topo.dinv is not None)
+    return outer.of(n, n, int(topo.indptr[-1])) <= max(work - max(int(work * SUB_SHARE), 1), 1)
+
+
 def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, budget: int,
                chunking: Chunking, cache: CacheSettings, costs: BlockCosts,
                in_itemsize: int = 4) -> LayerPlan:

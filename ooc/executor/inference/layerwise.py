@@ -57,6 +57,14 @@ memory caches whole input chunks and smaller blocks take their rows from it.
 When the budget makes a layer read its input more than three times over, a
 note names the budget that reads it once.
 
+Streamed aggregation (:mod:`.streamed`): a layer whose convolution is a plain mean, sum or
+max of its in-neighbours' rows (``SAGEConv``) and that does not fit one block keeps a
+float32 accumulator per target for a group of output rows, streams its input table in
+stored order adding each edge's source row in, and runs the layer on each target with
+its reduced row as a single virtual neighbour. Reads are sequential: the table once per
+group and once for the targets' own rows, plus the edges bucketed by (group, source
+chunk), 8 bytes an edge. ``aggregate="blocks"`` / ``"streamed"`` forces either way.
+
 Atomic output: everything is written into ``.<name>.partial`` beside
 ``out`` (:func:`partial_path`) and renamed to ``out`` when every array is
 complete, so a killed or failed run never leaves anything at ``out`` that

@@ -16,7 +16,8 @@ from ...storage.errors import InvalidValue, OocError
 from ..cache.chunk_cache import ChunkCache
 from ...storage.layout import PAGE
 from ...storage.pagecache import release_mapped
-from .blocks import CacheSettings, Chunking, LayerPlan, note_extra_reads, plan_layer
+from .blocks import (CacheSettings, Chunking, LayerPlan, fits_one_block, note_extra_reads,
+                     plan_layer)
 from .chunk_rows import ChunkFileRows
 from .local_graph import LocalGraph, Topology, local_graph
 from .memory_plan import BlockCosts, headroom, measure_costs, rss
@@ -304,8 +305,12 @@ def run_layer(run: Run, l: int) -> dict:
     the layer's report (timings, blocks, bytes read, cache statistics).
 
     The layer runs by streamed aggregation (:mod:`.streamed`) when its convolution is a
-    plain reduction and that plans to read fewer bytes than the blocks (``run.aggregate``
-    may force either), else block after block."""
+    plain reduction and the budget cannot run it as one block of every node (which reads
+    each input page once, at most the table, where streaming reads it at least twice plus
+    the edge buckets), else block after block; ``run.aggregate`` may force either. The
+    streamed reads are sequential and the blocks' are pages at random, and planning the
+    blocks walks the edges three or four times (18 s a layer at 5.6M nodes and 162M
+    edges), so a layer that may stream is not block-planned to compare bytes."""
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
     prev = None if l == 0 else run.group[f"h{l}"]
     d_in = run.dataset.feature_dim if prev is None else int(prev.shape[1])
@@ -315,16 +320,13 @@ def run_layer(run: Run, l: int) -> dict:
     costs = layer_costs(run, l, d_in, d_out) or BlockCosts.estimate(d_in, d_out)
     probe_s = time.perf_counter() - t0
     stream = _stream_plan(run, l, prev, d_in, d_out, itemsize, costs)
-    plan = None
-    if stream is None or run.aggregate == "auto":
-        plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, ch, run.cache,
-                          costs, itemsize)
-        release_mapped(run.topo.indices)  # the plan walked every edge
+    if stream is not None and run.aggregate == "auto" and fits_one_block(
+            run.topo, d_in, d_out, run.budget, ch, run.cache.policy, itemsize):
+        stream = None
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     run.progress.state.update(layer=l, chunks_done=first_chunk)
-    if stream is not None and (plan is None or run.aggregate == "streamed"
-                               or stream.planned_bytes < _planned_bytes(plan)):
+    if stream is not None:
         arr = layer_array(run.group, name, n, d_out, ch.chunk_rows, dtype)
         stats = LayerStats()
         stats.time_s["plan"] = time.perf_counter() - t0
@@ -332,8 +334,10 @@ def run_layer(run: Run, l: int) -> dict:
         read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats,
                             Path(run.group.store.root))
         writer.close()
-        return _streamed_report(l, name, d_in, d_out, stream, plan, first_chunk, read, stats)
-    assert plan is not None  # made whenever the layer does not stream
+        return _streamed_report(l, name, d_in, d_out, stream, first_chunk, read, stats)
+    plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, ch, run.cache, costs,
+                      itemsize)
+    release_mapped(run.topo.indices)  # the plan walked every edge
     if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
         note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
     arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
@@ -363,23 +367,13 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     return plan
 
 
-def _planned_bytes(plan: LayerPlan) -> int:
-    """The bytes the block plan reads, the way it chose."""
-    assert plan.reads is not None  # set by plan_layer
-    return int(plan.reads["planned_row_bytes" if plan.reads["mode"] == "rows"
-                          else "planned_chunk_bytes"])
-
-
 def _streamed_report(l: int, name: str, d_in: int, d_out: int, stream: StreamPlan,
-                     plan: LayerPlan | None, first_chunk: int, read: int,
-                     stats: LayerStats) -> dict:
+                     first_chunk: int, read: int, stats: LayerStats) -> dict:
     return {
         "layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
         "blocks": stream.groups, "resumed_chunks": first_chunk, "sub_blocks": stats.sub_blocks,
         "work_bytes": stream.work, "bytes_read": int(read), "cache": None,
-        "reads": {**stream.as_dict(),
-                  "planned_block_bytes": None if plan is None else _planned_bytes(plan)},
-        "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
+        "reads": stream.as_dict(), "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
     }
 
 

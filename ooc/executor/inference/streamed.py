@@ -217,19 +217,22 @@ def _accumulate_group(src: _Source, plan: StreamPlan, g: int, g_rows: int, d_in:
             continue
         t0 = time.perf_counter()
         x = src.rows(c * plan.src_rows, min(n_in, (c + 1) * plan.src_rows))
-        t1 = time.perf_counter()
+        t_read, t_sum = time.perf_counter() - t0, 0.0
         with open(folder / f"{k}.bin", "rb") as f:
             left = int(sizes[k])
             while left:
                 m = min(left, PAIR_PIECE)
+                t0 = time.perf_counter()
                 pairs = np.fromfile(f, dtype=np.int32, count=2 * m).reshape(m, 2)
+                t1 = time.perf_counter()
                 src.bytes_read += pairs.nbytes
                 accumulate_rows(acc, x, pairs, use_max)
+                t_read += t1 - t0
+                t_sum += time.perf_counter() - t1
                 left -= m
         del x
-        stats.time_s["read"] += t1 - t0
-        stats.time_s["aggregate"] = stats.time_s.get("aggregate", 0.0) + \
-            time.perf_counter() - t1
+        stats.time_s["read"] += t_read
+        stats.time_s["aggregate"] = stats.time_s.get("aggregate", 0.0) + t_sum
     if use_max:
         acc[np.isneginf(acc)] = 0.0  # only targets without in-edges keep -inf: they get none
     return acc
