@@ -490,3 +490,22 @@ def test_partitions_inherit_the_sources_locality_order(tmp_path):
         assert np.all(np.diff(np.asarray(source.row_of)[gids[node_at_row]]) > 0)
         raw = np.fromfile(d.path / "features.bin", dtype=np.float32)[:d.num_nodes * 32]
         np.testing.assert_array_equal(raw.reshape(-1, 32), x[gids[node_at_row]])
+
+
+@pytest.mark.parametrize("tie_break", ["id", "random"])
+def test_spring_in_int32_equals_int64(small_dataset, monkeypatch, tie_break):
+    """SPRING's state in int32 (16 bytes a node) assigns every node as the int64 state does."""
+    from ooc.partition import _spring_kernels
+
+    path, _ = small_dataset
+    a32 = partition(path, 4, "spring", tie_break=tie_break, seed=3, refine_passes=0)
+    monkeypatch.setattr(_spring_kernels, "state_dtype", lambda n, d: np.dtype(np.int64))
+    a64 = partition(path, 4, "spring", tie_break=tie_break, seed=3, refine_passes=0)
+    np.testing.assert_array_equal(a32.owner, a64.owner)
+    assert a32.info["clusters"] == a64.info["clusters"]
+    assert _spring_kernels.new_state(np.array([3, 1])).dtype == np.int64  # the patch held
+    monkeypatch.undo()
+    assert _spring_kernels.new_state(np.array([3, 1])).dtype == np.int32
+    assert _spring_kernels.state_dtype(2**31 - 2, 5) == np.int32  # cluster counts reach n + 1
+    assert _spring_kernels.state_dtype(2**31 - 1, 5) == np.int64
+    assert _spring_kernels.state_dtype(10, 2**31) == np.int64

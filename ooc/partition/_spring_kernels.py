@@ -9,28 +9,40 @@ import numpy as np
 _NB = dict(nogil=True, cache=True)
 
 
-#: Columns of the per-node state array ``st`` (int64 [N, 4]). Packing the
-#: four per-node fields into one 32-byte record makes an edge cost one cache
-#: miss per endpoint instead of four (about 5x faster on a 10M-edge graph).
+#: Columns of the per-node state array ``st`` ([N, 4], int32 below 2^31 nodes and
+#: degrees, else int64). Packing the four per-node fields into one 16- or 32-byte
+#: record makes an edge cost one cache miss per endpoint instead of four (about 5x
+#: faster on a 10M-edge graph).
 DEG, CLUSTER, RICH, RICH_DEG = 0, 1, 2, 3
 
 
-@nb.njit(**_NB)
-def new_state(deg):
-    """``st`` for degrees ``deg``: cluster 0 (unseen), no richest neighbour."""
+def state_dtype(n: int, max_degree: int) -> np.dtype:
+    """int32 when node ids, cluster ids (up to ``n + 1``) and degrees all fit it, else
+    int64: the dtype of ``st`` and of the merge's per-node and per-cluster arrays."""
+    return np.dtype(np.int32 if max(n + 1, max_degree) < 2**31 else np.int64)
+
+
+def new_state(deg: np.ndarray) -> np.ndarray:
+    """``st`` [N, 4] for degrees ``deg`` (int [N]): cluster 0 (unseen), no richest
+    neighbour; 16 bytes a node (int32) where :func:`state_dtype` allows."""
     n = deg.shape[0]
-    st = np.zeros((n, 4), dtype=np.int64)
-    for v in range(n):
+    st = np.zeros((n, 4), dtype=state_dtype(n, int(deg.max()) if n else 0))
+    _fill_state(st, deg)
+    return st
+
+
+@nb.njit(**_NB)
+def _fill_state(st, deg):
+    for v in range(deg.shape[0]):
         st[v, DEG] = deg[v]
         st[v, RICH] = -1
-    return st
 
 
 @nb.njit(**_NB)
 def cluster_edges(src, dst, st, vol, k, tau):
     """Algorithm 1 lines 2-17 over the edges ``(src[i], dst[i])`` in order.
 
-    ``st`` int64 [N, 4]: degree, cluster (0 = not seen yet), richest
+    ``st`` [N, 4] (int32 or int64): degree, cluster (0 = not seen yet), richest
     neighbour (-1 = none) and its degree; ``vol`` int64 [N+1] cluster
     volumes; ``k`` int64 [1] next cluster id (starts at 1).
     """
@@ -142,7 +154,7 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
         st: the state after clustering (column CLUSTER 0 = never seen:
             an isolated node; each gets a singleton cluster; modified in place).
         k_next: first unused cluster id.
-        prio: int64 [N] tie-break priority of nodes (higher wins) when two
+        prio: int [N] tie-break priority of nodes (higher wins) when two
             candidate representatives have equally rich neighbours (RICHEST).
         cap: the size cap ``beta * |V| / p`` of a merged cluster and of a
             partition.
@@ -171,13 +183,13 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
 def _cluster_lists(st, c, nc, prio):
     """Each cluster's size, representative (the richest member; ties: ``prio``) and
     members as a singly linked list in node order (``head``/``tail`` per cluster,
-    ``nxt`` per node), for cluster ids ``1..nc-1`` in ``c`` (int64 [N])."""
+    ``nxt`` per node), for cluster ids ``1..nc-1`` in ``c`` ([N]); all of ``st``'s dtype."""
     n = c.shape[0]
-    size = np.zeros(nc, dtype=np.int64)
-    rep = np.full(nc, -1, dtype=np.int64)
-    head = np.full(nc, -1, dtype=np.int64)
-    tail = np.full(nc, -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
+    size = np.zeros(nc, dtype=st.dtype)
+    rep = np.full(nc, -1, dtype=st.dtype)
+    head = np.full(nc, -1, dtype=st.dtype)
+    tail = np.full(nc, -1, dtype=st.dtype)
+    nxt = np.full(n, -1, dtype=st.dtype)
     for v in range(n):
         cl = c[v]
         size[cl] += 1
@@ -203,17 +215,19 @@ def _merge_small_clusters(st, c, prio, cap, rule, size, rep, head, tail, nxt):
     rule picks, within ``cap``; updates sizes, representatives and member lists.
     Returns ``(parent, clusters before merging)``: ``parent[i] == i`` for a root."""
     nc = size.shape[0]
-    parent = np.arange(nc)
+    parent = np.empty(nc, dtype=size.dtype)
+    for cl in range(nc):
+        parent[cl] = cl
     heap = [(np.int64(0), np.int64(0))]
     heap.pop()
     n_before = 0
     for cl in range(1, nc):
         if size[cl] > 0:
-            heap.append((size[cl], np.int64(cl)))
+            heap.append((np.int64(size[cl]), np.int64(cl)))
             n_before += 1
     heapq.heapify(heap)
-    cnt = np.zeros(nc if rule == VOTE else 1, dtype=np.int64)
-    touched = np.empty(nc if rule == VOTE else 1, dtype=np.int64)
+    cnt = np.zeros(nc if rule == VOTE else 1, dtype=size.dtype)
+    touched = np.empty(nc if rule == VOTE else 1, dtype=size.dtype)
     while len(heap) > 0:
         s, i = heapq.heappop(heap)
         if size[i] != s or parent[i] != i:
@@ -237,7 +251,7 @@ def _merge_small_clusters(st, c, prio, cap, rule, size, rep, head, tail, nxt):
         kj = _rep_key(st, rj)
         if ki > kj or (ki == kj and prio[r] > prio[rj]):
             rep[j] = r
-        heapq.heappush(heap, (size[j], j))  # re-rank the grown cluster
+        heapq.heappush(heap, (np.int64(size[j]), np.int64(j)))  # re-rank the grown cluster
     return parent, n_before
 
 

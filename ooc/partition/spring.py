@@ -81,9 +81,10 @@ Choices the paper leaves open (all parameters of :func:`spring`):
   undirected).
 
 Memory: ``O(|V|)``: a packed per-node record (degree, cluster, richest
-neighbour and its degree: 32 bytes), a member link per node (8 bytes),
-cluster volumes, a few per-cluster arrays, plus one chunk of edges (and its
-destinations). Time ``O(|E| + |V| log |V|)`` for Algorithm 1's rule; the
+neighbour and its degree: 16 bytes in int32, below 2^31 nodes and degrees, else
+32), int64 cluster volumes while clustering; then a priority and a member link
+per node and a few per-cluster arrays (4 bytes each in int32), plus one chunk of
+edges (and its destinations). Time ``O(|E| + |V| log |V|)`` for Algorithm 1's rule; the
 vote rule adds the member walks of (b).
 """
 from __future__ import annotations
@@ -143,9 +144,9 @@ def spring(dataset: Dataset, parts: int, *, beta: float = 1.05,
                 bar.update(ch.b - ch.a)
     del vol
     if tie_break == "id":
-        prio = -np.arange(n, dtype=np.int64)
+        prio = -np.arange(n, dtype=st.dtype)
     else:
-        prio = np.random.default_rng(seed).permutation(n).astype(np.int64)
+        prio = np.random.default_rng(seed).permutation(n).astype(st.dtype)
     cap = beta * n / parts
     owner, n_clusters, n_merged, n_split = merge_and_assign(st, int(k[0]), prio, cap, parts,
                                                             MERGE_RULES[merge])
