@@ -168,12 +168,13 @@ def _write_parts(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, parts: i
     """Write every partition's dataset under ``tmp``; their summaries, in partition order.
 
     ``owner``: int [N] owning partition of every node; ``bits``: the replica bitmap of
-    :func:`ooc.partition.metrics.replica_bits`. One int64 [N] global-to-local scratch
-    array serves every partition.
+    :func:`ooc.partition.metrics.replica_bits`. One global-to-local scratch array (int
+    [N] in the dataset's index dtype: 4 bytes a node below 2^31 nodes) serves every
+    partition.
     """
     from .split import part_name, write_partition
 
-    g2l = np.full(dataset.num_nodes, -1, dtype=np.int64)
+    g2l = np.full(dataset.num_nodes, -1, dtype=dataset.index_dtype)
     return [write_partition(dataset, owner, bits, q, parts, tmp / part_name(q), g2l, algo,
                             chunk_edges, progress, halo_hops)
             for q in range(parts)]

@@ -79,7 +79,7 @@ def _halo_nodes(dataset: Dataset, owned: np.ndarray, reps: np.ndarray, layer: np
                 ) -> tuple[np.ndarray, list[int]]:
     """The nodes of an ``hops``-hop halo and the layer sizes.
 
-    ``layer`` (int64 [N], all -1 on entry) is marked with each present node's
+    ``layer`` (int [N], all -1 on entry) is marked with each present node's
     layer; layer 1 is ``reps``, then one pass over the edge stream per hop
     from 2 on. Returns the
     global ids in local order (int64 [n_q], see :func:`nodes_by_layer`) and
@@ -108,7 +108,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     folder); returns its summary.
 
     ``owner``: int [N] owning partition of every node; ``bits``: the replica
-    bitmap of :func:`ooc.partition.metrics.replica_bits`; ``g2l``: int64 [N]
+    bitmap of :func:`ooc.partition.metrics.replica_bits`; ``g2l``: int [N]
     scratch, all -1 on entry and on return.
     """
     if halo_hops < 1:
@@ -179,7 +179,7 @@ def _part_writer(dataset: Dataset, out: Path, nq: int, name: str) -> DatasetWrit
 def _copy_edges(dataset: Dataset, g2l: np.ndarray, n_inner: int, indptr: np.ndarray,
                 ind: np.ndarray, chunk_edges: int, progress: bool, name: str) -> None:
     """One pass over the edge stream: every edge whose destination is among the first
-    ``n_inner`` local nodes, its source mapped through ``g2l`` (int64 [N]), to its place
+    ``n_inner`` local nodes, its source mapped through ``g2l`` (int [N]), to its place
     in ``ind`` (the writer's indices memmap, [indptr[-1]]); ``indptr``: int64 [n_q + 1]
     local offsets. The memmap's pages are released after each chunk."""
     eq = int(indptr[-1])
@@ -236,7 +236,7 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
 def _local_splits(dataset: Dataset, owner: np.ndarray, q: int, g2l: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The source's train/val/test ids owned by partition ``q``, in local ids (int64,
-    source order kept); ``owner``: int [N], ``g2l``: int64 [N] global-to-local map."""
+    source order kept); ``owner``: int [N], ``g2l``: int [N] global-to-local map."""
     splits = []
     for ids in (dataset.train_idx, dataset.val_idx, dataset.test_idx):
         ids = np.asarray(ids, dtype=np.int64)
