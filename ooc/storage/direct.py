@@ -323,8 +323,6 @@ class DirectFeatures(RowTable):
       so the buffer stays at most ``max_pages * 4096`` bytes.
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
-    ``page_cache=True`` reads through the kernel's page cache (readahead off; see
-    :class:`DirectReader`): for a file read again soon, such as a partitioner's copies.
 
     ``read_into(ids, out, rows)`` reads into chosen rows of a larger array (a
     batch's misses into the batch's rows) the same two ways.
@@ -332,14 +330,13 @@ class DirectFeatures(RowTable):
 
     def __init__(self, path, layout: FeatureLayout, queue_depth: int = 64,
                  backend: str = "auto", max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
-                 max_pages: int = DEFAULT_MAX_BUFFER_PAGES, page_cache: bool = False):
+                 max_pages: int = DEFAULT_MAX_BUFFER_PAGES):
         self.path = Path(path)
         self.layout = layout
         self.max_pages = max(1, int(max_pages), layout.pages_per_row)
         self._scratch_lock = threading.Lock()  # the page buffer: filled, then copied out
         self.reader = DirectReader(path, queue_depth=queue_depth, backend=backend,
-                                   max_read_bytes=max_read_bytes, page_cache=page_cache,
-                                   max_buffer_pages=self.max_pages)
+                                   max_read_bytes=max_read_bytes, max_buffer_pages=self.max_pages)
         if self.reader.size < layout.file_bytes:
             size = self.reader.size
             self.reader.close()
