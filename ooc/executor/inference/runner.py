@@ -354,11 +354,14 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     reduction = run.model.aggregation(l)
     lay = ds.layout
     if prev is None:
-        in_row, table, unit = lay.row_bytes, lay.file_bytes, max(1, lay.rows_per_page)
+        in_row, table = lay.row_bytes, lay.file_bytes
+        unit = align = max(1, lay.rows_per_page)
     else:
-        in_row, table, unit = d_in * itemsize, n * d_in * itemsize, run.chunking.chunk_rows
+        in_row, table = d_in * itemsize, n * d_in * itemsize
+        unit, align = run.chunking.chunk_rows, 1
     plan = plan_stream(reduction, n, int(run.topo.indptr[-1]), d_in, d_out, in_row, table,
-                       run.budget, run.chunking.chunk_rows, unit, costs, *run.stream_rows)
+                       run.budget, run.chunking.chunk_rows, unit, align, costs,
+                       *run.stream_rows)
     if plan is None and run.aggregate == "streamed":
         why = ("its convolution is not a plain mean, sum or max of its input rows"
                if reduction is None else "the budget does not hold one chunk of accumulators")

@@ -48,7 +48,7 @@ GROUP_SHARE = 0.6
 SOURCE_SHARE = 0.2
 #: CSC positions bucketed at once (int32 ids, bucket ids and pairs: 16 bytes each).
 BUCKET_EDGES = 1 << 22
-#: Pairs of a bucket read at once (8 bytes each).
+#: Pairs of a bucket read at once (8 bytes each), at most.
 PAIR_PIECE = 1 << 21
 #: The directory of the bucket files, inside the partial output folder.
 BUCKET_DIR = "edge_buckets"
@@ -62,10 +62,11 @@ class StreamPlan:
 
     Attributes:
         reduction: ``mean``, ``sum`` or ``max``.
-        group_rows: output rows per group (accumulators held at once; a multiple of the
-            output chunk rows); ``groups`` their number.
+        group_rows: output rows per group (accumulators held at once); ``groups`` their
+            number.
         src_rows: input rows per source chunk; ``src_chunks`` their number.
         sub_rows: targets per sub-block the layer runs on.
+        pair_piece: bucket pairs read at once.
         planned_bytes: the bytes it reads: the input table once per group and once more
             for the targets' own rows, the buckets once.
         work: the free memory the plan splits.
@@ -76,6 +77,7 @@ class StreamPlan:
     src_rows: int
     src_chunks: int
     sub_rows: int
+    pair_piece: int
     planned_bytes: int
     work: int
 
@@ -92,14 +94,16 @@ def _round_down(x: int, unit: int) -> int:
 
 def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out: int,
                 in_row_bytes: int, table_bytes: int, budget: int, chunk_rows: int,
-                src_unit: int, costs: BlockCosts, group_rows: int | None = None,
-                src_rows: int | None = None) -> StreamPlan | None:
+                src_unit: int, src_align: int, costs: BlockCosts,
+                group_rows: int | None = None, src_rows: int | None = None
+                ) -> StreamPlan | None:
     """The streamed plan of a layer, or None when its convolution is no plain reduction
     (``reduction`` None) or the budget cannot hold one output chunk of accumulators and one
     ``src_unit`` of source rows.
 
     ``in_row_bytes``: an input row as stored; ``table_bytes``: the whole input as read;
-    ``src_unit``: source chunks are a multiple of it (the input's own chunk rows);
+    ``src_unit``: source chunks are a multiple of it where one fits (the input's own chunk
+    rows), and always of ``src_align`` (the rows of a page of ``features.bin``, else 1);
     ``group_rows``/``src_rows``: force the sizes (tests).
     """
     if reduction is None or n == 0:
@@ -107,15 +111,19 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     rows = min(chunk_rows, n)
     free = headroom(budget, rss(), rows, d_out)
     acc_row = d_in * 4
+    source_share = int(free * SOURCE_SHARE)
+    # a quarter of the source share reads the buckets' pairs (8 bytes each)
+    pair_piece = int(min(PAIR_PIECE, max(1024, source_share // 4 // BUCKET_BYTES)))
     if group_rows is None:
         group_rows = int(free * GROUP_SHARE) // acc_row
     if src_rows is None:
-        src_rows = int(free * SOURCE_SHARE) // (acc_row + in_row_bytes)
-    # whole output chunks a group (resuming goes by chunk), whole input units a source chunk
-    group_rows = min(_round_down(group_rows, rows), -(-n // rows) * rows)
-    src_rows = min(_round_down(src_rows, src_unit), -(-n // src_unit) * src_unit)
+        src_rows = (source_share - pair_piece * BUCKET_BYTES) // (acc_row + in_row_bytes)
+    group_rows = min(group_rows, n)
+    # whole input chunks a source chunk where they fit; always whole pages of rows
+    src_rows = _round_down(src_rows, src_unit if src_rows >= src_unit else src_align)
+    src_rows = min(src_rows, -(-n // src_align) * src_align)
     sub_free = free - group_rows * acc_row - src_rows * (acc_row + in_row_bytes) \
-        - PAIR_PIECE * 8
+        - pair_piece * BUCKET_BYTES
     per_target = costs.target + 2 * costs.node + costs.edge + 3 * acc_row
     sub_rows = min(sub_free // max(per_target, 1), group_rows)
     if group_rows < 1 or src_rows < 1 or sub_rows < 1:
@@ -126,7 +134,7 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     planned = (groups + 1) * table_bytes + BUCKET_BYTES * num_edges \
         + (groups * chunks + -(-n // sub_rows) + groups) * 2 * PAGE
     return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
-                      int(sub_rows), planned, int(free))
+                      int(sub_rows), pair_piece, planned, int(free))
 
 
 class _Source:
@@ -221,7 +229,7 @@ def _accumulate_group(src: _Source, plan: StreamPlan, g: int, g_rows: int, d_in:
         with open(folder / f"{k}.bin", "rb") as f:
             left = int(sizes[k])
             while left:
-                m = min(left, PAIR_PIECE)
+                m = min(left, plan.pair_piece)
                 t0 = time.perf_counter()
                 pairs = np.fromfile(f, dtype=np.int32, count=2 * m).reshape(m, 2)
                 t1 = time.perf_counter()
