@@ -176,8 +176,8 @@ class _Source:
             self._f.close()
 
 
-def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Path,
-                   stats: "LayerStats") -> np.ndarray:
+def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Path
+                   ) -> np.ndarray:
     """Bucket every edge (one pass over ``indices.bin``) into ``folder``; returns int64
     [groups * src_chunks], the pairs in each bucket."""
     topo = run.topo
@@ -252,26 +252,25 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
     ``writer``; returns the bytes read."""
     topo, ch = run.topo, run.chunking
     n = topo.num_nodes
-    if prev is not None:
-        key_in, n_in = topo.rowof, n
-    else:
-        row_of = run.dataset.row_of
-        key_in = np.asarray(row_of) if row_of is not None else np.arange(n, dtype=np.int64)
-        n_in = n
+    # node -> row of the input as stored: processing order for a layer's array, the
+    # dataset's row order for features.bin
+    row_of = run.dataset.row_of
+    key_in = topo.rowof if prev is not None else (
+        np.asarray(row_of) if row_of is not None else np.arange(n, dtype=np.int64))
     folder = work / BUCKET_DIR
     shutil.rmtree(folder, ignore_errors=True)  # a killed run's buckets
     folder.mkdir()
     src = _Source(run, prev)
     try:
         t0 = time.perf_counter()
-        sizes = _write_buckets(run, plan, key_in, folder, stats)
+        sizes = _write_buckets(run, plan, key_in, folder)
         if run.dataset.row_of is not None:
             release_mapped(run.dataset.row_of)
         stats.time_s["bucket"] = time.perf_counter() - t0
         first_group = (first_chunk * ch.chunk_rows) // plan.group_rows
         for g in range(first_group, plan.groups if first_chunk < ch.num_chunks else 0):
             r0, r1 = g * plan.group_rows, min(n, (g + 1) * plan.group_rows)
-            acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, n_in, stats)
+            acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, n, stats)
             nodes = topo.perm[r0:r1]
             dg = topo.indptr[nodes + 1] - topo.indptr[nodes]
             if plan.reduction == "mean":
