@@ -208,14 +208,16 @@ def test_nothing_of_the_user_changed_and_no_output(world):
     assert left == []
 
 
-@pytest.mark.parametrize("size,needle", [
-    # the disk the run needs (h1 beside h2: 3000 x (64 + 3) x 4 B = 785 KiB) is refused
+@pytest.mark.parametrize("size,needle,extra", [
+    # the disk the run needs (h1 beside h2: 3000 x (64 + 3) x 4 B = 785 KiB, and 8 B for
+    # each of the 22,010 edges, the buckets of a SAGE layer that streams) is refused
     # before anything is written
-    ("256k", r"needs 785\.2 KiB of disk, 256\.0 KiB is free"),
-    # room for the estimate but not for Zarr's metadata and 4 KiB blocks: the disk fills
-    # while layer 2 is written
-    ("808k", r"no space left on the device; the partial output .* was removed")])
-def test_infer_full_disk_is_one_line_and_leaves_nothing(tmp_path, size, needle):
+    ("256k", r"needs 957\.1 KiB of disk, 256\.0 KiB is free", []),
+    # by blocks (no buckets): room for the estimate but not for Zarr's metadata and 4 KiB
+    # blocks: the disk fills while layer 2 is written
+    ("808k", r"no space left on the device; the partial output .* was removed",
+     ["--aggregate", "blocks"])])
+def test_infer_full_disk_is_one_line_and_leaves_nothing(tmp_path, size, needle, extra):
     """A small tmpfs as the output's disk: one line naming the problem, exit 2, no
     output and no partial folder left on it."""
     mnt = tmp_path / "small"
@@ -228,7 +230,8 @@ def test_infer_full_disk_is_one_line_and_leaves_nothing(tmp_path, size, needle):
         ck = save_checkpoint(tmp_path / "ck", 1, build_model("sage", 8, 64, 3, num_layers=2))
         p = subprocess.run([sys.executable, "-m", "ooc.infer", "--data", str(data),
                             "--checkpoint", str(ck), "--out", str(mnt / "emb.zarr"),
-                            "--memory-budget", "4GiB", "--chunk-rows", "256", "--no-progress"],
+                            "--memory-budget", "4GiB", "--chunk-rows", "256", "--no-progress",
+                            *extra],
                            cwd=REPO, capture_output=True, text=True, timeout=300)
         err = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(err) == 1, p.stderr
