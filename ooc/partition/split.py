@@ -118,6 +118,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     reps = replicas_of(bits, q)
     n_own = owned.size
     gids, per_hop = _halo_nodes(dataset, owned, reps, g2l, halo_hops, chunk_edges, progress, name)
+    del reps  # marked in g2l: each array of nodes the split holds costs up to 8 B a node
     nq = gids.size
     n_rep = nq - n_own
     n_inner = nq - per_hop[-1]  # layers 0..H-1: full in-neighbour lists
@@ -133,6 +134,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
         ind = w.indices()
         if eq:
             _copy_edges(dataset, g2l, n_inner, indptr, ind, chunk_edges, progress, name)
+        del indptr, ind  # written: the feature copy's arrays take their place
         _copy_features(dataset, w, gids)
         labels = np.full(nq, -1, dtype=np.int64)
         labels[:n_own] = dataset.read_labels(owned)
