@@ -123,18 +123,42 @@ def test_float16_layers_and_a_resumed_crash(data, tmp_path):
         np.testing.assert_array_equal(read_embeddings(out, name), read_embeddings(whole, name))
 
 
-def test_auto_streams_unless_one_block_holds_the_layer(data, tmp_path):
+def test_auto_takes_the_way_that_reads_less(data, tmp_path):
     """A layer the budget runs as one block reads each input page once: auto keeps the
-    block. Where it takes several blocks (here capped by ``block_rows``), auto streams."""
+    block. Where it takes several blocks (here capped by ``block_rows``, without a chunk
+    cache), auto plans both ways and takes the one planned to read fewer bytes: on this
+    graph, with edges all over, streaming."""
     ds, x = data
     model = _models()["pyg-mean"]
     rep = layerwise_inference(ds, model, tmp_path / "a.zarr", chunk_rows=128, block_rows=20,
-                              progress=False)
-    assert all(la["reads"]["mode"] == "streamed" for la in rep["layers"])
+                              cache_chunks=0, progress=False)
+    for la in rep["layers"]:
+        assert la["reads"]["mode"] == "streamed"
+        assert la["reads"]["planned_block_bytes"] > la["reads"]["planned_stream_bytes"]
     rep = layerwise_inference(ds, model, tmp_path / "b.zarr", chunk_rows=128, progress=False)
     assert all(la["reads"]["mode"] == "rows" and la["blocks"] == 1 for la in rep["layers"])
     np.testing.assert_allclose(read_embeddings(tmp_path / "a.zarr", "h3"),
                                read_embeddings(tmp_path / "b.zarr", "h3"), atol=TOL)
+
+
+def test_auto_keeps_blocks_that_read_less(tmp_path):
+    """Communities of consecutive ids, every edge inside one: each block of 300 targets
+    reads its own pages, about the table once in all, less than streaming's twice; auto
+    runs the blocks."""
+    rng = np.random.default_rng(5)
+    n, size = 1500, 300
+    dst = rng.integers(0, n, 15000)
+    src = (dst // size) * size + rng.integers(0, size, dst.size)
+    indptr, indices = csc_from_edges(src, dst, n)
+    x = rng.standard_normal((n, 20)).astype(np.float32)
+    ds = open_dataset(write_dataset(tmp_path / "local", indptr, indices, x))
+    model = _models()["pyg-mean"]
+    rep = layerwise_inference(ds, model, tmp_path / "o.zarr", chunk_rows=128, block_rows=300,
+                              order="natural", progress=False)
+    for la in rep["layers"]:
+        assert la["reads"]["mode"] in ("rows", "chunks") and la["blocks"] == 5
+    ref = _reference(model, x, ds)
+    assert np.abs(read_embeddings(tmp_path / "o.zarr", "h3") - ref[-1]).max() < TOL
 
 
 def test_a_layer_that_cannot_stream_is_refused_in_one_line(data, tmp_path, capsys):

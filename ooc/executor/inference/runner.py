@@ -307,10 +307,11 @@ def run_layer(run: Run, l: int) -> dict:
     The layer runs by streamed aggregation (:mod:`.streamed`) when its convolution is a
     plain reduction and the budget cannot run it as one block of every node (which reads
     each input page once, at most the table, where streaming reads it at least twice plus
-    the edge buckets), else block after block; ``run.aggregate`` may force either. The
-    streamed reads are sequential and the blocks' are pages at random, and planning the
-    blocks walks the edges three or four times (18 s a layer at 5.6M nodes and 162M
-    edges), so a layer that may stream is not block-planned to compare bytes."""
+    the edge buckets), else block after block; ``run.aggregate`` may force either. With
+    at most :data:`COMPARE_EDGES` edges the blocks are planned too and run where they
+    read fewer bytes; above, planning them (walking the edges three or four times: 20 s a
+    layer at 162M edges) would cost more than it could save, so the layer streams: its
+    reads are sequential, the blocks' pages at random."""
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
     prev = None if l == 0 else run.group[f"h{l}"]
     d_in = run.dataset.feature_dim if prev is None else int(prev.shape[1])
@@ -320,9 +321,14 @@ def run_layer(run: Run, l: int) -> dict:
     costs = layer_costs(run, l, d_in, d_out) or BlockCosts.estimate(d_in, d_out)
     probe_s = time.perf_counter() - t0
     stream = _stream_plan(run, l, prev, d_in, d_out, itemsize, costs)
-    if stream is not None and run.aggregate == "auto" and fits_one_block(
-            run.topo, d_in, d_out, run.budget, ch, run.cache.policy, itemsize):
-        stream = None
+    plan = None
+    if stream is not None and run.aggregate == "auto":
+        if fits_one_block(run.topo, d_in, d_out, run.budget, ch, run.cache.policy, itemsize):
+            stream = None
+        elif int(run.topo.indptr[-1]) <= COMPARE_EDGES:
+            plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
+            if _planned_bytes(plan) <= stream.planned_bytes:
+                stream = None
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     run.progress.state.update(layer=l, chunks_done=first_chunk)
@@ -334,10 +340,9 @@ def run_layer(run: Run, l: int) -> dict:
         read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats,
                             Path(run.group.store.root))
         writer.close()
-        return _streamed_report(l, name, d_in, d_out, stream, first_chunk, read, stats)
-    plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, ch, run.cache, costs,
-                      itemsize)
-    release_mapped(run.topo.indices)  # the plan walked every edge
+        return _streamed_report(l, name, d_in, d_out, stream, plan, first_chunk, read, stats)
+    if plan is None:
+        plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
     if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
         note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
     arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
@@ -370,13 +375,36 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     return plan
 
 
+#: ``aggregate="auto"`` plans the blocks beside a streamed layer, to take the way that
+#: reads fewer bytes, up to this many edges.
+COMPARE_EDGES = 1 << 25
+
+
+def _block_plan(run: Run, l: int, d_in: int, d_out: int, costs: BlockCosts,
+                itemsize: int) -> LayerPlan:
+    plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, run.chunking,
+                      run.cache, costs, itemsize)
+    release_mapped(run.topo.indices)  # the plan walked every edge
+    return plan
+
+
+def _planned_bytes(plan: LayerPlan) -> int:
+    """The bytes the block plan reads, the way it chose."""
+    assert plan.reads is not None  # set by plan_layer
+    return int(plan.reads["planned_row_bytes" if plan.reads["mode"] == "rows"
+                          else "planned_chunk_bytes"])
+
+
 def _streamed_report(l: int, name: str, d_in: int, d_out: int, stream: StreamPlan,
-                     first_chunk: int, read: int, stats: LayerStats) -> dict:
+                     plan: LayerPlan | None, first_chunk: int, read: int,
+                     stats: LayerStats) -> dict:
     return {
         "layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
         "blocks": stream.groups, "resumed_chunks": first_chunk, "sub_blocks": stats.sub_blocks,
         "work_bytes": stream.work, "bytes_read": int(read), "cache": None,
-        "reads": stream.as_dict(), "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
+        "reads": {**stream.as_dict(),
+                  "planned_block_bytes": None if plan is None else _planned_bytes(plan)},
+        "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
     }
 
 
