@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "a mean, sum or max of its input rows (SAGE) streams the input table "
                         "in order a few times, adding each row into its targets' "
                         "accumulators; blocks = each block of targets reads its neighbours' "
-                        "rows; auto = streamed where it plans to read fewer bytes")
+                        "rows; auto = streamed for a layer one block cannot hold, unless "
+                        "(up to 2^25 edges, where planning both is cheap) the blocks plan to "
+                        "read fewer bytes")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out when it holds another run (same run: resumed)")
     BY_NAME["io_backend"].add_to(p)

@@ -63,7 +63,9 @@ float32 accumulator per target for a group of output rows, streams its input tab
 stored order adding each edge's source row in, and runs the layer on each target with
 its reduced row as a single virtual neighbour. Reads are sequential: the table once per
 group and once for the targets' own rows, plus the edges bucketed by (group, source
-chunk), 8 bytes an edge. ``aggregate="blocks"`` / ``"streamed"`` forces either way.
+chunk), 8 bytes an edge. Up to :data:`.runner.COMPARE_EDGES` edges the blocks are
+planned too and run where they read fewer bytes. ``aggregate="blocks"`` / ``"streamed"``
+forces either way.
 
 Atomic output: everything is written into ``.<name>.partial`` beside
 ``out`` (:func:`partial_path`) and renamed to ``out`` when every array is
@@ -264,9 +266,10 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         keep_layers: keep every layer; by default a layer is deleted once the next one
             is complete, so the run holds at most two layers on disk.
         aggregate: ``auto`` (a layer whose convolution is a plain mean, sum or max of its
-            input rows, as ``SAGEConv``'s, streams its input when that reads fewer bytes:
-            :mod:`.streamed`), ``blocks`` (never) or ``streamed`` (every layer; one line
-            when one cannot).
+            input rows, as ``SAGEConv``'s, and that one block cannot hold streams its
+            input, :mod:`.streamed`, unless on a graph of at most 2^25 edges the blocks
+            plan to read fewer bytes), ``blocks`` (never) or ``streamed`` (every layer;
+            one line when one cannot).
         stream_rows: force the streamed layers' (group rows, source chunk rows), either
             None for the budget's (tests and benchmarks).
 
