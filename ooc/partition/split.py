@@ -47,6 +47,7 @@ import numpy as np
 from ..storage import Dataset, DatasetWriter
 from ..storage.direct import DirectFeatures
 from ..storage.pagecache import release_mapped
+from ..storage.reorder import rows_of
 from ._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, replicas_of
 from .base import progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
@@ -218,11 +219,8 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
         release_mapped(dataset.row_of)
         order = np.argsort(src_rows, kind="stable")
         src_rows = src_rows[order]
-        row_of = np.empty(nq, dtype=np.int32 if nq < (1 << 31) else np.int64)
-        row_of[order] = np.arange(nq, dtype=row_of.dtype)
+        w.store_rows_in(rows_of(order, np.int32 if nq < (1 << 31) else np.int64), "inherited")
         del order
-        w.store_rows_in(row_of, "inherited")
-        del row_of
     else:
         src_rows = gids
     dst_view = w.features()

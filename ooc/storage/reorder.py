@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from . import _reorder_kernels as K
 from .errors import InvalidValue
@@ -158,9 +159,10 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
             + 2 * min(int(buffer_bytes) // 4, n * layout.row_bytes) + PAGE}
 
 
-def rows_of(order: np.ndarray) -> np.ndarray:
-    """The inverse of ``order`` (``order[row] = node``): ``row_of[node] = row``, same dtype."""
-    row_of = np.empty_like(order)
+def rows_of(order: np.ndarray, dtype: DTypeLike | None = None) -> np.ndarray:
+    """The inverse of ``order`` (``order[row] = node``): ``row_of[node] = row``, in
+    ``dtype`` (default: ``order``'s)."""
+    row_of = np.empty(order.shape, dtype=order.dtype if dtype is None else dtype)
     K.inverse_into(order, row_of)
     return row_of
 

@@ -74,6 +74,13 @@ class LayerPlan:
     def num_blocks(self) -> int:
         return int(self.starts.shape[0] - 1)
 
+    @property
+    def planned_bytes(self) -> int:
+        """The bytes the plan reads, the way it chose (``reads["mode"]``)."""
+        assert self.reads is not None  # set by plan_layer
+        return int(self.reads["planned_row_bytes" if self.reads["mode"] == "rows"
+                              else "planned_chunk_bytes"])
+
 
 def _layer_memory(budget: int, n: int, d_in: int, d_out: int, chunking: Chunking,
                   cache: CacheSettings, in_itemsize: int = 4) -> tuple[int, int, int, bool]:
@@ -213,8 +220,7 @@ def note_extra_reads(plan: LayerPlan, budget: int, n: int, chunking: Chunking,
     table = n * in_row_bytes
     if plan.reads is None or not table:
         return
-    planned = plan.reads["planned_row_bytes" if plan.reads["mode"] == "rows"
-                         else "planned_chunk_bytes"]
+    planned = plan.planned_bytes
     if planned <= EXTRA_READS * table:
         return
     rows = min(chunking.chunk_rows, max(n, 1))

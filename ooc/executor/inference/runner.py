@@ -51,7 +51,7 @@ class Run:
 
 #: ``aggregate`` values: ``blocks`` (every block reads its targets' in-neighbour rows),
 #: ``streamed`` (:mod:`.streamed`; layers whose convolution is a plain reduction) or
-#: ``auto``: streamed where it plans to read fewer bytes.
+#: ``auto`` (see :func:`run_layer`).
 AGGREGATIONS = ("auto", "blocks", "streamed")
 
 
@@ -327,7 +327,7 @@ def run_layer(run: Run, l: int) -> dict:
             stream = None
         elif int(run.topo.indptr[-1]) <= COMPARE_EDGES:
             plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
-            if _planned_bytes(plan) <= stream.planned_bytes:
+            if plan.planned_bytes <= stream.planned_bytes:
                 stream = None
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
@@ -388,13 +388,6 @@ def _block_plan(run: Run, l: int, d_in: int, d_out: int, costs: BlockCosts,
     return plan
 
 
-def _planned_bytes(plan: LayerPlan) -> int:
-    """The bytes the block plan reads, the way it chose."""
-    assert plan.reads is not None  # set by plan_layer
-    return int(plan.reads["planned_row_bytes" if plan.reads["mode"] == "rows"
-                          else "planned_chunk_bytes"])
-
-
 def _streamed_report(l: int, name: str, d_in: int, d_out: int, stream: StreamPlan,
                      plan: LayerPlan | None, first_chunk: int, read: int,
                      stats: LayerStats) -> dict:
@@ -403,7 +396,7 @@ def _streamed_report(l: int, name: str, d_in: int, d_out: int, stream: StreamPla
         "blocks": stream.groups, "resumed_chunks": first_chunk, "sub_blocks": stats.sub_blocks,
         "work_bytes": stream.work, "bytes_read": int(read), "cache": None,
         "reads": {**stream.as_dict(),
-                  "planned_block_bytes": None if plan is None else _planned_bytes(plan)},
+                  "planned_block_bytes": None if plan is None else plan.planned_bytes},
         "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
     }
 
