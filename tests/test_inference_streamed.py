@@ -167,6 +167,10 @@ def test_a_layer_that_cannot_stream_is_refused_in_one_line(data, tmp_path, capsy
     with pytest.raises(OocError, match="layer 1 cannot stream .*not a plain mean, sum or max"):
         layerwise_inference(ds, model, tmp_path / "g.zarr", aggregate="streamed",
                             progress=False)
+    with pytest.raises(OocError, match=r"stream_rows\[0\] \(group rows\)"):
+        layerwise_inference(ds, _models()["pyg-sum"], tmp_path / "s.zarr",
+                            stream_rows=(0, None), progress=False)
+    assert not (tmp_path / "s.zarr").exists()
     with pytest.raises(SystemExit) as e:
         infer_main(["--data", str(ds.path), "--checkpoint", str(tmp_path / "none.pt"),
                     "--out", str(tmp_path / "o.zarr"), "--aggregate", "sideways"])

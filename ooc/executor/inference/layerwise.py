@@ -290,7 +290,12 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     job.features, job.show_bar, job.on_chunk = features, progress, on_chunk
     job.aggregate = aggregate
     if stream_rows is not None:
-        job.stream_rows = stream_rows
+        from ...cli import check_range
+
+        for what, v in zip(("stream_rows[0] (group rows)", "stream_rows[1] (source rows)"),
+                           stream_rows):
+            check_range(what, v, 1, None, integer=True)
+        job.stream_rows = (stream_rows[0], stream_rows[1])
     if _is_finished(job, overwrite):
         return _finished_report(job, t_start)
     check_disk(job)
