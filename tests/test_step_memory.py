@@ -110,3 +110,47 @@ def test_planned_peak_is_close_to_the_measured_peak(classes_64k, tmp_path):
     r = json.loads(rep.read_text())
     planned, peak = r["memory_plan"]["planned_peak_bytes"], r["peak_rss_bytes"]
     assert abs(planned - peak) <= 0.1 * peak, (planned / MiB, peak / MiB)
+
+
+@pytest.fixture(scope="module")
+def wide_graph(tmp_path_factory) -> Path:
+    """200k nodes, 12 in-edges each, 64 dims: batches of tens of thousands of nodes."""
+    rng = np.random.default_rng(1)
+    n = 200_000
+    src, dst = rng.integers(0, n, 12 * n), np.repeat(np.arange(n), 12)
+    indptr, indices = csc_from_edges(src, dst, n)
+    x = rng.standard_normal((n, 64)).astype(np.float32)
+    perm = rng.permutation(n)
+    return write_dataset(tmp_path_factory.mktemp("w") / "d", indptr, indices, x,
+                         rng.integers(0, 8, n), perm[:20000], perm[20000:21000],
+                         perm[21000:22000], num_classes=8)
+
+
+@pytest.mark.parametrize("kind,batch", [("sage", 512), ("gcn", 512), ("gat", 128)])
+def test_estimate_bounds_the_measured_step(wide_graph, kind, batch):
+    """The estimate is at least the step's measured RSS peak above what the batch holds
+    (the gate runs a step only when its estimate fits) and at most 2x it (a looser one
+    refuses batches that fit)."""
+    import gc
+
+    from ooc.executor.sizing.budget import _probe_step
+    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
+
+    ds = open_dataset(wide_graph)
+    torch.manual_seed(0)
+    model = build_model(kind, ds.feature_dim, 256, ds.num_classes, 3)
+    sampler = NeighborSampler(ds.node_offsets(), ds.indices, [15, 10, 5])
+    seeds = epoch_batches(ds.train_idx, batch, 0, 1, shuffle=True)[:2]
+    b = sampler.sample_many(seeds, [derive_seed(0, 1, i) for i in range(2)])
+    rows = [ds.features.read(s.node_ids) for s in b]
+    _probe_step(model, b[1], rows[1], ds)          # torch's first-call allocations
+    gc.collect()
+    trim_malloc()
+    base = current_rss_bytes()
+    assert reset_peak_rss(), "this kernel cannot reset the RSS high-water mark"
+    _probe_step(model, b[0], rows[0], ds)
+    measured = peak_rss_bytes() - base
+    est = step_bytes(model, b[0].num_sampled_nodes, b[0].num_sampled_edges, batch).total
+    assert measured > 20 * MiB, measured                # a step large enough to measure
+    assert measured <= est <= 2 * measured, (kind, est / MiB, measured / MiB)

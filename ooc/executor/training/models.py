@@ -30,6 +30,7 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ...storage.errors import InvalidValue
+from .activation import relu_dropout
 
 MODEL_KINDS = ("sage", "gcn", "gat")
 
@@ -92,9 +93,6 @@ class GNN(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"kind={self.kind}, dims={self.dims}, dropout={self.dropout}"
 
-    def _activation(self, h: Tensor) -> Tensor:
-        return F.elu(h) if self.kind == "gat" else F.relu(h)
-
     def layer(self, l: int, x: Tensor, edge_index: Tensor,
               edge_weight: Tensor | None = None, num_targets: int | None = None) -> Tensor:
         """Layer ``l`` on a local graph: conv, activation and dropout (training only).
@@ -135,8 +133,10 @@ class GNN(torch.nn.Module):
         else:
             h = conv(x, edge_index)
         if l < self.num_layers - 1:
-            h = self._activation(h)
-            h = F.dropout(h, p=self.dropout, training=self.training)
+            if self.kind == "gat":
+                h = F.dropout(F.elu(h), p=self.dropout, training=self.training)
+            else:
+                h = relu_dropout(h, self.dropout, self.training)
         return h
 
     def forward(self, x: Tensor, edge_index: Tensor,
