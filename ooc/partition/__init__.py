@@ -34,7 +34,7 @@ import numpy as np
 
 from ..storage import Dataset, open_dataset
 from ..storage.atomic import atomic_dir, replace_refusal, write_json
-from ..memory import peak_rss_bytes
+from ..memory import current_rss_bytes, peak_rss_bytes
 from .base import Assignment, warm_up
 from .baselines import edge_partition
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
@@ -106,7 +106,12 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     ``edge_balance``, ``edge_cut`` (see :mod:`ooc.partition.metrics`),
     ``time_s`` (assignment + replication pass, without writing),
     ``split_time_s``, ``total_time_s`` and ``peak_rss_bytes`` (``VmHWM`` of
-    this process, whatever it did before), ``halo_hops`` and, when the
+    this process, whatever it did before), ``planned_peak_bytes`` (the RSS once
+    the dataset is opened, ``rss_after_open_bytes``, plus the largest phase of
+    :func:`~ooc.partition.memory_plan.planned_peak` for this shape and these
+    options: a plan from the shape alone, the partition sizes bounded by ``N``),
+    ``planned_phases`` (bytes above that RSS per phase: degrees, clustering and merge or
+    assign, refine, metrics, split), ``halo_hops`` and, when the
     partitions are written, ``halo_replication_factor`` = ``Σ_i n_i / |V|``
     over the nodes ``n_i`` of each partition with its ``halo_hops``-hop halo
     (equal to ``replication_factor`` for ``halo_hops=1``). With
@@ -117,6 +122,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     """
     t_start = time.perf_counter()
     dataset = open_dataset(data)
+    rss_open = current_rss_bytes()
     _check(dataset, parts, algo, beta)
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
         raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
@@ -136,6 +142,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
             split_time = time.perf_counter() - t_split
             report = _partition_report(dataset, out, a, metrics, algo, parts, beta, split,
                                        halo_hops, parts_list, split_time, t_start)
+            _add_plan(report, dataset, a, chunk_edges, rss_open)
             write_json(tmp / "partition.json", report)
     except OocError:
         raise
@@ -178,6 +185,29 @@ def _write_parts(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, parts: i
     return [write_partition(dataset, owner, bits, q, parts, tmp / part_name(q), g2l, algo,
                             chunk_edges, progress, halo_hops)
             for q in range(parts)]
+
+
+def _add_plan(report: dict, dataset: Dataset, a: Assignment, chunk_edges: int,
+              rss_open: int) -> None:
+    """Put the run's memory plan in ``report``: ``rss_after_open_bytes``,
+    ``planned_phases`` (:func:`~ooc.partition.memory_plan.planned_peak` for the dataset's
+    shape and the options the algorithm ran with, bytes above that RSS per phase),
+    ``planned_peak_phase``, ``planned_peak_bytes`` (their sum at the largest phase) and
+    ``planned_assumed`` (the sizes the plan bounded or assumed: partition, clusters)."""
+    from .memory_plan import plan_for  # not at import: ``python -m`` runs that module too
+
+    pr = a.params
+    plan = plan_for(dataset, report["p"], algo=report["algo"], chunk_edges=chunk_edges,
+                    split=report["split"], halo_hops=report["halo_hops"],
+                    refine_passes=int(pr.get("refine_passes", 1)),
+                    beta=float(report["params"].get("beta", 1.05)),
+                    merge=str(pr.get("merge", "vote")), tie_break=str(pr.get("tie_break", "id")),
+                    ownership=str(pr.get("ownership", "majority")))
+    report["rss_after_open_bytes"] = int(rss_open)
+    report["planned_peak_bytes"] = int(rss_open) + plan["peak_bytes"]
+    report["planned_peak_phase"] = plan["peak_phase"]
+    report["planned_phases"] = plan["phases"]
+    report["planned_assumed"] = plan["assumed"]
 
 
 def _partition_report(dataset: Dataset, out: Path, a: Assignment, metrics: dict, algo: str,

@@ -1,0 +1,345 @@
+"""The memory a partitioning run plans for, from the sizes of what it allocates.
+
+:func:`planned_peak` gives, per phase of :func:`ooc.partition.partition_dataset`,
+the peak resident bytes *above the process's RSS once the dataset is opened*
+(the imports, numba and the opened dataset's small arrays are in that baseline),
+and their maximum. It needs only the shape (``N`` nodes, ``E`` stored edges, the
+feature row) and the options, so it can be evaluated without data::
+
+    python -m ooc.partition.memory_plan --nodes 111059956 --edges 3231371744 --dim 128 --parts 8
+
+Per node (and per chunk of edges), with ``s`` = SPRING's state itemsize (4: int32
+below 2^31 nodes and degrees, see :func:`~ooc.partition._spring_kernels.state_dtype`;
+else 8), ``x`` = the dataset's index itemsize (4 below 2^31 nodes, else 8), ``W`` =
+``ceil(p / 64)``, ``C`` = ``min(chunk_edges, E)``, ``c`` = live clusters after the
+stream, ``q`` = nodes of the largest partition with its halo, ``o`` = its owned nodes:
+
+==============  ==========================================================================
+phase           what is resident (bytes)
+==============  ==========================================================================
+(from degrees)  ``indptr.npy``'s pages, 8 a node: a memmap, paged in by the first pass
+                and kept (mapped file pages count in the RSS)
+degrees         int64 in- and out-degrees (their sum reuses the in-degrees' buffer), one
+                chunk of edges  ->  **24 N + x C**
+clustering      the packed state ``st`` [N, 4] (``4 s``), int64 cluster volumes (8), the
+                chunk and its destinations  ->  **(16 + 4 s) N + 2 x C** (32 N in int32)
+merge           ``st``, priority and member link (``s`` each), the destinations' buffer;
+                per cluster: size, representative, head, tail, parent (``5 s``), then
+                the vote's counters (``2 s``) and the heap (16 B an entry, 1/8 over:
+                18) while merging, or int64 roots and order (``20 + 2 s``) and the int32
+                owner (4 a node) at the assignment  ->  **(12 + 6 s) N + (7 s + 20) c +
+                x C** (36 N + 48 c in int32)
+refine          int32 owner (4) and ``np.bincount``'s int64 copy of it (8), plus what the
+                allocator keeps of the merge's per-cluster arrays (``9 s + 56`` a cluster,
+                at most twice glibc's mmap threshold: :func:`allocator_kept`)
+                ->  **20 N** + kept
+metrics         owner, the replica bitmap (uint64 [N, W]: ``8 W``), the bincount copy
+                ->  **(20 + 8 W) N** + kept (28 N for p <= 64)
+split           owner, bitmap, the global-to-local scratch: ``(12 + 8 W + x) N`` (24 N),
+                plus the largest per-partition moment (int64 id lists, 8 a node):
+                sorting the feature rows by source row (owned, ids, source rows, order,
+                sorted rows: ``8 o + 32 q``; ``r`` = the source row map's itemsize, 4);
+                the labels (``16 o + (16 + r) q`` + the source ``labels.npy``'s pages,
+                ``8 N``); the local ``indptr`` (``32 o + 16 q`` for 1 hop); the edge copy
+                (``8 o + 16 q + 2 x C``); the feature copy: ``8 o + (16 + r) q`` + one
+                chunk of rows (64 MiB), the page buffer it was read into (up to 64 MiB;
+                none for rows of whole pages) and the larger of the written chunk's
+                mapped pages and the NaN check's two masks (192 MiB for 512-byte rows);
+                + kept
+==============  ==========================================================================
+
+The edge partitioners (``hash``, ``dbh``, ``greedy``, ``hdrf``) replace clustering and
+merge by one phase, ``assign``: int64 degrees (8; none resident for ``hash``, which
+never writes them), remaining degrees (8, greedy), the vertex-cut bitmap (``8 W``), the
+int32 majority votes (16) and last edges (4, ``ownership="last"``), then the owner (4)
+and ``bits.any(axis=1)``'s masks (``1 + W``):
+**(37 + 9 W) N** for ``dbh``/``hdrf`` (``greedy`` + 8, ``hash`` - 8) + ``x C``; their
+bitmap is still held during ``refine``.
+
+What the plan does not know without running, it bounds or assumes: ``q`` defaults to
+``N`` (a partition never holds more; measured: 65-69% of N at P = 8 on the OGB-shaped
+graphs of ``tools/bench_scale.py``), ``o`` to SPRING's node cap
+``max(floor(beta N / p), ceil(N / p))`` (``q`` for the edge partitioners), ``c`` to
+``N / 8`` (measured 10-11% of N on those graphs), the degrees to fit int32. Pass the
+counts to plan for a known partition.
+
+Measured (``python -m ooc.partition --parts 8``, defaults, ``VmHWM``) against this plan
+from the shape alone (the RSS after opening, 157-161 MiB, included): 406 MiB at 1.1M
+nodes / 32M stored edges (planned 409), 571 at 5.55M / 162M (planned 630), 760 at 11.1M
+/ 323M (planned 838: there the partitions hold 65% of N, not N; with the run's sizes
+764). The split is the largest phase in all three; from about 18M nodes (512-byte rows,
+partitions bounded by N) the feature rows' sort, not the 192 MiB of rows, sets its peak.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from ..storage import Dataset
+from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES as MAX_BUFFER_PAGES
+from ..storage.errors import InvalidValue
+from ..storage.layout import PAGE
+from .edges import DEFAULT_CHUNK_EDGES
+from .split import FEATURE_CHUNK_BYTES
+
+#: The algorithms of :data:`ooc.partition.ALGORITHMS`.
+ALGOS = ("spring", "hash", "greedy", "dbh", "hdrf")
+#: Rows the writer's NaN check masks at a time (:meth:`ooc.storage.DatasetWriter.check_features`).
+CHECK_ROWS = 1 << 16
+#: Live clusters after SPRING's stream assumed per node when the count is not given.
+CLUSTER_FRACTION = 0.125
+#: Bytes per heap entry of the merge (a numba list of (int64, int64), 1/8 over-allocated).
+HEAP_ENTRY_BYTES = 18
+#: glibc's largest dynamic mmap threshold: a freed mapping up to this size raises the
+#: threshold to its size, and the heap keeps up to twice the threshold when freed.
+MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def merge_cluster_bytes(state_itemsize: int) -> int:
+    """Bytes SPRING's merge allocates per live cluster, all of them freed when it returns:
+    size, representative, head, tail, parent, the vote's two counters (``7 s``), the heap
+    (16 B an entry) and the copy its growth leaves (``2 x 18``), int64 roots, the sizes
+    sorted (``2 s``) and the int64 order with its merge sort's buffer (12): ``9 s + 56``,
+    92 bytes in int32. Those below the allocator's mmap threshold stay in its heap."""
+    return 9 * int(state_itemsize) + 56
+
+
+def allocator_kept(num_nodes: int, state_itemsize: int, chunk_bytes: int,
+                   clusters: int) -> int:
+    """Bytes of SPRING's merge the allocator keeps resident after it returns (glibc).
+
+    Freeing a mapped array of up to :data:`MMAP_THRESHOLD_MAX` bytes raises glibc's mmap
+    threshold to its size, and the heap is trimmed only when more than twice that is
+    free at its top. Before the merge such arrays are the int64 degrees (8 a node), the
+    priority's temporary (``s``) and the edge chunk: the largest of them that fits
+    sets the threshold, the merge's per-cluster arrays (:func:`merge_cluster_bytes`)
+    smaller than it come from the heap, and up to twice it stays. Measured after the
+    merge: 20-24 MiB at 1.1M nodes (planned 12), 47 at 5.55M (42), 15 at 11.1M (8)."""
+    n = int(num_nodes)
+    freed = [b for b in (8 * n, int(state_itemsize) * n, int(chunk_bytes))
+             if b <= MMAP_THRESHOLD_MAX]
+    threshold = max(freed, default=0)
+    return min(2 * threshold, merge_cluster_bytes(state_itemsize) * int(clusters))
+
+
+def state_itemsize(num_nodes: int, max_degree: int | None = None) -> int:
+    """SPRING's state itemsize: 4 (int32) when ``num_nodes + 1`` and the largest total
+    degree are below 2^31, else 8 (see :func:`~ooc.partition._spring_kernels.state_dtype`).
+    ``max_degree`` None: assumed below 2^31."""
+    return 4 if max(num_nodes + 1, max_degree or 0) < 2**31 else 8
+
+
+#: Bytes per row of a feature chunk that the reader's index arrays take (int64 each):
+#: the target rows, and when the chunk's pages are read in pieces (more pages than the
+#: buffer holds) its sort order, sorted ids, page of each, piece marks and numbers and
+#: the piece's targets; then each piece's sort keys and buffer slots.
+READ_INDEX_BYTES, READ_PIECES_INDEX_BYTES = 24, 72
+#: Bytes per page read: its id and its run (offset, length, place in the buffer).
+READ_PAGE_BYTES = 32
+
+
+def _feature_copy_bytes(rows: int, dim: int, itemsize: int, source_rows: int) -> int:
+    """Peak bytes of the split's feature copy for a partition of ``rows`` rows, besides
+    its id lists: a chunk of rows (:data:`FEATURE_CHUNK_BYTES`), the page buffer it was
+    read into (none for rows of whole pages, read in place), and the largest of the
+    reader's index arrays (:data:`READ_PIECES_INDEX_BYTES` a row: 9 MiB for 131072
+    512-byte rows, 288 MiB for 4M 16-byte rows), the NaN check's two boolean masks and
+    the written chunk's mapped pages."""
+    row_bytes = dim * itemsize
+    chunk_rows = min(rows, max(1, FEATURE_CHUNK_BYTES // max(1, row_bytes)))
+    if chunk_rows <= 0:
+        return 0
+    out = chunk_rows * row_bytes
+    per_page = PAGE // row_bytes if row_bytes <= PAGE else 0
+    pages_per_row = 1 if row_bytes <= PAGE else -(-row_bytes // PAGE)
+    source_pages = -(-source_rows // per_page) if per_page else source_rows * pages_per_row
+    pages = min(chunk_rows * pages_per_row, source_pages)
+    if row_bytes % PAGE == 0:
+        buf = 0
+        written = chunk_rows * pages_per_row * PAGE
+        index = chunk_rows * READ_INDEX_BYTES + pages * READ_PAGE_BYTES
+    else:
+        buf = min(MAX_BUFFER_PAGES, pages) * PAGE
+        written = (-(-chunk_rows // per_page) + 1) * PAGE if per_page \
+            else chunk_rows * pages_per_row * PAGE
+        pieced = chunk_rows * pages_per_row > MAX_BUFFER_PAGES
+        index = (chunk_rows * (READ_PIECES_INDEX_BYTES if pieced else READ_INDEX_BYTES)
+                 + min(MAX_BUFFER_PAGES, pages) * READ_PAGE_BYTES)
+    masks = 2 * min(chunk_rows, CHECK_ROWS) * dim
+    return out + buf + max(written, masks, index)
+
+
+def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: int = 4,
+                 feature_dim: int = 128, feature_dtype: str | np.dtype = "float32",
+                 chunk_edges: int = DEFAULT_CHUNK_EDGES, split: bool = True,
+                 halo_hops: int = 1, algo: str = "spring", refine_passes: int = 1,
+                 beta: float = 1.05, merge: str = "vote", tie_break: str = "id",
+                 ownership: str = "majority", row_map: bool = True,
+                 row_map_itemsize: int = 4, max_degree: int | None = None,
+                 clusters: int | None = None, part_nodes: int | None = None,
+                 part_owned: int | None = None) -> dict:
+    """Peak bytes above the RSS after opening the dataset, per phase of
+    :func:`ooc.partition.partition_dataset` (see the module docstring for each term).
+
+    Args:
+        num_nodes, num_edges: ``N`` and the stored (directed) edges ``E``.
+        parts: ``p``. index_itemsize: the dataset's index dtype (4 or 8).
+        feature_dim, feature_dtype: a feature row (128 float32 = 512 bytes).
+        chunk_edges, split, halo_hops, algo, refine_passes, beta, merge, tie_break,
+            ownership: the run's options (as for ``partition_dataset``).
+        row_map: the dataset stores its rows in a locality order (``feature_rows.npy``,
+            of ``row_map_itemsize`` bytes a node); the split then sorts each partition's rows.
+        max_degree: the largest total degree (None: below 2^31), for SPRING's dtype.
+        clusters: live clusters after SPRING's stream (None: ``N / 8``).
+        part_nodes: nodes of the largest partition with its halo (None: ``N``).
+        part_owned: owned nodes of the partition planned (None: SPRING's cap, or
+            ``part_nodes`` for the edge partitioners).
+
+    Returns:
+        ``{"phases": {phase: bytes}, "peak_phase": name, "peak_bytes": max,
+        "per_node": {phase: bytes / N}, "assumed": {...}}`` (ints; phases in run order).
+    """
+    if algo not in ALGOS:
+        raise InvalidValue(f"unknown algorithm {algo!r} (choose from {', '.join(ALGOS)})")
+    n, e, p = int(num_nodes), int(num_edges), int(parts)
+    if n < 1 or e < 0 or p < 1:
+        raise InvalidValue(f"need N >= 1, E >= 0 and p >= 1, got {n}, {e}, {p}")
+    x = int(index_itemsize)
+    fdt = np.dtype(feature_dtype)
+    words = -(-p // 64)
+    chunk = min(max(1, int(chunk_edges)), e) * x
+    indptr = 8 * (n + 1)
+    owner = 4 * n
+    bits = 8 * words * n
+    q = n if part_nodes is None else min(n, int(part_nodes))
+    cap = max(math.floor(beta * n / p), -(-n // p))
+    if part_owned is not None:
+        o = min(q, int(part_owned))
+    else:
+        o = min(q, cap) if algo == "spring" else q
+    phases: dict[str, int] = {}
+    assumed: dict = {"part_nodes": q, "part_owned": o}
+
+    # degrees: int64 in- and out-degrees (their sum reuses the in-degrees' buffer: numpy
+    # elides the temporary), one chunk; indptr is paged in from here on
+    degrees = indptr + 2 * 8 * n + chunk
+    bincount = 8 * n                       # np.bincount(owner) casts owner to int64 first
+    retained = 0
+    if algo == "spring":
+        s = state_itemsize(n, max_degree)
+        c = max(1, int(n * CLUSTER_FRACTION) if clusters is None else int(clusters))
+        assumed.update(state_itemsize=s, clusters=c)
+        phases["degrees"] = degrees
+        # new_state (deg beside st), then the stream (st, int64 volumes, chunk + dst)
+        phases["clustering"] = indptr + 4 * s * n + max(8 * n, 8 * (n + 1) + 2 * chunk)
+        held = indptr + 4 * s * n + s * n + chunk     # st, prio, the destinations' buffer
+        prio_tmp = s * n if tie_break == "id" else 8 * n   # -arange / a permutation
+        vote = 2 * s * c if merge == "vote" else 0
+        phases["merge"] = held + max(
+            prio_tmp,
+            s * (n + 1),                                                   # renumbering
+            s * n + (5 * s + HEAP_ENTRY_BYTES) * c + vote,                 # merging
+            s * n + 5 * s * c + (20 + 2 * s) * c + owner)                  # assignment
+        retained = allocator_kept(n, s, chunk, c)
+        assumed["allocator_kept"] = retained
+        vertex_cut = 0
+    else:
+        with_deg = algo in ("dbh", "greedy")
+        # int64 degrees (hash never writes its zeros: no page of them is resident), the
+        # remaining degrees (greedy), the bitmap, int32 votes (4 arrays), the last edge
+        assign = (indptr + (0 if algo == "hash" else 8 * n) + (8 * n if algo == "greedy" else 0)
+                  + bits + 16 * n + (4 * n if ownership == "last" else 0))
+        if with_deg:
+            phases["degrees"] = degrees
+        phases["assign"] = assign + max(chunk, owner + (1 + words) * n)
+        vertex_cut = bits
+    if refine_passes:
+        phases["refine"] = indptr + owner + vertex_cut + max(bincount, chunk) + retained
+    phases["metrics"] = indptr + owner + bits + max(bincount, chunk) + retained
+    held = indptr + owner + bits
+    if not split:
+        phases["split"] = held + owner + retained           # owner.npy's int32 copy
+    else:
+        r = int(row_map_itemsize) if row_map else 0
+        inner = o if halo_hops == 1 else q                  # nodes with full in-lists
+        if row_map:   # the row map's gather (int32, then int64) beside its memmap's
+            # pages (r N); then owned, ids, source rows, their order and the sorted rows
+            sort = 8 * o + 8 * q + max((r + 8) * q + r * n, 24 * q)
+        else:         # rows in node order: the ids are the source rows, nothing sorted
+            sort = 8 * o + 8 * q
+        moments = {
+            "halo": 8 * o + 16 * q + (chunk if halo_hops > 1 else 0),
+            "indptr": 8 * o + max(16 * q + 24 * inner, 24 * q),
+            "edges": 8 * o + 16 * q + 2 * chunk,
+            "sort": sort,
+            "labels": 8 * o + (8 + r) * q + max(8 * o + 8 * q + 8 * n, 16 * q),
+            "features": 8 * o + (16 + r if row_map else 8) * q
+            + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n),
+        }
+        phases["split"] = held + x * n + max(moments.values()) + retained
+        assumed["split_moment"] = max(moments, key=lambda k: moments[k])
+    peak_phase = max(phases, key=lambda k: phases[k])
+    return {"phases": {k: int(v) for k, v in phases.items()}, "peak_phase": peak_phase,
+            "peak_bytes": int(phases[peak_phase]),
+            "per_node": {k: round(v / n, 2) if n else 0.0 for k, v in phases.items()},
+            "assumed": assumed}
+
+
+def plan_for(dataset: Dataset, parts: int, **options) -> dict:
+    """:func:`planned_peak` for an opened :class:`~ooc.storage.Dataset` (its shape,
+    index dtype, feature row and row map); ``options`` as for :func:`planned_peak`."""
+    row_of = getattr(dataset, "row_of", None)
+    return planned_peak(dataset.num_nodes, dataset.num_edges, parts=parts,
+                        index_itemsize=np.dtype(dataset.index_dtype).itemsize,
+                        feature_dim=dataset.feature_dim, feature_dtype=dataset.layout.dtype,
+                        row_map=row_of is not None,
+                        row_map_itemsize=4 if row_of is None else row_of.dtype.itemsize,
+                        **options)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m ooc.partition.memory_plan",
+        description="Planned peak memory of python -m ooc.partition for a graph's shape "
+                    "(bytes above the RSS once the dataset is opened).")
+    ap.add_argument("--nodes", type=int, required=True, help="number of nodes N")
+    ap.add_argument("--edges", type=int, required=True, help="stored (directed) edges E")
+    ap.add_argument("--dim", type=int, default=128, help="feature dim (default 128)")
+    ap.add_argument("--dtype", default="float32", help="feature dtype (default float32)")
+    ap.add_argument("--parts", type=int, default=8, help="partitions (default 8)")
+    ap.add_argument("--algo", default="spring", choices=ALGOS,
+                    help="algorithm (default spring)")
+    ap.add_argument("--halo-hops", type=int, default=1)
+    ap.add_argument("--no-row-map", action="store_true",
+                    help="the features are stored in node order (no feature_rows.npy)")
+    ap.add_argument("--part-nodes", type=int, default=None,
+                    help="nodes of the largest partition with its halo (default N)")
+    ap.add_argument("--clusters", type=int, default=None,
+                    help="SPRING's live clusters after the stream (default N/4)")
+    ap.add_argument("--baseline", type=float, default=0.0,
+                    help="RSS after opening the dataset, MiB, added to the total")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    plan = planned_peak(a.nodes, a.edges, parts=a.parts, algo=a.algo, feature_dim=a.dim,
+                        feature_dtype=a.dtype, halo_hops=a.halo_hops, row_map=not a.no_row_map,
+                        index_itemsize=4 if a.nodes < 2**31 else 8,
+                        part_nodes=a.part_nodes, clusters=a.clusters)
+    mib = 1 << 20
+    for k, v in plan["phases"].items():
+        print(f"{k:11s} {v / mib:12.1f} MiB  {plan['per_node'][k]:7.2f} B/node")
+    total = plan["peak_bytes"] + a.baseline * mib
+    print(f"peak: {plan['peak_phase']} {plan['peak_bytes'] / mib:.1f} MiB"
+          + (f" + baseline {a.baseline:.0f} MiB = {total / mib:.1f} MiB" if a.baseline else "")
+          + f" ({total / (1 << 30):.2f} GiB); assumed {plan['assumed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
