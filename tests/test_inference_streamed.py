@@ -198,3 +198,37 @@ def test_the_disk_check_counts_the_edge_buckets(data, tmp_path, monkeypatch):
     assert not out.exists() and not partial_path(out).exists()
     rep = layerwise_inference(ds, model, out, chunk_rows=128, aggregate="blocks", progress=False)
     assert rep["layers"][0]["reads"]["mode"] in ("rows", "chunks")
+
+
+@pytest.mark.parametrize("in_row,copy", [(512, False), (256, True)])
+def test_the_plan_gives_the_accumulators_what_the_chunk_and_sub_blocks_leave(
+        monkeypatch, in_row, copy):
+    """Out of a budget of 1 GiB at an RSS of 300 MiB: one source chunk of a twentieth,
+    sub-blocks of at most SUB_ROWS targets within a fifth of what it leaves, and the rest
+    to the accumulators; the planned
+    peak adds them to the RSS and the output chunks and stays within the budget. A source
+    stored as float32 (512-byte rows of 128 dims) is not copied; a float16 one is."""
+    from ooc.executor.inference import streamed
+    from ooc.executor.inference.memory_plan import SAFETY_BYTES, BlockCosts
+
+    MiB = 1 << 20
+    monkeypatch.setattr(streamed, "rss", lambda: 300 * MiB)
+    n, d_in, d_out, chunk = 3_000_000, 128, 256, 32768
+    costs = BlockCosts.estimate(d_in, d_out)
+    plan = streamed.plan_stream("mean", n, 40 * n, d_in, d_out, in_row, n * in_row, 1 << 30,
+                                chunk, 8, 8, costs)
+    assert plan is not None
+    free = (1 << 30) - 300 * MiB - 2 * chunk * d_out * 4 - SAFETY_BYTES
+    assert plan.work == free
+    src_row = in_row + (4 * d_in if copy else 0)
+    source = plan.src_rows * src_row + plan.pair_piece * streamed.BUCKET_BYTES
+    assert 0.04 * free <= source <= 0.05 * free
+    per_target = costs.target + 2 * costs.node + costs.edge + 3 * 4 * d_in
+    assert plan.sub_rows == min(streamed.SUB_ROWS, (free - source) // 5 // per_target)
+    acc = plan.group_rows * (4 * d_in + streamed.GROUP_ROW_EXTRA)
+    used = acc + source + plan.sub_rows * per_target
+    assert free - (4 * d_in + streamed.GROUP_ROW_EXTRA) < used <= free
+    assert acc > 0.7 * free
+    assert plan.groups == -(-n // plan.group_rows)
+    assert plan.planned_peak_bytes == 300 * MiB + 2 * chunk * d_out * 4 + used
+    assert plan.planned_peak_bytes <= (1 << 30) - SAFETY_BYTES

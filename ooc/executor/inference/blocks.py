@@ -51,6 +51,7 @@ class LayerPlan:
         one_block: the working set that would run the layer as one block (each input
             page read once).
         reads: the planned bytes of both ways and the one chosen (``mode``).
+        chunk_rows: rows of an output chunk (the last may hold fewer).
     """
     l: int
     d_in: int
@@ -69,10 +70,22 @@ class LayerPlan:
     one_block: int = 0
     plan_s: float = 0.0
     reads: dict | None = None
+    chunk_rows: int = 0
 
     @property
     def num_blocks(self) -> int:
         return int(self.starts.shape[0] - 1)
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        """The RSS the layer is planned to reach: the RSS at its start, two output chunks,
+        the chunk cache and a chunk read past it, and the blocks' working set (one block's
+        own where one block holds the layer)."""
+        out_chunks = 2 * self.chunk_rows * self.d_out * 4
+        cache = (self.cap + 1) * self.in_chunk_bytes if self.cap else 0
+        work = min(self.work, self.one_block) if self.num_blocks == 1 and self.one_block \
+            else self.work
+        return int(self.rss0 + out_chunks + cache + work)
 
     @property
     def planned_bytes(self) -> int:
@@ -197,7 +210,7 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
     one_block = int(outer.of(n, n, int(topo.indptr[-1])) / (1 - SUB_SHARE))
     return LayerPlan(l, d_in, d_out, starts, ptr, seq, keyof, cap, work, rss0, pressure,
                      rows * d_in * in_itemsize, sub_work, costs, one_block,
-                     time.perf_counter() - t0, reads)
+                     time.perf_counter() - t0, reads, rows)
 
 
 #: Planned reads above this many times a layer's input table are worth a note.

@@ -494,10 +494,13 @@ def _drop_inputs(run: Run, job: Job, done: int) -> None:
 
 
 def _summarise(report: dict, peak: int, budget: int) -> dict:
-    """Totals over the layers: peak RSS, bytes read, cache hit ratio."""
+    """Totals over the layers: peak RSS, the largest planned peak, bytes read, cache hit
+    ratio."""
     report["peak_rss_bytes"] = peak
     report["within_budget"] = peak <= budget
     report["bytes_read"] = int(sum(x.get("bytes_read", 0) for x in report["layers"]))
+    planned = [x["planned_peak_bytes"] for x in report["layers"] if "planned_peak_bytes" in x]
+    report["planned_peak_bytes"] = max(planned) if planned else None
     done = [x for x in report["layers"] if not x.get("skipped") and x.get("cache")]
     hits = sum(x["cache"]["hits"] for x in done)
     miss = sum(x["cache"]["misses"] for x in done)

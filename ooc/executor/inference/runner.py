@@ -203,6 +203,7 @@ def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int
         "sub_costs": asdict(plan.sub_costs),
         "peak_block_nodes": stats.peak_block_nodes,
         "peak_block_edges": stats.peak_block_edges, "work_bytes": int(plan.work),
+        "planned_peak_bytes": plan.planned_peak_bytes,
         "rss_at_start": plan.rss0, "budget_pressure": bool(plan.pressure),
         "bytes_read": int(src.bytes_read), "chunk_reads": src.chunk_reads,
         "accesses": accesses,
@@ -358,8 +359,10 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     ds, n = run.dataset, run.topo.num_nodes
     reduction = run.model.aggregation(l)
     lay = ds.layout
-    if prev is None:
-        in_row, table = lay.row_bytes, lay.file_bytes
+    if prev is None:  # a padded layout's rows are read with their padding, then copied out
+        in_row = lay.row_bytes if lay.packed else \
+            lay.row_bytes + -(-lay.file_bytes // max(lay.num_rows, 1))
+        table = lay.file_bytes
         unit = align = max(1, lay.rows_per_page)
     else:
         in_row, table = d_in * itemsize, n * d_in * itemsize
@@ -394,7 +397,8 @@ def _streamed_report(l: int, name: str, d_in: int, d_out: int, stream: StreamPla
     return {
         "layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
         "blocks": stream.groups, "resumed_chunks": first_chunk, "sub_blocks": stats.sub_blocks,
-        "work_bytes": stream.work, "bytes_read": int(read), "cache": None,
+        "work_bytes": stream.work, "planned_peak_bytes": stream.planned_peak_bytes,
+        "bytes_read": int(read), "cache": None,
         "reads": {**stream.as_dict(),
                   "planned_block_bytes": None if plan is None else plan.planned_bytes},
         "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},

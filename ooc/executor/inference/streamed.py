@@ -20,9 +20,11 @@ target's row in its group, int32), in one pass over ``indices.bin``; the folder 
 removed when the layer ends. A layer then reads its input once per group, the buckets
 once, and its targets' own rows once.
 
-Memory (what :func:`.memory_plan.headroom` leaves the layer): :data:`GROUP_SHARE` to the
-accumulators (float32 [group rows, d_in]), :data:`SOURCE_SHARE` to one source chunk as
-float32, the rest to the sub-blocks the layer runs in (their measured costs).
+Memory (what :func:`.memory_plan.headroom` leaves the layer): the sub-blocks the layer runs
+in (at most :data:`SUB_ROWS` targets, at their measured costs), :data:`SOURCE_SHARE` to one
+source chunk (as read and as float32), and the rest to the accumulators (float32
+[group rows, d_in] and :data:`GROUP_ROW_EXTRA` bytes a row), so that a layer takes as few
+groups, and reads its input as few times, as the budget allows.
 """
 from __future__ import annotations
 
@@ -38,14 +40,21 @@ import torch
 from ...storage.layout import PAGE, FeatureLayout, read_rows
 from ...storage.pagecache import release_mapped
 from ._kernels import accumulate_rows, bucket_edges
-from .memory_plan import BlockCosts, headroom, rss
+from .memory_plan import SAFETY_BYTES, BlockCosts, headroom, rss
 
 if TYPE_CHECKING:
     from .runner import LayerStats, Run, _ChunkWriter
 
-#: Shares of a layer's free memory: accumulators, one source chunk; the rest runs sub-blocks.
-GROUP_SHARE = 0.6
-SOURCE_SHARE = 0.2
+#: Share of a layer's free memory for one source chunk (read in order: a twentieth still
+#: makes reads of tens of MiB); the accumulators take what the chunk and the sub-blocks
+#: leave.
+SOURCE_SHARE = 0.05
+#: Most targets a sub-block runs through the layer at once (their rows, the reduced rows
+#: and the layer's temporaries): more only takes memory from the accumulators.
+SUB_ROWS = 1 << 15
+#: Bytes a group row needs besides its accumulator: its in-degree (int64) and the
+#: temporaries that compute it and divide the mean by it.
+GROUP_ROW_EXTRA = 40
 #: CSC positions bucketed at once (int32 ids, bucket ids and pairs: 16 bytes each).
 BUCKET_EDGES = 1 << 22
 #: Pairs of a bucket read at once (8 bytes each), at most.
@@ -70,6 +79,9 @@ class StreamPlan:
         planned_bytes: the bytes it reads: the input table once per group and once more
             for the targets' own rows, the buckets once.
         work: the free memory the plan splits.
+        planned_peak_bytes: the RSS the layer is planned to reach: the RSS at planning,
+            two output chunks, the accumulators, a source chunk, a piece of pairs and a
+            sub-block.
     """
     reduction: str
     group_rows: int
@@ -80,12 +92,14 @@ class StreamPlan:
     pair_piece: int
     planned_bytes: int
     work: int
+    planned_peak_bytes: int = 0
 
     def as_dict(self) -> dict:
         return {"mode": "streamed", "reduction": self.reduction, "groups": self.groups,
                 "group_rows": self.group_rows, "source_chunks": self.src_chunks,
                 "source_rows": self.src_rows, "sub_rows": self.sub_rows,
-                "planned_stream_bytes": int(self.planned_bytes)}
+                "planned_stream_bytes": int(self.planned_bytes),
+                "planned_peak_bytes": int(self.planned_peak_bytes)}
 
 
 def _round_down(x: int, unit: int) -> int:
@@ -101,7 +115,8 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     (``reduction`` None) or the budget cannot hold one output chunk of accumulators and one
     ``src_unit`` of source rows.
 
-    ``in_row_bytes``: an input row as stored; ``table_bytes``: the whole input as read;
+    ``in_row_bytes``: the memory an input row takes as read (a float32 copy is added
+    where that is not one float32 row); ``table_bytes``: the whole input as read;
     ``src_unit``: source chunks are a multiple of it where one fits (the input's own chunk
     rows), and always of ``src_align`` (the rows of a page of ``features.bin``, else 1);
     ``group_rows``/``src_rows``: force the sizes (tests).
@@ -109,23 +124,27 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     if reduction is None or n == 0:
         return None
     rows = min(chunk_rows, n)
-    free = headroom(budget, rss(), rows, d_out)
+    rss0 = rss()
+    free = headroom(budget, rss0, rows, d_out)
     acc_row = d_in * 4
     source_share = int(free * SOURCE_SHARE)
     # a quarter of the source share reads the buckets' pairs (8 bytes each)
     pair_piece = int(min(PAIR_PIECE, max(1024, source_share // 4 // BUCKET_BYTES)))
-    if group_rows is None:
-        group_rows = int(free * GROUP_SHARE) // acc_row
+    # a source row as read, and its float32 copy where it is stored otherwise
+    src_row = in_row_bytes + (acc_row if in_row_bytes != acc_row else 0)
     if src_rows is None:
-        src_rows = (source_share - pair_piece * BUCKET_BYTES) // (acc_row + in_row_bytes)
-    group_rows = min(group_rows, n)
+        src_rows = (source_share - pair_piece * BUCKET_BYTES) // src_row
     # whole input chunks a source chunk where they fit; always whole pages of rows
     src_rows = _round_down(src_rows, src_unit if src_rows >= src_unit else src_align)
     src_rows = min(src_rows, -(-n // src_align) * src_align)
-    sub_free = free - group_rows * acc_row - src_rows * (acc_row + in_row_bytes) \
-        - pair_piece * BUCKET_BYTES
+    source_bytes = src_rows * src_row + pair_piece * BUCKET_BYTES
     per_target = costs.target + 2 * costs.node + costs.edge + 3 * acc_row
-    sub_rows = min(sub_free // max(per_target, 1), group_rows)
+    # sub-blocks of up to SUB_ROWS targets, within a fifth of what the source chunk leaves
+    sub_rows = min(SUB_ROWS, n, (free - source_bytes) // 5 // max(per_target, 1))
+    if group_rows is None:
+        group_rows = (free - source_bytes - sub_rows * per_target) // (acc_row + GROUP_ROW_EXTRA)
+    group_rows = min(group_rows, n)
+    sub_rows = min(sub_rows, group_rows)
     if group_rows < 1 or src_rows < 1 or sub_rows < 1:
         return None
     groups, chunks = -(-n // group_rows), -(-n // src_rows)
@@ -133,8 +152,10 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     # where a read starts or ends inside one
     planned = (groups + 1) * table_bytes + BUCKET_BYTES * num_edges \
         + (groups * chunks + -(-n // sub_rows) + groups) * 2 * PAGE
+    peak = budget - free - SAFETY_BYTES + group_rows * (acc_row + GROUP_ROW_EXTRA) \
+        + source_bytes + sub_rows * per_target  # headroom's output chunks and rss0 included
     return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
-                      int(sub_rows), pair_piece, planned, int(free))
+                      int(sub_rows), pair_piece, planned, int(free), int(peak))
 
 
 class _Source:
