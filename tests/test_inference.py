@@ -584,3 +584,31 @@ def test_measured_costs_find_what_a_layer_allocates():
     assert 10240 <= c.target <= 10240 * PROBE_MARGIN + 4 * d * PROBE_MARGIN + 2048, c
     assert 4 * d <= c.node <= (4 * d + 16) * PROBE_MARGIN + 64, c
     assert 300 + 16 <= c.edge <= (300 + 16 + 8) * PROBE_MARGIN + 16, c
+
+
+def test_orders_hold_int32_ids_and_the_output_keeps_int64(synth, tmp_path):
+    """Below 2^31 nodes the processing order and its inverse are int32 (4 bytes a node each,
+    not 8); the run's fingerprint digests the ids as int64, as before, and the output's
+    ``row_of_node`` stays int64 and inverts the order."""
+    import hashlib
+
+    import zarr
+
+    from ooc.executor.inference.order import order_digest, rows_and_nodes
+
+    ds, x = synth
+    for order in ("degree", "locality"):
+        perm, _ = compute_order(ds, order)
+        assert perm.dtype == np.int32
+        assert sorted(perm.tolist()) == list(range(ds.num_nodes))
+        assert order_digest(perm) == hashlib.sha256(perm.astype(np.int64).tobytes()).hexdigest()[:24]
+        p2, rowof = rows_and_nodes(perm, ds.num_nodes)
+        assert p2 is perm and rowof.dtype == np.int32
+        assert np.array_equal(rowof[perm], np.arange(ds.num_nodes))
+    torch.manual_seed(3)
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    _check(ds, x, model, tmp_path / "o.zarr", chunk_rows=200, order="degree")
+    r = zarr.open_group(str(tmp_path / "o.zarr"), mode="r")["row_of_node"]
+    assert r.dtype == np.int64
+    perm, _ = compute_order(ds, "degree")
+    assert np.array_equal(np.asarray(r[:])[perm], np.arange(ds.num_nodes))

@@ -203,9 +203,9 @@ def test_the_disk_check_counts_the_edge_buckets(data, tmp_path, monkeypatch):
 @pytest.mark.parametrize("in_row,copy", [(512, False), (256, True)])
 def test_the_plan_gives_the_accumulators_what_the_chunk_and_sub_blocks_leave(
         monkeypatch, in_row, copy):
-    """Out of a budget of 1 GiB at an RSS of 300 MiB: one source chunk of a twentieth,
-    sub-blocks of at most SUB_ROWS targets within a fifth of what it leaves, and the rest
-    to the accumulators; the planned
+    """Out of a budget of 1 GiB at an RSS of 300 MiB: one source chunk of a tenth (at most
+    SOURCE_MAX_BYTES), sub-blocks of at most SUB_ROWS targets within a tenth of what it
+    leaves, and the rest to the accumulators; the planned
     peak adds them to the RSS and the output chunks and stays within the budget. A source
     stored as float32 (512-byte rows of 128 dims) is not copied; a float16 one is."""
     from ooc.executor.inference import streamed
@@ -222,9 +222,10 @@ def test_the_plan_gives_the_accumulators_what_the_chunk_and_sub_blocks_leave(
     assert plan.work == free
     src_row = in_row + (4 * d_in if copy else 0)
     source = plan.src_rows * src_row + plan.pair_piece * streamed.BUCKET_BYTES
-    assert 0.04 * free <= source <= 0.05 * free
+    cap = min(0.1 * free, streamed.SOURCE_MAX_BYTES)
+    assert 0.9 * cap <= source <= cap
     per_target = costs.target + 2 * costs.node + costs.edge + 3 * 4 * d_in
-    assert plan.sub_rows == min(streamed.SUB_ROWS, (free - source) // 5 // per_target)
+    assert plan.sub_rows == min(streamed.SUB_ROWS, int(0.1 * (free - source)) // per_target)
     acc = plan.group_rows * (4 * d_in + streamed.GROUP_ROW_EXTRA)
     used = acc + source + plan.sub_rows * per_target
     assert free - (4 * d_in + streamed.GROUP_ROW_EXTRA) < used <= free

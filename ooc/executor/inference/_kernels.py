@@ -3,7 +3,7 @@
 All kernels take the CSC adjacency (``indptr`` int64 [N+1], ``indices``
 int32/int64 [E], in-neighbours of v are ``indices[indptr[v]:indptr[v+1]]``),
 the processing order ``perm`` (row -> node) and its inverse ``rowof``
-(node -> row), both int64 [N].
+(node -> row), both [N] of one integer dtype (int32 below 2^31 nodes).
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
     ``perm`` the identity to take a sub-block of it).
 
     Local ids: targets first (0 .. e-s-1, in row order), then their
-    in-neighbours in order of first appearance. ``scratch`` is an int64 array of -1, one
+    in-neighbours in order of first appearance. ``scratch`` is an integer array of -1, one
     per node (left as it was found). Returns ``(nodes, src, eptr)``:
     ``nodes`` int64 the global node id of every local node, ``src`` int64 [m] the
     local source of every in-edge, target by target (self loops skipped when

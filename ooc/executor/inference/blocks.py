@@ -79,12 +79,13 @@ class LayerPlan:
     @property
     def planned_peak_bytes(self) -> int:
         """The RSS the layer is planned to reach: the RSS at its start, two output chunks,
-        the chunk cache and a chunk read past it, and the blocks' working set (one block's
-        own where one block holds the layer)."""
+        the chunk cache and a chunk read past it, and the blocks' working set (where one
+        block holds the layer: its own arrays and its sub-blocks' share)."""
         out_chunks = 2 * self.chunk_rows * self.d_out * 4
         cache = (self.cap + 1) * self.in_chunk_bytes if self.cap else 0
-        work = min(self.work, self.one_block) if self.num_blocks == 1 and self.one_block \
-            else self.work
+        work = self.work
+        if self.num_blocks == 1 and self.one_block:
+            work = min(work, int(self.one_block * (1 - SUB_SHARE)) + self.sub_work)
         return int(self.rss0 + out_chunks + cache + work)
 
     @property
@@ -136,7 +137,7 @@ def _chunk_plan(topo: Topology, starts: np.ndarray, chunking: Chunking, cap: int
     chunks are by node id, a later layer's in processing order: ``natural_keys``) and the
     bytes the cache's misses read."""
     n = topo.num_nodes
-    keyof = topo.rowof if natural_keys else np.arange(n, dtype=np.int64)
+    keyof = topo.rowof if natural_keys else np.arange(n, dtype=topo.perm.dtype)
     ptr, seq = access_plan(topo.indptr, topo.indices, topo.perm, keyof, starts,
                            chunking.chunk_rows, chunking.num_chunks)
     misses = simulate(seq, cap, policy, num_keys=chunking.num_chunks)["misses"]

@@ -63,10 +63,11 @@ class ChunkFileRows:
         return self.dir / "c" / str(int(c)) / "0"
 
     def read(self, rows: np.ndarray, out: np.ndarray) -> None:
-        """``out[i] = row rows[i]`` (rows int64 [k] in ``[0, num_rows)``; out float32
+        """``out[i] = row rows[i]`` (rows [k] integers in ``[0, num_rows)``; out float32
         [k, dim]), one chunk file at a time in ascending row order."""
         if rows.shape[0] == 0:
             return
+        rows = np.asarray(rows, dtype=np.int64)  # byte offsets below are products of rows
         order = np.argsort(rows, kind="stable")
         srows = rows[order]
         chunk = srows // self.chunk_rows

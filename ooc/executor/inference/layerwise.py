@@ -38,8 +38,10 @@ with Belady's MIN (furthest next use, with bypass); ``policy="lru"``/``"fifo"``
 for comparison. GLISP's first cache level (a local disk copy of remote
 chunks) is not needed here: the store is already on the local disk.
 
-Memory: ``memory_budget`` bounds the whole process. At the start of each
-layer the resident size is measured, and so is the layer itself: it runs on
+Memory: ``memory_budget`` bounds the whole process. Per node, before any layer: the
+processing order, its inverse and the kernels' node -> local id map (int32 below 2^31
+nodes: 12 bytes a node), and the pages of ``indptr.npy`` the planning reads (8). At the
+start of each layer the resident size is measured, and so is the layer itself: it runs on
 probe graphs of known sizes and the kernel's peak RSS gives its bytes per
 target, local node and edge (:func:`.memory_plan.measure_costs`). What the
 budget leaves (minus two output chunk buffers and a margin) goes to blocks of consecutive
@@ -65,7 +67,8 @@ its reduced row as a single virtual neighbour. Reads are sequential: the table o
 group and once for the targets' own rows, plus the edges bucketed by (group, source
 chunk), 8 bytes an edge. Up to :data:`.runner.COMPARE_EDGES` edges the blocks are
 planned too and run where they read fewer bytes. ``aggregate="blocks"`` / ``"streamed"``
-forces either way.
+forces either way. Each layer's report gives the peak its plan allows for
+(``planned_peak_bytes``), the run's report the largest of them.
 
 Atomic output: everything is written into ``.<name>.partial`` beside
 ``out`` (:func:`partial_path`) and renamed to ``out`` when every array is

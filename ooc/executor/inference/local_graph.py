@@ -18,12 +18,13 @@ class Topology:
         indptr: int64 [N+1], CSC (in-neighbours of v are
             ``indices[indptr[v]:indptr[v+1]]``).
         indices: int32/int64 [E].
-        perm: int64 [N], row -> node (the processing order).
-        rowof: int64 [N], node -> row (``perm``'s inverse; the same object as
-            ``perm`` in node id order).
+        perm: [N] row -> node (the processing order), int32 below 2^31 nodes
+            (:func:`~.order.node_dtype`), else int64.
+        rowof: [N] node -> row (``perm``'s inverse; the same object as ``perm`` in node
+            id order), ``perm``'s dtype.
         dinv: float32 [N] ``deg**-0.5`` with deg = in-degree without self loops
             + 1, for GCN weights; None for other models.
-        scratch: int64 [N] of -1, the kernels' node -> local id map.
+        scratch: [N] of -1, the kernels' node -> local id map, ``perm``'s dtype.
     """
     indptr: np.ndarray
     indices: np.ndarray
@@ -40,7 +41,7 @@ class Topology:
             deg = nonloop_in_degree(dataset.indptr, indices) + 1
             dinv = deg.astype(np.float32) ** -0.5
         return cls(dataset.indptr, indices, perm, rowof, dinv,
-                   np.full(dataset.num_nodes, -1, dtype=np.int64))
+                   np.full(dataset.num_nodes, -1, dtype=perm.dtype))
 
     @property
     def num_nodes(self) -> int:

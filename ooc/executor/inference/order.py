@@ -1,7 +1,8 @@
 """The processing order of layer-wise inference: which node each output row holds.
 
 Rows of every layer array are written in processing order; ``perm`` maps row
--> node (int64 [N]) and ``rowof`` its inverse, node -> row.
+-> node and ``rowof`` its inverse, node -> row: [N] of :func:`node_dtype` (int32 below
+2^31 nodes, 4 bytes a node each).
 """
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from ...storage.errors import InvalidValue, NotFound
 ORDERS = ("auto", "natural", "pds", "degree", "locality")
 #: ``auto`` orders a graph of at least this many nodes by locality when it has no partitioning.
 AUTO_LOCALITY_NODES = 1 << 20
+
+
+def node_dtype(n: int) -> np.dtype:
+    """The dtype of node ids and rows of an ``n``-node graph: int32 below 2^31, else int64."""
+    return np.dtype(np.int32) if n < (1 << 31) else np.dtype(np.int64)
 
 
 def _partition_of(dataset: Dataset, order: Any, partition: Any) -> tuple[np.ndarray | None, Any]:
@@ -48,7 +54,8 @@ def _load_owner(path: str | os.PathLike) -> np.ndarray:
 
 def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
                   ) -> tuple[np.ndarray | None, str]:
-    """The processing order ``perm`` (row -> node, int64 [N]) or None for node id order.
+    """The processing order ``perm`` (row -> node, [N] of :func:`node_dtype`) or None for
+    node id order.
 
     ``order``: ``auto``, ``natural``, ``pds``, ``degree``, ``locality``, or a partition
     assignment array (PDS over it). ``partition``: assignment array or path
@@ -60,6 +67,7 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     """
     owner, order = _partition_of(dataset, order, partition)
     stored = dataset.row_of
+    ids = node_dtype(dataset.num_nodes)
     if order == "auto":
         order = "pds" if owner is not None else (
             "locality" if stored is not None or dataset.num_nodes >= AUTO_LOCALITY_NODES
@@ -73,11 +81,12 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
         from ...storage.reorder import locality_order, rows_of
 
         if stored is not None:  # the order the feature rows are stored in (made at ingest)
-            return rows_of(np.asarray(stored)).astype(np.int64), "locality"
-        return locality_order(dataset.indptr, dataset.indices).astype(np.int64), "locality"
+            return rows_of(np.asarray(stored), ids).astype(ids, copy=False), "locality"
+        return locality_order(dataset.indptr, dataset.indices).astype(ids, copy=False), \
+            "locality"
     deg = dataset.in_degrees()
     if order == "degree":
-        return np.argsort(-deg, kind="stable").astype(np.int64), "degree"
+        return np.argsort(-deg, kind="stable").astype(ids), "degree"
     if owner is None:
         raise InvalidValue("order 'pds' needs a partitioning: pass partition= (owner.npy from "
                        "`python -m ooc.partition`) or put owner.npy in the dataset folder")
@@ -85,19 +94,27 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     if owner.shape[0] != dataset.num_nodes:
         raise InvalidValue(f"partition assignment has {owner.shape[0]} entries, the graph "
                        f"{dataset.num_nodes} nodes")
-    return np.lexsort((-deg, owner)).astype(np.int64), "pds"
+    return np.lexsort((-deg, owner)).astype(ids), "pds"
 
 
 def order_digest(perm: np.ndarray | None) -> str:
-    """``natural`` for node id order, else a digest of ``perm`` (for the run's fingerprint)."""
-    return "natural" if perm is None else hashlib.sha256(perm.tobytes()).hexdigest()[:24]
+    """``natural`` for node id order, else a digest of ``perm``'s ids as int64 whatever
+    their dtype (for the run's fingerprint), taken a million at a time."""
+    if perm is None:
+        return "natural"
+    h = hashlib.sha256()
+    for a in range(0, perm.shape[0], 1 << 20):
+        h.update(np.ascontiguousarray(perm[a:a + (1 << 20)], dtype=np.int64).tobytes())
+    return h.hexdigest()[:24]
 
 
 def rows_and_nodes(perm: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(perm, rowof)`` as int64 [N] arrays; the same identity array twice in node id order."""
+    """``(perm, rowof)`` as [N] arrays of :func:`node_dtype`; the same identity array twice
+    in node id order."""
+    ids = node_dtype(n)
     if perm is None:
-        ident = np.arange(n, dtype=np.int64)
+        ident = np.arange(n, dtype=ids)
         return ident, ident
-    rowof = np.empty(n, dtype=np.int64)
-    rowof[perm] = np.arange(n, dtype=np.int64)
+    rowof = np.empty(n, dtype=ids)
+    rowof[perm] = np.arange(n, dtype=ids)
     return perm, rowof

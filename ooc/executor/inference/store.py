@@ -176,9 +176,12 @@ def open_group(work: Path, order_name: str, chunk_rows: int, num_layers: int,
     group.attrs.update({"format": "ooc-layerwise-inference", "order": order_name,
                         "chunk_rows": chunk_rows, "num_layers": num_layers,
                         "arrays": [f"h{i + 1}" for i in range(num_layers)], "complete": False})
-    if perm is not None and "row_of_node" not in group:
-        group.create_array("row_of_node", data=rowof, chunks=(max(chunk_rows, 1 << 20),),
-                           compressors=None)
+    if perm is not None and "row_of_node" not in group:  # int64 whatever rowof's dtype
+        step = max(chunk_rows, 1 << 20)
+        arr = group.create_array("row_of_node", shape=rowof.shape, dtype="int64",
+                                 chunks=(step,), compressors=None)
+        for a in range(0, rowof.shape[0], step):
+            arr[a:a + step] = rowof[a:a + step]
     return group
 
 

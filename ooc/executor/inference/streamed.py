@@ -21,8 +21,9 @@ removed when the layer ends. A layer then reads its input once per group, the bu
 once, and its targets' own rows once.
 
 Memory (what :func:`.memory_plan.headroom` leaves the layer): the sub-blocks the layer runs
-in (at most :data:`SUB_ROWS` targets, at their measured costs), :data:`SOURCE_SHARE` to one
-source chunk (as read and as float32), and the rest to the accumulators (float32
+in (at most :data:`SUB_ROWS` targets, at their measured costs), one source chunk
+(:data:`SOURCE_SHARE`, at most :data:`SOURCE_MAX_BYTES`; as read and as float32), and the
+rest to the accumulators (float32
 [group rows, d_in] and :data:`GROUP_ROW_EXTRA` bytes a row), so that a layer takes as few
 groups, and reads its input as few times, as the budget allows.
 """
@@ -45,13 +46,18 @@ from .memory_plan import SAFETY_BYTES, BlockCosts, headroom, rss
 if TYPE_CHECKING:
     from .runner import LayerStats, Run, _ChunkWriter
 
-#: Share of a layer's free memory for one source chunk (read in order: a twentieth still
-#: makes reads of tens of MiB); the accumulators take what the chunk and the sub-blocks
-#: leave.
-SOURCE_SHARE = 0.05
+#: One source chunk takes this share of a layer's free memory, at most
+#: :data:`SOURCE_MAX_BYTES`; the accumulators take what the chunk and the sub-blocks leave.
+SOURCE_SHARE = 0.1
+#: Read in order, a source chunk of a few of the input's chunk files reads at the disk's
+#: speed (Zarr reads the files of one request concurrently; one 32 MiB file at a time read
+#: a layer 1.4x slower); more only takes memory from the accumulators.
+SOURCE_MAX_BYTES = 128 << 20
 #: Most targets a sub-block runs through the layer at once (their rows, the reduced rows
-#: and the layer's temporaries): more only takes memory from the accumulators.
+#: and the layer's temporaries), within :data:`SUB_SHARE` of the free memory: more only
+#: takes memory from the accumulators.
 SUB_ROWS = 1 << 15
+SUB_SHARE = 0.1
 #: Bytes a group row needs besides its accumulator: its in-degree (int64) and the
 #: temporaries that compute it and divide the mean by it.
 GROUP_ROW_EXTRA = 40
@@ -127,7 +133,7 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     rss0 = rss()
     free = headroom(budget, rss0, rows, d_out)
     acc_row = d_in * 4
-    source_share = int(free * SOURCE_SHARE)
+    source_share = int(min(free * SOURCE_SHARE, SOURCE_MAX_BYTES))
     # a quarter of the source share reads the buckets' pairs (8 bytes each)
     pair_piece = int(min(PAIR_PIECE, max(1024, source_share // 4 // BUCKET_BYTES)))
     # a source row as read, and its float32 copy where it is stored otherwise
@@ -139,8 +145,8 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     src_rows = min(src_rows, -(-n // src_align) * src_align)
     source_bytes = src_rows * src_row + pair_piece * BUCKET_BYTES
     per_target = costs.target + 2 * costs.node + costs.edge + 3 * acc_row
-    # sub-blocks of up to SUB_ROWS targets, within a fifth of what the source chunk leaves
-    sub_rows = min(SUB_ROWS, n, (free - source_bytes) // 5 // max(per_target, 1))
+    # sub-blocks of up to SUB_ROWS targets, within SUB_SHARE of what the source chunk leaves
+    sub_rows = min(SUB_ROWS, n, int((free - source_bytes) * SUB_SHARE) // max(per_target, 1))
     if group_rows is None:
         group_rows = (free - source_bytes - sub_rows * per_target) // (acc_row + GROUP_ROW_EXTRA)
     group_rows = min(group_rows, n)
@@ -277,7 +283,7 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
     # dataset's row order for features.bin
     row_of = run.dataset.row_of
     key_in = topo.rowof if prev is not None else (
-        np.asarray(row_of) if row_of is not None else np.arange(n, dtype=np.int64))
+        np.asarray(row_of) if row_of is not None else np.arange(n, dtype=topo.perm.dtype))
     folder = work / BUCKET_DIR
     shutil.rmtree(folder, ignore_errors=True)  # a killed run's buckets
     folder.mkdir()
