@@ -106,6 +106,18 @@ def test_shape_only_cli(capsys):
     assert "split" in out and "GiB" in out and "B/node" in out
 
 
+@pytest.mark.parametrize("bad,what", [(["--nodes", "0"], "nodes >= 1"),
+                                      (["--dim", "0"], "dim >= 1"),
+                                      (["--dtype", "foo"], "unknown feature dtype 'foo'")])
+def test_shape_only_cli_refuses_bad_values_in_one_line(capsys, bad, what):
+    argv = ["--nodes", "1000", "--edges", "5000", *bad]
+    with pytest.raises(SystemExit) as e:
+        plan_main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ooc: ") and what in err and "\n" not in err
+
+
 _RUN = """
 import json, sys
 from ooc.memory import reset_peak_rss

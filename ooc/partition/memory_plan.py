@@ -79,17 +79,17 @@ from typing import Sequence
 
 import numpy as np
 
+from ..cli import main_wrapper
 from ..storage import Dataset
 from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES as MAX_BUFFER_PAGES
 from ..storage.errors import InvalidValue
-from ..storage.layout import PAGE
+from ..storage.layout import PAGE, index_dtype
+from ..storage.writer import CHECK_ROWS
+from . import ALGORITHMS as ALGOS
+from ._spring_kernels import state_dtype
 from .edges import DEFAULT_CHUNK_EDGES
 from .split import FEATURE_CHUNK_BYTES
 
-#: The algorithms of :data:`ooc.partition.ALGORITHMS`.
-ALGOS = ("spring", "hash", "greedy", "dbh", "hdrf")
-#: Rows the writer's NaN check masks at a time (:meth:`ooc.storage.DatasetWriter.check_features`).
-CHECK_ROWS = 1 << 16
 #: Live clusters after SPRING's stream assumed per node when the count is not given.
 CLUSTER_FRACTION = 0.125
 #: Bytes per heap entry of the merge (a numba list of (int64, int64), 1/8 over-allocated).
@@ -127,10 +127,10 @@ def allocator_kept(num_nodes: int, state_itemsize: int, chunk_bytes: int,
 
 
 def state_itemsize(num_nodes: int, max_degree: int | None = None) -> int:
-    """SPRING's state itemsize: 4 (int32) when ``num_nodes + 1`` and the largest total
-    degree are below 2^31, else 8 (see :func:`~ooc.partition._spring_kernels.state_dtype`).
-    ``max_degree`` None: assumed below 2^31."""
-    return 4 if max(num_nodes + 1, max_degree or 0) < 2**31 else 8
+    """SPRING's state itemsize (:func:`~ooc.partition._spring_kernels.state_dtype`): 4 when
+    ``num_nodes + 1`` and the largest total degree are below 2^31, else 8. ``max_degree``
+    None: assumed below 2^31."""
+    return state_dtype(int(num_nodes), int(max_degree or 0)).itemsize
 
 
 #: Bytes per row of a feature chunk that the reader's index arrays take (int64 each):
@@ -206,10 +206,14 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
     if algo not in ALGOS:
         raise InvalidValue(f"unknown algorithm {algo!r} (choose from {', '.join(ALGOS)})")
     n, e, p = int(num_nodes), int(num_edges), int(parts)
-    if n < 1 or e < 0 or p < 1:
-        raise InvalidValue(f"need N >= 1, E >= 0 and p >= 1, got {n}, {e}, {p}")
+    if n < 1 or e < 0 or p < 1 or feature_dim < 1 or halo_hops < 1:
+        raise InvalidValue(f"need nodes >= 1, edges >= 0, parts >= 1, dim >= 1 and halo hops "
+                           f">= 1, got {n}, {e}, {p}, {feature_dim}, {halo_hops}")
     x = int(index_itemsize)
-    fdt = np.dtype(feature_dtype)
+    try:
+        fdt = np.dtype(feature_dtype)
+    except TypeError:
+        raise InvalidValue(f"unknown feature dtype {feature_dtype!r}") from None
     words = -(-p // 64)
     chunk = min(max(1, int(chunk_edges)), e) * x
     indptr = 8 * (n + 1)
@@ -319,17 +323,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--part-nodes", type=int, default=None,
                     help="nodes of the largest partition with its halo (default N)")
     ap.add_argument("--clusters", type=int, default=None,
-                    help="SPRING's live clusters after the stream (default N/4)")
+                    help="SPRING's live clusters after the stream (default N/8)")
     ap.add_argument("--baseline", type=float, default=0.0,
                     help="RSS after opening the dataset, MiB, added to the total")
     return ap
 
 
+@main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     plan = planned_peak(a.nodes, a.edges, parts=a.parts, algo=a.algo, feature_dim=a.dim,
                         feature_dtype=a.dtype, halo_hops=a.halo_hops, row_map=not a.no_row_map,
-                        index_itemsize=4 if a.nodes < 2**31 else 8,
+                        index_itemsize=index_dtype(a.nodes).itemsize,
                         part_nodes=a.part_nodes, clusters=a.clusters)
     mib = 1 << 20
     for k, v in plan["phases"].items():

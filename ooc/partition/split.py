@@ -46,6 +46,7 @@ import numpy as np
 
 from ..storage import Dataset, DatasetWriter
 from ..storage.direct import DirectFeatures
+from ..storage.layout import index_dtype
 from ..storage.pagecache import release_mapped
 from ..storage.reorder import rows_of
 from ._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, replicas_of
@@ -219,7 +220,7 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
         release_mapped(dataset.row_of)
         order = np.argsort(src_rows, kind="stable")
         src_rows = src_rows[order]
-        w.store_rows_in(rows_of(order, np.int32 if nq < (1 << 31) else np.int64), "inherited")
+        w.store_rows_in(rows_of(order, index_dtype(nq)), "inherited")
         del order
     else:
         src_rows = gids

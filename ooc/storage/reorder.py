@@ -25,7 +25,7 @@ from numpy.typing import DTypeLike
 
 from . import _reorder_kernels as K
 from .errors import InvalidValue
-from .layout import PAGE, FeatureLayout, read_rows
+from .layout import PAGE, FeatureLayout, index_dtype, read_rows
 from .pagecache import release_mapped
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
@@ -54,10 +54,6 @@ def write_array(f, a: np.ndarray) -> None:
     while mv.nbytes:
         n = f.write(mv)
         mv = mv[n:]
-
-
-def _id_dtype(n: int) -> np.dtype:
-    return np.dtype(np.int32) if n < (1 << 31) else np.dtype(np.int64)
 
 
 def _windows(indptr: np.ndarray, window_bytes: int, itemsize: int):
@@ -89,7 +85,7 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
         stats: filled with what happened, when given.
     """
     n = int(indptr.shape[0]) - 1
-    dt = _id_dtype(n)
+    dt = index_dtype(n)
     label = np.arange(n, dtype=dt)
     size = np.ones(n, dtype=dt)
     wins = list(_windows(indptr, window_bytes, indices.dtype.itemsize))
@@ -148,7 +144,7 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
       (float64 rows stored as float32) holds one more chunk than this.
     """
     n = int(layout.num_rows)
-    it = _id_dtype(n).itemsize
+    it = index_dtype(n).itemsize
     window = max(1 << 20, int(buffer_bytes) // 4)
     part, buckets = _buckets(layout, buffer_bytes)
     part = min(n, part)

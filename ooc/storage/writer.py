@@ -22,6 +22,9 @@ from .errors import IdOutOfRange, InvalidValue
 
 #: ``reorder`` values of :class:`DatasetWriter` (``--reorder`` of ``ooc.prepare``).
 REORDERS = ("auto", "locality", "none")
+#: Feature rows :meth:`DatasetWriter.check_features` masks at a time: the masks stay small
+#: beside the chunk.
+CHECK_ROWS = 1 << 16
 
 
 def allocate(path: Path, nbytes: int) -> None:
@@ -206,7 +209,7 @@ class DatasetWriter:
         must come in order; rows not passed here are read back at the end."""
         if start != self._rows_checked:
             return
-        step = 1 << 16  # rows at a time: the masks stay small beside the chunk
+        step = CHECK_ROWS
         for a in range(0, rows.shape[0], step):
             with np.errstate(over="ignore"):  # an overflow to inf is what is being counted
                 part = np.asarray(rows[a:a + step], dtype=self.layout.dtype)

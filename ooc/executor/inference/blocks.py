@@ -13,7 +13,7 @@ from ...storage.layout import PAGE
 from ..cache.chunk_cache import simulate
 from ._kernels import access_plan, count_block_keys, plan_blocks
 from .local_graph import Topology
-from .memory_plan import MiB, SAFETY_BYTES, BlockCosts, plan_memory, rss
+from .memory_plan import MiB, SAFETY_BYTES, BlockCosts, output_buffers, plan_memory, rss
 
 
 @dataclass
@@ -81,7 +81,7 @@ class LayerPlan:
         """The RSS the layer is planned to reach: the RSS at its start, two output chunks,
         the chunk cache and a chunk read past it, and the blocks' working set (where one
         block holds the layer: its own arrays and its sub-blocks' share)."""
-        out_chunks = 2 * self.chunk_rows * self.d_out * 4
+        out_chunks = output_buffers(self.chunk_rows, self.d_out)
         cache = (self.cap + 1) * self.in_chunk_bytes if self.cap else 0
         work = self.work
         if self.num_blocks == 1 and self.one_block:
@@ -104,7 +104,7 @@ def _layer_memory(budget: int, n: int, d_in: int, d_out: int, chunking: Chunking
     rows = min(chunking.chunk_rows, max(n, 1))
     # RSS may have grown since the start (allocator arenas, the chunk cache's
     # last contents); if the budget is now short, run with the minimum.
-    floor = budget - 2 * rows * d_out * 4 - SAFETY_BYTES - 2 * MiB
+    floor = budget - output_buffers(rows, d_out) - SAFETY_BYTES - 2 * MiB
     cap, work = plan_memory(budget, min(rss0, floor), rows, d_in, d_out, True, cache.capacity,
                             chunking.num_chunks, in_itemsize)
     return cap, work, rss0, rss0 > floor

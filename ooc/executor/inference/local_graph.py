@@ -19,7 +19,7 @@ class Topology:
             ``indices[indptr[v]:indptr[v+1]]``).
         indices: int32/int64 [E].
         perm: [N] row -> node (the processing order), int32 below 2^31 nodes
-            (:func:`~.order.node_dtype`), else int64.
+            (:func:`~ooc.storage.layout.index_dtype`), else int64.
         rowof: [N] node -> row (``perm``'s inverse; the same object as ``perm`` in node
             id order), ``perm``'s dtype.
         dinv: float32 [N] ``deg**-0.5`` with deg = in-degree without self loops

@@ -59,10 +59,15 @@ class PeakRss:
         self.peak = max(self.peak, rss())
 
 
+def output_buffers(chunk_rows: int, d_out: int) -> int:
+    """Bytes of a layer's two float32 output chunk buffers (one filled, one written)."""
+    return 2 * chunk_rows * d_out * 4
+
+
 def headroom(budget: int, rss: int, chunk_rows: int, d_out: int) -> int:
-    """What ``budget`` leaves a layer above ``rss``: two float32 output chunk buffers and
+    """What ``budget`` leaves a layer above ``rss``: :func:`output_buffers` and
     :data:`SAFETY_BYTES` taken off."""
-    return budget - rss - 2 * chunk_rows * d_out * 4 - SAFETY_BYTES
+    return budget - rss - output_buffers(chunk_rows, d_out) - SAFETY_BYTES
 
 
 def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, cached: bool,

@@ -1,8 +1,8 @@
 """The processing order of layer-wise inference: which node each output row holds.
 
 Rows of every layer array are written in processing order; ``perm`` maps row
--> node and ``rowof`` its inverse, node -> row: [N] of :func:`node_dtype` (int32 below
-2^31 nodes, 4 bytes a node each).
+-> node and ``rowof`` its inverse, node -> row: [N] of the graph's index dtype
+(:func:`~ooc.storage.layout.index_dtype`: int32 below 2^31 nodes, 4 bytes a node each).
 """
 from __future__ import annotations
 
@@ -14,15 +14,11 @@ import numpy as np
 
 from ...storage.dataset import Dataset
 from ...storage.errors import InvalidValue, NotFound
+from ...storage.layout import index_dtype
 
 ORDERS = ("auto", "natural", "pds", "degree", "locality")
 #: ``auto`` orders a graph of at least this many nodes by locality when it has no partitioning.
 AUTO_LOCALITY_NODES = 1 << 20
-
-
-def node_dtype(n: int) -> np.dtype:
-    """The dtype of node ids and rows of an ``n``-node graph: int32 below 2^31, else int64."""
-    return np.dtype(np.int32) if n < (1 << 31) else np.dtype(np.int64)
 
 
 def _partition_of(dataset: Dataset, order: Any, partition: Any) -> tuple[np.ndarray | None, Any]:
@@ -54,8 +50,8 @@ def _load_owner(path: str | os.PathLike) -> np.ndarray:
 
 def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
                   ) -> tuple[np.ndarray | None, str]:
-    """The processing order ``perm`` (row -> node, [N] of :func:`node_dtype`) or None for
-    node id order.
+    """The processing order ``perm`` (row -> node, [N] of
+    :func:`~ooc.storage.layout.index_dtype`) or None for node id order.
 
     ``order``: ``auto``, ``natural``, ``pds``, ``degree``, ``locality``, or a partition
     assignment array (PDS over it). ``partition``: assignment array or path
@@ -67,7 +63,7 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     """
     owner, order = _partition_of(dataset, order, partition)
     stored = dataset.row_of
-    ids = node_dtype(dataset.num_nodes)
+    ids = index_dtype(dataset.num_nodes)
     if order == "auto":
         order = "pds" if owner is not None else (
             "locality" if stored is not None or dataset.num_nodes >= AUTO_LOCALITY_NODES
@@ -81,7 +77,7 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
         from ...storage.reorder import locality_order, rows_of
 
         if stored is not None:  # the order the feature rows are stored in (made at ingest)
-            return rows_of(np.asarray(stored), ids).astype(ids, copy=False), "locality"
+            return rows_of(np.asarray(stored), ids), "locality"
         return locality_order(dataset.indptr, dataset.indices).astype(ids, copy=False), \
             "locality"
     deg = dataset.in_degrees()
@@ -109,9 +105,9 @@ def order_digest(perm: np.ndarray | None) -> str:
 
 
 def rows_and_nodes(perm: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(perm, rowof)`` as [N] arrays of :func:`node_dtype`; the same identity array twice
-    in node id order."""
-    ids = node_dtype(n)
+    """``(perm, rowof)`` as [N] arrays of :func:`~ooc.storage.layout.index_dtype`; the same
+    identity array twice in node id order."""
+    ids = index_dtype(n)
     if perm is None:
         ident = np.arange(n, dtype=ids)
         return ident, ident

@@ -23,9 +23,9 @@ once, and its targets' own rows once.
 Memory (what :func:`.memory_plan.headroom` leaves the layer): the sub-blocks the layer runs
 in (at most :data:`SUB_ROWS` targets, at their measured costs), one source chunk
 (:data:`SOURCE_SHARE`, at most :data:`SOURCE_MAX_BYTES`; as read and as float32), and the
-rest to the accumulators (float32
-[group rows, d_in] and :data:`GROUP_ROW_EXTRA` bytes a row), so that a layer takes as few
-groups, and reads its input as few times, as the budget allows.
+rest to the accumulators (float32 [group rows, d_in] and :data:`GROUP_ROW_EXTRA` bytes a
+row), so that a layer takes as few groups, and reads its input as few times, as the budget
+allows.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import torch
 from ...storage.layout import PAGE, FeatureLayout, read_rows
 from ...storage.pagecache import release_mapped
 from ._kernels import accumulate_rows, bucket_edges
-from .memory_plan import SAFETY_BYTES, BlockCosts, headroom, rss
+from .memory_plan import BlockCosts, headroom, output_buffers, rss
 
 if TYPE_CHECKING:
     from .runner import LayerStats, Run, _ChunkWriter
@@ -158,8 +158,8 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     # where a read starts or ends inside one
     planned = (groups + 1) * table_bytes + BUCKET_BYTES * num_edges \
         + (groups * chunks + -(-n // sub_rows) + groups) * 2 * PAGE
-    peak = budget - free - SAFETY_BYTES + group_rows * (acc_row + GROUP_ROW_EXTRA) \
-        + source_bytes + sub_rows * per_target  # headroom's output chunks and rss0 included
+    peak = rss0 + output_buffers(rows, d_out) + group_rows * (acc_row + GROUP_ROW_EXTRA) \
+        + source_bytes + sub_rows * per_target
     return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
                       int(sub_rows), pair_piece, planned, int(free), int(peak))
 
