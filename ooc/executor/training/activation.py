@@ -38,7 +38,7 @@ class _ReluDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None
+        return (grad * ctx.scale).masked_fill_(keep.logical_not(), 0.0), None
 
 
 def relu_dropout(h: Tensor, p: float, training: bool) -> Tensor:
