@@ -62,6 +62,27 @@ def backend_or_skip(backend: str, path) -> None:
         pytest.skip(f"{backend} cannot run on this machine: {str(e).split(': ', 1)[-1]}")
 
 
+def in_threads(work, n: int = 4) -> list[BaseException]:
+    """Run ``work(k)`` for ``k`` in ``range(n)``, each on a thread of its own, all at once;
+    the exceptions they raised (an assertion in a thread is otherwise lost)."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 #: A stand-in native binding: ``Crash`` kills its process with a signal in its constructor,
 #: as a wheel built for another CPU does; ``Refuse`` refuses as a kernel without io_uring.
 STAND_IN_BINDING = """

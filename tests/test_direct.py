@@ -17,7 +17,7 @@ from ooc.storage import (
 from ooc.storage import io_backends as B
 from ooc.storage import notes, probe
 
-from conftest import backend_or_skip, write_stand_in_binding
+from conftest import backend_or_skip, in_threads, write_stand_in_binding
 
 BACKENDS = list(B.REGISTRY)
 
@@ -668,22 +668,14 @@ def test_liburing_wait_releases_the_gil(tmp_path):
 def test_small_rows_read_from_several_threads_at_once(tmp_path, backend):
     """Rows smaller than a page go through one page buffer: threads reading at once (the
     loaders of one memory budget, gather workers) each get their own rows."""
-    import threading
-
     path, lay, rows = _feature_file(tmp_path, 5000, 24, "float32")  # 96 B rows
     backend_or_skip(backend, path)
-    wrong: list[int] = []
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
         def reader(k: int) -> None:
             rng = np.random.default_rng(k)
             for _ in range(60):
                 ids = rng.integers(0, 5000, int(rng.integers(200, 3000)))
-                if not np.array_equal(f.read(ids), rows[ids]):
-                    wrong.append(k)
+                np.testing.assert_array_equal(f.read(ids), rows[ids])
 
-        threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not wrong
+        errors = in_threads(reader)
+    assert not errors, errors[0]

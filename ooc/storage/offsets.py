@@ -24,7 +24,7 @@ class NodeOffsets:
     """``indptr`` as ``base`` (int64 [ceil((N+1)/64)]) and ``rel`` (uint32 [N+1], or int64
     where a block spans 2^32 ids): ``indptr[v] == base[v >> 6] + rel[v]``.
 
-    Built in one streaming pass over ``indptr`` (a memmap's pages are dropped after).
+    Built in one streaming pass over ``indptr`` (a memmap's pages are dropped chunk by chunk).
 
     Attributes:
         num_nodes: N.
@@ -47,7 +47,9 @@ class NodeOffsets:
             starts = part[::BLOCK]
             self.base[a // BLOCK:a // BLOCK + starts.shape[0]] = starts
             self.rel[a:a + part.shape[0]] = part - np.repeat(starts, BLOCK)[:part.shape[0]]
-        release_mapped(indptr)
+            # a chunk at a time: the map's pages would otherwise all be resident at the end
+            # of the pass (888 MiB at 111M nodes) beside the 4.125 bytes a node being built
+            release_mapped(indptr)
 
     @property
     def nbytes(self) -> int:

@@ -7,7 +7,9 @@ adds up is resident set size (``VmRSS``/``VmHWM``: anonymous memory and the
 file pages this process maps):
 
 1. ``setup_rss``: RSS once the mode's numba kernels are loaded (interpreter,
-   torch and PyG, the dataset's in-memory arrays, the model). On a cold numba
+   torch and PyG, the dataset's in-memory arrays, the model, and the node -> row
+   map of a dataset stored in a locality order: 4 bytes a node, faulted in first
+   since an epoch's reads make all of it resident). On a cold numba
    cache the kernels are first compiled in a child process
    (:func:`compile_kernels`), so this process never holds LLVM's compile-time
    memory and a first run measures what later runs do.
@@ -247,6 +249,7 @@ def _child_main(argv: list[str]) -> None:
                                   num_threads=int(threads) or None)
         seeds = np.asarray(ds.train_idx[:8], dtype=np.int64)
         if len(seeds):
+            ds.read_labels(seeds)  # the label reader's page kernels
             b = sampler.sample_many([seeds, seeds], [1, 2])[0]
             rows = src.features.read(b.node_ids)
             if hasattr(src.features, "read_into"):  # a batch's misses into its rows
@@ -385,6 +388,8 @@ def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: in
     kernels = compile_kernels(dataset, config, opts, preset=preset)
     warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype,  # loads them here
                     dataset.index_dtype, dataset.num_edges)
+    if dataset.row_of is not None:
+        touch_pages(dataset.row_of)
     gc.collect()
     trim_malloc()
     setup = stages["setup_rss"] = rss_bytes()
@@ -400,6 +405,13 @@ def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: in
     return kernels, probe, setup + max(loop_parts, build)
 
 
+def touch_pages(arr: np.ndarray) -> None:
+    """Fault in every page of the memmap ``arr`` (1-D), as an epoch of scattered reads
+    does, so that the RSS measured next holds it."""
+    step = max(1, 4096 // arr.itemsize)
+    int(np.asarray(arr[::step]).sum())
+
+
 def _refusal(plan: MemoryPlan, preset, extra: int, too_large: str) -> BudgetError:
     """The error for a budget below the plan's working memory, the ``extra`` bytes of
     caches the options request and the reserve; it names the smallest budget that
@@ -412,17 +424,14 @@ def _refusal(plan: MemoryPlan, preset, extra: int, too_large: str) -> BudgetErro
 
 
 def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int]) -> int:
-    """What the probe cannot measure, added to ``stages``: the file pages the
-    readers may keep mapped (``mapped_file_pages``) and the node -> feature row map of a
-    dataset stored in a locality order (``feature_row_map``, 4 bytes a node: a few
-    probe batches touch part of it, an epoch all of it). Returns their sum."""
+    """What the probe cannot measure, added to ``stages``: the file pages the readers may
+    keep mapped (``mapped_file_pages``). Returns their sum. (The node -> feature row map
+    of a dataset stored in a locality order, 4 bytes a node that an epoch's reads make
+    resident, is made resident before ``setup_rss`` is measured, so it is in that.)"""
     mapped = preset.readers.mapped_bytes_bound(dataset, opts, max_edges)
     if mapped:
         stages["mapped_file_pages"] = mapped
-    row_map = int(dataset.row_of.nbytes) if dataset.row_of is not None else 0
-    if row_map:
-        stages["feature_row_map"] = row_map
-    return mapped + row_map
+    return mapped
 
 
 class _SuperbatchPlan:
