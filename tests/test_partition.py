@@ -387,10 +387,14 @@ def _check_halo(src_path: Path, out: Path, report: dict, hops: int) -> None:
     ("two", "hdrf", 4, 3),
     ("two", "spring", 2, 5),  # the halo stops growing before hop 5: passes skipped
 ])
-def test_halo_hops_match_bfs(tmp_path, graph, algo, parts, hops):
+def test_halo_hops_match_bfs(tmp_path, monkeypatch, graph, algo, parts, hops):
     """An H-hop halo holds exactly the BFS layers of the owned nodes; the
     nodes of layers < H keep their full in-lists (chunks of 97 edges, so rows
-    straddle chunk borders)."""
+    straddle chunk borders; labels written 7 at a time, so a chunk straddles the owned
+    nodes and the halo)."""
+    import ooc.partition.split as split_mod
+
+    monkeypatch.setattr(split_mod, "LABEL_CHUNK", 7)
     path = _sparse_directed(tmp_path) if graph == "sparse" else _two_communities(tmp_path)[0]
     out = tmp_path / "out"
     report = partition_dataset(path, out, parts, algo, seed=1, chunk_edges=97, halo_hops=hops)

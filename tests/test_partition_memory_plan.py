@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ooc.partition.__main__ import main as partition_main
-from ooc.partition.memory_plan import (allocator_kept, main as plan_main, merge_cluster_bytes,
+from ooc.partition.memory_plan import (ENTRY_BUFFER, allocator_kept, main as plan_main, merge_cluster_bytes,
                                        planned_peak, state_itemsize)
 from ooc.storage import write_dataset
 
@@ -35,29 +35,30 @@ def _graph(path: Path, n: int, deg: int, dim: int, seed: int = 0) -> Path:
 
 def test_per_node_terms_of_the_docstring():
     """Doubling N (and E) adds exactly the per-node bytes the module docstring gives:
-    24 (degrees), 32 (clustering, int32 state), 36 + 48 / 8 (merge, N / 8 clusters),
-    20 and 28 (refine, metrics: what the allocator keeps is a constant at this size) and
-    24 + 32 + 8 * 1.05 / 8 (the split's held arrays and the feature rows' sort, the
-    partition bounded by N)."""
-    n, e = 20_000_000, 600_000_000
+    16 (degrees), 24 (clustering, int32 state), 28 + 48 / 8 (merge, N / 8 clusters),
+    12 and 20 (refine, metrics: what the allocator keeps is a constant at this size) and
+    16 + 8 * 1.05 / 8 + 12 + 16 (the split's held arrays, then owned, ids and the written
+    row map beside the labels' 16 q, the partition bounded by N). ``indptr.npy`` is no
+    longer resident: only the pages one chunk of edges spans."""
+    n, e = 40_000_000, 1_200_000_000
     a = planned_peak(n, e, parts=8)
     b = planned_peak(2 * n, 2 * e, parts=8)
     assert a["assumed"]["state_itemsize"] == 4 and a["assumed"]["clusters"] == n // 8
     per_node = {k: (b["phases"][k] - a["phases"][k]) / n for k in a["phases"]}
-    assert per_node["degrees"] == 24
-    assert per_node["clustering"] == 32
-    assert per_node["merge"] == pytest.approx(36 + 48 / 8, abs=1e-3)
-    assert per_node["refine"] == 20 and per_node["metrics"] == 28
-    assert per_node["split"] == pytest.approx(24 + 32 + 8 * 1.05 / 8, abs=1e-3)
-    assert a["assumed"]["split_moment"] == "sort"
-    # exact at one size: indptr's pages, in- and out-degrees, one chunk of int32 ids
-    assert a["phases"]["degrees"] == 8 * (n + 1) + 16 * n + 4 * CHUNK
+    assert per_node["degrees"] == 16
+    assert per_node["clustering"] == 24
+    assert per_node["merge"] == pytest.approx(28 + 48 / 8, abs=1e-3)
+    assert per_node["refine"] == 12 and per_node["metrics"] == 20
+    assert per_node["split"] == pytest.approx(16 + 8 * 1.05 / 8 + 12 + 16, abs=1e-3)
+    assert a["assumed"]["split_moment"] == "labels"
+    # exact at one size: a chunk's span of indptr, in- and out-degrees, one chunk of int32 ids
+    assert a["phases"]["degrees"] == 8 * (CHUNK + (1 << 17)) + 16 * n + 4 * CHUNK
     assert a["peak_phase"] == "split" and a["peak_bytes"] == max(a["phases"].values())
 
 
 def test_state_dtype_and_index_width():
-    """SPRING's state is int32 below 2^31 nodes and degrees, else int64 (48 bytes a node
-    while clustering instead of 32)."""
+    """SPRING's state is int32 below 2^31 nodes and degrees, else int64 (40 bytes a node
+    while clustering instead of 24)."""
     assert state_itemsize(2**31 - 2) == 4
     assert state_itemsize(2**31 - 1) == 8 and state_itemsize(1000, max_degree=2**31) == 8
     assert merge_cluster_bytes(4) == 92
@@ -65,7 +66,7 @@ def test_state_dtype_and_index_width():
     a = planned_peak(n, e, parts=8, index_itemsize=8)
     b = planned_peak(n + 1000, e, parts=8, index_itemsize=8)
     assert a["assumed"]["state_itemsize"] == 8
-    assert (b["phases"]["clustering"] - a["phases"]["clustering"]) / 1000 == 48
+    assert (b["phases"]["clustering"] - a["phases"]["clustering"]) / 1000 == 40
     # what the allocator keeps: twice the largest freed array under 32 MiB, at most the
     # merge's per-cluster arrays
     assert allocator_kept(1_000_000, 4, 4 * CHUNK, 10**6) == 2 * 8_000_000
@@ -79,11 +80,12 @@ def test_options_change_the_plan():
     n, e = 5_000_000, 100_000_000
     base = planned_peak(n, e, parts=8)
     # 2 hops: the local indptr of every inner node (40 bytes a node of the partition)
-    # passes the sort (32) once the rows' 192 MiB no longer dominate
+    # passes the labels' moment (28) once the rows' 192 MiB no longer dominate
     big = planned_peak(10 * n, 10 * e, parts=8)
     two = planned_peak(10 * n, 10 * e, parts=8, halo_hops=2)
-    assert two["assumed"]["split_moment"] == "indptr" and big["assumed"]["split_moment"] == "sort"
-    assert two["phases"]["split"] - big["phases"]["split"] == 8 * 10 * n
+    assert two["assumed"]["split_moment"] == "indptr" and big["assumed"]["split_moment"] == "labels"
+    # 8 o + 40 q + the label reader's buffer, against 8 o + 28 q
+    assert two["phases"]["split"] - big["phases"]["split"] == 12 * 10 * n + ENTRY_BUFFER
     assert planned_peak(n, e, parts=8, row_map=False)["phases"]["split"] < base["phases"]["split"]
     wide = planned_peak(n, e, parts=128)   # two uint64 words of replica bits a node
     assert wide["phases"]["metrics"] - planned_peak(n, e, parts=64)["phases"]["metrics"] == 8 * n

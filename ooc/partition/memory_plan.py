@@ -17,30 +17,33 @@ stream, ``q`` = nodes of the largest partition with its halo, ``o`` = its owned 
 ==============  ==========================================================================
 phase           what is resident (bytes)
 ==============  ==========================================================================
-(from degrees)  ``indptr.npy``'s pages, 8 a node: a memmap, paged in by the first pass
-                and kept (mapped file pages count in the RSS)
+(every phase)   the pages of ``indptr.npy`` one chunk of the edge stream spans (a memmap;
+                the stream drops them after each chunk): ``8 (C + 2^17)`` at most
 degrees         int64 in- and out-degrees (their sum reuses the in-degrees' buffer), one
-                chunk of edges  ->  **24 N + x C**
+                chunk of edges  ->  **16 N + x C**
 clustering      the packed state ``st`` [N, 4] (``4 s``), int64 cluster volumes (8), the
-                chunk and its destinations  ->  **(16 + 4 s) N + 2 x C** (32 N in int32)
+                chunk and its destinations  ->  **(8 + 4 s) N + 2 x C** (24 N in int32)
 merge           ``st``, priority and member link (``s`` each), the destinations' buffer;
                 per cluster: size, representative, head, tail, parent (``5 s``), then
                 the vote's counters (``2 s``) and the heap (16 B an entry, 1/8 over:
                 18) while merging, or int64 roots and order (``20 + 2 s``) and the int32
-                owner (4 a node) at the assignment  ->  **(12 + 6 s) N + (7 s + 20) c +
-                x C** (36 N + 48 c in int32)
+                owner (4 a node) at the assignment  ->  **(4 + 6 s) N + (7 s + 20) c +
+                x C** (28 N + 48 c in int32)
 refine          int32 owner (4) and ``np.bincount``'s int64 copy of it (8), plus what the
                 allocator keeps of the merge's per-cluster arrays (``9 s + 56`` a cluster,
                 at most twice glibc's mmap threshold: :func:`allocator_kept`)
-                ->  **20 N** + kept
+                ->  **12 N** + kept
 metrics         owner, the replica bitmap (uint64 [N, W]: ``8 W``), the bincount copy
-                ->  **(20 + 8 W) N** + kept (28 N for p <= 64)
-split           owner, bitmap, the global-to-local scratch: ``(12 + 8 W + x) N`` (24 N),
+                ->  **(12 + 8 W) N** + kept (20 N for p <= 64)
+split           owner, bitmap, the global-to-local scratch: ``(4 + 8 W + x) N`` (16 N),
                 plus the largest per-partition moment (int64 id lists, 8 a node):
-                sorting the feature rows by source row (owned, ids, source rows, order,
-                sorted rows: ``8 o + 32 q``; ``r`` = the source row map's itemsize, 4);
-                the labels (``16 o + (16 + r) q`` + the source ``labels.npy``'s pages,
-                ``8 N``); the local ``indptr`` (``32 o + 16 q`` for 1 hop); the edge copy
+                sorting the feature rows by source row (owned, ids, then the source rows
+                in the row map's dtype, their order, the sorted rows: ``8 o + 24 q``;
+                ``r`` = the source row map's itemsize, 4; its entries are read by page);
+                the labels (``24 o + (16 + r) q`` + the label reader's buffer, 16 MiB:
+                :class:`~ooc.storage.entries.EntryReader`); the local ``indptr``
+                (``32 o + 16 q`` for 1 hop, the source's offsets read by page with the
+                reader's buffer); the edge copy
                 (``8 o + 16 q + 2 x C``); the feature copy: ``8 o + (16 + r) q`` + one
                 chunk of rows (64 MiB), the page buffer it was read into (up to 64 MiB;
                 none for rows of whole pages) and the larger of the written chunk's
@@ -64,11 +67,12 @@ graphs of ``tools/bench_scale.py``), ``o`` to SPRING's node cap
 counts to plan for a known partition.
 
 Measured (``python -m ooc.partition --parts 8``, defaults, ``VmHWM``) against this plan
-from the shape alone (the RSS after opening, 157-161 MiB, included): 406 MiB at 1.1M
-nodes / 32M stored edges (planned 409), 571 at 5.55M / 162M (planned 630), 760 at 11.1M
-/ 323M (planned 838: there the partitions hold 65% of N, not N; with the run's sizes
-764). The split is the largest phase in all three; from about 18M nodes (512-byte rows,
-partitions bounded by N) the feature rows' sort, not the 192 MiB of rows, sets its peak.
+from the shape alone (the RSS after opening, 156-157 MiB, included): 397 MiB at 1.1M
+nodes / 32M stored edges (planned 408), 517 at 5.55M / 162M (planned 597; with the run's
+partition sizes, 69% of N, 563), 651 at 11.1M / 323M (planned 759: there the partitions
+hold 65% of N, not N; with the run's sizes 684). The split is the largest phase in all
+three. At papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the plan is 4.68 GiB
+with partitions bounded by N and 3.78 GiB with partitions of 69% of N, the merge 3.53 GiB.
 """
 from __future__ import annotations
 
@@ -82,6 +86,7 @@ import numpy as np
 from ..cli import main_wrapper
 from ..storage import Dataset
 from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES as MAX_BUFFER_PAGES
+from ..storage.entries import PIECE_ENTRIES
 from ..storage.errors import InvalidValue
 from ..storage.layout import PAGE, index_dtype
 from ..storage.writer import CHECK_ROWS
@@ -90,6 +95,8 @@ from ._spring_kernels import state_dtype
 from .edges import DEFAULT_CHUNK_EDGES
 from .split import FEATURE_CHUNK_BYTES
 
+#: The label reader's page buffer at its largest (:class:`~ooc.storage.entries.EntryReader`).
+ENTRY_BUFFER = PIECE_ENTRIES * PAGE
 #: Live clusters after SPRING's stream assumed per node when the count is not given.
 CLUSTER_FRACTION = 0.125
 #: Bytes per heap entry of the merge (a numba list of (int64, int64), 1/8 over-allocated).
@@ -216,7 +223,9 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
         raise InvalidValue(f"unknown feature dtype {feature_dtype!r}") from None
     words = -(-p // 64)
     chunk = min(max(1, int(chunk_edges)), e) * x
-    indptr = 8 * (n + 1)
+    # the pages of indptr.npy one chunk spans (a chunk's edges' worth of entries and 1 MiB:
+    # nodes without in-edges widen it): the stream drops them after each chunk
+    indptr = 8 * min(n + 1, min(max(1, int(chunk_edges)), max(e, 1)) + (1 << 17))
     owner = 4 * n
     bits = 8 * words * n
     q = n if part_nodes is None else min(n, int(part_nodes))
@@ -229,7 +238,7 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
     assumed: dict = {"part_nodes": q, "part_owned": o}
 
     # degrees: int64 in- and out-degrees (their sum reuses the in-degrees' buffer: numpy
-    # elides the temporary), one chunk; indptr is paged in from here on
+    # elides the temporary), one chunk
     degrees = indptr + 2 * 8 * n + chunk
     bincount = 8 * n                       # np.bincount(owner) casts owner to int64 first
     retained = 0
@@ -270,17 +279,21 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
     else:
         r = int(row_map_itemsize) if row_map else 0
         inner = o if halo_hops == 1 else q                  # nodes with full in-lists
-        if row_map:   # the row map's gather (int32, then int64) beside its memmap's
-            # pages (r N); then owned, ids, source rows, their order and the sorted rows
-            sort = 8 * o + 8 * q + max((r + 8) * q + r * n, 24 * q)
+        if row_map:   # owned and ids; the row map's entries (r a node) read by page with
+            # their sort order; then the source rows, their order and the sorted rows, and
+            # the order with the sorted rows and its inverse
+            sort = 8 * o + 8 * q + max((r + 8) * q + ENTRY_BUFFER, (2 * r + 8) * q,
+                                       (r + 8 + x) * q)
         else:         # rows in node order: the ids are the source rows, nothing sorted
             sort = 8 * o + 8 * q
         moments = {
             "halo": 8 * o + 16 * q + (chunk if halo_hops > 1 else 0),
-            "indptr": 8 * o + max(16 * q + 24 * inner, 24 * q),
+            # the local offsets; the source's of the inner nodes read by page
+            "indptr": 8 * o + max(16 * q + 24 * inner + ENTRY_BUFFER, 24 * q),
             "edges": 8 * o + 16 * q + 2 * chunk,
             "sort": sort,
-            "labels": 8 * o + (8 + r) * q + max(8 * o + 8 * q + 8 * n, 16 * q),
+            # the owned nodes' labels, their sort order and the label reader's buffer
+            "labels": 8 * o + (8 + r) * q + max(16 * o + 8 * q + ENTRY_BUFFER, 16 * q),
             "features": 8 * o + (16 + r if row_map else 8) * q
             + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n),
         }

@@ -45,9 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from ..storage import Dataset, DatasetWriter
+from ..storage.dataset import ROW_MAP_FILE
 from ..storage.direct import DirectFeatures
 from ..storage.layout import index_dtype
-from ..storage.pagecache import release_mapped
 from ..storage.reorder import rows_of
 from ._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, replicas_of
 from .base import progress_bar
@@ -125,7 +125,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     n_rep = nq - n_own
     n_inner = nq - per_hop[-1]  # layers 0..H-1: full in-neighbour lists
     g2l[gids] = np.arange(nq, dtype=g2l.dtype)
-    indptr = _local_indptr(dataset.indptr, gids, n_inner)
+    indptr = _local_indptr(dataset, gids, n_inner)
     eq = int(indptr[-1])
     with _part_writer(dataset, out, nq, name) as w:
         w.extra_meta["partition"] = {"part": q, "parts": parts, "algo": algo,
@@ -138,9 +138,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
             _copy_edges(dataset, g2l, n_inner, indptr, ind, chunk_edges, progress, name)
         del indptr, ind  # written: the feature copy's arrays take their place
         _copy_features(dataset, w, gids)
-        labels = np.full(nq, -1, dtype=np.int64)
-        labels[:n_own] = dataset.read_labels(owned)
-        w.write_labels(labels, dataset.num_classes)
+        w.write_labels_chunks(_local_labels(dataset, owned, nq), dataset.num_classes)
         splits = _local_splits(dataset, owner, q, g2l)
         w.write_splits(*splits)
         assert w.tmp is not None  # inside the writer's with block
@@ -154,14 +152,34 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     return summary
 
 
-def _local_indptr(indptr_src: np.ndarray, gids: np.ndarray, n_inner: int) -> np.ndarray:
+#: Labels written per chunk of a partition (8 bytes each).
+LABEL_CHUNK = 1 << 20
+
+
+def _local_labels(dataset: Dataset, owned: np.ndarray, nq: int):
+    """The labels of a partition's ``nq`` local nodes in chunks of :data:`LABEL_CHUNK`
+    (int64): its owned nodes' (``owned``, int64, the first local ids), then -1 for the
+    halo, which trains on none."""
+    for a in range(0, nq, LABEL_CHUNK):
+        b = min(nq, a + LABEL_CHUNK)
+        part = np.full(b - a, -1, dtype=np.int64)
+        k = max(0, min(b, owned.size) - a)
+        if k:
+            part[:k] = dataset.read_labels(owned[a:a + k])
+        yield part
+
+
+def _local_indptr(dataset: Dataset, gids: np.ndarray, n_inner: int) -> np.ndarray:
     """int64 [n_q + 1] CSC offsets of the partition whose nodes are ``gids`` (int64 [n_q],
     global ids in local order): the source in-degree for the first ``n_inner`` nodes
-    (layers ``0..H-1``), 0 for the rest. ``indptr_src``: int64 [N + 1] source offsets."""
+    (layers ``0..H-1``), 0 for the rest. The source offsets of those nodes are read by
+    page (:meth:`~ooc.storage.Dataset.entries`): gathered through the memmap at random they
+    would map up to all of ``indptr.npy`` (8 bytes a node)."""
     nq = gids.size
     inner = gids[:n_inner]
     local_deg = np.zeros(nq, dtype=np.int64)
-    local_deg[:n_inner] = indptr_src[inner + 1] - indptr_src[inner]
+    local_deg[:n_inner] = dataset.entries("indptr.npy", dataset.indptr, inner + 1)
+    local_deg[:n_inner] -= dataset.entries("indptr.npy", dataset.indptr, inner)
     indptr = np.zeros(nq + 1, dtype=np.int64)
     np.cumsum(local_deg, out=indptr[1:])
     return indptr
@@ -216,8 +234,9 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
     nq = gids.size
     lay = dataset.layout
     if dataset.row_of is not None:
-        src_rows = np.asarray(dataset.row_of[gids], dtype=np.int64)
-        release_mapped(dataset.row_of)
+        # the row map's entries read by page (gathered through its memmap they would map up
+        # to all of it), in its own dtype: int32 below 2^31 nodes
+        src_rows = dataset.entries(ROW_MAP_FILE, dataset.row_of, gids)
         order = np.argsort(src_rows, kind="stable")
         src_rows = src_rows[order]
         w.store_rows_in(rows_of(order, index_dtype(nq)), "inherited")
