@@ -61,10 +61,16 @@ def test_features_weak_alone_strong_with_neighbours(syn):
     assert with_nb > alone + 0.1
 
 
-def test_deterministic(tmp_path, syn):
+def test_deterministic(tmp_path, syn, monkeypatch):
+    """The same seed gives the same files whatever the windows and the chunks in which the
+    labels and the splits are made."""
+    import ooc.storage.ingest.synthetic as synthetic
+
+    monkeypatch.setattr(synthetic, "LABEL_STEP", 7)
     a = generate_synthetic(tmp_path / "a", nodes=3000, avg_degree=12, feature_dim=16, classes=4,
                            seed=3, progress=False, buffer_bytes=16 << 10)  # many windows, same result
     assert _files(a) == _files(syn)
+    monkeypatch.undo()
     b = generate_synthetic(tmp_path / "b", nodes=3000, avg_degree=12, feature_dim=16, classes=4,
                            seed=4, progress=False)
     assert _files(b)["indices.bin"] != _files(syn)["indices.bin"]

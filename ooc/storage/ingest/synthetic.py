@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM
-from ..layout import FEATURE_DTYPES
+from ..layout import FEATURE_DTYPES, index_dtype
 from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
@@ -40,6 +40,8 @@ from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, _progress, check
                        count_pass, scatter_passes)
 from ..errors import InvalidValue, setting
 
+#: Nodes per chunk when the labels and the splits are made.
+LABEL_STEP = 1 << 22
 #: R-MAT quadrant probabilities (a, b, c; d = 1 - a - b - c).
 RMAT = (0.45, 0.22, 0.22)
 
@@ -57,7 +59,10 @@ class SyntheticEdges(EdgeSource):
         self.levels = max(1, math.ceil(math.log2(max(nodes, 2))))
         a, b, c = rmat
         self.pa, self.pab, self.pabc = a, a + b, a + b + c
-        self.perm = np.random.default_rng([seed, 0]).permutation(nodes).astype(np.int64)
+        # Generator.permutation(n) shuffles an int64 arange: the same shuffle of an arange of
+        # node-id width is the same permutation in half the bytes (int32 below 2^31 nodes)
+        self.perm = np.arange(nodes, dtype=index_dtype(nodes))
+        np.random.default_rng([seed, 0]).shuffle(self.perm)
         self.nbytes = num_edges
 
     def chunks(self, chunk_edges, num_nodes):
@@ -71,10 +76,19 @@ class SyntheticEdges(EdgeSource):
             yield src, dst, a, cnt
 
     def labels(self) -> np.ndarray:
-        """int64 [N]: the label of every output id (its community modulo the classes)."""
-        y = np.empty(self.n, dtype=np.int64)
-        y[self.perm] = np.arange(self.n, dtype=np.int64) % self.communities % self.classes
+        """int32 [N]: the label of every output id (its community modulo the classes), made
+        a chunk of internal ids at a time."""
+        y = np.empty(self.n, dtype=np.int32)
+        for a in range(0, self.n, LABEL_STEP):
+            b = min(self.n, a + LABEL_STEP)
+            y[self.perm[a:b]] = np.arange(a, b, dtype=np.int64) % self.communities % self.classes
         return y
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the generator holds besides the ingest's own arrays: the id permutation and,
+        once the adjacency is written, the labels (4 bytes a node each)."""
+        return int(self.perm.nbytes) + 4 * self.n
 
 
 def communities_of(nodes: int, classes: int, community_size: int | None) -> int:
@@ -88,13 +102,17 @@ def communities_of(nodes: int, classes: int, community_size: int | None) -> int:
 
 
 def _splits(n: int, seed: int, fractions) -> list[np.ndarray]:
-    u = np.empty(n, dtype=np.float64)
-    K.node_uniforms(seed, 3, 0, u)
-    out, lo = [], 0.0
-    for f in fractions:
-        out.append(np.flatnonzero((u >= lo) & (u < lo + f)).astype(np.int64))
-        lo += f
-    return out
+    """The node ids of each split (int64), from one seeded uniform per node, drawn a chunk
+    of nodes at a time."""
+    parts: list[list[np.ndarray]] = [[] for _ in fractions]
+    for a in range(0, n, LABEL_STEP):
+        u = np.empty(min(n, a + LABEL_STEP) - a, dtype=np.float64)
+        K.node_uniforms(seed, 3, a, u)
+        lo = 0.0
+        for k, f in enumerate(fractions):
+            parts[k].append(np.flatnonzero((u >= lo) & (u < lo + f)).astype(np.int64) + a)
+            lo += f
+    return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
 
 
 def _check_settings(nodes: int, avg_degree: float, feature_dim: int, classes: int, dtype: str,
@@ -146,7 +164,7 @@ def _centroids(classes: int, feature_dim: int, signal: float, seed: int) -> np.n
 def _write_features(w: DatasetWriter, labels: np.ndarray, centroids: np.ndarray, noise: float,
                     seed: int, buffer_bytes: int, progress: bool) -> None:
     """Write ``features.bin`` of ``w``: row ``v`` is ``centroids[labels[v]] + noise * N(0, 1)``
-    (``labels`` int64 [N], ``centroids`` float64 [classes, dim]), made and written in
+    (``labels`` int [N], ``centroids`` float64 [classes, dim]), made and written in
     page-aligned float32 chunks of at most a quarter of ``buffer_bytes`` (1 to 64 MiB)."""
     nodes, feature_dim = labels.shape[0], centroids.shape[1]
     sink = FeatureSink(w)
@@ -189,7 +207,6 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
     num_gen = int(round(nodes * avg_degree / (2 if undirected else 1)))
     source = SyntheticEdges(nodes, num_gen, classes, p_in, seed, communities=communities)
     counts = count_pass(source, nodes, undirected, True, buffer_bytes, progress)
-    labels = source.labels()
     centroids = _centroids(classes, feature_dim, signal, seed)
     params = {"kind": "synthetic", "nodes": nodes, "avg_degree": avg_degree, "feature_dim": feature_dim,
               "classes": classes, "dtype": dtype, "seed": seed, "undirected": undirected,
@@ -200,12 +217,15 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                        features_name="synthetic features", reorder=reorder,
                        buffer_bytes=buffer_bytes) as w:
         st = scatter_passes(w, source, counts, undirected, True, True, buffer_bytes, progress)
+        labels = source.labels()
         _write_features(w, labels, centroids, noise, seed, buffer_bytes, progress)
-        w.write_labels(labels, classes)
+        w.write_labels_chunks((labels[a:a + LABEL_STEP] for a in range(0, nodes, LABEL_STEP)),
+                              classes)
+        del labels
         train, val, test = _splits(nodes, seed, fr)  # one array per fraction of fr
         w.write_splits(train, val, test)
         assert w.num_edges is not None  # set by write_indptr in scatter_passes
-        st.update(num_nodes=nodes, num_edges=w.num_edges)
+        st.update(num_nodes=nodes, num_edges=w.num_edges, source_bytes=source.held_bytes)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)
     return out
