@@ -86,9 +86,11 @@ class SyntheticEdges(EdgeSource):
 
     @property
     def held_bytes(self) -> int:
-        """Bytes the generator holds besides the ingest's own arrays: the id permutation and,
-        once the adjacency is written, the labels (4 bytes a node each)."""
-        return int(self.perm.nbytes) + 4 * self.n
+        """Bytes the generator holds besides what an ingest plans per node: the id
+        permutation. Its int32 labels, made once the adjacency is written, take less than
+        the labels' share of :data:`~ooc.storage.ingest.limits.BYTES_PER_NODE` (an edge
+        list's labels, loaded whole as int64)."""
+        return int(self.perm.nbytes)
 
 
 def communities_of(nodes: int, classes: int, community_size: int | None) -> int:
