@@ -40,7 +40,8 @@ split           owner, bitmap, the global-to-local scratch: ``(4 + 8 W + x) N`` 
                 sorting the feature rows by source row (owned, ids, then the source rows
                 in the row map's dtype, their order, the sorted rows: ``8 o + 24 q``;
                 ``r`` = the source row map's itemsize, 4; its entries are read by page);
-                the labels (``24 o + (16 + r) q`` + the label reader's buffer, 16 MiB:
+                the labels (``8 o + (8 + r) q`` and a chunk of 1M labels with the
+                owned nodes' among them, read by page: the reader's buffer, 16 MiB,
                 :class:`~ooc.storage.entries.EntryReader`); the local ``indptr``
                 (``32 o + 16 q`` for 1 hop, the source's offsets read by page with the
                 reader's buffer); the edge copy
@@ -71,8 +72,10 @@ from the shape alone (the RSS after opening, 156-157 MiB, included): 397 MiB at 
 nodes / 32M stored edges (planned 408), 517 at 5.55M / 162M (planned 597; with the run's
 partition sizes, 69% of N, 563), 651 at 11.1M / 323M (planned 759: there the partitions
 hold 65% of N, not N; with the run's sizes 684). The split is the largest phase in all
-three. At papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the plan is 4.68 GiB
-with partitions bounded by N and 3.78 GiB with partitions of 69% of N, the merge 3.53 GiB.
+three. At papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the plan is 4.26 GiB
+with partitions bounded by N (the split); with partitions of 69% of N the merge, 3.53 GiB,
+is the largest phase. A 111M-node graph of average degree 2 measured 3.25 GiB (planned
+4.41 bounded by N; 3.68, the merge, with its partitions of 12.7% of N).
 """
 from __future__ import annotations
 
@@ -93,7 +96,7 @@ from ..storage.writer import CHECK_ROWS
 from . import ALGORITHMS as ALGOS
 from ._spring_kernels import state_dtype
 from .edges import DEFAULT_CHUNK_EDGES
-from .split import FEATURE_CHUNK_BYTES
+from .split import FEATURE_CHUNK_BYTES, LABEL_CHUNK
 
 #: The label reader's page buffer at its largest (:class:`~ooc.storage.entries.EntryReader`).
 ENTRY_BUFFER = PIECE_ENTRIES * PAGE
@@ -292,8 +295,10 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
             "indptr": 8 * o + max(16 * q + 24 * inner + ENTRY_BUFFER, 24 * q),
             "edges": 8 * o + 16 * q + 2 * chunk,
             "sort": sort,
-            # the owned nodes' labels, their sort order and the label reader's buffer
-            "labels": 8 * o + (8 + r) * q + max(16 * o + 8 * q + ENTRY_BUFFER, 16 * q),
+            # owned, ids and the written row map; a chunk of labels, the owned nodes' labels
+            # in it with their sort order, and the label reader's buffer
+            "labels": 8 * o + (8 + r) * q + 8 * min(q, LABEL_CHUNK)
+            + 16 * min(o, LABEL_CHUNK) + ENTRY_BUFFER,
             "features": 8 * o + (16 + r if row_map else 8) * q
             + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n),
         }
