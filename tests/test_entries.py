@@ -85,3 +85,23 @@ def test_threads_share_one_reader(tmp_path):
 
     errors = in_threads(work)
     assert not errors, errors[0]
+
+
+def test_runs_of_consecutive_entries(tmp_path):
+    """``width`` consecutive entries from each id in one request (a node's two offsets),
+    also for runs that reach the file's partial last page."""
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 1 << 40, 3 * 512 + 100)  # int64: 512 a page
+    path, mm = _npy(tmp_path, values)
+    n = values.shape[0]
+    r = EntryReader(path, mm.offset, mm.dtype, n)
+    for width in (2, 5, 512):
+        ids = rng.integers(0, n - width + 1, 2000)
+        ids[:3] = [0, n - width, n - width - 1]
+        got = r.read(ids, width)
+        assert got.shape == (2000, width)
+        np.testing.assert_array_equal(got, values[ids[:, None] + np.arange(width)])
+    with pytest.raises(IdOutOfRange, match="a.npy: index"):
+        r.read(np.array([n - 1]), 2)
+    with pytest.raises(InvalidValue, match="width"):
+        r.read(np.array([0]), 513)

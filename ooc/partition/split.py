@@ -172,14 +172,15 @@ def _local_labels(dataset: Dataset, owned: np.ndarray, nq: int):
 def _local_indptr(dataset: Dataset, gids: np.ndarray, n_inner: int) -> np.ndarray:
     """int64 [n_q + 1] CSC offsets of the partition whose nodes are ``gids`` (int64 [n_q],
     global ids in local order): the source in-degree for the first ``n_inner`` nodes
-    (layers ``0..H-1``), 0 for the rest. The source offsets of those nodes are read by
-    page (:meth:`~ooc.storage.Dataset.entries`): gathered through the memmap at random they
-    would map up to all of ``indptr.npy`` (8 bytes a node)."""
+    (layers ``0..H-1``), 0 for the rest. The two source offsets of each of those nodes are
+    read by page in one request (:meth:`~ooc.storage.Dataset.entries`): gathered through
+    the memmap at random they would map up to all of ``indptr.npy`` (8 bytes a node)."""
     nq = gids.size
     inner = gids[:n_inner]
     local_deg = np.zeros(nq, dtype=np.int64)
-    local_deg[:n_inner] = dataset.entries("indptr.npy", dataset.indptr, inner + 1)
-    local_deg[:n_inner] -= dataset.entries("indptr.npy", dataset.indptr, inner)
+    ends = dataset.entries("indptr.npy", dataset.indptr, inner, width=2)  # [n_inner, 2]
+    np.subtract(ends[:, 1], ends[:, 0], out=local_deg[:n_inner])
+    del ends
     indptr = np.zeros(nq + 1, dtype=np.int64)
     np.cumsum(local_deg, out=indptr[1:])
     return indptr

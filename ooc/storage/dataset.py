@@ -169,7 +169,8 @@ class MmapFeatures(RowTable):
         self._mm = None
 
 
-_OFFSETS_LOCK = threading.Lock()
+#: Guards the lazily made per-dataset readers (the compact offsets, the entry readers).
+_LAZY_LOCK = threading.Lock()
 
 
 @dataclass
@@ -247,7 +248,7 @@ class Dataset:
         """``indptr`` in the sampler's compact form
         (:class:`~ooc.storage.offsets.NodeOffsets`, 4.125 bytes per node), made on first
         use and shared by every sampler of this dataset."""
-        with _OFFSETS_LOCK:
+        with _LAZY_LOCK:
             if self._offsets is None:
                 from .offsets import NodeOffsets
 
@@ -266,20 +267,23 @@ class Dataset:
         """
         return np.asarray(self.entries("labels.npy", self.labels, ids), dtype=np.int64)
 
-    def entries(self, name: str, arr: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    def entries(self, name: str, arr: np.ndarray, ids: np.ndarray, width: int = 1
+                ) -> np.ndarray:
         """``arr[ids]`` for ``arr``, the memmap of the dataset's file ``name`` (an ``.npy``),
         read by page without mapping it (one :class:`~ooc.storage.entries.EntryReader`
-        per file, made on first use); an array in memory is indexed directly."""
+        per file, made on first use); an array in memory is indexed directly. ``width`` >
+        1: ``arr[ids[i] : ids[i] + width]`` as row ``i`` of an array [n, width]."""
         if not isinstance(arr, np.memmap):
-            return arr[np.asarray(ids, dtype=np.int64)]
-        with _OFFSETS_LOCK:
+            ids = np.asarray(ids, dtype=np.int64)
+            return arr[ids] if width == 1 else arr[ids[:, None] + np.arange(width)]
+        with _LAZY_LOCK:
             reader = self._entry_readers.get(name)
             if reader is None:
                 from .entries import EntryReader
 
                 reader = self._entry_readers[name] = EntryReader(
                     self.file(name), arr.offset, arr.dtype, arr.shape[0])
-        return reader.read(ids)
+        return reader.read(ids, width)
 
     def in_degrees(self) -> np.ndarray:
         """int64 [N] in-degree of every node."""

@@ -51,6 +51,15 @@ def release_mapped(arr) -> bool:
     return advise(arr, mmap.MADV_DONTNEED)
 
 
+def touch_pages(arr) -> None:
+    """Fault in every page of the 1-D memmap ``arr``, as an epoch of scattered reads does,
+    so that the RSS measured next holds it."""
+    from .layout import PAGE
+
+    step = max(1, PAGE // arr.itemsize)
+    int(arr[::step].sum())
+
+
 def advise(arr, advice: int) -> bool:
     """``madvise`` the whole mapping behind a numpy memmap; False when ``arr``
     is not a map (or the kernel refuses the advice)."""

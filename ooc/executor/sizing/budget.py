@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from ...memory import anon_rss_bytes, trim_malloc
+from ...storage.pagecache import touch_pages
 from ...memory import current_rss_bytes as rss_bytes
 from ...memory import peak_rss_bytes as hwm_bytes
 from ...memory import reset_peak_rss as reset_hwm
@@ -403,13 +404,6 @@ def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: in
     if build > loop_parts:
         stages["build_transient_above_loop"] = build - loop_parts
     return kernels, probe, setup + max(loop_parts, build)
-
-
-def touch_pages(arr: np.ndarray) -> None:
-    """Fault in every page of the memmap ``arr`` (1-D), as an epoch of scattered reads
-    does, so that the RSS measured next holds it."""
-    step = max(1, 4096 // arr.itemsize)
-    int(np.asarray(arr[::step]).sum())
 
 
 def _refusal(plan: MemoryPlan, preset, extra: int, too_large: str) -> BudgetError:
