@@ -74,7 +74,7 @@ partition sizes, 69% of N, 563), 651 at 11.1M / 323M (planned 759: there the par
 hold 65% of N, not N; with the run's sizes 684). The split is the largest phase in all
 three. At papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the plan is 4.26 GiB
 with partitions bounded by N (the split); with partitions of 69% of N the merge, 3.53 GiB,
-is the largest phase. A 111M-node graph of average degree 2 measured 3.25 GiB (planned
+is the largest phase. A 111M-node graph of average degree 2 measured 3.31 GiB (planned
 4.41 bounded by N; 3.68, the merge, with its partitions of 12.7% of N).
 """
 from __future__ import annotations
