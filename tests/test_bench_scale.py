@@ -80,3 +80,44 @@ def test_a_stage_over_its_time_limit_is_stopped_and_says_so():
     assert r["stopped"] and r["rc"] == -9
     r = memcg.run("quick", ["-c", "print('done')"], None, seconds=60)
     assert not r["stopped"] and r["rc"] == 0 and r["lines"] == ["done"]
+
+
+def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_path):
+    """``--plan-only`` builds the generator's graph in memory exactly as ingest stores it,
+    so its batches are the training planner's own; and it writes nothing but its report."""
+    import json
+    import subprocess
+
+    import scale_plan
+    from ooc.executor.sizing.budget import plan_memory
+    from ooc.executor.training.config import TrainConfig
+    from ooc.storage import open_dataset
+
+    folder, shape, _ = tiny
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, "-m", "ooc.prepare", "ogb", "--root", str(folder), "--out",
+                    str(data), "--undirected", "--no-progress"], check=True, capture_output=True)
+    ds = open_dataset(data)
+    indptr, indices = scale_plan.in_memory_graph(shape)
+    np.testing.assert_array_equal(indptr, np.asarray(ds.indptr))
+    np.testing.assert_array_equal(indices, np.asarray(ds.indices))
+    np.testing.assert_array_equal(sg.split_ids(shape)[0], np.asarray(ds.train_idx))
+
+    fanouts = [15, 10, 5]
+    batches = scale_plan.sample_batches(shape, fanouts, 64, scale_plan.train_in_flight())
+    probe = plan_memory(ds, TrainConfig(fanouts=fanouts, batch_size=64), 1 << 30)
+    assert np.mean(batches["nodes"]) == probe.ids_per_batch
+    assert batches["runtime_bytes_per_batch"] == probe.runtime_bytes_per_batch
+
+    work, report = tmp_path / "w", tmp_path / "plan.json"
+    assert bench_scale.main(["--scale", "0.0001", "--memory-budget", "1GiB", "--plan-only",
+                             "--workdir", str(work), "--report", str(report)]) == 0
+    assert not work.exists()
+    rep = json.loads(report.read_text())
+    assert rep["fits"] == {s: True for s in bench_scale.STAGES}
+    train = rep["stages"]["train"]
+    assert train["stages"]["row_map"] == 4 * shape.nodes
+    assert train["min_budget"] <= train["planned_peak_bytes"] + train["reserve"] <= 1 << 30
+    infer = rep["stages"]["infer"]
+    assert infer["start_rss_bytes"] == infer["base_bytes"] + 20 * shape.nodes
+    assert len(infer["layers"]) == len(fanouts)

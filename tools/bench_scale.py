@@ -25,6 +25,10 @@ says. Before writing anything the disk is checked for what the run will write. T
 folder is kept (``--workdir``) and reused by a later run with the same parameters; each
 stage's output is removed after it is measured unless ``--keep``, except what later stages
 read (the dataset, the checkpoint).
+
+``--plan-only`` writes nothing: it prints each stage's memory plan for the shape from the
+planners' own formulas (``tools/scale_plan.py``), e.g. ``--scale 1 --memory-budget 4GiB``
+for papers100M's full shape, and exits 1 when a stage does not fit the budget.
 """
 from __future__ import annotations
 
@@ -104,12 +108,17 @@ def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
+def ingest_buffer(budget: int) -> int:
+    """The ingest ``--buffer`` of a budget: a quarter of it, at least 64 MiB."""
+    return max(64, (budget >> 20) // 4) << 20
+
+
 def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
                batch_size: int = 1024) -> list[str]:
     b = f"{budget >> 20}MiB"
     if stage == "ingest":
         return ["-m", "ooc.prepare", "ogb", "--root", str(w["raw"]), "--out", str(w["data"]),
-                "--undirected", "--buffer", f"{max(64, (budget >> 20) // 4)}MiB",
+                "--undirected", "--buffer", f"{ingest_buffer(budget) >> 20}MiB",
                 "--no-progress", "--report", str(w["reports"] / "ingest.json")]
     if stage == "train":
         return ["-m", "ooc.train", "--data", str(w["data"]), "--model", "sage",
@@ -174,6 +183,31 @@ def _table(rep: dict) -> str:
     return "\n".join(rows)
 
 
+def plan_only(args: argparse.Namespace, shape: sg.Shape, stages: list[str]) -> int:
+    """``--plan-only``: every stage's plan for the shape (:mod:`scale_plan`); exit 1 when
+    one does not fit the budget."""
+    import scale_plan
+
+    budget = args.memory_budget
+    log(f"plan for scale {args.scale:g}: {shape.nodes:,} nodes, {shape.edges:,} directed "
+        f"edges ({2 * shape.edges:,} stored), {shape.feature_dim} dims; budget "
+        f"{format_size(budget)}; nothing is written")
+    plans = scale_plan.plan_all(shape, budget, stages, HIDDEN,
+                                [int(f) for f in FANOUTS.split(",")], args.batch_size,
+                                ingest_buffer(budget), log=log)
+    table = scale_plan.plan_table(plans, budget)
+    print(table)
+    fits = {s: scale_plan.fits(p, budget, s) for s, p in plans.items()}
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(
+            {"graph": {"nodes": shape.nodes, "edges": shape.edges, "feature_dim": shape.feature_dim,
+                       "classes": shape.classes},
+             "budget_bytes": budget, "plan_only": True, "fits": fits, "stages": plans,
+             "table": table}, indent=1, default=str))
+    return 0 if all(fits.values()) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, required=True, help="share of papers100M's size")
@@ -189,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compress", action="store_true", help="deflate the raw npz members")
     ap.add_argument("--keep", action="store_true", help="keep every stage's output")
     ap.add_argument("--report", type=Path, help="write the JSON report here")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="print each stage's memory plan for the shape from the planners' "
+                         "formulas (tools/scale_plan.py) and write nothing but --report")
     ap.add_argument("--stage-limit", type=float, default=None, metavar="SECONDS",
                     help="stop a stage after this long (reported as stopped, its peak and "
                          "bytes so far kept)")
@@ -199,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.scale <= 1 or any(s not in STAGES for s in stages):
         ap.error(f"--scale must be in (0, 1] and --stages a subset of {STAGES}")
     shape = sg.Shape.of(args.scale)
+    if args.plan_only:
+        return plan_only(args, shape, stages)
     wd = args.workdir or TOOLS.parent / "bench_tmp" / f"scale-{args.scale:g}"
     w = {"raw": wd / "ogb", "data": wd / "data", "ckpt": wd / "ckpt", "runtime": wd / "runtime",
          "emb": wd / "emb.zarr", "parts": wd / "parts", "reports": wd / "reports"}

@@ -68,14 +68,19 @@ def _npy_member(zf: zipfile.ZipFile, name: str, shape: tuple[int, ...], dtype) -
     return f  # type: ignore[return-value]
 
 
-def _split_ids(shape: Shape) -> list[np.ndarray]:
-    u = np.empty(shape.nodes, dtype=np.float64)
-    K.node_uniforms(shape.seed, 3, 0, u)
-    out, lo = [], 0.0
-    for f in shape.fractions:
-        out.append(np.flatnonzero((u >= lo) & (u < lo + f)).astype(np.int64))
-        lo += f
-    return out
+def split_ids(shape: Shape, step: int = 1 << 22) -> list[np.ndarray]:
+    """int64 ids of the train, valid and test nodes: a node's uniform number falls in its
+    split's share (made ``step`` nodes at a time)."""
+    parts: list[list[np.ndarray]] = [[] for _ in shape.fractions]
+    u = np.empty(min(step, shape.nodes), dtype=np.float64)
+    for a in range(0, shape.nodes, step):
+        v = u[:min(step, shape.nodes - a)]
+        K.node_uniforms(shape.seed, 3, a, v)
+        lo = 0.0
+        for k, f in enumerate(shape.fractions):
+            parts[k].append(np.flatnonzero((v >= lo) & (v < lo + f)) + a)
+            lo += f
+    return [np.concatenate(p).astype(np.int64) for p in parts]
 
 
 def write_ogb_binary(folder: Path, shape: Shape, compress: bool = False,
@@ -96,7 +101,7 @@ def write_ogb_binary(folder: Path, shape: Shape, compress: bool = False,
     centroids = rng.standard_normal((shape.classes, d))
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
     centroids = centroids.astype(np.float32)
-    train, valid, test = _split_ids(shape)
+    train, valid, test = split_ids(shape)
     is_val = np.zeros(n, dtype=bool)
     is_val[valid] = True
     correct = 0

@@ -115,8 +115,8 @@ def _round_down(x: int, unit: int) -> int:
 def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out: int,
                 in_row_bytes: int, table_bytes: int, budget: int, chunk_rows: int,
                 src_unit: int, src_align: int, costs: BlockCosts,
-                group_rows: int | None = None, src_rows: int | None = None
-                ) -> StreamPlan | None:
+                group_rows: int | None = None, src_rows: int | None = None,
+                rss0: int | None = None) -> StreamPlan | None:
     """The streamed plan of a layer, or None when its convolution is no plain reduction
     (``reduction`` None) or the budget cannot hold one output chunk of accumulators and one
     ``src_unit`` of source rows.
@@ -125,12 +125,13 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     where that is not one float32 row); ``table_bytes``: the whole input as read;
     ``src_unit``: source chunks are a multiple of it where one fits (the input's own chunk
     rows), and always of ``src_align`` (the rows of a page of ``features.bin``, else 1);
-    ``group_rows``/``src_rows``: force the sizes (tests).
+    ``group_rows``/``src_rows``: force the sizes (tests); ``rss0``: the RSS the layer
+    starts from (default: this process's now).
     """
     if reduction is None or n == 0:
         return None
     rows = min(chunk_rows, n)
-    rss0 = rss()
+    rss0 = rss() if rss0 is None else int(rss0)
     free = headroom(budget, rss0, rows, d_out)
     acc_row = d_in * 4
     source_share = int(min(free * SOURCE_SHARE, SOURCE_MAX_BYTES))

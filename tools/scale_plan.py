@@ -1,0 +1,295 @@
+"""Each stage's memory plan for a graph of papers100M's shape scaled by S, from the planners'
+own formulas, without writing data (``python tools/bench_scale.py --scale 1 --plan-only``).
+
+Every stage's plan is its planner's function evaluated for the shape:
+
+- ingest: :func:`ooc.storage.ingest.limits.planned_peak` (16 B a node, the buffer's phases,
+  the locality reorder of the features) with ``bench_scale``'s ``--buffer``;
+- train: the terms of :func:`ooc.executor.sizing.budget.plan_memory`. Those that grow with N
+  are computed (the node -> row map, 4 B a node, in ``setup_rss``; the sampler's compact
+  ``indptr``, :class:`~ooc.storage.offsets.NodeOffsets`; the neighbour cache's build
+  transient, :func:`~ooc.inspector.neighbor_cache.build_bytes`; the superbatch's id table).
+  The loop is what the probe holds: the batches in flight
+  (:func:`~ooc.executor.loader.pipelines.batches_in_flight`) with their gathered rows and
+  one training step's computed estimate (:func:`~ooc.executor.sizing.step_memory.step_bytes`).
+  The batches themselves do not depend on N once the graph is large: 1,024 seeds with
+  fanouts 15,10,5 sample 247k nodes at scale 0.01, 331k at 0.05 and 333k at 0.1. They are
+  sampled, with ooc's sampler and the run's seeds, from the generator's graph at
+  ``min(S, CALIBRATION_SCALE)`` built in memory (34 s and 0.9 GiB at 0.05), the same graph
+  ``bench_scale`` writes at that scale. The caches take what the budget leaves;
+- infer: every layer's streamed plan (:func:`ooc.executor.inference.streamed.plan_stream`,
+  the way layers of this size run) above the RSS the run starts layers with: 12 B a node
+  of processing order, its inverse and the local-id map, and 8 of ``indptr`` pages;
+- partition: :func:`ooc.partition.memory_plan.planned_peak` (partitions bounded by N).
+
+The constant part of each (interpreter, libraries, numba kernels, the model) is measured
+in a child process that imports what the stage imports and loads its kernels, as the
+stage's own RSS baseline is.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+import scale_graph as sg  # tools/scale_graph.py
+
+from ooc.cli import format_size
+
+#: Scale of the generator's graph the batches are sampled from when S is larger: a batch's
+#: sampled nodes stop growing from about here (331k at 0.05, 333k at 0.1).
+CALIBRATION_SCALE = 0.05
+#: Bytes of per-node state ooc.infer holds before any layer: the processing order, its
+#: inverse and the kernels' node -> local id map (int32: 12) and the ``indptr`` pages the
+#: planning reads (8); see :mod:`ooc.executor.inference.layerwise`.
+INFER_BYTES_PER_NODE = 20
+INFER_CHUNK_ROWS = 32768
+
+_BASE_CODE = {
+    "ingest": "import ooc.prepare, ooc.storage.ingest",
+    "partition": ("import numpy as np, ooc.partition\n"
+                  "from ooc.partition.base import warm_up\nwarm_up('spring', np.int32)\n"),
+    "infer": ("import torch, torch_geometric, ooc.infer, ooc.executor.inference\n"
+              "from ooc.executor.training.models import build_model\n"
+              "model = build_model('sage', {dim}, {hidden}, {classes}, {layers}).eval()\n"),
+    "train": (
+        "import ooc.train, numpy as np, torch\n"
+        "from ooc.executor.loader.presets import resolve_preset\n"
+        "from ooc.executor.sizing.budget import warm_up_kernels\n"
+        "from ooc.executor.training.models import build_model\n"
+        "warm_up_kernels(resolve_preset('ooc'), {dim}, np.float32, np.int32, {edges})\n"
+        "model = build_model('sage', {dim}, {hidden}, {classes}, {layers})\n"),
+}
+_RSS_CODE = ("\nimport gc; gc.collect()\nfrom ooc.memory import current_rss_bytes, trim_malloc\n"
+             "trim_malloc(); print(current_rss_bytes())\n")
+
+
+def base_rss(stage: str, shape: sg.Shape, hidden: int, layers: int) -> int:
+    """RSS of a fresh process once it holds what ``stage`` holds before its data: its
+    imports, and for training the mode's numba kernels loaded and the model built."""
+    code = _BASE_CODE[stage].format(dim=shape.feature_dim, edges=2 * shape.edges, hidden=hidden,
+                                    classes=shape.classes, layers=layers) + _RSS_CODE
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"measuring the {stage} baseline failed: "
+                           f"{(p.stderr.strip().splitlines() or ['?'])[-1]}")
+    return int(p.stdout.split()[-1])
+
+
+def in_memory_graph(shape: sg.Shape) -> tuple[np.ndarray, np.ndarray]:
+    """The generator's graph as ``bench_scale``'s ingest stores it (both directions, no
+    dedup, each list sorted): ``(indptr int64 [N+1], indices int32 [2E])`` of in-neighbours,
+    built in memory with ingest's kernels."""
+    from ooc.storage.ingest import _kernels as K
+    from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of
+
+    n = shape.nodes
+    source = SyntheticEdges(n, shape.edges, shape.classes, shape.p_in, shape.seed,
+                            communities=communities_of(n, shape.classes, shape.community_size))
+    counts = np.zeros(n, dtype=np.int64)
+    for src, dst, _, _ in source.chunks(1 << 22, n):
+        K.count_in_degrees(src, dst, counts, True, False)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    del counts
+    cursor = indptr[:-1].copy()
+    indices = np.empty(int(indptr[-1]), dtype=np.int32)
+    for src, dst, _, _ in source.chunks(1 << 22, n):
+        K.scatter_window(src, dst, 0, n, cursor, indices, True, False)
+    del cursor
+    K.sort_segments(indices, indptr, False, np.empty(n, dtype=np.int64))
+    return indptr, indices
+
+
+def sample_batches(shape: sg.Shape, fanouts: list[int], batch_size: int, count: int) -> dict:
+    """The first ``count`` training batches of epoch 1 (the run's seeds: the default
+    ``--seed``), sampled from :func:`in_memory_graph` of ``shape``; their sizes."""
+    from ooc.executor.training.config import TrainConfig
+    from ooc.inspector.neighbors import InMemoryNeighbors
+    from ooc.inspector.pipeline import bytes_per_batch
+    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+
+    indptr, indices = in_memory_graph(shape)
+    train = sg.split_ids(shape)[0]
+    seed = TrainConfig().seed
+    seeds = epoch_batches(train, batch_size, seed, 1, shuffle=True)[:count]
+    sampler = NeighborSampler(indptr, InMemoryNeighbors(indices), fanouts)
+    batches = sampler.sample_many(seeds, [derive_seed(seed, 1, b) for b in range(len(seeds))])
+    big = max(batches, key=lambda b: b.num_nodes)
+    return {"scale": shape.scale, "nodes": [b.num_nodes for b in batches],
+            "arrays_bytes": [int(b.node_ids.nbytes + b.edge_index.nbytes) for b in batches],
+            "largest": {"hop_nodes": list(map(int, big.num_sampled_nodes)),
+                        "hop_edges": list(map(int, big.num_sampled_edges)),
+                        "seeds": int(big.num_seeds)},
+            "runtime_bytes_per_batch": float(bytes_per_batch(batches, len(fanouts))),
+            "nonempty_fraction": float(np.count_nonzero(np.diff(indptr))) / shape.nodes}
+
+
+def train_in_flight() -> int:
+    """Batches the training loop holds at once (preset ``ooc``, one gather thread), as many
+    as the planner's probe samples."""
+    from ooc.executor.loader.pipelines import batches_in_flight, gather_threads
+    from ooc.executor.loader.presets import resolve_preset
+
+    return batches_in_flight(gather_threads(resolve_preset("ooc").policy.schedule, 1))
+
+
+def ingest_plan(shape: sg.Shape, budget: int, base: int, buffer: int) -> dict:
+    from ooc.storage.ingest.limits import planned_peak
+    from ooc.storage.layout import FeatureLayout
+
+    layout = FeatureLayout(shape.nodes, shape.feature_dim, "float32")
+    peak = planned_peak(base, shape.nodes, 2 * shape.edges, buffer, 4, layout.row_bytes, layout)
+    return {"planned_peak_bytes": peak, "base_bytes": base, "buffer_bytes": buffer,
+            "per_node_bytes": 16}
+
+
+def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: int,
+               fanouts: list[int], batch_size: int) -> dict:
+    """The training plan's terms (:func:`~ooc.executor.sizing.budget.plan_memory`) for the
+    shape, preset ``ooc`` with its defaults, one gather thread."""
+    from ooc.executor.cache.feature_cache import row_cost
+    from ooc.executor.loader.presets import resolve_preset
+    from ooc.executor.loader.stack import ModeOptions
+    from ooc.executor.sizing.budget import _SuperbatchPlan, default_reserve, suggest_budget
+    from ooc.executor.sizing.step_memory import step_bytes
+    from ooc.executor.training.config import TrainConfig
+    from ooc.executor.training.models import build_model
+    from ooc.inspector.neighbor_cache import MIN_CACHE_BYTES, _map_bytes, build_bytes
+    from ooc.storage.offsets import BLOCK
+
+    n, e = shape.nodes, 2 * shape.edges
+    row = 4 * shape.feature_dim
+    preset, opts = resolve_preset("ooc"), ModeOptions()
+    reserve = default_reserve(budget)
+    offsets = 8 * -(-(n + 1) // BLOCK) + 4 * (n + 1)          # NodeOffsets: 4.125 B a node
+    setup = base + 4 * n                                        # the row map, faulted in
+    held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"]))
+    model = build_model("sage", shape.feature_dim, hidden, shape.classes, len(fanouts))
+    big = batches["largest"]
+    step = step_bytes(model, big["hop_nodes"], big["hop_edges"], big["seeds"])
+    assert step is not None
+    loop = offsets + held + step.total
+    build = build_bytes(n, e, 4)
+    fixed = setup + max(loop, build)
+    ids = float(np.mean(batches["nodes"]))
+    config = TrainConfig(batch_size=batch_size)
+    train_count = len(sg.split_ids(shape)[0])
+    sb = _SuperbatchPlan(SimpleNamespace(num_nodes=n, train_idx=np.arange(train_count)), config,
+                         opts, {"bytes_per_batch": batches["runtime_bytes_per_batch"],
+                                "ids_per_batch": ids}, preset)
+    superbatch = sb.size_within(budget - reserve - fixed)
+    working = fixed + superbatch
+    free = budget - working - reserve
+    listed = int(batches["nonempty_fraction"] * n)
+    full_n = _map_bytes(n, listed, e + listed) + 4 * (e + listed)
+    nbytes = int(min(full_n, 0.25 * max(free, 0)))
+    nbytes = nbytes if nbytes >= MIN_CACHE_BYTES else 0
+    rows = int(min(n, max(0, free - nbytes) // row_cost(row, n)))
+    return {"planned_peak_bytes": working + rows * row + nbytes if free >= 0 else working,
+            "min_budget": suggest_budget(fixed + sb.smallest()),
+            "reserve": reserve, "working": working,
+            "stages": {"setup_rss": setup, "row_map": 4 * n, "base": base,
+                       "loop_peak": loop, "sampler_offsets": offsets,
+                       "batches_in_flight": held, "step_estimate": step.total,
+                       "build_transient": build, "superbatch": superbatch},
+            "superbatch_size": sb.size, "feature_cache_rows": rows,
+            "feature_cache_bytes": rows * row, "neighbor_cache_bytes": nbytes,
+            "batches": batches}
+
+
+def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int) -> dict:
+    """Every layer's streamed plan (SAGE's mean, float32 layers) from the RSS the run
+    holds before its layers."""
+    from ooc.executor.inference.memory_plan import BlockCosts
+    from ooc.executor.inference.streamed import plan_stream
+    from ooc.storage.layout import FeatureLayout
+
+    n, e = shape.nodes, 2 * shape.edges
+    rss0 = base + INFER_BYTES_PER_NODE * n
+    lay = FeatureLayout(n, shape.feature_dim, "float32")
+    dims = [shape.feature_dim] + [hidden] * (layers - 1) + [shape.classes]
+    out = []
+    for l in range(layers):
+        d_in, d_out = dims[l], dims[l + 1]
+        if l == 0:
+            in_row, table, unit = lay.row_bytes, lay.file_bytes, max(1, lay.rows_per_page)
+            align = unit
+        else:
+            in_row, table, unit, align = 4 * d_in, 4 * n * d_in, INFER_CHUNK_ROWS, 1
+        plan = plan_stream("mean", n, e, d_in, d_out, in_row, table, budget, INFER_CHUNK_ROWS,
+                           unit, align, BlockCosts.estimate(d_in, d_out), rss0=rss0)
+        out.append(None if plan is None else
+                   {"layer": l + 1, **plan.as_dict(), "input_bytes": table})
+    fits = all(p is not None for p in out)
+    return {"planned_peak_bytes": max(p["planned_peak_bytes"] for p in out) if fits else None,
+            "start_rss_bytes": rss0, "base_bytes": base, "per_node_bytes": INFER_BYTES_PER_NODE,
+            "bytes_read": sum(p["planned_stream_bytes"] for p in out) if fits else None,
+            "layers": out}
+
+
+def partition_plan(shape: sg.Shape, base: int, parts: int = 8) -> dict:
+    from ooc.partition.memory_plan import planned_peak
+
+    plan = planned_peak(shape.nodes, 2 * shape.edges, parts=parts, feature_dim=shape.feature_dim)
+    return {"planned_peak_bytes": base + plan["peak_bytes"], "base_bytes": base, **plan}
+
+
+def plan_all(shape: sg.Shape, budget: int, stages: list[str], hidden: int, fanouts: list[int],
+             batch_size: int, buffer: int, log=print) -> dict:
+    """Every stage's plan in ``stages`` (a subset of ingest, train, infer, partition)."""
+    layers = len(fanouts)
+    out: dict = {}
+    for stage in stages:
+        base = base_rss(stage, shape, hidden, layers)
+        if stage == "ingest":
+            out[stage] = ingest_plan(shape, budget, base, buffer)
+        elif stage == "train":
+            calib = sg.Shape.of(min(shape.scale, CALIBRATION_SCALE))
+            log(f"sampling {batch_size}-seed batches of the generator's graph at scale "
+                f"{calib.scale:g} ({calib.nodes:,} nodes, built in memory)")
+            batches = sample_batches(calib, fanouts, batch_size, count=train_in_flight())
+            out[stage] = train_plan(shape, budget, base, batches, hidden, fanouts, batch_size)
+        elif stage == "infer":
+            out[stage] = infer_plan(shape, budget, base, hidden, layers)
+        else:
+            out[stage] = partition_plan(shape, base)
+    return out
+
+
+def fits(plan: dict, budget: int, stage: str) -> bool:
+    """Whether the stage's plan holds within ``budget`` (training: its smallest budget)."""
+    if stage == "train":
+        return plan["min_budget"] <= budget
+    peak = plan.get("planned_peak_bytes")
+    return peak is not None and peak <= budget
+
+
+def plan_table(plans: dict, budget: int) -> str:
+    """One row a stage: its planned peak against the budget and what it is made of."""
+    rows = ["| stage | planned peak | fits | of which |", "|---|---:|---|---|"]
+    fmt = format_size
+    for stage, p in plans.items():
+        peak = p.get("planned_peak_bytes")
+        if stage == "train":
+            s = p["stages"]
+            what = (f"set-up {fmt(s['setup_rss'])} (row map {fmt(s['row_map'])}), loop "
+                    f"{fmt(s['loop_peak'])} (sampler offsets {fmt(s['sampler_offsets'])}, "
+                    f"{len(p['batches']['nodes'])} batches of ~{int(np.mean(p['batches']['nodes'])):,} "
+                    f"nodes), superbatch {fmt(s['superbatch'])}, caches "
+                    f"{fmt(p['feature_cache_bytes'] + p['neighbor_cache_bytes'])}; smallest "
+                    f"budget {fmt(p['min_budget'])}")
+        elif stage == "infer":
+            what = (f"start {fmt(p['start_rss_bytes'])} ({p['per_node_bytes']} B a node); "
+                    + ", ".join(f"layer {q['layer']}: {q['groups']} groups, reads "
+                                f"{fmt(q['planned_stream_bytes'])}" for q in p["layers"] if q))
+        elif stage == "partition":
+            what = f"{p['peak_phase']} ({p['per_node'][p['peak_phase']]} B a node above the base)"
+        else:
+            what = f"{p['per_node_bytes']} B a node, buffer {fmt(p['buffer_bytes'])}"
+        ok = fits(p, budget, stage)
+        rows.append(f"| {stage} | {fmt(peak) if peak else '–'} | {'yes' if ok else 'NO'} | "
+                    f"{what}; base {fmt(p['base_bytes'] if 'base_bytes' in p else p['stages']['base'])} |")
+    return "\n".join(rows)
