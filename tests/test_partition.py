@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ooc.partition import ALGORITHMS, partition, partition_dataset
+from ooc.partition import ALGORITHMS, partition, partition_dataset, split
 from ooc.partition.__main__ import main
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
@@ -465,10 +465,11 @@ def test_partitions_of_a_dataset_ingested_with_nonfinite_features(tmp_path):
     assert total >= 1
 
 
-def test_partitions_inherit_the_sources_locality_order(tmp_path):
+def test_partitions_inherit_the_sources_locality_order(tmp_path, monkeypatch):
     """A source stored in a locality order: each partition stores its rows in the order of
     their source rows (so the copy reads the source front to back), says so in its meta,
-    and still reads every node's own row."""
+    and still reads every node's own row; reading the entries a few ids at a time writes
+    the same bytes."""
     rng = np.random.default_rng(3)
     n, size = 2400, 24  # 100 communities hidden by a permutation of the ids
     comm = np.arange(n) // size
@@ -494,6 +495,26 @@ def test_partitions_inherit_the_sources_locality_order(tmp_path):
         assert np.all(np.diff(np.asarray(source.row_of)[gids[node_at_row]]) > 0)
         raw = np.fromfile(d.path / "features.bin", dtype=np.float32)[:d.num_nodes * 32]
         np.testing.assert_array_equal(raw.reshape(-1, 32), x[gids[node_at_row]])
+    monkeypatch.setattr(split, "ID_PIECE", 37)
+    partition_dataset(path, tmp_path / "pieces", 4, "spring")
+    for q in range(4):
+        for f in ("indptr.npy", "indices.bin", "features.bin", "feature_rows.npy",
+                  "labels.npy", "global_ids.npy"):
+            a = (out / f"part_{q:03d}" / f).read_bytes()
+            assert a == (tmp_path / "pieces" / f"part_{q:03d}" / f).read_bytes(), f
+
+
+@pytest.mark.parametrize("n, top", [(0, 1), (1, 9), (7, 3), (5000, 1 << 31), (3000, 3000)])
+def test_ascending_order_is_numpys_stable_argsort(n, top):
+    """The split's int32 sort order (least significant digit first) equals numpy's stable
+    argsort, repeats and the largest int32 values included."""
+    rng = np.random.default_rng(n)
+    values = rng.integers(0, top, n).astype(np.int64 if top > 1 << 30 else np.int32)
+    if n == 3000:
+        values = rng.permutation(n).astype(np.int32)  # distinct, as source rows are
+    order = split.ascending_order(values)
+    assert order.dtype == np.int32
+    np.testing.assert_array_equal(order, np.argsort(values, kind="stable"))
 
 
 @pytest.mark.parametrize("tie_break", ["id", "random"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ooc.partition.__main__ import main as partition_main
-from ooc.partition.memory_plan import (ENTRY_BUFFER, allocator_kept, main as plan_main, merge_cluster_bytes,
+from ooc.partition.memory_plan import (allocator_kept, main as plan_main, merge_cluster_bytes,
                                        planned_peak, state_itemsize)
 from ooc.storage import write_dataset
 
@@ -37,9 +37,10 @@ def test_per_node_terms_of_the_docstring():
     """Doubling N (and E) adds exactly the per-node bytes the module docstring gives:
     16 (degrees), 24 (clustering, int32 state), 28 + 48 / 8 (merge, N / 8 clusters),
     12 and 20 (refine, metrics: what the allocator keeps is a constant at this size) and
-    16 + 8 * 1.05 / 8 + 24 (the split's held arrays, then owned and the local offsets, or
-    the ids and their rows' sort: the same bytes, the partition bounded by N).
-    ``indptr.npy`` is no longer resident: only the pages one chunk of edges spans."""
+    16 + 4 * 1.05 / 8 + 16 (the split's held arrays, then the owned nodes and the ids, int32,
+    with their source rows, the int32 sort order and its scratch, or with the int64 copy of
+    the ids written: the same bytes, the partition bounded by N). The merge is then the
+    largest phase. ``indptr.npy`` is not resident: only the pages one chunk of edges spans."""
     n, e = 100_000_000, 3_000_000_000
     a = planned_peak(n, e, parts=8)
     b = planned_peak(2 * n, 2 * e, parts=8)
@@ -49,11 +50,11 @@ def test_per_node_terms_of_the_docstring():
     assert per_node["clustering"] == 24
     assert per_node["merge"] == pytest.approx(28 + 48 / 8, abs=1e-3)
     assert per_node["refine"] == 12 and per_node["metrics"] == 20
-    assert per_node["split"] == pytest.approx(16 + 8 * 1.05 / 8 + 24, abs=1e-3)
-    assert a["assumed"]["split_moment"] in ("indptr", "sort")
+    assert per_node["split"] == pytest.approx(16 + 4 * 1.05 / 8 + 16, abs=1e-3)
+    assert a["assumed"]["split_moment"] in ("sort", "ids")
     # exact at one size: a chunk's span of indptr, in- and out-degrees, one chunk of int32 ids
     assert a["phases"]["degrees"] == 8 * (CHUNK + (1 << 17)) + 16 * n + 4 * CHUNK
-    assert a["peak_phase"] == "split" and a["peak_bytes"] == max(a["phases"].values())
+    assert a["peak_phase"] == "merge" and a["peak_bytes"] == max(a["phases"].values())
 
 
 def test_state_dtype_and_index_width():
@@ -79,14 +80,13 @@ def test_options_change_the_plan():
     partitioners: each term moves the way the code allocates."""
     n, e = 5_000_000, 100_000_000
     base = planned_peak(n, e, parts=8)
-    # 2 hops: the local indptr of every inner node (40 bytes a node of the partition and
-    # the reader's buffer) passes the 1-hop split's largest moment (24)
+    # 2 hops: every node of the partition is inner, but its source offsets are read a piece
+    # at a time (ID_PIECE nodes), so the split's largest moment stays the sort
     m = 200_000_000
     big = planned_peak(m, 20 * m, parts=8)
     two = planned_peak(m, 20 * m, parts=8, halo_hops=2)
-    assert two["assumed"]["split_moment"] == "indptr"
-    assert big["assumed"]["split_moment"] in ("indptr", "sort")
-    assert two["phases"]["split"] - big["phases"]["split"] == 16 * m + ENTRY_BUFFER
+    assert two["assumed"]["split_moment"] == big["assumed"]["split_moment"] == "sort"
+    assert two["phases"]["split"] == big["phases"]["split"]
     assert planned_peak(n, e, parts=8, row_map=False)["phases"]["split"] < base["phases"]["split"]
     wide = planned_peak(n, e, parts=128)   # two uint64 words of replica bits a node
     assert wide["phases"]["metrics"] - planned_peak(n, e, parts=64)["phases"]["metrics"] == 8 * n

@@ -132,8 +132,9 @@ def replica_counts(bits, p):
 
 
 @nb.njit(**_NB)
-def replicas_of(bits, q):
-    """Global ids of the replicas of partition ``q`` (ascending)."""
+def replicas_of(bits, q, like):
+    """Global ids of the replicas of partition ``q`` (ascending), in ``like``'s dtype (the
+    dataset's index dtype)."""
     n = bits.shape[0]
     w = q >> 6
     m = np.uint64(1) << np.uint64(q & 63)
@@ -141,7 +142,7 @@ def replicas_of(bits, q):
     for v in range(n):
         if bits[v, w] & m:
             cnt += 1
-    out = np.empty(cnt, dtype=np.int64)
+    out = np.empty(cnt, dtype=like.dtype)
     j = 0
     for v in range(n):
         if bits[v, w] & m:
@@ -178,8 +179,8 @@ def mark_halo_chunk(indptr, a, first_dst, src, layer, h):
 def nodes_by_layer(layer, hops):
     """Global ids of the present nodes ordered by (layer, id).
 
-    ``layer``: int64 [N], the halo layer ``0..hops`` of every present node and
-    -1 elsewhere. Returns int64 [n_q] ids: layer 0 ascending, then layer 1
+    ``layer``: int [N], the halo layer ``0..hops`` of every present node and
+    -1 elsewhere. Returns [n_q] ids in ``layer``'s dtype: layer 0 ascending, then layer 1
     ascending, ... layer ``hops`` ascending.
     """
     counts = np.zeros(hops + 2, dtype=np.int64)
@@ -188,7 +189,7 @@ def nodes_by_layer(layer, hops):
             counts[layer[v] + 1] += 1
     for h in range(hops + 1):
         counts[h + 1] += counts[h]
-    out = np.empty(counts[hops + 1], dtype=np.int64)
+    out = np.empty(counts[hops + 1], dtype=layer.dtype)
     for v in range(layer.shape[0]):
         h = layer[v]
         if h >= 0:
@@ -263,3 +264,39 @@ def refine_chunk(indptr, a, first_dst, src, owner, load, cap, cnt, touched, nt, 
                 load[cur] -= 1
                 load[best] += 1
                 moved[0] += 1
+
+
+
+#: Bits of a key :func:`radix_order` sorts by per pass.
+RADIX_BITS = 11
+
+
+@nb.njit(**_NB)
+def radix_order(values, out, tmp):
+    """The stable ascending order of ``values`` (non-negative ints), by least significant
+    digit first: ``out`` and ``tmp`` (int [n], the same dtype) are its two buffers, and the
+    one returned holds the order, ``values[order]`` ascending."""
+    n = values.shape[0]
+    for i in range(n):
+        out[i] = i
+    top = 0
+    for i in range(n):
+        if values[i] > top:
+            top = values[i]
+    radix = 1 << RADIX_BITS
+    mask = radix - 1
+    counts = np.empty(radix + 1, dtype=np.int64)
+    shift = 0
+    while n and (shift == 0 or (top >> shift) > 0):
+        counts[:] = 0
+        for i in range(n):
+            counts[((values[out[i]] >> shift) & mask) + 1] += 1
+        for d in range(radix):
+            counts[d + 1] += counts[d]
+        for i in range(n):
+            d = (values[out[i]] >> shift) & mask
+            tmp[counts[d]] = out[i]
+            counts[d] += 1
+        out, tmp = tmp, out
+        shift += RADIX_BITS
+    return out

@@ -36,20 +36,24 @@ refine          int32 owner (4) and ``np.bincount``'s int64 copy of it (8), plus
 metrics         owner, the replica bitmap (uint64 [N, W]: ``8 W``), the bincount copy
                 ->  **(12 + 8 W) N** + kept (20 N for p <= 64)
 split           owner, bitmap, the global-to-local scratch: ``(4 + 8 W + x) N`` (16 N),
-                plus the largest per-partition moment (int64 id lists, 8 a node):
-                sorting the feature rows by source row (owned, ids, then the source rows
-                in the row map's dtype, their order, the sorted rows: ``8 o + 24 q``;
-                ``r`` = the source row map's itemsize, 4; its entries are read by page);
-                the labels (``8 o + (8 + r) q`` and a chunk of 1M labels with the
-                owned nodes' among them, read by page: the reader's buffer, 16 MiB,
-                :class:`~ooc.storage.entries.EntryReader`); the local ``indptr``
-                (``32 o + 16 q`` for 1 hop, the source's offsets read by page with the
-                reader's buffer); the edge copy
-                (``8 o + 16 q + 2 x C``); the feature copy: ``8 o + (16 + r) q`` + one
-                chunk of rows (64 MiB), the page buffer it was read into (up to 64 MiB;
-                none for rows of whole pages) and the larger of the written chunk's
+                plus the largest per-partition moment. Its id lists (owned, replicas,
+                the ids in local order) are in the index dtype (``x`` a node); entries
+                of the source (its offsets, its row map, its labels) are read by page
+                :data:`~ooc.partition.split.ID_PIECE` ids (1M) a request, each request
+                holding the ids' int64 copy and sort order and the reader's buffer
+                (16 MiB, :class:`~ooc.storage.entries.EntryReader`). The moments:
+                ``owner == q`` and its positions (``N + (8 + x) o``); the halo (``2 x
+                q``); the local ``indptr``, int64, summed in place (``x o + (x + 8) q``);
+                the edge copy (``x o + (x + 8) q + 2 x C``); sorting the feature rows by
+                source row (``r`` = the row map's itemsize, 4; ``y`` = the partition's,
+                4): the source rows, the int32 order and its radix scratch, then the
+                sorted rows and the order's inverse (``x o + x q + (r + 2 y) q``: ``4 o
+                + 16 q``); the labels (a chunk of 1M with the owned nodes' among them,
+                beside the written row map); the feature copy: ``x o + (x + r + y) q`` +
+                one chunk of rows (64 MiB), the page buffer it was read into (up to 64
+                MiB; none for rows of whole pages) and the larger of the written chunk's
                 mapped pages and the NaN check's two masks (192 MiB for 512-byte rows);
-                + kept
+                ``global_ids.npy``'s int64 copy (``x o + (x + 8 + y) q``); + kept
 ==============  ==========================================================================
 
 The edge partitioners (``hash``, ``dbh``, ``greedy``, ``hdrf``) replace clustering and
@@ -67,15 +71,14 @@ graphs of ``tools/bench_scale.py``), ``o`` to SPRING's node cap
 ``N / 8`` (measured 10-11% of N on those graphs), the degrees to fit int32. Pass the
 counts to plan for a known partition.
 
-Measured (``python -m ooc.partition --parts 8``, defaults, ``VmHWM``) against this plan
-from the shape alone (the RSS after opening, 156-157 MiB, included): 397 MiB at 1.1M
-nodes / 32M stored edges (planned 408), 517 at 5.55M / 162M (planned 597; with the run's
-partition sizes, 69% of N, 563), 651 at 11.1M / 323M (planned 759: there the partitions
-hold 65% of N, not N; with the run's sizes 684). The split is the largest phase in all
-three. At papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the plan is 4.26 GiB
-with partitions bounded by N (the split); with partitions of 69% of N the merge, 3.53 GiB,
-is the largest phase. A 111M-node graph of average degree 2 measured 3.31 GiB (planned
-4.41 bounded by N; 3.68, the merge, with its partitions of 12.7% of N).
+Measured (``python -m ooc.partition --parts 8``, defaults, ``VmHWM``, in a 4 GiB cgroup, 2
+GiB at 11.1M nodes) against this plan from the shape alone (the RSS after opening, 156-157
+MiB, included): 394 MiB at 1.1M nodes / 32M stored edges (planned 399), 500 at 5.55M /
+162M (planned 551), 619 at 11.1M / 323M (planned 669); the partitions hold 61-69% of N.
+The split is the largest phase at these sizes, its copy's fixed buffers weighing most. At
+papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the merge is: 3.53 GiB above
+the opened dataset (34.1 B a node), the split 3.38 GiB with partitions bounded by N (32.7 B
+a node). A 111M-node graph of average degree 2 measured 3.31 GiB.
 """
 from __future__ import annotations
 
@@ -96,7 +99,7 @@ from ..storage.writer import CHECK_ROWS
 from . import ALGORITHMS as ALGOS
 from ._spring_kernels import state_dtype
 from .edges import DEFAULT_CHUNK_EDGES
-from .split import FEATURE_CHUNK_BYTES, LABEL_CHUNK
+from .split import FEATURE_CHUNK_BYTES, ID_PIECE, LABEL_CHUNK
 
 #: The label reader's page buffer at its largest (:class:`~ooc.storage.entries.EntryReader`).
 ENTRY_BUFFER = PIECE_ENTRIES * PAGE
@@ -281,26 +284,33 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
         phases["split"] = held + owner + retained           # owner.npy's int32 copy
     else:
         r = int(row_map_itemsize) if row_map else 0
+        y = np.dtype(index_dtype(q)).itemsize       # the partition's sort order, its row map
+        w = y if row_map else 0                      # the row map the writer holds
         inner = o if halo_hops == 1 else q                  # nodes with full in-lists
-        if row_map:   # owned and ids; the row map's entries (r a node) read by page with
-            # their sort order; then the source rows, their order and the sorted rows, and
-            # the order with the sorted rows and its inverse
-            sort = 8 * o + 8 * q + max((r + 8) * q + ENTRY_BUFFER, (2 * r + 8) * q,
-                                       (r + 8 + x) * q)
+        # one request of entries read by page: the ids' int64 copy and sort order, the
+        # reader's buffer
+        piece = 16 * ID_PIECE + ENTRY_BUFFER
+        if row_map:   # the source rows read by piece; the int32 order (and its scratch),
+            # the sorted source rows, the order's inverse
+            sort = x * o + x * q + max(r * q + (r + 16 + 8) * ID_PIECE + ENTRY_BUFFER,
+                                       (r + 2 * y) * q, (2 * r + y) * q)
         else:         # rows in node order: the ids are the source rows, nothing sorted
-            sort = 8 * o + 8 * q
+            sort = x * o + x * q
         moments = {
-            "halo": 8 * o + 16 * q + (chunk if halo_hops > 1 else 0),
-            # the local offsets; the source's of the inner nodes read by page
-            "indptr": 8 * o + max(16 * q + 24 * inner + ENTRY_BUFFER, 24 * q),
-            "edges": 8 * o + 16 * q + 2 * chunk,
+            # owner == q and its int64 positions, then owned, replicas and the ids
+            "owned": n + (8 + x) * o,
+            "halo": 2 * x * q + (chunk if halo_hops > 1 else 0),
+            # owned, ids, the int64 local offsets; a piece's source offsets [P, 2] read
+            "indptr": x * o + (x + 8) * q + 16 * min(ID_PIECE, inner) + piece,
+            "edges": x * o + (x + 8) * q + 2 * chunk,
             "sort": sort,
-            # owned, ids and the written row map; a chunk of labels, the owned nodes' labels
-            # in it with their sort order, and the label reader's buffer
-            "labels": 8 * o + (8 + r) * q + 8 * min(q, LABEL_CHUNK)
+            # a chunk of labels, the owned nodes' labels in it read by page
+            "labels": x * o + (x + w) * q + 8 * min(q, LABEL_CHUNK)
             + 16 * min(o, LABEL_CHUNK) + ENTRY_BUFFER,
-            "features": 8 * o + (16 + r if row_map else 8) * q
+            "features": x * o + (x + r + w) * q
             + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n),
+            # global_ids.npy's int64 copy
+            "ids": x * o + (x + 8 + w) * q,
         }
         phases["split"] = held + x * n + max(moments.values()) + retained
         assumed["split_moment"] = max(moments, key=lambda k: moments[k])

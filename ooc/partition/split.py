@@ -11,7 +11,8 @@ of a BFS by in-edges:
   elsewhere);
 * local ids: the owned nodes in ascending global id, then layer 1 in
   ascending global id, then layer 2, ...; ``global_ids.npy`` (int64 [n_q])
-  maps local to global ids;
+  maps local to global ids (held in the dataset's index dtype while the partition is
+  written: int32 below 2^31 nodes);
 * the CSC holds the full in-neighbour list of every node of layers
   ``0..H-1`` (the source row, in the source's order, mapped to local ids)
   and an empty list for every layer-``H`` node: those are only inputs. So an
@@ -49,13 +50,16 @@ from ..storage.dataset import ROW_MAP_FILE
 from ..storage.direct import DirectFeatures
 from ..storage.layout import index_dtype
 from ..storage.reorder import rows_of
-from ._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, replicas_of
+from ._kernels import (halo_local_chunk, mark_halo_chunk, nodes_by_layer, radix_order,
+                       replicas_of)
 from .base import progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 from ..storage.errors import InvalidValue
 
 #: Bytes of feature rows copied per chunk.
 FEATURE_CHUNK_BYTES = 64 << 20
+#: Ids whose entries (source offsets, row map) are read by page in one request.
+ID_PIECE = 1 << 20
 
 
 def part_name(q: int) -> str:
@@ -84,7 +88,7 @@ def _halo_nodes(dataset: Dataset, owned: np.ndarray, reps: np.ndarray, layer: np
     ``layer`` (int [N], all -1 on entry) is marked with each present node's
     layer; layer 1 is ``reps``, then one pass over the edge stream per hop
     from 2 on. Returns the
-    global ids in local order (int64 [n_q], see :func:`nodes_by_layer`) and
+    global ids in local order ([n_q] in ``layer``'s dtype, see :func:`nodes_by_layer`) and
     the sizes of layers ``1..hops``. ``layer`` is left marked.
     """
     layer[owned] = 0
@@ -116,11 +120,11 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     if halo_hops < 1:
         raise InvalidValue(f"halo_hops must be >= 1, got {halo_hops}")
     name = part_name(q)
-    owned = np.flatnonzero(owner == q).astype(np.int64)
-    reps = replicas_of(bits, q)
+    owned = np.flatnonzero(owner == q).astype(g2l.dtype)
+    reps = replicas_of(bits, q, g2l)
     n_own = owned.size
     gids, per_hop = _halo_nodes(dataset, owned, reps, g2l, halo_hops, chunk_edges, progress, name)
-    del reps  # marked in g2l: each array of nodes the split holds costs up to 8 B a node
+    del reps  # marked in g2l: each array of nodes the split holds costs 4 B a node (int32)
     nq = gids.size
     n_rep = nq - n_own
     n_inner = nq - per_hop[-1]  # layers 0..H-1: full in-neighbour lists
@@ -142,7 +146,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
         splits = _local_splits(dataset, owner, q, g2l)
         w.write_splits(*splits)
         assert w.tmp is not None  # inside the writer's with block
-        np.save(w.tmp / "global_ids.npy", gids)
+        np.save(w.tmp / "global_ids.npy", gids.astype(np.int64))
         summary = {"part": q, "path": name, "owned": int(n_own), "replicas": int(n_rep),
                    "nodes": int(nq), "edges": eq, "halo_hops": int(halo_hops),
                    "num_replicas_per_hop": per_hop,
@@ -158,7 +162,7 @@ LABEL_CHUNK = 1 << 20
 
 def _local_labels(dataset: Dataset, owned: np.ndarray, nq: int):
     """The labels of a partition's ``nq`` local nodes in chunks of :data:`LABEL_CHUNK`
-    (int64): its owned nodes' (``owned``, int64, the first local ids), then -1 for the
+    (int64): its owned nodes' (``owned``, int [o], the first local ids), then -1 for the
     halo, which trains on none."""
     for a in range(0, nq, LABEL_CHUNK):
         b = min(nq, a + LABEL_CHUNK)
@@ -170,20 +174,42 @@ def _local_labels(dataset: Dataset, owned: np.ndarray, nq: int):
 
 
 def _local_indptr(dataset: Dataset, gids: np.ndarray, n_inner: int) -> np.ndarray:
-    """int64 [n_q + 1] CSC offsets of the partition whose nodes are ``gids`` (int64 [n_q],
+    """int64 [n_q + 1] CSC offsets of the partition whose nodes are ``gids`` (int [n_q],
     global ids in local order): the source in-degree for the first ``n_inner`` nodes
     (layers ``0..H-1``), 0 for the rest. The two source offsets of each of those nodes are
-    read by page in one request (:meth:`~ooc.storage.Dataset.entries`): gathered through
-    the memmap at random they would map up to all of ``indptr.npy`` (8 bytes a node)."""
-    nq = gids.size
-    inner = gids[:n_inner]
-    local_deg = np.zeros(nq, dtype=np.int64)
-    ends = dataset.entries("indptr.npy", dataset.indptr, inner, width=2)  # [n_inner, 2]
-    np.subtract(ends[:, 1], ends[:, 0], out=local_deg[:n_inner])
-    del ends
-    indptr = np.zeros(nq + 1, dtype=np.int64)
-    np.cumsum(local_deg, out=indptr[1:])
+    read by page in one request per :data:`ID_PIECE` nodes
+    (:meth:`~ooc.storage.Dataset.entries`): gathered through the memmap at random they
+    would map up to all of ``indptr.npy`` (8 bytes a node). The degrees are summed in
+    place."""
+    indptr = np.zeros(gids.size + 1, dtype=np.int64)
+    for a in range(0, n_inner, ID_PIECE):
+        b = min(n_inner, a + ID_PIECE)
+        ends = dataset.entries("indptr.npy", dataset.indptr, gids[a:b], width=2)  # [b - a, 2]
+        np.subtract(ends[:, 1], ends[:, 0], out=indptr[a + 1:b + 1])
+    np.cumsum(indptr, out=indptr)
     return indptr
+
+
+def _source_rows(dataset: Dataset, gids: np.ndarray) -> np.ndarray:
+    """The source's feature rows of ``gids`` (int [n_q]) in the row map's dtype, its
+    entries read by page :data:`ID_PIECE` ids at a time (gathered through its memmap they
+    would map up to all of it)."""
+    row_of = dataset.row_of
+    assert row_of is not None  # a source stored in a locality order
+    rows = np.empty(gids.size, dtype=row_of.dtype)
+    for a in range(0, gids.size, ID_PIECE):
+        b = min(gids.size, a + ID_PIECE)
+        rows[a:b] = dataset.entries(ROW_MAP_FILE, row_of, gids[a:b])
+    return rows
+
+
+def ascending_order(values: np.ndarray) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` (``values``: non-negative ints) in the index
+    dtype of its length: int32 [n] and one int32 scratch array where numpy's argsort
+    returns int64 and holds another int64 array while it sorts."""
+    n = values.shape[0]
+    idt = index_dtype(n)
+    return radix_order(values, np.empty(n, dtype=idt), np.empty(n, dtype=idt))
 
 
 def _part_writer(dataset: Dataset, out: Path, nq: int, name: str) -> DatasetWriter:
@@ -219,7 +245,7 @@ def _copy_edges(dataset: Dataset, g2l: np.ndarray, n_inner: int, indptr: np.ndar
 
 
 def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None:
-    """Rows ``gids`` (int64 [n_q], global ids in local order) of the source's features to
+    """Rows ``gids`` (int [n_q], global ids in local order) of the source's features to
     the writer's feature file, :data:`FEATURE_CHUNK_BYTES` of rows at a time, read by a
     :class:`~ooc.storage.direct.DirectFeatures` (O_DIRECT where the file system allows it:
     each page holding a row of the chunk is read once, and none stays in the page cache or
@@ -235,10 +261,8 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
     nq = gids.size
     lay = dataset.layout
     if dataset.row_of is not None:
-        # the row map's entries read by page (gathered through its memmap they would map up
-        # to all of it), in its own dtype: int32 below 2^31 nodes
-        src_rows = dataset.entries(ROW_MAP_FILE, dataset.row_of, gids)
-        order = np.argsort(src_rows, kind="stable")
+        src_rows = _source_rows(dataset, gids)
+        order = ascending_order(src_rows)
         src_rows = src_rows[order]
         w.store_rows_in(rows_of(order, index_dtype(nq)), "inherited")
         del order
