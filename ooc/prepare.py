@@ -189,7 +189,7 @@ def _planned_peak(rss0: int, stats: dict, out: Path, buffer: int) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .storage import ingest
-    from .storage.ingest.limits import available_memory
+    from .storage.ingest.limits import available_memory, load_kernels
 
     check_report_path(args.report)
     if args.buffer < MIN_BUFFER:
@@ -199,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise InvalidValue(f"--buffer {args.buffer} bytes is more than the {avail} bytes of memory "
                        f"available now")
     t0 = time.perf_counter()
+    load_kernels()
     rss0 = current_rss_bytes()
     stats: dict = {}
     progress = not args.no_progress

@@ -48,7 +48,8 @@ INFER_BYTES_PER_NODE = 20
 INFER_CHUNK_ROWS = 32768
 
 _BASE_CODE = {
-    "ingest": "import ooc.prepare, ooc.storage.ingest",
+    "ingest": ("import ooc.prepare, ooc.storage.ingest\n"
+               "from ooc.storage.ingest.limits import load_kernels\nload_kernels()\n"),
     "partition": ("import numpy as np, ooc.partition\n"
                   "from ooc.partition.base import warm_up\nwarm_up('spring', np.int32)\n"),
     "infer": ("import torch, torch_geometric, ooc.infer, ooc.executor.inference\n"

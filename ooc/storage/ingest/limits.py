@@ -106,10 +106,23 @@ def id_node_limit(max_edges: int | None) -> int:
     return mem if max_edges is None else min(mem, max(MIN_NODES_FROM_IDS, 2 * max_edges))
 
 
+def load_kernels() -> None:
+    """Load numba's runtime and the count pass's kernel (from numba's cache, or compiled
+    here), as every ingest does in its first pass: an RSS measured after this is the base
+    :func:`planned_peak` adds to (the first kernel loaded costs ~57 MiB)."""
+    import numpy as np
+
+    from . import _kernels as K
+
+    ids = np.zeros(1, dtype=np.int64)
+    K.count_in_degrees(ids, ids, np.zeros(1, dtype=np.int64), False, False)
+
+
 def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int,
                  index_itemsize: int = 4, row_bytes: int = 512,
                  reordered: FeatureLayout | None = None) -> int:
-    """The peak RSS an ingest plans for, from what it wrote: ``base`` (the RSS before it),
+    """The peak RSS an ingest plans for, from what it wrote: ``base`` (the RSS before it,
+    numba's runtime loaded: :func:`load_kernels`),
     :data:`BYTES_PER_NODE` per node, and the larger of its two phases' buffers:
 
     - a scatter window (its ids: 3/4 of the buffer at most, and no more than the
