@@ -63,8 +63,9 @@ class CachePolicy:
     def changesets(self, num_nodes: int, capacity: int, device: str | None) -> ChangesetFn:
         raise InvalidValue(f"cache policy {self.name!r} has no changesets (schedule {self.schedule})")
 
-    def warm_up(self, num_nodes: int) -> None:
-        """Compile the policy's kernels on a tiny input (the planner's warm-up)."""
+    def warm_up(self, num_nodes: int, device: str | None = "cpu") -> None:
+        """Compile the policy's kernels on a tiny input (the planner's warm-up), on the
+        device its changesets would run on for a training ``device``."""
 
     def initial_mask(self, num_nodes: int, capacity: int, dataset=None,
                      hot_order: np.ndarray | None = None) -> np.ndarray:
@@ -202,11 +203,11 @@ class BeladyCache(CachePolicy):
 
         return changesets
 
-    def warm_up(self, num_nodes: int) -> None:
-        from ...inspector.changesets import precompute_changesets
-
-        precompute_changesets([np.array([0, 1]), np.array([1, 2]), np.array([0, 3])],
-                              max(4, num_nodes), 2)
+    def warm_up(self, num_nodes: int, device: str | None = "cpu") -> None:
+        # on CUDA the first changesets load torch's sort and scan kernels: host memory that
+        # the planner's set-up must hold before it is measured
+        self.changesets(max(4, num_nodes), 2, device)(
+            [np.array([0, 1]), np.array([1, 2]), np.array([0, 3])])
 
     def simulate(self, trace: Sequence[np.ndarray], num_nodes: int, capacity: int,
                  superbatch_size: int | None = None, hot_order: np.ndarray | None = None,

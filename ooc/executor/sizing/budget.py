@@ -260,7 +260,8 @@ def _child_main(argv: list[str]) -> None:
         src.close()
 
 
-def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: int = 0) -> None:
+def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: int = 0,
+                    device: str | None = "cpu") -> None:
     """Compile (or load from numba's on-disk cache) every kernel the preset runs
     after planning, on a tiny in-memory graph, before anything is measured.
 
@@ -274,7 +275,9 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
     mid-epoch, with the caches already full, would push the peak past the
     budget; compiled here, that transient happens while nothing else is held.
     The probe below covers the sampler and the readers; this covers the
-    neighbor cache, the feature cache and the policy's own kernels.
+    neighbor cache, the feature cache and the policy's own kernels, these run where
+    training on ``device`` runs them (the changesets on CUDA load torch's sort and scan
+    kernels there, host memory the set-up then holds).
     """
     from ...inspector.neighbor_cache import (build_neighbor_cache, compute_out_degrees,
                                              degree_dtype, full_cache_bytes)
@@ -311,7 +314,7 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
         fc.switch(np.array([0, 1]), _Rows)
         rows, _ = fc.gather(np.array([0, 2, 3]), _Rows)
         fc.update(np.array([2]), np.array([0]), np.array([1]), rows)
-    preset.policy.warm_up(n)
+    preset.policy.warm_up(n, device)
 
 
 def plan_memory(dataset, config, budget: int, options=None, model=None,
@@ -388,7 +391,7 @@ def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: in
     """
     kernels = compile_kernels(dataset, config, opts, preset=preset)
     warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype,  # loads them here
-                    dataset.index_dtype, dataset.num_edges)
+                    dataset.index_dtype, dataset.num_edges, config.device)
     if dataset.row_of is not None:
         touch_pages(dataset.row_of)
     gc.collect()
