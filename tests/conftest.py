@@ -131,6 +131,19 @@ def mount_small_tmpfs(path: Path, size: str = "256k") -> str | None:
     return None if r.returncode == 0 else f"mount -t tmpfs refused: {r.stderr.strip()}"
 
 
+def mapped_kib(path) -> int:
+    """KiB of this process's RSS that map ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                inside = len(head) >= 6 and head[-1] == str(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
 def random_graph(n: int, e: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Random directed edges (src, dst), int64 [e] each."""
     rng = np.random.default_rng(seed)

@@ -10,6 +10,8 @@ from ooc.storage import (DatasetError, DatasetWriter, OocError, csc_from_edges, 
                          write_dataset)
 from ooc.storage import writer as writer_mod
 
+from conftest import mapped_kib
+
 
 def test_round_trip(small_dataset):
     path, a = small_dataset
@@ -371,19 +373,6 @@ def test_a_raw_dataset_folder_gets_the_command_that_converts_it(tmp_path):
                 open_dataset(where)
 
 
-def _mapped_kib(path) -> int:
-    """KiB of this process's RSS that map ``path`` (from /proc/self/smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()
-            if head and "-" in head[0] and len(head) >= 5:  # a mapping's first line
-                inside = len(head) >= 6 and head[-1] == str(path)
-            elif inside and line.startswith("Rss:"):
-                total += int(head[1])
-    return total
-
-
 def test_read_labels_leaves_no_label_pages_resident(tmp_path):
     """Labels of random ids (an epoch's seeds, a batch's nodes) are numpy's, read by
     page (an EntryReader) without mapping the label file into the process."""
@@ -398,6 +387,6 @@ def test_read_labels_leaves_no_label_pages_resident(tmp_path):
     ids = rng.choice(n, 200_000, replace=False)
     np.testing.assert_array_equal(ds.read_labels(ids), y[ids])
     assert type(ds._entry_readers["labels.npy"]).__name__ == "EntryReader"
-    assert _mapped_kib(labels_file) == 0
+    assert mapped_kib(labels_file) == 0
     np.asarray(ds.labels[ids])  # the same read through the map stays resident
-    assert _mapped_kib(labels_file) > 4096
+    assert mapped_kib(labels_file) > 4096

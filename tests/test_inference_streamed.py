@@ -16,6 +16,8 @@ from ooc.executor.training.models import build_model
 from ooc.infer import main as infer_main
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
 
+from conftest import mapped_kib
+
 TOL = 1e-4
 
 
@@ -91,6 +93,32 @@ def test_streamed_layers_equal_the_forward_pass(data, tmp_path, name):
         assert 0 < la["bytes_read"] <= reads["planned_stream_bytes"]
     assert not (out / "edge_buckets").exists()
     np.testing.assert_array_equal(read_embeddings(out, "pred"), ref[-1].argmax(1))
+
+
+@pytest.mark.parametrize("aggregate", ["streamed", "blocks"])
+def test_no_page_of_indptr_stays_mapped(data, tmp_path, monkeypatch, aggregate):
+    """Every pass over ``indptr.npy`` (the order, the topology, the plans, the buckets, a
+    group's degrees, a block's local graph) drops the pages it mapped: the layers start
+    from 12 bytes a node, and none of the file is resident when they end."""
+    import os
+
+    import ooc.executor.inference.layerwise as L
+
+    ds, _ = data
+    indptr_file = os.path.realpath(ds.path / "indptr.npy")
+    seen: list[int] = []
+    measure = L.rss
+
+    def rss_and_indptr() -> int:
+        seen.append(mapped_kib(indptr_file))
+        return measure()
+
+    monkeypatch.setattr(L, "rss", rss_and_indptr)
+    layerwise_inference(ds, _models()["ooc-sage"], tmp_path / "o.zarr", chunk_rows=128,
+                        aggregate=aggregate, progress=False,
+                        stream_rows=(512, 200) if aggregate == "streamed" else None)
+    assert len(seen) >= 2 and seen[-1] == 0    # the layers' start RSS
+    assert mapped_kib(indptr_file) == 0
 
 
 def test_float16_layers_and_a_resumed_crash(data, tmp_path):

@@ -19,7 +19,7 @@ Every stage's plan is its planner's function evaluated for the shape:
   ``bench_scale`` writes at that scale. The caches take what the budget leaves;
 - infer: every layer's streamed plan (:func:`ooc.executor.inference.streamed.plan_stream`,
   the way layers of this size run) above the RSS the run starts layers with: 12 B a node
-  of processing order, its inverse and the local-id map, and 8 of ``indptr`` pages;
+  of processing order, its inverse and the local-id map, and 4 of the row map;
 - partition: :func:`ooc.partition.memory_plan.planned_peak` (partitions bounded by N).
 
 The constant part of each (interpreter, libraries, numba kernels, the model) is measured
@@ -42,9 +42,9 @@ from ooc.cli import format_size
 #: sampled nodes stop growing from about here (331k at 0.05, 333k at 0.1).
 CALIBRATION_SCALE = 0.05
 #: Bytes of per-node state ooc.infer holds before any layer: the processing order, its
-#: inverse and the kernels' node -> local id map (int32: 12) and the ``indptr`` pages the
-#: planning reads (8); see :mod:`ooc.executor.inference.layerwise`.
-INFER_BYTES_PER_NODE = 20
+#: inverse and the kernels' node -> local id map (int32: 12) and the dataset's row map (4);
+#: see :mod:`ooc.executor.inference.layerwise`.
+INFER_BYTES_PER_NODE = 16
 INFER_CHUNK_ROWS = 32768
 
 _BASE_CODE = {
@@ -52,8 +52,10 @@ _BASE_CODE = {
                "from ooc.storage.ingest.limits import load_kernels\nload_kernels()\n"),
     "partition": ("import numpy as np, ooc.partition\n"
                   "from ooc.partition.base import warm_up\nwarm_up('spring', np.int32)\n"),
-    "infer": ("import torch, torch_geometric, ooc.infer, ooc.executor.inference\n"
+    "infer": ("import torch, torch_geometric, zarr, ooc.infer, ooc.executor.inference\n"
               "from ooc.executor.training.models import build_model\n"
+              "from ooc.storage.ingest.limits import load_kernels\n"
+              "load_kernels()  # numba's runtime, which the layers' kernels load\n"
               "model = build_model('sage', {dim}, {hidden}, {classes}, {layers}).eval()\n"),
     "train": (
         "import ooc.train, numpy as np, torch\n"

@@ -40,7 +40,8 @@ chunks) is not needed here: the store is already on the local disk.
 
 Memory: ``memory_budget`` bounds the whole process. Per node, before any layer: the
 processing order, its inverse and the kernels' node -> local id map (int32 below 2^31
-nodes: 12 bytes a node), and the pages of ``indptr.npy`` the planning reads (8). At the
+nodes: 12 bytes a node) and a locality-ordered dataset's row map (4, which the streamed
+layers read whole); the pages of ``indptr.npy`` a pass reads are dropped after it. At the
 start of each layer the resident size is measured, and so is the layer itself: it runs on
 probe graphs of known sizes and the kernel's peak RSS gives its bytes per
 target, local node and edge (:func:`.memory_plan.measure_costs`). What the
@@ -134,6 +135,7 @@ import torch
 from ...memory import trim_malloc
 from ...storage.dataset import Dataset, open_dataset
 from ...storage.io_backends import REGISTRY
+from ...storage.pagecache import release_mapped
 from ..cache.chunk_cache import POLICIES
 from .blocks import CacheSettings, Chunking
 from .local_graph import Topology
@@ -462,6 +464,9 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
 
 def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:
     """Every layer not finished yet, then ``pred`` and the accuracies."""
+    # the order and the topology walked indptr.npy: its pages leave the process (each pass
+    # over it maps them again and drops them after)
+    release_mapped(run.topo.indptr)
     base_rss = rss()
     report["start_rss_bytes"] = base_rss
     rows = min(job.chunking.chunk_rows, max(job.dataset.num_nodes, 1))

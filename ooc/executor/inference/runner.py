@@ -153,8 +153,9 @@ def _run_block(run: Run, plan: LayerPlan, src: LayerInput, cache: ChunkCache | N
     t0 = time.perf_counter()
     g: LocalGraph = local_graph(run.topo, s, e)
     # the adjacency's pages this block mapped leave the process (the page cache keeps them):
-    # walked block after block they would hold the whole file, 4-8 B per edge of RSS
+    # walked block after block they would hold the whole files, 4-8 B per edge and 8 B a node
     release_mapped(run.topo.indices)
+    release_mapped(run.topo.indptr)
     t1 = time.perf_counter()
     x = np.empty((g.nodes.shape[0], plan.d_in), dtype=np.float32)
     if cache is None:
@@ -387,7 +388,8 @@ def _block_plan(run: Run, l: int, d_in: int, d_out: int, costs: BlockCosts,
                 itemsize: int) -> LayerPlan:
     plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, run.chunking,
                       run.cache, costs, itemsize)
-    release_mapped(run.topo.indices)  # the plan walked every edge
+    release_mapped(run.topo.indices)  # the plan walked every edge and node
+    release_mapped(run.topo.indptr)
     return plan
 
 
