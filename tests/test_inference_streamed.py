@@ -121,6 +121,37 @@ def test_no_page_of_indptr_stays_mapped(data, tmp_path, monkeypatch, aggregate):
     assert mapped_kib(indptr_file) == 0
 
 
+def test_a_budget_that_streams_many_passes_names_the_one_that_streams_one(monkeypatch):
+    """Where the budget makes a streamed layer read its input more than three times over,
+    one note names the smallest whole-MiB budget whose plan holds every accumulator."""
+    from ooc.cli import format_size
+    from ooc.executor.inference import streamed as S
+    from ooc.executor.inference.memory_plan import BlockCosts
+    from ooc.storage import notes
+
+    n, e, d_in, d_out = 2_000_000, 30_000_000, 128, 256
+    table = n * d_in * 4
+
+    def replan(budget: int):
+        return S.plan_stream("mean", n, e, d_in, d_out, 4 * d_in, table, budget, 32768, 32768,
+                             1, BlockCosts.estimate(d_in, d_out), rss0=500 << 20)
+
+    budget = 1 << 30
+    plan = replan(budget)
+    assert plan.groups > 3 and plan.planned_bytes > 3 * table
+    lines: list[str] = []
+    monkeypatch.setattr(notes, "sink", lines.append)
+    S.note_stream_reads(0, plan, budget, n, d_in, table, replan)
+    enough = S.one_pass_budget(plan, budget, n, d_in, replan)
+    assert enough % (1 << 20) == 0
+    assert replan(enough).groups == 1 and replan(enough - (1 << 20)).groups == 2
+    assert len(lines) == 1 and f"{plan.groups} groups" in lines[0]
+    assert lines[0].endswith(f"{format_size(enough)} streams it in one pass")
+    few = replan(2 * enough)           # one pass: nothing to say
+    S.note_stream_reads(0, few, 2 * enough, n, d_in, table, replan)
+    assert len(lines) == 1
+
+
 def test_float16_layers_and_a_resumed_crash(data, tmp_path):
     """float16 layers before the last; a run stopped after a chunk in the middle of a group
     resumes there and writes the arrays of an uninterrupted run."""

@@ -58,7 +58,7 @@ O_DIRECT feature reader in file order, a later layer from the previous layer's
 chunk files, :mod:`.chunk_rows`), every byte going to blocks; or half the
 memory caches whole input chunks and smaller blocks take their rows from it.
 When the budget makes a layer read its input more than three times over, a
-note names the budget that reads it once.
+note names the budget that reads it once (a streamed layer: in one pass).
 
 Streamed aggregation (:mod:`.streamed`): a layer whose convolution is a plain mean, sum or
 max of its in-neighbours' rows (``SAGEConv``) and that does not fit one block keeps a

@@ -23,7 +23,7 @@ from .local_graph import LocalGraph, Topology, local_graph
 from .memory_plan import BlockCosts, headroom, measure_costs, rss
 from .model_adapter import LayerwiseModel
 from .store import Progress, layer_array, write_chunk
-from .streamed import StreamPlan, plan_stream, run_streamed
+from .streamed import StreamPlan, note_stream_reads, plan_stream, run_streamed
 
 
 @dataclass
@@ -335,6 +335,8 @@ def run_layer(run: Run, l: int) -> dict:
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     run.progress.state.update(layer=l, chunks_done=first_chunk)
     if stream is not None:
+        if run.stream_rows == (None, None):  # sizes forced by the caller are not the budget's
+            stream.note_reads()
         arr = layer_array(run.group, name, n, d_out, ch.chunk_rows, dtype)
         stats = LayerStats()
         stats.time_s["plan"] = time.perf_counter() - t0
@@ -368,14 +370,22 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     else:
         in_row, table = d_in * itemsize, n * d_in * itemsize
         unit, align = run.chunking.chunk_rows, 1
-    plan = plan_stream(reduction, n, int(run.topo.indptr[-1]), d_in, d_out, in_row, table,
-                       run.budget, run.chunking.chunk_rows, unit, align, costs,
-                       *run.stream_rows)
+    rss0 = rss()
+
+    def replan(budget: int, forced: tuple = run.stream_rows) -> StreamPlan | None:
+        return plan_stream(reduction, n, int(run.topo.indptr[-1]), d_in, d_out, in_row, table,
+                           budget, run.chunking.chunk_rows, unit, align, costs,
+                           group_rows=forced[0], src_rows=forced[1], rss0=rss0)
+
+    plan = replan(run.budget)
     if plan is None and run.aggregate == "streamed":
         why = ("its convolution is not a plain mean, sum or max of its input rows"
                if reduction is None else "the budget does not hold one chunk of accumulators")
         raise InvalidValue(f"--aggregate streamed: layer {l + 1} cannot stream ({why}); "
                            f"use --aggregate auto")
+    if plan is not None:
+        plan.note_reads = lambda: note_stream_reads(l, plan, run.budget, n, d_in, table,
+                                              lambda b: replan(b, (None, None)))
     return plan
 
 

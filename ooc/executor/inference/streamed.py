@@ -33,7 +33,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ import torch
 from ...storage.layout import PAGE, FeatureLayout, read_rows
 from ...storage.pagecache import release_mapped
 from ._kernels import accumulate_rows, bucket_edges
-from .memory_plan import BlockCosts, headroom, output_buffers, rss
+from .memory_plan import MiB, BlockCosts, headroom, output_buffers, rss
 
 if TYPE_CHECKING:
     from .runner import LayerStats, Run, _ChunkWriter
@@ -99,6 +99,9 @@ class StreamPlan:
     planned_bytes: int
     work: int
     planned_peak_bytes: int = 0
+    #: says, once, when the budget makes the layer read its input many times over (the
+    #: runner sets it: :func:`note_stream_reads` with the layer's own re-planning)
+    note_reads: Callable[[], None] = lambda: None
 
     def as_dict(self) -> dict:
         return {"mode": "streamed", "reduction": self.reduction, "groups": self.groups,
@@ -163,6 +166,47 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
         + source_bytes + sub_rows * per_target
     return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
                       int(sub_rows), pair_piece, planned, int(free), int(peak))
+
+
+def one_pass_budget(plan: StreamPlan, budget: int, n: int, d_in: int,
+                    replan: Callable[[int], StreamPlan | None]) -> int:
+    """The smallest whole-MiB budget (found from ``budget`` up) whose streamed plan holds
+    every target's accumulator, so that the layer reads its input in one pass;
+    ``replan(budget)`` plans the layer again under another budget (the same RSS)."""
+    need, p = int(budget), plan  # type: int, StreamPlan | None
+    for _ in range(16):
+        rows = p.group_rows if p is not None else 0
+        if p is not None and p.groups <= 1:
+            break
+        # what the missing accumulators take; the source chunk and the sub-blocks grow
+        # with the free memory too, so the next plan says whether it is enough
+        need += max(MiB, (n - rows) * (4 * d_in + GROUP_ROW_EXTRA))
+        p = replan(need)
+    lo, hi = int(budget) // MiB, -(-need // MiB)  # lo streams in several passes, hi in one
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        q = replan(mid * MiB)
+        lo, hi = (lo, mid) if q is not None and q.groups <= 1 else (mid, hi)
+    return hi * MiB
+
+
+def note_stream_reads(l: int, plan: StreamPlan, budget: int, n: int, d_in: int,
+                      table_bytes: int, replan: Callable[[int], StreamPlan | None]) -> None:
+    """A one-line note when the budget makes streamed layer ``l`` read its input more
+    than :data:`~.blocks.EXTRA_READS` times over, naming the budget that streams it in one
+    pass (:func:`one_pass_budget`)."""
+    from ...cli import format_size
+    from ...storage.errors import setting
+    from ...storage.notes import note
+    from .blocks import EXTRA_READS
+
+    if plan.groups <= 1 or plan.planned_bytes <= EXTRA_READS * table_bytes:
+        return
+    enough = one_pass_budget(plan, budget, n, d_in, replan)
+    note(f"inference layer {l + 1} reads about {format_size(plan.planned_bytes)} "
+         f"({plan.planned_bytes / max(table_bytes, 1):.0f}x its input: {plan.groups} groups of "
+         f"targets, a pass each) at {setting('--memory-budget')} {format_size(budget)}; "
+         f"{format_size(enough)} streams it in one pass")
 
 
 class _Source:
