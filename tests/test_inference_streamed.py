@@ -146,7 +146,7 @@ def test_a_budget_that_streams_many_passes_names_the_one_that_streams_one(monkey
     assert enough % (1 << 20) == 0
     assert replan(enough).groups == 1 and replan(enough - (1 << 20)).groups == 2
     assert len(lines) == 1 and f"{plan.groups} groups" in lines[0]
-    assert lines[0].endswith(f"{format_size(enough)} streams it in one pass")
+    assert lines[0].endswith(f"; {enough >> 20}MiB streams it in one pass")
     few = replan(2 * enough)           # one pass: nothing to say
     S.note_stream_reads(0, few, 2 * enough, n, d_in, table, replan)
     assert len(lines) == 1

@@ -249,5 +249,5 @@ def note_extra_reads(plan: LayerPlan, budget: int, n: int, chunking: Chunking,
         return
     note(f"inference layer {plan.l + 1} reads about {format_size(planned)} ("
          f"{planned / table:.0f}x its input) at {setting('--memory-budget')} "
-         f"{format_size(budget)}; {format_size(enough)} reads it once")
+         f"{format_size(budget)}; {enough // MiB}MiB reads it once")
 

@@ -206,7 +206,7 @@ def note_stream_reads(l: int, plan: StreamPlan, budget: int, n: int, d_in: int,
     note(f"inference layer {l + 1} reads about {format_size(plan.planned_bytes)} "
          f"({plan.planned_bytes / max(table_bytes, 1):.0f}x its input: {plan.groups} groups of "
          f"targets, a pass each) at {setting('--memory-budget')} {format_size(budget)}; "
-         f"{format_size(enough)} streams it in one pass")
+         f"{enough // MiB}MiB streams it in one pass")
 
 
 class _Source:
