@@ -124,7 +124,6 @@ def test_no_page_of_indptr_stays_mapped(data, tmp_path, monkeypatch, aggregate):
 def test_a_budget_that_streams_many_passes_names_the_one_that_streams_one(monkeypatch):
     """Where the budget makes a streamed layer read its input more than three times over,
     one note names the smallest whole-MiB budget whose plan holds every accumulator."""
-    from ooc.cli import format_size
     from ooc.executor.inference import streamed as S
     from ooc.executor.inference.memory_plan import BlockCosts
     from ooc.storage import notes
