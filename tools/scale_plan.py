@@ -153,14 +153,14 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
                fanouts: list[int], batch_size: int) -> dict:
     """The training plan's terms (:func:`~ooc.executor.sizing.budget.plan_memory`) for the
     shape, preset ``ooc`` with its defaults, one gather thread."""
-    from ooc.executor.cache.feature_cache import row_cost
     from ooc.executor.loader.presets import resolve_preset
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.sizing.budget import _SuperbatchPlan, default_reserve, suggest_budget
+    from ooc.executor.sizing.budget import (NEIGHBOR_FRACTION, _SuperbatchPlan, cache_bytes,
+                                            default_reserve, suggest_budget)
     from ooc.executor.sizing.step_memory import step_bytes
     from ooc.executor.training.config import TrainConfig
     from ooc.executor.training.models import build_model
-    from ooc.inspector.neighbor_cache import MIN_CACHE_BYTES, _map_bytes, build_bytes
+    from ooc.inspector.neighbor_cache import _map_bytes, build_bytes
     from ooc.storage.offsets import BLOCK
 
     n, e = shape.nodes, 2 * shape.edges
@@ -186,11 +186,11 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     superbatch = sb.size_within(budget - reserve - fixed)
     working = fixed + superbatch
     free = budget - working - reserve
-    listed = int(batches["nonempty_fraction"] * n)
-    full_n = _map_bytes(n, listed, e + listed) + 4 * (e + listed)
-    nbytes = int(min(full_n, 0.25 * max(free, 0)))
-    nbytes = nbytes if nbytes >= MIN_CACHE_BYTES else 0
-    rows = int(min(n, max(0, free - nbytes) // row_cost(row, n)))
+    listed = int(batches["nonempty_fraction"] * n)   # a full neighbour cache: every list
+    nbytes, fbytes = cache_bytes(n, row, lambda: _map_bytes(n, listed, e + listed)
+                                 + 4 * (e + listed), preset, opts, max(free, 0),
+                                 NEIGHBOR_FRACTION)
+    rows = fbytes // row
     return {"planned_peak_bytes": working + rows * row + nbytes if free >= 0 else working,
             "min_budget": suggest_budget(fixed + sb.smallest()),
             "reserve": reserve, "working": working,

@@ -173,7 +173,7 @@ class MemoryBudget:
 
     def _build(self, group: _Group) -> None:
         """Size the group's caches (the split) and build its stack for its owner."""
-        from ..sizing.budget import split_free
+        from ..sizing.budget import NEIGHBOR_FRACTION, split_free
         from .stack import build_stack
 
         owner = group.owner = self._owner(group)
@@ -184,7 +184,7 @@ class MemoryBudget:
         plan = copy.copy(owner.plan)
         plan.working = working
         if group.preset.caches:
-            split_free(plan, group.dataset, group.preset, group.opts, free, 0.25)
+            split_free(plan, group.dataset, group.preset, group.opts, free, NEIGHBOR_FRACTION)
         plan.planned_peak_bytes = (working + built + plan.feature_cache_bytes
                                    + plan.neighbor_cache_bytes)
         group.plan = plan

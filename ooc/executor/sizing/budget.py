@@ -72,7 +72,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -94,6 +94,8 @@ STABILITY = 0.02
 #: budget a refusal suggests runs.
 SKIPPED_STEP_FACTOR = 1.25
 SKIPPED_STEP_EXTRA = 16 * MiB
+#: Share of the free memory the neighbor cache takes by default (the feature cache the rest).
+NEIGHBOR_FRACTION = 0.25
 
 
 @dataclass
@@ -318,7 +320,7 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
 
 
 def plan_memory(dataset, config, budget: int, options=None, model=None,
-                neighbor_fraction: float = 0.25, reserve: int | None = None,
+                neighbor_fraction: float = NEIGHBOR_FRACTION, reserve: int | None = None,
                 preset=None, workers: int = 1) -> MemoryPlan:
     """Measure the working memory of the preset and size its caches.
 
@@ -474,20 +476,33 @@ class _SuperbatchPlan:
 
 def split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
                 neighbor_fraction: float) -> None:
-    """The free memory to the caches: the neighbor cache ``neighbor_fraction`` of it
-    (capped at the full cache; none below
-    :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`), the feature cache the
-    rest at :func:`row_cost` per row (the row and its bookkeeping)."""
-    from ...inspector.neighbor_cache import MIN_CACHE_BYTES, full_cache_bytes
+    """The free memory to the caches (:func:`cache_bytes`), in ``plan``."""
+    from ...inspector.neighbor_cache import full_cache_bytes
 
     n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
+    nbytes, fbytes = cache_bytes(
+        n, row_bytes, lambda: full_cache_bytes(dataset.indptr, dataset.index_dtype.itemsize),
+        preset, opts, free, neighbor_fraction)
+    plan.neighbor_cache_bytes = nbytes
+    plan.feature_cache_bytes = fbytes
+    plan.feature_cache_rows = int(min(n, fbytes // row_bytes))
+
+
+def cache_bytes(n: int, row_bytes: int, full_neighbor_bytes: Callable[[], int], preset, opts,
+                free: int, neighbor_fraction: float) -> tuple[int, int]:
+    """``(neighbor cache bytes, feature cache bytes)`` out of ``free``: the neighbor cache
+    ``neighbor_fraction`` of it (capped at the full cache, ``full_neighbor_bytes()``; none
+    below :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`), the feature cache the
+    rest at :func:`row_cost` per row of ``row_bytes`` (the row and its bookkeeping), for
+    ``n`` nodes; sizes the options set are kept."""
+    from ...inspector.neighbor_cache import MIN_CACHE_BYTES
+
     nbytes = 0
     if preset.neighbor_cache:
         if opts.neighbor_cache_size is not None:
             nbytes = int(opts.neighbor_cache_size)
         else:
-            full_n = full_cache_bytes(dataset.indptr, dataset.index_dtype.itemsize)
-            nbytes = int(min(full_n, neighbor_fraction * free))
+            nbytes = int(min(full_neighbor_bytes(), neighbor_fraction * free))
             if nbytes < MIN_CACHE_BYTES:
                 nbytes = 0
     fbytes = 0
@@ -496,9 +511,7 @@ def split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
             fbytes = int(opts.feature_cache_size)
         else:
             fbytes = int(min(n, max(0, free - nbytes) // row_cost(row_bytes, n))) * row_bytes
-    plan.neighbor_cache_bytes = nbytes
-    plan.feature_cache_bytes = fbytes
-    plan.feature_cache_rows = int(min(n, fbytes // row_bytes))
+    return nbytes, fbytes
 
 
 def _build_transient(dataset, preset, explicit_n: int | None) -> int:
