@@ -9,7 +9,7 @@ import pytest
 from ooc.inspector import (CachedNeighbors, DirectNeighbors, InMemoryNeighbors, NeighborCache,
                            NeighborSampler, build_neighbor_cache, derive_seed, epoch_batches,
                            load_or_build_neighbor_cache)
-from ooc.inspector.neighbor_cache import cache_dir, compute_out_degrees, full_cache_bytes
+from ooc.inspector.neighbor_cache import cache_dir, compute_out_degrees, full_bytes, full_cache_bytes
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
 FANOUTS = [8, 4, -1]
@@ -59,6 +59,8 @@ def test_build_policy_layout_and_budget(dataset):
     outdeg = np.bincount(indices, minlength=n)
     np.testing.assert_array_equal(compute_out_degrees(dataset.indices, n, chunk=1000), outdeg)
     full = full_cache_bytes(indptr, indices.itemsize)
+    assert full == full_bytes(n, int(np.count_nonzero(indeg)), int(indptr[-1]), indices.itemsize)
+    assert build_neighbor_cache(indptr, indices, 1 << 40).nbytes == full   # every list cached
     assert build_neighbor_cache(indptr, indices, 0).num_cached == 0
     for frac in [0.01, 0.1, 0.25, 0.6, 1.0]:
         budget = int(frac * full)

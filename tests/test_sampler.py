@@ -252,7 +252,7 @@ def test_node_offsets_equal_indptr(n, monkeypatch):
     off = O.NodeOffsets(indptr)
     assert off.rel.dtype == np.uint32 and off.num_nodes == n and off.num_edges == indptr[-1]
     np.testing.assert_array_equal(off[np.arange(n + 1)], indptr)
-    assert off.nbytes == 4 * (n + 1) + 8 * (-(-(n + 1) // 64))
+    assert off.nbytes == 4 * (n + 1) + 8 * (-(-(n + 1) // 64)) == O.NodeOffsets.bytes_for(n)
 
 
 def test_node_offsets_keep_int64_where_a_block_spans_2_to_the_32():

@@ -155,19 +155,19 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     shape, preset ``ooc`` with its defaults, one gather thread."""
     from ooc.executor.loader.presets import resolve_preset
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.sizing.budget import (NEIGHBOR_FRACTION, _SuperbatchPlan, cache_bytes,
+    from ooc.executor.sizing.budget import (NEIGHBOR_FRACTION, SuperbatchPlan, cache_bytes,
                                             default_reserve, suggest_budget)
     from ooc.executor.sizing.step_memory import step_bytes
     from ooc.executor.training.config import TrainConfig
     from ooc.executor.training.models import build_model
-    from ooc.inspector.neighbor_cache import _map_bytes, build_bytes
-    from ooc.storage.offsets import BLOCK
+    from ooc.inspector.neighbor_cache import build_bytes, full_bytes
+    from ooc.storage.offsets import NodeOffsets
 
     n, e = shape.nodes, 2 * shape.edges
     row = 4 * shape.feature_dim
     preset, opts = resolve_preset("ooc"), ModeOptions()
     reserve = default_reserve(budget)
-    offsets = 8 * -(-(n + 1) // BLOCK) + 4 * (n + 1)          # NodeOffsets: 4.125 B a node
+    offsets = NodeOffsets.bytes_for(n)                          # 4.125 B a node
     setup = base + 4 * n                                        # the row map, faulted in
     held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"]))
     model = build_model("sage", shape.feature_dim, hidden, shape.classes, len(fanouts))
@@ -180,16 +180,15 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     ids = float(np.mean(batches["nodes"]))
     config = TrainConfig(batch_size=batch_size)
     train_count = len(sg.split_ids(shape)[0])
-    sb = _SuperbatchPlan(SimpleNamespace(num_nodes=n, train_idx=np.arange(train_count)), config,
+    sb = SuperbatchPlan(SimpleNamespace(num_nodes=n, train_idx=np.arange(train_count)), config,
                          opts, {"bytes_per_batch": batches["runtime_bytes_per_batch"],
                                 "ids_per_batch": ids}, preset)
     superbatch = sb.size_within(budget - reserve - fixed)
     working = fixed + superbatch
     free = budget - working - reserve
     listed = int(batches["nonempty_fraction"] * n)   # a full neighbour cache: every list
-    nbytes, fbytes = cache_bytes(n, row, lambda: _map_bytes(n, listed, e + listed)
-                                 + 4 * (e + listed), preset, opts, max(free, 0),
-                                 NEIGHBOR_FRACTION)
+    nbytes, fbytes = cache_bytes(n, row, lambda: full_bytes(n, listed, e, 4), preset, opts,
+                                 max(free, 0), NEIGHBOR_FRACTION)
     rows = fbytes // row
     return {"planned_peak_bytes": working + rows * row + nbytes if free >= 0 else working,
             "min_budget": suggest_budget(fixed + sb.smallest()),

@@ -243,8 +243,15 @@ def full_cache_bytes(indptr: np.ndarray, itemsize: int, chunk: int = 1 << 22) ->
     in chunks)."""
     n = indptr.shape[0] - 1
     listed = sum(int(np.count_nonzero(deg)) for _, deg in _degree_chunks(indptr, chunk))
-    entries = int(indptr[-1]) + listed
-    return _map_bytes(n, listed, entries) + itemsize * entries
+    return full_bytes(n, listed, int(indptr[-1]), itemsize)
+
+
+def full_bytes(num_nodes: int, listed: int, num_edges: int, itemsize: int) -> int:
+    """Bytes (the map included) of a cache holding the lists of ``listed`` of
+    ``num_nodes`` nodes, ``num_edges`` ids of ``itemsize`` bytes in all (each list stored
+    with its length)."""
+    entries = int(num_edges) + int(listed)
+    return _map_bytes(int(num_nodes), int(listed), entries) + int(itemsize) * entries
 
 
 #: The 16-bit digits of a ratio key, most significant first (the select's rounds).

@@ -55,6 +55,13 @@ class NodeOffsets:
     def nbytes(self) -> int:
         return int(self.base.nbytes + self.rel.nbytes)
 
+    @staticmethod
+    def bytes_for(num_nodes: int) -> int:
+        """What the offsets of ``num_nodes`` nodes take where no 64 consecutive lists hold
+        2^32 ids (uint32 relative offsets): 4.125 bytes a node."""
+        n1 = int(num_nodes) + 1
+        return 8 * -(-n1 // BLOCK) + 4 * n1
+
     def __len__(self) -> int:
         return self.num_nodes + 1
 

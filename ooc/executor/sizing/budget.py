@@ -356,7 +356,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0
     kernels, probe, fixed = _measure_fixed(dataset, config, opts, model, preset,
                                            budget - reserve, workers, explicit_n, stages)
-    sb = _SuperbatchPlan(dataset, config, opts, probe, preset) if preset.policy.schedule == "superbatch" \
+    sb = SuperbatchPlan(dataset, config, opts, probe, preset) if preset.policy.schedule == "superbatch" \
         else None
     if sb is not None:
         stages["superbatch"] = sb.size_within(budget - reserve - fixed)
@@ -433,7 +433,7 @@ def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int
     return mapped
 
 
-class _SuperbatchPlan:
+class SuperbatchPlan:
     """The superbatch in flight: runtime samples of up to three superbatches (being
     sampled, having its changesets computed, being consumed) and the changeset
     pass's arrays over N and over the superbatch's accesses."""
