@@ -285,8 +285,10 @@ def plan_table(plans: dict, budget: int) -> str:
                     f"budget {fmt(p['min_budget'])}")
         elif stage == "infer":
             what = (f"start {fmt(p['start_rss_bytes'])} ({p['per_node_bytes']} B a node); "
-                    + ", ".join(f"layer {q['layer']}: {q['groups']} groups, reads "
-                                f"{fmt(q['planned_stream_bytes'])}" for q in p["layers"] if q))
+                    + ", ".join(f"layer {i + 1}: {q['groups']} groups, reads "
+                                f"{fmt(q['planned_stream_bytes'])}" if q else
+                                f"layer {i + 1}: no group of accumulators fits"
+                                for i, q in enumerate(p["layers"])))
         elif stage == "partition":
             what = f"{p['peak_phase']} ({p['per_node'][p['peak_phase']]} B a node above the base)"
         else:
