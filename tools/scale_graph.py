@@ -30,6 +30,7 @@ import numpy as np
 
 from ooc.storage.ingest import _kernels as K
 from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of
+from ooc.storage.ingest.synthetic import split_ids as synthetic_split_ids
 
 PAPERS100M_NODES = 111_059_956
 PAPERS100M_EDGES = 1_615_685_872
@@ -68,19 +69,10 @@ def _npy_member(zf: zipfile.ZipFile, name: str, shape: tuple[int, ...], dtype) -
     return f  # type: ignore[return-value]
 
 
-def split_ids(shape: Shape, step: int = 1 << 22) -> list[np.ndarray]:
-    """int64 ids of the train, valid and test nodes: a node's uniform number falls in its
-    split's share (made ``step`` nodes at a time)."""
-    parts: list[list[np.ndarray]] = [[] for _ in shape.fractions]
-    u = np.empty(min(step, shape.nodes), dtype=np.float64)
-    for a in range(0, shape.nodes, step):
-        v = u[:min(step, shape.nodes - a)]
-        K.node_uniforms(shape.seed, 3, a, v)
-        lo = 0.0
-        for k, f in enumerate(shape.fractions):
-            parts[k].append(np.flatnonzero((v >= lo) & (v < lo + f)) + a)
-            lo += f
-    return [np.concatenate(p).astype(np.int64) for p in parts]
+def split_ids(shape: Shape) -> list[np.ndarray]:
+    """int64 ids of the train, valid and test nodes: the synthetic generator's splits
+    (a node's seeded uniform number falls in its split's share)."""
+    return synthetic_split_ids(shape.nodes, shape.seed, shape.fractions)
 
 
 def write_ogb_binary(folder: Path, shape: Shape, compress: bool = False,

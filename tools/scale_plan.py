@@ -86,14 +86,13 @@ def in_memory_graph(shape: sg.Shape) -> tuple[np.ndarray, np.ndarray]:
     dedup, each list sorted): ``(indptr int64 [N+1], indices int32 [2E])`` of in-neighbours,
     built in memory with ingest's kernels."""
     from ooc.storage.ingest import _kernels as K
+    from ooc.storage.ingest.edgelist import count_pass
     from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of
 
     n = shape.nodes
     source = SyntheticEdges(n, shape.edges, shape.classes, shape.p_in, shape.seed,
                             communities=communities_of(n, shape.classes, shape.community_size))
-    counts = np.zeros(n, dtype=np.int64)
-    for src, dst, _, _ in source.chunks(1 << 22, n):
-        K.count_in_degrees(src, dst, counts, True, False)
+    counts = count_pass(source, n, undirected=True, drop_self=False, progress=False)
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
     del counts

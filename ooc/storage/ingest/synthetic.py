@@ -103,7 +103,7 @@ def communities_of(nodes: int, classes: int, community_size: int | None) -> int:
     return max(classes, -(-nodes // community_size))
 
 
-def _splits(n: int, seed: int, fractions) -> list[np.ndarray]:
+def split_ids(n: int, seed: int, fractions) -> list[np.ndarray]:
     """The node ids of each split (int64), from one seeded uniform per node, drawn a chunk
     of nodes at a time."""
     parts: list[list[np.ndarray]] = [[] for _ in fractions]
@@ -224,7 +224,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
         w.write_labels_chunks((labels[a:a + LABEL_STEP] for a in range(0, nodes, LABEL_STEP)),
                               classes)
         del labels
-        train, val, test = _splits(nodes, seed, fr)  # one array per fraction of fr
+        train, val, test = split_ids(nodes, seed, fr)  # one array per fraction of fr
         w.write_splits(train, val, test)
         assert w.num_edges is not None  # set by write_indptr in scatter_passes
         st.update(num_nodes=nodes, num_edges=w.num_edges, source_bytes=source.held_bytes)
