@@ -135,7 +135,6 @@ import torch
 from ...memory import trim_malloc
 from ...storage.dataset import Dataset, open_dataset
 from ...storage.io_backends import REGISTRY
-from ...storage.pagecache import release_mapped
 from ..cache.chunk_cache import POLICIES
 from .blocks import CacheSettings, Chunking
 from .local_graph import Topology
@@ -464,9 +463,9 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
 
 def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:
     """Every layer not finished yet, then ``pred`` and the accuracies."""
-    # the order and the topology walked indptr.npy: its pages leave the process (each pass
-    # over it maps them again and drops them after)
-    release_mapped(run.topo.indptr)
+    # the order and the topology walked the adjacency: its pages leave the process (each
+    # pass over it maps them again and drops them after)
+    run.topo.release_pages()
     base_rss = rss()
     report["start_rss_bytes"] = base_rss
     rows = min(job.chunking.chunk_rows, max(job.dataset.num_nodes, 1))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...storage.dataset import Dataset
+from ...storage.pagecache import release_mapped
 from ._kernels import build_local, nonloop_in_degree, plan_blocks
 
 
@@ -46,6 +47,14 @@ class Topology:
     @property
     def num_nodes(self) -> int:
         return int(self.perm.shape[0])
+
+    def release_pages(self) -> None:
+        """Drop the pages of ``indices.bin`` and ``indptr.npy`` a pass mapped from this
+        process's RSS (the page cache keeps them): walked block after block, chunk after
+        chunk or group after group they would hold the whole files, 4-8 B an edge and 8 B a
+        node."""
+        release_mapped(self.indices)
+        release_mapped(self.indptr)
 
     @property
     def natural(self) -> bool:

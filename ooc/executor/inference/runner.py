@@ -15,7 +15,6 @@ from ...storage.dataset import Dataset
 from ...storage.errors import InvalidValue, OocError
 from ..cache.chunk_cache import ChunkCache
 from ...storage.layout import PAGE
-from ...storage.pagecache import release_mapped
 from .blocks import (CacheSettings, Chunking, LayerPlan, fits_one_block, note_extra_reads,
                      plan_layer)
 from .chunk_rows import ChunkFileRows
@@ -152,10 +151,7 @@ def _run_block(run: Run, plan: LayerPlan, src: LayerInput, cache: ChunkCache | N
     s, e = int(plan.starts[b]), int(plan.starts[b + 1])
     t0 = time.perf_counter()
     g: LocalGraph = local_graph(run.topo, s, e)
-    # the adjacency's pages this block mapped leave the process (the page cache keeps them):
-    # walked block after block they would hold the whole files, 4-8 B per edge and 8 B a node
-    release_mapped(run.topo.indices)
-    release_mapped(run.topo.indptr)
+    run.topo.release_pages()
     t1 = time.perf_counter()
     x = np.empty((g.nodes.shape[0], plan.d_in), dtype=np.float32)
     if cache is None:
@@ -398,8 +394,7 @@ def _block_plan(run: Run, l: int, d_in: int, d_out: int, costs: BlockCosts,
                 itemsize: int) -> LayerPlan:
     plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, run.chunking,
                       run.cache, costs, itemsize)
-    release_mapped(run.topo.indices)  # the plan walked every edge and node
-    release_mapped(run.topo.indptr)
+    run.topo.release_pages()  # the plan walked every edge and node
     return plan
 
 

@@ -268,8 +268,7 @@ def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Pat
             counts = bucket_edges(topo.indptr, src, a, first, topo.rowof, key_in,
                                   plan.group_rows, plan.src_rows, plan.src_chunks, nb,
                                   bid[:b - a], pairs[:b - a])
-            release_mapped(topo.indices)
-            release_mapped(topo.indptr)
+            topo.release_pages()
             for k in np.flatnonzero(np.diff(counts)).tolist():
                 f = files.get(k)
                 if f is None:
@@ -346,7 +345,7 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
             acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, n, stats)
             nodes = topo.perm[r0:r1]
             dg = topo.indptr[nodes + 1] - topo.indptr[nodes]
-            release_mapped(topo.indptr)  # a group's gather maps pages all over the file
+            topo.release_pages()  # a group's gather maps pages all over indptr.npy
             if plan.reduction == "mean":
                 acc /= np.maximum(dg, 1).astype(np.float32)[:, None]
             _run_group(run, l, plan, src, acc, nodes, dg, r0, writer, stats)
