@@ -50,6 +50,22 @@ def test_requests_larger_than_a_piece_are_read_in_pieces(tmp_path, monkeypatch):
     assert r._reader.stats.requests >= 3001 // 7  # one request per piece
 
 
+def test_many_ids_are_sorted_a_piece_at_a_time(tmp_path, monkeypatch):
+    """More ids than one read sorts at once (int32 ids, repeats, the partial last page in
+    several pieces): the same entries as numpy's indexing."""
+    monkeypatch.setattr(entries, "IDS_PER_READ", 100)
+    rng = np.random.default_rng(2)
+    values = rng.integers(-1, 50, 5_003)
+    path, mm = _npy(tmp_path, values)
+    r = EntryReader(path, mm.offset, mm.dtype, values.shape[0])
+    ids = rng.integers(0, values.shape[0], 1_234).astype(np.int32)
+    ids[::97] = values.shape[0] - 1
+    np.testing.assert_array_equal(r.read(ids), values[ids])
+    pairs = ids[ids < values.shape[0] - 1]          # runs of two reach the last entry
+    np.testing.assert_array_equal(r.read(pairs, width=2),
+                                  np.stack([values[pairs], values[pairs + 1]], axis=1))
+
+
 def test_out_of_range_and_misaligned(tmp_path):
     values = np.arange(1000, dtype=np.int64)
     path, mm = _npy(tmp_path, values)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ooc.partition import ALGORITHMS, partition, partition_dataset, split
+from ooc.storage import entries
 from ooc.partition.__main__ import main
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
@@ -496,6 +497,7 @@ def test_partitions_inherit_the_sources_locality_order(tmp_path, monkeypatch):
         raw = np.fromfile(d.path / "features.bin", dtype=np.float32)[:d.num_nodes * 32]
         np.testing.assert_array_equal(raw.reshape(-1, 32), x[gids[node_at_row]])
     monkeypatch.setattr(split, "ID_PIECE", 37)
+    monkeypatch.setattr(entries, "IDS_PER_READ", 37)
     partition_dataset(path, tmp_path / "pieces", 4, "spring")
     for q in range(4):
         for f in ("indptr.npy", "indices.bin", "features.bin", "feature_rows.npy",

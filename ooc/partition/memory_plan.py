@@ -39,7 +39,7 @@ split           owner, bitmap, the global-to-local scratch: ``(4 + 8 W + x) N`` 
                 plus the largest per-partition moment. Its id lists (owned, replicas,
                 the ids in local order) are in the index dtype (``x`` a node); entries
                 of the source (its offsets, its row map, its labels) are read by page
-                :data:`~ooc.partition.split.ID_PIECE` ids (1M) a request, each request
+                :data:`~ooc.storage.entries.IDS_PER_READ` ids (1M) at a time, each piece
                 holding the ids' int64 copy and sort order and the reader's buffer
                 (16 MiB, :class:`~ooc.storage.entries.EntryReader`). The moments:
                 ``owner == q`` and its positions (``N + (8 + x) o``); the halo (``2 x

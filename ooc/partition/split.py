@@ -48,6 +48,7 @@ import numpy as np
 from ..storage import Dataset, DatasetWriter
 from ..storage.dataset import ROW_MAP_FILE
 from ..storage.direct import DirectFeatures
+from ..storage.entries import IDS_PER_READ
 from ..storage.layout import index_dtype
 from ..storage.reorder import rows_of
 from ._kernels import (halo_local_chunk, mark_halo_chunk, nodes_by_layer, radix_order,
@@ -58,8 +59,9 @@ from ..storage.errors import InvalidValue
 
 #: Bytes of feature rows copied per chunk.
 FEATURE_CHUNK_BYTES = 64 << 20
-#: Ids whose entries (source offsets, row map) are read by page in one request.
-ID_PIECE = 1 << 20
+#: Nodes whose source offsets are read by page at once (:data:`IDS_PER_READ`, the entry
+#: reader's own piece): their [n, 2] offsets are held beside the local ``indptr``.
+ID_PIECE = IDS_PER_READ
 
 
 def part_name(q: int) -> str:
@@ -190,19 +192,6 @@ def _local_indptr(dataset: Dataset, gids: np.ndarray, n_inner: int) -> np.ndarra
     return indptr
 
 
-def _source_rows(dataset: Dataset, gids: np.ndarray) -> np.ndarray:
-    """The source's feature rows of ``gids`` (int [n_q]) in the row map's dtype, its
-    entries read by page :data:`ID_PIECE` ids at a time (gathered through its memmap they
-    would map up to all of it)."""
-    row_of = dataset.row_of
-    assert row_of is not None  # a source stored in a locality order
-    rows = np.empty(gids.size, dtype=row_of.dtype)
-    for a in range(0, gids.size, ID_PIECE):
-        b = min(gids.size, a + ID_PIECE)
-        rows[a:b] = dataset.entries(ROW_MAP_FILE, row_of, gids[a:b])
-    return rows
-
-
 def ascending_order(values: np.ndarray) -> np.ndarray:
     """``np.argsort(values, kind="stable")`` (``values``: non-negative ints) in the index
     dtype of its length: int32 [n] and one int32 scratch array where numpy's argsort
@@ -261,7 +250,9 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
     nq = gids.size
     lay = dataset.layout
     if dataset.row_of is not None:
-        src_rows = _source_rows(dataset, gids)
+        # the row map's entries read by page (gathered through its memmap they would map
+        # up to all of it), in its own dtype: int32 below 2^31 nodes
+        src_rows = dataset.entries(ROW_MAP_FILE, dataset.row_of, gids)
         order = ascending_order(src_rows)
         src_rows = src_rows[order]
         w.store_rows_in(rows_of(order, index_dtype(nq)), "inherited")

@@ -24,6 +24,9 @@ from .layout import PAGE
 
 #: Entries read per request: at most this many pages (16 MiB) in the reader's buffer.
 PIECE_ENTRIES = 4096
+#: Ids sorted at once: a read of more holds their int64 copy and sort order (16 bytes an
+#: id) for this many at a time, whatever its length.
+IDS_PER_READ = 1 << 20
 
 
 class EntryReader:
@@ -74,8 +77,8 @@ class EntryReader:
         """Entries ``ids`` (int [n], any order, repeats allowed) as an array [n] of the
         file's dtype; with ``width`` > 1 (at most a page of entries), entries ``ids[i] ..
         ids[i] + width - 1`` as row ``i`` of an array [n, width]. Beside the result it
-        holds the ids' sort order (8 bytes an id) and a buffer of at most
-        :data:`PIECE_ENTRIES` pages.
+        holds, for :data:`IDS_PER_READ` ids at a time, their int64 copy and sort order (16
+        bytes an id), and a buffer of at most :data:`PIECE_ENTRIES` pages.
 
         Raises:
             IdOutOfRange: an entry outside ``[0, length)``, naming the file.
@@ -83,14 +86,16 @@ class EntryReader:
         width = int(width)
         if not 1 <= width <= self._per_page:
             raise InvalidValue(f"width must be in [1, {self._per_page}], got {width}")
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = np.asarray(ids).reshape(-1)
         out = np.empty((ids.shape[0], width), dtype=self.dtype)
         if ids.shape[0]:
             lo, hi = int(ids.min()), int(ids.max()) + width - 1
             if lo < 0 or hi >= self.length:
                 bad = lo if lo < 0 else hi
                 raise IdOutOfRange(f"{self.path}: index {bad} outside [0, {self.length})")
-            self._read(ids, hi, out)
+            for a in range(0, ids.shape[0], IDS_PER_READ):
+                part = np.asarray(ids[a:a + IDS_PER_READ], dtype=np.int64)
+                self._read(part, int(part.max()) + width - 1, out[a:a + part.shape[0]])
         return out[:, 0] if width == 1 else out
 
     def _read(self, ids: np.ndarray, hi: int, out: np.ndarray) -> None:
