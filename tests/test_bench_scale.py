@@ -126,3 +126,19 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
     infer = rep["stages"]["infer"]
     assert infer["start_rss_bytes"] == infer["base_bytes"] + 16 * shape.nodes
     assert len(infer["layers"]) == len(fanouts)
+
+
+def test_plan_only_a_failed_baseline_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    import scale_plan
+
+    def fail(*a, **k):
+        raise RuntimeError("measuring the ingest baseline failed: boom")
+
+    monkeypatch.setattr(scale_plan, "base_rss", fail)
+    report = tmp_path / "plan.json"
+    with pytest.raises(SystemExit) as e:
+        bench_scale.main(["--scale", "0.0001", "--memory-budget", "1GiB", "--plan-only",
+                          "--stages", "ingest", "--report", str(report)])
+    assert e.value.code == 2 and not report.exists()
+    err = capsys.readouterr().out.strip().splitlines()[-1]
+    assert err.startswith("bench_scale: error: --plan-only:") and "boom" in err

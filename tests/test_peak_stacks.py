@@ -36,3 +36,13 @@ def test_the_stack_at_the_high_is_the_allocating_function(tmp_path):
     assert out.count("=== +") == 1 and "in hog" in out
     rss = int(out.split("RSS ")[1].split(" MiB")[0])
     assert rss >= threshold
+
+
+def test_bad_arguments_get_one_line_and_exit_2():
+    for argv, needle in ((["nosuchmodule_xyz", "100"], "no module with a main()"),
+                         (["ooc.train", "lots"], "usage:"), ([], "usage:")):
+        p = subprocess.run([sys.executable, str(TOOLS / "peak_stacks.py"), *argv],
+                           capture_output=True, text=True)
+        assert p.returncode == 2 and p.stdout == ""
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr

@@ -192,9 +192,13 @@ def plan_only(args: argparse.Namespace, shape: sg.Shape, stages: list[str]) -> i
     log(f"plan for scale {args.scale:g}: {shape.nodes:,} nodes, {shape.edges:,} directed "
         f"edges ({2 * shape.edges:,} stored), {shape.feature_dim} dims; budget "
         f"{format_size(budget)}; nothing is written")
-    plans = scale_plan.plan_all(shape, budget, stages, HIDDEN,
-                                [int(f) for f in FANOUTS.split(",")], args.batch_size,
-                                ingest_buffer(budget), log=log)
+    try:
+        plans = scale_plan.plan_all(shape, budget, stages, HIDDEN,
+                                    [int(f) for f in FANOUTS.split(",")], args.batch_size,
+                                    ingest_buffer(budget), log=log)
+    except (RuntimeError, MemoryError, OSError) as e:  # a stage's baseline child, memory
+        log(f"error: --plan-only: {e}")
+        raise SystemExit(2) from None
     table = scale_plan.plan_table(plans, budget)
     print(table)
     fits = {s: scale_plan.fits(p, budget, s) for s, p in plans.items()}

@@ -21,14 +21,19 @@ import psutil
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    keep = 4
-    if argv[:1] == ["--keep"]:
-        keep, argv = int(argv[1]), argv[2:]
-    if len(argv) < 2:
-        print(__doc__.strip().splitlines()[0], file=sys.stderr)
-        print("usage: peak_stacks.py [--keep K] MODULE THRESHOLD_MIB ARGS...", file=sys.stderr)
+    usage = "usage: peak_stacks.py [--keep K] MODULE THRESHOLD_MIB ARGS..."
+    try:
+        keep = 4
+        if argv[:1] == ["--keep"]:
+            keep, argv = int(argv[1]), argv[2:]
+        module, threshold, args = argv[0], int(argv[1]) << 20, argv[2:]
+        entry = importlib.import_module(module).main
+    except (IndexError, ValueError):
+        print(f"peak_stacks: {usage}", file=sys.stderr)
         return 2
-    module, threshold, args = argv[0], int(argv[1]) << 20, argv[2:]
+    except (ImportError, AttributeError) as e:
+        print(f"peak_stacks: {argv[0]}: no module with a main() ({e})", file=sys.stderr)
+        return 2
     proc = psutil.Process()
     seen: list[tuple[float, int, str]] = []
     t0 = time.time()
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=watch, daemon=True).start()
     rc = 0
     try:
-        rc = importlib.import_module(module).main(args) or 0
+        rc = entry(args) or 0
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else 1
     finally:

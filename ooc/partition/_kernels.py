@@ -266,7 +266,6 @@ def refine_chunk(indptr, a, first_dst, src, owner, load, cap, cnt, touched, nt, 
                 moved[0] += 1
 
 
-
 #: Bits of a key :func:`radix_order` sorts by per pass.
 RADIX_BITS = 11
 
