@@ -77,11 +77,29 @@ log = memcg.log
 # -- dataset ---------------------------------------------------------------------------------
 
 
-def ensure_dataset(path: Path, spec: dict) -> Path:
+def ensure_dataset(path: Path, spec: dict) -> Path | None:
+    """The benchmark dataset at ``path``: reused when this tool made it with ``spec``
+    (``bench_spec.json``), generated (again) when absent or made by this tool with other
+    options. A dataset this tool did not make is used as it is (the generation options do
+    not apply) and never overwritten; any other folder there is refused (logged, None)."""
     from ooc.storage import open_dataset
+    from ooc.storage.errors import OocError
     from ooc.storage.ingest import generate_synthetic
 
     stamp = path / "bench_spec.json"
+    if path.exists() and not stamp.exists():
+        if not (path / "meta.json").exists() and any(path.iterdir()):
+            log(f"{path}: not an ooc dataset and not empty; not generating over it")
+            return None
+        if (path / "meta.json").exists():
+            try:
+                open_dataset(path)
+            except OocError as e:
+                log(f"{path}: {e}; not generating over a dataset this tool did not make")
+                return None
+            log(f"using {path} as it is (not made by this tool: --nodes, --feature-dim and the "
+                f"other generation options do not apply)")
+            return path
     if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == spec:
         try:
             open_dataset(path)
@@ -286,6 +304,8 @@ def open_bench_dataset(args) -> tuple[Path, dict, int, float] | None:
                 community_size=args.community_size, reorder=args.reorder)
     root = Path(os.environ.get("OOC_CACHE", Path.home() / ".cache" / "ooc"))
     data = ensure_dataset(args.data or root / f"bench-{args.nodes}-{args.feature_dim}", spec)
+    if data is None:
+        return None
     d = open_dataset(data)
     disk = d.disk_bytes()
     ratio = disk / args.budget

@@ -149,7 +149,7 @@ def side_by_side(a) -> dict:
             "runs": runs}
 
 
-def _topology_dataset(a) -> Path:
+def _topology_dataset(a) -> Path | None:
     import os
 
     nodes = a.topology_nodes
@@ -164,6 +164,8 @@ def topology(a) -> dict:
     from ooc.storage import open_dataset
 
     data = _topology_dataset(a)
+    if data is None:
+        raise SystemExit(2)
     ds = open_dataset(data)
     ind = ds.file("indices.bin").stat().st_size
     log(f"dataset {data}: {ds.num_nodes:,} nodes, {ds.num_edges:,} edges; indices.bin "
