@@ -515,6 +515,32 @@ def test_read_into_chosen_rows(tmp_path, backend, dim, dtype):
         assert f.read_into(np.array([], np.int64), out, np.array([], np.int64)) is out
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,dtype", [(128, "float32"), (100, "float16"), (1024, "float32")])
+def test_read_into_a_second_array_in_the_same_request(tmp_path, backend, dim, dtype):
+    """``also=(ids2, out2, rows2)``: the second rows land in ``out2[rows2]``, and a page that
+    holds rows of both requests is read once (rows smaller than a page)."""
+    path, lay, rows = _feature_file(tmp_path, 400, dim, dtype)
+    backend_or_skip(backend, path)
+    rng = np.random.default_rng(4)
+    with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
+        ids = rng.choice(400, 60, replace=False)
+        ids2 = np.setdiff1d(rng.choice(400, 50, replace=False), ids)
+        out = np.zeros((80, dim), dtype)
+        out2 = np.zeros((len(ids2) + 5, dim), dtype)
+        dst, dst2 = rng.choice(80, 60, replace=False), rng.permutation(len(ids2)) + 5
+        f.stats.reset()
+        assert f.read_into(ids, out, dst, (ids2, out2, dst2)) is out
+        np.testing.assert_array_equal(out[dst], rows[ids])
+        np.testing.assert_array_equal(out2[dst2], rows[ids2])
+        assert not out2[:5].any() and np.count_nonzero(out.any(axis=1)) <= 60
+        rpp = max(lay.rows_per_page, 1)
+        if lay.rows_per_page:
+            assert f.stats.pages == len(np.unique(np.concatenate((ids, ids2)) // rpp))
+        with pytest.raises(ValueError, match="target row 99 out of range"):
+            f.read_into(ids[:1], out, dst[:1], (ids2[:1], out2, np.array([99])))
+
+
 def test_read_into_refuses_bad_targets(tmp_path):
     path, lay, _ = _feature_file(tmp_path, 50, 1024, "float32")
     out = np.zeros((10, 1024), np.float32)

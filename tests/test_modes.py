@@ -89,7 +89,18 @@ def test_same_losses_in_every_mode(ds, tmp_path):
         rec = t.history[-1]
         assert rec["io"]["feature_lookups"] > 0
         assert {"gather", "compute", "stall"} <= set(rec["timers"])
-    assert set(losses) == {"baseline", "static", "ooc"}
+    # ooc with page-mates (48 B rows share pages): the cache changes, never the rows
+    from ooc.executor.cache.policies import BeladyCache
+
+    cfg = _cfg("ooc", eval_every=100)
+    opts = _opts(tmp_path / "mates", d.layout.row_bytes)
+    stack = build_stack(d, cfg, opts, preset=BeladyCache(page_mates=0.25))
+    with Trainer(d, cfg, pipeline=stack, log=lambda m: None) as t:
+        t.fit()
+    stack.close()
+    losses["ooc-mates"] = [h["loss"] for h in t.history]
+    assert t.history[-1]["io"]["feature_page_mates_read"] > 0
+    assert set(losses) == {"baseline", "static", "ooc", "ooc-mates"}
     ref = losses["baseline"]
     for mode, ls in losses.items():
         np.testing.assert_allclose(ls, ref, rtol=1e-6, err_msg=mode)
@@ -141,7 +152,7 @@ def test_composed_presets_plug_in(ds, tmp_path):
     cfg = _cfg("ooc")
     ref = NeighborSampler(d.indptr, np.asarray(d.indices), cfg.fanouts)
     presets = [Preset("direct-nocache", DirectReaders(), NoCache()), StaticCache(),
-               BeladyCache(superbatch_size=3)]
+               BeladyCache(superbatch_size=3, page_mates=0.25)]
     for preset in presets:
         mp = build_stack(d, cfg, _opts(tmp_path, d.layout.row_bytes), preset=preset)
         try:
@@ -163,6 +174,7 @@ def test_composed_presets_plug_in(ds, tmp_path):
                 assert 0 < st["feature_misses"] < st["feature_lookups"]
             if isinstance(preset, BeladyCache):
                 assert info["superbatch_size"] == 3
+                assert st["feature_page_mates_read"] > 0
         finally:
             mp.close()
 

@@ -95,3 +95,32 @@ def _belady_misses(batches, capacity):
         pool = sorted((u, v) for u, v in pool if u is not None)
         cache = {v for _, v in pool[:capacity]}
     return misses
+
+
+def test_superbatch_pipeline_page_mates(ds, tmp_path):
+    """Rows share pages (24 float16 a row): the changesets insert page-mates, which the
+    gather reads with the batch's misses into the cache; every batch's rows stay exact and
+    the misses are the changesets' own, fewer than without page-mates."""
+    from ooc.inspector import precompute_changesets
+
+    d, x = ds
+    pages = d.row_pages()
+    assert pages is not None
+    sampler = NeighborSampler(d.indptr, d.indices, [5, 5])
+    capacity, superbatch = 400, 6
+    cache = FeatureCache(d.num_nodes, capacity, d.feature_dim, d.feature_dtype)
+
+    def cs_fn(ids, pages=pages):
+        return precompute_changesets(ids, d.num_nodes, capacity, pages=pages, mate_fraction=0.5)
+    insp = Inspector(sampler, tmp_path / "rt", superbatch, changesets=cs_fn)
+    pipe = SuperbatchPipeline(insp, d.train_idx, 64, 7, d.features, cache)
+    _check(pipe, sampler, x, 3)
+    seed_batches, bseeds = pipe.plan(3)
+    ids = [sampler.sample(s, b).node_ids for s, b in zip(seed_batches, bseeds)]
+    parts = [ids[a:a + superbatch] for a in range(0, len(ids), superbatch)]
+    assert pipe.misses == sum(cs_fn(p).num_misses for p in parts)
+    assert pipe.misses < sum(_belady_misses(p, capacity) for p in parts)
+    mates = sum(int((c.in_positions >= np.repeat([len(b) for b in p], np.diff(c.in_ptr))).sum())
+                for p in parts for c in [cs_fn(p)])
+    assert cache.mates_read == mates > 0
+    assert pipe.io_stats()["feature_page_mates_read"] == mates

@@ -314,7 +314,7 @@ def test_rehearsal_reads_what_the_simulation_counts(data, tmp_path, mode, superb
     finally:
         stack.close()
     sim = simulate_epoch(mode, trace, ds.num_nodes, capacity, superbatch,
-                         hot_order=degree_order(ds))
+                         hot_order=degree_order(ds), pages=ds.row_pages())
     assert 0 < sim["misses"] < sim["lookups"]
     assert r.miss_ratio == sim["misses"] / sim["lookups"]
 

@@ -58,6 +58,10 @@ from ooc.cli import format_size  # noqa: E402
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 PRESETS = ("baseline", "static", "ooc")
+#: Variants for A/B runs: a name -> (the preset it changes, its cache policy's fields).
+#: ``ooc-mates``: ooc whose changesets also insert page-mates (rows on the pages a batch's
+#: misses read that the superbatch uses later; ``BeladyCache(page_mates=0.25)``).
+VARIANTS = {"ooc-mates": ("ooc", {"page_mates": 0.25})}
 log = memcg.log
 
 
@@ -82,7 +86,16 @@ def child(spec: dict) -> int:
     from ooc.storage import open_dataset
 
     d = open_dataset(spec["data"])
-    cfg = TrainConfig(mode=spec["preset"], fanouts=spec["fanouts"], batch_size=spec["batch_size"],
+    mode = spec["preset"]
+    if mode in VARIANTS:  # this child only: the base preset with the variant's policy
+        from dataclasses import replace
+
+        from ooc.executor.loader import presets as P
+
+        mode, fields = VARIANTS[mode]
+        P.PRESETS[mode] = replace(P.PRESETS[mode], policy=replace(P.PRESETS[mode].policy,
+                                                                   **fields))
+    cfg = TrainConfig(mode=mode, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
                       hidden=spec["hidden"], seed=spec["seed"], epochs=spec["epochs"],
                       device="cpu", progress=False, eval_final=False)
     opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
@@ -163,6 +176,7 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
         "engine_registrations": io.get("engine_registrations"),
         "feature_rows_direct": io.get("feature_rows_direct"),
         "feature_rows_copied": io.get("feature_rows_copied"),
+        "feature_page_mates_read": io.get("feature_page_mates_read"),
         "read_iops": (fr_ops / fr_s) if fr_ops and fr_s else None,
         "engine_iops": (io["engine_runs"] / io["engine_busy_s"])
         if io.get("engine_busy_s") else None,
@@ -190,15 +204,17 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=2, help="per child; the last is reported")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the presets")
     p.add_argument("--io-backend", default="auto", help="of the O_DIRECT presets")
-    p.add_argument("--presets", default=",".join(PRESETS))
+    p.add_argument("--presets", default=",".join(PRESETS),
+                   help=f"comma-separated; also the variants {', '.join(VARIANTS)} (ooc-mates: "
+                        "ooc with page-mates)")
     p.add_argument("--fio-seconds", type=int, default=10)
     p.add_argument("--report", type=Path, default=Path("loader.json"))
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     presets = [m.strip() for m in args.presets.split(",") if m.strip()]
     for m in presets:
-        if m not in PRESETS:
-            p.error(f"unknown preset {m!r} (choose from {', '.join(PRESETS)})")
+        if m not in PRESETS and m not in VARIANTS:
+            p.error(f"unknown preset {m!r} (choose from {', '.join(PRESETS + tuple(VARIANTS))})")
     if args.epochs < 1 or args.rounds < 1:
         p.error("--epochs and --rounds must be >= 1")
     opened = open_bench_dataset(args)
@@ -232,7 +248,8 @@ def main(argv=None) -> int:
     keys = ("epoch_s", "batches_per_s", "device_reads", "device_iops", "read_iops",
             "engine_iops", "cpu_s", "cpu_us_per_read", "feature_hit_ratio", "read_efficiency",
             "peak_rss_bytes",
-            "feature_read_s", "engine_busy_s", "feature_rows_direct", "feature_rows_copied")
+            "feature_read_s", "engine_busy_s", "feature_rows_direct", "feature_rows_copied",
+            "feature_page_mates_read")
     summary: dict[str, dict] = {}
     for m in presets:
         ok = [r for r in runs if r["preset"] == m and "error" not in r]
@@ -250,7 +267,8 @@ def main(argv=None) -> int:
         return summary.get(m, {}).get("epoch_s")
 
     sp = {}
-    for a, b in (("ooc", "baseline"), ("ooc", "static"), ("static", "baseline")):
+    for a, b in (("ooc", "baseline"), ("ooc", "static"), ("static", "baseline"),
+                 ("ooc-mates", "ooc")):
         if et(a) and et(b):
             sp[f"{a}_vs_{b}"] = et(b) / et(a)
     report = {"command": " ".join([sys.executable, *sys.argv]), "dataset": str(data),

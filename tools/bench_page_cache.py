@@ -8,8 +8,11 @@ what a feature cache saves is pages, not rows. For the same sampled batches (ooc
 the first ``--batches`` batches of epoch 1) and the same cache bytes, this counts the 4 KiB
 pages each policy reads from ``features.bin``:
 
-- ``row-belady``: the Belady cache of rows ooc runs (changesets with the cache carried
-  across superbatches); a batch reads the distinct pages of its missed rows;
+- ``row-belady``: the Belady cache of rows (changesets with the cache carried across
+  superbatches); a batch reads the distinct pages of its missed rows;
+- ``row-belady + page-mates``: what ooc runs: the same, and each step also inserts rows
+  that share a page with the batch's misses and are used later in the superbatch (no
+  extra page read; :mod:`ooc.inspector.changesets`);
 - ``page-belady``: Belady over pages (a batch's trace is the distinct pages it touches; the
   cache holds ``bytes / 4096`` pages), so a page read serves every row on it;
 - ``static``: the degree-ordered static row cache (PaGraph);
@@ -32,7 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ooc.inspector.changesets import precompute_changesets  # noqa: E402
+from ooc.inspector.changesets import MATE_FRACTION, precompute_changesets  # noqa: E402
 from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches  # noqa: E402
 from ooc.storage import open_dataset  # noqa: E402
 from ooc.storage.layout import PAGE  # noqa: E402
@@ -49,14 +52,16 @@ def _rows_read_pages(trace: list[np.ndarray], rank: np.ndarray, rpp: int, cached
     return miss_rows, pages
 
 
-def row_belady(trace, n, capacity_rows, rank, rpp, superbatch):
-    """Row-granular Belady over superbatches of ``superbatch`` batches (the cache carried)."""
+def row_belady(trace, n, capacity_rows, rank, rpp, superbatch, mates=0.0):
+    """Row-granular Belady over superbatches of ``superbatch`` batches (the cache carried);
+    with ``mates`` > 0, page-mates up to that fraction of a batch (what ooc trains with)."""
     incache = np.zeros(n, dtype=bool)
     total_miss = total_pages = 0
+    pages = (lambda ids: rank[ids] // rpp) if mates else None
     for s in range(0, len(trace), superbatch):
         part = trace[s:s + superbatch]
         cs = precompute_changesets(part, n, capacity_rows, cached=np.flatnonzero(incache),
-                                   keep_unused=True)
+                                   keep_unused=True, pages=pages, mate_fraction=mates)
         incache[:] = False
         incache[cs.init_ids] = True
 
@@ -173,6 +178,8 @@ def main(argv=None) -> int:
         for frac in (float(f) for f in args.cache_fractions.split(",")):
             cap_rows = int(frac * n)
             runs = {"row-belady": row_belady(trace, n, cap_rows, rank, rpp, args.superbatch),
+                    "row-belady + page-mates": row_belady(trace, n, cap_rows, rank, rpp,
+                                                          args.superbatch, MATE_FRACTION),
                     "page-belady": page_belady(trace, n, cap_rows // rpp, rank, rpp,
                                                args.superbatch),
                     "static": static_rows(trace, n, cap_rows, rank, rpp, hot)}

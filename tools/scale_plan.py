@@ -160,6 +160,7 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     from ooc.executor.training.config import TrainConfig
     from ooc.executor.training.models import build_model
     from ooc.inspector.neighbor_cache import build_bytes, full_bytes
+    from ooc.storage.layout import FeatureLayout
     from ooc.storage.offsets import NodeOffsets
 
     n, e = shape.nodes, 2 * shape.edges
@@ -168,7 +169,13 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     reserve = default_reserve(budget)
     offsets = NodeOffsets.bytes_for(n)                          # 4.125 B a node
     setup = base + 4 * n                                        # the row map, faulted in
-    held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"]))
+    rpp = FeatureLayout(n, shape.feature_dim, "float32").rows_per_page
+
+    def row_pages():
+        return (lambda ids: ids // rpp) if rpp >= 2 else None
+    mates = preset.policy.mate_fraction(row_pages())  # page-mate rows, one buffer at a time
+    held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"])) \
+        + int(mates * max(batches["nodes"])) * row
     model = build_model("sage", shape.feature_dim, hidden, shape.classes, len(fanouts))
     big = batches["largest"]
     step = step_bytes(model, big["hop_nodes"], big["hop_edges"], big["seeds"])
@@ -179,7 +186,8 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     ids = float(np.mean(batches["nodes"]))
     config = TrainConfig(batch_size=batch_size)
     train_count = len(sg.split_ids(shape)[0])
-    sb = SuperbatchPlan(SimpleNamespace(num_nodes=n, train_idx=np.arange(train_count)), config,
+    sb = SuperbatchPlan(SimpleNamespace(num_nodes=n, train_idx=np.arange(train_count),
+                                        row_pages=row_pages), config,
                          opts, {"bytes_per_batch": batches["runtime_bytes_per_batch"],
                                 "ids_per_batch": ids}, preset)
     superbatch = sb.size_within(budget - reserve - fixed)

@@ -104,7 +104,8 @@ def lru_stack_distances(lid: np.ndarray, ptr: np.ndarray, M: int) -> np.ndarray:
 # batch ``n`` only, so it lives in that batch's slot of a flat array
 # (``mem[ptr[n]:ptr[n] + cnt[n]]``, appends only, no pointer chasing), with a
 # bit in a bitmap of non-empty buckets; ``st[x]`` is 0 (not cached), 1
-# (cached) or 2 (inserted by the current step, flag 1). Bucket ``i`` holds
+# (cached), 2 (inserted by the current step, flag 1: a miss or a page-mate) or
+# 3 (a miss of the current step left out). Bucket ``i`` holds
 # exactly the hits of batch ``i`` and is emptied whole at step ``i``;
 # evictions take whole buckets from the top (highest next use) and at most
 # one bucket partially, chosen by the tie-break with a linear-time partition.
@@ -167,7 +168,8 @@ def _gather(mem, base, c, st, want, sc):
 
 @numba.njit(cache=True, nogil=True)
 def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K: int, record: bool,
-                   mem: np.ndarray):
+                   mem: np.ndarray, grp_of: np.ndarray, gptr: np.ndarray, gids: np.ndarray,
+                   mate_frac: float):
     """Per-step Belady with a bucket queue over next-use batches.
 
     C_0 = the K ids with the smallest (first use, id); after batch i the cache
@@ -176,15 +178,27 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
     buckets.
 
     Bucket n holds the cached ids next used in batch n (``mem[ptr[n]:][:cnt[n]]``,
-    bit n of ``bits`` set while non-empty); ``st[x]``: 0 out, 1 cached, 2 admitted now.
+    bit n of ``bits`` set while non-empty); ``st[x]``: 0 out, 1 cached, 2 admitted now,
+    3 a miss of this step left out.
+
+    Page-mates (``gptr`` non-empty): after batch i's misses, the ids of the trace that
+    share a page with one of them, are not cached, are not in batch i and are used again
+    join the candidates too (key flag 1, as misses): their rows come with the pages the
+    misses read. At most ``floor(mate_frac * |ids_i|)`` of them a step, those with the
+    smallest ``(next use, id)``. A surviving page-mate is recorded after the step's
+    admitted misses, in id order, at position ``|ids_i| + j`` (the j-th of them).
 
     Args:
         lid, nxt, ptr: as for :func:`next_use` (``nxt[p] == S``: never again).
         M: local id range; K: capacity; record: produce the changesets;
         mem: int32 or int64 [T] scratch (holds local ids).
+        grp_of: int32 [M] page group of each local id in the trace (-1 elsewhere);
+        gptr: int64 [P+1], gids: int64 [<=M]: group g's local ids are
+            ``gids[gptr[g]:gptr[g+1]]`` (ascending). ``gptr`` empty: no page-mates.
+        mate_frac: page-mates a step, as a fraction of the batch's ids.
     Returns:
         (init [<=K] sorted local ids, in_ids local [n_in] (per step in batch
-        order), in_pos int64 [n_in], in_ptr [S+1], out_ids local [n_out] (per
+        order, then page-mates), in_pos int64 [n_in], in_ptr [S+1], out_ids local [n_out] (per
         step sorted), out_ptr [S+1], misses int64 [S], out_later bool [n_out]),
         int64 but ``out_later``: True where the evicted id is accessed again in
         the trace (evicted to make room), False where it leaves after its last
@@ -201,7 +215,21 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
     sc = np.empty(maxb, np.int64)
     hit = np.empty(maxb, np.bool_)
     init, size, top = _first_cache(lid, ptr, K, st, cnt, bits, mem, sc)
-    n_rec = T if record else 0
+    mates = gptr.shape[0] > 1
+    if mates:
+        cur = _first_uses(lid, ptr, M)  # each id's next use after the current step
+        seen = np.full(gptr.shape[0] - 1, -1, np.int64)
+        gmax = 0
+        for g in range(gptr.shape[0] - 1):
+            gmax = max(gmax, gptr[g + 1] - gptr[g])
+        co = np.empty(min(gids.shape[0], maxb * gmax), np.int64)
+        cokey = np.empty(co.shape[0], np.int64)
+    else:
+        cur = np.empty(0, np.int32)
+        seen = np.empty(0, np.int64)
+        co = np.empty(0, np.int64)
+        cokey = np.empty(0, np.int64)
+    n_rec = (T + (int(mate_frac * T) + S if mates else 0)) if record else 0
     ins = np.empty(n_rec, np.int64)
     inpos = np.empty(n_rec, np.int64)
     outs = np.empty(n_rec + (K if record else 0), np.int64)
@@ -220,9 +248,17 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
         if K > 0:
             size, top = _admit_misses(lid, nxt, ptr, i, S, K, st, cnt, bits, mem, hit,
                                       size, top)
+            nco = 0
+            if mates:
+                cap = int(mate_frac * (ptr[i + 1] - ptr[i]))
+                nco = _page_mates(lid, nxt, ptr, i, S, M, st, hit, cur, grp_of, gptr, gids,
+                                  seen, cap, co, cokey)
+                size, top = _admit_mates(co, nco, cur, K, st, cnt, bits, mem, ptr, size, top)
             size, top, nout = _evict_excess(ptr, M, K, st, cnt, bits, mem, sc, record, outs,
                                             nout, size, top)
             nin = _insert_survivors(lid, ptr, i, st, hit, record, ins, inpos, nin)
+            if nco:
+                nin = _insert_mates(co, nco, ptr[i + 1] - ptr[i], st, record, ins, inpos, nin)
         if record:
             _sort_outs(outs, out_later, o0, dropped, nout)
         in_ptr[i + 1] = nin
@@ -308,26 +344,37 @@ def _serve_hits(lid, nxt, ptr, i, S, st, cnt, bits, mem, hit, record, outs, nout
 @numba.njit(cache=True)
 def _admit_misses(lid, nxt, ptr, i, S, K, st, cnt, bits, mem, hit, size, top):
     """Batch i's misses with a next use become candidates (st 2) in its bucket; a miss
-    used after every entry of a full cache is bypassed at once. Returns ``(size, top)``
+    used after every entry of a full cache is bypassed at once (st 3, like a miss with no
+    next use, until :func:`_insert_survivors`). Returns ``(size, top)``
     (size may exceed K: :func:`_evict_excess` brings it back)."""
     a = ptr[i]
     for p in range(a, ptr[i + 1]):
         if hit[p - a]:
             continue
         n = nxt[p]
-        if n >= S:
-            continue
-        if size >= K:
-            top = _top_bucket(bits, cnt, top)
-            if n > top:
-                continue
         x = lid[p]
-        st[x] = 2
-        _push(mem, ptr, cnt, bits, n, x)
-        if n > top:
-            top = n
-        size += 1
+        ok = False
+        if n < S:
+            ok, size, top = _offer(x, n, K, st, cnt, bits, mem, ptr, size, top)
+        if not ok:
+            st[x] = 3  # a miss left out (until the step ends): not a page-mate either
     return size, top
+
+
+@numba.njit(cache=True, inline="always")
+def _offer(x, n, K, st, cnt, bits, mem, ptr, size, top):
+    """Candidate ``x`` with next use ``n`` (< S) joins bucket ``n`` as a new entry (st 2),
+    unless the cache is full and every entry is used sooner (bypassed at once). Returns
+    ``(admitted, size, top)``."""
+    if size >= K:
+        top = _top_bucket(bits, cnt, top)
+        if n > top:
+            return False, size, top
+    st[x] = 2
+    _push(mem, ptr, cnt, bits, n, x)
+    if n > top:
+        top = n
+    return True, size + 1, top
 
 
 @numba.njit(cache=True)
@@ -393,11 +440,94 @@ def _insert_survivors(lid, ptr, i, st, hit, record, ins, inpos, nin):
                 ins[nin] = x
                 inpos[nin] = p - a
                 nin += 1
+        elif st[x] == 3:
+            st[x] = 0
+    return nin
+
+
+@numba.njit(cache=True)
+def _first_uses(lid, ptr, M):
+    """int32 [M]: the batch of each local id's first access (S where none)."""
+    S = ptr.shape[0] - 1
+    cur = np.full(M, S, np.int32)
+    for i in range(S - 1, -1, -1):
+        for p in range(ptr[i], ptr[i + 1]):
+            cur[lid[p]] = i
+    return cur
+
+
+@numba.njit(cache=True)
+def _page_mates(lid, nxt, ptr, i, S, M, st, hit, cur, grp_of, gptr, gids, seen, cap, co, cokey):
+    """Batch i's page-mates into ``co`` (in no order): the ids of the groups of its
+    misses' pages that are not cached, not in the batch (st 0) and used again, at most
+    ``cap`` of them, the smallest ``(next use, id)``. Advances ``cur`` past batch i.
+    Returns how many."""
+    a = ptr[i]
+    for p in range(a, ptr[i + 1]):
+        cur[lid[p]] = nxt[p]
+    if cap <= 0:
+        return 0
+    nc = 0
+    for p in range(a, ptr[i + 1]):
+        if hit[p - a]:
+            continue
+        g = grp_of[lid[p]]
+        if seen[g] == i:
+            continue
+        seen[g] = i
+        for q in range(gptr[g], gptr[g + 1]):
+            y = gids[q]
+            if st[y] != 0 or cur[y] >= S:
+                continue
+            co[nc] = y
+            cokey[nc] = np.int64(cur[y]) * M + y
+            nc += 1
+    if nc > cap:
+        thr = np.partition(cokey[:nc], cap - 1)[cap - 1]
+        m = 0
+        for j in range(nc):
+            if cokey[j] <= thr:
+                co[m] = co[j]
+                m += 1
+        nc = m
+    return nc
+
+
+@numba.njit(cache=True)
+def _admit_mates(co, nco, cur, K, st, cnt, bits, mem, ptr, size, top):
+    """The page-mates ``co[:nco]`` become candidates (st 2) in the bucket of their next use,
+    bypassed as misses are (the kept set is the K smallest keys whatever the order they
+    come in). Returns ``(size, top)``."""
+    for j in range(nco):
+        y = co[j]
+        _, size, top = _offer(y, np.int64(cur[y]), K, st, cnt, bits, mem, ptr, size, top)
+    return size, top
+
+
+@numba.njit(cache=True)
+def _insert_mates(co, nco, nb, st, record, ins, inpos, nin):
+    """The page-mates that survived eviction enter the cache (st 2 -> 1), recorded in id
+    order at positions ``nb, nb + 1, ...`` after the batch's rows. Returns ``nin``."""
+    k = 0
+    for j in range(nco):
+        y = co[j]
+        if st[y] == 2:
+            st[y] = 1
+            co[k] = y
+            k += 1
+    if record:
+        co[:k].sort()
+        for j in range(k):
+            ins[nin] = co[j]
+            inpos[nin] = nb + j
+            nin += 1
     return nin
 
 
 @numba.njit(cache=True, nogil=True)
 def belady_simulate(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K: int,
                     record: bool):
-    """:func:`belady_buckets` with its own scratch (same arguments and result)."""
-    return belady_buckets(lid, nxt, ptr, M, K, record, np.empty(lid.shape[0], np.int64))
+    """:func:`belady_buckets` with its own scratch and no page-mates (same result)."""
+    none = np.empty(0, np.int64)
+    return belady_buckets(lid, nxt, ptr, M, K, record, np.empty(lid.shape[0], np.int64),
+                          np.empty(0, np.int32), none, none, 0.0)

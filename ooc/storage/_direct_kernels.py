@@ -174,17 +174,22 @@ def plan_page_reads(ids, rows_per_page, pages_per_row, num_rows, max_run_pages):
 
 
 @nb.njit(cache=True, nogil=True)
-def extract_rows(buf, ids, slot, rows_per_page, row_bytes, dst, out):
-    """Copy row bytes from the page buffer: ``out[dst[i]] = row ids[i]``.
+def extract_rows(buf, ids, slot, rows_per_page, row_bytes, dst, out, out2):
+    """Copy row bytes from the page buffer: ``out[dst[i]] = row ids[i]``, or
+    ``out2[-1 - dst[i]]`` where ``dst[i] < 0`` (a second destination).
 
-    ``buf`` uint8 page buffer, ``out`` uint8 [m, row_bytes], ``dst`` int64 [n].
+    ``buf`` uint8 page buffer, ``out`` and ``out2`` uint8 [m, row_bytes], ``dst`` int64 [n].
     """
     n = ids.shape[0]
     for i in range(n):
         start = slot[i] * PAGE
         if rows_per_page > 0:
             start += (ids[i] % rows_per_page) * row_bytes
-        out[dst[i], :] = buf[start:start + row_bytes]
+        d = dst[i]
+        if d >= 0:
+            out[d, :] = buf[start:start + row_bytes]
+        else:
+            out2[-1 - d, :] = buf[start:start + row_bytes]
 
 
 @nb.njit(cache=True)

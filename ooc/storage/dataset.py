@@ -8,7 +8,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -243,6 +243,22 @@ class Dataset:
         from .features import NodeRows
 
         return NodeRows(reader, self.row_of, str(self.file("features.bin")))
+
+    def row_pages(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """``pages(ids)``: the 4 KiB page of ``features.bin`` each node's row lies in
+        (int64 [n] for node ids int64 [n]), when rows share pages (a row under half a
+        page); else None. Rows read for one node then bring the others on its page."""
+        rpp = self.layout.rows_per_page
+        if not rpp or rpp < 2:
+            return None
+        row_of = self.row_of
+
+        def pages(ids: np.ndarray) -> np.ndarray:
+            ids = np.asarray(ids, dtype=np.int64)
+            rows = ids if row_of is None else np.asarray(row_of[ids], dtype=np.int64)
+            return rows // rpp
+
+        return pages
 
     def node_offsets(self):
         """``indptr`` in the sampler's compact form

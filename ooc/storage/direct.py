@@ -368,13 +368,34 @@ class DirectFeatures(RowTable):
             self._read(ids, np.arange(n, dtype=np.int64), out)
         return out
 
-    def read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray,
+                  also: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """Rows ``ids`` into ``out[rows]`` (``rows`` int64 [len(ids)], distinct rows of
         ``out``; ``out`` C-contiguous ``[m, dim]`` of the file's dtype); returns ``out``.
 
         The misses of a batch straight into the batch's row array: whole-page rows
         land there with no copy when ``out`` is page-aligned (see the class docstring).
+        ``also = (ids2, out2, rows2)``: more rows into a second array in the same request,
+        so a page that holds rows of both is read once (rows smaller than a page).
         """
+        ids, dst = self._targets(ids, out, rows)
+        if also is not None:
+            ids2, dst2 = self._targets(also[0], also[1], also[2])
+            if ids2.shape[0] and self.layout.row_bytes % PAGE == 0:
+                self._read(ids2, dst2, also[1])  # whole-page rows share no page
+            elif ids2.shape[0]:
+                ids = np.concatenate((ids, ids2))
+                dst = np.concatenate((dst, -1 - dst2))
+                if ids.shape[0]:
+                    self._read(ids, dst, out, also[1])
+                return out
+        if ids.shape[0]:
+            self._read(ids, dst, out)
+        return out
+
+    def _targets(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, rows)`` as int64 after checking ``out`` and the target rows."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         dst = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
         if dst.shape != ids.shape:
@@ -385,15 +406,18 @@ class DirectFeatures(RowTable):
         if bad >= 0:
             raise InvalidValue(f"{self.path}: target row {dst[bad]} " + (
                 f"out of range [0, {out.shape[0]})" if why == 1 else "given twice"))
-        if ids.shape[0]:
-            self._read(ids, dst, out)
-        return out
+        return ids, dst
 
-    def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray) -> None:
-        """``out[dst[i]] = row ids[i]`` (ids, dst int64 [n], n > 0; ``out`` checked)."""
+    def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray,
+              out2: np.ndarray | None = None) -> None:
+        """``out[dst[i]] = row ids[i]``, ``out2[-1 - dst[i]]`` where ``dst[i] < 0`` (ids,
+        dst int64 [n], n > 0; ``out`` and ``out2`` checked; ``out2`` only for rows
+        smaller than a page)."""
         lay = self.layout
         r = self.reader
         rows = out.view(np.uint8).reshape(out.shape[0], lay.row_bytes)
+        rows2 = (np.empty((0, lay.row_bytes), np.uint8) if out2 is None
+                 else out2.view(np.uint8).reshape(out2.shape[0], lay.row_bytes))
         if lay.row_bytes % PAGE == 0 and r.fresh_buffers \
                 and (_is_aligned(out) or not r.o_direct):
             offs, lens, bufs, dup_dst, dup_src, bad = K.plan_row_reads(
@@ -411,7 +435,8 @@ class DirectFeatures(RowTable):
                     part, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
                 self._check_ids(part, bad)
                 buf = r.read_runs_into_scratch(offs, lens, bufs, npages)
-                K.extract_rows(buf, part, slot, lay.rows_per_page, lay.row_bytes, pdst, rows)
+                K.extract_rows(buf, part, slot, lay.rows_per_page, lay.row_bytes, pdst, rows,
+                               rows2)
             r.stats.rows_copied += ids.shape[0]
 
     def _pieces(self, ids: np.ndarray, dst: np.ndarray):

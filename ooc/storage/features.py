@@ -115,5 +115,8 @@ class NodeRows:
         chunk)."""
         return np.argsort(self.rows(ids), kind="stable")
 
-    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return self.source.read_into(self.rows(ids), out, rows)
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray,
+                   also: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        if also is not None:
+            also = (self.rows(also[0]), also[1], also[2])
+        return self.source.read_into(self.rows(ids), out, rows, also)

@@ -34,7 +34,9 @@ class RowSource(Protocol):
     """What the cache reads missing rows from: the ``read`` of a
     :class:`~ooc.storage.features.Feature` (any Feature will do). A source that also
     has ``read_into(ids, out, rows)`` (:class:`~ooc.storage.direct.DirectFeatures`)
-    gets a gather's misses read straight into the batch's rows."""
+    gets a gather's misses read straight into the batch's rows; a gather with page-mates
+    calls ``read_into(ids, out, rows, (ids2, out2, rows2))`` to read them in the same
+    request."""
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
 
@@ -72,6 +74,8 @@ class FeatureCache:
         self._num_free = self.capacity
         self.hits = 0
         self.lookups = 0
+        #: page-mates read with the batches' misses (see :meth:`gather`)
+        self.mates_read = 0
         #: rows read per source request during a switch (bounds its buffers)
         self.switch_chunk = 8192
         self._lock = threading.RLock()
@@ -123,45 +127,72 @@ class FeatureCache:
                                      np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
             return len(new)
 
-    def gather(self, ids: np.ndarray, source: RowSource, out: np.ndarray | None = None
+    def gather(self, ids: np.ndarray, source: RowSource, out: np.ndarray | None = None,
+               mates: np.ndarray | None = None, mates_out: np.ndarray | None = None
                ) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]) into ``out`` ([n, D]): hits from the
         cache, misses in one batched read from ``source`` (into ``out``'s rows when
         the source can: 24% faster at 128 dims, ``tools/bench_gather.py``).
 
-        Returns (out, number of misses).
+        ``mates`` (int64 [k], not cached): rows the changeset inserts after this batch
+        that share pages with its misses; read into ``mates_out`` ([k, D]) in the same
+        request, so their pages are read once. They are neither lookups nor misses.
+
+        Returns (out, number of misses among ``ids``).
         """
         ids = np.asarray(ids, dtype=np.int64)
+        n = len(ids)
         if out is None:
-            out = np.empty((len(ids), self.cache.shape[1]), dtype=self.cache.dtype)
-        hit = np.empty(len(ids), dtype=np.bool_)
+            out = np.empty((n, self.cache.shape[1]), dtype=self.cache.dtype)
+        hit = np.empty(n, dtype=np.bool_)
         with self._lock:
             nhit = (K.gather_hits(ids, *self.slots.table, _bits(self.cache), _bits(out), hit)
-                    if len(ids) else 0)
+                    if n else 0)
         miss_pos = np.flatnonzero(~hit)
-        if len(miss_pos):
-            read_into = getattr(source, "read_into", None)
-            if read_into is not None and out.flags.c_contiguous:
-                read_into(ids[miss_pos], out, miss_pos)  # no row buffer, no scatter
+        mates = np.zeros(0, np.int64) if mates is None else np.asarray(mates, dtype=np.int64)
+        k = len(mates)
+        if k:
+            assert mates_out is not None and len(mates_out) == k
+        read_into = getattr(source, "read_into", None)
+        if read_into is not None and out.flags.c_contiguous and (len(miss_pos) or k):
+            # no row buffer, no scatter
+            if k:
+                read_into(ids[miss_pos], out, miss_pos,
+                          (mates, mates_out, np.arange(k, dtype=np.int64)))
             else:
-                rows = source.read(ids[miss_pos])
-                K.scatter_rows(_bits(np.ascontiguousarray(rows, dtype=out.dtype)), miss_pos,
-                               _bits(out))
+                read_into(ids[miss_pos], out, miss_pos)
+        elif len(miss_pos) or k:
+            rows = source.read(np.concatenate((ids[miss_pos], mates)) if k else ids[miss_pos])
+            rows = np.ascontiguousarray(rows, dtype=out.dtype)
+            K.scatter_rows(_bits(rows[:len(miss_pos)]), miss_pos, _bits(out))
+            if k:
+                assert mates_out is not None
+                mates_out[:] = rows[len(miss_pos):]
         with self._lock:
             self.hits += int(nhit)
-            self.lookups += len(ids)
+            self.lookups += n
+            self.mates_read += k
         return out, len(miss_pos)
 
     def update(self, in_ids: np.ndarray, out_ids: np.ndarray, in_positions: np.ndarray,
-               batch_rows: np.ndarray) -> None:
+               batch_rows: np.ndarray, mate_rows: np.ndarray | None = None) -> None:
         """Apply one changeset: evict ``out_ids``, insert ``in_ids`` with rows
-        ``batch_rows[in_positions]`` ([n, D] batch buffer of the gather)."""
+        ``batch_rows[in_positions]`` ([n, D] batch buffer of the gather); positions
+        ``n + j`` are row ``j`` of ``mate_rows`` (the page-mates :meth:`gather` read)."""
         in_ids = np.asarray(in_ids, dtype=np.int64)
+        pos = np.asarray(in_positions, dtype=np.int64)
         with self._lock:
             slots = self._assign(in_ids, np.asarray(out_ids, dtype=np.int64))
-            if len(in_ids):
-                K.copy_rows_to_slots(_bits(batch_rows), np.asarray(in_positions, dtype=np.int64),
-                                     _bits(self.cache), slots)
+            if not len(in_ids):
+                return
+            n = len(batch_rows)
+            if mate_rows is None or not len(mate_rows):
+                K.copy_rows_to_slots(_bits(batch_rows), pos, _bits(self.cache), slots)
+                return
+            own = pos < n
+            K.copy_rows_to_slots(_bits(batch_rows), pos[own], _bits(self.cache), slots[own])
+            K.copy_rows_to_slots(_bits(mate_rows), pos[~own] - n, _bits(self.cache),
+                                 slots[~own])
 
     def _assign(self, in_ids: np.ndarray, out_ids: np.ndarray) -> np.ndarray:
         """Evict ``out_ids`` (int64, cached or not), then give each of ``in_ids`` (int64,
@@ -207,8 +238,12 @@ class CachedFeature:
     def dtype(self) -> np.dtype:
         return self.fallback.dtype
 
-    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        rows, miss = self.cache.gather(ids, self.fallback, out)
+    def read(self, ids: np.ndarray, out: np.ndarray | None = None,
+             mates: np.ndarray | None = None, mates_out: np.ndarray | None = None
+             ) -> np.ndarray:
+        """Rows of ``ids`` (int64 [n]) as [n, dim]; with ``mates`` (int64 [k]), the
+        page-mates' rows into ``mates_out`` [k, dim] (:meth:`FeatureCache.gather`)."""
+        rows, miss = self.cache.gather(ids, self.fallback, out, mates, mates_out)
         with self._lock:
             self.misses += miss
         return rows
@@ -216,7 +251,8 @@ class CachedFeature:
     def stats(self) -> dict:
         c = self.cache
         return {"lookups": c.lookups, "hits": c.hits, "misses": self.misses,
-                "hit_ratio": c.hits / c.lookups if c.lookups else 0.0}
+                "hit_ratio": c.hits / c.lookups if c.lookups else 0.0,
+                "page_mates_read": c.mates_read}
 
     def close(self) -> None:
         self.fallback.close()

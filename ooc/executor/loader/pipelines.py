@@ -157,9 +157,17 @@ class BatchPipeline:
         """Rows read from the source (every row when nothing caches)."""
         return int(getattr(self.reader, "misses", self.lookups))
 
-    def _gather(self, batch: SampledBatch) -> np.ndarray:
+    def _gather(self, batch: SampledBatch, mates: np.ndarray | None = None,
+                mates_out: np.ndarray | None = None) -> np.ndarray:
+        """The batch's rows [n, dim]; with ``mates`` (page-mates the cache inserts after
+        it) their rows into ``mates_out``
+        (:meth:`~ooc.executor.cache.feature_cache.CachedFeature.read`)."""
         t0 = time.perf_counter()
-        rows = self.reader.read(batch.node_ids)
+        if mates is not None and len(mates):
+            assert isinstance(self.reader, CachedFeature)  # changesets come with a cache
+            rows = self.reader.read(batch.node_ids, mates=mates, mates_out=mates_out)
+        else:
+            rows = self.reader.read(batch.node_ids)
         self.times.add("gather", time.perf_counter() - t0)
         with self._count_lock:
             self.lookups += len(batch.node_ids)
@@ -177,6 +185,8 @@ class BatchPipeline:
                               "feature_hit_ratio": 1 - self.misses / self.lookups
                               if self.lookups else 0.0}
         st.update({f"feature_{k}": v for k, v in counters(self.source).items()})
+        if self.cache is not None:
+            st["feature_page_mates_read"] = self.cache.mates_read
         nsrc = getattr(getattr(self, "sampler", None), "source", None)
         if nsrc is not None and hasattr(nsrc, "stats"):
             st.update(nsrc.stats())
@@ -303,10 +313,16 @@ class SuperbatchPipeline(BatchPipeline):
                         if stopped():
                             return
                         batch = samples.batch(j)
-                        rows = self._gather(batch)
-                        t0 = time.perf_counter()
                         in_ids, out_ids, in_pos = cs.step(j)
-                        cache.update(in_ids, out_ids, in_pos, rows)
+                        # page-mates: inserted ids placed after the batch's rows, read
+                        # into a buffer of their own that lives until the update
+                        mates = in_ids[in_pos >= len(batch.node_ids)]
+                        mate_rows = np.empty((len(mates), cache.cache.shape[1]),
+                                             cache.cache.dtype) if len(mates) else None
+                        rows = self._gather(batch, mates, mate_rows)
+                        t0 = time.perf_counter()
+                        cache.update(in_ids, out_ids, in_pos, rows, mate_rows)
+                        del mate_rows
                         self.times.add("update", time.perf_counter() - t0)
                         yield batch, rows
                 finally:

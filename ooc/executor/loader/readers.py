@@ -151,10 +151,13 @@ class TimedFeature:
         finally:
             self.read_s += time.perf_counter() - t0
 
-    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray,
+                   also: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         t0 = time.perf_counter()
         try:
-            return self.inner.read_into(ids, out, rows)  # type: ignore[attr-defined]
+            if also is None:
+                return self.inner.read_into(ids, out, rows)  # type: ignore[attr-defined]
+            return self.inner.read_into(ids, out, rows, also)  # type: ignore[attr-defined]
         finally:
             self.read_s += time.perf_counter() - t0
 

@@ -225,7 +225,7 @@ def _superbatch(p: _Parts) -> BatchPipeline:
         raise InvalidValue(f"cache policy {p.preset.policy.name!r}: the superbatch schedule needs a "
                        f"feature cache")
     changesets = p.preset.policy.changesets(p.dataset.num_nodes, p.cache.capacity,
-                                            p.config.device)
+                                            p.config.device, p.dataset.row_pages())
     insp = Inspector(p.sampler, rt, s, changesets=changesets)
     p.info.update(superbatch_size=s, runtime_dir=str(rt))
     return SuperbatchPipeline(insp, p.seeds, p.config.batch_size, p.config.seed,

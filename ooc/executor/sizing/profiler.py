@@ -311,7 +311,8 @@ def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int
         def count(tr: list, sb: int | None) -> int:
             if (len(tr), sb) not in known:
                 r = simulate_epoch(preset, tr, dataset.num_nodes, capacity, sb,
-                                   hot_order=hot_order, device=device)
+                                   hot_order=hot_order, device=device,
+                                   pages=dataset.row_pages())
                 known[len(tr), sb] = int(r["misses"] + r["switch_reads"])
             return known[len(tr), sb]
         name, seconds = "row", rehearsal.steady_read_s
@@ -362,7 +363,7 @@ def _page_cache_misses(dataset, batches: list, cache_bytes: int) -> np.ndarray:
 
 def simulate_epoch(preset, trace: list[np.ndarray], num_nodes: int, capacity: int,
                    superbatch_size: int | None = None, hot_order: np.ndarray | None = None,
-                   device: str = "cpu") -> dict[str, int]:
+                   device: str = "cpu", pages=None) -> dict[str, int]:
     """Feature-cache misses of one training epoch, counted as the trainer counts them:
     the preset's policy replayed over ``trace`` (see
     :meth:`ooc.executor.cache.policies.CachePolicy.simulate`).
@@ -374,16 +375,17 @@ def simulate_epoch(preset, trace: list[np.ndarray], num_nodes: int, capacity: in
         capacity: feature-cache rows.
         superbatch_size: batches per superbatch (superbatch schedule).
         hot_order: node ids by decreasing out-degree (static policy).
+        pages: the dataset's :meth:`~ooc.storage.dataset.Dataset.row_pages` (page-mates).
     """
     from ..loader.presets import resolve_preset
 
     return resolve_preset(preset).policy.simulate(trace, num_nodes, capacity, superbatch_size,
-                                                  hot_order=hot_order, device=device)
+                                                  hot_order=hot_order, device=device, pages=pages)
 
 
 def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
-                hot_order: np.ndarray, capacities: np.ndarray, device: str = "cpu"
-                ) -> dict[str, Any]:
+                hot_order: np.ndarray, capacities: np.ndarray, device: str = "cpu",
+                pages=None) -> dict[str, Any]:
     """Miss ratios of the epoch ``trace`` at each capacity (rows).
 
     ``ooc``: the Belady schedule at this superbatch size (gather misses, what
@@ -399,7 +401,8 @@ def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
     belady, static = BeladyCache(), StaticCache()
     ooc, ooc_sw, stat = [], [], []
     for c in caps:
-        r = belady.simulate(trace, num_nodes, int(c), superbatch_size, device=device)
+        r = belady.simulate(trace, num_nodes, int(c), superbatch_size, device=device,
+                            pages=pages)
         ooc.append(r["misses"] / acc)
         ooc_sw.append((r["misses"] + r["switch_reads"]) / acc)
         stat.append(static.simulate(trace, num_nodes, int(c), hot_order=hot_order)["misses"] / acc)
@@ -645,7 +648,7 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
                       float(np.mean([len(t) for t in trace])))
         cs = None
         if preset.policy.schedule == "superbatch":
-            cs = _superbatch_stages(stack, preset, config, shape, m, gpu)
+            cs = _superbatch_stages(stack, preset, config, shape, m, gpu, dataset.row_pages())
         if not gpu["available"]:
             gpu["note"] = "no CUDA device: the changeset pass runs on the CPU (numba)"
         m.gpu = gpu
@@ -656,8 +659,9 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
     return m
 
 
-def _superbatch_stages(stack, preset, config, shape: _Shape, m: _Measured, gpu: dict):
-    """Write, compute and load one superbatch's runtime files (timed); its changesets."""
+def _superbatch_stages(stack, preset, config, shape: _Shape, m: _Measured, gpu: dict, pages):
+    """Write, compute and load one superbatch's runtime files (timed); its changesets
+    (``pages``: the dataset's row pages, for page-mates)."""
     import tempfile
 
     from ...inspector.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
@@ -671,8 +675,8 @@ def _superbatch_stages(stack, preset, config, shape: _Shape, m: _Measured, gpu: 
         with st["write"]:
             samples = SuperbatchSamples.from_batches(m.batches[:S0], len(config.fanouts))
             sbytes = write_samples(folder, samples)
-        preset.policy.changesets(n, capacity, config.device)(m.trace[:2])  # compile (not timed)
-        fn = preset.policy.changesets(n, capacity, config.device)
+        preset.policy.changesets(n, capacity, config.device, pages)(m.trace[:2])  # compile
+        fn = preset.policy.changesets(n, capacity, config.device, pages)
         with st["changesets"]:
             cs = FlatChangesets.from_changesets(fn(m.trace[:S0]))
         m.changeset_batches, m.next_changesets = S0, fn
@@ -707,17 +711,21 @@ def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> Non
     for j in range(m.gather_batches):
         if cs is not None and j and j % shape.S == 0:  # the next superbatch, as training runs it
             cs = _next_superbatch(m, shape, j, cache, features)
+        step = cs.step(j % shape.S) if cs is not None else None
+        mates = mate_rows = None
+        if step is not None:
+            mates = step.in_ids[step.in_positions >= len(m.trace[j])]
+            mate_rows = np.empty((len(mates), cache.cache.shape[1]), cache.cache.dtype)
         with st["gather"]:
             if cache is not None:
-                rows, miss = cache.gather(m.trace[j], features)
+                rows, miss = cache.gather(m.trace[j], features, mates=mates, mates_out=mate_rows)
             else:
                 rows, miss = features.read(m.trace[j]), len(m.trace[j])
         m.misses += miss
         m.lookups += len(m.trace[j])
-        if cs is not None:
+        if step is not None:
             with st["update"]:
-                i_ids, o_ids, i_pos = cs.step(j % shape.S)
-                cache.update(i_ids, o_ids, i_pos, rows)
+                cache.update(step.in_ids, step.out_ids, step.in_positions, rows, mate_rows)
         del rows
     m.read_gather = features.read_s - read0 - m.read_switch
     m.step_s = _time_steps(model, optimizer, m.batches, features, dataset, device,
@@ -750,11 +758,13 @@ def _simulate(dataset, preset, plan, shape: _Shape, m: _Measured, gpu: dict):
     hot = degree_order(dataset)
     device = "cuda" if gpu["available"] else "cpu"
     t0 = time.perf_counter()
+    pages = dataset.row_pages()
     sim = simulate_epoch(preset, m.trace, n, int(plan.feature_cache_rows), shape.S,
-                         hot_order=hot, device=device)
+                         hot_order=hot, device=device, pages=pages)
     caps = sorted({max(1, int(round(f * n))) for f in CURVE_FRACTIONS}
                   | ({int(plan.feature_cache_rows)} if plan.feature_cache_rows else set()))
-    curves = miss_curves(m.trace, n, shape.S, hot, np.array(caps, np.int64), device=device)
+    curves = miss_curves(m.trace, n, shape.S, hot, np.array(caps, np.int64), device=device,
+                         pages=pages)
     curves["capacity_rows"] = caps
     curves["curves_s"] = time.perf_counter() - t0
     return sim, curves, hot
