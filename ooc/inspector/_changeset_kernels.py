@@ -192,7 +192,7 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
         lid, nxt, ptr: as for :func:`next_use` (``nxt[p] == S``: never again).
         M: local id range; K: capacity; record: produce the changesets;
         mem: int32 or int64 [T] scratch (holds local ids).
-        grp_of: int32 [M] page group of each local id in the trace (-1 elsewhere);
+        grp_of: int32 [M] page group of each local id (-1: none, or alone on its page);
         gptr: int64 [P+1], gids: int64 [<=M]: group g's local ids are
             ``gids[gptr[g]:gptr[g+1]]`` (ascending). ``gptr`` empty: no page-mates.
         mate_frac: page-mates a step, as a fraction of the batch's ids.
@@ -472,7 +472,7 @@ def _page_mates(lid, nxt, ptr, i, S, M, st, hit, cur, grp_of, gptr, gids, seen, 
         if hit[p - a]:
             continue
         g = grp_of[lid[p]]
-        if seen[g] == i:
+        if g < 0 or seen[g] == i:  # alone on its page, or the page already scanned
             continue
         seen[g] = i
         for q in range(gptr[g], gptr[g + 1]):

@@ -418,16 +418,17 @@ def final_state(cs: FlatChangesets) -> np.ndarray:
 
 def page_groups(node_ids: np.ndarray, local: np.ndarray, M: int, pages: PageOf
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The trace's ids grouped by the page their row is stored in.
+    """The trace's ids grouped by the page their row is stored in, pages of one id left
+    out (a miss there has no page-mate to offer).
 
     Args:
         node_ids: int64 [U] the trace's distinct node ids, ascending;
         local: int64 [U] their local ids (order-preserving); M: the local id range;
         pages: node ids -> page ids.
     Returns:
-        (grp_of int32 [M]: each local id's group, -1 where the trace has none;
-        gptr int64 [P+1]; gids int64 [U]: group g's local ids ``gids[gptr[g]:gptr[g+1]]``,
-        ascending).
+        (grp_of int32 [M]: each local id's group, -1 where it has none;
+        gptr int64 [P+1]; gids int64 [<=U]: group g's local ids ``gids[gptr[g]:gptr[g+1]]``,
+        ascending, at least two).
     """
     pg = np.asarray(pages(node_ids), dtype=np.int64).reshape(-1)
     if pg.shape != node_ids.shape:
@@ -447,6 +448,12 @@ def page_groups(node_ids: np.ndarray, local: np.ndarray, M: int, pages: PageOf
         order = np.argsort(pg, kind="stable")
         spg = pg[order]
     del pg
+    shared = np.zeros(U, dtype=bool)  # the id's page holds another id of the trace
+    if U > 1:
+        same = spg[1:] == spg[:-1]
+        shared[1:] = same
+        shared[:-1] |= same
+    order, spg = order[shared], spg[shared]
     gids = np.ascontiguousarray(local[order], dtype=np.int64)
     start = np.ones(spg.shape[0], dtype=bool)
     start[1:] = spg[1:] != spg[:-1]
@@ -454,13 +461,6 @@ def page_groups(node_ids: np.ndarray, local: np.ndarray, M: int, pages: PageOf
     grp_of = np.full(M, -1, np.int32)  # groups <= ids in the trace < 2**31
     grp_of[gids] = np.cumsum(start) - 1
     return grp_of, gptr, gids
-
-
-def _may_miss(lid: np.ndarray, M: int, uniq: np.ndarray | None, capacity: int) -> bool:
-    """Whether the trace has more distinct ids than ``capacity`` (else nothing misses)."""
-    if uniq is not None:
-        return uniq.shape[0] > capacity
-    return lid.shape[0] > capacity and unique_sorted(lid).shape[0] > capacity
 
 
 def _mate_ids(flat: np.ndarray, ptr: np.ndarray, first: int) -> np.ndarray:
@@ -479,11 +479,16 @@ def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacit
     mem = np.empty(flat.shape[0], np.int32 if M < (1 << 31) else np.int64)
     none = np.zeros(0, np.int64)
     grp_of, gptr, gids = np.zeros(0, np.int32), none, none
-    # no page-mates when every id fits (C_0 holds them all: nothing misses)
-    if pages is not None and capacity > 0 and flat.size and _may_miss(lid, M, uniq, capacity):
-        ids = _mate_ids(flat, ptr, mates_from)
-        local = np.searchsorted(uniq, ids).astype(np.int64) if uniq is not None else ids
-        grp_of, gptr, gids = page_groups(ids, local, M, pages)
+    if pages is not None and capacity > 0 and flat.size:
+        present = np.zeros(M, dtype=bool)  # O(T + M), no sort
+        present[lid] = True
+        if np.count_nonzero(present) > capacity:  # else C_0 holds every id: nothing misses
+            present[:] = False
+            present[lid[ptr[min(mates_from, len(ptr) - 1)]:]] = True
+            local = np.flatnonzero(present)
+            del present
+            ids = uniq[local] if uniq is not None else local
+            grp_of, gptr, gids = page_groups(ids, local, M, pages)
     init, ins, inpos, in_ptr, outs, out_ptr, misses, later = K.belady_buckets(
         lid, nxt, ptr, M, min(capacity, M), True, mem, grp_of, gptr, gids, mate_fraction)
     if uniq is not None:
@@ -520,7 +525,7 @@ def _torch_changesets(flat_np: np.ndarray, ptr_np: np.ndarray, capacity: int,
         grp, gptr, _ = page_groups(ids, np.searchsorted(t["uniq"].cpu().numpy(), ids), U,
                                    pages)
         P = len(gptr) - 1
-        group = np.where(grp < 0, P, grp).astype(np.int64)  # P: no page read marks it
+        group = np.where(grp < 0, P, grp).astype(np.int64)  # P: ids alone on their page
         state["mates"] = {"group": torch.from_numpy(group).to(dev),
                           "read": torch.zeros(P + 1, dtype=torch.bool, device=dev),
                           "inbatch": torch.zeros(U, dtype=torch.bool, device=dev),
@@ -609,6 +614,7 @@ def _torch_mates(m: dict, u, nx, miss, incache, S: int, M: int):
     if cap <= 0:
         return empty, empty
     read[m["group"][u[miss]]] = True
+    read[-1] = False  # the group of ids alone on their page
     inbatch[u] = True
     mates = torch.nonzero(read[m["group"]] & ~incache & ~inbatch & (cur < S)).squeeze(1)
     read.zero_()
