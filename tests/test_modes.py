@@ -92,12 +92,10 @@ def test_same_losses_in_every_mode(ds, tmp_path):
     # ooc with page-mates (48 B rows share pages): the cache changes, never the rows
     from ooc.executor.cache.policies import BeladyCache
 
-    cfg = _cfg("ooc", eval_every=100)
-    opts = _opts(tmp_path / "mates", d.layout.row_bytes)
-    stack = build_stack(d, cfg, opts, preset=BeladyCache(page_mates=0.25))
-    with Trainer(d, cfg, pipeline=stack, log=lambda m: None) as t:
+    with Trainer(d, _cfg("ooc", eval_every=100), log=lambda m: None,
+                 options=_opts(tmp_path / "mates", d.layout.row_bytes),
+                 preset=BeladyCache(page_mates=0.25)) as t:
         t.fit()
-    stack.close()
     losses["ooc-mates"] = [h["loss"] for h in t.history]
     assert t.history[-1]["io"]["feature_page_mates_read"] > 0
     assert set(losses) == {"baseline", "static", "ooc", "ooc-mates"}

@@ -85,22 +85,20 @@ def child(spec: dict) -> int:
     from ooc.executor.training.trainer import Trainer, TrainConfig, _io_counters, _io_delta
     from ooc.storage import open_dataset
 
+    from dataclasses import replace
+
+    from ooc.executor.loader.presets import resolve_preset
+
     d = open_dataset(spec["data"])
-    mode = spec["preset"]
-    if mode in VARIANTS:  # this child only: the base preset with the variant's policy
-        from dataclasses import replace
-
-        from ooc.executor.loader import presets as P
-
-        mode, fields = VARIANTS[mode]
-        P.PRESETS[mode] = replace(P.PRESETS[mode], policy=replace(P.PRESETS[mode].policy,
-                                                                   **fields))
+    mode, fields = VARIANTS.get(spec["preset"], (spec["preset"], {}))
+    preset = resolve_preset(mode)
+    preset = replace(preset, policy=replace(preset.policy, **fields))  # a variant's policy
     cfg = TrainConfig(mode=mode, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
                       hidden=spec["hidden"], seed=spec["seed"], epochs=spec["epochs"],
                       device="cpu", progress=False, eval_final=False)
     opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
                        runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"])
-    t = Trainer(d, cfg, options=opts, log=lambda m: None)
+    t = Trainer(d, cfg, options=opts, log=lambda m: None, preset=preset)
     epochs = []
     try:
         for e in range(1, spec["epochs"] + 1):

@@ -10,9 +10,9 @@ pages each policy reads from ``features.bin``:
 
 - ``row-belady``: the Belady cache of rows (changesets with the cache carried across
   superbatches); a batch reads the distinct pages of its missed rows;
-- ``row-belady + page-mates``: what ooc runs: the same, and each step also inserts rows
-  that share a page with the batch's misses and are used later in the superbatch (no
-  extra page read; :mod:`ooc.inspector.changesets`);
+- ``row-belady + page-mates``: ``BeladyCache(page_mates=0.25)``: the same, and each step
+  also inserts rows that share a page with the batch's misses and are used later in the
+  superbatch (no extra page read; :mod:`ooc.inspector.changesets`);
 - ``page-belady``: Belady over pages (a batch's trace is the distinct pages it touches; the
   cache holds ``bytes / 4096`` pages), so a page read serves every row on it;
 - ``static``: the degree-ordered static row cache (PaGraph);
@@ -54,7 +54,7 @@ def _rows_read_pages(trace: list[np.ndarray], rank: np.ndarray, rpp: int, cached
 
 def row_belady(trace, n, capacity_rows, rank, rpp, superbatch, mates=0.0):
     """Row-granular Belady over superbatches of ``superbatch`` batches (the cache carried);
-    with ``mates`` > 0, page-mates up to that fraction of a batch (what ooc trains with)."""
+    with ``mates`` > 0, page-mates up to that fraction of a batch."""
     incache = np.zeros(n, dtype=bool)
     total_miss = total_pages = 0
     pages = (lambda ids: rank[ids] // rpp) if mates else None

@@ -24,7 +24,8 @@ def next_use(lid: np.ndarray, ptr: np.ndarray, M: int):
         ptr: int64 [S+1] batch offsets into ``lid``.
     Returns:
         (nxt int64 [T] with ``S`` for "never again", index of the first
-        duplicate id inside a batch or -1).
+        duplicate id inside a batch or -1, first int32 [M]: each id's first batch, ``S``
+        where it has none).
     """
     S = ptr.shape[0] - 1
     T = lid.shape[0]
@@ -34,10 +35,10 @@ def next_use(lid: np.ndarray, ptr: np.ndarray, M: int):
         for p in range(ptr[i], ptr[i + 1]):
             x = lid[p]
             if last[x] == i:
-                return nxt, p
+                return nxt, p, last
             nxt[p] = last[x]
             last[x] = i
-    return nxt, -1
+    return nxt, -1, last
 
 
 # -- LRU stack distances -------------------------------------------------------
@@ -169,7 +170,7 @@ def _gather(mem, base, c, st, want, sc):
 @numba.njit(cache=True, nogil=True)
 def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K: int, record: bool,
                    mem: np.ndarray, grp_of: np.ndarray, gptr: np.ndarray, gids: np.ndarray,
-                   mate_frac: float):
+                   mate_frac: float, first: np.ndarray):
     """Per-step Belady with a bucket queue over next-use batches.
 
     C_0 = the K ids with the smallest (first use, id); after batch i the cache
@@ -196,6 +197,8 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
         gptr: int64 [P+1], gids: int64 [<=M]: group g's local ids are
             ``gids[gptr[g]:gptr[g+1]]`` (ascending). ``gptr`` empty: no page-mates.
         mate_frac: page-mates a step, as a fraction of the batch's ids.
+        first: int32 [M] each id's first batch (:func:`next_use`'s), with page-mates;
+            advanced in place to each id's next use after the current step.
     Returns:
         (init [<=K] sorted local ids, in_ids local [n_in] (per step in batch
         order, then page-mates), in_pos int64 [n_in], in_ptr [S+1], out_ids local [n_out] (per
@@ -216,8 +219,8 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
     hit = np.empty(maxb, np.bool_)
     init, size, top = _first_cache(lid, ptr, K, st, cnt, bits, mem, sc)
     mates = gptr.shape[0] > 1
+    cur = first  # with page-mates: each id's next use after the current step
     if mates:
-        cur = _first_uses(lid, ptr, M)  # each id's next use after the current step
         seen = np.full(gptr.shape[0] - 1, -1, np.int64)
         gmax = 0
         for g in range(gptr.shape[0] - 1):
@@ -225,7 +228,6 @@ def belady_buckets(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K:
         co = np.empty(min(gids.shape[0], maxb * gmax), np.int64)
         cokey = np.empty(co.shape[0], np.int64)
     else:
-        cur = np.empty(0, np.int32)
         seen = np.empty(0, np.int64)
         co = np.empty(0, np.int64)
         cokey = np.empty(0, np.int64)
@@ -446,17 +448,6 @@ def _insert_survivors(lid, ptr, i, st, hit, record, ins, inpos, nin):
 
 
 @numba.njit(cache=True)
-def _first_uses(lid, ptr, M):
-    """int32 [M]: the batch of each local id's first access (S where none)."""
-    S = ptr.shape[0] - 1
-    cur = np.full(M, S, np.int32)
-    for i in range(S - 1, -1, -1):
-        for p in range(ptr[i], ptr[i + 1]):
-            cur[lid[p]] = i
-    return cur
-
-
-@numba.njit(cache=True)
 def _page_mates(lid, nxt, ptr, i, S, M, st, hit, cur, grp_of, gptr, gids, seen, cap, co, cokey):
     """Batch i's page-mates into ``co`` (in no order): the ids of the groups of its
     misses' pages that are not cached, not in the batch (st 0) and used again, at most
@@ -530,4 +521,4 @@ def belady_simulate(lid: np.ndarray, nxt: np.ndarray, ptr: np.ndarray, M: int, K
     """:func:`belady_buckets` with its own scratch and no page-mates (same result)."""
     none = np.empty(0, np.int64)
     return belady_buckets(lid, nxt, ptr, M, K, record, np.empty(lid.shape[0], np.int64),
-                          np.empty(0, np.int32), none, none, 0.0)
+                          np.empty(0, np.int32), none, none, 0.0, np.empty(0, np.int32))

@@ -106,6 +106,11 @@ class ChangesetStep(NamedTuple):
     out_ids: np.ndarray
     in_positions: np.ndarray
 
+    def mates(self, batch_size: int) -> np.ndarray:
+        """The page-mates this step inserts (int64): the ids placed past the batch's
+        ``batch_size`` rows, in the order of their positions."""
+        return self.in_ids[self.in_positions >= batch_size]
+
 
 @dataclass
 class FlatChangesets:
@@ -473,24 +478,24 @@ def _numba_changesets(flat: np.ndarray, ptr: np.ndarray, num_nodes: int, capacit
                       pages: PageOf | None = None, mate_fraction: float = 0.0,
                       mates_from: int = 0) -> Changesets:
     lid, M, uniq = local_ids(flat, num_nodes)
-    nxt, dup = K.next_use(lid, ptr, M)
+    nxt, dup, first = K.next_use(lid, ptr, M)
     if dup >= 0:
         raise _dup_error(ptr, dup, int(flat[dup]))
     mem = np.empty(flat.shape[0], np.int32 if M < (1 << 31) else np.int64)
     none = np.zeros(0, np.int64)
     grp_of, gptr, gids = np.zeros(0, np.int32), none, none
-    if pages is not None and capacity > 0 and flat.size:
+    # first uses < S mark the ids the trace has; more than the capacity, or C_0 holds
+    # them all and nothing misses
+    if pages is not None and 0 < capacity < np.count_nonzero(first < len(ptr) - 1):
         present = np.zeros(M, dtype=bool)  # O(T + M), no sort
-        present[lid] = True
-        if np.count_nonzero(present) > capacity:  # else C_0 holds every id: nothing misses
-            present[:] = False
-            present[lid[ptr[min(mates_from, len(ptr) - 1)]:]] = True
-            local = np.flatnonzero(present)
-            del present
-            ids = uniq[local] if uniq is not None else local
-            grp_of, gptr, gids = page_groups(ids, local, M, pages)
+        present[lid[ptr[min(mates_from, len(ptr) - 1)]:]] = True
+        local = np.flatnonzero(present)
+        del present
+        ids = uniq[local] if uniq is not None else local
+        grp_of, gptr, gids = page_groups(ids, local, M, pages)
     init, ins, inpos, in_ptr, outs, out_ptr, misses, later = K.belady_buckets(
-        lid, nxt, ptr, M, min(capacity, M), True, mem, grp_of, gptr, gids, mate_fraction)
+        lid, nxt, ptr, M, min(capacity, M), True, mem, grp_of, gptr, gids, mate_fraction,
+        first)
     if uniq is not None:
         init, ins, outs = uniq[init], uniq[ins], uniq[outs]
     return Changesets(init, ins, inpos, in_ptr, outs, out_ptr, misses, capacity, "numba",

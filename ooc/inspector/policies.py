@@ -89,7 +89,7 @@ def miss_curve_belady(batches: Sequence, capacities, threads: int = 2) -> np.nda
     flat, ptr, lid, M = _trace(batches)
     if (2 * (len(ptr) - 1) + 2) * M > (1 << 63) - 1:
         raise InvalidValue("cache policies: trace too long for int64 Belady keys")
-    nxt, dup = K.next_use(lid, ptr, M)
+    nxt, dup, _ = K.next_use(lid, ptr, M)
     if dup >= 0:
         raise InvalidValue(f"cache policies: node id {int(flat[dup])} occurs twice in one batch")
 

@@ -379,18 +379,17 @@ class DirectFeatures(RowTable):
         so a page that holds rows of both is read once (rows smaller than a page).
         """
         ids, dst = self._targets(ids, out, rows)
+        out2 = None
         if also is not None:
-            ids2, dst2 = self._targets(also[0], also[1], also[2])
-            if ids2.shape[0] and self.layout.row_bytes % PAGE == 0:
-                self._read(ids2, dst2, also[1])  # whole-page rows share no page
-            elif ids2.shape[0]:
-                ids = np.concatenate((ids, ids2))
-                dst = np.concatenate((dst, -1 - dst2))
-                if ids.shape[0]:
-                    self._read(ids, dst, out, also[1])
-                return out
+            ids2, dst2 = self._targets(*also)
+            if self.layout.row_bytes % PAGE == 0:  # whole-page rows share no page
+                if ids2.shape[0]:
+                    self._read(ids2, dst2, also[1])
+            else:  # one request; a negative target -1 - j is row j of out2
+                ids, dst = np.concatenate((ids, ids2)), np.concatenate((dst, -1 - dst2))
+                out2 = also[1]
         if ids.shape[0]:
-            self._read(ids, dst, out)
+            self._read(ids, dst, out, out2)
         return out
 
     def _targets(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray

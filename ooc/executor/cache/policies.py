@@ -69,8 +69,8 @@ class CachePolicy:
         raise InvalidValue(f"cache policy {self.name!r} has no changesets (schedule {self.schedule})")
 
     def mate_fraction(self, pages: PageOf | None) -> float:
-        """Rows a batch's buffer holds beyond the batch's own for the cache (page-mates),
-        as a fraction of them: none here."""
+        """Page-mates a step reads with a batch's misses at most, as a fraction of the
+        batch's ids (their buffer lives until the cache update): none here."""
         return 0.0
 
     def warm_up(self, num_nodes: int, device: str | None = "cpu") -> None:
@@ -207,7 +207,7 @@ class BeladyCache(CachePolicy):
 
     def mate_fraction(self, pages: PageOf | None) -> float:
         """Page-mates a step inserts at most, as a fraction of the batch's ids (0 when
-        rows do not share pages): the extra rows a batch's buffer holds."""
+        rows do not share pages)."""
         return float(self.page_mates) if pages is not None else 0.0
 
     def changesets(self, num_nodes: int, capacity: int, device: str | None,
@@ -263,10 +263,10 @@ class BeladyCache(CachePolicy):
             cached[init] = True
             for j, ids in enumerate(trace[a:a + s]):
                 misses += int((~cached[ids]).sum())
-                in_ids, out_ids, pos = cs.step(j)
-                mates += int((np.asarray(pos) >= len(ids)).sum())
-                cached[np.asarray(out_ids, dtype=np.int64)] = False
-                cached[np.asarray(in_ids, dtype=np.int64)] = True
+                step = cs.step(j)
+                mates += len(step.mates(len(ids)))
+                cached[np.asarray(step.out_ids, dtype=np.int64)] = False
+                cached[np.asarray(step.in_ids, dtype=np.int64)] = True
             out["superbatches"] += 1
         out.update(misses=misses, switch_reads=switch, page_mates=mates)
         return out

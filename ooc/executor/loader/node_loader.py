@@ -257,7 +257,8 @@ class NodeLoader:
 
     @classmethod
     def over_pipeline(cls, dataset, pipeline, seeds: np.ndarray, config, *,
-                      labels: bool | str = True, pin_memory: bool = False) -> "NodeLoader":
+                      labels: bool | str = True, pin_memory: bool = False,
+                      preset=None) -> "NodeLoader":
         """A loader over a pipeline its caller built with
         :func:`~ooc.executor.loader.stack.build_stack` (the trainer's training and
         evaluation pipelines): the same ``Data`` as any loader, and closing it leaves the
@@ -269,11 +270,12 @@ class NodeLoader:
             seeds: the pipeline's seed ids (int64 [n]), for ``data.input_id``.
             config: the :class:`~ooc.executor.training.config.TrainConfig` it was built with.
             labels, pin_memory: as for :class:`NodeLoader`.
+            preset: the preset the pipeline was built with (default ``config.mode``).
         """
         from .presets import resolve_preset
 
         self = cls.__new__(cls)
-        self.preset = resolve_preset(config.mode)
+        self.preset = resolve_preset(config.mode if preset is None else preset)
         self.num_workers = int(getattr(pipeline, "workers", 0))
         self.persistent_workers = False
         self._setup(dataset, np.asarray(seeds, dtype=np.int64), config,

@@ -313,15 +313,16 @@ class SuperbatchPipeline(BatchPipeline):
                         if stopped():
                             return
                         batch = samples.batch(j)
-                        in_ids, out_ids, in_pos = cs.step(j)
-                        # page-mates: inserted ids placed after the batch's rows, read
-                        # into a buffer of their own that lives until the update
-                        mates = in_ids[in_pos >= len(batch.node_ids)]
+                        step = cs.step(j)
+                        # page-mates: read with the misses into a buffer of their own that
+                        # lives until the update
+                        mates = step.mates(len(batch.node_ids))
                         mate_rows = np.empty((len(mates), cache.cache.shape[1]),
                                              cache.cache.dtype) if len(mates) else None
                         rows = self._gather(batch, mates, mate_rows)
                         t0 = time.perf_counter()
-                        cache.update(in_ids, out_ids, in_pos, rows, mate_rows)
+                        cache.update(step.in_ids, step.out_ids, step.in_positions, rows,
+                                     mate_rows)
                         del mate_rows
                         self.times.add("update", time.perf_counter() - t0)
                         yield batch, rows

@@ -714,7 +714,7 @@ def _main_loop(stack, cs, shape: _Shape, m: _Measured, dataset, training) -> Non
         step = cs.step(j % shape.S) if cs is not None else None
         mates = mate_rows = None
         if step is not None:
-            mates = step.in_ids[step.in_positions >= len(m.trace[j])]
+            mates = step.mates(len(m.trace[j]))
             mate_rows = np.empty((len(mates), cache.cache.shape[1]), cache.cache.dtype)
         with st["gather"]:
             if cache is not None:

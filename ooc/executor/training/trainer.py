@@ -119,10 +119,12 @@ class Trainer:
         dataset: an opened dataset (:func:`ooc.open_dataset`).
         config: the run's settings.
         pipeline: ``(train_pipeline, eval_pipeline_factory, features)``;
-            defaults to ``build_stack(dataset, config, options, plan)``.
+            defaults to ``build_stack(dataset, config, options, plan, preset=preset)``.
         log: where one-line messages go (default: ``tqdm.write`` to stdout).
         allow_empty_train: accept a dataset without training nodes (a
             partition that is only evaluated; do not call ``train_epoch``).
+        preset: a :class:`~ooc.executor.loader.presets.Preset` or cache policy object in
+            place of ``config.mode`` (e.g. ``BeladyCache(page_mates=0.25)``).
 
     Typical use::
 
@@ -135,7 +137,8 @@ class Trainer:
                  log: Callable[[str], None] | None = None, options=None,
                  allow_empty_train: bool = False, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None,
-                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 preset=None):
         config = config if config is not None else TrainConfig()
         config.validate()
         self.dataset = dataset
@@ -163,26 +166,30 @@ class Trainer:
         self.mode_info: dict[str, Any] = {}
         self._pipeline = None
         self._closed = False
+        from ..loader.presets import resolve_preset
+
+        #: what the loaders run: ``preset``, else ``config.mode``
+        self.preset = preset = resolve_preset(config.mode if preset is None else preset)
         if pipeline is None:
-            from ..loader.presets import resolve_preset
             from ..loader.process_budget import process_total
             from ..loader.stack import ModeOptions, build_stack
 
-            resolve_preset(config.mode)
             options = options or ModeOptions()
             budget = options.memory_budget or process_total()
             if budget:
                 from ..sizing.budget import plan_memory
 
                 self.memory_plan = plan_memory(dataset, config, budget, options,
-                                               model=self.model)
-            pipeline = build_stack(dataset, config, options, plan=self.memory_plan)
+                                               model=self.model, preset=preset)
+            pipeline = build_stack(dataset, config, options, plan=self.memory_plan,
+                                   preset=preset)
             self._pipeline = pipeline
             self.mode_info = dict(pipeline.info)
         self.train_producer, self.eval_producer_factory, self.features = pipeline
         #: the training batches as ``Data`` (seeds' labels only): the loader code users run
         self.train_loader = NodeLoader.over_pipeline(dataset, self.train_producer,
-                                                     dataset.train_idx, config, labels="seeds")
+                                                     dataset.train_idx, config, labels="seeds",
+                                                     preset=preset)
         self.labels = dataset.labels
         self.epoch = 0  # the last completed epoch
         self.history: list[dict[str, Any]] = []
@@ -326,7 +333,7 @@ class Trainer:
             return 0, 0
         self.model.eval()
         loader = NodeLoader.over_pipeline(self.dataset, self.eval_producer_factory(ids), ids,
-                                          self.config, labels="seeds")
+                                          self.config, labels="seeds", preset=self.preset)
         correct, count = 0, 0
         for data in loader.batches(0):
             data = data.to(self.device)
