@@ -62,6 +62,21 @@ def backend_or_skip(backend: str, path) -> None:
         pytest.skip(f"{backend} cannot run on this machine: {str(e).split(': ', 1)[-1]}")
 
 
+def feature_file(tmp_path: Path, num_rows: int, dim: int, dtype: str, seed: int = 0):
+    """``features.bin`` of ``num_rows`` random rows laid out as ooc stores them: ``(path,
+    layout, rows)`` (rows: [num_rows, dim] of ``dtype``)."""
+    from ooc.storage import FeatureLayout
+
+    lay = FeatureLayout(num_rows, dim, dtype)
+    rng = np.random.default_rng(seed)
+    rows = rng.standard_normal((num_rows, dim)).astype(dtype)
+    buf = np.zeros(lay.file_bytes, np.uint8)
+    lay.view(buf)[0:num_rows] = rows
+    path = tmp_path / f"features_{dim}_{dtype}.bin"
+    buf.tofile(path)
+    return path, lay, rows
+
+
 def in_threads(work, n: int = 4) -> list[BaseException]:
     """Run ``work(k)`` for ``k`` in ``range(n)``, each on a thread of its own, all at once;
     the exceptions they raised (an assertion in a thread is otherwise lost)."""

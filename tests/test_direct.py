@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from ooc.storage import (
-    PAGE, DirectFeatures, DirectReader, FeatureLayout, OocError, aligned_empty,
+    PAGE, DirectFeatures, DirectReader, OocError, aligned_empty,
     read_index_ranges, read_ranges,
 )
 from ooc.storage import io_backends as B
 from ooc.storage import notes, probe
 
-from conftest import backend_or_skip, in_threads, write_stand_in_binding
+from conftest import backend_or_skip, feature_file, in_threads, write_stand_in_binding
 
 BACKENDS = list(B.REGISTRY)
 
@@ -350,17 +350,6 @@ def test_auto_on_tmpfs(note_lines):
 
 
 # ------------------------------------------------------------------ features
-def _feature_file(tmp_path, num_rows, dim, dtype, seed=0):
-    lay = FeatureLayout(num_rows, dim, dtype)
-    rng = np.random.default_rng(seed)
-    rows = rng.standard_normal((num_rows, dim)).astype(dtype)
-    buf = np.zeros(lay.file_bytes, np.uint8)
-    lay.view(buf)[0:num_rows] = rows
-    path = tmp_path / f"features_{dim}_{dtype}.bin"
-    buf.tofile(path)
-    return path, lay, rows
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dim,dtype", [(7, "float32"), (128, "float32"), (100, "float16"),
                                        (1024, "float32"), (3000, "float16"), (2048, "float16"),
@@ -368,7 +357,7 @@ def _feature_file(tmp_path, num_rows, dim, dtype, seed=0):
 def test_features_match_numpy(tmp_path, backend, dim, dtype):
     """Rows smaller than a page (7, 128, 100), exactly a page (1024 f32, 2048 f16), three
     pages (3072 f32) and not a multiple of a page (3000 f16, 1500 f32)."""
-    path, lay, rows = _feature_file(tmp_path, 500, dim, dtype)
+    path, lay, rows = feature_file(tmp_path, 500, dim, dtype)
     backend_or_skip(backend, path)
     rng = np.random.default_rng(dim)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
@@ -399,7 +388,7 @@ def test_large_requests_read_in_pieces_of_a_bounded_buffer(tmp_path, backend, di
     """A request needing more than ``max_pages`` pages is read in pieces: the same rows
     (any order, repeats, into chosen rows), each page still read once, and the page
     buffer never larger than ``max_pages`` pages; a bad id fails before any read."""
-    path, lay, rows = _feature_file(tmp_path, 700, dim, dtype)
+    path, lay, rows = feature_file(tmp_path, 700, dim, dtype)
     backend_or_skip(backend, path)
     rng = np.random.default_rng(dim)
     max_pages = 3 * lay.pages_per_row
@@ -439,7 +428,7 @@ def test_feature_rows_take_the_direct_path_where_they_can(tmp_path, backend, dim
     ``rows_direct``) on every backend that allows it; an O_DIRECT read into a caller's
     array that is not page-aligned, and rows that are not whole pages, go through the page
     buffer (``rows_copied``). Either way the bytes are numpy's."""
-    path, lay, rows = _feature_file(tmp_path, 400, dim, dtype)
+    path, lay, rows = feature_file(tmp_path, 400, dim, dtype)
     backend_or_skip(backend, path)
     whole = lay.row_bytes % PAGE == 0
     rng = np.random.default_rng(5)
@@ -472,7 +461,7 @@ def test_whole_rows_merge_into_runs_only_where_the_target_is_contiguous(tmp_path
     """Rows next to each other in the file and in ``ids`` are one read (up to
     ``max_read_bytes``); rows next to each other in the file only are not; a repeated id
     is read once."""
-    path, lay, rows = _feature_file(tmp_path, 200, 2048, "float32")  # 2 pages a row
+    path, lay, rows = feature_file(tmp_path, 200, 2048, "float32")  # 2 pages a row
     backend_or_skip(backend, path)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend,
                         max_read_bytes=6 * PAGE) as f:
@@ -494,7 +483,7 @@ def test_whole_rows_merge_into_runs_only_where_the_target_is_contiguous(tmp_path
 def test_read_into_chosen_rows(tmp_path, backend, dim, dtype):
     """``read_into`` fills exactly ``out[rows]`` (other rows untouched), repeated ids
     included, into a page-aligned array and into one off a page boundary."""
-    path, lay, rows = _feature_file(tmp_path, 300, dim, dtype)
+    path, lay, rows = feature_file(tmp_path, 300, dim, dtype)
     backend_or_skip(backend, path)
     rng = np.random.default_rng(9)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
@@ -520,7 +509,7 @@ def test_read_into_chosen_rows(tmp_path, backend, dim, dtype):
 def test_read_into_a_second_array_in_the_same_request(tmp_path, backend, dim, dtype):
     """``also=(ids2, out2, rows2)``: the second rows land in ``out2[rows2]``, and a page that
     holds rows of both requests is read once (rows smaller than a page)."""
-    path, lay, rows = _feature_file(tmp_path, 400, dim, dtype)
+    path, lay, rows = feature_file(tmp_path, 400, dim, dtype)
     backend_or_skip(backend, path)
     rng = np.random.default_rng(4)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
@@ -542,7 +531,7 @@ def test_read_into_a_second_array_in_the_same_request(tmp_path, backend, dim, dt
 
 
 def test_read_into_refuses_bad_targets(tmp_path):
-    path, lay, _ = _feature_file(tmp_path, 50, 1024, "float32")
+    path, lay, _ = feature_file(tmp_path, 50, 1024, "float32")
     out = np.zeros((10, 1024), np.float32)
     with DirectFeatures(path, lay) as f:
         for ids, dst, words in [([1, 2], [0, 10], "target row 10 out of range [0, 10)"),
@@ -561,7 +550,7 @@ def test_read_into_refuses_bad_targets(tmp_path):
 
 
 def test_feature_read_refuses_a_wrong_out(tmp_path):
-    path, lay, rows = _feature_file(tmp_path, 50, 1024, "float32")
+    path, lay, rows = feature_file(tmp_path, 50, 1024, "float32")
     ids = np.array([1, 2, 3])
     with DirectFeatures(path, lay) as f:
         for bad in (np.empty((3, 1023), np.float32), np.empty((4, 1024), np.float32),
@@ -579,7 +568,7 @@ def test_feature_read_refuses_a_wrong_out(tmp_path):
 
 
 def test_features_truncated(tmp_path):
-    path, lay, _ = _feature_file(tmp_path, 100, 128, "float32")
+    path, lay, _ = feature_file(tmp_path, 100, 128, "float32")
     os.truncate(path, lay.file_bytes - PAGE)
     with pytest.raises(OocError, match="features_128_float32.bin.*truncated"):
         DirectFeatures(path, lay)
@@ -694,7 +683,7 @@ def test_liburing_wait_releases_the_gil(tmp_path):
 def test_small_rows_read_from_several_threads_at_once(tmp_path, backend):
     """Rows smaller than a page go through one page buffer: threads reading at once (the
     loaders of one memory budget, gather workers) each get their own rows."""
-    path, lay, rows = _feature_file(tmp_path, 5000, 24, "float32")  # 96 B rows
+    path, lay, rows = feature_file(tmp_path, 5000, 24, "float32")  # 96 B rows
     backend_or_skip(backend, path)
     with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
         def reader(k: int) -> None:

@@ -16,14 +16,14 @@ order rotated each round), and the table gives medians of the last epoch.
 fio (4 KiB random reads of ``features.bin`` at the same queue depth, see
 ``tools/fio.py``) runs before and after.
 
-Columns: epoch seconds; batches/s; device reads (4 KiB pages the process read
-from the disk, ``/proc/self/io``: every file, io_uring workers included);
-device IOPS over the epoch; read IOPS inside the loader (feature reads /
+Columns: epoch seconds; batches/s; device MiB (bytes the process read from the disk,
+``/proc/self/io``: every file, io_uring workers included) and MB/s over the epoch; read
+IOPS inside the loader (feature reads /
 seconds spent in the feature source's ``read``, page planning and row
 extraction included; the O_DIRECT presets); engine IOPS (the same reads /
 seconds inside the native io_uring engine: the rate while the ring reads,
 comparable with fio at the same depth); CPU seconds of the epoch
-(every thread of the child) and CPU µs per device read. ``--report`` writes
+(every thread of the child) and CPU µs per feature row read from the disk. ``--report`` writes
 ``speedup.ooc_vs_baseline``, ``speedup.ooc_vs_static`` (epoch-time ratios),
 ``read_efficiency.<preset>`` (bytes of the feature rows the O_DIRECT reader delivered, to a
 batch or to the cache, / feature bytes it read from the device; the baseline's memmaps leave
@@ -58,10 +58,16 @@ from ooc.cli import format_size  # noqa: E402
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 PRESETS = ("baseline", "static", "ooc")
-#: Variants for A/B runs: a name -> (the preset it changes, its cache policy's fields).
-#: ``ooc-mates``: ooc whose changesets also insert page-mates (rows on the pages a batch's
-#: misses read that the superbatch uses later; ``BeladyCache(page_mates=0.25)``).
-VARIANTS = {"ooc-mates": ("ooc", {"page_mates": 0.25})}
+#: Variants for A/B runs: a name -> (the preset it changes, its cache policy's fields,
+#: its ``ModeOptions`` fields). ``ooc-mates``: ooc whose changesets also insert page-mates
+#: (rows on the pages a batch's misses read that the superbatch uses later;
+#: ``BeladyCache(page_mates=0.25)``). ``<preset>-pages``: the preset reading whole 4 KiB
+#: pages where it would read a small row's 512 B sectors (``page_reads``).
+VARIANTS: dict[str, tuple[str, dict, dict]] = {
+    "ooc-mates": ("ooc", {"page_mates": 0.25}, {}),
+    "ooc-pages": ("ooc", {}, {"page_reads": True}),
+    "static-pages": ("static", {}, {"page_reads": True}),
+}
 log = memcg.log
 
 
@@ -90,14 +96,14 @@ def child(spec: dict) -> int:
     from ooc.executor.loader.presets import resolve_preset
 
     d = open_dataset(spec["data"])
-    mode, fields = VARIANTS.get(spec["preset"], (spec["preset"], {}))
+    mode, fields, options = VARIANTS.get(spec["preset"], (spec["preset"], {}, {}))
     preset = resolve_preset(mode)
     preset = replace(preset, policy=replace(preset.policy, **fields))  # a variant's policy
     cfg = TrainConfig(mode=mode, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
                       hidden=spec["hidden"], seed=spec["seed"], epochs=spec["epochs"],
                       device="cpu", progress=False, eval_final=False)
     opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
-                       runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"])
+                       runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"], **options)
     t = Trainer(d, cfg, options=opts, log=lambda m: None, preset=preset)
     epochs = []
     try:
@@ -157,7 +163,7 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
     last = rep["epochs"][-1]
     io = last["io"]
     ep = last["time_s"]
-    dev_reads = io.get("proc_read_bytes", 0) / 4096
+    dev_bytes = io.get("proc_read_bytes", 0)
     # rows the O_DIRECT feature reader delivered (batch misses and cache fills) against the
     # bytes it read from the device; memmaps leave that to the page cache: not measured
     rows_read = (io.get("feature_rows_direct") or 0) + (io.get("feature_rows_copied") or 0)
@@ -167,7 +173,7 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
     res.update({
         "epoch_s": ep, "epoch_times_s": [e["time_s"] for e in rep["epochs"]],
         "batches_per_s": last["batches"] / ep, "batches": last["batches"],
-        "device_reads": dev_reads, "device_iops": dev_reads / ep,
+        "device_bytes": dev_bytes, "device_mb_s": dev_bytes / ep / 1e6,
         "feature_read_ops": fr_ops, "feature_read_s": fr_s,
         "engine_busy_s": io.get("engine_busy_s"),
         "engine_reads_plain": io.get("engine_reads_plain"),
@@ -181,8 +187,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
         "feature_hit_ratio": io.get("feature_hit_ratio"),
         "read_efficiency": rows_read * rep["row_bytes"] / feature_dev if feature_dev else None,
         "neighbor_cache_hit_ratio": io.get("neighbor_cache_hit_ratio"),
-        "cpu_s": last["cpu_s"], "cpu_us_per_read": last["cpu_s"] / dev_reads * 1e6
-        if dev_reads else None,
+        "cpu_s": last["cpu_s"], "cpu_us_per_row": last["cpu_s"] / rows_read * 1e6
+        if rows_read else None,
         "stages_s": last["stages_s"], "mode_info": rep["mode_info"],
         "peak_rss_bytes": rep["peak_rss_bytes"]})
     return res
@@ -204,7 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--io-backend", default="auto", help="of the O_DIRECT presets")
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated; also the variants {', '.join(VARIANTS)} (ooc-mates: "
-                        "ooc with page-mates)")
+                        "ooc with page-mates; -pages: whole-page reads of small rows)")
     p.add_argument("--fio-seconds", type=int, default=10)
     p.add_argument("--report", type=Path, default=Path("loader.json"))
     args = p.parse_args(argv)
@@ -243,8 +249,8 @@ def main(argv=None) -> int:
     fio_after = run_fio("after")
     fio_iops = median([f["iops"] for f in (fio_before, fio_after) if f])
 
-    keys = ("epoch_s", "batches_per_s", "device_reads", "device_iops", "read_iops",
-            "engine_iops", "cpu_s", "cpu_us_per_read", "feature_hit_ratio", "read_efficiency",
+    keys = ("epoch_s", "batches_per_s", "device_bytes", "device_mb_s", "read_iops",
+            "engine_iops", "cpu_s", "cpu_us_per_row", "feature_hit_ratio", "read_efficiency",
             "peak_rss_bytes",
             "feature_read_s", "engine_busy_s", "feature_rows_direct", "feature_rows_copied",
             "feature_page_mates_read")
@@ -257,6 +263,7 @@ def main(argv=None) -> int:
         summary[m] = {k: median([r[k] for r in ok]) for k in keys}
         summary[m]["rounds"] = len(ok)
         summary[m]["reader"] = ok[0]["mode_info"].get("reader_backend", "mmap")
+        summary[m]["read_align"] = ok[0]["mode_info"].get("read_align")
         for k in ("read_iops", "engine_iops"):
             if summary[m][k] and fio_iops:
                 summary[m][f"{k}_vs_fio"] = summary[m][k] / fio_iops
@@ -296,8 +303,8 @@ def main(argv=None) -> int:
           f"epochs, medians of {args.rounds} interleaved rounds, {format_size(args.budget)} "
           f"cgroup each; fio {f(fio_iops, ',.0f')} IOPS (QD {args.queue_depth}, median of "
           f"before/after)\n")
-    print("| preset | reader | epoch s | batches/s | device reads | device IOPS | read IOPS "
-          "in loader | vs fio | engine IOPS | vs fio | CPU s | CPU µs/read | feature hit "
+    print("| preset | reader | epoch s | batches/s | device MiB | device MB/s | read IOPS "
+          "in loader | vs fio | engine IOPS | vs fio | CPU s | CPU µs/row | feature hit "
           "| read efficiency | peak RSS |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for m in presets:
@@ -305,11 +312,12 @@ def main(argv=None) -> int:
         if "error" in s:
             print(f"| {m} | failed: {s['error'][:120]} |")
             continue
-        print(f"| {m} | {s['reader']} | {s['epoch_s']:.2f} | {s['batches_per_s']:.1f} | "
-              f"{s['device_reads']:,.0f} | {s['device_iops']:,.0f} | {f(s['read_iops'], ',.0f')} "
+        unit = f" ({s['read_align']} B)" if s.get("read_align") else ""
+        print(f"| {m} | {s['reader']}{unit} | {s['epoch_s']:.2f} | {s['batches_per_s']:.1f} | "
+              f"{s['device_bytes'] / 2**20:,.0f} | {s['device_mb_s']:,.0f} | {f(s['read_iops'], ',.0f')} "
               f"| {f(s.get('read_iops_vs_fio'), '.2f')} | {f(s['engine_iops'], ',.0f')} | "
               f"{f(s.get('engine_iops_vs_fio'), '.2f')} | {s['cpu_s']:.2f} | "
-              f"{f(s['cpu_us_per_read'], '.1f')} | {f(s['feature_hit_ratio'], '.3f')} | "
+              f"{f(s['cpu_us_per_row'], '.1f')} | {f(s['feature_hit_ratio'], '.3f')} | "
               f"{f(s['read_efficiency'], '.3f')} | {format_size(s['peak_rss_bytes'] or 0)} |")
     print("\nspeedup: " + ", ".join(f"{k} {v:.2f}x" for k, v in sp.items()))
     print("reads inside the loader vs fio: " + (", ".join(

@@ -238,6 +238,9 @@ MODE: tuple[Setting, ...] = (
     Setting("io_backend", "auto", "how features and neighbour lists are read from disk: auto "
             "= the first that works here (a native backend is probed in a child process "
             "first; a fallback is one note on stderr)", "choice", choices=_backends),
+    Setting("page_reads", False, "read whole 4 KiB pages even where the device takes 512 B "
+            "O_DIRECT reads (by default a feature row or neighbour list smaller than a page "
+            "is read as the 512 B sectors it occupies)", "flag"),
 )
 
 #: Settings only ``python -m ooc.train`` has: evaluation, checkpoints, model averaging.

@@ -51,6 +51,8 @@ DEFAULT_MAX_READ_BYTES = 256 << 10
 #: a page buffer of its whole request.
 DEFAULT_MAX_BUFFER_PAGES = 16384
 _MAX_QUEUE_DEPTH = 4096
+#: ``lo``/``hi`` of a read plan that reads whole pages (see ``_direct_kernels.plan_runs``)
+_WHOLE = np.empty(0, np.int64)
 
 
 def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
@@ -86,8 +88,8 @@ class ReadStats:
 
     requests: int = 0     #: batched reads with at least one page
     read_ops: int = 0     #: syscall-level reads (io_uring SQEs, preadv calls, mmap runs)
-    pages: int = 0        #: pages delivered
-    bytes_read: int = 0   #: bytes delivered
+    pages: int = 0        #: pages read from, whole or in part
+    bytes_read: int = 0   #: bytes read
     rows_direct: int = 0  #: feature rows read straight into the caller's rows
     rows_copied: int = 0  #: feature rows read into the page buffer and copied out
 
@@ -119,17 +121,21 @@ class DirectReader:
             wrote a moment ago; the reads still go many at a time.
         max_buffer_pages: the scratch buffer doubles as requests grow, but not past this
             many pages unless one request needs more.
+        page_reads: read whole pages even where the backend and device take
+            :data:`~ooc.storage.layout.SECTOR`-sized reads (see :attr:`read_align`).
 
     Attributes:
         backend: name of the backend in use. ``o_direct``: whether the page cache is
-            bypassed. ``stats``: :class:`ReadStats`. ``size``: file size in bytes;
-            ``num_pages``: pages readable (a partial last page is not readable: a
-            short read).
+            bypassed. ``read_align``: what reads of part of a page are rounded out to
+            (``SECTOR``, 512, where the backend and the device take it, else ``PAGE``):
+            :class:`DirectFeatures` reads a small row's sectors, not its page.
+            ``stats``: :class:`ReadStats`. ``size``: file size in bytes; ``num_pages``:
+            pages readable (a partial last page is not readable: a short read).
     """
 
     def __init__(self, path, queue_depth: int = 64, backend: str = "auto",
                  max_read_bytes: int = DEFAULT_MAX_READ_BYTES, page_cache: bool = False,
-                 max_buffer_pages: int = DEFAULT_MAX_BUFFER_PAGES):
+                 max_buffer_pages: int = DEFAULT_MAX_BUFFER_PAGES, page_reads: bool = False):
         self.path = os.fspath(path)
         self.max_buffer_pages = max(1, int(max_buffer_pages))
         check_choice(backend)
@@ -151,6 +157,7 @@ class DirectReader:
         self._finalizer = weakref.finalize(self, _close_backend, self._holder)
         self.backend: str = self._io.name
         self.o_direct: bool = self._io.o_direct
+        self.read_align: int = PAGE if page_reads else self._io.read_align
 
     @property
     def backend_label(self) -> str:
@@ -195,30 +202,33 @@ class DirectReader:
         return self._io.fresh_buffers
 
     def read_runs_into_scratch(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
-                               npages: int) -> np.ndarray:
+                               npages: int, nbytes: int) -> np.ndarray:
         """:meth:`read_runs` into the scratch buffer; its first ``npages`` pages. The caller
         serialises its uses of the buffer (see the module docstring)."""
         buf = self.scratch(npages * PAGE)
-        self.read_runs(offs, lens, bufs, self._scratch, npages, reuse=True)
+        self.read_runs(offs, lens, bufs, self._scratch, npages, reuse=True, nbytes=nbytes)
         return buf
 
-    def _read_into_scratch(self, pages: np.ndarray) -> np.ndarray:
+    def _read_into_scratch(self, pages: np.ndarray, lo: np.ndarray = _WHOLE,
+                           hi: np.ndarray = _WHOLE) -> np.ndarray:
         """:meth:`read_pages` into the scratch buffer; its first ``len(pages)`` pages.
 
         The backend is handed the whole buffer, not the slice: a backend that
         registers it then does so once per growth, not once per larger request.
         """
         buf = self.scratch(pages.shape[0] * PAGE)
-        self.read_pages(pages, self._scratch)
+        self.read_pages(pages, self._scratch, lo, hi)
         return buf
 
-    def read_pages(self, pages: np.ndarray, out: np.ndarray) -> None:
+    def read_pages(self, pages: np.ndarray, out: np.ndarray, lo: np.ndarray = _WHOLE,
+                   hi: np.ndarray = _WHOLE) -> None:
         """Read ``pages`` (int64 sorted unique page ids) into ``out``.
 
-        Page ``pages[k]`` lands at ``out[k*4096:(k+1)*4096]``. ``out`` is a
-        C-contiguous, page-aligned uint8 array of at least ``len(pages)*4096``
-        bytes. Raises :class:`OocError` naming the file on a page past the end
-        of the file, a short read or an I/O error.
+        Page ``pages[k]`` lands at ``out[k*4096:(k+1)*4096]``; only its bytes
+        ``[lo[k], hi[k])`` when those are given (int64 [len(pages)], multiples of
+        :attr:`read_align`). ``out`` is a C-contiguous, page-aligned uint8 array of at
+        least ``len(pages)*4096`` bytes. Raises :class:`OocError` naming the file on a
+        page past the end of the file, a short read or an I/O error.
         """
         pages = np.ascontiguousarray(pages, dtype=np.int64)
         n = pages.shape[0]
@@ -232,7 +242,7 @@ class DirectReader:
             raise InvalidValue(f"out has {out.size} bytes, {n} pages need {n * PAGE}")
         if not _is_aligned(out) and self.o_direct:
             raise InvalidValue("out must be page aligned (use aligned_empty)")
-        offs, lens, bufs, status = K.plan_runs(pages, self.max_run_pages)
+        offs, lens, bufs, nbytes, status = K.plan_runs(pages, lo, hi, self.max_run_pages)
         if status == 1:
             raise InvalidValue("pages must be sorted and unique")
         if status == 2:
@@ -244,13 +254,14 @@ class DirectReader:
                     f"or not padded to 4 KiB") if last == self.num_pages and tail else "past the end"
             raise InvalidValue(f"{self.path}: page {last} requested but the file has "
                            f"{self.size} bytes ({self.num_pages} whole pages): {what}")
-        self.read_runs(offs, lens, bufs, out, n, reuse=True)
+        self.read_runs(offs, lens, bufs, out, n, reuse=True, nbytes=nbytes)
 
     def read_runs(self, offs: np.ndarray, lens: np.ndarray, bufs: np.ndarray,
-                   out: np.ndarray, npages: int, reuse: bool) -> None:
+                  out: np.ndarray, npages: int, reuse: bool, nbytes: int | None = None) -> None:
         """Hand planned runs (int64 ``[nruns]`` byte offsets, lengths, offsets in
-        ``out``) of ``npages`` pages in all to the backend and count them. ``reuse``:
-        whether ``out`` will be read into again (a backend may register it)."""
+        ``out``, multiples of :attr:`read_align`) from ``npages`` pages in all to the
+        backend and count them (``nbytes``: their bytes, when not whole pages).
+        ``reuse``: whether ``out`` will be read into again (a backend may register it)."""
         with self._lock:
             if self.closed:
                 raise InvalidValue(f"{self.path}: reader is closed")
@@ -258,7 +269,7 @@ class DirectReader:
             self.stats.read_ops += offs.shape[0]
             self.stats.requests += 1
             self.stats.pages += npages
-            self.stats.bytes_read += npages * PAGE
+            self.stats.bytes_read += npages * PAGE if nbytes is None else nbytes
 
 
 # ---------------------------------------------------------------- helpers
@@ -267,7 +278,8 @@ def read_ranges(reader: DirectReader, byte_starts: np.ndarray, byte_ends: np.nda
     """Read byte ranges ``[byte_starts[i], byte_ends[i])`` of the reader's file.
 
     Every page is read once even when ranges share it, in one batched
-    request. Returns ``(buf, offsets)``: range i's bytes are
+    request, and of a page only the :attr:`~DirectReader.read_align` multiples
+    that the ranges cover. Returns ``(buf, offsets)``: range i's bytes are
     ``buf[offsets[i] : offsets[i] + byte_ends[i] - byte_starts[i]]``.
     ``buf`` is ``out`` when given (page-aligned uint8, large enough), else the
     reader's scratch buffer, which the next call on the same reader reuses.
@@ -276,15 +288,15 @@ def read_ranges(reader: DirectReader, byte_starts: np.ndarray, byte_ends: np.nda
     ends = np.ascontiguousarray(byte_ends, dtype=np.int64)
     if starts.shape != ends.shape or starts.ndim != 1:
         raise InvalidValue("byte_starts and byte_ends must be 1-D arrays of equal length")
-    pages, offsets, bad = K.range_pages(starts, ends)
+    pages, lo, hi, offsets, bad = K.range_pages(starts, ends, reader.read_align)
     if bad >= 0:
         raise InvalidValue(f"bad byte range {bad}: [{starts[bad]}, {ends[bad]})")
     need = pages.shape[0] * PAGE
     if out is None:
-        return reader._read_into_scratch(pages), offsets
+        return reader._read_into_scratch(pages, lo, hi), offsets
     if out.size < need:
         raise InvalidValue(f"out has {out.size} bytes, the ranges need {need}")
-    reader.read_pages(pages, out)
+    reader.read_pages(pages, out, lo, hi)
     return out, offsets
 
 
@@ -320,7 +332,10 @@ class DirectFeatures(RowTable):
       rows for an ``out`` off a page boundary, are read into the reader's page
       buffer and copied out (``extract_rows``); a request of more than
       ``max_pages`` pages is read in pieces of at most that many, in file order,
-      so the buffer stays at most ``max_pages * 4096`` bytes.
+      so the buffer stays at most ``max_pages * 4096`` bytes. Of a page shared by
+      rows, only the sectors (512 B) its wanted rows occupy are read where the
+      device takes such reads (``reader.read_align``; ``page_reads=True``: whole
+      pages): a 512 B row costs 512 B of the disk's bandwidth, not 4 KiB.
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
 
@@ -330,13 +345,14 @@ class DirectFeatures(RowTable):
 
     def __init__(self, path, layout: FeatureLayout, queue_depth: int = 64,
                  backend: str = "auto", max_read_bytes: int = DEFAULT_MAX_READ_BYTES,
-                 max_pages: int = DEFAULT_MAX_BUFFER_PAGES):
+                 max_pages: int = DEFAULT_MAX_BUFFER_PAGES, page_reads: bool = False):
         self.path = Path(path)
         self.layout = layout
         self.max_pages = max(1, int(max_pages), layout.pages_per_row)
         self._scratch_lock = threading.Lock()  # the page buffer: filled, then copied out
         self.reader = DirectReader(path, queue_depth=queue_depth, backend=backend,
-                                   max_read_bytes=max_read_bytes, max_buffer_pages=self.max_pages)
+                                   max_read_bytes=max_read_bytes, max_buffer_pages=self.max_pages,
+                                   page_reads=page_reads)
         if self.reader.size < layout.file_bytes:
             size = self.reader.size
             self.reader.close()
@@ -430,10 +446,11 @@ class DirectFeatures(RowTable):
             return
         with self._scratch_lock:
             for part, pdst in self._pieces(ids, dst):
-                offs, lens, bufs, slot, npages, bad = K.plan_page_reads(
-                    part, lay.rows_per_page, lay.pages_per_row, lay.num_rows, r.max_run_pages)
+                offs, lens, bufs, slot, npages, nbytes, bad = K.plan_page_reads(
+                    part, lay.rows_per_page, lay.pages_per_row, lay.row_bytes, lay.num_rows,
+                    r.max_run_pages, r.read_align)
                 self._check_ids(part, bad)
-                buf = r.read_runs_into_scratch(offs, lens, bufs, npages)
+                buf = r.read_runs_into_scratch(offs, lens, bufs, npages, nbytes)
                 K.extract_rows(buf, part, slot, lay.rows_per_page, lay.row_bytes, pdst, rows,
                                rows2)
             r.stats.rows_copied += ids.shape[0]

@@ -36,7 +36,7 @@ from typing import ClassVar
 import numpy as np
 
 from .errors import InvalidValue, OocError
-from .layout import PAGE
+from .layout import PAGE, SECTOR
 from .notes import note
 from .errors import IOFailure
 
@@ -84,6 +84,8 @@ class ReadBackend:
     #: Reading into a buffer used once costs nothing extra (False: the backend keeps
     #: state per buffer, so callers should read into a reused buffer).
     fresh_buffers: ClassVar[bool] = True
+    #: Reads runs at any multiple of :data:`SECTOR` (False: whole pages only).
+    sub_page: ClassVar[bool] = True
 
     def __init__(self, path: str, size: int, queue_depth: int, page_cache: bool = False):
         self.path = path
@@ -91,6 +93,10 @@ class ReadBackend:
         self.queue_depth = queue_depth
         self.page_cache = page_cache
         self.o_direct = False
+        #: what the offsets and lengths of runs are multiples of: :data:`SECTOR` where the
+        #: backend takes it and ``O_DIRECT`` reads one (a device of 512 B logical blocks),
+        #: else ``PAGE`` (the page cache reads whole pages anyway)
+        self.read_align = PAGE
 
     @classmethod
     def version(cls) -> str:
@@ -104,7 +110,7 @@ class ReadBackend:
                   out: np.ndarray, reuse: bool = True) -> None:
         """Read run i: ``lens[i]`` bytes at file offset ``offs[i]`` into ``out[bufs[i]:]``.
 
-        ``offs``, ``lens``, ``bufs`` are int64 ``[n]`` multiples of 4096; ``out`` a
+        ``offs``, ``lens``, ``bufs`` are int64 ``[n]`` multiples of :attr:`read_align`; ``out`` a
         page-aligned uint8 array large enough for every run. ``reuse``: whether
         ``out`` will be read into again (a backend may then set it up once, e.g.
         register it with the kernel). Raises :class:`OocError` naming the file on
@@ -129,7 +135,9 @@ class ReadBackend:
         :attr:`page_cache` (then with readahead off: the runs are what is needed).
 
         Some file systems accept the flag but fail the reads, so one page is read
-        to check. Sets :attr:`o_direct`; returns the descriptor.
+        to check, and then one :data:`SECTOR` at a sector's offset: where that fails
+        (a device of 4 KiB logical blocks), :attr:`read_align` is ``PAGE``. Sets
+        :attr:`o_direct`; returns the descriptor.
         """
         if not self.page_cache:
             try:
@@ -139,8 +147,10 @@ class ReadBackend:
                     raise IOFailure(f"{self.path}: cannot open for reading: {e.strerror}") from None
                 fd = -1
             if fd >= 0:
-                if self.size < PAGE or _probe_read(fd):
+                if self.size < PAGE or _probe_read(fd, PAGE, 0):
                     self.o_direct = True
+                    if self.sub_page and self.size >= PAGE and _probe_read(fd, SECTOR, SECTOR):
+                        self.read_align = SECTOR
                     return fd
                 os.close(fd)
         try:
@@ -160,15 +170,18 @@ class ReadBackend:
             raise Refused("O_DIRECT refused by the file system (EINVAL)")
 
 
-def _probe_read(fd: int) -> bool:
+def _probe_read(fd: int, nbytes: int, offset: int) -> bool:
+    """Whether ``nbytes`` at file ``offset`` read into a buffer at that offset from a
+    page boundary (so as aligned as the offset) come back whole."""
     if not hasattr(os, "preadv"):
-        return True  # cannot probe; read errors surface as OocError later
+        return nbytes >= PAGE  # cannot probe; read errors surface as OocError later
     from .direct import aligned_empty
 
-    buf = aligned_empty(PAGE)
+    buf = aligned_empty(PAGE + offset)
     try:
         # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
-        return os.preadv(fd, [memoryview(buf)], 0) == PAGE  # type: ignore[arg-type]
+        view = memoryview(buf)[offset:offset + nbytes]  # type: ignore[arg-type]
+        return os.preadv(fd, [view], offset) == nbytes
     except OSError:
         return False
 

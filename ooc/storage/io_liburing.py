@@ -91,6 +91,7 @@ class LiburingBackend(ReadBackend):
     probe_in_child = True
     binding = "liburing"
     fresh_buffers = False  # one memoryview per page of every buffer, kept for ever
+    sub_page = False  # the same per-page memoryviews: whole pages only
 
     @classmethod
     def version(cls) -> str:

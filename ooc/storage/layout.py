@@ -16,6 +16,8 @@ import numpy as np
 from .errors import InvalidValue
 
 PAGE = 4096
+#: The smallest ``O_DIRECT`` read: a logical block of most devices (others take ``PAGE``).
+SECTOR = 512
 
 FEATURE_DTYPES = ("float32", "float16")
 

@@ -173,7 +173,10 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
 
     backend = "auto" if kind in ("auto", "direct") else kind
     try:
-        f = DirectFeatures(dataset.file("features.bin"), dataset.layout, backend=backend)
+        # whole pages: the blocks' plans count the pages they read (a block wants most rows
+        # of the pages it touches, so reading their sectors alone would save little)
+        f = DirectFeatures(dataset.file("features.bin"), dataset.layout, backend=backend,
+                           page_reads=True)
         return dataset.by_node(f), f"direct ({f.backend})"
     except (OocError, ValueError) as e:
         if kind != "auto":

@@ -116,17 +116,19 @@ class DirectReaders(Readers):
         from ...storage.direct import DirectFeatures, DirectReader
 
         reader = DirectReader(dataset.file("indices.bin"), queue_depth=options.queue_depth,
-                              backend=options.io_backend)
+                              backend=options.io_backend, page_reads=options.page_reads)
         nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
                                dtype=dataset.index_dtype, owns_reader=True)
         try:
             feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
-                                   queue_depth=options.queue_depth, backend=options.io_backend)
+                                   queue_depth=options.queue_depth, backend=options.io_backend,
+                                   page_reads=options.page_reads)
         except BaseException:
             nsrc.close()
             raise
         info = {"queue_depth": options.queue_depth, "reader_backend": feats.backend,
-                "neighbor_reader_backend": reader.backend}
+                "neighbor_reader_backend": reader.backend,
+                "read_align": feats.reader.read_align, "neighbor_read_align": reader.read_align}
         return Sources(nsrc, dataset.by_node(feats), info, [nsrc.close, feats.close])
 
 

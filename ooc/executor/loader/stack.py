@@ -73,6 +73,8 @@ class ModeOptions:
         io_threads: threads of the baseline's memmap copies.
         io_backend: the O_DIRECT readers' backend (``auto`` or a name of
             :data:`ooc.storage.io_backends.REGISTRY`); baseline reads through memmaps.
+        page_reads: the O_DIRECT readers read whole pages even where the device takes
+            512 B reads (see :class:`~ooc.storage.direct.DirectReader`).
     """
 
     superbatch_size: int | None = _S["superbatch_size"].field()
@@ -84,6 +86,7 @@ class ModeOptions:
     io_threads: int = _S["io_threads"].field()
     memory_budget: int | None = _S["memory_budget"].field()
     io_backend: str = _S["io_backend"].field()
+    page_reads: bool = _S["page_reads"].field()
 
     def validate(self) -> None:
         """Check every setting (one-line :class:`InvalidValue` naming it as the caller

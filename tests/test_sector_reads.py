@@ -1,0 +1,190 @@
+"""Reads of part of a page: rows smaller than a page and neighbour lists are read as the
+512 B sectors they occupy where the backend and the device take such reads.
+
+Every read lands in a page buffer first filled with a poison byte, so a sector the plan
+left out shows up as wrong bytes; the bytes and reads counted are compared with a
+plain-Python statement of the plan.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ooc.storage import PAGE, DirectFeatures, DirectReader, read_ranges
+from ooc.storage import io_backends as B
+from ooc.storage.layout import SECTOR
+
+from conftest import backend_or_skip, feature_file
+
+BACKENDS = list(B.REGISTRY)
+POISON = 0xA5
+
+
+def _poison(reader: DirectReader, npages: int) -> None:
+    reader.scratch(npages * PAGE)
+    reader._scratch.fill(POISON)
+
+
+def _plan(ranges: list[tuple[int, int]], align: int, max_run_pages: int) -> tuple[int, int]:
+    """(bytes, reads) of reading byte ranges ``[s, e)``: each page's wanted bytes rounded
+    out to ``align``, consecutive pages one read (with the bytes between their spans)."""
+    spans: dict[int, tuple[int, int]] = {}
+    for s, e in ranges:
+        for p in range(s // PAGE, (e - 1) // PAGE + 1):
+            a = max(s, p * PAGE) - p * PAGE
+            b = min(e, (p + 1) * PAGE) - p * PAGE
+            a, b = a // align * align, -(-b // align) * align
+            lo, hi = spans.get(p, (PAGE, 0))
+            spans[p] = (min(lo, a), max(hi, b))
+    pages = sorted(spans)
+    total = reads = i = 0
+    while i < len(pages):
+        j = i
+        while (j + 1 < len(pages) and pages[j + 1] == pages[j] + 1
+               and pages[j + 1] - pages[i] < max_run_pages):
+            j += 1
+        total += pages[j] * PAGE + spans[pages[j]][1] - (pages[i] * PAGE + spans[pages[i]][0])
+        reads += 1
+        i = j + 1
+    return total, reads
+
+
+def _logical_block(path) -> int | None:
+    """The logical block size of the device holding ``path``, from sysfs (None: unknown,
+    e.g. tmpfs)."""
+    st = os.stat(path)
+    base = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    for q in (f"{base}/queue/logical_block_size", f"{base}/../queue/logical_block_size"):
+        try:
+            with open(q) as f:
+                return int(f.read())
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,dtype", [(3, "float32"), (100, "float32"), (128, "float32"),
+                                       (100, "float16"), (700, "float32")])
+def test_small_rows_read_as_sectors_match_numpy(tmp_path, backend, dim, dtype):
+    """Rows of 12, 400 (straddling sectors), 512, 200 and 2800 bytes, any order, repeats."""
+    path, lay, rows = feature_file(tmp_path, 3000, dim, dtype)
+    backend_or_skip(backend, path)
+    rng = np.random.default_rng(dim)
+    with DirectFeatures(path, lay, queue_depth=8, backend=backend) as f:
+        if backend == "liburing":
+            assert f.reader.read_align == PAGE  # per-page buffers: whole pages only
+        for n in (1, 5, 60, 700):
+            ids = rng.integers(0, 3000, n)
+            _poison(f.reader, lay.num_pages)
+            np.testing.assert_array_equal(f.read(ids), rows[ids])
+        # misses and a second destination in one request
+        ids = rng.choice(3000, 80, replace=False)
+        out = np.zeros((100, dim), dtype)
+        out2 = np.zeros((30, dim), dtype)
+        _poison(f.reader, lay.num_pages)
+        f.read_into(ids[:50], out, np.arange(50, 100), also=(ids[50:], out2, np.arange(30)))
+        np.testing.assert_array_equal(out[50:], rows[ids[:50]])
+        np.testing.assert_array_equal(out2, rows[ids[50:]])
+
+
+@pytest.mark.parametrize("dim,dtype", [(3, "float32"), (100, "float32"), (128, "float32"),
+                                       (700, "float32")])
+def test_sector_reads_count_what_the_plan_reads(tmp_path, dim, dtype):
+    """Bytes and reads equal the plain-Python plan; whole-page reads of the same rows
+    take as many reads and more bytes."""
+    path, lay, rows = feature_file(tmp_path, 4000, dim, dtype)
+    rng = np.random.default_rng(1)
+    with DirectFeatures(path, lay, queue_depth=8, backend="preadv") as f, \
+            DirectFeatures(path, lay, queue_depth=8, backend="preadv", page_reads=True) as g:
+        assert g.reader.read_align == PAGE
+        align = f.reader.read_align
+        if align != SECTOR:
+            pytest.skip(f"{path.parent} takes no 512 B O_DIRECT reads (logical block "
+                        f"{_logical_block(path)})")
+        for n in (1, 7, 90, 400):
+            ids = rng.integers(0, 4000, n)
+            ranges = [(int(o), int(o) + lay.row_bytes) for o in lay.row_offsets(ids)]
+            want_bytes, want_reads = _plan(ranges, SECTOR, f.reader.max_run_pages)
+            page_bytes, page_reads = _plan(ranges, PAGE, f.reader.max_run_pages)
+            for r, (b, k) in ((f, (want_bytes, want_reads)), (g, (page_bytes, page_reads))):
+                before = r.stats.as_dict()
+                np.testing.assert_array_equal(r.read(ids), rows[ids])
+                assert r.stats.bytes_read - before["bytes_read"] == b
+                assert r.stats.read_ops - before["read_ops"] == k
+            assert want_reads == page_reads
+            assert want_bytes <= page_bytes
+        # one row alone on its page costs the sectors it spans, not the page
+        one = np.array([lay.rows_per_page * 3 + 1])
+        o = int(lay.row_offsets(one)[0])
+        before = f.stats.bytes_read
+        f.read(one)
+        spanned = (-(-(o + lay.row_bytes) // SECTOR) - o // SECTOR) * SECTOR
+        assert f.stats.bytes_read - before == spanned < PAGE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("max_read", [1 << 20, PAGE])
+def test_byte_ranges_read_as_sectors(tmp_path, backend, max_read):
+    """Neighbour-list-like ranges: within a sector, across sectors, across pages, empty,
+    sharing pages; their bytes from a poisoned buffer and the bytes counted (reads of one
+    page each, or adjacent pages merged)."""
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, 40 * PAGE, dtype=np.uint8)
+    path = tmp_path / "indices.bin"
+    data.tofile(path)
+    backend_or_skip(backend, path)
+    cases = [
+        [(10, 20)],
+        [(500, 530)],  # across a sector boundary
+        [(4000, 4200)],  # across a page boundary
+        [(100, 9000)],  # three pages
+        [(7, 7), (8192 + 600, 8192 + 700), (8192 + 3000, 8192 + 3100), (3 * PAGE, 5 * PAGE)],
+        [(int(s), int(s) + int(n)) for s, n in zip(rng.integers(0, 39 * PAGE, 200),
+                                                   rng.integers(0, 300, 200))],
+    ]
+    with DirectReader(path, backend=backend, queue_depth=8, max_read_bytes=max_read) as r:
+        for ranges in cases:
+            s = np.array([a for a, _ in ranges], np.int64)
+            e = np.array([b for _, b in ranges], np.int64)
+            _poison(r, 40)
+            before = r.stats.as_dict()
+            buf, off = read_ranges(r, s, e)
+            for i, (a, b) in enumerate(ranges):
+                np.testing.assert_array_equal(buf[off[i]:off[i] + b - a], data[a:b])
+            nonempty = [(a, b) for a, b in ranges if b > a]
+            want_bytes, want_reads = _plan(nonempty, r.read_align, r.max_run_pages)
+            assert r.stats.bytes_read - before["bytes_read"] == want_bytes
+            assert r.stats.read_ops - before["read_ops"] == want_reads
+
+
+def test_read_align_follows_the_device(tmp_path):
+    """512 B reads where the device's logical block is 512 B, whole pages where it is
+    4 KiB: the reader must not quietly read pages on a device that takes sectors."""
+    path, lay, _ = feature_file(tmp_path, 100, 128, "float32")
+    lbs = _logical_block(path)
+    with DirectReader(path, backend="preadv") as r:
+        if not r.o_direct:
+            pytest.skip(f"{tmp_path} refuses O_DIRECT")
+        if lbs is None:
+            pytest.skip(f"no logical block size in sysfs for {tmp_path} (tmpfs?); "
+                        f"read_align {r.read_align}")
+        assert r.read_align == (SECTOR if lbs <= SECTOR else PAGE)
+
+
+def test_a_device_that_refuses_sector_reads_gets_pages(tmp_path, monkeypatch):
+    """Where a 512 B O_DIRECT read fails (a device of 4 KiB blocks), whole pages are read."""
+    path, lay, rows = feature_file(tmp_path, 2000, 100, "float32")
+    real = B._probe_read
+    monkeypatch.setattr(B, "_probe_read",
+                        lambda fd, nbytes, offset: nbytes >= PAGE and real(fd, nbytes, offset))
+    with DirectFeatures(path, lay, queue_depth=8, backend="preadv") as f:
+        if not f.reader.o_direct:
+            pytest.skip(f"{tmp_path} refuses O_DIRECT")
+        assert f.reader.read_align == PAGE
+        ids = np.array([5, 900, 1999, 6])
+        _poison(f.reader, lay.num_pages)
+        np.testing.assert_array_equal(f.read(ids), rows[ids])
+        assert f.stats.bytes_read == f.stats.pages * PAGE
