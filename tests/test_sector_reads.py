@@ -188,3 +188,33 @@ def test_a_device_that_refuses_sector_reads_gets_pages(tmp_path, monkeypatch):
         _poison(f.reader, lay.num_pages)
         np.testing.assert_array_equal(f.read(ids), rows[ids])
         assert f.stats.bytes_read == f.stats.pages * PAGE
+
+
+def test_the_loader_readers_read_sectors_unless_told_pages(small_dataset):
+    """The O_DIRECT presets' feature and neighbour readers take the device's sectors by
+    default (the stack reports it) and whole pages with ``page_reads=True``: the same
+    rows and lists, fewer bytes."""
+    from ooc.executor.loader.presets import resolve_preset
+    from ooc.executor.loader.stack import ModeOptions, open_sources
+    from ooc.storage import open_dataset
+
+    path, arrays = small_dataset
+    ds = open_dataset(path)
+    lbs = _logical_block(ds.file("features.bin"))
+    ids = np.arange(3, 500, 37)
+    got = {}
+    for pages in (False, True):
+        src = open_sources(ds, resolve_preset("static"), ModeOptions(page_reads=pages))
+        try:
+            if not pages and (lbs is None or lbs > SECTOR):
+                pytest.skip(f"{path} is on a device of {lbs} B blocks (or unknown)")
+            want = PAGE if pages else SECTOR
+            assert (src.info["read_align"], src.info["neighbor_read_align"]) == (want, want)
+            feats = src.features  # node order: the reader itself
+            assert isinstance(feats, DirectFeatures)
+            before = feats.stats.bytes_read
+            np.testing.assert_array_equal(feats.read(ids), arrays["features"][ids])
+            got[pages] = feats.stats.bytes_read - before
+        finally:
+            src.close()
+    assert got[False] < got[True]
