@@ -65,48 +65,77 @@ def test_window_size_does_not_change_the_order(window):
                                   ref)
 
 
-def _sweep_reference(indptr, indices, label, size, cap) -> int:
-    """One sweep in plain Python: each node in id order takes the most frequent label of its
-    in-neighbours whose group has room (ties: its own, then the smallest)."""
+def _sweep_reference(indptr, indices, label, size, cap, block=1) -> int:
+    """One sweep in plain Python: in blocks of ``block`` nodes, each node of a block picks
+    the most frequent label of its in-neighbours whose group has room (ties: its own, then
+    the smallest) as labels stood when the block began; then, in id order, each moves to
+    its pick if that group still has room."""
     moved = 0
-    for v in range(len(indptr) - 1):
-        nbrs = indices[indptr[v]:indptr[v + 1]]
-        if not len(nbrs):
-            continue
-        cur = int(label[v])
-        labs, counts = np.unique(label[nbrs], return_counts=True)
-        ok = [(int(c), int(lab) == cur, -int(lab)) for lab, c in zip(labs, counts)
-              if lab == cur or size[lab] < cap]
-        best = -max(ok)[2] if ok else cur
-        if best != cur:
-            size[cur] -= 1
-            size[best] += 1
-            label[v] = best
-            moved += 1
+    n = len(indptr) - 1
+    for b0 in range(0, n, block):
+        picks = []
+        for v in range(b0, min(n, b0 + block)):
+            nbrs = indices[indptr[v]:indptr[v + 1]]
+            cur = int(label[v])
+            labs, counts = np.unique(label[nbrs], return_counts=True)
+            ok = [(int(c), int(lab) == cur, -int(lab)) for lab, c in zip(labs, counts)
+                  if lab == cur or size[lab] < cap]
+            picks.append(-max(ok)[2] if ok else cur)
+        for v, best in zip(range(b0, min(n, b0 + block)), picks):
+            cur = int(label[v])
+            if best != cur and size[best] < cap:
+                size[cur] -= 1
+                size[best] += 1
+                label[v] = best
+                moved += 1
     return moved
 
 
 @pytest.mark.parametrize("cap", [2, 5, 1 << 20])
-def test_a_sweep_matches_a_plain_reference(cap):
-    """The kernel's sweep (tallies in a node-sized array) moves exactly the nodes a plain
-    count-and-compare sweep does, with the same labels, sweep after sweep (many ties:
-    few labels, small groups)."""
+@pytest.mark.parametrize("block", [1, 7, 64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_sweep_matches_a_plain_reference(cap, block, threads):
+    """The kernel's sweep (hash-table tallies; lists longer than ``HASHED`` sorted) moves
+    exactly the nodes a plain count-and-compare sweep does, with the same labels, sweep
+    after sweep (many ties: few labels, small groups), on one thread or two, and with the
+    nodes cut into windows that end inside blocks."""
     from ooc.storage import _reorder_kernels as K
 
-    rng = np.random.default_rng(cap)
+    rng = np.random.default_rng(cap + block)
     n = 300
     src, dst = rng.integers(0, n, 2000), rng.integers(0, n, 2000)
+    src = np.concatenate([src, rng.integers(0, n, K.HASHED + 50)])  # node 3: a long list
+    dst = np.concatenate([dst, np.full(K.HASHED + 50, 3)])
     indptr, indices = csc_from_edges(src, dst, n)
     label = (np.arange(n) % 7 * 11).astype(np.int32)  # few labels: ties everywhere
     size = np.bincount(label, minlength=n).astype(np.int32)
     ref_label, ref_size = label.copy(), size.copy()
-    count = np.zeros(n, np.int32)
+    prop = np.empty(block, np.int32)
+    cuts = [0, 5, 6, 100, 257, n]
     for _ in range(4):
-        moved = K.propagate_window(indptr, indices, 0, label, size, cap, count)
-        assert moved == _sweep_reference(indptr, indices, ref_label, ref_size, cap)
+        moved = 0
+        for v0, v1 in zip(cuts[:-1], cuts[1:]):
+            ptr = np.ascontiguousarray(indptr[v0:v1 + 1])
+            window = np.ascontiguousarray(indices[ptr[0]:ptr[-1]])
+            moved += K.propagate_window(ptr, window, v0, label, size, cap, block, prop, threads)
+        assert moved == _sweep_reference(indptr, indices, ref_label, ref_size, cap, block)
         np.testing.assert_array_equal(label, ref_label)
         np.testing.assert_array_equal(size, ref_size)
-        assert not count.any()
+
+
+def test_the_order_does_not_depend_on_the_cores():
+    import numba
+
+    indptr, indices, _ = _planted(k=12, size=20, seed=5)
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = locality_order(indptr, indices, cap=64, block=16)
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        two = locality_order(indptr, indices, cap=64, block=16)
+    finally:
+        numba.set_num_threads(old)
+    np.testing.assert_array_equal(one, two)
 
 
 def test_isolated_nodes_and_empty_graph():

@@ -3,53 +3,140 @@ graph and the counting sort that turns labels into a node order."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+
+#: In-neighbour lists up to this long are tallied in a thread's small hash table; longer
+#: ones (few) are sorted, one at a time.
+HASHED = 4096
+_TABLE = 2 * HASHED  # a power of two: the table stays at most half full
 
 
 @njit(cache=True, nogil=True)
-def propagate_window(ptr, window, v0, label, size, cap, count):
-    """One label-propagation sweep over nodes ``v0 .. v0 + len(ptr) - 2``.
+def _better(lab, c, cur, best, best_cnt):
+    """Whether label ``lab`` with ``c`` votes beats ``best`` with ``best_cnt``: more votes;
+    ties go to the node's own label ``cur``, then to the smaller label (a total order, so
+    the labels may be visited in any order)."""
+    return c > best_cnt or (c == best_cnt and (lab == cur or (best != cur and lab < best)))
+
+
+@njit(cache=True, nogil=True)
+def _hashed_best(labs, d, cur, size, cap, keys, cnt, used):
+    """The winning label among ``labs[:d]`` (``d <= HASHED``), tallied in the open-addressing
+    table ``keys``/``cnt`` (all -1/0, and so again on return; ``used``: scratch)."""
+    m = 16
+    while m < 2 * d:
+        m *= 2
+    mask = m - 1
+    nd = 0
+    for j in range(d):
+        lab = labs[j]
+        h = (np.int64(lab) * 2654435761) & mask
+        while keys[h] != -1 and keys[h] != lab:
+            h = (h + 1) & mask
+        if keys[h] == -1:
+            keys[h] = lab
+            used[nd] = h
+            nd += 1
+        cnt[h] += 1
+    best, best_cnt = cur, 0
+    for i in range(nd):
+        h = used[i]
+        lab, c = keys[h], cnt[h]
+        keys[h] = -1
+        cnt[h] = 0
+        if (lab == cur or size[lab] < cap) and _better(lab, c, cur, best, best_cnt):
+            best, best_cnt = lab, c
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _sorted_best(labs, d, cur, size, cap):
+    """The winning label among ``labs[:d]``, counted as runs after sorting them in place."""
+    s = labs[:d]
+    s.sort()
+    best, best_cnt = cur, 0
+    j = 0
+    while j < d:
+        lab = s[j]
+        k = j + 1
+        while k < d and s[k] == lab:
+            k += 1
+        if (lab == cur or size[lab] < cap) and _better(lab, k - j, cur, best, best_cnt):
+            best, best_cnt = lab, k - j
+        j = k
+    return best
+
+
+@njit(cache=True, nogil=True)
+def _choose(ptr, window, k, v, label, size, cap, labs, keys, cnt, used):
+    """The label node ``v`` (``ptr[k]``..``ptr[k+1]``: its list in ``window``) proposes."""
+    a = ptr[k] - ptr[0]
+    d = ptr[k + 1] - ptr[k]
+    for j in range(d):  # independent loads first: many of them in flight at once
+        labs[j] = label[window[a + j]]
+    if d <= HASHED:
+        return _hashed_best(labs, d, label[v], size, cap, keys, cnt, used)
+    return _sorted_best(labs, d, label[v], size, cap)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def propagate_window(ptr, window, v0, label, size, cap, block, prop, threads):
+    """Label propagation over nodes ``v0 .. v0 + len(ptr) - 2``, part of a sweep.
 
     ``ptr`` is ``indptr[v0 : v1 + 1]`` (absolute offsets) and ``window`` the in-neighbour
-    ids ``indices[ptr[0] : ptr[-1]]``. Each node takes the label most frequent among its
-    in-neighbours (ties: its own label, then the smaller one), moving only into a label
-    that holds fewer than ``cap`` nodes; ``size`` counts the nodes per label and is kept
-    up to date. ``count`` ([N], zeros, label dtype) tallies a node's neighbour labels and
-    is zero again on return. Returns how many nodes moved.
+    ids ``indices[ptr[0] : ptr[-1]]``. Nodes go in blocks of ``block`` consecutive ids
+    (block b: ``b*block .. (b+1)*block - 1``, whatever the window): every node of a block
+    proposes the label most frequent among its in-neighbours (ties: its own, then the
+    smaller) among those with room (``size`` below ``cap``) as labels stood when the
+    block began, on ``threads`` threads; once the block is complete its nodes move, in
+    id order, to the labels they proposed that still have room. ``size`` counts the nodes
+    per label. ``prop`` (``block`` labels) carries a block's proposals from one window to
+    the next. With ``block`` 1 this is the sequential sweep; the result never depends on
+    ``threads`` nor on where windows end. Returns how many nodes moved.
     """
-    moved = 0
-    base = ptr[0]
-    maxd = 0
-    for k in range(ptr.shape[0] - 1):
-        maxd = max(maxd, ptr[k + 1] - ptr[k])
-    labs = np.empty(maxd, label.dtype)  # a node's neighbour labels: one random read each
-    for k in range(ptr.shape[0] - 1):
-        a = ptr[k] - base
+    n = label.shape[0]
+    v1 = v0 + ptr.shape[0] - 1
+    labs_t = np.empty((threads, HASHED), label.dtype)
+    keys_t = np.full((threads, _TABLE), -1, label.dtype)
+    cnt_t = np.zeros((threads, _TABLE), np.int32)
+    used_t = np.empty((threads, HASHED), np.int64)
+    big = 0  # the longest list over HASHED: those are sorted one at a time, below
+    for k in range(v1 - v0):
         d = ptr[k + 1] - ptr[k]
-        if d == 0:
-            continue
-        v = v0 + k
-        for j in range(d):  # independent loads first: many of them in flight at once
-            labs[j] = label[window[a + j]]
-        for j in range(d):
-            count[labs[j]] += 1
-        cur = label[v]
-        best, best_cnt = cur, 0
-        for j in range(d):  # each distinct label once: its tally is cleared as it is read
-            lab = labs[j]
-            c = count[lab]
-            if c == 0:
-                continue
-            count[lab] = 0
-            if lab != cur and size[lab] >= cap:
-                continue
-            if c > best_cnt or (c == best_cnt and (lab == cur or (best != cur and lab < best))):
-                best, best_cnt = lab, c
-        if best != cur:
-            size[cur] -= 1
-            size[best] += 1
-            label[v] = best
-            moved += 1
+        if d > HASHED and d > big:
+            big = d
+    labs_big = np.empty(big, label.dtype)
+    moved = 0
+    s = v0
+    while s < v1:
+        b0 = (s // block) * block
+        b1 = min(n, b0 + block)
+        e = min(v1, b1)
+        step = (e - s + threads - 1) // threads
+        for t in prange(threads):
+            lo = s + t * step
+            hi = min(e, lo + step)
+            for v in range(lo, hi):
+                k = v - v0
+                if ptr[k + 1] - ptr[k] <= HASHED:
+                    prop[v - b0] = _choose(ptr, window, k, v, label, size, cap, labs_t[t],
+                                           keys_t[t], cnt_t[t], used_t[t])
+        for v in range(s, e):
+            k = v - v0
+            if ptr[k + 1] - ptr[k] > HASHED:
+                prop[v - b0] = _choose(ptr, window, k, v, label, size, cap, labs_big,
+                                       keys_t[0], cnt_t[0], used_t[0])
+        if e == b1:  # the block is complete: its moves, in id order
+            for v in range(b0, b1):
+                best = prop[v - b0]
+                cur = label[v]
+                if best != cur and size[best] < cap:
+                    size[cur] -= 1
+                    size[best] += 1
+                    label[v] = best
+                    moved += 1
+        s = e
     return moved
 
 

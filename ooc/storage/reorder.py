@@ -4,9 +4,11 @@ mini-batch gathers share pages (rows smaller than a page are read a page at a ti
 :func:`locality_order` runs size-capped label propagation over the CSC in-neighbour lists,
 streamed window by window from ``indices.bin`` (so the adjacency never has to fit in
 memory), then groups nodes by label: each group of at most ``cap`` nodes is contiguous in
-the new order. Memory: 4 B/node for the labels and 4 B/node for the label sizes while
-propagating, then 4 B/node of counts and the order itself (int32 when N < 2^31, else
-int64), plus one window of ``indices``.
+the new order. A sweep takes blocks of :data:`BLOCK` nodes, each block's choices made on
+every core from the labels as they stood when it began, then applied in id order: the
+order is the same on any number of cores. Memory: 4 B/node for the labels and 4 B/node for
+the label sizes while propagating, then 4 B/node of counts and the order itself (int32
+when N < 2^31, else int64), plus one window of ``indices``.
 
 Ingest stores ``features.bin`` in that order (:class:`~ooc.storage.writer.DatasetWriter`'s
 ``reorder``): a :class:`RowPlacer` places the rows as they stream in once the adjacency is
@@ -32,6 +34,8 @@ from .pagecache import release_mapped
 DEFAULT_WINDOW = 64 << 20
 #: Most bucket files :func:`permute_rows` writes at once.
 MAX_BUCKETS = 256
+#: Nodes whose labels a sweep chooses together (see :func:`locality_order`).
+BLOCK = 8192
 
 
 @dataclass
@@ -72,7 +76,7 @@ def _windows(indptr: np.ndarray, window_bytes: int, itemsize: int):
 
 def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
                    sweeps: int = 5, window_bytes: int = DEFAULT_WINDOW,
-                   stats: OrderStats | None = None) -> np.ndarray:
+                   stats: OrderStats | None = None, block: int = BLOCK) -> np.ndarray:
     """Node ids in a locality order (``order[new] = old``; int32 when N < 2^31).
 
     Args:
@@ -83,21 +87,29 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
         sweeps: label-propagation sweeps at most (fewer when under 1% of the nodes move).
         window_bytes: bytes of ``indices`` read at once.
         stats: filled with what happened, when given.
+        block: nodes whose labels are chosen together, from the labels as they stood when
+            the block began (then they move in id order); 1: one node at a time, each
+            seeing the moves before it. The result depends on it, not on the cores.
     """
+    import numba
+
     n = int(indptr.shape[0]) - 1
     dt = index_dtype(n)
     label = np.arange(n, dtype=dt)
     size = np.ones(n, dtype=dt)
     wins = list(_windows(indptr, window_bytes, indices.dtype.itemsize))
     release_mapped(indptr)
-    count = np.zeros(n, dtype=dt)  # a node's neighbour labels, tallied (zero between nodes)
+    block = max(1, int(block))
+    prop = np.empty(block, dtype=dt)  # a block's chosen labels, across windows
+    threads = numba.get_num_threads()
     moved: list[int] = []
     for _ in range(max(0, int(sweeps))):
         m = 0
         for v0, v1 in wins:
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1], dtype=np.int64)
             window = np.ascontiguousarray(indices[int(ptr[0]):int(ptr[-1])])
-            m += K.propagate_window(ptr, window, v0, label, size, int(cap), count)
+            m += K.propagate_window(ptr, window, v0, label, size, int(cap), block, prop,
+                                    threads)
             del ptr, window
             # the window's mapped pages leave the RSS (the page cache keeps them): a sweep
             # would otherwise hold the whole file
@@ -110,7 +122,7 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
         groups = size[size > 0]
         stats.sweeps, stats.moved = len(moved), moved
         stats.groups, stats.largest_group = int(groups.shape[0]), int(groups.max(initial=0))
-    del size, count
+    del size
     starts = np.zeros(n + 1, dtype=np.int64 if n + 1 >= (1 << 31) else np.int32)
     order = np.empty(n, dtype=dt)
     K.order_by_label(label, starts, order)
@@ -127,9 +139,10 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
     """Bytes each phase of the ingest's reorder holds for ``layout.num_rows`` nodes and an
     ingest buffer of ``buffer_bytes``:
 
-    - ``propagate``: labels, label sizes and a node's label tallies (id-sized, per node),
-      one window of ``indices`` and its ``indptr`` (a quarter of the buffer each, at most,
-      mapped then released);
+    - ``propagate``: labels and label sizes (id-sized, per node), one window of
+      ``indices`` and its ``indptr`` (a quarter of the buffer each, at most, mapped then
+      released), the labels of its longest in-neighbour list (at most the window), a
+      block's chosen labels and each thread's tally table (about 112 KiB);
     - ``order``: labels, counts and the order (three ids per node), then the order and
       its inverse;
     - ``permute`` (:func:`permute_rows`, and a :class:`RowPlacer`'s last pass): the
@@ -149,7 +162,10 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
     part, buckets = _buckets(layout, buffer_bytes)
     part = min(n, part)
     pages = FeatureLayout(part, layout.dim, layout.dtype).file_bytes
-    return {"propagate": 3 * it * n + 2 * window, "order": 3 * it * n,
+    import numba
+
+    tally = numba.get_num_threads() * (K.HASHED * (it + 8) + K._TABLE * (it + 4))
+    return {"propagate": 2 * it * n + 3 * window + BLOCK * it + tally, "order": 3 * it * n,
             "permute": it * n + 2 * pages + 40 * part + 1024 * buckets,
             "place": it * n + (pages + 8 * part if buckets == 1 else 40 * part + 1024 * buckets)
             + 2 * min(int(buffer_bytes) // 4, n * layout.row_bytes) + PAGE}
