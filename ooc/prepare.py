@@ -176,13 +176,13 @@ def _planned_peak(rss0: int, stats: dict, out: Path, buffer: int) -> int:
 
     meta = json.loads((Path(out) / "meta.json").read_text())
     stored = stats.get("edges_before_dedup", meta["num_edges"])
-    reordered = None
-    if meta.get("feature_order", {}).get("kind") == "locality":
+    reordered, order = None, meta.get("feature_order", {})
+    if order.get("kind") == "locality":
         reordered = FeatureLayout(meta["num_nodes"], meta["feature_dim"], meta["feature_dtype"])
     # a generated graph's own arrays (its id permutation and labels) beside ingest's
     return planned_peak(rss0 + int(stats.get("source_bytes", 0)), meta["num_nodes"], stored,
                         buffer, 4 if meta["index_dtype"] == "int32" else 8, meta["row_bytes"],
-                        reordered)
+                        reordered, order.get("longest_list"))
 
 
 @main_wrapper

@@ -48,6 +48,23 @@ def test_planted_communities_become_contiguous():
     assert _contiguity(np.arange(len(comm)), comm) < 0.1       # the ids hide them
     assert _contiguity(order, comm) > 0.9, st
     assert st.largest_group <= 64 and st.sweeps >= 1
+    assert st.longest == int(np.diff(indptr).max())
+
+
+def test_the_plan_charges_a_long_list_only_when_there_is_one():
+    """The propagation gathers the labels of a list longer than ``HASHED`` in one array:
+    planned at the longest list when it is known, at a window when it is not."""
+    from ooc.storage import FeatureLayout
+    from ooc.storage import _reorder_kernels as K
+    from ooc.storage.reorder import reorder_phases
+
+    lay = FeatureLayout(100_000, 128, "float32")
+    buf = 64 << 20
+    short = reorder_phases(lay, buf, longest=K.HASHED)["propagate"]
+    long = reorder_phases(lay, buf, longest=1_000_000)["propagate"]
+    unknown = reorder_phases(lay, buf)["propagate"]
+    assert long - short == 4 * 1_000_000
+    assert unknown - short == buf // 4
 
 
 def test_cap_bounds_every_group():

@@ -46,6 +46,8 @@ class OrderStats:
     moved: list[int]
     groups: int
     largest_group: int
+    #: the longest in-neighbour list (its labels are gathered in one array)
+    longest: int = 0
 
 
 def write_array(f, a: np.ndarray) -> None:
@@ -103,10 +105,12 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     prop = np.empty(block, dtype=dt)  # a block's chosen labels, across windows
     threads = numba.get_num_threads()
     moved: list[int] = []
+    longest = 0
     for _ in range(max(0, int(sweeps))):
         m = 0
         for v0, v1 in wins:
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1], dtype=np.int64)
+            longest = max(longest, int(np.diff(ptr).max(initial=0)))
             window = np.ascontiguousarray(indices[int(ptr[0]):int(ptr[-1])])
             m += K.propagate_window(ptr, window, v0, label, size, int(cap), block, prop,
                                     threads)
@@ -120,7 +124,7 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
             break
     if stats is not None:
         groups = size[size > 0]
-        stats.sweeps, stats.moved = len(moved), moved
+        stats.sweeps, stats.moved, stats.longest = len(moved), moved, longest
         stats.groups, stats.largest_group = int(groups.shape[0]), int(groups.max(initial=0))
     del size
     starts = np.zeros(n + 1, dtype=np.int64 if n + 1 >= (1 << 31) else np.int32)
@@ -129,20 +133,23 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     return order
 
 
-def reorder_peak(layout: FeatureLayout, buffer_bytes: int) -> int:
+def reorder_peak(layout: FeatureLayout, buffer_bytes: int, longest: int | None = None) -> int:
     """Bytes the ingest's reorder holds at its fullest (beside what the process held
     before): the largest of its :func:`reorder_phases`."""
-    return max(reorder_phases(layout, buffer_bytes).values())
+    return max(reorder_phases(layout, buffer_bytes, longest).values())
 
 
-def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
+def reorder_phases(layout: FeatureLayout, buffer_bytes: int,
+                   longest: int | None = None) -> dict[str, int]:
     """Bytes each phase of the ingest's reorder holds for ``layout.num_rows`` nodes and an
-    ingest buffer of ``buffer_bytes``:
+    ingest buffer of ``buffer_bytes`` (``longest``: the longest in-neighbour list, when
+    known):
 
     - ``propagate``: labels and label sizes (id-sized, per node), one window of
       ``indices`` and its ``indptr`` (a quarter of the buffer each, at most, mapped then
-      released), the labels of its longest in-neighbour list (at most the window), a
-      block's chosen labels and each thread's tally table (about 112 KiB);
+      released), the labels of the longest in-neighbour list over
+      :data:`~ooc.storage._reorder_kernels.HASHED` (a window's worth when ``longest`` is
+      not known), a block's chosen labels and each thread's tally table (about 112 KiB);
     - ``order``: labels, counts and the order (three ids per node), then the order and
       its inverse;
     - ``permute`` (:func:`permute_rows`, and a :class:`RowPlacer`'s last pass): the
@@ -165,7 +172,9 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int) -> dict[str, int]:
     import numba
 
     tally = numba.get_num_threads() * (K.HASHED * (it + 8) + K._TABLE * (it + 4))
-    return {"propagate": 2 * it * n + 3 * window + BLOCK * it + tally, "order": 3 * it * n,
+    big = window if longest is None else (it * longest if longest > K.HASHED else 0)
+    return {"propagate": 2 * it * n + 2 * window + big + BLOCK * it + tally,
+            "order": 3 * it * n,
             "permute": it * n + 2 * pages + 40 * part + 1024 * buckets,
             "place": it * n + (pages + 8 * part if buckets == 1 else 40 * part + 1024 * buckets)
             + 2 * min(int(buffer_bytes) // 4, n * layout.row_bytes) + PAGE}

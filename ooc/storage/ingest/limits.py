@@ -120,7 +120,7 @@ def load_kernels() -> None:
 
 def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int,
                  index_itemsize: int = 4, row_bytes: int = 512,
-                 reordered: FeatureLayout | None = None) -> int:
+                 reordered: FeatureLayout | None = None, longest: int | None = None) -> int:
     """The peak RSS an ingest plans for, from what it wrote: ``base`` (the RSS before it,
     numba's runtime loaded: :func:`load_kernels`),
     :data:`BYTES_PER_NODE` per node, and the larger of its two phases' buffers:
@@ -132,12 +132,13 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     - a feature chunk (a quarter of the buffer) as read and converted to the stored
       dtype or laid out in pages (rows that fill pages exactly are written as read);
     - when the feature rows were stored in a locality order (``reordered``: their
-      layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`).
+      layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`; ``longest``: the
+      longest in-neighbour list, when known).
     """
     b = int(buffer_bytes)
     n, e = int(num_nodes), int(stored_edges)
     window = min(3 * b // 4, e * index_itemsize) + min(b // 4, 32 * n)
     chunk = min(b // 4, 32 * e)
     features = 2 * min(b // 4, n * int(row_bytes)) + 4096
-    reorder = 0 if reordered is None else reorder_peak(reordered, b)
+    reorder = 0 if reordered is None else reorder_peak(reordered, b, longest)
     return int(base) + BYTES_PER_NODE * n + max(window + chunk, features, reorder)
