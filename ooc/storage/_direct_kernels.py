@@ -138,6 +138,18 @@ def _sorted_unique(keys):
     return uniq[:nu], inv
 
 
+@nb.njit(cache=True, inline="always")
+def _widen(lo, hi, k, a, b, align):
+    """Page k's wanted span ``[lo[k], hi[k])`` grown to hold bytes ``[a, b)`` of the page,
+    rounded out to multiples of ``align``."""
+    a -= a % align
+    b += (align - b % align) % align
+    if a < lo[k]:
+        lo[k] = a
+    if b > hi[k]:
+        hi[k] = b
+
+
 @nb.njit(cache=True)
 def feature_pages(ids, rows_per_page, pages_per_row, row_bytes, num_rows, align):
     """Pages holding rows ``ids``, the bytes of each page wanted, and per id the slot of
@@ -166,15 +178,8 @@ def feature_pages(ids, rows_per_page, pages_per_row, row_bytes, num_rows, align)
         lo = np.full(m, PAGE, np.int64)
         hi = np.zeros(m, np.int64)
         for i in range(n):
-            k = inv[i]
             a = (ids[i] % rows_per_page) * row_bytes
-            b = a + row_bytes
-            a -= a % align
-            b += (align - b % align) % align
-            if a < lo[k]:
-                lo[k] = a
-            if b > hi[k]:
-                hi[k] = b
+            _widen(lo, hi, inv[i], a, a + row_bytes, align)
         return uniq, lo, hi, inv, -1
     # whole-page rows: unique rows, each expands to pages_per_row pages
     urows, inv = _sorted_unique(ids.astype(np.int64))
@@ -289,19 +294,10 @@ def range_pages(starts, ends, align):
             k = np.searchsorted(pages, s // PAGE)
             offsets[i] = k * PAGE + s % PAGE
             # the range's pages are pages[k], pages[k + 1], ...: first and last partly
-            a = s % PAGE
-            a -= a % align
-            lo[k] = min(lo[k], a)
             last = k + (e - 1) // PAGE - s // PAGE
-            b = e - ((e - 1) // PAGE) * PAGE
-            b += (align - b % align) % align
-            hi[last] = max(hi[last], b)
-            if last > k:
-                hi[k] = PAGE
-                lo[last] = 0
-                for j in range(k + 1, last):
-                    lo[j] = 0
-                    hi[j] = PAGE
+            for j in range(k, last + 1):
+                _widen(lo, hi, j, s % PAGE if j == k else 0,
+                       e - ((e - 1) // PAGE) * PAGE if j == last else PAGE, align)
     return pages, lo, hi, offsets, -1
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -93,8 +94,6 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
             the block began (then they move in id order); 1: one node at a time, each
             seeing the moves before it. The result depends on it, not on the cores.
     """
-    import numba
-
     n = int(indptr.shape[0]) - 1
     dt = index_dtype(n)
     label = np.arange(n, dtype=dt)
@@ -106,11 +105,12 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     threads = numba.get_num_threads()
     moved: list[int] = []
     longest = 0
-    for _ in range(max(0, int(sweeps))):
+    for sweep in range(max(0, int(sweeps))):
         m = 0
         for v0, v1 in wins:
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1], dtype=np.int64)
-            longest = max(longest, int(np.diff(ptr).max(initial=0)))
+            if sweep == 0:
+                longest = max(longest, int(np.diff(ptr).max(initial=0)))
             window = np.ascontiguousarray(indices[int(ptr[0]):int(ptr[-1])])
             m += K.propagate_window(ptr, window, v0, label, size, int(cap), block, prop,
                                     threads)
@@ -169,8 +169,6 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int,
     part, buckets = _buckets(layout, buffer_bytes)
     part = min(n, part)
     pages = FeatureLayout(part, layout.dim, layout.dtype).file_bytes
-    import numba
-
     tally = numba.get_num_threads() * (K.HASHED * (it + 8) + K._TABLE * (it + 4))
     big = window if longest is None else (it * longest if longest > K.HASHED else 0)
     return {"propagate": 2 * it * n + 2 * window + big + BLOCK * it + tally,
