@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from .storage.notes import note
 
@@ -51,7 +54,6 @@ def clear_kernel_cache() -> int:
     ``NUMBA_CACHE_DIR`` those of ooc's modules when it is set, else ooc's ``__pycache__``
     folders); returns how many files went. numba compiles them again on their next call."""
     import hashlib
-    from pathlib import Path
 
     package = Path(__file__).resolve().parent
     custom = os.environ.get("NUMBA_CACHE_DIR")
@@ -78,3 +80,61 @@ def note_if_cold(modules: tuple[str, ...], what: str = "the kernels") -> bool:
         note(f"first run on this machine: compiling {what} (once, 10-60 s; numba caches them "
              f"on disk for later runs)", key="jit-cold")
     return cold
+
+
+def kernels_stamp(key: str) -> Path | None:
+    """A file that exists once a child process compiled the kernels ``key`` names (a stage,
+    its mode and the dtypes it runs them with) from the current kernel sources
+    (``_*kernels.py``, where every numba kernel of ooc lives) and numba version; it lives
+    beside numba's cache (``NUMBA_CACHE_DIR``, else ``ooc/__pycache__``), so clearing the
+    cache clears the stamps. None when the sources cannot be read."""
+    import hashlib
+
+    import numba
+
+    package = Path(__file__).resolve().parent
+    h = hashlib.sha1(f"{numba.__version__}|{key}".encode())
+    try:
+        for f in sorted(package.rglob("_*kernels.py")):
+            st = f.stat()
+            h.update(f"{f.relative_to(package)}:{st.st_mtime_ns}:{st.st_size}".encode())
+    except OSError:
+        return None
+    # numba.config sets its settings at import time, out of its type hints' sight
+    cache = numba.config.CACHE_DIR  # type: ignore[attr-defined]
+    root = Path(cache) if cache else package / "__pycache__"
+    return root / f"ooc-kernels-{h.hexdigest()[:20]}.ok"
+
+
+def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600.0) -> str:
+    """Compile (or find in numba's on-disk cache) a stage's kernels in a child process,
+    unless :func:`kernels_stamp` of ``key`` says an earlier child did.
+
+    A kernel compiled in the calling process leaves LLVM's compile-time memory behind
+    (100-150 MiB measured on a cold cache, which ``malloc_trim`` does not return): a first
+    run would peak higher than later runs and than its memory plan. The child runs
+    ``entry`` (``"package.module:function"``, called with ``args``), which calls the stage's
+    kernels with the argument types the real run gives them, on tiny data. Returns how it
+    went, in words; on any failure the kernels compile in this process instead.
+    """
+    stamp = kernels_stamp(key)
+    if stamp is not None and stamp.exists():
+        return "loaded from numba's cache (compiled by an earlier run)"
+    module, function = entry.split(":")
+    cmd = [sys.executable, "-c", f"import sys; from {module} import {function}; "
+           f"{function}(sys.argv[1:])", *args]
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+        if p.returncode == 0:
+            if stamp is not None:
+                try:
+                    stamp.parent.mkdir(parents=True, exist_ok=True)
+                    stamp.touch()
+                except OSError:
+                    pass
+            return "compiled (or loaded from numba's cache) in a child process"
+        why = (p.stdout.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+    except (OSError, subprocess.SubprocessError) as e:
+        why = str(e)
+    return f"child process failed ({why}); compiled in this process"

@@ -2,6 +2,7 @@
 it: numba compiles a kernel once per argument type, read-only arrays apart, so the
 warm-up must call each with the types the dataset's memmaps give."""
 import numba
+import pytest
 import numpy as np
 
 from ooc.executor.loader.presets import PRESETS
@@ -38,5 +39,34 @@ def test_a_run_after_the_warm_up_compiles_nothing(tmp_path):
         out = np.zeros((ids.shape[0] + 3, ds.feature_dim), ds.feature_dtype)
         f.read_into(ids, out, np.arange(ids.shape[0], dtype=np.int64) + 3)
     after = _signatures()
+    assert after == before, {k: (before.get(k), v) for k, v in after.items()
+                             if v != before.get(k)}
+
+
+def _all_signatures() -> dict[str, int]:
+    """Specializations of every kernel in every ooc kernel module loaded so far."""
+    import sys
+
+    return {f"{name}.{k}": len(v.signatures) for name, m in list(sys.modules.items())
+            if name.startswith("ooc.") and name.endswith("kernels")
+            for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
+
+
+@pytest.mark.parametrize("algo,reorder", [("spring", "locality"), ("spring", "none"),
+                                          ("greedy", "locality")])
+def test_a_partition_run_after_its_child_compiles_nothing(tmp_path, algo, reorder):
+    from ooc.partition import partition_dataset
+    from ooc.partition.precompile import _child_main as partition_child
+
+    data = generate_synthetic(tmp_path / "d", nodes=2000, avg_degree=6, feature_dim=16,
+                              progress=False, reorder=reorder)
+    # compile_partition_kernels' child, in this process: a tiny graph of these dtypes
+    partition_child([algo, "int32", "float32", str(int(reorder == "locality")),
+                     '{"parts": 3, "split": true, "halo_hops": 2, "refine_passes": 1, '
+                     '"params": {}}'])
+    before = _all_signatures()
+    assert any(k.startswith("ooc.partition._kernels.") and v for k, v in before.items())
+    partition_dataset(data, tmp_path / "p", 3, algo, halo_hops=2)
+    after = _all_signatures()
     assert after == before, {k: (before.get(k), v) for k, v in after.items()
                              if v != before.get(k)}

@@ -99,7 +99,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                       algo: str = "spring", *, beta: float = 1.05, seed: int = 0,
                       overwrite: bool = False, split: bool = True,
                       chunk_edges: int = DEFAULT_CHUNK_EDGES, progress: bool = False,
-                      halo_hops: int = 1, **params) -> dict:
+                      halo_hops: int = 1, precompile: bool = False, **params) -> dict:
     """Partition ``data`` and write the result to ``out``; returns the report.
 
     The report holds ``replication_factor``, ``node_balance``,
@@ -116,6 +116,9 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     over the nodes ``n_i`` of each partition with its ``halo_hops``-hop halo
     (equal to ``replication_factor`` for ``halo_hops=1``). With
     ``split=False`` only ``partition.json`` and ``owner.npy`` are written.
+    ``precompile``: on a cold numba cache, compile the kernels in a child process first
+    (:mod:`.precompile`), so that this process peaks as a run on a warm cache does (the
+    command line does).
     ``partition.json`` records ``source_fingerprint`` (:meth:`Dataset.fingerprint` of
     ``data``), so a partition of an older version of the dataset is not reused.
     Nothing is left at ``out`` unless everything succeeded.
@@ -127,6 +130,8 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
         raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
     out = _check_output(dataset, data, out, overwrite)
+    if precompile:
+        _precompile(dataset, parts, algo, split, halo_hops, params)
     a = partition(dataset, parts, algo, beta=beta, seed=seed, chunk_edges=chunk_edges,
                   progress=progress, **params)
     a.vertex_cut = None  # not written; frees N * ceil(p / 64) words before the split
@@ -150,6 +155,19 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
         raise IOFailure(f"{out}: {e.strerror or e} while writing partitions; nothing was written") \
             from None
     return report
+
+
+def _precompile(dataset: Dataset, parts: int, algo: str, split: bool, halo_hops: int,
+                params: dict) -> None:
+    from ..jit import note_if_cold
+    from .precompile import compile_partition_kernels
+
+    note_if_cold(("ooc.partition._kernels", "ooc.partition._spring_kernels"),
+                 "the partitioning kernels")
+    own = dict(params)
+    refine_passes = own.pop("refine_passes", 1)
+    compile_partition_kernels(dataset, parts, algo, split=split, halo_hops=halo_hops,
+                              refine_passes=refine_passes, **own)
 
 
 def _check_output(dataset: Dataset, data: str | os.PathLike, out: str | os.PathLike,

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                seed=args.seed, overwrite=args.overwrite,
                                split=not args.no_split, chunk_edges=args.chunk_edges,
                                halo_hops=args.halo_hops, refine_passes=args.refine_passes,
-                               progress=not args.quiet and sys.stderr.isatty(), **params)
+                               precompile=True, progress=not args.quiet and sys.stderr.isatty(), **params)
     report["rss_baseline_bytes"] = rss0
     if args.report:
         write_report(args.report, report)

@@ -69,13 +69,12 @@ from __future__ import annotations
 import gc
 import math
 import os
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
+from ...jit import compile_in_child
 from ...memory import anon_rss_bytes, trim_malloc
 from ...storage.pagecache import touch_pages
 from ...memory import current_rss_bytes as rss_bytes
@@ -162,10 +161,8 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0,
     """Compile (or find in numba's on-disk cache) every kernel the preset
     (default ``config.mode``) runs, in a child process, so that this process only loads them.
 
-    A kernel compiled in this process leaves LLVM's compile-time memory
-    behind (~150 MiB measured on a cold cache, which ``malloc_trim`` does not
-    return): the first run would measure, and hold, more than later ones.
-    The child runs :func:`warm_up_kernels` and samples and gathers one small
+    See :func:`~ooc.jit.compile_in_child`: the first run measures what later
+    runs do. The child runs :func:`warm_up_kernels` and samples and gathers one small
     batch of the dataset with the mode's uncached paths (the probe's
     kernels, with the dataset's dtypes). Returns how it went, in words; on
     any failure the kernels compile in this process instead.
@@ -174,53 +171,12 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0,
 
     preset = resolve_preset(config.mode if preset is None else preset)
     opts = options or _default_options()
-    key = f"{preset.readers.name}-{preset.policy.name}"
-    stamp = _kernels_stamp(dataset, key)
-    if stamp is not None and stamp.exists():
-        return "loaded from numba's cache (compiled by an earlier run)"
-    cmd = [sys.executable, "-c", "import sys; from ooc.executor.sizing.budget import _child_main; "
-           "_child_main(sys.argv[1:])", preset.readers.name, preset.policy.name, str(dataset.path),
-           ",".join(str(f) for f in config.fanouts), str(config.num_threads or 0),
-           str(opts.queue_depth), str(opts.io_threads), opts.io_backend]
-    try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=timeout)
-        if p.returncode == 0:
-            if stamp is not None:
-                try:
-                    stamp.parent.mkdir(parents=True, exist_ok=True)
-                    stamp.touch()
-                except OSError:
-                    pass
-            return "compiled (or loaded from numba's cache) in a child process"
-        why = (p.stdout.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
-    except (OSError, subprocess.SubprocessError) as e:
-        why = str(e)
-    return f"child process failed ({why}); compiled in this process"
-
-
-def _kernels_stamp(dataset, mode: str):
-    """A file that exists once a child compiled the kernels of ``mode`` for this
-    feature/index dtype with the current kernel sources (``_*kernels.py``,
-    where every numba kernel of ooc lives) and numba version; it lives beside
-    numba's cache (``NUMBA_CACHE_DIR``, else ``ooc/__pycache__``)."""
-    import hashlib
-    from pathlib import Path
-
-    import numba
-
-    pkg = Path(__file__).resolve().parents[2]
-    h = hashlib.sha1(f"{numba.__version__}|{mode}|{np.dtype(dataset.feature_dtype).str}|"
-                     f"{np.dtype(dataset.index_dtype).str}".encode())
-    try:
-        for f in sorted(pkg.rglob("_*kernels.py")):
-            st = f.stat()
-            h.update(f"{f.relative_to(pkg)}:{st.st_mtime_ns}:{st.st_size}".encode())
-    except OSError:
-        return None
-    # numba.config sets its settings at import time, out of its type hints' sight
-    root = Path(numba.config.CACHE_DIR) if numba.config.CACHE_DIR else pkg / "__pycache__"  # type: ignore[attr-defined]
-    return root / f"ooc-kernels-{h.hexdigest()[:20]}.ok"
+    key = (f"train|{preset.readers.name}-{preset.policy.name}|"
+           f"{np.dtype(dataset.feature_dtype).str}|{np.dtype(dataset.index_dtype).str}")
+    return compile_in_child(key, "ooc.executor.sizing.budget:_child_main", [
+        preset.readers.name, preset.policy.name, str(dataset.path),
+        ",".join(str(f) for f in config.fanouts), str(config.num_threads or 0),
+        str(opts.queue_depth), str(opts.io_threads), opts.io_backend], timeout)
 
 
 def _default_options():
