@@ -30,34 +30,41 @@ def _cost(indptr, indices, rows, costs):
     return len(rows) * t + len(nodes) * nd + edges * ed
 
 
-@pytest.mark.parametrize("seed,costs,work,max_t", [
-    (0, (10, 100, 7), 6000, 1 << 30), (1, (0, 64, 1), 2000, 1 << 30),
-    (2, (5, 50, 3), 1 << 40, 1 << 30), (3, (5, 50, 3), 1 << 40, 37), (4, (10, 100, 7), 1, 50)])
-def test_plan_blocks_is_greedy_on_exact_local_nodes(seed, costs, work, max_t):
-    """Every block costs at most the work (or is a single target), and adding its next row
-    would not have fit; the stamp array is left as it was found."""
+@pytest.mark.parametrize("seed,phases,max_t", [
+    (0, [((10, 100, 7), 6000)], 1 << 30), (1, [((0, 64, 1), 2000)], 1 << 30),
+    (2, [((5, 50, 3), 1 << 40)], 1 << 30), (3, [((5, 50, 3), 1 << 40)], 37),
+    (4, [((10, 100, 7), 1)], 50),
+    # phases that bind by turns: edges in one, nodes in another, a flat allowance off a third
+    (5, [((16, 8, 16), 9000), ((8, 90, 8), 9000), ((8, 50, 8), 5000)], 1 << 30),
+    (6, [((0, 0, 40), 3000), ((0, 120, 0), 6000)], 1 << 30)])
+def test_plan_blocks_is_greedy_on_exact_local_nodes(seed, phases, max_t):
+    """Every block costs at most every phase's limit (or is a single target), and adding
+    its next row would not have fit one of them; the stamp array is left as it was found."""
     indptr, indices, perm = _graph(seed)
     n = perm.shape[0]
     stamp = np.full(n, -1, dtype=np.int64)
-    starts = plan_blocks(indptr, indices, perm, max_t, *costs, work, stamp)
+    costs = np.array([c for c, _ in phases], dtype=np.int64)
+    limits = np.array([w for _, w in phases], dtype=np.int64)
+    starts = plan_blocks(indptr, indices, perm, max_t, costs, limits, stamp)
     assert starts[0] == 0 and starts[-1] == n and (np.diff(starts) > 0).all()
     assert (stamp == -1).all()
     for s, e in zip(starts[:-1], starts[1:]):
         assert e - s <= max_t
-        c = _cost(indptr, indices, perm[s:e], costs)
-        assert c <= work or e - s == 1
+        assert all(_cost(indptr, indices, perm[s:e], c) <= w for c, w in phases) or e - s == 1
         if e < n and e - s < max_t:
             # a self loop or a repeated in-neighbour may be counted as a new node: the
-            # kernel's cost is at least the exact one, so the next row did not fit exactly
-            # or by that over-count
-            assert _cost(indptr, indices, perm[s:e + 1], costs) > work - costs[1] * (
-                indptr[perm[e] + 1] - indptr[perm[e]])
+            # kernel's cost is at least the exact one, so the next row did not fit a phase
+            # exactly or by that over-count
+            deg = indptr[perm[e] + 1] - indptr[perm[e]]
+            assert any(_cost(indptr, indices, perm[s:e + 1], c) > w - c[1] * deg
+                       for c, w in phases)
 
 
 def test_plan_blocks_of_everything_is_one_block():
     indptr, indices, perm = _graph(5)
     stamp = np.full(perm.shape[0], -1, dtype=np.int64)
-    starts = plan_blocks(indptr, indices, perm, 1 << 30, 1, 1, 1, 1 << 40, stamp)
+    starts = plan_blocks(indptr, indices, perm, 1 << 30, np.ones((1, 3), np.int64),
+                         np.array([1 << 40], np.int64), stamp)
     assert starts.tolist() == [0, perm.shape[0]]
 
 

@@ -26,43 +26,49 @@ def nonloop_in_degree(indptr, indices):
 
 
 @numba.njit(cache=True)
-def plan_blocks(indptr, indices, perm, max_targets, target_bytes, node_bytes, edge_bytes,
-                work_bytes, stamp):
-    """Cut rows 0..N into blocks of consecutive rows, each costing at most ``work_bytes``.
+def plan_blocks(indptr, indices, perm, max_targets, costs, limits, stamp):
+    """Cut rows 0..N into blocks of consecutive rows, each within every cost limit.
 
     Row ``r`` is target ``perm[r]`` with in-neighbours ``indices[indptr[v]:indptr[v+1]]``
     (the graph's CSC, or a block's local graph with ``perm`` the identity to cut it
-    into sub-blocks). A block's cost is ``targets * target_bytes + local_nodes *
-    node_bytes + in_edges * edge_bytes``, with ``local_nodes`` the distinct nodes among
-    its targets and their in-neighbours, counted exactly (``stamp``: int64 [number of
-    nodes] of -1, left as found; a repeated in-neighbour of one target counts twice). A
-    block holds at most ``max_targets`` targets; a single target costing more than
-    ``work_bytes`` gets a block to itself. Blocks may span output chunks. Returns int64
-    block starts followed by N.
+    into sub-blocks). A block's cost ``k`` is ``targets * costs[k, 0] + local_nodes *
+    costs[k, 1] + in_edges * costs[k, 2]`` (``costs`` int64 [K, 3], one row per phase of a
+    block's life), at most ``limits[k]`` (int64 [K]), with ``local_nodes`` the distinct
+    nodes among its targets and their in-neighbours, counted exactly (``stamp``: int64
+    [number of nodes] of -1, left as found; a repeated in-neighbour of one target counts
+    twice). A block holds at most ``max_targets`` targets; a single target over a limit
+    gets a block to itself. Blocks may span output chunks. Returns int64 block starts
+    followed by N.
     """
     n = perm.shape[0]
+    nk = costs.shape[0]
     starts = np.empty(n + 1, dtype=np.int64)
+    cost = np.zeros(nk, dtype=np.int64)
     nb = 0
     r = 0
     while r < n:
         starts[nb] = r
-        cost = 0
+        cost[:] = 0
         cnt = 0
         while r < n and cnt < max_targets:
             v = perm[r]
-            c = target_bytes + (indptr[v + 1] - indptr[v]) * edge_bytes
-            if stamp[v] != nb:
-                c += node_bytes
+            deg = indptr[v + 1] - indptr[v]
+            new = 1 if stamp[v] != nb else 0
             for j in range(indptr[v], indptr[v + 1]):
                 u = indices[j]
                 if stamp[u] != nb and u != v:
-                    c += node_bytes
-            if cnt > 0 and cost + c > work_bytes:
+                    new += 1
+            over = False
+            for k in range(nk):
+                if cost[k] + costs[k, 0] + new * costs[k, 1] + deg * costs[k, 2] > limits[k]:
+                    over = True
+            if cnt > 0 and over:
                 break  # row r starts the next block (its stamps are not set yet)
             stamp[v] = nb
             for j in range(indptr[v], indptr[v + 1]):
                 stamp[indices[j]] = nb
-            cost += c
+            for k in range(nk):
+                cost[k] += costs[k, 0] + new * costs[k, 1] + deg * costs[k, 2]
             cnt += 1
             r += 1
         nb += 1
@@ -136,14 +142,16 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
     ``nodes`` int64 the global node id of every local node, ``src`` int64 [m] the
     local source of every in-edge, target by target (self loops skipped when
     ``drop_self_loops``), ``eptr`` int64 [e-s+1]: target ``t``'s in-edges are
-    ``src[eptr[t]:eptr[t+1]]``.
+    ``src[eptr[t]:eptr[t+1]]``. While it runs it holds ``nodes`` at its largest possible
+    size (targets plus in-edges, at most the node count) and its copy, and ``src`` twice
+    only where self loops were dropped.
     """
     nt = e - s
     m = 0
     for r in range(s, e):
         v = perm[r]
         m += indptr[v + 1] - indptr[v]
-    nodes = np.empty(nt + m, dtype=np.int64)
+    nodes = np.empty(min(nt + m, scratch.shape[0]), dtype=np.int64)
     src = np.empty(m, dtype=np.int64)
     eptr = np.empty(nt + 1, dtype=np.int64)
     for i in range(nt):
@@ -170,7 +178,7 @@ def build_local(indptr, indices, perm, s, e, scratch, drop_self_loops):
     eptr[nt] = k
     for i in range(nn):
         scratch[nodes[i]] = -1
-    return nodes[:nn].copy(), src[:k].copy(), eptr
+    return nodes[:nn].copy(), src if k == m else src[:k].copy(), eptr
 
 
 @numba.njit(cache=True)

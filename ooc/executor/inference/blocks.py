@@ -13,7 +13,8 @@ from ...storage.layout import PAGE
 from ..cache.chunk_cache import simulate
 from ._kernels import access_plan, count_block_keys, plan_blocks
 from .local_graph import Topology
-from .memory_plan import MiB, SAFETY_BYTES, BlockCosts, output_buffers, plan_memory, rss
+from .memory_plan import (MiB, SAFETY_BYTES, BlockCosts, BlockPhases, output_buffers,
+                          plan_memory, rss)
 
 
 @dataclass
@@ -50,6 +51,8 @@ class LayerPlan:
             layer a sub-block at a time, so a block is sized by the rows it holds.
         one_block: the working set that would run the layer as one block (each input
             page read once).
+        one_block_peak: what that one block holds at its largest (its phases'
+            largest, :meth:`~.memory_plan.BlockPhases.peak`); 0 when unknown.
         reads: the planned bytes of both ways and the one chosen (``mode``).
         chunk_rows: rows of an output chunk (the last may hold fewer).
     """
@@ -71,6 +74,7 @@ class LayerPlan:
     plan_s: float = 0.0
     reads: dict | None = None
     chunk_rows: int = 0
+    one_block_peak: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -80,12 +84,12 @@ class LayerPlan:
     def planned_peak_bytes(self) -> int:
         """The RSS the layer is planned to reach: the RSS at its start, two output chunks,
         the chunk cache and a chunk read past it, and the blocks' working set (where one
-        block holds the layer: its own arrays and its sub-blocks' share)."""
+        block holds the layer: the largest phase of that block)."""
         out_chunks = output_buffers(self.chunk_rows, self.d_out)
         cache = (self.cap + 1) * self.in_chunk_bytes if self.cap else 0
         work = self.work
-        if self.num_blocks == 1 and self.one_block:
-            work = min(work, int(self.one_block * (1 - SUB_SHARE)) + self.sub_work)
+        if self.num_blocks == 1 and self.one_block_peak:
+            work = min(work, self.one_block_peak)
         return int(self.rss0 + out_chunks + cache + work)
 
     @property
@@ -149,14 +153,15 @@ def _chunk_plan(topo: Topology, starts: np.ndarray, chunking: Chunking, cap: int
 SUB_SHARE = 0.125
 
 
-def _blocks(topo: Topology, chunking: Chunking, work: int, outer: BlockCosts,
-            inner: BlockCosts) -> tuple[np.ndarray, int]:
-    """Block starts for ``work`` bytes (blocks costed by ``outer`` in the rest beside
-    their sub-blocks' share) and that share."""
+def _blocks(topo: Topology, chunking: Chunking, work: int,
+            outer: BlockPhases) -> tuple[np.ndarray, int]:
+    """Block starts for ``work`` bytes (every phase of a block within it, its sub-blocks'
+    share included: ``outer``) and that share."""
     sub_work = max(int(work * SUB_SHARE), 1)
     block_rows = int(chunking.block_rows or max(topo.num_nodes, 1))
-    starts = plan_blocks(topo.indptr, topo.indices, topo.perm, block_rows, outer.target,
-                         outer.node, outer.edge, max(work - sub_work, 1), topo.scratch)
+    costs, limits = outer.limits(work, sub_work)
+    starts = plan_blocks(topo.indptr, topo.indices, topo.perm, block_rows, costs, limits,
+                         topo.scratch)
     return starts, sub_work
 
 
@@ -169,8 +174,8 @@ def fits_one_block(topo: Topology, d_in: int, d_out: int, budget: int, chunking:
         return False
     _, work, _, _ = _layer_memory(budget, n, d_in, d_out, chunking, CacheSettings(policy, 0),
                                   in_itemsize)
-    outer = BlockCosts.block(d_in, topo.dinv is not None)
-    return outer.of(n, n, int(topo.indptr[-1])) <= max(work - max(int(work * SUB_SHARE), 1), 1)
+    outer = BlockPhases.of_layer(d_in, topo.dinv is not None)
+    return outer.work_for(n, n, int(topo.indptr[-1]), SUB_SHARE) <= work
 
 
 def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, budget: int,
@@ -187,11 +192,11 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
     is not made when the first is one block (it reads every page at most once)."""
     n = topo.num_nodes
     t0 = time.perf_counter()
-    outer = BlockCosts.block(d_in, topo.dinv is not None)
+    outer = BlockPhases.of_layer(d_in, topo.dinv is not None)
     in_row_bytes = dataset.layout.row_bytes if l == 0 else d_in * in_itemsize
     _, work, rss0, pressure = _layer_memory(budget, n, d_in, d_out, chunking,
                                             CacheSettings(cache.policy, 0), in_itemsize)
-    starts, sub_work = _blocks(topo, chunking, work, outer, costs)
+    starts, sub_work = _blocks(topo, chunking, work, outer)
     row_bytes = _planned_row_bytes(l, dataset, topo, starts, in_row_bytes)
     reads = {"mode": "rows", "planned_row_bytes": int(row_bytes), "planned_chunk_bytes": None}
     ptr = seq = None
@@ -199,7 +204,7 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
     c_cap, c_work, _, _ = _layer_memory(budget, n, d_in, d_out, chunking, cache, in_itemsize)
     # one block reads each page once: whole chunks cannot read less (nor be planned for free)
     if c_cap and starts.shape[0] > 2:
-        c_starts, c_sub = _blocks(topo, chunking, c_work, outer, costs)
+        c_starts, c_sub = _blocks(topo, chunking, c_work, outer)
         c_ptr, c_seq, c_keyof, chunk_bytes = _chunk_plan(
             topo, c_starts, chunking, c_cap, cache.policy, in_row_bytes, l > 0 or topo.natural)
         reads["planned_chunk_bytes"] = chunk_bytes
@@ -208,10 +213,11 @@ def plan_layer(l: int, dataset: Dataset, topo: Topology, d_in: int, d_out: int, 
             starts, sub_work, ptr, seq, keyof, cap, work = (c_starts, c_sub, c_ptr, c_seq,
                                                             c_keyof, c_cap, c_work)
     rows = min(chunking.chunk_rows, max(n, 1))
-    one_block = int(outer.of(n, n, int(topo.indptr[-1])) / (1 - SUB_SHARE))
+    edges = int(topo.indptr[-1])
     return LayerPlan(l, d_in, d_out, starts, ptr, seq, keyof, cap, work, rss0, pressure,
-                     rows * d_in * in_itemsize, sub_work, costs, one_block,
-                     time.perf_counter() - t0, reads, rows)
+                     rows * d_in * in_itemsize, sub_work, costs,
+                     outer.work_for(n, n, edges, SUB_SHARE), time.perf_counter() - t0, reads,
+                     rows, outer.peak(n, n, edges, sub_work))
 
 
 #: Planned reads above this many times a layer's input table are worth a note.

@@ -87,7 +87,8 @@ class LocalGraph:
         ``num_targets``."""
         nt = self.num_targets
         return plan_blocks(self.eptr, self.src, np.arange(nt, dtype=np.int64), max(nt, 1),
-                           target_bytes, node_bytes, edge_bytes, work_bytes,
+                           np.array([[target_bytes, node_bytes, edge_bytes]], dtype=np.int64),
+                           np.array([work_bytes], dtype=np.int64),
                            np.full(self.nodes.shape[0], -1, dtype=np.int64))
 
     def sub(self, a: int, z: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -5,6 +5,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -124,14 +126,58 @@ class BlockCosts:
         kernel's peak memory cannot be read."""
         return cls(4 * d_out * 6, 6 * (3 * d_in + 4 * d_out) + 96, 144 + 6 * 3 * (d_in + d_out))
 
+
+@dataclass(frozen=True)
+class BlockPhases:
+    """What a block holds around its sub-blocks, phase by phase (the runner's own arrays;
+    its output rows go to the output chunk as each sub-block ends). The phases do not
+    overlap, so a block's peak is the largest of them:
+
+    - ``build``: :func:`~._kernels.build_local` making the local graph: per target its
+      edge pointer and its share of ``nodes`` as first allocated, per local node the
+      copy of ``nodes`` returned, per edge ``src`` and its share of the first ``nodes``
+      (GCN: ``src`` copied once self loops are dropped, the degrees gathered per edge
+      and the weights);
+    - ``held``: the local graph and the block's input rows, from the gather to the last
+      sub-block: per target its edge pointer (GCN: its self loop's weight), per local
+      node its float32 input row and global id, per edge its local source (GCN: its
+      weight);
+    - ``gather``: ``held`` plus the gathers' per-node sort keys and stamps (40 B a
+      local node) while the rows are read;
+    - the sub-blocks: ``held`` plus their share of the work (``sub_work``).
+    """
+    build: BlockCosts
+    held: BlockCosts
+    gather_node: int = 40
+
     @classmethod
-    def block(cls, d_in: int, gcn: bool) -> "BlockCosts":
-        """What a block holds around its sub-blocks (the runner's own arrays; its output
-        rows go to the output chunk as each sub-block ends): per target its edge
-        pointer (GCN: its self loop's weight), per local node its float32 input row,
-        global id and the gathers' sort keys and stamps, per edge the local graph's
-        source and the build's copies (GCN: the weights and their temporaries)."""
-        return cls(24, 4 * d_in + 48, 24 + (24 if gcn else 0))
+    def of_layer(cls, d_in: int, gcn: bool) -> "BlockPhases":
+        if gcn:
+            return cls(BlockCosts(40, 16, 40), BlockCosts(12, 4 * d_in + 8, 12))
+        return cls(BlockCosts(16, 8, 16), BlockCosts(8, 4 * d_in + 8, 8))
+
+    def limits(self, work: int, sub_work: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(costs, limits)`` for :func:`~._kernels.plan_blocks`: every phase of a block
+        within ``work`` bytes, its sub-blocks' ``sub_work`` included."""
+        g = self.held
+        costs = np.array([[self.build.target, self.build.node, self.build.edge],
+                          [g.target, g.node + self.gather_node, g.edge],
+                          [g.target, g.node, g.edge]], dtype=np.int64)
+        limits = np.array([work, work, max(work - sub_work, 1)], dtype=np.int64)
+        return costs, limits
+
+    def peak(self, targets: int, nodes: int, edges: int, sub_work: int) -> int:
+        """The largest phase of a block of this size whose sub-blocks take ``sub_work``."""
+        held = self.held.of(targets, nodes, edges)
+        return max(self.build.of(targets, nodes, edges), held + self.gather_node * nodes,
+                   held + sub_work)
+
+    def work_for(self, targets: int, nodes: int, edges: int, sub_share: float) -> int:
+        """The least work that runs such a block whole, when its sub-blocks take
+        ``sub_share`` of the work."""
+        held = self.held.of(targets, nodes, edges)
+        return max(self.build.of(targets, nodes, edges), held + self.gather_node * nodes,
+                   int(held / (1 - sub_share)) + 1)
 
 
 #: Targets of the probe graphs a layer's memory is measured on (see :func:`measure_costs`):
@@ -192,7 +238,6 @@ def _measure(layer, d_in: int, gcn: bool, t: int, floor: BlockCosts) -> BlockCos
 def _probe(layer, d_in: int, gcn: bool, t: int, n: int, m: int) -> int:
     """Peak bytes above the RSS before it of one sub-block of ``t`` targets, ``n`` local
     nodes and ``m`` edges (a deterministic random graph) through ``layer``."""
-    import numpy as np
     import torch
 
     from ...memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
