@@ -501,9 +501,10 @@ def test_ingest_places_streamed_rows_in_the_locality_order(tmp_path):
 
 @pytest.mark.parametrize("buffer", [4 << 20, 1 << 30])
 def test_placing_streamed_rows_stays_within_its_planned_memory(tmp_path, buffer):
-    """Ingest's streamed placement (a float32 chunk read and placed as stored) stays under
-    the plan's ``place`` phase, which is not loose by more than half (it also counts a
-    converted copy of the chunk, which a float32 source does not make)."""
+    """Ingest's streamed placement (a float32 chunk read and placed as stored), then its
+    last pass, stay under the plan's ``place`` and ``permute`` phases, the larger of which
+    is not loose by more than half (in memory, ``place`` also counts a converted copy of
+    the chunk, which a float32 source does not make)."""
     from ooc.storage.reorder import RowPlacer, reorder_phases
 
     rng = np.random.default_rng(1)
@@ -523,8 +524,9 @@ def test_placing_streamed_rows_stays_within_its_planned_memory(tmp_path, buffer)
         placer.close()
 
     peak = _traced_peak(stream, tmp_path) + row_of.nbytes  # the inverse, held before
-    plan = reorder_phases(lay, buffer)["place"]
-    assert peak <= plan <= 1.5 * peak, (peak, plan)
+    phases = reorder_phases(lay, buffer)
+    plan = max(phases["place"], phases["permute"])
+    assert peak <= plan <= 1.5 * peak, (peak, phases)
 
 
 def test_write_array_writes_every_byte(tmp_path):

@@ -36,7 +36,7 @@ import numpy as np
 from . import _direct_kernels as K
 from .features import check_out
 from .io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
-from .layout import PAGE, FeatureLayout, RowTable
+from .layout import PAGE, FeatureLayout, RowTable, _aligned_part, aligned_empty
 from .errors import IOFailure, IdOutOfRange, InvalidValue
 
 __all__ = [
@@ -55,14 +55,6 @@ _MAX_QUEUE_DEPTH = 4096
 _WHOLE = np.empty(0, np.int64)
 
 
-def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
-    """An uninitialised uint8 array of ``nbytes`` whose data is ``align``-aligned."""
-    nbytes = int(nbytes)
-    if nbytes < 0:
-        raise InvalidValue("nbytes must be >= 0")
-    return _aligned_part(np.empty(nbytes + align, dtype=np.uint8), nbytes, align)
-
-
 def grown(buf: np.ndarray, nbytes: int, cap: int) -> np.ndarray:
     """``buf`` (page-aligned uint8) when it holds ``nbytes``, else a new one of ``nbytes``,
     or of twice ``buf``'s size where that is larger but not past ``cap`` bytes: a reused
@@ -70,12 +62,6 @@ def grown(buf: np.ndarray, nbytes: int, cap: int) -> np.ndarray:
     if buf.size >= nbytes:
         return buf
     return aligned_empty(max(int(nbytes), min(2 * buf.size, int(cap))))
-
-
-def _aligned_part(raw: np.ndarray, nbytes: int, align: int = PAGE) -> np.ndarray:
-    """The first ``nbytes`` of uint8 ``raw`` from its first ``align``-aligned byte (a view)."""
-    shift = (-raw.ctypes.data) % align
-    return raw[shift:shift + nbytes]
 
 
 def _is_aligned(a: np.ndarray) -> bool:

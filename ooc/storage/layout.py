@@ -179,3 +179,17 @@ def index_dtype(num_nodes: int) -> np.dtype:
 def padded_bytes(nbytes: int) -> int:
     """``nbytes`` rounded up to a whole number of pages."""
     return -(-nbytes // PAGE) * PAGE
+
+
+def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose data is ``align``-aligned."""
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise InvalidValue("nbytes must be >= 0")
+    return _aligned_part(np.empty(nbytes + align, dtype=np.uint8), nbytes, align)
+
+
+def _aligned_part(raw: np.ndarray, nbytes: int, align: int = PAGE) -> np.ndarray:
+    """The first ``nbytes`` of uint8 ``raw`` from its first ``align``-aligned byte (a view)."""
+    shift = (-raw.ctypes.data) % align
+    return raw[shift:shift + nbytes]

@@ -19,6 +19,7 @@ unchanged.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +28,9 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from . import _reorder_kernels as K
+from .direct_files import DirectAppender, open_direct, pwrite_pages, read_direct
 from .errors import InvalidValue
-from .layout import PAGE, FeatureLayout, index_dtype, read_rows
+from .layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
 from .pagecache import release_mapped
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
@@ -155,13 +157,15 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int,
     - ``permute`` (:func:`permute_rows`, and a :class:`RowPlacer`'s last pass): the
       inverse (an id per node), two buckets' rows (read and placed, or as read and laid
       out in pages) and 40 bytes a row of their destinations, sort keys and sort order
-      (and 1 KiB of open files per bucket);
+      (and :data:`BUCKET_BYTES` per bucket), and through buckets the staging buffer
+      (:func:`staging_bytes`) the rows read are written from;
     - ``place`` (a :class:`RowPlacer` fed as ingest streams the rows in): the inverse and
       the streamed chunk as read (a quarter of the buffer at most), beside either the
       block placed in memory, a copy of the chunk converted to the stored dtype and 8
-      bytes a row of destinations, or a bucket's copy of the chunk (at most the chunk) and
-      the same 40 bytes a row; through buckets, a source converted to the stored dtype
-      (float64 rows stored as float32) holds one more chunk than this.
+      bytes a row of destinations, or the staging buffer the buckets are written from
+      (:func:`staging_bytes`) and the same 40 bytes a row; through buckets, a source
+      converted to the stored dtype (float64 rows stored as float32) holds one more chunk
+      than this.
     """
     n = int(layout.num_rows)
     it = index_dtype(n).itemsize
@@ -173,9 +177,13 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int,
     big = window if longest is None else (it * longest if longest > K.HASHED else 0)
     return {"propagate": 2 * it * n + 2 * window + big + BLOCK * it + tally,
             "order": 3 * it * n,
-            "permute": it * n + 2 * pages + 40 * part + 1024 * buckets,
-            "place": it * n + (pages + 8 * part if buckets == 1 else 40 * part + 1024 * buckets)
-            + 2 * min(int(buffer_bytes) // 4, n * layout.row_bytes) + PAGE}
+            "permute": it * n + 2 * pages + 40 * part + BUCKET_BYTES * buckets
+            + (staging_bytes(layout, buffer_bytes) if buckets > 1 else 0),
+            "place": it * n + PAGE + (
+                pages + 8 * part + 2 * min(int(buffer_bytes) // 4, n * layout.row_bytes)
+                if buckets == 1 else 40 * part + BUCKET_BYTES * buckets
+                + min(int(buffer_bytes) // 4, n * layout.row_bytes)
+                + staging_bytes(layout, buffer_bytes))}
 
 
 def rows_of(order: np.ndarray, dtype: DTypeLike | None = None) -> np.ndarray:
@@ -228,16 +236,21 @@ class RowPlacer:
         scratch = Path(scratch) if scratch is not None else self.dst.parent
         self.names = [scratch / f".bucket-{k}" for k in range(self.buckets)]
         self.block: np.ndarray | None = None
-        # unbuffered: a bucket's rows go out in one write, and up to 2 x MAX_BUCKETS buffers
-        # of 8 KiB would be memory the plan does not count
-        self.outs: list = []
-        self.ids_out: list = []
+        self.outs: list[DirectAppender] = []
+        self.ids_out: list[DirectAppender] = []
+        #: whether the buckets and ``dst`` were written and read with ``O_DIRECT`` (None:
+        #: placed in memory); False where the file system refused it
+        self.direct: bool | None = None
         if self.buckets == 1:
             self.block = np.empty((layout.num_rows, layout.dim), dtype=layout.dtype)
         else:
-            self.outs = [open(name, "wb", buffering=0) for name in self.names]
-            self.ids_out = [open(name.with_suffix(".ids"), "wb", buffering=0)
-                            for name in self.names]
+            # the rows pass through the buckets once: O_DIRECT, gathered into one staging
+            # buffer (see direct_files)
+            self.staging: np.ndarray | None = aligned_empty(staging_bytes(layout, buffer_bytes))
+            for name in self.names:
+                self.outs.append(DirectAppender(name, self.staging))
+                self.ids_out.append(DirectAppender(name.with_suffix(".ids"), self.staging))
+            self.direct = all(f.direct for f in self.outs + self.ids_out)
 
     def add(self, start: int, rows: np.ndarray) -> None:
         """Node rows ``start .. start + len(rows)`` (``layout.dtype`` [k, dim])."""
@@ -250,10 +263,10 @@ class RowPlacer:
         ends = np.cumsum(np.bincount(bucket, minlength=self.buckets))
         del bucket
         begin = 0
-        for k, end in enumerate(ends):  # one bucket's rows copied at a time
+        for k, end in enumerate(ends):  # one bucket's rows gathered and written at a time
             if end > begin:
-                write_array(self.outs[k], rows[by[begin:end]])
-                write_array(self.ids_out[k], dest[by[begin:end]])
+                self.outs[k].append_take(rows, by[begin:end])
+                self.ids_out[k].append_take(dest, by[begin:end])
             begin = int(end)
 
     def finish(self) -> int:
@@ -261,25 +274,30 @@ class RowPlacer:
         memory). Raises :class:`InvalidValue` when a bucket does not hold its rows
         (``row_of`` is not a permutation, or rows are missing)."""
         n = self.layout.num_rows
-        self._close_files()
-        with open(self.dst, "wb") as fout:
-            if self.block is not None:
-                block, self.block = self.block, None
-                _write_rows(fout, self.layout, 0, block)
-            else:
-                for k, name in enumerate(self.names):
-                    _write_bucket(fout, self.layout, name, k * self.part,
-                                  min(n, k * self.part + self.part))
-        return self.buckets
-
-    def _close_files(self) -> None:
         for f in self.outs + self.ids_out:
             f.close()
         self.outs, self.ids_out = [], []
+        self.staging = None
+        if self.block is not None:
+            block, self.block = self.block, None
+            with open(self.dst, "wb") as fout:
+                _write_rows(fout, self.layout, 0, block)
+            return 1
+        fd, direct = open_direct(self.dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self.direct = bool(self.direct and direct)
+        try:
+            for k, name in enumerate(self.names):
+                _write_bucket(fd, self.layout, name, k * self.part,
+                              min(n, k * self.part + self.part))
+        finally:
+            os.close(fd)
+        return self.buckets
 
     def close(self) -> None:
         """Drop the block and remove what is left of the buckets (after an error too)."""
-        self._close_files()
+        for f in self.outs + self.ids_out:
+            f.abandon()
+        self.outs, self.ids_out = [], []
         self.block = None
         for name in self.names if self.buckets > 1 else ():
             name.unlink(missing_ok=True)
@@ -320,6 +338,20 @@ def permute_rows(src: Path, dst: Path, layout: FeatureLayout, row_of: np.ndarray
         placer.close()
 
 
+#: Bytes each bucket holds while rows are placed: its two open files and the tail under a
+#: page that each file's last append left (see :class:`~.direct_files.DirectAppender`).
+BUCKET_BYTES = 1024 + 2 * PAGE
+#: Most bytes of the staging buffer rows are gathered into on their way to the buckets.
+STAGING_BYTES = 16 << 20
+
+
+def staging_bytes(layout: FeatureLayout, buffer_bytes: int) -> int:
+    """A :class:`RowPlacer`'s staging buffer: :data:`STAGING_BYTES`, or a sixteenth of
+    ``buffer_bytes`` where smaller, in whole pages and never under two pages and a row."""
+    want = min(STAGING_BYTES, int(buffer_bytes) // 16)
+    return padded_bytes(max(want, 2 * PAGE + layout.row_bytes))
+
+
 def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
     """``(rows per bucket, buckets)`` of :func:`permute_rows`: a bucket's rows take at
     most a quarter of ``buffer_bytes`` (whole pages of rows, at least one page), unless
@@ -334,24 +366,38 @@ def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
     return part, buckets
 
 
-def _write_bucket(fout, layout: FeatureLayout, name: Path, a: int, b: int) -> None:
+def _write_bucket(fd: int, layout: FeatureLayout, name: Path, a: int, b: int) -> None:
     """The second pass of :func:`permute_rows` for one bucket: its rows (``name``,
     ``layout.dtype`` [b - a, dim]) placed by their destinations (``name.ids``, int64
-    [b - a], in ``a .. b-1``) and written as rows ``a .. b-1`` of ``fout``; the
-    bucket's files are then removed.
+    [b - a], in ``a .. b-1``) and written as rows ``a .. b-1`` of the file ``fd`` (``a``
+    at a page boundary; whole pages, read and written with ``O_DIRECT`` where the file
+    system takes it); the bucket's files are then removed.
 
     Raises:
         InvalidValue: the bucket does not hold ``b - a`` rows (``row_of`` is not a
             permutation).
     """
-    ids = np.fromfile(name.with_suffix(".ids"), dtype=np.int64)
-    rows = np.fromfile(name, dtype=layout.dtype).reshape(-1, layout.dim)
+    ids = read_direct(name.with_suffix(".ids"), np.int64)
+    rows = read_direct(name, layout.dtype).reshape(-1, layout.dim)
     if ids.shape[0] != b - a or rows.shape[0] != b - a:
         raise InvalidValue(f"{name}: bucket holds {ids.shape[0]} rows, expected "
                            f"{b - a} (row_of is not a permutation)")
-    block = np.empty_like(rows)
-    block[ids - a] = rows
-    del rows
-    _write_rows(fout, layout, a, block)
+    local = FeatureLayout(b - a, layout.dim, layout.dtype)
+    if layout.packed:  # placed straight into the pages written
+        buf = aligned_empty(local.file_bytes)
+        used = (b - a) * layout.row_bytes
+        buf[used:] = 0
+        buf[:used].view(layout.dtype).reshape(b - a, layout.dim)[ids - a] = rows
+        del rows
+    else:  # placed, then laid out in pages: two copies of the bucket at a time
+        block = np.empty_like(rows)
+        block[ids - a] = rows
+        del rows
+        buf = aligned_empty(local.file_bytes)
+        buf[:] = 0
+        local.view(buf)[0:b - a] = block
+        del block
+    del ids
+    pwrite_pages(fd, buf, int(layout.row_offsets(np.array([a]))[0]))
     name.unlink()
     name.with_suffix(".ids").unlink()
