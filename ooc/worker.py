@@ -98,6 +98,10 @@ class Worker:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                # handed over without a reference kept here while the caller holds it: an
+                # item the caller drops (a superbatch's samples) is freed at once
+                box = [item]
+                del item
+                yield box.pop()
         finally:
             self.halt()

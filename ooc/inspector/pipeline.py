@@ -160,6 +160,9 @@ class _EpochRun:
                 if stopped():
                     return
                 self._write_changesets(sb, samples)
+                # the executor loads the files: a reference kept here until the next
+                # superbatch arrives would be a second copy of these samples beside it
+                del samples
                 self.stats.superbatches += 1
                 self.stats.batches += len(sb.batch_indices)
                 if not put(sb):

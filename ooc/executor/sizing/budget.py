@@ -38,7 +38,7 @@ file pages this process maps):
    the ``indices.bin`` pages a build maps, before the feature cache is
    filled: counted where larger than the loop), and for ``ooc`` the
    superbatch in flight (runtime samples of up to three superbatches: being
-   sampled, having its changesets computed, being consumed; plus the
+   sampled, loaded, being consumed, two where an epoch is one superbatch; plus the
    changeset pass's arrays over N and over the superbatch's accesses).
 
 ``free = budget - working - reserve`` with ``reserve = max(48 MiB, budget/10)``
@@ -391,8 +391,8 @@ def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int
 
 class SuperbatchPlan:
     """The superbatch in flight: runtime samples of up to three superbatches (being
-    sampled, having its changesets computed, being consumed) and the changeset
-    pass's arrays over N and over the superbatch's accesses."""
+    sampled, loaded, being consumed: :meth:`held`) and the changeset pass's arrays over
+    N and over the superbatch's accesses."""
 
     def __init__(self, dataset, config, opts, probe: dict[str, Any], preset):
         from ...inspector.pipeline import superbatch_size_for_budget
@@ -404,13 +404,21 @@ class SuperbatchPlan:
         self.explicit = getattr(preset.policy, "superbatch_size", None) or opts.superbatch_size
         self.size_disk = None if self.explicit else \
             superbatch_size_for_budget(opts.runtime_disk_budget, self.bpb, ahead=1)
-        nb = len(epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1, shuffle=True))
+        self.batches = len(epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1,
+                                         shuffle=True))
         size = self.explicit or self.size_disk
         assert size is not None  # size_disk is computed when no size is explicit
-        self.size = max(1, min(int(size), nb))
+        self.size = max(1, min(int(size), self.batches))
+
+    def held(self, size: int) -> int:
+        """Superbatches of runtime samples in memory at once: three (the one consumed, the
+        next loaded, and the one after while it is sampled: its batches and their flat
+        copy), two where an epoch is one superbatch (epochs do not overlap: its batches
+        and their flat copy, or the copy and the loaded files)."""
+        return 2 if -(-self.batches // max(1, size)) == 1 else 3
 
     def bytes(self, size: int) -> int:
-        """Runtime samples of three superbatches in memory, ~40 B per access of the changeset
+        """Runtime samples of :meth:`held` superbatches in memory, ~40 B per access of the changeset
         pass, and its id table: 5 B per node (next use int32 and state uint8 over N) when
         it addresses ids directly, else compact ranks of the accesses (16 B each); see
         :func:`ooc.inspector.changesets.local_ids`. With page-mates, 8 B more per id of
@@ -423,7 +431,7 @@ class SuperbatchPlan:
         table = 5 * self.n if direct else 16 * accesses
         if self.mates:
             table += 8 * (self.n if direct else accesses) + 32 * accesses
-        return int(3 * size * self.bpb + table + 40 * accesses)
+        return int(self.held(size) * size * self.bpb + table + 40 * accesses)
 
     def size_within(self, room: int) -> int:
         """Halve an automatic size until the superbatch takes at most a quarter of
