@@ -70,3 +70,38 @@ def test_a_partition_run_after_its_child_compiles_nothing(tmp_path, algo, reorde
     after = _all_signatures()
     assert after == before, {k: (before.get(k), v) for k, v in after.items()
                              if v != before.get(k)}
+
+
+@pytest.mark.parametrize("kind", ["files", "synthetic"])
+def test_an_ingest_after_its_child_compiles_nothing(tmp_path, kind):
+    """compile_ingest_kernels' child, run in this process, leaves no kernel for an ingest
+    of another graph with the same options to compile: an .npy edge list with features and
+    labels, a CSV edge list, or a generated graph."""
+    import json
+
+    from ooc.storage.ingest import ingest_edgelist
+    from ooc.storage.ingest.precompile import _child_main as ingest_child
+
+    options = {"undirected": True, "dedup": True, "remove_self_loops": False,
+               "dtype": "float16", "reorder": "locality"}
+    ingest_child([kind, json.dumps(options)])
+    before = _all_signatures()
+    assert any(k.startswith("ooc.storage.ingest._kernels.") and v for k, v in before.items())
+    common = dict(progress=False, reorder="locality")
+    if kind == "synthetic":
+        generate_synthetic(tmp_path / "d", nodes=5000, avg_degree=8, feature_dim=24,
+                           dtype="float16", community_size=50, **common)
+    else:
+        rng = np.random.default_rng(3)
+        n = 3000
+        np.save(tmp_path / "e.npy", rng.integers(0, n, (20_000, 2)))
+        np.save(tmp_path / "x.npy", rng.standard_normal((n, 24)).astype(np.float32))
+        np.save(tmp_path / "y.npy", rng.integers(0, 7, n))
+        opts = dict(undirected=True, dedup=True, feature_dtype="float16", **common)
+        ingest_edgelist(tmp_path / "e.npy", tmp_path / "d", features=tmp_path / "x.npy",
+                        labels=tmp_path / "y.npy", **opts)
+        (tmp_path / "e.txt").write_text("".join(f"{i} {(i * 5) % n}\n" for i in range(n)))
+        ingest_edgelist(tmp_path / "e.txt", tmp_path / "t", num_nodes=n, **opts)
+    after = _all_signatures()
+    assert after == before, {k: (before.get(k), v) for k, v in after.items()
+                             if v != before.get(k)}

@@ -206,9 +206,11 @@ class NpyEdges(EdgeSource):
         e = self.num_edges
         for a in range(0, e, chunk_edges):
             cnt = min(chunk_edges, e - a)
-            if self.interleaved:
+            if self.interleaved:  # [E, 2]: each column copied out, as the kernels take
                 p = self.r.read_flat(2 * a, 2 * cnt).reshape(cnt, 2)
-                s, d = p[:, 0], p[:, 1]
+                s = np.ascontiguousarray(p[:, 0], dtype=np.int64)
+                d = np.ascontiguousarray(p[:, 1], dtype=np.int64)
+                del p
             else:
                 s, d = self.r.read_flat(a, cnt), self.r.read_flat(e + a, cnt)
             yield (s.astype(np.int64, copy=False), d.astype(np.int64, copy=False), a,
