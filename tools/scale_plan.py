@@ -189,7 +189,7 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     sb = SuperbatchPlan(SimpleNamespace(num_nodes=n, train_idx=np.arange(train_count),
                                         row_pages=row_pages), config,
                          opts, {"bytes_per_batch": batches["runtime_bytes_per_batch"],
-                                "ids_per_batch": ids}, preset)
+                                "ids_per_batch": ids}, preset, fixed - setup)
     superbatch = sb.size_within(budget - reserve - fixed)
     working = fixed + superbatch
     free = budget - working - reserve

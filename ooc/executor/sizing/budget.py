@@ -38,8 +38,9 @@ file pages this process maps):
    the ``indices.bin`` pages a build maps, before the feature cache is
    filled: counted where larger than the loop), and for ``ooc`` the
    superbatch in flight (runtime samples of up to three superbatches: being
-   sampled, loaded, being consumed, two where an epoch is one superbatch; plus the
-   changeset pass's arrays over N and over the superbatch's accesses).
+   sampled, loaded, being consumed; plus the changeset pass's arrays over N and over
+   the superbatch's accesses; where an epoch is one superbatch, the loaded one beside
+   the loop, its sampling and changesets happening before the loop starts).
 
 ``free = budget - working - reserve`` with ``reserve = max(48 MiB, budget/10)``
 (:func:`default_reserve`). The neighbor cache (``static`` and ``ooc``; its
@@ -312,8 +313,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0
     kernels, probe, fixed = _measure_fixed(dataset, config, opts, model, preset,
                                            budget - reserve, workers, explicit_n, stages)
-    sb = SuperbatchPlan(dataset, config, opts, probe, preset) if preset.policy.schedule == "superbatch" \
-        else None
+    sb = SuperbatchPlan(dataset, config, opts, probe, preset, fixed - stages["setup_rss"]) \
+        if preset.policy.schedule == "superbatch" else None
     if sb is not None:
         stages["superbatch"] = sb.size_within(budget - reserve - fixed)
     working = fixed + stages.get("superbatch", 0)
@@ -391,14 +392,14 @@ def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int
 
 class SuperbatchPlan:
     """The superbatch in flight: runtime samples of up to three superbatches (being
-    sampled, loaded, being consumed: :meth:`held`) and the changeset pass's arrays over
-    N and over the superbatch's accesses."""
+    sampled, loaded, being consumed) and the changeset pass's arrays over N and over the
+    superbatch's accesses (:meth:`bytes`)."""
 
-    def __init__(self, dataset, config, opts, probe: dict[str, Any], preset):
+    def __init__(self, dataset, config, opts, probe: dict[str, Any], preset, beside: int = 0):
         from ...inspector.pipeline import superbatch_size_for_budget
         from ...inspector.sampler import epoch_batches
 
-        self.n = dataset.num_nodes
+        self.n, self.beside = dataset.num_nodes, int(beside)
         self.bpb, self.ids = probe["bytes_per_batch"], probe["ids_per_batch"]
         self.mates = preset.policy.mate_fraction(dataset.row_pages()) > 0
         self.explicit = getattr(preset.policy, "superbatch_size", None) or opts.superbatch_size
@@ -410,28 +411,32 @@ class SuperbatchPlan:
         assert size is not None  # size_disk is computed when no size is explicit
         self.size = max(1, min(int(size), self.batches))
 
-    def held(self, size: int) -> int:
-        """Superbatches of runtime samples in memory at once: three (the one consumed, the
-        next loaded, and the one after while it is sampled: its batches and their flat
-        copy), two where an epoch is one superbatch (epochs do not overlap: its batches
-        and their flat copy, or the copy and the loaded files)."""
-        return 2 if -(-self.batches // max(1, size)) == 1 else 3
-
     def bytes(self, size: int) -> int:
-        """Runtime samples of :meth:`held` superbatches in memory, ~40 B per access of the changeset
-        pass, and its id table: 5 B per node (next use int32 and state uint8 over N) when
-        it addresses ids directly, else compact ranks of the accesses (16 B each); see
-        :func:`ooc.inspector.changesets.local_ids`. With page-mates, 8 B more per id of
-        the table (group and next use, int32 each) and 32 B per access for the page groups
-        (:func:`ooc.inspector.changesets.page_groups`: the page keys while they are made,
-        the groups, the candidates and the larger insert arrays after; measured 39 B an
-        access above the plain pass at scale 0.05, 5.3M accesses)."""
+        """What the superbatches hold beside the training loop (whose peak is
+        ``beside`` bytes): runtime samples of three superbatches (the one consumed, the
+        next loaded, the one after while it is sampled: its batches and their flat copy),
+        ~40 B per access of the changeset pass, and its id table: 5 B per node (next use
+        int32 and state uint8 over N) when it addresses ids directly, else compact ranks
+        of the accesses (16 B each); see :func:`ooc.inspector.changesets.local_ids`. With
+        page-mates, 8 B more per id of the table (group and next use, int32 each) and 32 B
+        per access for the page groups (:func:`ooc.inspector.changesets.page_groups`: the
+        page keys while they are made, the groups, the candidates and the larger insert
+        arrays after; measured 39 B an access above the plain pass at scale 0.05, 5.3M
+        accesses).
+
+        An epoch of one superbatch is sampled and its changesets computed before its first
+        batch, while no batch is in flight (epochs do not overlap): beside the loop it holds
+        the loaded superbatch alone, and that transient counts where it exceeds the loop."""
         accesses = size * self.ids
         direct = self.n <= max(2 * accesses, 1 << 22) and self.n <= 1 << 28
         table = 5 * self.n if direct else 16 * accesses
         if self.mates:
             table += 8 * (self.n if direct else accesses) + 32 * accesses
-        return int(self.held(size) * size * self.bpb + table + 40 * accesses)
+        unit = size * self.bpb
+        arrays = table + 40 * accesses
+        if -(-self.batches // max(1, size)) == 1:
+            return int(max(unit, 2 * unit + arrays - self.beside))
+        return int(3 * unit + arrays)
 
     def size_within(self, room: int) -> int:
         """Halve an automatic size until the superbatch takes at most a quarter of
