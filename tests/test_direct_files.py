@@ -149,3 +149,23 @@ def test_a_row_placer_through_buckets_says_how_it_wrote(direct_dir, monkeypatch,
     want[row_of] = x
     np.testing.assert_array_equal(got, want)
     assert not list(direct_dir.glob(".bucket-*"))
+
+
+def test_a_write_that_stops_short_is_reported_as_a_full_disk(direct_dir, monkeypatch):
+    """The device fills mid-write: the write returns short, and the unaligned rest is
+    refused with EINVAL under O_DIRECT; that is a full disk, not an invalid argument."""
+    calls = {"n": 0}
+
+    def filling(fd, data):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return 1000  # a short write
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(D.os, "write", filling)
+    f = D.DirectAppender(direct_dir / "out.bin", aligned_empty(8 * PAGE))
+    f._written = True  # past the first write: no fallback to the page cache
+    with pytest.raises(OSError) as e:
+        f.append_take(np.zeros((100, 128), np.float32), np.arange(100, dtype=np.int64))
+    assert e.value.errno == errno.ENOSPC
+    f.abandon()

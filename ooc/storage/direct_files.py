@@ -37,11 +37,23 @@ def open_direct(path: str | os.PathLike, flags: int, mode: int = 0o644) -> tuple
 
 
 def _write_all(fd: int, buf: memoryview, offset: int | None = None) -> None:
-    """Write all of ``buf`` (at ``offset``, else at the file position)."""
+    """Write all of ``buf`` (at ``offset``, else at the file position).
+
+    A write that stops short means the device filled up; with ``O_DIRECT`` the rest, no
+    longer aligned, is then refused with ``EINVAL``, which is reported as the full disk
+    (``ENOSPC``) it is."""
+    short = False
     while buf.nbytes:
-        n = os.write(fd, buf) if offset is None else os.pwrite(fd, buf, offset)
+        try:
+            n = os.write(fd, buf) if offset is None else os.pwrite(fd, buf, offset)
+        except OSError as e:
+            if short and e.errno == errno.EINVAL:
+                raise OSError(errno.ENOSPC, "No space left on device (a write stopped "
+                                            "short)") from None
+            raise
         if n <= 0:
-            raise OSError(errno.EIO, "write returned no bytes")
+            raise OSError(errno.ENOSPC, "No space left on device (a write wrote nothing)")
+        short = n < buf.nbytes
         buf = buf[n:]
         if offset is not None:
             offset += n
