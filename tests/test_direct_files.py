@@ -169,3 +169,27 @@ def test_a_write_that_stops_short_is_reported_as_a_full_disk(direct_dir, monkeyp
         f.append_take(np.zeros((100, 128), np.float32), np.arange(100, dtype=np.int64))
     assert e.value.errno == errno.ENOSPC
     f.abandon()
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_feature_rows_of_an_npz_member_read_once_equal_numpy(direct_dir, monkeypatch, refused):
+    """Feature rows read once (``NpyReader.rows``) go through O_DIRECT and a small staging
+    buffer, realigned from a member that starts anywhere in its ``.npz``; a file system
+    that refuses O_DIRECT gets the page-cache read, and ``_read_direct`` says which."""
+    from ooc.storage.ingest import edgelist as E
+    from ooc.storage.ingest import npz
+
+    if refused:
+        _refuse_o_direct(monkeypatch)
+    monkeypatch.setattr(E, "DIRECT_READ_MIN", 1)            # every read of rows
+    monkeypatch.setattr(E, "DIRECT_READ_STAGING", 3 * PAGE)  # many pieces a read
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5000, 13)).astype(np.float32)
+    np.savez(direct_dir / "data.npz", edge_index=np.zeros((2, 7), np.int64), node_feat=x)
+    r = npz.npz_member(direct_dir / "data.npz", "node_feat", direct_dir)
+    for a, b in [(0, 5000), (17, 1234), (4999, 5000), (3, 4)]:
+        np.testing.assert_array_equal(r.rows(a, b), x[a:b])
+    direct = E._read_direct(r.file, r.offset, 10, np.dtype(np.float32))
+    assert (direct is None) is refused
+    if direct is not None:
+        np.testing.assert_array_equal(direct, x.reshape(-1)[:10])

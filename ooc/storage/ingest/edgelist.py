@@ -27,8 +27,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
+from ..direct_files import open_direct
 from ..errors import InvalidValue, OocError, setting
-from ..layout import PAGE, FeatureLayout, index_dtype, padded_bytes
+from ..layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes
 from ..atomic import replace_refusal
 from ..writer import DatasetWriter
 from . import _kernels as K
@@ -78,6 +79,47 @@ def check_input(path) -> Path:
 
 # -- .npy files read in chunks without mapping them -----------------------------
 
+#: Reads of at least this many bytes bypass the page cache (see :func:`_read_direct`).
+DIRECT_READ_MIN = 4 << 20
+DIRECT_READ_STAGING = L.DIRECT_READ_STAGING
+
+
+def _read_direct(path: Path, pos: int, count: int, dtype: np.dtype) -> np.ndarray | None:
+    """``count`` values of ``dtype`` at byte ``pos`` of ``path``, read with ``O_DIRECT``
+    through a page-aligned buffer of :data:`DIRECT_READ_STAGING` bytes and copied into an
+    array of their own (a member of an ``.npz`` starts anywhere in its file, so the values
+    are realigned); fewer values where the file ends first. None where the file system
+    refuses ``O_DIRECT``.
+
+    An input read once gains nothing from the page cache, and going through it while
+    ingest writes its outputs measured 300-450 MB/s with a core in the kernel (3.1 GB/s
+    when reading alone).
+    """
+    fd, direct = open_direct(path, os.O_RDONLY)
+    if not direct:
+        os.close(fd)
+        return None
+    try:
+        out = np.empty(count, dtype=dtype)
+        ob = out.view(np.uint8)
+        total = ob.shape[0]
+        staging = aligned_empty(DIRECT_READ_STAGING + PAGE)
+        done = 0
+        while done < total:
+            p = pos + done
+            lo = p - p % PAGE
+            want = min(total - done, DIRECT_READ_STAGING)
+            hi = -(-(p + want) // PAGE) * PAGE
+            got = os.preadv(fd, [staging[:hi - lo].data], lo)
+            take = min(got - (p - lo), want)
+            if take <= 0:
+                break
+            ob[done:done + take] = staging[p - lo:p - lo + take]
+            done += take
+    finally:
+        os.close(fd)
+    return out[:done // dtype.itemsize]
+
 class NpyReader:
     """A ``.npy`` file read in chunks through plain reads (so RSS stays bounded).
 
@@ -111,8 +153,18 @@ class NpyReader:
             raise _err(self.path, f"truncated: {have} bytes, the header promises {need}")
         self.nbytes = self.size * self.dtype.itemsize
 
-    def read_flat(self, start: int, count: int) -> np.ndarray:
-        """Elements ``start .. start+count`` of the array in file order."""
+    def read_flat(self, start: int, count: int, once: bool = False) -> np.ndarray:
+        """Elements ``start .. start+count`` of the array in file order. ``once``: bytes
+        this ingest reads only once (feature rows), read with ``O_DIRECT``
+        (:func:`_read_direct`) where large enough and the file system takes it; edges,
+        read again by every scatter window, go through the page cache."""
+        if once and count * self.dtype.itemsize >= DIRECT_READ_MIN:
+            a = _read_direct(self.file, self.offset + start * self.dtype.itemsize, count,
+                             self.dtype)
+            if a is not None:
+                if a.size != count:
+                    raise _err(self.path, "truncated while reading")
+                return a
         with open(self.file, "rb") as f:
             f.seek(self.offset + start * self.dtype.itemsize)
             a = np.fromfile(f, dtype=self.dtype, count=count)
@@ -128,7 +180,7 @@ class NpyReader:
         """Rows ``a:b`` of a 2-D array, C-contiguous."""
         n, d = self.shape
         if not self.fortran:
-            return self.read_flat(a * d, (b - a) * d).reshape(b - a, d)
+            return self.read_flat(a * d, (b - a) * d, once=True).reshape(b - a, d)
         mm = np.memmap(self.file, dtype=self.dtype, mode="r", offset=self.offset,
                        shape=self.shape, order="F")
         return np.ascontiguousarray(mm[a:b])

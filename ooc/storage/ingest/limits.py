@@ -118,6 +118,11 @@ def load_kernels() -> None:
     K.count_in_degrees(ids, ids, np.zeros(1, dtype=np.int64), False, False)
 
 
+#: Bytes of the page-aligned buffer a feature chunk is read through with ``O_DIRECT``
+#: (:func:`~ooc.storage.ingest.edgelist._read_direct`), beside the chunk.
+DIRECT_READ_STAGING = 16 << 20
+
+
 def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int,
                  index_itemsize: int = 4, row_bytes: int = 512,
                  reordered: FeatureLayout | None = None, longest: int | None = None) -> int:
@@ -133,7 +138,9 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
       dtype or laid out in pages (rows that fill pages exactly are written as read);
     - when the feature rows were stored in a locality order (``reordered``: their
       layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`; ``longest``: the
-      longest in-neighbour list, when known).
+      longest in-neighbour list, when known);
+
+    the last two with the buffer a chunk is read through (:data:`DIRECT_READ_STAGING`).
     """
     b = int(buffer_bytes)
     n, e = int(num_nodes), int(stored_edges)
@@ -141,4 +148,5 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     chunk = min(b // 4, 32 * e)
     features = 2 * min(b // 4, n * int(row_bytes)) + 4096
     reorder = 0 if reordered is None else reorder_peak(reordered, b, longest)
-    return int(base) + BYTES_PER_NODE * n + max(window + chunk, features, reorder)
+    read = DIRECT_READ_STAGING + 4096
+    return int(base) + BYTES_PER_NODE * n + max(window + chunk, features + read, reorder + read)
