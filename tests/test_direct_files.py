@@ -72,7 +72,7 @@ def test_appends_of_taken_rows_make_the_file_numpy_writes(direct_dir, monkeypatc
 def test_a_write_refused_after_the_open_goes_on_through_the_page_cache(direct_dir, monkeypatch):
     """A file system that takes O_DIRECT when opening and refuses the first write: the
     appender reopens without it, says so, and writes the same bytes."""
-    real = D._write_all
+    real = D.write_all
     calls = {"n": 0}
 
     def first_refused(fd, buf, offset=None):
@@ -81,7 +81,7 @@ def test_a_write_refused_after_the_open_goes_on_through_the_page_cache(direct_di
             raise OSError(errno.EINVAL, "Invalid argument")
         return real(fd, buf, offset)
 
-    monkeypatch.setattr(D, "_write_all", first_refused)
+    monkeypatch.setattr(D, "write_all", first_refused)
     src = np.arange(5000 * 4, dtype=np.float32).reshape(5000, 4)
     f = D.DirectAppender(direct_dir / "out.bin", aligned_empty(8 * PAGE))
     assert f.direct
@@ -175,21 +175,21 @@ def test_a_write_that_stops_short_is_reported_as_a_full_disk(direct_dir, monkeyp
 def test_feature_rows_of_an_npz_member_read_once_equal_numpy(direct_dir, monkeypatch, refused):
     """Feature rows read once (``NpyReader.rows``) go through O_DIRECT and a small staging
     buffer, realigned from a member that starts anywhere in its ``.npz``; a file system
-    that refuses O_DIRECT gets the page-cache read, and ``_read_direct`` says which."""
+    that refuses O_DIRECT gets the page-cache read, and ``read_range`` says which."""
     from ooc.storage.ingest import edgelist as E
     from ooc.storage.ingest import npz
 
     if refused:
         _refuse_o_direct(monkeypatch)
     monkeypatch.setattr(E, "DIRECT_READ_MIN", 1)            # every read of rows
-    monkeypatch.setattr(E, "DIRECT_READ_STAGING", 3 * PAGE)  # many pieces a read
+    monkeypatch.setattr(D, "READ_STAGING", 3 * PAGE)  # many pieces a read
     rng = np.random.default_rng(4)
     x = rng.standard_normal((5000, 13)).astype(np.float32)
     np.savez(direct_dir / "data.npz", edge_index=np.zeros((2, 7), np.int64), node_feat=x)
     r = npz.npz_member(direct_dir / "data.npz", "node_feat", direct_dir)
     for a, b in [(0, 5000), (17, 1234), (4999, 5000), (3, 4)]:
         np.testing.assert_array_equal(r.rows(a, b), x[a:b])
-    direct = E._read_direct(r.file, r.offset, 10, np.dtype(np.float32))
+    direct = D.read_range(r.file, r.offset, 10, np.dtype(np.float32))
     assert (direct is None) is refused
     if direct is not None:
         np.testing.assert_array_equal(direct, x.reshape(-1)[:10])

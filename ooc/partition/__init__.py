@@ -164,10 +164,8 @@ def _precompile(dataset: Dataset, parts: int, algo: str, split: bool, halo_hops:
 
     note_if_cold(("ooc.partition._kernels", "ooc.partition._spring_kernels"),
                  "the partitioning kernels")
-    own = dict(params)
-    refine_passes = own.pop("refine_passes", 1)
     compile_partition_kernels(dataset, parts, algo, split=split, halo_hops=halo_hops,
-                              refine_passes=refine_passes, **own)
+                              **params)  # refine_passes among them, when given
 
 
 def _check_output(dataset: Dataset, data: str | os.PathLike, out: str | os.PathLike,

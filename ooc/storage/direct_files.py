@@ -24,6 +24,9 @@ from numpy.typing import DTypeLike
 from .errors import InvalidValue
 from .layout import PAGE, aligned_empty
 
+#: Bytes of the page-aligned buffer :func:`read_range` reads through.
+READ_STAGING = 16 << 20
+
 
 def open_direct(path: str | os.PathLike, flags: int, mode: int = 0o644) -> tuple[int, bool]:
     """``os.open(path, flags | O_DIRECT)`` where the file system takes it, else without;
@@ -36,7 +39,7 @@ def open_direct(path: str | os.PathLike, flags: int, mode: int = 0o644) -> tuple
     return os.open(path, flags | os.O_CLOEXEC, mode), False
 
 
-def _write_all(fd: int, buf: memoryview, offset: int | None = None) -> None:
+def write_all(fd: int, buf: memoryview, offset: int | None = None) -> None:
     """Write all of ``buf`` (at ``offset``, else at the file position).
 
     A write that stops short means the device filled up; with ``O_DIRECT`` the rest, no
@@ -111,14 +114,14 @@ class DirectAppender:
         if not buf.size:
             return
         try:
-            _write_all(self.fd, buf.data)
+            write_all(self.fd, buf.data)
         except OSError as e:
             if not (e.errno == errno.EINVAL and self.direct and not self._written):
                 raise
             # O_DIRECT taken when opening but not when writing: the page cache from here
             os.close(self.fd)
             self.fd, self.direct = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC), False
-            _write_all(self.fd, buf.data)
+            write_all(self.fd, buf.data)
         self._written = True
 
     def close(self) -> None:
@@ -170,4 +173,43 @@ def pwrite_pages(fd: int, buf: np.ndarray, offset: int) -> None:
     """Write ``buf`` (page-aligned uint8, whole pages) at ``offset`` (a page boundary)."""
     if buf.size % PAGE or offset % PAGE or buf.ctypes.data % PAGE:
         raise InvalidValue("pwrite_pages takes whole, aligned pages at a page boundary")
-    _write_all(fd, buf.data, offset)
+    write_all(fd, buf.data, offset)
+
+
+def read_range(path: str | os.PathLike, pos: int, count: int, dtype: DTypeLike
+               ) -> np.ndarray | None:
+    """``count`` values of ``dtype`` at byte ``pos`` of ``path``, read with ``O_DIRECT``
+    through a page-aligned buffer of :data:`READ_STAGING` bytes and copied into an array
+    of their own (a member of an ``.npz`` starts anywhere in its file, so the values are
+    realigned); fewer values where the file ends first. None where the file system
+    refuses ``O_DIRECT`` (the caller reads through the page cache).
+
+    An input read once gains nothing from the page cache, and going through it while
+    ingest writes its outputs measured 300-450 MB/s with a core in the kernel (3.1 GB/s
+    when reading alone).
+    """
+    dt = np.dtype(dtype)
+    fd, direct = open_direct(path, os.O_RDONLY)
+    if not direct:
+        os.close(fd)
+        return None
+    try:
+        out = np.empty(count, dtype=dt)
+        ob = out.view(np.uint8)
+        total = ob.shape[0]
+        staging = aligned_empty(READ_STAGING + PAGE)
+        done = 0
+        while done < total:
+            p = pos + done
+            lo = p - p % PAGE
+            want = min(total - done, READ_STAGING)
+            hi = -(-(p + want) // PAGE) * PAGE
+            got = os.preadv(fd, [staging[:hi - lo].data], lo)
+            take = min(got - (p - lo), want)
+            if take <= 0:
+                break
+            ob[done:done + take] = staging[p - lo:p - lo + take]
+            done += take
+    finally:
+        os.close(fd)
+    return out[:done // dt.itemsize]

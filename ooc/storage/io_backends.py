@@ -36,7 +36,7 @@ from typing import ClassVar
 import numpy as np
 
 from .errors import InvalidValue, OocError
-from .layout import PAGE, SECTOR
+from .layout import PAGE, SECTOR, aligned_empty
 from .notes import note
 from .errors import IOFailure
 
@@ -175,8 +175,6 @@ def _probe_read(fd: int, nbytes: int, offset: int) -> bool:
     page boundary (so as aligned as the offset) come back whole."""
     if not hasattr(os, "preadv"):
         return nbytes >= PAGE  # cannot probe; read errors surface as OocError later
-    from .direct import aligned_empty
-
     buf = aligned_empty(PAGE + offset)
     try:
         # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)

@@ -241,12 +241,13 @@ class RowPlacer:
         #: whether the buckets and ``dst`` were written and read with ``O_DIRECT`` (None:
         #: placed in memory); False where the file system refused it
         self.direct: bool | None = None
+        self.staging: np.ndarray | None = None
         if self.buckets == 1:
             self.block = np.empty((layout.num_rows, layout.dim), dtype=layout.dtype)
         else:
             # the rows pass through the buckets once: O_DIRECT, gathered into one staging
             # buffer (see direct_files)
-            self.staging: np.ndarray | None = aligned_empty(staging_bytes(layout, buffer_bytes))
+            self.staging = aligned_empty(staging_bytes(layout, buffer_bytes))
             for name in self.names:
                 self.outs.append(DirectAppender(name, self.staging))
                 self.ids_out.append(DirectAppender(name.with_suffix(".ids"), self.staging))

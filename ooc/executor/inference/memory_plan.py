@@ -175,9 +175,8 @@ class BlockPhases:
     def work_for(self, targets: int, nodes: int, edges: int, sub_share: float) -> int:
         """The least work that runs such a block whole, when its sub-blocks take
         ``sub_share`` of the work."""
-        held = self.held.of(targets, nodes, edges)
-        return max(self.build.of(targets, nodes, edges), held + self.gather_node * nodes,
-                   int(held / (1 - sub_share)) + 1)
+        return max(self.peak(targets, nodes, edges, 0),
+                   int(self.held.of(targets, nodes, edges) / (1 - sub_share)) + 1)
 
 
 #: Targets of the probe graphs a layer's memory is measured on (see :func:`measure_costs`):

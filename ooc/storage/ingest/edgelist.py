@@ -27,9 +27,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
-from ..direct_files import open_direct
+from ..direct_files import read_range, write_all
 from ..errors import InvalidValue, OocError, setting
-from ..layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes
+from ..layout import PAGE, FeatureLayout, index_dtype, padded_bytes
 from ..atomic import replace_refusal
 from ..writer import DatasetWriter
 from . import _kernels as K
@@ -79,46 +79,10 @@ def check_input(path) -> Path:
 
 # -- .npy files read in chunks without mapping them -----------------------------
 
-#: Reads of at least this many bytes bypass the page cache (see :func:`_read_direct`).
+#: Reads of at least this many bytes bypass the page cache (see
+#: :func:`~ooc.storage.direct_files.read_range`).
 DIRECT_READ_MIN = 4 << 20
-DIRECT_READ_STAGING = L.DIRECT_READ_STAGING
 
-
-def _read_direct(path: Path, pos: int, count: int, dtype: np.dtype) -> np.ndarray | None:
-    """``count`` values of ``dtype`` at byte ``pos`` of ``path``, read with ``O_DIRECT``
-    through a page-aligned buffer of :data:`DIRECT_READ_STAGING` bytes and copied into an
-    array of their own (a member of an ``.npz`` starts anywhere in its file, so the values
-    are realigned); fewer values where the file ends first. None where the file system
-    refuses ``O_DIRECT``.
-
-    An input read once gains nothing from the page cache, and going through it while
-    ingest writes its outputs measured 300-450 MB/s with a core in the kernel (3.1 GB/s
-    when reading alone).
-    """
-    fd, direct = open_direct(path, os.O_RDONLY)
-    if not direct:
-        os.close(fd)
-        return None
-    try:
-        out = np.empty(count, dtype=dtype)
-        ob = out.view(np.uint8)
-        total = ob.shape[0]
-        staging = aligned_empty(DIRECT_READ_STAGING + PAGE)
-        done = 0
-        while done < total:
-            p = pos + done
-            lo = p - p % PAGE
-            want = min(total - done, DIRECT_READ_STAGING)
-            hi = -(-(p + want) // PAGE) * PAGE
-            got = os.preadv(fd, [staging[:hi - lo].data], lo)
-            take = min(got - (p - lo), want)
-            if take <= 0:
-                break
-            ob[done:done + take] = staging[p - lo:p - lo + take]
-            done += take
-    finally:
-        os.close(fd)
-    return out[:done // dtype.itemsize]
 
 class NpyReader:
     """A ``.npy`` file read in chunks through plain reads (so RSS stays bounded).
@@ -156,11 +120,12 @@ class NpyReader:
     def read_flat(self, start: int, count: int, once: bool = False) -> np.ndarray:
         """Elements ``start .. start+count`` of the array in file order. ``once``: bytes
         this ingest reads only once (feature rows), read with ``O_DIRECT``
-        (:func:`_read_direct`) where large enough and the file system takes it; edges,
+        (:func:`~ooc.storage.direct_files.read_range`) where large enough and the file
+        system takes it; edges,
         read again by every scatter window, go through the page cache."""
         if once and count * self.dtype.itemsize >= DIRECT_READ_MIN:
-            a = _read_direct(self.file, self.offset + start * self.dtype.itemsize, count,
-                             self.dtype)
+            a = read_range(self.file, self.offset + start * self.dtype.itemsize, count,
+                           self.dtype)
             if a is not None:
                 if a.size != count:
                     raise _err(self.path, "truncated while reading")
@@ -462,16 +427,6 @@ def _windows(counts: np.ndarray, cap: int, max_nodes: int) -> list[tuple[int, in
     return list(zip(starts.tolist(), ends[:k].tolist()))
 
 
-def _pwrite_all(fd: int, arr: np.ndarray, offset: int) -> None:
-    # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
-    mv = memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
-    step = 64 << 20
-    while len(mv):
-        n = os.pwrite(fd, mv[:step], offset)
-        mv = mv[n:]
-        offset += n
-
-
 def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, undirected: bool,
                    dedup: bool, drop_self: bool, buffer_bytes: int = DEFAULT_BUFFER,
                    progress: bool = True) -> dict[str, int]:
@@ -516,7 +471,7 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             newdeg = np.empty(hi - lo, dtype=np.int64)
             K.sort_segments(seg, ptr, dedup, newdeg)
             k = int(K.compact_segments(seg, ptr, newdeg)) if dedup else m
-            _pwrite_all(fd, seg[:k], out_pos * idt.itemsize)
+            write_all(fd, seg[:k].data.cast("B"), out_pos * idt.itemsize)
             counts[lo:hi] = newdeg
             indptr.write(out_pos + np.cumsum(newdeg))
             out_pos += k
@@ -593,7 +548,7 @@ class FeatureSink:
             self.w.check_features(start, view[0:rows.shape[0]])
         fd = os.open(self.path, os.O_WRONLY)
         try:
-            _pwrite_all(fd, buf, int(lay.row_offsets(np.array([start]))[0]))
+            write_all(fd, buf.data.cast("B"), int(lay.row_offsets(np.array([start]))[0]))
         finally:
             os.close(fd)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..direct_files import READ_STAGING
 from ..errors import InvalidValue
 from ..layout import FeatureLayout
 from ..reorder import reorder_peak
@@ -118,11 +119,6 @@ def load_kernels() -> None:
     K.count_in_degrees(ids, ids, np.zeros(1, dtype=np.int64), False, False)
 
 
-#: Bytes of the page-aligned buffer a feature chunk is read through with ``O_DIRECT``
-#: (:func:`~ooc.storage.ingest.edgelist._read_direct`), beside the chunk.
-DIRECT_READ_STAGING = 16 << 20
-
-
 def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int,
                  index_itemsize: int = 4, row_bytes: int = 512,
                  reordered: FeatureLayout | None = None, longest: int | None = None) -> int:
@@ -140,7 +136,8 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
       layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`; ``longest``: the
       longest in-neighbour list, when known);
 
-    the last two with the buffer a chunk is read through (:data:`DIRECT_READ_STAGING`).
+    the last two with the buffer a chunk is read through with ``O_DIRECT``
+    (:data:`~ooc.storage.direct_files.READ_STAGING`).
     """
     b = int(buffer_bytes)
     n, e = int(num_nodes), int(stored_edges)
@@ -148,5 +145,5 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     chunk = min(b // 4, 32 * e)
     features = 2 * min(b // 4, n * int(row_bytes)) + 4096
     reorder = 0 if reordered is None else reorder_peak(reordered, b, longest)
-    read = DIRECT_READ_STAGING + 4096
+    read = READ_STAGING + 4096
     return int(base) + BYTES_PER_NODE * n + max(window + chunk, features + read, reorder + read)
