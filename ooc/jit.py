@@ -87,13 +87,17 @@ def kernels_stamp(key: str) -> Path | None:
     its mode and the dtypes it runs them with) from the current kernel sources
     (``_*kernels.py``, where every numba kernel of ooc lives) and numba version; it lives
     beside numba's cache (``NUMBA_CACHE_DIR``, else ``ooc/__pycache__``), so clearing the
-    cache clears the stamps. None when the sources cannot be read."""
+    cache clears the stamps, and for this CPU (numba keeps a kernel per CPU model and
+    features, so a cache shared with another machine is cold for this one). None when the
+    sources cannot be read."""
     import hashlib
 
+    import llvmlite.binding as ll
     import numba
 
     package = Path(__file__).resolve().parent
-    h = hashlib.sha1(f"{numba.__version__}|{key}".encode())
+    cpu = f"{ll.get_host_cpu_name()}|{ll.get_host_cpu_features().flatten()}"
+    h = hashlib.sha1(f"{numba.__version__}|{cpu}|{key}".encode())
     try:
         for f in sorted(package.rglob("_*kernels.py")):
             st = f.stat()

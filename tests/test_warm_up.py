@@ -105,3 +105,17 @@ def test_an_ingest_after_its_child_compiles_nothing(tmp_path, kind):
     after = _all_signatures()
     assert after == before, {k: (before.get(k), v) for k, v in after.items()
                              if v != before.get(k)}
+
+
+def test_a_kernel_stamp_is_for_this_cpu_and_this_key(monkeypatch):
+    """numba keeps a kernel per CPU: a cache shared with a machine of another CPU is cold
+    here, so the stamp that lets a run skip its compile child differs by CPU (and by key)."""
+    import llvmlite.binding as ll
+
+    from ooc.jit import kernels_stamp
+
+    here = kernels_stamp("train|x")
+    assert here is not None and here == kernels_stamp("train|x")
+    assert kernels_stamp("train|y") != here
+    monkeypatch.setattr(ll, "get_host_cpu_name", lambda: "another-cpu")
+    assert kernels_stamp("train|x") != here
