@@ -119,7 +119,8 @@ def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600
     run would peak higher than later runs and than its memory plan. The child runs
     ``entry`` (``"package.module:function"``, called with ``args``), which calls the stage's
     kernels with the argument types the real run gives them, on tiny data. Returns how it
-    went, in words; on any failure the kernels compile in this process instead.
+    went, in words; on any failure the kernels compile in this process instead, and a note
+    says so.
     """
     stamp = kernels_stamp(key)
     if stamp is not None and stamp.exists():
@@ -141,4 +142,6 @@ def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600
         why = (p.stdout.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
     except (OSError, subprocess.SubprocessError) as e:
         why = str(e)
+    note(f"compiling the kernels in a child process failed ({why}); they compile in this "
+         f"process, whose first run then peaks higher", key="jit-child")
     return f"child process failed ({why}); compiled in this process"

@@ -119,3 +119,24 @@ def test_a_kernel_stamp_is_for_this_cpu_and_this_key(monkeypatch):
     assert kernels_stamp("train|y") != here
     monkeypatch.setattr(ll, "get_host_cpu_name", lambda: "another-cpu")
     assert kernels_stamp("train|x") != here
+
+
+def test_a_failed_compile_child_says_so_and_leaves_no_stamp():
+    """A child that fails (here: an entry that raises) is one note and a returned reason;
+    no stamp, so the next run tries the child again."""
+    from ooc.jit import compile_in_child, kernels_stamp
+    from ooc.storage import notes
+
+    key = "test|a child that fails"
+    lines: list[str] = []
+    notes.reset()
+    notes.sink = lines.append
+    try:
+        got = compile_in_child(key, "ooc.jit:no_such_function", [])
+    finally:
+        notes.sink = None
+        notes.reset()
+    assert got.startswith("child process failed (") and "no_such_function" in got, got
+    assert len(lines) == 1 and "compiling the kernels in a child process failed" in lines[0]
+    stamp = kernels_stamp(key)
+    assert stamp is not None and not stamp.exists()
