@@ -119,15 +119,18 @@ def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600
     run would peak higher than later runs and than its memory plan. The child runs
     ``entry`` (``"package.module:function"``, called with ``args``), which calls the stage's
     kernels with the argument types the real run gives them, on tiny data. Returns how it
-    went, in words; on any failure the kernels compile in this process instead, and a note
-    says so.
+    went, in words; on any other failure than input the run itself refuses (an
+    :class:`~ooc.storage.errors.OocError`) the kernels compile in this process instead,
+    and a note says so.
     """
     stamp = kernels_stamp(key)
     if stamp is not None and stamp.exists():
         return "loaded from numba's cache (compiled by an earlier run)"
     module, function = entry.split(":")
-    cmd = [sys.executable, "-c", f"import sys; from {module} import {function}; "
-           f"{function}(sys.argv[1:])", *args]
+    # input the run itself refuses (an OocError) is exit code 2: the run says why, in one line
+    cmd = [sys.executable, "-c", f"import sys\nfrom ooc.storage.errors import OocError\n"
+           f"from {module} import {function}\ntry:\n    {function}(sys.argv[1:])\n"
+           f"except OocError as e:\n    print(e)\n    sys.exit(2)", *args]
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=timeout)
@@ -140,6 +143,8 @@ def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600
                     pass
             return "compiled (or loaded from numba's cache) in a child process"
         why = (p.stdout.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+        if p.returncode == 2:
+            return f"child process refused its input ({why}); the run will say why"
     except (OSError, subprocess.SubprocessError) as e:
         why = str(e)
     note(f"compiling the kernels in a child process failed ({why}); they compile in this "

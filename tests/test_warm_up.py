@@ -140,3 +140,17 @@ def test_a_failed_compile_child_says_so_and_leaves_no_stamp():
     assert len(lines) == 1 and "compiling the kernels in a child process failed" in lines[0]
     stamp = kernels_stamp(key)
     assert stamp is not None and not stamp.exists()
+
+
+def test_a_compile_child_refusing_its_input_leaves_the_saying_to_the_run(capsys):
+    """Input the run refuses anyway (an OocError in the child: a bad option) is no note:
+    the run's own one-line error follows, and stays the only line (the partition CLI's
+    bad-argument tests check that)."""
+    from ooc.jit import compile_in_child
+
+    got = compile_in_child("test|refused", "ooc.partition.precompile:_child_main",
+                           ["spring", "int32", "float32", "0",
+                            '{"parts": 2, "split": false, "halo_hops": 1, '
+                            '"refine_passes": -1, "params": {}}'])
+    assert got.startswith("child process refused its input (--refine-passes"), got
+    assert capsys.readouterr().err == ""
