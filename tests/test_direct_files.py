@@ -69,6 +69,30 @@ def test_appends_of_taken_rows_make_the_file_numpy_writes(direct_dir, monkeypatc
     assert os.path.getsize(direct_dir / "out.bin") == f.size
 
 
+@pytest.mark.parametrize("refused", [False, True])
+def test_append_and_append_take_interleave(direct_dir, monkeypatch, refused):
+    """Whole arrays (``append``, some larger than the staging buffer, some empty) and taken
+    rows, interleaved, give the bytes of their concatenation."""
+    if refused:
+        _refuse_o_direct(monkeypatch)
+    rng = np.random.default_rng(5)
+    f = D.DirectAppender(direct_dir / "out.bin", aligned_empty(3 * PAGE))
+    want = []
+    for k in range(12):
+        a = rng.integers(-9, 9, (int(rng.integers(0, 1500)), 2), dtype=np.int32)
+        if k % 3:
+            f.append(a)
+            want.append(a)
+        else:
+            idx = rng.permutation(a.shape[0])[:a.shape[0] // 2].astype(np.int64)
+            f.append_take(a, idx)
+            want.append(a[idx])
+    f.close()
+    np.testing.assert_array_equal(np.fromfile(direct_dir / "out.bin", np.int32).reshape(-1, 2),
+                                  np.concatenate(want))
+    assert os.path.getsize(direct_dir / "out.bin") == f.size
+
+
 def test_a_write_refused_after_the_open_goes_on_through_the_page_cache(direct_dir, monkeypatch):
     """A file system that takes O_DIRECT when opening and refuses the first write: the
     appender reopens without it, says so, and writes the same bytes."""

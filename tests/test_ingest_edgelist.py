@@ -8,6 +8,8 @@ import pytest
 from ooc.storage import OocError, csc_from_edges, open_dataset
 from ooc.storage import writer as writer_mod
 from ooc.storage.ingest import ingest_edgelist
+from ooc.storage.ingest.edge_buckets import MIN_WINDOWS
+from ooc.storage.ingest.edgelist import NpyEdges
 
 N = 300
 
@@ -85,7 +87,8 @@ def test_formats_round_trip(tmp_path, kind):
 
 @pytest.mark.parametrize("undirected,dedup,drop_self", [(True, False, False), (False, True, False),
                                                         (False, False, True), (True, True, True)])
-@pytest.mark.parametrize("buffer", [1 << 30, 2048])  # one window / many windows
+# one window; two (the input scanned once a window); many (entries routed to a file each)
+@pytest.mark.parametrize("buffer", [1 << 30, 24000, 2048])
 def test_options_and_windows(tmp_path, undirected, dedup, drop_self, buffer):
     s, d = _edges(1)
     p = tmp_path / "e.npy"
@@ -96,8 +99,38 @@ def test_options_and_windows(tmp_path, undirected, dedup, drop_self, buffer):
     n = int(max(s.max(), d.max())) + 1
     ds = _assert_csc(out, _reference(s, d, n, undirected, dedup, drop_self))
     assert ds.meta["directed"] is (not undirected)
+    assert st["routed"] is (st["windows"] >= MIN_WINDOWS)
+    assert st["passes"] == (2 if st["routed"] else 1 + st["windows"])
     if buffer == 2048:
-        assert st["windows"] > 1
+        assert st["windows"] > 10 and st["routed"]
+    if buffer == 24000 and undirected:
+        assert st["windows"] == 2
+    assert not list(out.glob(".edges-*"))
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_source_changed_between_passes(tmp_path, monkeypatch, routed):
+    """An input that changes after the count pass is refused by name, whether each window
+    scans it or its entries are routed, and leaves no dataset and no bucket file."""
+    s, d = _edges(3)
+    p = tmp_path / "e.npy"
+    np.save(p, np.stack([s, d]))
+    chunks = NpyEdges.chunks
+    calls = []
+
+    def changing(self, chunk_edges, num_nodes):
+        calls.append(1)
+        for src, dst, first, nb in chunks(self, chunk_edges, num_nodes):
+            if len(calls) > 1:  # after the count pass: one more edge into node 0
+                dst = dst.copy()
+                dst[0] = 0
+            yield src, dst, first, nb
+    monkeypatch.setattr(NpyEdges, "chunks", changing)
+    with pytest.raises(OocError, match=r"e\.npy: changed between the count pass"):
+        ingest_edgelist(p, tmp_path / "ds", num_nodes=N, buffer_bytes=2048 if routed else 24000,
+                        progress=False)
+    assert not (tmp_path / "ds").exists()
+    assert not list(tmp_path.rglob(".edges-*"))
 
 
 def test_features_labels_splits(tmp_path):

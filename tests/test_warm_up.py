@@ -89,8 +89,11 @@ def test_an_ingest_after_its_child_compiles_nothing(tmp_path, kind):
     assert any(k.startswith("ooc.storage.ingest._kernels.") and v for k, v in before.items())
     common = dict(progress=False, reorder="locality")
     if kind == "synthetic":
-        generate_synthetic(tmp_path / "d", nodes=5000, avg_degree=8, feature_dim=24,
-                           dtype="float16", community_size=50, **common)
+        for out, buffer in ((tmp_path / "d", 1 << 30), (tmp_path / "r", 64 << 10)):
+            st: dict = {}
+            generate_synthetic(out, nodes=5000, avg_degree=8, feature_dim=24, dtype="float16",
+                               community_size=50, buffer_bytes=buffer, stats=st, **common)
+            assert st["routed"] is (buffer < 1 << 30)
     else:
         rng = np.random.default_rng(3)
         n = 3000
@@ -100,6 +103,10 @@ def test_an_ingest_after_its_child_compiles_nothing(tmp_path, kind):
         opts = dict(undirected=True, dedup=True, feature_dtype="float16", **common)
         ingest_edgelist(tmp_path / "e.npy", tmp_path / "d", features=tmp_path / "x.npy",
                         labels=tmp_path / "y.npy", **opts)
+        st: dict = {}
+        ingest_edgelist(tmp_path / "e.npy", tmp_path / "r", buffer_bytes=64 << 10, stats=st,
+                        **opts)
+        assert st["routed"]
         (tmp_path / "e.txt").write_text("".join(f"{i} {(i * 5) % n}\n" for i in range(n)))
         ingest_edgelist(tmp_path / "e.txt", tmp_path / "t", num_nodes=n, **opts)
     after = _all_signatures()

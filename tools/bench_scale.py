@@ -58,13 +58,16 @@ def log(msg: str) -> None:
     print(f"bench_scale: {msg}", flush=True)
 
 
+def feature_bytes(shape: sg.Shape) -> int:
+    """``features.bin``'s size: float32 rows in whole pages."""
+    rows_per_page = max(1, 4096 // (4 * shape.feature_dim))
+    return -(-shape.nodes // rows_per_page) * 4096
+
+
 def dataset_bytes(shape: sg.Shape) -> int:
     """The ooc dataset's size: page-aligned features, int32 in-neighbours of both directions,
     indptr, labels, splits."""
-    row = 4 * shape.feature_dim
-    rows_per_page = max(1, 4096 // row)
-    features = -(-shape.nodes // rows_per_page) * 4096
-    return features + 4 * 2 * shape.edges + 16 * shape.nodes + (16 << 20)
+    return feature_bytes(shape) + 4 * 2 * shape.edges + 16 * shape.nodes + (16 << 20)
 
 
 def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
@@ -83,9 +86,11 @@ def check_disk(workdir: Path, shape: sg.Shape, stages: list[str], have_raw: bool
     """Refuse (exit 2) when the disk under ``workdir`` cannot hold what the run writes."""
     out = outputs_bytes(shape, stages)
     # ingest places the features in a locality order through bucket files, each removed
-    # once written to the file: the buckets' row ids (8 B a node) and one bucket on top
-    need = (0 if have_raw else shape.raw_bytes()) + dataset_bytes(shape) + 8 * shape.nodes \
-        + (512 << 20)
+    # once written to the file: the buckets' row ids (8 B a node) and one bucket on top;
+    # before that, with several scatter windows, it routes the stored entries through
+    # files of two int32 ids an entry while no feature is written yet
+    extra = max(8 * shape.nodes + (512 << 20), 2 * 4 * 2 * shape.edges - feature_bytes(shape))
+    need = (0 if have_raw else shape.raw_bytes()) + dataset_bytes(shape) + extra
     need += max([out[s] for s in stages if s in out] or [0])
     probe = workdir
     while not probe.exists():

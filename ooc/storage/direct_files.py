@@ -105,10 +105,28 @@ class DirectAppender:
             # multiple of any item size
             out = self.staging[t:end].view(src.dtype).reshape((part.shape[0],) + src.shape[1:])
             np.take(src, part, axis=0, out=out, mode="clip")
-            whole = end // PAGE * PAGE
-            self._write(self.staging[:whole])
-            self.tail = self.staging[whole:end].copy()
-            self.size += part.shape[0] * row
+            self._emit(end, end - t)
+
+    def append(self, data: np.ndarray) -> None:
+        """Append the bytes of ``data`` (any array, copied once into the staging buffer)."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        room = self.staging.size - PAGE
+        a = 0
+        while a < raw.shape[0]:
+            t = self.tail.shape[0]
+            take = min(raw.shape[0] - a, room)
+            self.staging[:t] = self.tail
+            self.staging[t:t + take] = raw[a:a + take]
+            self._emit(t + take, take)
+            a += take
+
+    def _emit(self, end: int, nbytes: int) -> None:
+        """Write the whole pages of ``staging[:end]`` (the tail, then ``nbytes`` gathered
+        behind it) and keep what is left as the tail."""
+        whole = end // PAGE * PAGE
+        self._write(self.staging[:whole])
+        self.tail = self.staging[whole:end].copy()
+        self.size += nbytes
 
     def _write(self, buf: np.ndarray) -> None:
         if not buf.size:

@@ -254,6 +254,64 @@ def scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self):
             cursor[s - lo] += 1
 
 
+@njit(cache=True, nogil=True)
+def route_entries(src, dst, ends, undirected, drop_self, counts, win, out):
+    """The stored entries of the edges ``src[k] -> dst[k]`` (ids checked in range), each a
+    (target, source) pair, grouped by the window of their target.
+
+    An edge gives the entry (dst, src), and with ``undirected`` also (src, dst) unless it
+    is a self loop; ``drop_self`` drops self loops. Window w holds the targets below
+    ``ends[w]`` (int64 [W], increasing, the last the node count) and not below
+    ``ends[w - 1]``. ``counts`` (int64 [W], zeroed) gets each window's entries, ``win``
+    (int32, room for two entries an edge) is scratch, and ``out`` (ids [2 * len(src), 2])
+    the entries, window 0's first, each window's in input order. Returns the number of
+    entries.
+    """
+    pos = np.zeros(counts.shape[0], np.int64)
+    m = 0
+    for place in range(2):  # count each window's entries, then place them
+        j = 0
+        for k in range(src.shape[0]):
+            s = src[k]
+            d = dst[k]
+            if s == d and drop_self:
+                continue
+            for r in range(2 if undirected and s != d else 1):
+                t, u = (d, s) if r == 0 else (s, d)
+                if place:
+                    p = pos[win[j]]
+                    out[p, 0] = t
+                    out[p, 1] = u
+                    pos[win[j]] = p + 1
+                else:
+                    w = np.searchsorted(ends, t, side="right")
+                    win[j] = w
+                    counts[w] += 1
+                j += 1
+        m = j
+        acc = 0
+        for w in range(counts.shape[0]):
+            pos[w] = acc
+            acc += counts[w]
+    return m
+
+
+@njit(cache=True, nogil=True)
+def scatter_entries(pairs, lo, cursor, ends, seg):
+    """Place each entry's source ``pairs[k, 1]`` at ``seg[cursor[t]]`` for its target
+    ``t = pairs[k, 0] - lo`` (then advance ``cursor[t]``). ``ends[t]`` is where node t's
+    segment ends. Returns the index of the first entry whose target is not in the window
+    (``0 <= t < len(cursor)``) or whose segment is already full, else -1."""
+    nw = cursor.shape[0]
+    for k in range(pairs.shape[0]):
+        t = pairs[k, 0] - lo
+        if t < 0 or t >= nw or cursor[t] >= ends[t]:
+            return k
+        seg[cursor[t]] = pairs[k, 1]
+        cursor[t] += 1
+    return -1
+
+
 @njit(cache=True, parallel=True)
 def sort_segments(seg, ptr, dedup, newdeg):
     """Sort each node's segment ``seg[ptr[i]:ptr[i+1]]`` in place; with

@@ -11,7 +11,10 @@ The edge source is read in chunks, several times:
 
 Memory is O(N) (degrees and ``indptr``) plus the ``buffer`` (segment + one
 input chunk); the number of passes over the input is ``1 + windows`` where
-``windows ~ E * itemsize / (3/4 * buffer)``. Neighbour lists come out sorted
+``windows ~ E * itemsize / (3/4 * buffer)``, or, from
+:data:`~.edge_buckets.MIN_WINDOWS` windows on, two: a **routing pass** writes each
+stored entry to its window's file once, and each window reads only its own file
+(:mod:`.edge_buckets`). Neighbour lists come out sorted
 by source id. Everything goes through :class:`~ooc.storage.DatasetWriter`, so
 a failed run leaves no folder that ``open_dataset`` accepts.
 """
@@ -30,10 +33,12 @@ from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
 from ..direct_files import read_range, write_all
 from ..errors import InvalidValue, OocError, setting
 from ..layout import PAGE, FeatureLayout, index_dtype, padded_bytes
+from ..reorder import STAGING_BYTES
 from ..atomic import replace_refusal
 from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
+from .edge_buckets import MIN_WINDOWS, EdgeBuckets
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
@@ -453,6 +458,10 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
     if not windows:
         indptr.write(np.zeros(n, np.int64))
     out_pos = 0
+    buckets = None
+    if len(windows) >= MIN_WINDOWS:
+        buckets = route_pass(w, source, [hi for _, hi in windows], undirected, drop_self,
+                             buffer_bytes, progress)
     fd = os.open(path, os.O_WRONLY)
     try:
         for wi, (lo, hi) in enumerate(windows):
@@ -461,11 +470,19 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             m = int(ptr[-1])
             seg = np.empty(m, dtype=idt)
             cursor = ptr[:-1].copy()
-            with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
-                           source.unit) as bar:
-                for src, dst, _, nb in source.chunks(_chunk_edges(buffer_bytes), n):
-                    K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
-                    bar.update(nb)
+            if buckets is not None:
+                if int(buckets.counts[wi]) != m:
+                    raise _err(source.path, "changed between the count pass and the routing")
+                for part in buckets.entries(wi, buffer_bytes // 8):
+                    if K.scatter_entries(part, lo, cursor, ptr[1:], seg) >= 0:
+                        raise _err(source.path, "changed between the count pass and the "
+                                                "routing")
+            else:
+                with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
+                               source.unit) as bar:
+                    for src, dst, _, nb in source.chunks(_chunk_edges(buffer_bytes), n):
+                        K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
+                        bar.update(nb)
             if not np.array_equal(cursor, ptr[1:]):
                 raise _err(source.path, "changed between the count pass and the scatter pass")
             newdeg = np.empty(hi - lo, dtype=np.int64)
@@ -479,10 +496,38 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
         os.fsync(fd)
     finally:
         os.close(fd)
+        if buckets is not None:
+            buckets.close()
     indptr.close()
     assert w.num_edges == out_pos
     _shrink_indices(w, out_pos, e_alloc)
-    return {"windows": len(windows), "passes": 1 + len(windows), "edges_before_dedup": e_alloc}
+    return {"windows": len(windows), "passes": 2 if buckets is not None else 1 + len(windows),
+            "routed": buckets is not None, "edges_before_dedup": e_alloc}
+
+
+def route_pass(w: DatasetWriter, source: EdgeSource, ends: list[int], undirected: bool,
+               drop_self: bool, buffer_bytes: int, progress: bool) -> EdgeBuckets:
+    """Read ``source`` once more and route every stored entry to the file of its window
+    (``ends``: each window's end); see :mod:`.edge_buckets`."""
+    assert w.tmp is not None  # inside the writer's with block
+    n = w.num_nodes
+    buckets = EdgeBuckets(w.tmp, np.asarray(ends, dtype=np.int64), index_dtype(n),
+                          min(STAGING_BYTES, int(buffer_bytes) // 16))
+    try:
+        with _progress(source.nbytes, "route", progress, source.unit) as bar:
+            for src, dst, first, nb in source.chunks(_chunk_edges(buffer_bytes), n):
+                bad, _ = K.first_bad_id(src, dst, n)
+                if bad >= 0:
+                    raise _err(source.path, f"{source.where(first + bad)}: node id out of "
+                                            f"range [0, {n}) (the file changed after the "
+                                            "count pass)")
+                buckets.route(src, dst, undirected, drop_self)
+                bar.update(nb)
+        buckets.finish()
+    except BaseException:
+        buckets.close()
+        raise
+    return buckets
 
 
 def _shrink_indices(w: DatasetWriter, e: int, e_alloc: int) -> None:

@@ -129,7 +129,12 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     - a scatter window (its ids: 3/4 of the buffer at most, and no more than the
       stored edges; its nodes' pointers, cursors and degrees: 32 bytes a node, a
       quarter of the buffer at most) beside the edge chunk being read (int64 sources
-      and targets and their copies: 32 bytes an edge, a quarter of the buffer at most);
+      and targets and their copies: 32 bytes an edge, a quarter of the buffer at most),
+      or beside a piece of its routed entries (an eighth of the buffer); routing them
+      (:mod:`.edge_buckets`, from three windows on, so with a full window's ids) holds a
+      chunk, its entries grouped by window (an eighth of the buffer; a quarter with
+      int64 ids), their windows (a sixteenth) and a staging buffer (a sixteenth), under
+      the window and chunk;
     - a feature chunk (a quarter of the buffer) as read and converted to the stored
       dtype or laid out in pages (rows that fill pages exactly are written as read);
     - when the feature rows were stored in a locality order (``reordered``: their

@@ -5,7 +5,8 @@ ingesting process would leave LLVM's compile-time memory there (measured: 63 MiB
 warm run on a 222k-node graph), so a first ingest would peak above later ones and its
 memory plan. The child ingests a tiny graph with the run's options: an edge list of
 ``.npy`` files (edges reach every ingest's passes as int64 chunks, whatever their file:
-the count, scatter, sort and compaction kernels, the locality order and the row placement),
+the count, scatter, sort and compaction kernels, the locality order and the row placement,
+and once more with a buffer that routes the entries of many windows),
 a tiny text edge list and CSV rows (the parsers of the text formats), or, for the
 ``synthetic`` command, a tiny generated graph.
 """
@@ -17,6 +18,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+#: An ingest buffer small enough for the child's graphs to be cut into windows whose
+#: entries are routed (:mod:`.edge_buckets`), as large graphs are.
+ROUTED_BUFFER = 8 << 10
 
 
 def compile_ingest_kernels(command: str, *, undirected: bool = True, dedup: bool = False,
@@ -46,8 +51,10 @@ def _child_main(argv: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="ooc-ingest-jit-") as name:
         tmp = Path(name)
         if kind == "synthetic":
-            generate_synthetic(tmp / "d", nodes=640, avg_degree=6, feature_dim=4, dtype=o["dtype"],
-                               undirected=o["undirected"], community_size=16, **common)
+            for out, buffer in ((tmp / "d", 1 << 20), (tmp / "r", ROUTED_BUFFER)):
+                generate_synthetic(out, nodes=640, avg_degree=6, feature_dim=4,
+                                   dtype=o["dtype"], undirected=o["undirected"],
+                                   community_size=16, **{**common, "buffer_bytes": buffer})
             return
         rng = np.random.default_rng(0)
         n, e = 640, 4000
@@ -59,6 +66,7 @@ def _child_main(argv: list[str]) -> None:
                     remove_self_loops=o["remove_self_loops"], feature_dtype=o["dtype"], **common)
         ingest_edgelist(tmp / "edges.npy", tmp / "d", features=tmp / "x.npy",
                         labels=tmp / "y.npy", train_idx=tmp / "train.npy", **opts)
+        ingest_edgelist(tmp / "edges.npy", tmp / "r", **{**opts, "buffer_bytes": ROUTED_BUFFER})
         (tmp / "edges.csv").write_text("".join(f"{i % n},{(7 * i) % n}\n" for i in range(e)))
         ingest_edgelist(tmp / "edges.csv", tmp / "t", num_nodes=n, **opts)
         _parse_rows(tmp / "x.csv", b"0.5,1\n2,3e-1\n", 0, 2)

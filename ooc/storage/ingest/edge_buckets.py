@@ -1,0 +1,111 @@
+"""Stored entries routed once to a file per scatter window.
+
+Without them, each scatter window reads the whole edge source again and scans every edge
+for the few whose target falls in the window: ``1 + W`` reads of the input for ``W``
+windows (at papers100M's shape under 4 GiB, W is about 9 and the input 26 GB). Routed, the
+input is read twice (the count pass and the routing) and each window reads only its own
+entries: (target, source) id pairs, 2 ids an entry, written and read once with
+``O_DIRECT`` (:mod:`~ooc.storage.direct_files`). The files take 2 ids a stored entry on
+disk while they last, and each is removed once its window is placed.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..direct_files import DirectAppender, open_direct
+from ..errors import OocError
+from ..layout import PAGE, aligned_empty
+from . import _kernels as K
+
+#: Fewest windows for which routing reads less than scanning the input once a window: the
+#: routing writes and reads two ids an entry, about what two more scans of an int64 edge
+#: list read.
+MIN_WINDOWS = 3
+
+
+class EdgeBuckets:
+    """One file of (target, source) entries per window, under ``folder``.
+
+    Args:
+        folder: where the files go (the dataset writer's temp folder: removed with it
+            after an error).
+        ends: int64 [W], each window's end (windows are consecutive, from node 0).
+        id_dtype: the stored ids' dtype (int32 or int64).
+        staging_bytes: page-aligned buffer the entries are gathered into on their way
+            to the files.
+    """
+
+    def __init__(self, folder: Path, ends: np.ndarray, id_dtype: np.dtype,
+                 staging_bytes: int):
+        self.ends = np.ascontiguousarray(ends, dtype=np.int64)
+        self.dtype = np.dtype(id_dtype)
+        self.names = [Path(folder) / f".edges-{k}" for k in range(self.ends.shape[0])]
+        self.staging: np.ndarray | None = aligned_empty(
+            max(2 * PAGE, staging_bytes // PAGE * PAGE))
+        self.outs = [DirectAppender(name, self.staging) for name in self.names]
+        #: entries routed to each window
+        self.counts = np.zeros(self.ends.shape[0], dtype=np.int64)
+
+    @property
+    def direct(self) -> bool:
+        """Whether the files were written with ``O_DIRECT``."""
+        return all(f.direct for f in self.outs)
+
+    def route(self, src: np.ndarray, dst: np.ndarray, undirected: bool,
+              drop_self: bool) -> None:
+        """Append the entries of the edges ``src -> dst`` (int64 [k], ids checked in
+        range) to their windows' files."""
+        k = src.shape[0]
+        win = np.empty(2 * k, dtype=np.int32)
+        out = np.empty((2 * k, 2), dtype=self.dtype)
+        counts = np.zeros_like(self.counts)
+        K.route_entries(src, dst, self.ends, undirected, drop_self, counts, win, out)
+        del win
+        begin = 0
+        for w, c in enumerate(counts.tolist()):
+            if c:
+                self.outs[w].append(out[begin:begin + c])
+            begin += c
+        self.counts += counts
+
+    def finish(self) -> None:
+        """Write what is left of every file (call once, after the last :meth:`route`)."""
+        for f in self.outs:
+            f.close()
+        self.staging = None
+
+    def entries(self, w: int, piece_bytes: int) -> Iterator[np.ndarray]:
+        """Window ``w``'s entries (ids [k, 2]: target, source), read a piece of at most
+        ``piece_bytes`` at a time into one reused buffer (each piece valid until the next
+        is read); the file is removed once read."""
+        name = self.names[w]
+        entry = 2 * self.dtype.itemsize
+        step = max(PAGE, int(piece_bytes) // PAGE * PAGE)
+        buf = aligned_empty(step)
+        total = int(self.counts[w]) * entry
+        fd, _ = open_direct(name, os.O_RDONLY)
+        try:
+            pos = 0
+            while pos < total:
+                want = min(step, -(-(total - pos) // PAGE) * PAGE)
+                got = os.preadv(fd, [buf[:want].data], pos)
+                got = min(got, total - pos)
+                if got <= 0 or got % entry:
+                    raise OocError(f"{name}: ended after {pos} of {total} bytes")
+                yield buf[:got].view(self.dtype).reshape(-1, 2)
+                pos += got
+        finally:
+            os.close(fd)
+        name.unlink()
+
+    def close(self) -> None:
+        """Remove every file left (after an error too)."""
+        for f in self.outs:
+            f.abandon()
+        self.staging = None
+        for name in self.names:
+            name.unlink(missing_ok=True)
