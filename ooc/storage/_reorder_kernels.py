@@ -45,7 +45,9 @@ def _hashed_best(labs, d, cur, size, cap, keys, cnt, used):
         lab, c = keys[h], cnt[h]
         keys[h] = -1
         cnt[h] = 0
-        if (lab == cur or size[lab] < cap) and _better(lab, c, cur, best, best_cnt):
+        # the tie-break first: ``size`` is read (a cache miss on large graphs) only for a
+        # label that would win
+        if _better(lab, c, cur, best, best_cnt) and (lab == cur or size[lab] < cap):
             best, best_cnt = lab, c
     return best
 
@@ -62,7 +64,7 @@ def _sorted_best(labs, d, cur, size, cap):
         k = j + 1
         while k < d and s[k] == lab:
             k += 1
-        if (lab == cur or size[lab] < cap) and _better(lab, k - j, cur, best, best_cnt):
+        if _better(lab, k - j, cur, best, best_cnt) and (lab == cur or size[lab] < cap):
             best, best_cnt = lab, k - j
         j = k
     return best
