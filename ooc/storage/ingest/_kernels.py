@@ -255,14 +255,15 @@ def scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self):
 
 
 @njit(cache=True, nogil=True)
-def route_entries(src, dst, ends, undirected, drop_self, counts, win, out):
+def route_entries(src, dst, ends, first, shift, undirected, drop_self, counts, win, out):
     """The stored entries of the edges ``src[k] -> dst[k]`` (ids checked in range), each a
     (target, source) pair, grouped by the window of their target.
 
     An edge gives the entry (dst, src), and with ``undirected`` also (src, dst) unless it
     is a self loop; ``drop_self`` drops self loops. Window w holds the targets below
     ``ends[w]`` (int64 [W], increasing, the last the node count) and not below
-    ``ends[w - 1]``. ``counts`` (int64 [W], zeroed) gets each window's entries, ``win``
+    ``ends[w - 1]``; ``first`` (int32) holds the window of node ``b << shift`` for every
+    b (:func:`window_lookup`). ``counts`` (int64 [W], zeroed) gets each window's entries, ``win``
     (int32, room for two entries an edge) is scratch, and ``out`` (ids [2 * len(src), 2])
     the entries, window 0's first, each window's in input order. Returns the number of
     entries.
@@ -284,7 +285,9 @@ def route_entries(src, dst, ends, undirected, drop_self, counts, win, out):
                     out[p, 1] = u
                     pos[win[j]] = p + 1
                 else:
-                    w = np.searchsorted(ends, t, side="right")
+                    w = first[t >> shift]
+                    while ends[w] <= t:
+                        w += 1
                     win[j] = w
                     counts[w] += 1
                 j += 1
@@ -294,6 +297,17 @@ def route_entries(src, dst, ends, undirected, drop_self, counts, win, out):
             pos[w] = acc
             acc += counts[w]
     return m
+
+
+@njit(cache=True, nogil=True)
+def window_lookup(ends, shift, first):
+    """``first[b]``: the window of node ``b << shift`` (``ends``: int64 [W], each window's
+    end), so that a node's window is found from ``first[v >> shift]`` in a step or few."""
+    w = 0
+    for b in range(first.shape[0]):
+        while ends[w] <= (b << shift):
+            w += 1
+        first[b] = w
 
 
 @njit(cache=True, nogil=True)

@@ -25,6 +25,8 @@ from . import _kernels as K
 #: routing writes and reads two ids an entry, about what two more scans of an int64 edge
 #: list read.
 MIN_WINDOWS = 3
+#: A node's window is looked up in a table of 2 ** LOOKUP_BITS entries (256 KiB).
+LOOKUP_BITS = 16
 
 
 class EdgeBuckets:
@@ -49,6 +51,10 @@ class EdgeBuckets:
         self.outs = [DirectAppender(name, self.staging) for name in self.names]
         #: entries routed to each window
         self.counts = np.zeros(self.ends.shape[0], dtype=np.int64)
+        n = int(self.ends[-1])
+        self.shift = max(0, (n - 1).bit_length() - LOOKUP_BITS)
+        self.first = np.empty(((n - 1) >> self.shift) + 1 if n else 0, dtype=np.int32)
+        K.window_lookup(self.ends, self.shift, self.first)
 
     @property
     def direct(self) -> bool:
@@ -63,7 +69,8 @@ class EdgeBuckets:
         win = np.empty(2 * k, dtype=np.int32)
         out = np.empty((2 * k, 2), dtype=self.dtype)
         counts = np.zeros_like(self.counts)
-        K.route_entries(src, dst, self.ends, undirected, drop_self, counts, win, out)
+        K.route_entries(src, dst, self.ends, self.first, self.shift, undirected, drop_self,
+                        counts, win, out)
         del win
         begin = 0
         for w, c in enumerate(counts.tolist()):
