@@ -4,7 +4,8 @@ import bisect
 import numpy as np
 import pytest
 
-from ooc.storage.ingest.edge_buckets import EdgeBuckets
+from ooc.storage.ingest import edge_buckets as EB
+from ooc.storage.ingest.edge_buckets import EdgeBuckets, range_ends
 
 
 def _reference(src, dst, ends, undirected, drop_self):
@@ -56,3 +57,29 @@ def test_close_removes_the_files_left(tmp_path):
     next(iter(b.entries(0, 4096)))  # a window half consumed
     b.close()
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("range_bytes,max_files", [(64, 256), (64, 7), (1 << 30, 256)])
+def test_range_ends_cut_each_window_apart(monkeypatch, range_bytes, max_files):
+    """Ranges cover the nodes in order, never straddle a window, keep their lists to the
+    range size (a node over it alone) and to :data:`RANGE_NODES` nodes, and their number
+    to about :data:`MAX_FILES` (ranges grow instead)."""
+    monkeypatch.setattr(EB, "RANGE_BYTES", range_bytes)
+    monkeypatch.setattr(EB, "MAX_FILES", max_files)
+    monkeypatch.setattr(EB, "RANGE_NODES", 50)
+    rng = np.random.default_rng(2)
+    counts = rng.integers(0, 12, 1000).astype(np.int64)
+    counts[500] = 400  # one node over any range
+    windows = [(0, 300), (300, 301), (301, 777), (777, 1000)]
+    ends, files = range_ends(counts, windows, 4)
+    assert ends[-1] == 1000 and np.all(np.diff(ends) > 0)
+    starts = np.concatenate([[0], ends[:-1]])
+    cap = max(range_bytes, -(-int(counts.sum()) * 4 // max_files)) // 4
+    for (lo, hi), (r0, r1) in zip(windows, files):
+        assert starts[r0] == lo and ends[r1 - 1] == hi
+    for a, z in zip(starts, ends):
+        assert z - a <= 50 and (counts[a:z].sum() <= cap or z - a == 1)
+    if range_bytes == 1 << 30:
+        assert len(ends) == 1000 // 50 + 2  # only RANGE_NODES cuts (and the windows)
+    if max_files == 7:
+        assert len(ends) <= 7 + 1000 // 50 + len(windows)

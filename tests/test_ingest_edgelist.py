@@ -8,6 +8,7 @@ import pytest
 from ooc.storage import OocError, csc_from_edges, open_dataset
 from ooc.storage import writer as writer_mod
 from ooc.storage.ingest import ingest_edgelist
+from ooc.storage.ingest import edge_buckets
 from ooc.storage.ingest.edge_buckets import MIN_WINDOWS
 from ooc.storage.ingest.edgelist import NpyEdges
 
@@ -106,6 +107,21 @@ def test_options_and_windows(tmp_path, undirected, dedup, drop_self, buffer):
     if buffer == 24000 and undirected:
         assert st["windows"] == 2
     assert not list(out.glob(".edges-*"))
+
+
+@pytest.mark.parametrize("undirected,dedup", [(True, False), (False, True)])
+def test_routed_ranges_within_windows(tmp_path, monkeypatch, undirected, dedup):
+    """Routing to many small target ranges per window gives the same dataset."""
+    monkeypatch.setattr(edge_buckets, "RANGE_BYTES", 256)
+    monkeypatch.setattr(edge_buckets, "RANGE_NODES", 7)
+    s, d = _edges(4)
+    p = tmp_path / "e.npy"
+    np.save(p, np.stack([s, d]))
+    st: dict = {}
+    out = ingest_edgelist(p, tmp_path / "ds", num_nodes=N, undirected=undirected, dedup=dedup,
+                          buffer_bytes=8192, progress=False, stats=st)
+    assert st["routed"] and st["windows"] >= MIN_WINDOWS
+    _assert_csc(out, _reference(s, d, N, undirected, dedup))
 
 
 @pytest.mark.parametrize("routed", [False, True])

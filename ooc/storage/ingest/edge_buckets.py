@@ -1,4 +1,4 @@
-"""Stored entries routed once to a file per scatter window.
+"""Stored entries routed once to files by target, for the scatter windows to read.
 
 Without them, each scatter window reads the whole edge source again and scans every edge
 for the few whose target falls in the window: ``1 + W`` reads of the input for ``W``
@@ -6,7 +6,13 @@ windows (at papers100M's shape under 4 GiB, W is about 9 and the input 26 GB). R
 input is read twice (the count pass and the routing) and each window reads only its own
 entries: (target, source) id pairs, 2 ids an entry, written and read once with
 ``O_DIRECT`` (:mod:`~ooc.storage.direct_files`). The files take 2 ids a stored entry on
-disk while they last, and each is removed once its window is placed.
+disk while they last, and each is removed once read.
+
+A window's entries go to several files, each for a range of its targets whose lists take
+about :data:`RANGE_BYTES` (:func:`range_ends`): placing one file's entries then touches
+only that range's cursors and lists, which stay in cache, where a window's entries in
+input order would miss it on almost every entry (at scale 0.2, 646M entries in 4 windows,
+were placed in 11.4 s from one file a window and in 2.5 s from 158 files of ranges).
 """
 from __future__ import annotations
 
@@ -25,17 +31,44 @@ from . import _kernels as K
 #: routing writes and reads two ids an entry, about what two more scans of an int64 edge
 #: list read.
 MIN_WINDOWS = 3
-#: A node's window is looked up in a table of 2 ** LOOKUP_BITS entries (256 KiB).
+#: A node's range is looked up in a table of 2 ** LOOKUP_BITS entries (256 KiB).
 LOOKUP_BITS = 16
+#: Bytes of in-neighbour lists a file's target range covers, at least.
+RANGE_BYTES = 16 << 20
+#: Most nodes in one range (their cursors: 8 bytes a node).
+RANGE_NODES = 1 << 18
+#: Most files routed to (ranges grow beyond :data:`RANGE_BYTES` to keep to it).
+MAX_FILES = 256
+
+
+def range_ends(counts: np.ndarray, windows: list[tuple[int, int]], itemsize: int
+               ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """The target ranges entries are routed to: ``(ends, files)`` with ``ends`` int64 [R]
+    each range's end (consecutive, from node 0, the last ``len(counts)``) and
+    ``files[w]`` the first and last-plus-one range of window ``w`` (ranges never
+    straddle windows). ``counts``: int64 [N], every node's stored entries."""
+    total = int(counts.sum()) * itemsize
+    cap = max(RANGE_BYTES, -(-total // MAX_FILES)) // itemsize
+    ends: list[np.ndarray] = []
+    files = []
+    r = 0
+    for lo, hi in windows:
+        out = np.empty(2 * int(counts[lo:hi].sum()) // max(1, cap) + (hi - lo) // RANGE_NODES
+                       + 2, dtype=np.int64)
+        k = int(K.window_ends(counts[lo:hi], cap, RANGE_NODES, out))
+        ends.append(out[:k] + lo)
+        files.append((r, r + k))
+        r += k
+    return np.concatenate(ends), files
 
 
 class EdgeBuckets:
-    """One file of (target, source) entries per window, under ``folder``.
+    """One file of (target, source) entries per target range, under ``folder``.
 
     Args:
         folder: where the files go (the dataset writer's temp folder: removed with it
             after an error).
-        ends: int64 [W], each window's end (windows are consecutive, from node 0).
+        ends: int64 [R], each range's end (ranges are consecutive, from node 0).
         id_dtype: the stored ids' dtype (int32 or int64).
         staging_bytes: page-aligned buffer the entries are gathered into on their way
             to the files.
@@ -49,7 +82,7 @@ class EdgeBuckets:
         self.staging: np.ndarray | None = aligned_empty(
             max(2 * PAGE, staging_bytes // PAGE * PAGE))
         self.outs = [DirectAppender(name, self.staging) for name in self.names]
-        #: entries routed to each window
+        #: entries routed to each range
         self.counts = np.zeros(self.ends.shape[0], dtype=np.int64)
         n = int(self.ends[-1])
         self.shift = max(0, (n - 1).bit_length() - LOOKUP_BITS)
@@ -64,7 +97,7 @@ class EdgeBuckets:
     def route(self, src: np.ndarray, dst: np.ndarray, undirected: bool,
               drop_self: bool) -> None:
         """Append the entries of the edges ``src -> dst`` (int64 [k], ids checked in
-        range) to their windows' files."""
+        range) to their ranges' files."""
         k = src.shape[0]
         win = np.empty(2 * k, dtype=np.int32)
         out = np.empty((2 * k, 2), dtype=self.dtype)
@@ -86,7 +119,7 @@ class EdgeBuckets:
         self.staging = None
 
     def entries(self, w: int, piece_bytes: int) -> Iterator[np.ndarray]:
-        """Window ``w``'s entries (ids [k, 2]: target, source), read a piece of at most
+        """Range ``w``'s entries (ids [k, 2]: target, source), read a piece of at most
         ``piece_bytes`` at a time into one reused buffer (each piece valid until the next
         is read); the file is removed once read."""
         name = self.names[w]

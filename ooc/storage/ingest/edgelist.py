@@ -38,7 +38,7 @@ from ..atomic import replace_refusal
 from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
-from .edge_buckets import MIN_WINDOWS, EdgeBuckets
+from .edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
@@ -458,10 +458,11 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
     if not windows:
         indptr.write(np.zeros(n, np.int64))
     out_pos = 0
-    buckets = None
+    buckets: EdgeBuckets | None = None
+    files: list[tuple[int, int]] = []
     if len(windows) >= MIN_WINDOWS:
-        buckets = route_pass(w, source, [hi for _, hi in windows], undirected, drop_self,
-                             buffer_bytes, progress)
+        ends, files = range_ends(counts, windows, idt.itemsize)
+        buckets = route_pass(w, source, ends, undirected, drop_self, buffer_bytes, progress)
     fd = os.open(path, os.O_WRONLY)
     try:
         for wi, (lo, hi) in enumerate(windows):
@@ -471,12 +472,14 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             seg = np.empty(m, dtype=idt)
             cursor = ptr[:-1].copy()
             if buckets is not None:
-                if int(buckets.counts[wi]) != m:
+                r0, r1 = files[wi]
+                if int(buckets.counts[r0:r1].sum()) != m:
                     raise _err(source.path, "changed between the count pass and the routing")
-                for part in buckets.entries(wi, buffer_bytes // 8):
-                    if K.scatter_entries(part, lo, cursor, ptr[1:], seg) >= 0:
-                        raise _err(source.path, "changed between the count pass and the "
-                                                "routing")
+                for r in range(r0, r1):
+                    for part in buckets.entries(r, buffer_bytes // 8):
+                        if K.scatter_entries(part, lo, cursor, ptr[1:], seg) >= 0:
+                            raise _err(source.path, "changed between the count pass and the "
+                                                    "routing")
             else:
                 with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
                                source.unit) as bar:
@@ -505,13 +508,13 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             "routed": buckets is not None, "edges_before_dedup": e_alloc}
 
 
-def route_pass(w: DatasetWriter, source: EdgeSource, ends: list[int], undirected: bool,
+def route_pass(w: DatasetWriter, source: EdgeSource, ends: np.ndarray, undirected: bool,
                drop_self: bool, buffer_bytes: int, progress: bool) -> EdgeBuckets:
-    """Read ``source`` once more and route every stored entry to the file of its window
-    (``ends``: each window's end); see :mod:`.edge_buckets`."""
+    """Read ``source`` once more and route every stored entry to the file of its target
+    range (``ends``: int64, each range's end); see :mod:`.edge_buckets`."""
     assert w.tmp is not None  # inside the writer's with block
     n = w.num_nodes
-    buckets = EdgeBuckets(w.tmp, np.asarray(ends, dtype=np.int64), index_dtype(n),
+    buckets = EdgeBuckets(w.tmp, ends, index_dtype(n),
                           min(STAGING_BYTES, int(buffer_bytes) // 16))
     try:
         with _progress(source.nbytes, "route", progress, source.unit) as bar:
