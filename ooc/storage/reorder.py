@@ -20,6 +20,7 @@ unchanged.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,7 +159,8 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int,
       inverse (an id per node), two buckets' rows (read and placed, or as read and laid
       out in pages) and 40 bytes a row of their destinations, sort keys and sort order
       (and :data:`BUCKET_BYTES` per bucket), and through buckets the staging buffer
-      (:func:`staging_bytes`) the rows read are written from;
+      (:func:`staging_bytes`) the rows read are written from and the next bucket's rows
+      and destinations, read ahead;
     - ``place`` (a :class:`RowPlacer` fed as ingest streams the rows in): the inverse and
       the streamed chunk as read (a quarter of the buffer at most), beside either the
       block placed in memory, a copy of the chunk converted to the stored dtype and 8
@@ -178,7 +180,7 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int,
     return {"propagate": 2 * it * n + 2 * window + big + BLOCK * it + tally,
             "order": 3 * it * n,
             "permute": it * n + 2 * pages + 40 * part + BUCKET_BYTES * buckets
-            + (staging_bytes(layout, buffer_bytes) if buckets > 1 else 0),
+            + (staging_bytes(layout, buffer_bytes) + pages + 8 * part if buckets > 1 else 0),
             "place": it * n + PAGE + (
                 pages + 8 * part + 2 * min(int(buffer_bytes) // 4, n * layout.row_bytes)
                 if buckets == 1 else 40 * part + BUCKET_BYTES * buckets
@@ -286,10 +288,18 @@ class RowPlacer:
             return 1
         fd, direct = open_direct(self.dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self.direct = bool(self.direct and direct)
+        # the next bucket is read while this one is placed and written (the reads and
+        # writes release the GIL): one more bucket held, see reorder_phases
         try:
-            for k, name in enumerate(self.names):
-                _write_bucket(fd, self.layout, name, k * self.part,
-                              min(n, k * self.part + self.part))
+            with ThreadPoolExecutor(1, thread_name_prefix="ooc-bucket") as pool:
+                ahead: Future | None = pool.submit(_read_bucket, self.names[0], self.layout)
+                for k, name in enumerate(self.names):
+                    assert ahead is not None  # read for every bucket
+                    bucket = list(ahead.result())
+                    ahead = pool.submit(_read_bucket, self.names[k + 1], self.layout) \
+                        if k + 1 < self.buckets else None
+                    _write_bucket(fd, self.layout, name, k * self.part,
+                                  min(n, k * self.part + self.part), bucket)
         finally:
             os.close(fd)
         return self.buckets
@@ -367,19 +377,28 @@ def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
     return part, buckets
 
 
-def _write_bucket(fd: int, layout: FeatureLayout, name: Path, a: int, b: int) -> None:
-    """The second pass of :func:`permute_rows` for one bucket: its rows (``name``,
-    ``layout.dtype`` [b - a, dim]) placed by their destinations (``name.ids``, int64
-    [b - a], in ``a .. b-1``) and written as rows ``a .. b-1`` of the file ``fd`` (``a``
-    at a page boundary; whole pages, read and written with ``O_DIRECT`` where the file
-    system takes it); the bucket's files are then removed.
+def _read_bucket(name: Path, layout: FeatureLayout) -> tuple[np.ndarray, np.ndarray]:
+    """A bucket's destinations (``name.ids``, int64 [k]) and rows (``name``,
+    ``layout.dtype`` [k, dim]), read with ``O_DIRECT`` where the file system takes it."""
+    ids = read_direct(name.with_suffix(".ids"), np.int64)
+    return ids, read_direct(name, layout.dtype).reshape(-1, layout.dim)
+
+
+def _write_bucket(fd: int, layout: FeatureLayout, name: Path, a: int, b: int,
+                  bucket: list[np.ndarray]) -> None:
+    """The second pass of :func:`permute_rows` for one bucket: its rows placed by their
+    destinations (``bucket``: ``[ids, rows]`` from :func:`_read_bucket`, ids in
+    ``a .. b-1``; emptied here, so that the rows are freed once placed) and written as
+    rows ``a .. b-1`` of the file ``fd`` (``a`` at a page boundary; whole pages, written
+    with ``O_DIRECT`` where the file system takes it); the bucket's files are then
+    removed.
 
     Raises:
         InvalidValue: the bucket does not hold ``b - a`` rows (``row_of`` is not a
             permutation).
     """
-    ids = read_direct(name.with_suffix(".ids"), np.int64)
-    rows = read_direct(name, layout.dtype).reshape(-1, layout.dim)
+    ids, rows = bucket
+    bucket.clear()
     if ids.shape[0] != b - a or rows.shape[0] != b - a:
         raise InvalidValue(f"{name}: bucket holds {ids.shape[0]} rows, expected "
                            f"{b - a} (row_of is not a permutation)")
