@@ -1,5 +1,6 @@
 """Routing stored entries to one file per scatter window, against a numpy reference."""
 import bisect
+import os
 
 import numpy as np
 import pytest
@@ -83,3 +84,19 @@ def test_range_ends_cut_each_window_apart(monkeypatch, range_bytes, max_files):
         assert len(ends) == 1000 // 50 + 2  # only RANGE_NODES cuts (and the windows)
     if max_files == 7:
         assert len(ends) <= 7 + 1000 // 50 + len(windows)
+
+
+def test_a_file_cut_short_is_named(tmp_path):
+    """A routed file shorter than the entries routed to it (truncated under ingest) is an
+    IOFailure naming it, never entries read past its end."""
+    from ooc.storage import IOFailure
+
+    b = EdgeBuckets(tmp_path, np.array([1000], np.int64), np.dtype(np.int32), 8192)
+    b.route(np.arange(900, dtype=np.int64), np.arange(900, dtype=np.int64)[::-1].copy(), False,
+            False)
+    b.finish()
+    os.truncate(b.names[0], 900 * 8 - 12)
+    with pytest.raises(IOFailure, match=r"\.edges-0: ended after"):
+        for _ in b.entries(0, 4096):
+            pass
+    b.close()

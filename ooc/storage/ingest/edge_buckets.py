@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 
 from ..direct_files import DirectAppender, open_direct
-from ..errors import OocError
+from ..errors import IOFailure
 from ..layout import PAGE, aligned_empty
 from . import _kernels as K
 
@@ -135,7 +135,8 @@ class EdgeBuckets:
                 got = os.preadv(fd, [buf[:want].data], pos)
                 got = min(got, total - pos)
                 if got <= 0 or got % entry:
-                    raise OocError(f"{name}: ended after {pos} of {total} bytes")
+                    raise IOFailure(f"{name}: ended after {pos} of {total} bytes (removed or "
+                                    "truncated while ingest ran?)")
                 yield buf[:got].view(self.dtype).reshape(-1, 2)
                 pos += got
         finally:
