@@ -182,7 +182,8 @@ def _planned_peak(rss0: int, stats: dict, out: Path, buffer: int) -> int:
     # a generated graph's own arrays (its id permutation and labels) beside ingest's
     return planned_peak(rss0 + int(stats.get("source_bytes", 0)), meta["num_nodes"], stored,
                         buffer, 4 if meta["index_dtype"] == "int32" else 8, meta["row_bytes"],
-                        reordered, order.get("longest_list"))
+                        reordered, order.get("longest_list"), stats.get("routed"),
+                        bool(stats.get("labels_held", True)))
 
 
 def _compile_kernels(args: argparse.Namespace) -> None:

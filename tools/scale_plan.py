@@ -139,13 +139,15 @@ def train_in_flight() -> int:
 
 
 def ingest_plan(shape: sg.Shape, budget: int, base: int, buffer: int) -> dict:
-    from ooc.storage.ingest.limits import BYTES_PER_NODE, planned_peak
+    from ooc.storage.ingest.limits import BYTES_PER_NODE, LABEL_BYTES_PER_NODE, planned_peak
     from ooc.storage.layout import FeatureLayout
 
     layout = FeatureLayout(shape.nodes, shape.feature_dim, "float32")
-    peak = planned_peak(base, shape.nodes, 2 * shape.edges, buffer, 4, layout.row_bytes, layout)
+    # an OGB ingest writes the labels in pieces (labels_held False)
+    peak = planned_peak(base, shape.nodes, 2 * shape.edges, buffer, 4, layout.row_bytes, layout,
+                        labels_held=False)
     return {"planned_peak_bytes": peak, "base_bytes": base, "buffer_bytes": buffer,
-            "per_node_bytes": BYTES_PER_NODE}
+            "per_node_bytes": BYTES_PER_NODE - LABEL_BYTES_PER_NODE}
 
 
 def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: int,

@@ -808,7 +808,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                             buffer_bytes, progress)
         _write_nodes(w, feat, lab, splits, split_files, buffer_bytes, progress)
         assert w.num_edges is not None  # set by write_indptr in scatter_passes
-        st.update(num_nodes=n, num_edges=w.num_edges)
+        # labels_held: the labels file was loaded whole (8 B a node, see limits)
+        st.update(num_nodes=n, num_edges=w.num_edges, labels_held=lab is not None)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)
     return out

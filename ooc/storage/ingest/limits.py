@@ -23,9 +23,12 @@ from pathlib import Path
 from ..direct_files import READ_STAGING
 from ..errors import InvalidValue
 from ..layout import FeatureLayout
-from ..reorder import reorder_peak
+from ..reorder import STAGING_BYTES, reorder_peak
+from .edge_buckets import MIN_WINDOWS
 
 BYTES_PER_NODE = 16
+#: Of :data:`BYTES_PER_NODE`, an edge list's labels file, loaded whole (int64).
+LABEL_BYTES_PER_NODE = 8
 #: Largest ids up to this many nodes are always accepted without --num-nodes
 #: (when memory allows).
 MIN_NODES_FROM_IDS = 1 << 22
@@ -121,20 +124,22 @@ def load_kernels() -> None:
 
 def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int,
                  index_itemsize: int = 4, row_bytes: int = 512,
-                 reordered: FeatureLayout | None = None, longest: int | None = None) -> int:
+                 reordered: FeatureLayout | None = None, longest: int | None = None,
+                 routed: bool | None = None, labels_held: bool = True) -> int:
     """The peak RSS an ingest plans for, from what it wrote: ``base`` (the RSS before it,
     numba's runtime loaded: :func:`load_kernels`),
-    :data:`BYTES_PER_NODE` per node, and the larger of its two phases' buffers:
+    :data:`BYTES_PER_NODE` per node (:data:`LABEL_BYTES_PER_NODE` fewer when no labels
+    file was loaded whole: ``labels_held`` False), and the larger of its two phases' buffers:
 
     - a scatter window (its ids: 3/4 of the buffer at most, and no more than the
       stored edges; its nodes' pointers, cursors and degrees: 32 bytes a node, a
       quarter of the buffer at most) beside the edge chunk being read (int64 sources
-      and targets and their copies: 32 bytes an edge, a quarter of the buffer at most),
-      or beside a piece of its routed entries (an eighth of the buffer); routing them
-      (:mod:`.edge_buckets`, from three windows on, so with a full window's ids) holds a
-      chunk, its entries grouped by window (an eighth of the buffer; a quarter with
-      int64 ids), their windows (a sixteenth) and a staging buffer (a sixteenth), under
-      the window and chunk;
+      and targets and their copies: 32 bytes an edge, a quarter of the buffer at most);
+      with ``routed`` entries (:mod:`.edge_buckets`; None: guessed from the edge count,
+      as routing starts at three windows) the window is beside a piece of its entries
+      (an eighth of the buffer) instead, and the routing pass before it holds a chunk,
+      its entries grouped by range (16 bytes an edge with int32 ids, 32 with int64),
+      their ranges (8 bytes an edge) and a staging buffer;
     - a feature chunk (a quarter of the buffer) as read and converted to the stored
       dtype or laid out in pages (rows that fill pages exactly are written as read);
     - when the feature rows were stored in a locality order (``reordered``: their
@@ -148,7 +153,16 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     n, e = int(num_nodes), int(stored_edges)
     window = min(3 * b // 4, e * index_itemsize) + min(b // 4, 32 * n)
     chunk = min(b // 4, 32 * e)
+    if routed is None:
+        routed = e * index_itemsize > (MIN_WINDOWS - 1) * (3 * b // 4)
+    if routed:
+        edges = chunk // 32  # a chunk's edges: 32 bytes each above
+        route = chunk + edges * (8 + 4 * index_itemsize) + min(STAGING_BYTES, b // 16)
+        scatter = max(window + b // 8, route)
+    else:
+        scatter = window + chunk
     features = 2 * min(b // 4, n * int(row_bytes)) + 4096
     reorder = 0 if reordered is None else reorder_peak(reordered, b, longest)
     read = READ_STAGING + 4096
-    return int(base) + BYTES_PER_NODE * n + max(window + chunk, features + read, reorder + read)
+    per_node = BYTES_PER_NODE - (0 if labels_held else LABEL_BYTES_PER_NODE)
+    return int(base) + per_node * n + max(scatter, features + read, reorder + read)

@@ -318,7 +318,8 @@ def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected:
         a, b, c = (str(p) for p in split_files) if split_files else ("train", "valid", "test")
         w.write_splits(train, val, test, names=(a, b, c))
         assert w.num_edges is not None  # set by write_indptr in scatter_passes
-        st.update(num_nodes=n, num_edges=w.num_edges)
+        # labels_held: OGB's labels are written in pieces, never held whole (see limits)
+        st.update(num_nodes=n, num_edges=w.num_edges, labels_held=False)
     if stats is not None:
         stats.update(st, time_s=time.perf_counter() - t0)
     return out

@@ -229,5 +229,5 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
         assert w.num_edges is not None  # set by write_indptr in scatter_passes
         st.update(num_nodes=nodes, num_edges=w.num_edges, source_bytes=source.held_bytes)
     if stats is not None:
-        stats.update(st, time_s=time.perf_counter() - t0)
+        stats.update(st, time_s=time.perf_counter() - t0, labels_held=True)
     return out
