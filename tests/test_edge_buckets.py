@@ -100,3 +100,19 @@ def test_a_file_cut_short_is_named(tmp_path):
         for _ in b.entries(0, 4096):
             pass
     b.close()
+
+
+def test_an_id_outside_the_graph_is_reported_not_routed(tmp_path):
+    """An edge whose id left the graph after the count pass (the file changed) is found
+    by the routing itself: its index comes back and nothing of the chunk is appended."""
+    b = EdgeBuckets(tmp_path, np.array([50, 100], np.int64), np.dtype(np.int32), 8192)
+    src = np.arange(40, dtype=np.int64)
+    dst = src[::-1].copy()
+    for bad, value in ((7, 100), (31, -1)):
+        d = dst.copy()
+        d[bad] = value
+        assert b.route(src, d, True, False) == bad
+    assert b.route(src, dst, True, False) == -1
+    b.finish()
+    assert int(b.counts.sum()) == 80
+    b.close()

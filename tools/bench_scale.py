@@ -60,8 +60,9 @@ def log(msg: str) -> None:
 
 def feature_bytes(shape: sg.Shape) -> int:
     """``features.bin``'s size: float32 rows in whole pages."""
-    rows_per_page = max(1, 4096 // (4 * shape.feature_dim))
-    return -(-shape.nodes // rows_per_page) * 4096
+    from ooc.storage.layout import FeatureLayout
+
+    return FeatureLayout(shape.nodes, shape.feature_dim, "float32").file_bytes
 
 
 def dataset_bytes(shape: sg.Shape) -> int:

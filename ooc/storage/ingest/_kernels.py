@@ -266,8 +266,10 @@ def route_entries(src, dst, ends, first, shift, undirected, drop_self, counts, w
     b (:func:`window_lookup`). ``counts`` (int64 [W], zeroed) gets each window's entries, ``win``
     (int32, room for two entries an edge) is scratch, and ``out`` (ids [2 * len(src), 2])
     the entries, window 0's first, each window's in input order. Returns the number of
-    entries.
+    entries, or ``-(k + 1)`` for the first edge k with an id outside ``[0, ends[-1])``
+    (nothing placed then).
     """
+    n = ends[-1]
     pos = np.zeros(counts.shape[0], np.int64)
     m = 0
     for place in range(2):  # count each window's entries, then place them
@@ -275,6 +277,8 @@ def route_entries(src, dst, ends, first, shift, undirected, drop_self, counts, w
         for k in range(src.shape[0]):
             s = src[k]
             d = dst[k]
+            if not place and (s < 0 or s >= n or d < 0 or d >= n):
+                return -(k + 1)
             if s == d and drop_self:
                 continue
             for r in range(2 if undirected and s != d else 1):

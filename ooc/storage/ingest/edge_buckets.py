@@ -95,15 +95,18 @@ class EdgeBuckets:
         return all(f.direct for f in self.outs)
 
     def route(self, src: np.ndarray, dst: np.ndarray, undirected: bool,
-              drop_self: bool) -> None:
-        """Append the entries of the edges ``src -> dst`` (int64 [k], ids checked in
-        range) to their ranges' files."""
+              drop_self: bool) -> int:
+        """Append the entries of the edges ``src -> dst`` (int64 [k]) to their ranges'
+        files; returns -1, or the first edge with an id outside the graph (nothing of
+        these edges is then appended)."""
         k = src.shape[0]
         win = np.empty(2 * k, dtype=np.int32)
         out = np.empty((2 * k, 2), dtype=self.dtype)
         counts = np.zeros_like(self.counts)
-        K.route_entries(src, dst, self.ends, self.first, self.shift, undirected, drop_self,
-                        counts, win, out)
+        m = K.route_entries(src, dst, self.ends, self.first, self.shift, undirected,
+                            drop_self, counts, win, out)
+        if m < 0:
+            return -m - 1
         del win
         begin = 0
         for w, c in enumerate(counts.tolist()):
@@ -111,6 +114,7 @@ class EdgeBuckets:
                 self.outs[w].append(out[begin:begin + c])
             begin += c
         self.counts += counts
+        return -1
 
     def finish(self) -> None:
         """Write what is left of every file (call once, after the last :meth:`route`)."""

@@ -13,8 +13,8 @@ Memory is O(N) (degrees and ``indptr``) plus the ``buffer`` (segment + one
 input chunk); the number of passes over the input is ``1 + windows`` where
 ``windows ~ E * itemsize / (3/4 * buffer)``, or, from
 :data:`~.edge_buckets.MIN_WINDOWS` windows on, two: a **routing pass** writes each
-stored entry to its window's file once, and each window reads only its own file
-(:mod:`.edge_buckets`). Neighbour lists come out sorted
+stored entry once to the file of its target range, and each window reads only its
+own files (:mod:`.edge_buckets`). Neighbour lists come out sorted
 by source id. Everything goes through :class:`~ooc.storage.DatasetWriter`, so
 a failed run leaves no folder that ``open_dataset`` accepts.
 """
@@ -519,12 +519,11 @@ def route_pass(w: DatasetWriter, source: EdgeSource, ends: np.ndarray, undirecte
     try:
         with _progress(source.nbytes, "route", progress, source.unit) as bar:
             for src, dst, first, nb in source.chunks(_chunk_edges(buffer_bytes), n):
-                bad, _ = K.first_bad_id(src, dst, n)
+                bad = buckets.route(src, dst, undirected, drop_self)
                 if bad >= 0:
                     raise _err(source.path, f"{source.where(first + bad)}: node id out of "
                                             f"range [0, {n}) (the file changed after the "
                                             "count pass)")
-                buckets.route(src, dst, undirected, drop_self)
                 bar.update(nb)
         buckets.finish()
     except BaseException:
