@@ -165,9 +165,18 @@ class DirectAppender:
             self.fd = -1
 
 
-def read_direct(path: str | os.PathLike, dtype: DTypeLike) -> np.ndarray:
+def direct_buffer(path: str | os.PathLike) -> np.ndarray:
+    """A page-aligned uint8 buffer that :func:`read_direct` can read the file ``path`` into
+    (its size in whole pages)."""
+    return aligned_empty(-(-os.path.getsize(path) // PAGE) * PAGE)
+
+
+def read_direct(path: str | os.PathLike, dtype: DTypeLike,
+                buf: np.ndarray | None = None) -> np.ndarray:
     """The whole file ``path`` as a flat array of ``dtype`` (its size a multiple of the
-    item size), read with ``O_DIRECT`` into a page-aligned buffer."""
+    item size), read with ``O_DIRECT`` into a page-aligned buffer: ``buf`` (from
+    :func:`direct_buffer`, so that the caller decides when the memory is taken), else a
+    new one."""
     dt = np.dtype(dtype)
     fd, _ = open_direct(path, os.O_RDONLY)
     try:
@@ -175,7 +184,10 @@ def read_direct(path: str | os.PathLike, dtype: DTypeLike) -> np.ndarray:
         if size % dt.itemsize:
             raise InvalidValue(f"{path}: {size} bytes is not a whole number of "
                                f"{dt.name} values")
-        buf = aligned_empty(-(-size // PAGE) * PAGE)
+        if buf is None:
+            buf = aligned_empty(-(-size // PAGE) * PAGE)
+        elif buf.size < size:
+            raise InvalidValue(f"{path}: {size} bytes do not fit a buffer of {buf.size}")
         got = 0
         while got < size:
             n = os.readv(fd, [buf[got:].data])

@@ -29,7 +29,8 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from . import _reorder_kernels as K
-from .direct_files import DirectAppender, open_direct, pwrite_pages, read_direct
+from .direct_files import (DirectAppender, direct_buffer, open_direct, pwrite_pages,
+                           read_direct)
 from .errors import InvalidValue
 from .layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
 from .pagecache import release_mapped
@@ -289,15 +290,22 @@ class RowPlacer:
         fd, direct = open_direct(self.dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self.direct = bool(self.direct and direct)
         # the next bucket is read while this one is placed and written (the reads and
-        # writes release the GIL): one more bucket held, see reorder_phases
+        # writes release the GIL): one more bucket held, see reorder_phases. Its buffers
+        # are taken here, before this one is placed, whatever the reading thread's pace.
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="ooc-bucket") as pool:
-                ahead: Future | None = pool.submit(_read_bucket, self.names[0], self.layout)
+                def read_ahead(k: int) -> tuple[Future, list[np.ndarray]]:
+                    bufs = [direct_buffer(self.names[k].with_suffix(".ids")),
+                            direct_buffer(self.names[k])]
+                    return pool.submit(_read_bucket, self.names[k], self.layout, bufs), bufs
+
+                ahead = read_ahead(0)
                 for k, name in enumerate(self.names):
-                    assert ahead is not None  # read for every bucket
-                    bucket = list(ahead.result())
-                    ahead = pool.submit(_read_bucket, self.names[k + 1], self.layout) \
-                        if k + 1 < self.buckets else None
+                    done, bucket = ahead
+                    done.result()
+                    if k + 1 < self.buckets:
+                        ahead = read_ahead(k + 1)
+                    del done
                     _write_bucket(fd, self.layout, name, k * self.part,
                                   min(n, k * self.part + self.part), bucket)
         finally:
@@ -377,17 +385,19 @@ def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
     return part, buckets
 
 
-def _read_bucket(name: Path, layout: FeatureLayout) -> tuple[np.ndarray, np.ndarray]:
-    """A bucket's destinations (``name.ids``, int64 [k]) and rows (``name``,
+def _read_bucket(name: Path, layout: FeatureLayout, bufs: list[np.ndarray]) -> None:
+    """Read a bucket into ``bufs`` (:func:`~.direct_files.direct_buffer` of its two files),
+    which then hold its destinations (``name.ids``, int64 [k]) and rows (``name``,
     ``layout.dtype`` [k, dim]), read with ``O_DIRECT`` where the file system takes it."""
-    ids = read_direct(name.with_suffix(".ids"), np.int64)
-    return ids, read_direct(name, layout.dtype).reshape(-1, layout.dim)
+    ids_buf, rows_buf = bufs
+    bufs[0] = read_direct(name.with_suffix(".ids"), np.int64, ids_buf)
+    bufs[1] = read_direct(name, layout.dtype, rows_buf).reshape(-1, layout.dim)
 
 
 def _write_bucket(fd: int, layout: FeatureLayout, name: Path, a: int, b: int,
                   bucket: list[np.ndarray]) -> None:
     """The second pass of :func:`permute_rows` for one bucket: its rows placed by their
-    destinations (``bucket``: ``[ids, rows]`` from :func:`_read_bucket`, ids in
+    destinations (``bucket``: ``[ids, rows]`` filled by :func:`_read_bucket`, ids in
     ``a .. b-1``; emptied here, so that the rows are freed once placed) and written as
     rows ``a .. b-1`` of the file ``fd`` (``a`` at a page boundary; whole pages, written
     with ``O_DIRECT`` where the file system takes it); the bucket's files are then
