@@ -39,6 +39,7 @@ from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
 from .edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
+from .read_ahead import CHUNKS_HELD, read_ahead
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
@@ -375,7 +376,9 @@ def open_edges(path, fmt: str = "auto", header: bool = False) -> EdgeSource:
 # -- the two passes ------------------------------------------------------------
 
 def _chunk_edges(buffer_bytes: int) -> int:
-    return int(max(1 << 14, min(1 << 24, (buffer_bytes // 4) // 32)))
+    """Edges a chunk of the passes holds: 32 bytes each (int64 sources and targets and
+    their copies), :data:`~.read_ahead.CHUNKS_HELD` chunks in a quarter of the buffer."""
+    return int(max(1 << 14, min(1 << 23, (buffer_bytes // (4 * CHUNKS_HELD)) // 32)))
 
 
 def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: bool,
@@ -390,7 +393,8 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
     counts = np.zeros(num_nodes if known else min(1 << 16, limit), dtype=np.int64)
     maxid = -1
     with _progress(source.nbytes, "count", progress, source.unit) as bar:
-        for src, dst, first, nb in source.chunks(_chunk_edges(buffer_bytes), num_nodes):
+        for src, dst, first, nb in read_ahead(source.chunks(_chunk_edges(buffer_bytes),
+                                                                num_nodes)):
             bad, mx = K.first_bad_id(src, dst, num_nodes)
             if bad >= 0:
                 s, d = int(src[bad]), int(dst[bad])
@@ -483,7 +487,7 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             else:
                 with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
                                source.unit) as bar:
-                    for src, dst, _, nb in source.chunks(_chunk_edges(buffer_bytes), n):
+                    for src, dst, _, nb in read_ahead(source.chunks(_chunk_edges(buffer_bytes), n)):
                         K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
                         bar.update(nb)
             if not np.array_equal(cursor, ptr[1:]):
@@ -518,7 +522,7 @@ def route_pass(w: DatasetWriter, source: EdgeSource, ends: np.ndarray, undirecte
                           min(STAGING_BYTES, int(buffer_bytes) // 16))
     try:
         with _progress(source.nbytes, "route", progress, source.unit) as bar:
-            for src, dst, first, nb in source.chunks(_chunk_edges(buffer_bytes), n):
+            for src, dst, first, nb in read_ahead(source.chunks(_chunk_edges(buffer_bytes), n)):
                 bad = buckets.route(src, dst, undirected, drop_self)
                 if bad >= 0:
                     raise _err(source.path, f"{source.where(first + bad)}: node id out of "
@@ -613,12 +617,12 @@ class FeatureSink:
 def write_features_npy(w: DatasetWriter, reader: NpyReader, buffer_bytes: int, progress: bool) -> None:
     sink = FeatureSink(w)
     n = w.num_nodes
-    step = sink.chunk_rows(max(1 << 20, buffer_bytes // 4))
+    step = sink.chunk_rows(max(1 << 20, buffer_bytes // (4 * CHUNKS_HELD)))
+    pieces = ((a, reader.rows(a, min(n, a + step))) for a in range(0, n, step))
     with _progress(n, "features", progress, unit="rows") as bar:
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            sink.write(a, reader.rows(a, b))
-            bar.update(b - a)
+        for a, rows in read_ahead(pieces):
+            sink.write(a, rows)
+            bar.update(rows.shape[0])
     sink.sync()
 
 

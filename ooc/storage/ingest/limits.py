@@ -25,6 +25,7 @@ from ..errors import InvalidValue
 from ..layout import FeatureLayout
 from ..reorder import STAGING_BYTES, reorder_peak
 from .edge_buckets import MIN_WINDOWS
+from .read_ahead import CHUNKS_HELD
 
 BYTES_PER_NODE = 16
 #: Of :data:`BYTES_PER_NODE`, an edge list's labels file, loaded whole (int64).
@@ -133,15 +134,18 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
 
     - a scatter window (its ids: 3/4 of the buffer at most, and no more than the
       stored edges; its nodes' pointers, cursors and degrees: 32 bytes a node, a
-      quarter of the buffer at most) beside the edge chunk being read (int64 sources
-      and targets and their copies: 32 bytes an edge, a quarter of the buffer at most);
-      with ``routed`` entries (:mod:`.edge_buckets`; None: guessed from the edge count,
-      as routing starts at three windows) the window is beside a piece of its entries
-      (an eighth of the buffer) instead, and the routing pass before it holds a chunk,
-      its entries grouped by range (16 bytes an edge with int32 ids, 32 with int64),
-      their ranges (8 bytes an edge) and a staging buffer;
+      quarter of the buffer at most) beside the edge chunks read ahead
+      (:data:`~.read_ahead.CHUNKS_HELD` of them, int64 sources and targets and their
+      copies: 32 bytes an edge, together a quarter of the buffer at most); with
+      ``routed`` entries (:mod:`.edge_buckets`; None: guessed from the edge count, as
+      routing starts at three windows) the window is beside a piece of its entries (an
+      eighth of the buffer) instead, and the routing pass before it holds the chunks,
+      one chunk's entries grouped by range (16 bytes an edge with int32 ids, 32 with
+      int64), their ranges (8 bytes an edge) and a staging buffer;
     - a feature chunk (a quarter of the buffer) as read and converted to the stored
-      dtype or laid out in pages (rows that fill pages exactly are written as read);
+      dtype or laid out in pages (rows that fill pages exactly are written as read), or
+      the :data:`~.read_ahead.CHUNKS_HELD` smaller chunks read ahead and one of them
+      converted;
     - when the feature rows were stored in a locality order (``reordered``: their
       layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`; ``longest``: the
       longest in-neighbour list, when known);
@@ -152,11 +156,12 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     b = int(buffer_bytes)
     n, e = int(num_nodes), int(stored_edges)
     window = min(3 * b // 4, e * index_itemsize) + min(b // 4, 32 * n)
-    chunk = min(b // 4, 32 * e)
+    one = min(b // (4 * CHUNKS_HELD), 32 * e)  # a chunk: 32 bytes an edge
+    chunk = CHUNKS_HELD * one
     if routed is None:
         routed = e * index_itemsize > (MIN_WINDOWS - 1) * (3 * b // 4)
     if routed:
-        edges = chunk // 32  # a chunk's edges: 32 bytes each above
+        edges = one // 32
         route = chunk + edges * (8 + 4 * index_itemsize) + min(STAGING_BYTES, b // 16)
         scatter = max(window + b // 8, route)
     else:
