@@ -73,6 +73,29 @@ def test_refuses_a_disk_too_small(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "w").exists()
 
 
+def test_later_stages_need_room_for_their_outputs_only(tmp_path, monkeypatch):
+    """A run of the stages after ingest, over a dataset already written, does not count
+    the dataset or ingest's files again; one that ingests again gets back what it removes."""
+    shape = sg.Shape.of(0.01)
+    free = [0]
+
+    class Usage:
+        @property
+        def free(self):
+            return free[0]
+    monkeypatch.setattr(bench_scale.shutil, "disk_usage", lambda p: Usage())
+    data = bench_scale.dataset_bytes(shape)
+    free[0] = (64 << 20) + 1
+    assert bench_scale.check_disk(tmp_path, shape, ["train"], True)["need_bytes"] == 64 << 20
+    with pytest.raises(SystemExit):
+        bench_scale.check_disk(tmp_path, shape, ["ingest"], True)
+    need = bench_scale.check_disk(tmp_path, shape, ["ingest"], True,
+                                  reclaimed=2 * data)["need_bytes"]
+    assert data < need < 2 * data
+    with pytest.raises(SystemExit):  # the raw graph too, when it is not written yet
+        bench_scale.check_disk(tmp_path, shape, ["ingest"], False, reclaimed=need)
+
+
 def test_a_stage_over_its_time_limit_is_stopped_and_says_so():
     import memcg
 

@@ -83,27 +83,31 @@ def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
     # (not every stage runs: the caller sums the ones it runs)
 
 
-def check_disk(workdir: Path, shape: sg.Shape, stages: list[str], have_raw: bool) -> dict:
-    """Refuse (exit 2) when the disk under ``workdir`` cannot hold what the run writes."""
+def check_disk(workdir: Path, shape: sg.Shape, stages: list[str], have_raw: bool,
+               reclaimed: int = 0) -> dict:
+    """Refuse (exit 2) when the disk under ``workdir`` cannot hold what the run writes:
+    the raw graph unless ``have_raw``, the dataset and ingest's temporary files when the
+    run ingests, and the largest output of the stages it runs. ``reclaimed``: bytes of
+    earlier outputs the run removes before writing its own (a dataset ingested again)."""
     out = outputs_bytes(shape, stages)
+    raw = 0 if have_raw else shape.raw_bytes()
+    data = dataset_bytes(shape) if "ingest" in stages else 0
     # ingest places the features in a locality order through bucket files, each removed
     # once written to the file: the buckets' row ids (8 B a node) and one bucket on top;
     # before that, with several scatter windows, it routes the stored entries through
     # files of two int32 ids an entry while no feature is written yet
     extra = max(8 * shape.nodes + (512 << 20), 2 * 4 * 2 * shape.edges - feature_bytes(shape))
-    need = (0 if have_raw else shape.raw_bytes()) + dataset_bytes(shape) + extra
-    need += max([out[s] for s in stages if s in out] or [0])
+    largest = max([out[s] for s in stages if s in out] or [0])
+    need = raw + (data + extra if data else 0) + largest
     probe = workdir
     while not probe.exists():
         probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    free = shutil.disk_usage(probe).free + int(reclaimed)
     facts = {"need_bytes": need, "free_bytes": free}
     if need > free:
         log(f"error: {workdir}: the run writes about {format_size(need)} (raw graph "
-            f"{format_size(0 if have_raw else shape.raw_bytes())}, dataset "
-            f"{format_size(dataset_bytes(shape))}, largest stage output "
-            f"{format_size(max([out[s] for s in stages if s in out] or [0]))}) but "
-            f"{format_size(free)} is free")
+            f"{format_size(raw)}, dataset {format_size(data)}, largest stage output "
+            f"{format_size(largest)}) but {format_size(free)} is free")
         raise SystemExit(2)
     return facts
 
@@ -252,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     w = {"raw": wd / "ogb", "data": wd / "data", "ckpt": wd / "ckpt", "runtime": wd / "runtime",
          "emb": wd / "emb.zarr", "parts": wd / "parts", "reports": wd / "reports"}
     facts = sg.written(w["raw"], shape, args.compress)
-    disk = check_disk(wd, shape, stages, facts is not None)
+    outputs = {"ingest": w["data"], "train": w["ckpt"], "infer": w["emb"], "partition": w["parts"]}
+    disk = check_disk(wd, shape, stages, facts is not None,
+                      reclaimed=sum(du(outputs[s]) for s in stages))
     w["reports"].mkdir(parents=True, exist_ok=True)
     log(f"scale {args.scale:g}: {shape.nodes:,} nodes, {shape.edges:,} directed edges "
         f"({2 * shape.edges:,} stored), {shape.feature_dim} dims; budget "
@@ -268,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
                            "stored_edges": 2 * shape.edges, "feature_dim": shape.feature_dim,
                            "classes": shape.classes, **facts},
                  "budget_bytes": args.memory_budget, "disk": disk, "stages": {}}
-    outputs = {"ingest": w["data"], "train": w["ckpt"], "infer": w["emb"], "partition": w["parts"]}
     for stage in stages:
         if stage == "ingest":
             shutil.rmtree(w["data"], ignore_errors=True)
