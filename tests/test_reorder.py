@@ -49,6 +49,15 @@ def test_planted_communities_become_contiguous():
     assert _contiguity(order, comm) > 0.9, st
     assert st.largest_group <= 64 and st.sweeps >= 1
     assert st.longest == int(np.diff(indptr).max())
+    # the sweeps stop at the first that moves under 1% of the nodes or gains under 1% of
+    # the entries, and not before
+    n, e = len(comm), int(indptr[-1])
+    assert len(st.moved) == len(st.gained) == st.sweeps
+    for m, g in zip(st.moved[:-1], st.gained[:-1]):
+        assert m >= n // 100 and g >= e // 100
+    if st.sweeps < 5:
+        assert st.moved[-1] < n // 100 or st.gained[-1] < e // 100
+    assert all(g >= m for m, g in zip(st.moved, st.gained))  # a move gains a vote at least
 
 
 def test_the_plan_charges_a_long_list_only_when_there_is_one():
@@ -82,12 +91,13 @@ def test_window_size_does_not_change_the_order(window):
                                   ref)
 
 
-def _sweep_reference(indptr, indices, label, size, cap, block=1) -> int:
+def _sweep_reference(indptr, indices, label, size, cap, block=1) -> tuple[int, int]:
     """One sweep in plain Python: in blocks of ``block`` nodes, each node of a block picks
     the most frequent label of its in-neighbours whose group has room (ties: its own, then
     the smallest) as labels stood when the block began; then, in id order, each moves to
-    its pick if that group still has room."""
-    moved = 0
+    its pick if that group still has room. Returns the nodes moved and the sum over them
+    of (in-neighbours holding the new label - those holding the old), at block start."""
+    moved = gain = 0
     n = len(indptr) - 1
     for b0 in range(0, n, block):
         picks = []
@@ -97,15 +107,18 @@ def _sweep_reference(indptr, indices, label, size, cap, block=1) -> int:
             labs, counts = np.unique(label[nbrs], return_counts=True)
             ok = [(int(c), int(lab) == cur, -int(lab)) for lab, c in zip(labs, counts)
                   if lab == cur or size[lab] < cap]
-            picks.append(-max(ok)[2] if ok else cur)
-        for v, best in zip(range(b0, min(n, b0 + block)), picks):
+            best = -max(ok)[2] if ok else cur
+            votes = dict(zip(labs.tolist(), counts.tolist()))
+            picks.append((best, votes.get(best, 0) - votes.get(cur, 0)))
+        for v, (best, g) in zip(range(b0, min(n, b0 + block)), picks):
             cur = int(label[v])
             if best != cur and size[best] < cap:
                 size[cur] -= 1
                 size[best] += 1
                 label[v] = best
                 moved += 1
-    return moved
+                gain += g
+    return moved, gain
 
 
 @pytest.mark.parametrize("cap", [2, 5, 1 << 20])
@@ -127,15 +140,18 @@ def test_a_sweep_matches_a_plain_reference(cap, block, threads):
     label = (np.arange(n) % 7 * 11).astype(np.int32)  # few labels: ties everywhere
     size = np.bincount(label, minlength=n).astype(np.int32)
     ref_label, ref_size = label.copy(), size.copy()
-    prop = np.empty(block, np.int32)
+    prop, gains = np.empty(block, np.int32), np.empty(block, np.int64)
     cuts = [0, 5, 6, 100, 257, n]
     for _ in range(4):
-        moved = 0
+        moved = gain = 0
         for v0, v1 in zip(cuts[:-1], cuts[1:]):
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1])
             window = np.ascontiguousarray(indices[ptr[0]:ptr[-1]])
-            moved += K.propagate_window(ptr, window, v0, label, size, cap, block, prop, threads)
-        assert moved == _sweep_reference(indptr, indices, ref_label, ref_size, cap, block)
+            m, g = K.propagate_window(ptr, window, v0, label, size, cap, block, prop, gains,
+                                      threads)
+            moved, gain = moved + m, gain + g
+        assert (moved, gain) == _sweep_reference(indptr, indices, ref_label, ref_size, cap,
+                                                 block)
         np.testing.assert_array_equal(label, ref_label)
         np.testing.assert_array_equal(size, ref_size)
 

@@ -23,7 +23,8 @@ def _better(lab, c, cur, best, best_cnt):
 @njit(cache=True, nogil=True)
 def _hashed_best(labs, d, cur, size, cap, keys, cnt, used):
     """The winning label among ``labs[:d]`` (``d <= HASHED``), tallied in the open-addressing
-    table ``keys``/``cnt`` (all -1/0, and so again on return; ``used``: scratch)."""
+    table ``keys``/``cnt`` (all -1/0, and so again on return; ``used``: scratch), and its
+    votes less those of ``cur``."""
     m = 16
     while m < 2 * d:
         m *= 2
@@ -39,40 +40,46 @@ def _hashed_best(labs, d, cur, size, cap, keys, cnt, used):
             used[nd] = h
             nd += 1
         cnt[h] += 1
-    best, best_cnt = cur, 0
+    best, best_cnt, cur_cnt = cur, 0, 0
     for i in range(nd):
         h = used[i]
         lab, c = keys[h], cnt[h]
         keys[h] = -1
         cnt[h] = 0
+        if lab == cur:
+            cur_cnt = c
         # the tie-break first: ``size`` is read (a cache miss on large graphs) only for a
         # label that would win
         if _better(lab, c, cur, best, best_cnt) and (lab == cur or size[lab] < cap):
             best, best_cnt = lab, c
-    return best
+    return best, best_cnt - cur_cnt
 
 
 @njit(cache=True, nogil=True)
 def _sorted_best(labs, d, cur, size, cap):
-    """The winning label among ``labs[:d]``, counted as runs after sorting them in place."""
+    """The winning label among ``labs[:d]``, counted as runs after sorting them in place,
+    and its votes less those of ``cur``."""
     s = labs[:d]
     s.sort()
-    best, best_cnt = cur, 0
+    best, best_cnt, cur_cnt = cur, 0, 0
     j = 0
     while j < d:
         lab = s[j]
         k = j + 1
         while k < d and s[k] == lab:
             k += 1
+        if lab == cur:
+            cur_cnt = k - j
         if _better(lab, k - j, cur, best, best_cnt) and (lab == cur or size[lab] < cap):
             best, best_cnt = lab, k - j
         j = k
-    return best
+    return best, best_cnt - cur_cnt
 
 
 @njit(cache=True, nogil=True)
 def _choose(ptr, window, k, v, label, size, cap, labs, keys, cnt, used):
-    """The label node ``v`` (``ptr[k]``..``ptr[k+1]``: its list in ``window``) proposes."""
+    """The label node ``v`` (``ptr[k]``..``ptr[k+1]``: its list in ``window``) proposes, and
+    how many more of its in-neighbours hold it than hold its own."""
     a = ptr[k] - ptr[0]
     d = ptr[k + 1] - ptr[k]
     for j in range(d):  # independent loads first: many of them in flight at once
@@ -83,7 +90,7 @@ def _choose(ptr, window, k, v, label, size, cap, labs, keys, cnt, used):
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def propagate_window(ptr, window, v0, label, size, cap, block, prop, threads):
+def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, threads):
     """Label propagation over nodes ``v0 .. v0 + len(ptr) - 2``, part of a sweep.
 
     ``ptr`` is ``indptr[v0 : v1 + 1]`` (absolute offsets) and ``window`` the in-neighbour
@@ -93,9 +100,13 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, threads):
     smaller) among those with room (``size`` below ``cap``) as labels stood when the
     block began, on ``threads`` threads; once the block is complete its nodes move, in
     id order, to the labels they proposed that still have room. ``size`` counts the nodes
-    per label. ``prop`` (``block`` labels) carries a block's proposals from one window to
-    the next. With ``block`` 1 this is the sequential sweep; the result never depends on
-    ``threads`` nor on where windows end. Returns how many nodes moved.
+    per label. ``prop`` (``block`` labels) and ``gains`` (int64 [block]) carry a block's
+    proposals from one window to the next. With ``block`` 1 this is the sequential sweep;
+    the result never depends on ``threads`` nor on where windows end.
+
+    Returns ``(moved, gain)``: how many nodes moved, and by how many their in-neighbours
+    sharing their label grew (each mover's votes for its new label less those for its
+    old one, as the labels stood when its block began).
     """
     n = label.shape[0]
     v1 = v0 + ptr.shape[0] - 1
@@ -110,6 +121,7 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, threads):
             big = d
     labs_big = np.empty(big, label.dtype)
     moved = 0
+    gain = 0
     s = v0
     while s < v1:
         b0 = (s // block) * block
@@ -122,13 +134,14 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, threads):
             for v in range(lo, hi):
                 k = v - v0
                 if ptr[k + 1] - ptr[k] <= HASHED:
-                    prop[v - b0] = _choose(ptr, window, k, v, label, size, cap, labs_t[t],
-                                           keys_t[t], cnt_t[t], used_t[t])
+                    prop[v - b0], gains[v - b0] = _choose(
+                        ptr, window, k, v, label, size, cap, labs_t[t], keys_t[t], cnt_t[t],
+                        used_t[t])
         for v in range(s, e):
             k = v - v0
             if ptr[k + 1] - ptr[k] > HASHED:
-                prop[v - b0] = _choose(ptr, window, k, v, label, size, cap, labs_big,
-                                       keys_t[0], cnt_t[0], used_t[0])
+                prop[v - b0], gains[v - b0] = _choose(ptr, window, k, v, label, size, cap,
+                                                      labs_big, keys_t[0], cnt_t[0], used_t[0])
         if e == b1:  # the block is complete: its moves, in id order
             for v in range(b0, b1):
                 best = prop[v - b0]
@@ -138,8 +151,9 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, threads):
                     size[best] += 1
                     label[v] = best
                     moved += 1
+                    gain += gains[v - b0]
         s = e
-    return moved
+    return moved, gain
 
 
 @njit(cache=True, nogil=True)
