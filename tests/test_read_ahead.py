@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from ooc.storage.ingest.read_ahead import CHUNKS_HELD, read_ahead
+from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead
 
 
 def test_items_in_order_each_once():

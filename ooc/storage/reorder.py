@@ -23,6 +23,7 @@ import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numba
 import numpy as np
@@ -34,6 +35,7 @@ from .direct_files import (DirectAppender, direct_buffer, open_direct, pwrite_pa
 from .errors import InvalidValue
 from .layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
 from .pagecache import release_mapped
+from .read_ahead import CHUNKS_HELD, read_ahead
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
 DEFAULT_WINDOW = 64 << 20
@@ -83,6 +85,20 @@ def _windows(indptr: np.ndarray, window_bytes: int, itemsize: int):
         v0 = v1
 
 
+def _read_windows(indptr: np.ndarray, indices: np.ndarray, wins: list[tuple[int, int]]
+                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """``(v0, ptr, window)`` of each window ``[v0, v1)``: its ``indptr`` entries (int64
+    [v1 - v0 + 1]) and in-neighbour ids, copied out of the (mapped) arrays."""
+    for v0, v1 in wins:
+        ptr = np.ascontiguousarray(indptr[v0:v1 + 1], dtype=np.int64)
+        window = np.ascontiguousarray(indices[int(ptr[0]):int(ptr[-1])])
+        # the window's mapped pages leave the RSS (the page cache keeps them): a sweep
+        # would otherwise hold the whole file
+        release_mapped(indices)
+        release_mapped(indptr)
+        yield v0, ptr, window
+
+
 def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
                    sweeps: int = 5, window_bytes: int = DEFAULT_WINDOW,
                    stats: OrderStats | None = None, block: int = BLOCK) -> np.ndarray:
@@ -105,7 +121,9 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     dt = index_dtype(n)
     label = np.arange(n, dtype=dt)
     size = np.ones(n, dtype=dt)
-    wins = list(_windows(indptr, window_bytes, indices.dtype.itemsize))
+    # windows read ahead: CHUNKS_HELD copies alive and one window mapped while copied
+    wins = list(_windows(indptr, window_bytes // (CHUNKS_HELD + 1) * 2,
+                         indices.dtype.itemsize))
     release_mapped(indptr)
     block = max(1, int(block))
     prop = np.empty(block, dtype=dt)  # a block's chosen labels, across windows
@@ -117,19 +135,13 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     entries = int(indptr[-1])
     for sweep in range(max(0, int(sweeps))):
         m = g = 0
-        for v0, v1 in wins:
-            ptr = np.ascontiguousarray(indptr[v0:v1 + 1], dtype=np.int64)
+        for v0, ptr, window in read_ahead(_read_windows(indptr, indices, wins)):
             if sweep == 0:
                 longest = max(longest, int(np.diff(ptr).max(initial=0)))
-            window = np.ascontiguousarray(indices[int(ptr[0]):int(ptr[-1])])
             mw, gw = K.propagate_window(ptr, window, v0, label, size, int(cap), block, prop,
                                         gains, threads)
             m, g = m + mw, g + gw
             del ptr, window
-            # the window's mapped pages leave the RSS (the page cache keeps them): a sweep
-            # would otherwise hold the whole file
-            release_mapped(indices)
-            release_mapped(indptr)
         moved.append(int(m))
         gained.append(int(g))
         # converged: under 1% of the nodes moved, or the moves raised the in-neighbour
@@ -161,9 +173,10 @@ def reorder_phases(layout: FeatureLayout, buffer_bytes: int,
     ingest buffer of ``buffer_bytes`` (``longest``: the longest in-neighbour list, when
     known):
 
-    - ``propagate``: labels and label sizes (id-sized, per node), one window of
-      ``indices`` and its ``indptr`` (a quarter of the buffer each, at most, mapped then
-      released), the labels of the longest in-neighbour list over
+    - ``propagate``: labels and label sizes (id-sized, per node), windows of ``indices``
+      and their ``indptr`` read ahead (:data:`~.read_ahead.CHUNKS_HELD` copies and one
+      window mapped while copied, each ``2 / (CHUNKS_HELD + 1)`` of a quarter of the
+      buffer: two quarters in all), the labels of the longest in-neighbour list over
       :data:`~ooc.storage._reorder_kernels.HASHED` (a window's worth when ``longest`` is
       not known), a block's chosen labels and each thread's tally table (about 112 KiB);
     - ``order``: labels, counts and the order (three ids per node), then the order and

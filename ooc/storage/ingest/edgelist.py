@@ -39,7 +39,7 @@ from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
 from .edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
-from .read_ahead import CHUNKS_HELD, read_ahead
+from ..read_ahead import CHUNKS_HELD, read_ahead
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
@@ -377,7 +377,7 @@ def open_edges(path, fmt: str = "auto", header: bool = False) -> EdgeSource:
 
 def _chunk_edges(buffer_bytes: int) -> int:
     """Edges a chunk of the passes holds: 32 bytes each (int64 sources and targets and
-    their copies), :data:`~.read_ahead.CHUNKS_HELD` chunks in a quarter of the buffer."""
+    their copies), :data:`~ooc.storage.read_ahead.CHUNKS_HELD` chunks in a quarter of the buffer."""
     return int(max(1 << 14, min(1 << 23, (buffer_bytes // (4 * CHUNKS_HELD)) // 32)))
 
 

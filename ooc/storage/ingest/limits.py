@@ -25,7 +25,7 @@ from ..errors import InvalidValue
 from ..layout import FeatureLayout
 from ..reorder import STAGING_BYTES, reorder_peak
 from .edge_buckets import MIN_WINDOWS
-from .read_ahead import CHUNKS_HELD
+from ..read_ahead import CHUNKS_HELD
 
 BYTES_PER_NODE = 16
 #: Of :data:`BYTES_PER_NODE`, an edge list's labels file, loaded whole (int64).
@@ -135,7 +135,7 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     - a scatter window (its ids: 3/4 of the buffer at most, and no more than the
       stored edges; its nodes' pointers, cursors and degrees: 32 bytes a node, a
       quarter of the buffer at most) beside the edge chunks read ahead
-      (:data:`~.read_ahead.CHUNKS_HELD` of them, int64 sources and targets and their
+      (:data:`~ooc.storage.read_ahead.CHUNKS_HELD` of them, int64 sources and targets and their
       copies: 32 bytes an edge, together a quarter of the buffer at most); with
       ``routed`` entries (:mod:`.edge_buckets`; None: guessed from the edge count, as
       routing starts at three windows) the window is beside a piece of its entries (an
@@ -144,7 +144,7 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
       int64), their ranges (8 bytes an edge) and a staging buffer;
     - a feature chunk (a quarter of the buffer) as read and converted to the stored
       dtype or laid out in pages (rows that fill pages exactly are written as read), or
-      the :data:`~.read_ahead.CHUNKS_HELD` smaller chunks read ahead and one of them
+      the :data:`~ooc.storage.read_ahead.CHUNKS_HELD` smaller chunks read ahead and one of them
       converted;
     - when the feature rows were stored in a locality order (``reordered``: their
       layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`; ``longest``: the

@@ -4,7 +4,8 @@ Ingest alternates between reading a chunk (a ``pread``, or parsing text) and a k
 it; both release the GIL, so with the next chunk read in a thread the disk and the cores
 work at once. Up to three chunks are alive at once (the caller's, the next, and the one
 after it being read while the caller still holds its last): the callers take chunks a third
-of the size they would otherwise, and :mod:`.limits` charges :data:`CHUNKS_HELD`.
+of the size they would otherwise, and their memory plans (:mod:`.ingest.limits`,
+:func:`.reorder.reorder_phases`) charge :data:`CHUNKS_HELD`.
 """
 from __future__ import annotations
 
