@@ -1,12 +1,14 @@
 """Routing stored entries to one file per scatter window, against a numpy reference."""
 import bisect
 import os
+import time
 
 import numpy as np
 import pytest
 
 from ooc.storage.ingest import edge_buckets as EB
 from ooc.storage.ingest.edge_buckets import EdgeBuckets, range_ends
+from ooc.storage.read_ahead import read_ahead
 
 
 def _reference(src, dst, ends, undirected, drop_self):
@@ -48,6 +50,31 @@ def test_routed_entries_are_each_windows_in_input_order(tmp_path, undirected, dr
     finally:
         b.close()
     assert not list(tmp_path.iterdir())
+
+
+def test_a_windows_ranges_read_ahead_in_pieces(tmp_path):
+    """Several ranges' entries through ``read_ahead``: in range order, each piece intact
+    while the caller holds it (the buffers are taken in turn, one per piece alive)."""
+    rng = np.random.default_rng(8)
+    n = 50_000
+    ends = np.array([10_000, 10_001, 30_000, n], np.int64)
+    src, dst = rng.integers(0, n, 20_000), rng.integers(0, n, 20_000)
+    b = EdgeBuckets(tmp_path, ends, np.dtype(np.int32), 2 * 4096)
+    try:
+        b.route(src, dst, True, False)
+        b.finish()
+        want = np.concatenate(_reference(src, dst, ends, True, False)[1:4])
+        pieces = []
+        for p in read_ahead(b.window_entries(1, 4, 4096)):
+            time.sleep(0.001)  # the next pieces are read meanwhile
+            pieces.append((p, p.copy()))
+            if len(pieces) > 1:  # the one before, released now, was intact until now
+                np.testing.assert_array_equal(*pieces[-2])
+                pieces[-2] = (None, pieces[-2][1])
+        np.testing.assert_array_equal(np.concatenate([c for _, c in pieces]), want)
+        assert [x.exists() for x in b.names] == [True, False, False, False]
+    finally:
+        b.close()
 
 
 def test_close_removes_the_files_left(tmp_path):

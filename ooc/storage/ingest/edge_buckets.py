@@ -25,6 +25,7 @@ import numpy as np
 from ..direct_files import DirectAppender, open_direct
 from ..errors import IOFailure
 from ..layout import PAGE, aligned_empty
+from ..read_ahead import CHUNKS_HELD
 from . import _kernels as K
 
 #: Fewest windows for which routing reads less than scanning the input once a window: the
@@ -124,28 +125,39 @@ class EdgeBuckets:
 
     def entries(self, w: int, piece_bytes: int) -> Iterator[np.ndarray]:
         """Range ``w``'s entries (ids [k, 2]: target, source), read a piece of at most
-        ``piece_bytes`` at a time into one reused buffer (each piece valid until the next
-        is read); the file is removed once read."""
-        name = self.names[w]
+        ``piece_bytes`` at a time into :data:`~ooc.storage.read_ahead.CHUNKS_HELD` buffers
+        taken in turn (a piece stays valid while the next two are read: as
+        :func:`~ooc.storage.read_ahead.read_ahead` keeps them); the file is removed once
+        read."""
+        yield from self.window_entries(w, w + 1, piece_bytes)
+
+    def window_entries(self, r0: int, r1: int, piece_bytes: int) -> Iterator[np.ndarray]:
+        """The entries of ranges ``r0 .. r1 - 1`` in turn, as :meth:`entries` reads them
+        (the same buffers across the ranges)."""
         entry = 2 * self.dtype.itemsize
         step = max(PAGE, int(piece_bytes) // PAGE * PAGE)
-        buf = aligned_empty(step)
-        total = int(self.counts[w]) * entry
-        fd, _ = open_direct(name, os.O_RDONLY)
-        try:
-            pos = 0
-            while pos < total:
-                want = min(step, -(-(total - pos) // PAGE) * PAGE)
-                got = os.preadv(fd, [buf[:want].data], pos)
-                got = min(got, total - pos)
-                if got <= 0 or got % entry:
-                    raise IOFailure(f"{name}: ended after {pos} of {total} bytes (removed or "
-                                    "truncated while ingest ran?)")
-                yield buf[:got].view(self.dtype).reshape(-1, 2)
-                pos += got
-        finally:
-            os.close(fd)
-        name.unlink()
+        bufs = [aligned_empty(step) for _ in range(CHUNKS_HELD)]
+        k = 0
+        for w in range(r0, r1):
+            name = self.names[w]
+            total = int(self.counts[w]) * entry
+            fd, _ = open_direct(name, os.O_RDONLY)
+            try:
+                pos = 0
+                while pos < total:
+                    buf = bufs[k % CHUNKS_HELD]
+                    k += 1
+                    want = min(step, -(-(total - pos) // PAGE) * PAGE)
+                    got = os.preadv(fd, [buf[:want].data], pos)
+                    got = min(got, total - pos)
+                    if got <= 0 or got % entry:
+                        raise IOFailure(f"{name}: ended after {pos} of {total} bytes (removed "
+                                        "or truncated while ingest ran?)")
+                    yield buf[:got].view(self.dtype).reshape(-1, 2)
+                    pos += got
+            finally:
+                os.close(fd)
+            name.unlink()
 
     def close(self) -> None:
         """Remove every file left (after an error too)."""

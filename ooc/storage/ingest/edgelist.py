@@ -479,11 +479,11 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
                 r0, r1 = files[wi]
                 if int(buckets.counts[r0:r1].sum()) != m:
                     raise _err(source.path, "changed between the count pass and the routing")
-                for r in range(r0, r1):
-                    for part in buckets.entries(r, buffer_bytes // 8):
-                        if K.scatter_entries(part, lo, cursor, ptr[1:], seg) >= 0:
-                            raise _err(source.path, "changed between the count pass and the "
-                                                    "routing")
+                pieces = buckets.window_entries(r0, r1, buffer_bytes // (8 * CHUNKS_HELD))
+                for part in read_ahead(pieces):
+                    if K.scatter_entries(part, lo, cursor, ptr[1:], seg) >= 0:
+                        raise _err(source.path, "changed between the count pass and the "
+                                                "routing")
             else:
                 with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
                                source.unit) as bar:

@@ -135,17 +135,18 @@ def planned_peak(base: int, num_nodes: int, stored_edges: int, buffer_bytes: int
     - a scatter window (its ids: 3/4 of the buffer at most, and no more than the
       stored edges; its nodes' pointers, cursors and degrees: 32 bytes a node, a
       quarter of the buffer at most) beside the edge chunks read ahead
-      (:data:`~ooc.storage.read_ahead.CHUNKS_HELD` of them, int64 sources and targets and their
-      copies: 32 bytes an edge, together a quarter of the buffer at most); with
-      ``routed`` entries (:mod:`.edge_buckets`; None: guessed from the edge count, as
-      routing starts at three windows) the window is beside a piece of its entries (an
-      eighth of the buffer) instead, and the routing pass before it holds the chunks,
-      one chunk's entries grouped by range (16 bytes an edge with int32 ids, 32 with
-      int64), their ranges (8 bytes an edge) and a staging buffer;
+      (:data:`~ooc.storage.read_ahead.CHUNKS_HELD` of them, int64 sources and targets
+      and their copies: 32 bytes an edge, together a quarter of the buffer at most);
+      with ``routed`` entries (:mod:`.edge_buckets`; None: guessed from the edge count,
+      as routing starts at three windows) the window is beside the pieces of its
+      entries read ahead (together an eighth of the buffer) instead, and the routing
+      pass before it holds the chunks, one chunk's entries grouped by range (16 bytes
+      an edge with int32 ids, 32 with int64), their ranges (8 bytes an edge) and a
+      staging buffer;
     - a feature chunk (a quarter of the buffer) as read and converted to the stored
       dtype or laid out in pages (rows that fill pages exactly are written as read), or
-      the :data:`~ooc.storage.read_ahead.CHUNKS_HELD` smaller chunks read ahead and one of them
-      converted;
+      the :data:`~ooc.storage.read_ahead.CHUNKS_HELD` smaller chunks read ahead and one
+      of them converted;
     - when the feature rows were stored in a locality order (``reordered``: their
       layout), the reorder (:func:`~ooc.storage.reorder.reorder_peak`; ``longest``: the
       longest in-neighbour list, when known);
