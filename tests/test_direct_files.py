@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -41,20 +42,22 @@ def _refuse_o_direct(monkeypatch):
     monkeypatch.setattr(D.os, "open", refusing)
 
 
+@pytest.mark.parametrize("behind", [False, True])
 @pytest.mark.parametrize("refused", [False, True])
 @pytest.mark.parametrize("dtype,shape", [("float32", (3,)), ("float32", (100,)),
                                          ("float32", (128,)), ("int64", ()),
                                          ("float16", (7,)), ("float64", (700,))])
 def test_appends_of_taken_rows_make_the_file_numpy_writes(direct_dir, monkeypatch, refused,
-                                                          dtype, shape):
+                                                          dtype, shape, behind):
     """Rows of 6 B to 5.6 KB taken in uneven, shuffled pieces (tails that straddle pages,
     pieces larger than the staging buffer) give exactly the bytes of their concatenation,
-    the file truncated to them; ``direct`` says which path wrote them."""
+    the file truncated to them; ``direct`` says which path wrote them. The same through a
+    staging written behind by a thread."""
     if refused:
         _refuse_o_direct(monkeypatch)
     rng = np.random.default_rng(len(shape) + sum(shape))
-    staging = aligned_empty(4 * PAGE)
-    f = D.DirectAppender(direct_dir / "out.bin", staging)
+    stage = D.WriteBehind(8 * PAGE) if behind else D.Staging(aligned_empty(4 * PAGE))
+    f = D.DirectAppender(direct_dir / "out.bin", stage)
     assert f.direct is (not refused)
     want = []
     for k in range(9):
@@ -62,8 +65,9 @@ def test_appends_of_taken_rows_make_the_file_numpy_writes(direct_dir, monkeypatc
         idx = rng.permutation(src.shape[0])[:int(rng.integers(0, src.shape[0] + 1))]
         f.append_take(src, idx.astype(np.int64))
         want.append(src[idx])
-        staging[:] = 0xAB  # a later append must not read what the last left in staging
+        stage.buf[:] = 0xAB  # a later append must not read what the last left in staging
     f.close()
+    stage.close()
     got = np.fromfile(direct_dir / "out.bin", dtype=dtype)
     np.testing.assert_array_equal(got, np.concatenate(want).reshape(-1))
     assert os.path.getsize(direct_dir / "out.bin") == f.size
@@ -91,6 +95,54 @@ def test_append_and_append_take_interleave(direct_dir, monkeypatch, refused):
     np.testing.assert_array_equal(np.fromfile(direct_dir / "out.bin", np.int32).reshape(-1, 2),
                                   np.concatenate(want))
     assert os.path.getsize(direct_dir / "out.bin") == f.size
+
+
+def test_appenders_sharing_a_write_behind_staging_each_get_their_bytes(direct_dir):
+    """Five files appended in turn through one staging written by a thread (the way
+    ingest's bucket files are): each holds exactly its own appends."""
+    rng = np.random.default_rng(11)
+    stage = D.WriteBehind(6 * PAGE)
+    files = [D.DirectAppender(direct_dir / f"b{k}", stage) for k in range(5)]
+    want: list[list[np.ndarray]] = [[] for _ in files]
+    for _ in range(60):
+        k = int(rng.integers(0, 5))
+        a = rng.integers(0, 1 << 30, (int(rng.integers(0, 3000)), 3), dtype=np.int64)
+        files[k].append(a)
+        want[k].append(a)
+    for f in files:
+        f.close()
+    stage.close()
+    for k, f in enumerate(files):
+        got = np.fromfile(direct_dir / f"b{k}", np.int64).reshape(-1, 3)
+        np.testing.assert_array_equal(got, np.concatenate(want[k]) if want[k]
+                                      else np.zeros((0, 3), np.int64))
+        assert f.size == os.path.getsize(direct_dir / f"b{k}")
+    assert not [t for t in threading.enumerate() if t.name.startswith("ooc-write-behind")]
+
+
+def test_a_write_behind_error_is_raised_by_the_next_call(direct_dir, monkeypatch):
+    """A full disk met by the writing thread is raised, with its errno, by the appends or
+    the close after it; abandoning then closes the file without raising again."""
+    real = D.write_all
+    calls = {"n": 0}
+
+    def full_on_the_third(fd, buf, offset=None):
+        calls["n"] += 1
+        if calls["n"] >= 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, buf, offset)
+
+    monkeypatch.setattr(D, "write_all", full_on_the_third)
+    stage = D.WriteBehind(4 * PAGE)
+    f = D.DirectAppender(direct_dir / "out.bin", stage)
+    with pytest.raises(OSError) as e:
+        for _ in range(100):
+            f.append(np.zeros(3 * PAGE, np.uint8))
+        f.close()
+    assert e.value.errno == errno.ENOSPC
+    f.abandon()
+    stage.close()
+    assert f.fd < 0
 
 
 def test_a_write_refused_after_the_open_goes_on_through_the_page_cache(direct_dir, monkeypatch):

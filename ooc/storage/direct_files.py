@@ -11,12 +11,18 @@ at a time measured 1.4 GB/s and 1.3 s of system time buffered (fsync included) a
 block; everything here aligns to :data:`~ooc.storage.layout.PAGE`, which every device
 accepts. Where the file system refuses ``O_DIRECT`` (``EINVAL`` when opening or on the
 first write), the same calls go through the page cache instead, and ``direct`` says so.
+
+An ``O_DIRECT`` write returns once the device has the bytes, so an appender that gathers
+and writes in turn leaves the disk idle while it gathers: :class:`WriteBehind` gathers into
+one half of its buffer while a thread writes the other.
 """
 from __future__ import annotations
 
 import errno
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -62,24 +68,88 @@ def write_all(fd: int, buf: memoryview, offset: int | None = None) -> None:
             offset += n
 
 
+class Staging:
+    """The page-aligned buffer :class:`DirectAppender` s gather bytes into, written in
+    place: each write done before :meth:`submit` returns."""
+
+    def __init__(self, buf: np.ndarray):
+        if buf.size < 2 * PAGE or buf.ctypes.data % PAGE:
+            raise InvalidValue("staging must be page-aligned and hold two pages")
+        self._buf = buf
+
+    @property
+    def buf(self) -> np.ndarray:
+        """The buffer to fill now (page-aligned uint8)."""
+        return self._buf
+
+    def submit(self, write: Callable[[np.ndarray], None], pages: np.ndarray) -> None:
+        """Write ``pages`` (the front of :attr:`buf`) with ``write``."""
+        write(pages)
+
+    def wait(self) -> None:
+        """Every write submitted is done (an error of one is raised here)."""
+
+    def close(self) -> None:
+        """Wait for the writes; the staging takes no more."""
+        self.wait()
+
+
+class WriteBehind(Staging):
+    """Two page-aligned halves of ``nbytes``: one is filled while a thread writes the
+    other's pages (writes release the GIL), so gathering and writing overlap. At most one
+    write is in flight; a half is filled again only once its write is done. An error of
+    a write is raised by the next :meth:`submit` or :meth:`wait`."""
+
+    def __init__(self, nbytes: int):
+        half = max(2 * PAGE, int(nbytes) // 2 // PAGE * PAGE)
+        self._halves = [aligned_empty(half), aligned_empty(half)]
+        self._k = 0
+        self._pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            1, thread_name_prefix="ooc-write-behind")
+        self._pending: Future | None = None
+
+    @property
+    def buf(self) -> np.ndarray:
+        return self._halves[self._k]
+
+    def submit(self, write: Callable[[np.ndarray], None], pages: np.ndarray) -> None:
+        self.wait()  # the other half's write: that half is filled next
+        if self._pool is None:
+            raise InvalidValue("write-behind staging used after close")
+        self._pending = self._pool.submit(write, pages)
+        self._k ^= 1
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
 class DirectAppender:
     """A new file written front to back in whole pages with ``O_DIRECT``.
 
-    Appended bytes are gathered into ``staging`` (page-aligned uint8, shared by appenders
-    used one at a time) behind the tail the last append left (under a page, kept in
-    :attr:`tail`), and the whole pages are written; :meth:`close` writes the last page
-    zero-padded and truncates the file to the bytes appended.
+    Appended bytes are gathered into ``staging`` (a :class:`Staging`, e.g. a
+    :class:`WriteBehind`, or a page-aligned uint8 array written in place; shared by
+    appenders used one at a time) behind the tail the last append left (under a page,
+    kept in :attr:`tail`), and the whole pages are written; :meth:`close` writes the last
+    page zero-padded and truncates the file to the bytes appended.
 
     Args:
         path: the file (created or truncated).
-        staging: page-aligned uint8 buffer of at least two pages.
+        staging: a :class:`Staging`, or a page-aligned uint8 buffer of at least two pages.
     """
 
-    def __init__(self, path: str | os.PathLike, staging: np.ndarray):
-        if staging.size < 2 * PAGE or staging.ctypes.data % PAGE:
-            raise InvalidValue("staging must be page-aligned and hold two pages")
+    def __init__(self, path: str | os.PathLike, staging: Staging | np.ndarray):
+        self.stage = staging if isinstance(staging, Staging) else Staging(staging)
         self.path = Path(path)
-        self.staging = staging
         self.fd, self.direct = open_direct(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self.tail = np.zeros(0, np.uint8)
         self.size = 0
@@ -92,40 +162,44 @@ class DirectAppender:
         row = src.dtype.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
         if row == 0 or idx.shape[0] == 0:
             return
-        per = max(1, (self.staging.size - PAGE) // row)
-        if per * row + PAGE > self.staging.size:
+        size = self.stage.buf.size
+        per = max(1, (size - PAGE) // row)
+        if per * row + PAGE > size:
             raise InvalidValue(f"{self.path}: a row of {row} bytes does not fit the staging "
-                               f"buffer of {self.staging.size} bytes")
+                               f"buffer of {size} bytes")
         for a in range(0, idx.shape[0], per):
             part = idx[a:a + per]
+            buf = self.stage.buf
             t = self.tail.shape[0]
-            self.staging[:t] = self.tail
+            buf[:t] = self.tail
             end = t + part.shape[0] * row
             # t is a multiple of the dtype's size: appends are whole rows, a page is a
             # multiple of any item size
-            out = self.staging[t:end].view(src.dtype).reshape((part.shape[0],) + src.shape[1:])
+            out = buf[t:end].view(src.dtype).reshape((part.shape[0],) + src.shape[1:])
             np.take(src, part, axis=0, out=out, mode="clip")
             self._emit(end, end - t)
 
     def append(self, data: np.ndarray) -> None:
         """Append the bytes of ``data`` (any array, copied once into the staging buffer)."""
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        room = self.staging.size - PAGE
         a = 0
         while a < raw.shape[0]:
+            buf = self.stage.buf
             t = self.tail.shape[0]
-            take = min(raw.shape[0] - a, room)
-            self.staging[:t] = self.tail
-            self.staging[t:t + take] = raw[a:a + take]
+            take = min(raw.shape[0] - a, buf.size - PAGE)
+            buf[:t] = self.tail
+            buf[t:t + take] = raw[a:a + take]
             self._emit(t + take, take)
             a += take
 
     def _emit(self, end: int, nbytes: int) -> None:
-        """Write the whole pages of ``staging[:end]`` (the tail, then ``nbytes`` gathered
-        behind it) and keep what is left as the tail."""
+        """Write the whole pages of the staging buffer's first ``end`` bytes (the tail,
+        then ``nbytes`` gathered behind it) and keep what is left as the tail."""
+        buf = self.stage.buf
         whole = end // PAGE * PAGE
-        self._write(self.staging[:whole])
-        self.tail = self.staging[whole:end].copy()
+        self.tail = buf[whole:end].copy()
+        if whole:
+            self.stage.submit(self._write, buf[:whole])
         self.size += nbytes
 
     def _write(self, buf: np.ndarray) -> None:
@@ -143,15 +217,19 @@ class DirectAppender:
         self._written = True
 
     def close(self) -> None:
-        """Write the last partial page (zero-padded) and truncate to :attr:`size`."""
+        """Write the last partial page (zero-padded) and truncate to :attr:`size`, once
+        every write of the staging is done."""
         if self.fd < 0:
             return
         try:
             t = self.tail.shape[0]
             if t:
-                self.staging[:t] = self.tail
-                self.staging[t:PAGE] = 0
-                self._write(self.staging[:PAGE])
+                buf = self.stage.buf
+                buf[:t] = self.tail
+                buf[t:PAGE] = 0
+                self.stage.submit(self._write, buf[:PAGE])
+            self.stage.wait()
+            if t:
                 os.ftruncate(self.fd, self.size)
         finally:
             os.close(self.fd)
@@ -159,10 +237,16 @@ class DirectAppender:
             self.tail = np.zeros(0, np.uint8)
 
     def abandon(self) -> None:
-        """Close without writing the tail (the file is being removed)."""
+        """Close without writing the tail (the file is being removed), once no write of
+        the staging is in flight (an error of one is dropped: the file goes anyway)."""
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            try:
+                self.stage.wait()
+            except OSError:
+                pass
+            finally:
+                os.close(self.fd)
+                self.fd = -1
 
 
 def direct_buffer(path: str | os.PathLike) -> np.ndarray:

@@ -19,6 +19,7 @@ unchanged.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from . import _reorder_kernels as K
-from .direct_files import (DirectAppender, direct_buffer, open_direct, pwrite_pages,
+from .direct_files import (DirectAppender, WriteBehind, direct_buffer, open_direct, pwrite_pages,
                            read_direct)
 from .errors import InvalidValue
 from .layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
@@ -269,13 +270,13 @@ class RowPlacer:
         #: whether the buckets and ``dst`` were written and read with ``O_DIRECT`` (None:
         #: placed in memory); False where the file system refused it
         self.direct: bool | None = None
-        self.staging: np.ndarray | None = None
+        self.staging: WriteBehind | None = None
         if self.buckets == 1:
             self.block = np.empty((layout.num_rows, layout.dim), dtype=layout.dtype)
         else:
-            # the rows pass through the buckets once: O_DIRECT, gathered into one staging
-            # buffer (see direct_files)
-            self.staging = aligned_empty(staging_bytes(layout, buffer_bytes))
+            # the rows pass through the buckets once: O_DIRECT, gathered into one half of
+            # a staging buffer while the other half is written (see direct_files)
+            self.staging = WriteBehind(staging_bytes(layout, buffer_bytes))
             for name in self.names:
                 self.outs.append(DirectAppender(name, self.staging))
                 self.ids_out.append(DirectAppender(name.with_suffix(".ids"), self.staging))
@@ -306,7 +307,9 @@ class RowPlacer:
         for f in self.outs + self.ids_out:
             f.close()
         self.outs, self.ids_out = [], []
-        self.staging = None
+        if self.staging is not None:
+            self.staging.close()
+            self.staging = None
         if self.block is not None:
             block, self.block = self.block, None
             with open(self.dst, "wb") as fout:
@@ -342,6 +345,10 @@ class RowPlacer:
         for f in self.outs + self.ids_out:
             f.abandon()
         self.outs, self.ids_out = [], []
+        if self.staging is not None:
+            with contextlib.suppress(OSError):  # a write's error was raised already
+                self.staging.close()
+            self.staging = None
         self.block = None
         for name in self.names if self.buckets > 1 else ():
             name.unlink(missing_ok=True)
@@ -391,9 +398,10 @@ STAGING_BYTES = 16 << 20
 
 def staging_bytes(layout: FeatureLayout, buffer_bytes: int) -> int:
     """A :class:`RowPlacer`'s staging buffer: :data:`STAGING_BYTES`, or a sixteenth of
-    ``buffer_bytes`` where smaller, in whole pages and never under two pages and a row."""
+    ``buffer_bytes`` where smaller, in whole pages and never under twice two pages and a
+    row (it is used in halves: :class:`~.direct_files.WriteBehind`)."""
     want = min(STAGING_BYTES, int(buffer_bytes) // 16)
-    return padded_bytes(max(want, 2 * PAGE + layout.row_bytes))
+    return padded_bytes(max(want, 2 * (2 * PAGE + padded_bytes(layout.row_bytes))))
 
 
 def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:

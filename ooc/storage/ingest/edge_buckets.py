@@ -16,13 +16,14 @@ were placed in 11.4 s from one file a window and in 2.5 s from 158 files of rang
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from ..direct_files import DirectAppender, open_direct
+from ..direct_files import DirectAppender, WriteBehind, open_direct
 from ..errors import IOFailure
 from ..layout import PAGE, aligned_empty
 from ..read_ahead import CHUNKS_HELD
@@ -71,8 +72,8 @@ class EdgeBuckets:
             after an error).
         ends: int64 [R], each range's end (ranges are consecutive, from node 0).
         id_dtype: the stored ids' dtype (int32 or int64).
-        staging_bytes: page-aligned buffer the entries are gathered into on their way
-            to the files.
+        staging_bytes: the buffer the entries are gathered into on their way to the files,
+            in two halves: one filled while the other is written (:class:`WriteBehind`).
     """
 
     def __init__(self, folder: Path, ends: np.ndarray, id_dtype: np.dtype,
@@ -80,8 +81,7 @@ class EdgeBuckets:
         self.ends = np.ascontiguousarray(ends, dtype=np.int64)
         self.dtype = np.dtype(id_dtype)
         self.names = [Path(folder) / f".edges-{k}" for k in range(self.ends.shape[0])]
-        self.staging: np.ndarray | None = aligned_empty(
-            max(2 * PAGE, staging_bytes // PAGE * PAGE))
+        self.staging: WriteBehind | None = WriteBehind(staging_bytes)
         self.outs = [DirectAppender(name, self.staging) for name in self.names]
         #: entries routed to each range
         self.counts = np.zeros(self.ends.shape[0], dtype=np.int64)
@@ -121,7 +121,9 @@ class EdgeBuckets:
         """Write what is left of every file (call once, after the last :meth:`route`)."""
         for f in self.outs:
             f.close()
-        self.staging = None
+        if self.staging is not None:
+            self.staging.close()
+            self.staging = None
 
     def entries(self, w: int, piece_bytes: int) -> Iterator[np.ndarray]:
         """Range ``w``'s entries (ids [k, 2]: target, source), read a piece of at most
@@ -163,6 +165,9 @@ class EdgeBuckets:
         """Remove every file left (after an error too)."""
         for f in self.outs:
             f.abandon()
-        self.staging = None
+        if self.staging is not None:
+            with contextlib.suppress(OSError):  # a write's error was raised already
+                self.staging.close()
+            self.staging = None
         for name in self.names:
             name.unlink(missing_ok=True)
