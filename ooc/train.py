@@ -10,6 +10,10 @@ Examples::
     python -m ooc.train --data D --model sage --fanouts 10,10 --epochs 50 --report r.json
     python -m ooc.train --data D --checkpoint-dir ck --epochs 10
     python -m ooc.train --checkpoint-dir ck --resume --epochs 20   # continue, same settings
+
+``--report`` is written after every epoch (``"complete": false``, the epochs so far and the
+memory plan) and once more at the end (``"complete": true``, with the final accuracies), so
+a run stopped midway leaves what it did.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrapper,
                   write_report)
@@ -213,11 +217,18 @@ def _run(given: dict, resume: bool, progress: bool, report_path, ckdir, sizes_pa
         return run_cli(dataset, config, options, s, argv, ckdir, ck_path, report_path,
                        list(DEFAULTS))
     t0 = time.perf_counter()
-    trainer, val_acc, test_acc = _train(dataset, config, options, s, ckdir, ck_path)
+    run_facts = {"resumed_from": str(ck_path) if ck_path else None, "checkpoint_dir": ckdir,
+                 "argv": argv}
+
+    def epoch_report(trainer) -> None:  # a run stopped later keeps the epochs it finished
+        write_report(report_path, trainer.report(
+            complete=False, total_time_s=round(time.perf_counter() - t0, 3), **run_facts))
+
+    trainer, val_acc, test_acc = _train(dataset, config, options, s, ckdir, ck_path,
+                                        epoch_report if report_path else None)
     total = time.perf_counter() - t0
-    rep = trainer.report(val_acc=val_acc, test_acc=test_acc, total_time_s=round(total, 3),
-                         resumed_from=str(ck_path) if ck_path else None,
-                         checkpoint_dir=ckdir, argv=argv)
+    rep = trainer.report(val_acc=val_acc, test_acc=test_acc, complete=True,
+                         total_time_s=round(total, 3), **run_facts)
     fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
     print(f"ooc.train: done in {total:.1f}s: val_acc {fmt(val_acc)}  test_acc {fmt(test_acc)}  "
           f"peak RSS {rep['peak_rss_bytes'] / 2**20:.0f} MiB"
@@ -257,9 +268,11 @@ def _mode_options(s: dict):
     return ModeOptions(**{st.name: st.from_cli(s[st.dest]) for st in MODE})
 
 
-def _train(dataset, config, options, s: dict, ckdir, ck_path):
-    """Train in this process (resuming from ``ck_path``), checkpointing into ``ckdir``;
-    returns the closed trainer and the validation and test accuracies."""
+def _train(dataset, config, options, s: dict, ckdir, ck_path,
+           after_epoch: Callable[[Any], None] | None = None):
+    """Train in this process (resuming from ``ck_path``), checkpointing into ``ckdir`` and
+    calling ``after_epoch(trainer)`` after each epoch; returns the closed trainer and the
+    validation and test accuracies."""
     from .executor.training.trainer import Trainer
 
     trainer = Trainer(dataset, config, options=options)
@@ -285,6 +298,8 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path):
             if ckdir is not None and (trainer.epoch % s["checkpoint_every"] == 0
                                       or trainer.epoch == config.epochs):
                 trainer.save(ckdir, args=args)
+            if after_epoch is not None:
+                after_epoch(trainer)
         no_eval = bool(s["no_eval"])
         val_acc = None if no_eval else trainer.evaluate(dataset.val_idx)
         test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)

@@ -45,6 +45,30 @@ def test_report_fields(tiny, tmp_path, capsys):
     assert rep["model"]["kind"] == "sage" and rep["model"]["num_layers"] == 2
 
 
+def test_a_run_stopped_midway_leaves_the_report_of_its_epochs(tiny, tmp_path, monkeypatch):
+    """The report is rewritten after every epoch: stopped in its third epoch, a run leaves
+    two epochs, marked incomplete; a run that ends marks it complete."""
+    from ooc.executor.training.trainer import Trainer
+
+    real = Trainer.train_epoch
+
+    def stopping(self):
+        if self.epoch == 2:
+            raise KeyboardInterrupt
+        return real(self)
+
+    rep_path = tmp_path / "r.json"
+    monkeypatch.setattr(Trainer, "train_epoch", stopping)
+    assert run(small_args(tiny, "--epochs", "4", "--report", rep_path)) != 0  # interrupted
+    rep = json.loads(rep_path.read_text())
+    assert rep["complete"] is False and [e["epoch"] for e in rep["epochs"]] == [1, 2]
+    assert rep["test_acc"] is None and rep["total_time_s"] > 0
+    monkeypatch.setattr(Trainer, "train_epoch", real)
+    assert run(small_args(tiny, "--epochs", "1", "--report", rep_path)) == 0
+    rep = json.loads(rep_path.read_text())
+    assert rep["complete"] is True and rep["test_acc"] is not None
+
+
 @pytest.mark.parametrize("model", ["gcn", "gat"])
 def test_other_models_and_layers(tiny, tmp_path, model):
     rep_path = tmp_path / "r.json"

@@ -157,9 +157,10 @@ def _planned(rep: dict) -> int | None:
 
 def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int, batch_size: int,
               seconds: float | None = None) -> dict:
+    rep_path = w["reports"] / f"{stage}.json"
+    rep_path.unlink(missing_ok=True)  # an earlier run's: what this one writes, or nothing
     dropped = memcg.drop_page_cache()
     r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size), budget, seconds)
-    rep_path = w["reports"] / f"{stage}.json"
     try:
         rep = json.loads(rep_path.read_text())
     except (OSError, ValueError):
