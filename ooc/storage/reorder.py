@@ -19,7 +19,6 @@ unchanged.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -322,17 +321,17 @@ class RowPlacer:
         # are taken here, before this one is placed, whatever the reading thread's pace.
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="ooc-bucket") as pool:
-                def read_ahead(k: int) -> tuple[Future, list[np.ndarray]]:
+                def read_bucket(k: int) -> tuple[Future, list[np.ndarray]]:
                     bufs = [direct_buffer(self.names[k].with_suffix(".ids")),
                             direct_buffer(self.names[k])]
                     return pool.submit(_read_bucket, self.names[k], self.layout, bufs), bufs
 
-                ahead = read_ahead(0)
+                ahead = read_bucket(0)
                 for k, name in enumerate(self.names):
                     done, bucket = ahead
                     done.result()
                     if k + 1 < self.buckets:
-                        ahead = read_ahead(k + 1)
+                        ahead = read_bucket(k + 1)
                     del done
                     _write_bucket(fd, self.layout, name, k * self.part,
                                   min(n, k * self.part + self.part), bucket)
@@ -345,9 +344,8 @@ class RowPlacer:
         for f in self.outs + self.ids_out:
             f.abandon()
         self.outs, self.ids_out = [], []
-        if self.staging is not None:
-            with contextlib.suppress(OSError):  # a write's error was raised already
-                self.staging.close()
+        if self.staging is not None:  # nothing in flight: abandon waited for it
+            self.staging.close()
             self.staging = None
         self.block = None
         for name in self.names if self.buckets > 1 else ():

@@ -16,7 +16,6 @@ were placed in 11.4 s from one file a window and in 2.5 s from 158 files of rang
 """
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Iterator
@@ -165,9 +164,8 @@ class EdgeBuckets:
         """Remove every file left (after an error too)."""
         for f in self.outs:
             f.abandon()
-        if self.staging is not None:
-            with contextlib.suppress(OSError):  # a write's error was raised already
-                self.staging.close()
+        if self.staging is not None:  # nothing in flight: abandon waited for it
+            self.staging.close()
             self.staging = None
         for name in self.names:
             name.unlink(missing_ok=True)

@@ -36,10 +36,10 @@ from ..layout import PAGE, FeatureLayout, index_dtype, padded_bytes
 from ..reorder import STAGING_BYTES
 from ..atomic import replace_refusal
 from ..writer import DatasetWriter
+from ..read_ahead import CHUNKS_HELD, read_ahead
 from . import _kernels as K
 from . import limits as L
 from .edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
-from ..read_ahead import CHUNKS_HELD, read_ahead
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
@@ -375,10 +375,13 @@ def open_edges(path, fmt: str = "auto", header: bool = False) -> EdgeSource:
 
 # -- the two passes ------------------------------------------------------------
 
-def _chunk_edges(buffer_bytes: int) -> int:
-    """Edges a chunk of the passes holds: 32 bytes each (int64 sources and targets and
-    their copies), :data:`~ooc.storage.read_ahead.CHUNKS_HELD` chunks in a quarter of the buffer."""
-    return int(max(1 << 14, min(1 << 23, (buffer_bytes // (4 * CHUNKS_HELD)) // 32)))
+def _chunks(source: EdgeSource, buffer_bytes: int, num_nodes: int
+            ) -> Iterator[tuple[np.ndarray, np.ndarray, int, int]]:
+    """``source``'s chunks as a pass takes them, each next one read ahead in a thread: of
+    32 bytes an edge (int64 sources and targets and their copies),
+    :data:`~ooc.storage.read_ahead.CHUNKS_HELD` of them in a quarter of the buffer."""
+    edges = int(max(1 << 14, min(1 << 23, (buffer_bytes // (4 * CHUNKS_HELD)) // 32)))
+    return read_ahead(source.chunks(edges, num_nodes))
 
 
 def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: bool,
@@ -393,8 +396,7 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
     counts = np.zeros(num_nodes if known else min(1 << 16, limit), dtype=np.int64)
     maxid = -1
     with _progress(source.nbytes, "count", progress, source.unit) as bar:
-        for src, dst, first, nb in read_ahead(source.chunks(_chunk_edges(buffer_bytes),
-                                                                num_nodes)):
+        for src, dst, first, nb in _chunks(source, buffer_bytes, num_nodes):
             bad, mx = K.first_bad_id(src, dst, num_nodes)
             if bad >= 0:
                 s, d = int(src[bad]), int(dst[bad])
@@ -487,7 +489,7 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             else:
                 with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
                                source.unit) as bar:
-                    for src, dst, _, nb in read_ahead(source.chunks(_chunk_edges(buffer_bytes), n)):
+                    for src, dst, _, nb in _chunks(source, buffer_bytes, n):
                         K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
                         bar.update(nb)
             if not np.array_equal(cursor, ptr[1:]):
@@ -522,7 +524,7 @@ def route_pass(w: DatasetWriter, source: EdgeSource, ends: np.ndarray, undirecte
                           min(STAGING_BYTES, int(buffer_bytes) // 16))
     try:
         with _progress(source.nbytes, "route", progress, source.unit) as bar:
-            for src, dst, first, nb in read_ahead(source.chunks(_chunk_edges(buffer_bytes), n)):
+            for src, dst, first, nb in _chunks(source, buffer_bytes, n):
                 bad = buckets.route(src, dst, undirected, drop_self)
                 if bad >= 0:
                     raise _err(source.path, f"{source.where(first + bad)}: node id out of "

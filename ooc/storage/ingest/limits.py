@@ -23,9 +23,9 @@ from pathlib import Path
 from ..direct_files import READ_STAGING
 from ..errors import InvalidValue
 from ..layout import FeatureLayout
+from ..read_ahead import CHUNKS_HELD
 from ..reorder import STAGING_BYTES, reorder_peak
 from .edge_buckets import MIN_WINDOWS
-from ..read_ahead import CHUNKS_HELD
 
 BYTES_PER_NODE = 16
 #: Of :data:`BYTES_PER_NODE`, an edge list's labels file, loaded whole (int64).
