@@ -217,8 +217,38 @@ def test_permute_rows_places_every_row(tmp_path, dim, dtype, buffer, remove_src)
     want = np.empty_like(x)
     want[row_of] = x
     np.testing.assert_array_equal(got, want)
+    # every byte, the padding between rows and after the last one included (zero)
+    _layout_file(tmp_path / "want.bin", want)
+    assert (tmp_path / "dst.bin").read_bytes() == (tmp_path / "want.bin").read_bytes()
+    (tmp_path / "want.bin").unlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dst.bin"] + ([] if remove_src
                                                                       else ["src.bin"])
+
+
+@pytest.mark.parametrize("dim", [32, 100])
+def test_a_row_map_that_is_not_a_permutation_is_refused(tmp_path, dim):
+    """A destination repeated within a bucket (so another row of it stays empty) is
+    refused when the bucket is placed, one outside the file when the row arrives; no
+    bucket file is left either way."""
+    from ooc.storage.errors import InvalidValue
+    from ooc.storage.reorder import RowPlacer
+
+    rng = np.random.default_rng(dim)
+    n = 997
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    lay = _layout_file(tmp_path / "src.bin", x)
+    row_of = rng.permutation(n).astype(np.int64)
+    twice = row_of.copy()
+    twice[np.flatnonzero(row_of == 1)[0]] = 0  # rows 0 and 1 share bucket 0
+    with pytest.raises(InvalidValue, match=r"does not hold each of rows 0 \.\. .* once"):
+        permute_rows(tmp_path / "src.bin", tmp_path / "dst.bin", lay, twice, 64 << 10)
+    outside = row_of.copy()
+    outside[5] = n
+    with pytest.raises(InvalidValue, match=rf"node 5 is placed at row {n}, outside"):
+        permute_rows(tmp_path / "src.bin", tmp_path / "dst.bin", lay, outside, 64 << 10)
+    placer = RowPlacer(tmp_path / "dst.bin", lay, row_of, 64 << 10)
+    placer.close()
+    assert not any(p.name.startswith(".bucket") for p in tmp_path.iterdir())
 
 
 def test_rows_of_inverts_an_order():

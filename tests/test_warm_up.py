@@ -76,7 +76,8 @@ def test_a_partition_run_after_its_child_compiles_nothing(tmp_path, algo, reorde
 def test_an_ingest_after_its_child_compiles_nothing(tmp_path, kind):
     """compile_ingest_kernels' child, run in this process, leaves no kernel for an ingest
     of another graph with the same options to compile: an .npy edge list with features and
-    labels, a CSV edge list, or a generated graph."""
+    labels (placed in memory, then through bucket files), a CSV edge list, or a generated
+    graph."""
     import json
 
     from ooc.storage.ingest import ingest_edgelist
@@ -104,8 +105,8 @@ def test_an_ingest_after_its_child_compiles_nothing(tmp_path, kind):
         ingest_edgelist(tmp_path / "e.npy", tmp_path / "d", features=tmp_path / "x.npy",
                         labels=tmp_path / "y.npy", **opts)
         st: dict = {}
-        ingest_edgelist(tmp_path / "e.npy", tmp_path / "r", buffer_bytes=64 << 10, stats=st,
-                        **opts)
+        ingest_edgelist(tmp_path / "e.npy", tmp_path / "r", features=tmp_path / "x.npy",
+                        buffer_bytes=64 << 10, stats=st, **opts)
         assert st["routed"]
         (tmp_path / "e.txt").write_text("".join(f"{i} {(i * 5) % n}\n" for i in range(n)))
         ingest_edgelist(tmp_path / "e.txt", tmp_path / "t", num_nodes=n, **opts)

@@ -193,3 +193,49 @@ def first_repeat(values, n, seen):
             return i
         seen[byte] |= bit
     return -1
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def place_rows(out, group_rows, group_bytes, rows, dest, a, seen):
+    """Row ``i`` of ``rows`` (uint8 [k, row_bytes], the rows' bytes) placed as row
+    ``dest[i] - a`` of the page-laid-out bytes ``out`` (uint8 [m bytes]): row ``t`` starts at
+    ``(t // group_rows) * group_bytes + (t % group_rows) * row_bytes`` (``group_rows`` rows
+    to a page, or 1 row to its ``group_bytes`` of whole pages). ``seen`` (uint8 [rows
+    ``out`` holds], all 0) gets 1 for every row placed. Returns how many destinations fell
+    outside ``out`` (their rows are skipped)."""
+    rb = rows.shape[1]
+    cap = seen.shape[0]
+    bad = 0
+    for i in prange(dest.shape[0]):
+        t = dest[i] - a
+        if t < 0 or t >= cap:
+            bad += 1
+        else:
+            o = (t // group_rows) * group_bytes + (t % group_rows) * rb
+            out[o:o + rb] = rows[i]
+            seen[t] = 1
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def group_by_part(dest, limit, part, parts, order, ends):
+    """A stable counting sort of ``dest`` (int64 [k], each in ``0 .. limit - 1``, ``limit <=
+    part * parts``) by ``dest // part``: ``order`` (int64 [k]) gets the positions of part 0's
+    entries, then part 1's, ..., each in their order; ``ends`` (int64 [parts]) where each
+    part's positions end. Returns the first position whose value is outside
+    ``0 .. limit - 1``, else -1."""
+    ends[:] = 0
+    for i in range(dest.shape[0]):
+        if dest[i] < 0 or dest[i] >= limit:
+            return i
+        ends[dest[i] // part] += 1
+    acc = 0
+    for p in range(parts):
+        c = ends[p]
+        ends[p] = acc
+        acc += c
+    for i in range(dest.shape[0]):
+        p = dest[i] // part
+        order[ends[p]] = i
+        ends[p] += 1
+    return -1

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from . import _reorder_kernels as K
-from .direct_files import (DirectAppender, WriteBehind, direct_buffer, open_direct, pwrite_pages,
+from .direct_files import (DirectAppender, WriteBehind, open_direct, pwrite_pages,
                            read_direct)
 from .errors import InvalidValue
 from .layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
@@ -287,10 +287,12 @@ class RowPlacer:
         if self.block is not None:
             self.block[dest] = rows
             return
-        bucket = dest // self.part
-        by = np.argsort(bucket, kind="stable")
-        ends = np.cumsum(np.bincount(bucket, minlength=self.buckets))
-        del bucket
+        by = np.empty(dest.shape[0], dtype=np.int64)
+        ends = np.empty(self.buckets, dtype=np.int64)
+        bad = int(K.group_by_part(dest, self.layout.num_rows, self.part, self.buckets, by, ends))
+        if bad >= 0:
+            raise InvalidValue(f"{self.dst}: node {start + bad} is placed at row {dest[bad]}, "
+                               f"outside 0 .. {self.layout.num_rows - 1}")
         begin = 0
         for k, end in enumerate(ends):  # one bucket's rows gathered and written at a time
             if end > begin:
@@ -317,24 +319,27 @@ class RowPlacer:
         fd, direct = open_direct(self.dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         self.direct = bool(self.direct and direct)
         # the next bucket is read while this one is placed and written (the reads and
-        # writes release the GIL): one more bucket held, see reorder_phases. Its buffers
-        # are taken here, before this one is placed, whatever the reading thread's pace.
+        # writes release the GIL): two buckets' buffers in turn and one of pages, taken
+        # once here (fresh buffers for every bucket cost their page faults each time)
+        lay, part = self.layout, min(n, self.part)
+        pairs = [(aligned_empty(padded_bytes(8 * part)),
+                  aligned_empty(padded_bytes(part * lay.row_bytes))) for _ in range(2)]
+        pages = aligned_empty(FeatureLayout(part, lay.dim, lay.dtype).file_bytes)
+        pages[:] = 0  # the padding between rows is never written
+        seen = np.zeros(part, dtype=np.uint8)
         try:
             with ThreadPoolExecutor(1, thread_name_prefix="ooc-bucket") as pool:
-                def read_bucket(k: int) -> tuple[Future, list[np.ndarray]]:
-                    bufs = [direct_buffer(self.names[k].with_suffix(".ids")),
-                            direct_buffer(self.names[k])]
-                    return pool.submit(_read_bucket, self.names[k], self.layout, bufs), bufs
+                def read_bucket(k: int) -> Future:
+                    return pool.submit(_read_bucket, self.names[k], lay, pairs[k % 2])
 
                 ahead = read_bucket(0)
                 for k, name in enumerate(self.names):
-                    done, bucket = ahead
-                    done.result()
-                    if k + 1 < self.buckets:
+                    bucket = ahead.result()
+                    if k + 1 < self.buckets:  # into the other pair: this one is placed now
                         ahead = read_bucket(k + 1)
-                    del done
-                    _write_bucket(fd, self.layout, name, k * self.part,
-                                  min(n, k * self.part + self.part), bucket)
+                    _write_bucket(fd, lay, name, k * self.part,
+                                  min(n, k * self.part + self.part), bucket, pages, seen)
+                    del bucket
         finally:
             os.close(fd)
         return self.buckets
@@ -416,49 +421,48 @@ def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
     return part, buckets
 
 
-def _read_bucket(name: Path, layout: FeatureLayout, bufs: list[np.ndarray]) -> None:
-    """Read a bucket into ``bufs`` (:func:`~.direct_files.direct_buffer` of its two files),
-    which then hold its destinations (``name.ids``, int64 [k]) and rows (``name``,
-    ``layout.dtype`` [k, dim]), read with ``O_DIRECT`` where the file system takes it."""
+def _read_bucket(name: Path, layout: FeatureLayout, bufs: tuple[np.ndarray, np.ndarray]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A bucket's destinations (``name.ids``, int64 [k]) and rows (``name``,
+    ``layout.dtype`` [k, dim]), read into ``bufs`` (page-aligned uint8, large enough) with
+    ``O_DIRECT`` where the file system takes it."""
     ids_buf, rows_buf = bufs
-    bufs[0] = read_direct(name.with_suffix(".ids"), np.int64, ids_buf)
-    bufs[1] = read_direct(name, layout.dtype, rows_buf).reshape(-1, layout.dim)
+    return (read_direct(name.with_suffix(".ids"), np.int64, ids_buf),
+            read_direct(name, layout.dtype, rows_buf).reshape(-1, layout.dim))
 
 
 def _write_bucket(fd: int, layout: FeatureLayout, name: Path, a: int, b: int,
-                  bucket: list[np.ndarray]) -> None:
+                  bucket: tuple[np.ndarray, np.ndarray], pages: np.ndarray,
+                  seen: np.ndarray) -> None:
     """The second pass of :func:`permute_rows` for one bucket: its rows placed by their
-    destinations (``bucket``: ``[ids, rows]`` filled by :func:`_read_bucket`, ids in
-    ``a .. b-1``; emptied here, so that the rows are freed once placed) and written as
-    rows ``a .. b-1`` of the file ``fd`` (``a`` at a page boundary; whole pages, written
-    with ``O_DIRECT`` where the file system takes it); the bucket's files are then
-    removed.
+    destinations (``bucket``: ``(ids, rows)`` from :func:`_read_bucket`, ids in
+    ``a .. b-1``) into ``pages`` (page-aligned uint8, the bytes of a bucket's rows laid
+    out in pages, zero wherever no row lies) and written as rows ``a .. b-1`` of the file
+    ``fd`` (``a`` at a page boundary; whole pages, written with ``O_DIRECT`` where the file
+    system takes it); the bucket's files are then removed. ``seen`` (uint8, a bucket's
+    rows) is scratch.
 
     Raises:
-        InvalidValue: the bucket does not hold ``b - a`` rows (``row_of`` is not a
-            permutation).
+        InvalidValue: the bucket does not hold each of the rows ``a .. b-1`` once
+            (``row_of`` is not a permutation).
     """
     ids, rows = bucket
-    bucket.clear()
-    if ids.shape[0] != b - a or rows.shape[0] != b - a:
+    k = b - a
+    if ids.shape[0] != k or rows.shape[0] != k:
         raise InvalidValue(f"{name}: bucket holds {ids.shape[0]} rows, expected "
-                           f"{b - a} (row_of is not a permutation)")
-    local = FeatureLayout(b - a, layout.dim, layout.dtype)
-    if layout.packed:  # placed straight into the pages written
-        buf = aligned_empty(local.file_bytes)
-        used = (b - a) * layout.row_bytes
-        buf[used:] = 0
-        buf[:used].view(layout.dtype).reshape(b - a, layout.dim)[ids - a] = rows
-        del rows
-    else:  # placed, then laid out in pages: two copies of the bucket at a time
-        block = np.empty_like(rows)
-        block[ids - a] = rows
-        del rows
-        buf = aligned_empty(local.file_bytes)
-        buf[:] = 0
-        local.view(buf)[0:b - a] = block
-        del block
-    del ids
+                           f"{k} (row_of is not a permutation)")
+    rpp = layout.rows_per_page
+    group_rows, group_bytes = (rpp, PAGE) if rpp else (1, layout.pages_per_row * PAGE)
+    seen[:k] = 0
+    bad = int(K.place_rows(pages, group_rows, group_bytes,
+                           rows.view(np.uint8).reshape(k, layout.row_bytes), ids, a, seen[:k]))
+    if bad or (k and int(np.count_nonzero(seen[:k])) != k):
+        raise InvalidValue(f"{name}: bucket does not hold each of rows {a} .. {b - 1} once "
+                           f"(row_of is not a permutation)")
+    local = FeatureLayout(k, layout.dim, layout.dtype)
+    buf = pages[:local.file_bytes]
+    if k:  # after the last row, the bytes of the rows the last bucket held there
+        buf[int(local.row_offsets(np.array([k - 1]))[0]) + layout.row_bytes:] = 0
     pwrite_pages(fd, buf, int(layout.row_offsets(np.array([a]))[0]))
     name.unlink()
     name.with_suffix(".ids").unlink()

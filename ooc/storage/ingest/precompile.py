@@ -6,7 +6,8 @@ warm run on a 222k-node graph), so a first ingest would peak above later ones an
 memory plan. The child ingests a tiny graph with the run's options: an edge list of
 ``.npy`` files (edges reach every ingest's passes as int64 chunks, whatever their file:
 the count, scatter, sort and compaction kernels, the locality order and the row placement,
-and once more with a buffer that routes the entries of many windows),
+and once more with a buffer that routes the entries of many windows and places the rows
+through bucket files),
 a tiny text edge list and CSV rows (the parsers of the text formats), or, for the
 ``synthetic`` command, a tiny generated graph.
 """
@@ -66,7 +67,8 @@ def _child_main(argv: list[str]) -> None:
                     remove_self_loops=o["remove_self_loops"], feature_dtype=o["dtype"], **common)
         ingest_edgelist(tmp / "edges.npy", tmp / "d", features=tmp / "x.npy",
                         labels=tmp / "y.npy", train_idx=tmp / "train.npy", **opts)
-        ingest_edgelist(tmp / "edges.npy", tmp / "r", **{**opts, "buffer_bytes": ROUTED_BUFFER})
+        ingest_edgelist(tmp / "edges.npy", tmp / "r", features=tmp / "x.npy",
+                        **{**opts, "buffer_bytes": ROUTED_BUFFER})
         (tmp / "edges.csv").write_text("".join(f"{i % n},{(7 * i) % n}\n" for i in range(e)))
         ingest_edgelist(tmp / "edges.csv", tmp / "t", num_nodes=n, **opts)
         _parse_rows(tmp / "x.csv", b"0.5,1\n2,3e-1\n", 0, 2)
