@@ -209,3 +209,16 @@ def draw_batches(data, S: int, N: int, max_size: int) -> list[np.ndarray]:
 
     return [np.array(data.draw(st.lists(st.integers(0, N - 1), max_size=max_size, unique=True)),
                      np.int64) for _ in range(S)]
+
+
+def assert_same_batches(epochs_a: list, epochs_b: list, x_of) -> None:
+    """Two loaders' epochs (lists of PyG batches) hold the same batches: ``n_id``, ``x``,
+    ``y`` and edges alike, and ``x`` the rows ``x_of(n_id)`` (int64 [n] -> [n, dim])."""
+    for ea, eb in zip(epochs_a, epochs_b, strict=True):
+        assert len(ea) == len(eb) > 0
+        for a, b in zip(ea, eb):
+            np.testing.assert_array_equal(a.n_id.numpy(), b.n_id.numpy())
+            np.testing.assert_array_equal(b.x.numpy(), x_of(b.n_id.numpy()))
+            np.testing.assert_array_equal(a.x.numpy(), b.x.numpy())
+            np.testing.assert_array_equal(a.y.numpy(), b.y.numpy())
+            np.testing.assert_array_equal(a.edge_index.numpy(), b.edge_index.numpy())

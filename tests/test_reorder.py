@@ -5,6 +5,7 @@ import pytest
 
 from ooc.storage import csc_from_edges
 from ooc.storage.reorder import OrderStats, locality_order
+from conftest import assert_same_batches
 
 
 def _planted(k: int = 40, size: int = 24, p_out: float = 0.05, seed: int = 0):
@@ -326,14 +327,7 @@ def test_a_loader_gives_the_same_batches_from_either_order(stored, preset):
         with ooc.NodeLoader(ds, num_neighbors=[4, 3], batch_size=64, input_nodes="train",
                             shuffle=True, preset=preset, seed=5, superbatch_size=3) as loader:
             out.append([list(loader) for _ in range(2)])
-    for ea, eb in zip(*out):
-        assert len(ea) == len(eb)
-        for a, b in zip(ea, eb):
-            np.testing.assert_array_equal(a.n_id.numpy(), b.n_id.numpy())
-            np.testing.assert_array_equal(b.x.numpy(), x[b.n_id.numpy()])
-            np.testing.assert_array_equal(a.x.numpy(), b.x.numpy())
-            np.testing.assert_array_equal(a.y.numpy(), b.y.numpy())
-            np.testing.assert_array_equal(a.edge_index.numpy(), b.edge_index.numpy())
+    assert_same_batches(*out, lambda ids: x[ids])
 
 
 def test_inference_over_a_reordered_dataset_writes_rows_by_node_id(stored, tmp_path):

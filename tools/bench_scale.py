@@ -13,7 +13,8 @@ layout, then runs each stage as its own process in a memory cgroup of the budget
 - train: ``ooc.train`` (2 epochs, GraphSAGE, fanouts 15,10,5, batch 1024, hidden 256;
   ``--epochs`` and ``--batch-size`` change the first two)
 - infer: ``ooc.infer`` (every node, all layers)
-- partition: ``ooc.partition --parts 8``
+- partition: ``ooc.partition --parts 8 --features link`` (the partitions read the dataset's
+  feature file: copies with their halos would take several times its features)
 
 The report has ``graph.{nodes,edges,feature_dim}``, ``budget_bytes``,
 ``stages.<stage>.{wall_s,peak_rss_bytes,planned_peak_bytes,bytes_read,bytes_written,
@@ -79,7 +80,9 @@ def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
     dims = [shape.feature_dim, HIDDEN, HIDDEN, shape.classes]  # a layer beside its input
     return {"train": 64 << 20,                                  # checkpoints, runtime files
             "infer": disk_bytes(n, dims, [4, 4, 4], False, True),
-            "partition": 2 * dataset_bytes(shape)}               # replicas: a factor below 2
+            # linked features: the adjacency, its offsets, row maps, labels and ids of the
+            # nodes with their replicas (a factor below 2)
+            "partition": 2 * (dataset_bytes(shape) - feature_bytes(shape) + 24 * n)}
     # (not every stage runs: the caller sums the ones it runs)
 
 
@@ -140,7 +143,8 @@ def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
         return ["-m", "ooc.infer", "--data", str(w["data"]), "--checkpoint", str(w["ckpt"]),
                 "--out", str(w["emb"]), "--memory-budget", b, "--no-progress",
                 "--report", str(w["reports"] / "infer.json")]
-    return ["-m", "ooc.partition", "--data", str(w["data"]), "--parts", "8", "--out",
+    return ["-m", "ooc.partition", "--data", str(w["data"]), "--parts", "8",
+            "--features", "link", "--out",
             str(w["parts"]), "--quiet", "--report", str(w["reports"] / "partition.json")]
 
 

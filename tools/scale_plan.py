@@ -244,7 +244,8 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
 def partition_plan(shape: sg.Shape, base: int, parts: int = 8) -> dict:
     from ooc.partition.memory_plan import planned_peak
 
-    plan = planned_peak(shape.nodes, 2 * shape.edges, parts=parts, feature_dim=shape.feature_dim)
+    plan = planned_peak(shape.nodes, 2 * shape.edges, parts=parts, feature_dim=shape.feature_dim,
+                        features="link")
     return {"planned_peak_bytes": base + plan["peak_bytes"], "base_bytes": base, **plan}
 
 

@@ -99,7 +99,8 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                       algo: str = "spring", *, beta: float = 1.05, seed: int = 0,
                       overwrite: bool = False, split: bool = True,
                       chunk_edges: int = DEFAULT_CHUNK_EDGES, progress: bool = False,
-                      halo_hops: int = 1, precompile: bool = False, **params) -> dict:
+                      halo_hops: int = 1, precompile: bool = False, features: str = "copy",
+                      **params) -> dict:
     """Partition ``data`` and write the result to ``out``; returns the report.
 
     The report holds ``replication_factor``, ``node_balance``,
@@ -116,6 +117,8 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     over the nodes ``n_i`` of each partition with its ``halo_hops``-hop halo
     (equal to ``replication_factor`` for ``halo_hops=1``). With
     ``split=False`` only ``partition.json`` and ``owner.npy`` are written.
+    ``features``: ``copy`` writes each partition's feature rows, ``link`` has it read them
+    from ``data``'s feature file (see :mod:`.split`), which must then stay where it is.
     ``precompile``: on a cold numba cache, compile the kernels in a child process first
     (:mod:`.precompile`), so that this process peaks as a run on a warm cache does (the
     command line does).
@@ -129,6 +132,10 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     _check(dataset, parts, algo, beta)
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
         raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
+    from .split import FEATURES
+
+    if features not in FEATURES:
+        raise InvalidValue(f"--features must be one of {', '.join(FEATURES)}, got {features!r}")
     out = _check_output(dataset, data, out, overwrite)
     if precompile:
         _precompile(dataset, parts, algo, split, halo_hops, params)
@@ -143,10 +150,11 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
                         inputs=(data,)) as tmp:
             np.save(tmp / "owner.npy", a.owner.astype(np.int32))
             parts_list = _write_parts(dataset, a.owner, bits, parts, tmp, algo, chunk_edges,
-                                      progress, halo_hops) if split else []
+                                      progress, halo_hops, features) if split else []
             split_time = time.perf_counter() - t_split
             report = _partition_report(dataset, out, a, metrics, algo, parts, beta, split,
                                        halo_hops, parts_list, split_time, t_start)
+            report["features"] = features
             _add_plan(report, dataset, a, chunk_edges, rss_open)
             write_json(tmp / "partition.json", report)
     except OocError:
@@ -187,7 +195,7 @@ def _check_output(dataset: Dataset, data: str | os.PathLike, out: str | os.PathL
 
 def _write_parts(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, parts: int,
                  tmp: Path, algo: str, chunk_edges: int, progress: bool,
-                 halo_hops: int) -> list[dict]:
+                 halo_hops: int, features: str = "copy") -> list[dict]:
     """Write every partition's dataset under ``tmp``; their summaries, in partition order.
 
     ``owner``: int [N] owning partition of every node; ``bits``: the replica bitmap of
@@ -199,7 +207,7 @@ def _write_parts(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, parts: i
 
     g2l = np.full(dataset.num_nodes, -1, dtype=dataset.index_dtype)
     return [write_partition(dataset, owner, bits, q, parts, tmp / part_name(q), g2l, algo,
-                            chunk_edges, progress, halo_hops)
+                            chunk_edges, progress, halo_hops, features)
             for q in range(parts)]
 
 
@@ -218,7 +226,8 @@ def _add_plan(report: dict, dataset: Dataset, a: Assignment, chunk_edges: int,
                     refine_passes=int(pr.get("refine_passes", 1)),
                     beta=float(report["params"].get("beta", 1.05)),
                     merge=str(pr.get("merge", "vote")), tie_break=str(pr.get("tie_break", "id")),
-                    ownership=str(pr.get("ownership", "majority")))
+                    ownership=str(pr.get("ownership", "majority")),
+                    features=str(report.get("features", "copy")))
     report["rss_after_open_bytes"] = int(rss_open)
     report["planned_peak_bytes"] = int(rss_open) + plan["peak_bytes"]
     report["planned_peak_phase"] = plan["peak_phase"]

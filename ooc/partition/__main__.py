@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--halo-hops", type=int, default=1, metavar="H",
                    help="each partition holds the H-hop in-neighbourhood of its owned nodes "
                         "(nodes up to hop H-1 with their full in-neighbour lists; default 1)")
+    p.add_argument("--features", choices=("copy", "link"), default="copy",
+                   help="each partition's feature rows: 'copy' them into the partition "
+                        "(default), or 'link' the dataset's features file: no copy (with "
+                        "the halos a copy is several times the features), but the "
+                        "partitions then read that file where it is")
     p.add_argument("--no-split", action="store_true",
                    help="only compute the assignment and metrics (owner.npy, partition.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -98,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                seed=args.seed, overwrite=args.overwrite,
                                split=not args.no_split, chunk_edges=args.chunk_edges,
                                halo_hops=args.halo_hops, refine_passes=args.refine_passes,
+                               features=args.features,
                                precompile=True, progress=not args.quiet and sys.stderr.isatty(), **params)
     report["rss_baseline_bytes"] = rss0
     if args.report:

@@ -53,7 +53,9 @@ split           owner, bitmap, the global-to-local scratch: ``(4 + 8 W + x) N`` 
                 one chunk of rows (64 MiB), the page buffer it was read into (up to 64
                 MiB; none for rows of whole pages) and the larger of the written chunk's
                 mapped pages and the NaN check's two masks (192 MiB for 512-byte rows);
-                ``global_ids.npy``'s int64 copy (``x o + (x + 8 + y) q``); + kept
+                ``global_ids.npy``'s int64 copy (``x o + (x + 8 + y) q``); + kept. Linked
+                features (``features="link"``) sort and copy nothing: the source rows
+                read by piece are the row map written (``x o + (x + r) q`` + a piece)
 ==============  ==========================================================================
 
 The edge partitioners (``hash``, ``dbh``, ``greedy``, ``hdrf``) replace clustering and
@@ -194,7 +196,7 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
                  ownership: str = "majority", row_map: bool = True,
                  row_map_itemsize: int = 4, max_degree: int | None = None,
                  clusters: int | None = None, part_nodes: int | None = None,
-                 part_owned: int | None = None) -> dict:
+                 part_owned: int | None = None, features: str = "copy") -> dict:
     """Peak bytes above the RSS after opening the dataset, per phase of
     :func:`ooc.partition.partition_dataset` (see the module docstring for each term).
 
@@ -211,6 +213,7 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
         part_nodes: nodes of the largest partition with its halo (None: ``N``).
         part_owned: owned nodes of the partition planned (None: SPRING's cap, or
             ``part_nodes`` for the edge partitioners).
+        features: ``copy`` or ``link`` (``ooc.partition --features``).
 
     Returns:
         ``{"phases": {phase: bytes}, "peak_phase": name, "peak_bytes": max,
@@ -283,18 +286,20 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
     if not split:
         phases["split"] = held + owner + retained           # owner.npy's int32 copy
     else:
+        link = features == "link"
         r = int(row_map_itemsize) if row_map else 0
         y = np.dtype(index_dtype(q)).itemsize       # the partition's sort order, its row map
-        w = y if row_map else 0                      # the row map the writer holds
+        # the row map the writer holds: the partition's (sorted rows) or the source rows
+        w = (r or x) if link else (y if row_map else 0)
         inner = o if halo_hops == 1 else q                  # nodes with full in-lists
         # one request of entries read by page: the ids' int64 copy and sort order, the
         # reader's buffer
         piece = 16 * ID_PIECE + ENTRY_BUFFER
-        if row_map:   # the source rows read by piece; the int32 order (and its scratch),
-            # the sorted source rows, the order's inverse
+        if row_map and not link:  # the source rows read by piece; the int32 order (and its
+            # scratch), the sorted source rows, the order's inverse
             sort = x * o + x * q + max(r * q + (r + 16 + 8) * ID_PIECE + ENTRY_BUFFER,
                                        (r + 2 * y) * q, (2 * r + y) * q)
-        else:         # rows in node order: the ids are the source rows, nothing sorted
+        else:         # rows in node order or linked: nothing sorted
             sort = x * o + x * q
         moments = {
             # owner == q and its int64 positions, then owned, replicas and the ids
@@ -307,8 +312,9 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
             # a chunk of labels, the owned nodes' labels in it read by page
             "labels": x * o + (x + w) * q + 8 * min(q, LABEL_CHUNK)
             + 16 * min(o, LABEL_CHUNK) + ENTRY_BUFFER,
-            "features": x * o + (x + r + w) * q
-            + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n),
+            "features": (x * o + (x + w) * q + (r + 16 + 8) * ID_PIECE + ENTRY_BUFFER
+                         if link else x * o + (x + r + w) * q
+                         + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n)),
             # global_ids.npy's int64 copy
             "ids": x * o + (x + 8 + w) * q,
         }
@@ -346,6 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--algo", default="spring", choices=ALGOS,
                     help="algorithm (default spring)")
     ap.add_argument("--halo-hops", type=int, default=1)
+    ap.add_argument("--features", choices=("copy", "link"), default="copy",
+                    help="partitions copy their feature rows or link the dataset's")
     ap.add_argument("--no-row-map", action="store_true",
                     help="the features are stored in node order (no feature_rows.npy)")
     ap.add_argument("--part-nodes", type=int, default=None,
@@ -363,7 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = planned_peak(a.nodes, a.edges, parts=a.parts, algo=a.algo, feature_dim=a.dim,
                         feature_dtype=a.dtype, halo_hops=a.halo_hops, row_map=not a.no_row_map,
                         index_itemsize=index_dtype(a.nodes).itemsize,
-                        part_nodes=a.part_nodes, clusters=a.clusters)
+                        part_nodes=a.part_nodes, clusters=a.clusters, features=a.features)
     mib = 1 << 20
     for k, v in plan["phases"].items():
         print(f"{k:11s} {v / mib:12.1f} MiB  {plan['per_node'][k]:7.2f} B/node")

@@ -21,11 +21,16 @@ of a BFS by in-edges:
 * ``labels.npy`` keeps the labels of owned nodes; every other node gets -1;
 * ``train/val/test_idx.npy`` are the source splits restricted to owned nodes,
   in local ids (source order kept);
-* features are read from the source ``features.bin`` in chunks of rows,
-  each page that holds a wanted row read once (O_DIRECT where the file
-  system allows it); a source stored in a locality order lends it to the
-  partition (``feature_rows.npy``, ``feature_order.kind = "inherited"``), so
-  the copy reads the source and writes the partition front to back;
+* features (``features``): ``copy`` reads them from the source's feature file in chunks
+  of rows, each page that holds a wanted row read once (O_DIRECT where the file system
+  allows it); a source stored in a locality order lends it to the partition
+  (``feature_rows.npy``, ``feature_order.kind = "inherited"``), so the copy reads the
+  source and writes the partition front to back. ``link`` writes no feature file: the
+  partition reads its rows from the source's (``feature_rows.npy`` maps each local node
+  to its row there, ``features_link`` in ``meta.json`` says where it is; see
+  :data:`~ooc.storage.dataset.FEATURE_LINK`), so partitions on the source's machine take
+  4 bytes a node of feature storage instead of a copy of their rows (with their halos,
+  several times the source's features in all);
 * ``meta.json`` gets a ``partition`` entry: part, parts, algo, num_owned,
   num_replicas (all non-owned nodes), halo_hops, num_replicas_per_hop
   (list, layer sizes ``1..H``).
@@ -111,16 +116,18 @@ def _halo_nodes(dataset: Dataset, owned: np.ndarray, reps: np.ndarray, layer: np
 def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: int, parts: int,
                     out: Path, g2l: np.ndarray, algo: str = "",
                     chunk_edges: int = DEFAULT_CHUNK_EDGES, progress: bool = False,
-                    halo_hops: int = 1) -> dict:
+                    halo_hops: int = 1, features: str = "copy") -> dict:
     """Write partition ``q`` and its ``halo_hops``-hop halo to ``out`` (a new
     folder); returns its summary.
 
     ``owner``: int [N] owning partition of every node; ``bits``: the replica
     bitmap of :func:`ooc.partition.metrics.replica_bits`; ``g2l``: int [N]
-    scratch, all -1 on entry and on return.
+    scratch, all -1 on entry and on return. ``features``: a key of :data:`FEATURES`.
     """
     if halo_hops < 1:
         raise InvalidValue(f"halo_hops must be >= 1, got {halo_hops}")
+    if features not in FEATURES:
+        raise InvalidValue(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
     name = part_name(q)
     owned = np.flatnonzero(owner == q).astype(g2l.dtype)
     reps = replicas_of(bits, q, g2l)
@@ -143,7 +150,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
         if eq:
             _copy_edges(dataset, g2l, n_inner, indptr, ind, chunk_edges, progress, name)
         del indptr, ind  # written: the feature copy's arrays take their place
-        _copy_features(dataset, w, gids)
+        FEATURES[features](dataset, w, gids)
         w.write_labels_chunks(_local_labels(dataset, owned, nq), dataset.num_classes)
         splits = _local_splits(dataset, owner, q, g2l)
         w.write_splits(*splits)
@@ -248,7 +255,7 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
     sharing pages. A source in node order is copied in local order (each halo layer is in
     ascending global id: again front to back)."""
     nq = gids.size
-    lay = dataset.layout
+    lay = dataset.file_layout
     if dataset.row_of is not None:
         # the row map's entries read by page (gathered through its memmap they would map
         # up to all of it), in its own dtype: int32 below 2^31 nodes
@@ -261,13 +268,27 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
         src_rows = gids
     dst_view = w.features()
     rows = max(1, FEATURE_CHUNK_BYTES // max(1, lay.row_bytes))
-    with DirectFeatures(dataset.file("features.bin"), lay) as source:
+    with DirectFeatures(dataset.features_file, lay) as source:
         for a in range(0, nq, rows):
             b = min(nq, a + rows)
             chunk = source.read(src_rows[a:b])
             w.check_features(a, chunk)
             dst_view[a:b] = chunk
             _release(w._features)
+
+
+def _link_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None:
+    """The partition reads rows ``gids`` (int [n_q], global ids in local order) from the
+    source's feature file (its own, or the one it links in turn) instead of a copy."""
+    rows = (dataset.entries(ROW_MAP_FILE, dataset.row_of, gids) if dataset.row_of is not None
+            else gids)
+    w.link_features(dataset.features_file, dataset.file_layout.num_rows,
+                    dataset.meta["files"]["features.bin"], rows,
+                    nonfinite=int(dataset.meta.get("nonfinite_features", 0) or 0))
+
+
+#: How a partition gets its feature rows (``ooc.partition --features``).
+FEATURES = {"copy": _copy_features, "link": _link_features}
 
 
 def _local_splits(dataset: Dataset, owner: np.ndarray, q: int, g2l: np.ndarray

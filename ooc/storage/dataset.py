@@ -48,6 +48,12 @@ REQUIRED_FILES = (
 #: Node id -> row of ``features.bin`` (int32/int64 [N], a permutation), present when
 #: the rows are stored in another order than the node ids (``meta["feature_order"]``).
 ROW_MAP_FILE = "feature_rows.npy"
+#: The ``meta.json`` field of a dataset that reads its feature rows from another dataset's
+#: ``features.bin`` instead of holding its own (a partition made with ``--features link``):
+#: ``{"path": relative to the folder, "abs_path": absolute, "num_rows": rows of that file}``;
+#: ``files["features.bin"]`` is that file's entry and ``feature_rows.npy`` maps each node
+#: to its row there (distinct rows, not a permutation).
+FEATURE_LINK = "features_link"
 
 
 def sha256_file(path: Path) -> str:
@@ -187,6 +193,9 @@ class Dataset:
         features: the feature table (``read(ids)`` -> [n, dim], by node id).
         row_of: node id -> row of ``features.bin`` (int32/int64 [N] memmap of
             ``feature_rows.npy``) when the rows are stored in a locality order, else None.
+        features_file: the feature file (``features.bin`` here, or the linked dataset's).
+        file_layout: that file's :class:`FeatureLayout` (``layout`` with the linked file's
+            rows when linked: rows are addressed by ``row_of``).
         labels: int64 [N] memmap, -1 where unlabeled.
         train_idx, val_idx, test_idx: int64 node ids.
     """
@@ -202,6 +211,8 @@ class Dataset:
     test_idx: np.ndarray
     layout: FeatureLayout = field(repr=False)
     row_of: np.ndarray | None = field(default=None, repr=False)
+    linked_file: Path | None = field(default=None, repr=False)
+    linked_rows: int = field(default=0, repr=False)
     _indices_checked: bool = field(default=False, repr=False, compare=False)
     _offsets: Any = field(default=None, repr=False, compare=False)
     _entry_readers: dict = field(default_factory=dict, repr=False, compare=False)
@@ -233,6 +244,20 @@ class Dataset:
     def file(self, name: str) -> Path:
         return self.path / name
 
+    @property
+    def features_file(self) -> Path:
+        """The file the feature rows are read from: ``features.bin`` of this folder, or
+        of the dataset it links (:data:`FEATURE_LINK`)."""
+        return self.linked_file if self.linked_file is not None else self.file("features.bin")
+
+    @property
+    def file_layout(self) -> FeatureLayout:
+        """The :class:`FeatureLayout` of :attr:`features_file`: ``layout``, or the same
+        rows' layout over the linked file's ``linked_rows`` rows."""
+        if self.linked_file is None:
+            return self.layout
+        return FeatureLayout(self.linked_rows, self.layout.dim, self.layout.dtype)
+
     def by_node(self, reader):
         """``reader`` of ``features.bin`` (ids = stored rows) read by node id: itself when
         the rows are in node order, else wrapped in
@@ -242,7 +267,20 @@ class Dataset:
             return reader
         from .features import NodeRows
 
-        return NodeRows(reader, self.row_of, str(self.file("features.bin")))
+        return NodeRows(reader, self.row_of, str(self.features_file))
+
+    def stored_order(self) -> np.ndarray | None:
+        """The node ids in the order their rows lie in :attr:`features_file` (int32/int64
+        [N]: ``order[k]`` is the node of the k-th stored row among this dataset's), None
+        when they lie in node order."""
+        if self.row_of is None:
+            return None
+        rows = np.asarray(self.row_of)
+        if self.linked_file is None:  # a permutation: its inverse
+            order = np.empty_like(rows)
+            order[rows] = np.arange(rows.shape[0], dtype=rows.dtype)
+            return order
+        return np.argsort(rows, kind="stable").astype(index_dtype(self.num_nodes))
 
     def row_pages(self) -> Callable[[np.ndarray], np.ndarray] | None:
         """``pages(ids)``: the 4 KiB page of ``features.bin`` each node's row lies in
@@ -345,8 +383,9 @@ class Dataset:
         size and checksums) and ``files`` (``{name: [bytes, mtime_ns]}`` of the raw
         ``.bin`` files, so writing into them in place shows). Cheap: two ``stat`` calls."""
         files = {}
-        for name in ("indices.bin", "features.bin"):
-            st = self.file(name).stat()
+        for name, p in (("indices.bin", self.file("indices.bin")),
+                        ("features.bin", self.features_file)):
+            st = p.stat()
             files[name] = [st.st_size, st.st_mtime_ns]
         return {"meta": meta_checksum(self.meta), "files": files}
 
@@ -619,7 +658,11 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     mp = path / "meta.json"
     n = meta["num_nodes"]
     layout = FeatureLayout(n, meta["feature_dim"], meta["feature_dtype"])
-    _check_files(path, meta, layout)
+    linked, linked_rows = _linked_features(path, meta)
+    feature_file = linked if linked is not None else path / "features.bin"
+    file_layout = (layout if linked is None
+                   else FeatureLayout(linked_rows, layout.dim, layout.dtype))
+    _check_files(path, meta, file_layout, feature_file)
     indptr = _load_npy(path / "indptr.npy", np.int64, (n + 1,), mmap=True)
     _check_indptr(path / "indptr.npy", indptr, meta["num_edges"])
     indices = _open_indices(path, meta, verify)
@@ -628,19 +671,51 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
         raise DatasetError(mp, "was edited after the dataset was written (its checksum does not "
                                "match its fields); write the dataset again with ooc.prepare")
-    row_of = _load_row_map(path, meta, n)
+    row_of = _load_row_map(path, meta, n, file_layout.num_rows if linked is not None else None)
     ds = Dataset(path=path, meta=meta, indptr=indptr, indices=indices,
                  features=None, labels=labels, train_idx=splits[0], val_idx=splits[1],
-                 test_idx=splits[2], layout=layout, row_of=row_of)
-    ds.features = ds.by_node(MmapFeatures(path / "features.bin", layout))
+                 test_idx=splits[2], layout=layout, row_of=row_of, linked_file=linked,
+                 linked_rows=linked_rows)
+    ds.features = ds.by_node(MmapFeatures(feature_file, file_layout))
     return ds
 
 
-def _check_files(path: Path, meta: dict, layout: FeatureLayout) -> None:
+def _linked_features(path: Path, meta: dict) -> tuple[Path | None, int]:
+    """The feature file a dataset links (:data:`FEATURE_LINK`) and its rows, found by
+    its path relative to the folder ``path``, else its absolute path; ``(None, 0)`` for
+    a dataset with its own ``features.bin``.
+
+    Raises:
+        DatasetError: a malformed link, a link without a row map, or no file at either
+            path (named, with what reads from it).
+    """
+    link = meta.get(FEATURE_LINK)
+    if link is None:
+        return None, 0
+    mp = path / "meta.json"
+    if not (isinstance(link, dict) and isinstance(link.get("path"), str)
+            and isinstance(link.get("abs_path"), str) and _is_int(link.get("num_rows"))
+            and link["num_rows"] >= 0):
+        raise DatasetError(mp, f"field {FEATURE_LINK!r} must hold 'path', 'abs_path' and "
+                               f"'num_rows', got {link!r}")
+    if "feature_order" not in meta:
+        raise DatasetError(mp, f"field {FEATURE_LINK!r} is set without 'feature_order' (the "
+                               f"map of nodes to the linked file's rows)")
+    near, far = Path(os.path.normpath(path / link["path"])), Path(link["abs_path"])
+    for p in (near, far):
+        if p.is_file():
+            return p, int(link["num_rows"])
+    raise DatasetError(near, f"missing: {path} reads its feature rows from this file (linked "
+                             f"by ooc.partition --features link)"
+                             + ("" if near == far else f"; also not at {far}"))
+
+
+def _check_files(path: Path, meta: dict, layout: FeatureLayout, feature_file: Path) -> None:
     """The required files of the folder ``path`` against its ``meta`` (checked by
-    :func:`_load_meta`): the sizes of ``features.bin`` (``layout``) and ``indices.bin``
-    that the counts imply and the number of block checksums of ``indices.bin``, then
-    each file's size on disk and its sha256 (full or of sampled pages) where recorded."""
+    :func:`_load_meta`): the sizes of ``features.bin`` (``layout``, the layout of
+    ``feature_file``: this folder's or a linked one) and ``indices.bin`` that the counts
+    imply and the number of block checksums of ``indices.bin``, then each file's size on
+    disk and its sha256 (full or of sampled pages) where recorded."""
     mp = path / "meta.json"
     e = meta["num_edges"]
     files = meta["files"]
@@ -655,14 +730,15 @@ def _check_files(path: Path, meta: dict, layout: FeatureLayout) -> None:
         raise DatasetError(mp, f"lists {len(crcs)} block checksums of indices.bin, but "
                                f"num_edges={e} gives {-(-e * idt.itemsize // INDEX_BLOCK)}")
     for name in REQUIRED_FILES:
-        _check_size(path / name, files[name]["bytes"])
+        p = feature_file if name == "features.bin" else path / name
+        _check_size(p, files[name]["bytes"])
         digest = files[name].get("sha256")
-        if digest is not None and sha256_file(path / name) != digest:
-            raise DatasetError(path / name, "checksum does not match meta.json (corrupted file)")
+        if digest is not None and sha256_file(p) != digest:
+            raise DatasetError(p, "checksum does not match meta.json (corrupted file)")
         digest = files[name].get("sampled_sha256")
-        if digest is not None and sampled_sha256(path / name, files[name]["bytes"]) != digest:
-            raise DatasetError(path / name, "checksum of sampled pages does not match meta.json "
-                                            "(corrupted file)")
+        if digest is not None and sampled_sha256(p, files[name]["bytes"]) != digest:
+            raise DatasetError(p, "checksum of sampled pages does not match meta.json "
+                                  "(corrupted file)")
 
 
 def _open_indices(path: Path, meta: dict, verify: bool) -> np.ndarray:
@@ -717,9 +793,12 @@ def _load_splits(path: Path, n: int) -> list[np.ndarray]:
     return splits
 
 
-def _load_row_map(path: Path, meta: dict, n: int) -> np.ndarray | None:
+def _load_row_map(path: Path, meta: dict, n: int, linked_rows: int | None = None
+                  ) -> np.ndarray | None:
     """The memmap of ``feature_rows.npy`` when ``meta.json`` lists one, checked to be a
-    permutation of ``0 .. n-1`` (one pass, an n-bit bitmap), else None."""
+    permutation of ``0 .. n-1`` (one pass, an n-bit bitmap), else None. With
+    ``linked_rows`` (the rows of a linked feature file) it holds ``n`` distinct rows of
+    ``0 .. linked_rows-1`` instead."""
     if "feature_order" not in meta:
         return None
     from ._reorder_kernels import first_repeat
@@ -732,12 +811,15 @@ def _load_row_map(path: Path, meta: dict, n: int) -> np.ndarray | None:
     _check_size(p, entry["bytes"])
     if entry.get("sha256") is not None and sha256_file(p) != entry["sha256"]:
         raise DatasetError(p, "checksum does not match meta.json (corrupted file)")
-    dtype = np.int32 if n < (1 << 31) else np.int64
+    rows = n if linked_rows is None else linked_rows
+    dtype = np.int32 if rows < (1 << 31) else np.int64
     row_of = _load_npy(p, dtype, (n,), mmap=True)
-    seen = np.zeros(-(-n // 8), dtype=np.uint8)
+    seen = np.zeros(-(-rows // 8), dtype=np.uint8)
     for a, chunk in _npy_chunks(p, row_of):
-        k = first_repeat(np.ascontiguousarray(chunk), n, seen)
+        k = first_repeat(np.ascontiguousarray(chunk), rows, seen)
         if k >= 0:
-            raise DatasetError(p, f"entry {a + k} ({int(chunk[k])}) is out of range or repeated: "
-                                  f"not a permutation of the {n} feature rows")
+            what = (f"not a permutation of the {n} feature rows" if linked_rows is None
+                    else f"not distinct rows of the linked file's {rows}")
+            raise DatasetError(p, f"entry {a + k} ({int(chunk[k])}) is out of range or "
+                                  f"repeated: {what}")
     return row_of

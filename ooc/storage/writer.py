@@ -10,10 +10,10 @@ from typing import Any, Literal
 import numpy as np
 
 from .atomic import atomic_dir, write_json
-from .dataset import (CHECKSUM_LIMIT, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES, REQUIRED_FILES,
-                      ROW_MAP_FILE,
-                      meta_checksum, open_dataset, replace_problem, sampled_sha256,
-                      scan_index_range, sha256_file, split_overlap)
+from .dataset import (CHECKSUM_LIMIT, FEATURE_LINK, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES,
+                      REQUIRED_FILES, ROW_MAP_FILE, meta_checksum, open_dataset,
+                      replace_problem, sampled_sha256, scan_index_range, sha256_file,
+                      split_overlap)
 from .errors import DatasetError, OocError
 from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes,
                      read_rows)
@@ -112,6 +112,7 @@ class DatasetWriter:
         self._placer: Any = None                    # a RowPlacer while rows stream in
         self._placed = 0                            # buckets of the rows placed as streamed
         self._given_order: dict[str, Any] | None = None  # meta of a row order set by the caller
+        self._link: dict[str, Any] | None = None    # the feature file linked instead of written
 
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
@@ -272,7 +273,7 @@ class DatasetWriter:
         self.indices()
         if self._placer is not None:
             raise InvalidValue("feature rows were placed but not finished (FeatureSink.sync)")
-        if not self._placed:
+        if not self._placed and self._link is None:
             self.features()
         if self.num_classes is None:
             self.write_labels(np.full(self.num_nodes, -1, dtype=np.int64), 0)
@@ -293,8 +294,16 @@ class DatasetWriter:
         except DatasetError as e:
             raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
         files = {}
+        link = self._link
+        if link is not None:
+            self.extra_meta[FEATURE_LINK] = {
+                "path": os.path.relpath(link["file"], self.out.resolve()),
+                "abs_path": str(link["file"]), "num_rows": link["num_rows"]}
         for name in REQUIRED_FILES + ((ROW_MAP_FILE,) if "feature_order" in self.extra_meta
                                       else ()):
+            if name == "features.bin" and link is not None:
+                files[name] = dict(link["entry"])
+                continue
             p = self._dir / name
             entry: dict[str, Any] = {"bytes": p.stat().st_size}
             if name.endswith(".npy") and entry["bytes"] <= CHECKSUM_LIMIT:
@@ -363,6 +372,25 @@ class DatasetWriter:
         self._row_of = np.asarray(row_of, dtype=np.int32 if self.num_nodes < (1 << 31)
                                   else np.int64)
         self._given_order = {"kind": kind, **info}
+
+    def link_features(self, file: Path, num_rows: int, entry: dict[str, Any],
+                      row_of: np.ndarray, nonfinite: int = 0) -> None:
+        """Read the feature rows from another dataset's ``file`` instead of writing
+        ``features.bin`` (see :data:`~ooc.storage.dataset.FEATURE_LINK`): node ``v``'s row is
+        row ``row_of[v]`` of it (int [N], distinct rows of ``0 .. num_rows-1``, saved as
+        ``feature_rows.npy``). ``entry``: that file's entry in its own ``meta.json``
+        (``bytes`` and ``sampled_sha256``), checked whenever this dataset is opened;
+        ``nonfinite``: the count of non-finite values that file's dataset records."""
+        if row_of.shape != (self.num_nodes,):
+            raise InvalidValue(f"{self.out}: the row map has {row_of.shape[0]} entries for "
+                               f"{self.num_nodes} nodes")
+        file = Path(file).resolve()
+        self._row_of = np.asarray(row_of, dtype=np.int32 if num_rows < (1 << 31) else np.int64)
+        self._given_order = {"kind": "linked"}
+        self._link = {"file": file, "num_rows": int(num_rows),
+                      "entry": {k: entry[k] for k in ("bytes", "sampled_sha256") if k in entry}}
+        self.nonfinite = int(nonfinite)
+        self._rows_checked = self.num_nodes  # rows of a dataset that checked them
 
     def row_placer(self):
         """A :class:`~ooc.storage.reorder.RowPlacer` that stores feature rows in the

@@ -48,7 +48,8 @@ def resolve_partitions(data: str | os.PathLike, workers: int, parts: int | None,
 def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.PathLike | None,
                       seed: int = 0, log: Callable[[str], None] = print,
                       halo_hops: int = 1) -> Path:
-    """The partition folder for ``parts`` partitions; partitioned with SPRING if missing.
+    """The partition folder for ``parts`` partitions; partitioned with SPRING if missing,
+    each partition linking the dataset's feature file (``--features link``).
 
     ``halo_hops``: hops of in-neighbourhood each partition holds for its owned
     nodes (1: SDT-GNN's full in-neighbour lists; the number of layers: every
@@ -81,8 +82,9 @@ def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.Pa
     why = "it changed since " + str(out) + " was made; " if stale else ""
     log(f"ooc.train: {why}partitioning {data} into {parts} parts with SPRING -> {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    # the workers run on this machine: each partition reads the dataset's feature file
     rep = partition_dataset(data, out, parts, "spring", seed=seed, halo_hops=halo_hops,
-                            overwrite=stale)
+                            overwrite=stale, features="link")
     log(f"ooc.train: partitioned in {time.perf_counter() - t0:.1f}s (edge cut "
         f"{rep['edge_cut_ratio']:.3f}, replication {rep['replication_factor']:.2f}, with "
         f"the {halo_hops}-hop halo {rep.get('halo_replication_factor', 0):.2f})")

@@ -121,7 +121,7 @@ def _planned_row_bytes(l: int, dataset: Dataset, topo: Topology, starts: np.ndar
     order), a later layer's in its chunk files (rows in processing order, contiguous)."""
     n = topo.num_nodes
     if l == 0:
-        lay = dataset.layout
+        lay = dataset.file_layout
         keyof = dataset.row_of if dataset.row_of is not None else np.zeros(0, np.int64)
         if lay.rows_per_page:
             return count_block_keys(topo.indptr, topo.indices, topo.perm, starts, keyof,

@@ -175,7 +175,7 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
     try:
         # whole pages: the blocks' plans count the pages they read (a block wants most rows
         # of the pages it touches, so reading their sectors alone would save little)
-        f = DirectFeatures(dataset.file("features.bin"), dataset.layout, backend=backend,
+        f = DirectFeatures(dataset.features_file, dataset.file_layout, backend=backend,
                            page_reads=True)
         return dataset.by_node(f), f"direct ({f.backend})"
     except (OocError, ValueError) as e:

@@ -74,10 +74,11 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     if order == "natural":
         return None, "natural"
     if order == "locality":
-        from ...storage.reorder import locality_order, rows_of
+        from ...storage.reorder import locality_order
 
-        if stored is not None:  # the order the feature rows are stored in (made at ingest)
-            return rows_of(np.asarray(stored), ids), "locality"
+        by_row = dataset.stored_order()
+        if by_row is not None:  # the order the feature rows are stored in (made at ingest)
+            return by_row.astype(ids, copy=False), "locality"
         return locality_order(dataset.indptr, dataset.indices).astype(ids, copy=False), \
             "locality"
     deg = dataset.in_degrees()

@@ -357,21 +357,21 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
         return None
     ds, n = run.dataset, run.topo.num_nodes
     reduction = run.model.aggregation(l)
-    lay = ds.layout
+    lay = ds.file_layout
     if prev is None:  # a padded layout's rows are read with their padding, then copied out
         in_row = lay.row_bytes if lay.packed else \
             lay.row_bytes + -(-lay.file_bytes // max(lay.num_rows, 1))
-        table = lay.file_bytes
+        table, n_in = lay.file_bytes, lay.num_rows
         unit = align = max(1, lay.rows_per_page)
     else:
-        in_row, table = d_in * itemsize, n * d_in * itemsize
+        in_row, table, n_in = d_in * itemsize, n * d_in * itemsize, n
         unit, align = run.chunking.chunk_rows, 1
     rss0 = rss()
 
     def replan(budget: int, forced: tuple = run.stream_rows) -> StreamPlan | None:
         return plan_stream(reduction, n, int(run.topo.indptr[-1]), d_in, d_out, in_row, table,
                            budget, run.chunking.chunk_rows, unit, align, costs,
-                           group_rows=forced[0], src_rows=forced[1], rss0=rss0)
+                           group_rows=forced[0], src_rows=forced[1], rss0=rss0, n_in=n_in)
 
     plan = replan(run.budget)
     if plan is None and run.aggregate == "streamed":

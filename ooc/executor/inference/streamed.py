@@ -119,7 +119,7 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
                 in_row_bytes: int, table_bytes: int, budget: int, chunk_rows: int,
                 src_unit: int, src_align: int, costs: BlockCosts,
                 group_rows: int | None = None, src_rows: int | None = None,
-                rss0: int | None = None) -> StreamPlan | None:
+                rss0: int | None = None, n_in: int | None = None) -> StreamPlan | None:
     """The streamed plan of a layer, or None when its convolution is no plain reduction
     (``reduction`` None) or the budget cannot hold one output chunk of accumulators and one
     ``src_unit`` of source rows.
@@ -129,10 +129,12 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     ``src_unit``: source chunks are a multiple of it where one fits (the input's own chunk
     rows), and always of ``src_align`` (the rows of a page of ``features.bin``, else 1);
     ``group_rows``/``src_rows``: force the sizes (tests); ``rss0``: the RSS the layer
-    starts from (default: this process's now).
+    starts from (default: this process's now); ``n_in``: the input's rows (default ``n``:
+    more where the first layer reads a linked feature file's rows).
     """
     if reduction is None or n == 0:
         return None
+    n_in = n if n_in is None else int(n_in)
     rows = min(chunk_rows, n)
     rss0 = rss() if rss0 is None else int(rss0)
     free = headroom(budget, rss0, rows, d_out)
@@ -146,7 +148,7 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
         src_rows = (source_share - pair_piece * BUCKET_BYTES) // src_row
     # whole input chunks a source chunk where they fit; always whole pages of rows
     src_rows = _round_down(src_rows, src_unit if src_rows >= src_unit else src_align)
-    src_rows = min(src_rows, -(-n // src_align) * src_align)
+    src_rows = min(src_rows, -(-n_in // src_align) * src_align)
     source_bytes = src_rows * src_row + pair_piece * BUCKET_BYTES
     per_target = costs.target + 2 * costs.node + costs.edge + 3 * acc_row
     # sub-blocks of up to SUB_ROWS targets, within SUB_SHARE of what the source chunk leaves
@@ -157,7 +159,7 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     sub_rows = min(sub_rows, group_rows)
     if group_rows < 1 or src_rows < 1 or sub_rows < 1:
         return None
-    groups, chunks = -(-n // group_rows), -(-n // src_rows)
+    groups, chunks = -(-n // group_rows), -(-n_in // src_rows)
     # the table once per group, the buckets once, the targets' own rows once; a page more
     # where a read starts or ends inside one
     planned = (groups + 1) * table_bytes + BUCKET_BYTES * num_edges \
@@ -216,7 +218,7 @@ class _Source:
     def __init__(self, run: "Run", prev: Any):
         self.run, self.prev = run, prev
         self.bytes_read = 0
-        self._f = None if prev is not None else open(run.dataset.file("features.bin"), "rb")
+        self._f = None if prev is not None else open(run.dataset.features_file, "rb")
 
     def rows(self, a: int, b: int) -> np.ndarray:
         """Stored rows ``a .. b`` as float32 [b - a, d_in]."""
@@ -224,7 +226,7 @@ class _Source:
             x = np.asarray(self.prev[a:b])
             self.bytes_read += x.nbytes
         else:
-            lay = self.run.dataset.layout
+            lay = self.run.dataset.file_layout
             x = read_rows(self._f, lay, a, b)
             self.bytes_read += FeatureLayout(b - a, lay.dim, lay.dtype).file_bytes
         return np.asarray(x, dtype=np.float32)
@@ -329,6 +331,7 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
     row_of = run.dataset.row_of
     key_in = topo.rowof if prev is not None else (
         np.asarray(row_of) if row_of is not None else np.arange(n, dtype=topo.perm.dtype))
+    n_in = n if prev is not None else run.dataset.file_layout.num_rows
     folder = work / BUCKET_DIR
     shutil.rmtree(folder, ignore_errors=True)  # a killed run's buckets
     folder.mkdir()
@@ -342,7 +345,7 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
         first_group = (first_chunk * ch.chunk_rows) // plan.group_rows
         for g in range(first_group, plan.groups if first_chunk < ch.num_chunks else 0):
             r0, r1 = g * plan.group_rows, min(n, (g + 1) * plan.group_rows)
-            acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, n, stats)
+            acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, n_in, stats)
             nodes = topo.perm[r0:r1]
             dg = topo.indptr[nodes + 1] - topo.indptr[nodes]
             topo.release_pages()  # a group's gather maps pages all over indptr.npy

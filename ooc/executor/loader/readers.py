@@ -75,7 +75,7 @@ class MmapReaders(Readers):
         from ...storage.mmap_features import ThreadedMmapFeatures
 
         nsrc = MmapNeighbors(dataset.indices, options.io_threads)
-        feats = ThreadedMmapFeatures(dataset.file("features.bin"), dataset.layout,
+        feats = ThreadedMmapFeatures(dataset.features_file, dataset.file_layout,
                                      options.io_threads)
         info = {"io_threads": options.io_threads, "readahead": "off (MADV_RANDOM)",
                 "reader_backend": "mmap", "neighbor_reader_backend": "mmap"}
@@ -99,8 +99,8 @@ class MmapReaders(Readers):
         is :meth:`mapped_bytes_bound`, computed, not measured)."""
         from ...storage.pagecache import drop_page_cache
 
-        for name in ("features.bin", "indices.bin"):
-            drop_page_cache(dataset.file(name))
+        for path in (dataset.features_file, dataset.file("indices.bin")):
+            drop_page_cache(path)
 
     def after_probe(self, dataset) -> None:
         from ...storage.pagecache import release_mapped
@@ -120,7 +120,7 @@ class DirectReaders(Readers):
         nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
                                dtype=dataset.index_dtype, owns_reader=True)
         try:
-            feats = DirectFeatures(dataset.file("features.bin"), dataset.layout,
+            feats = DirectFeatures(dataset.features_file, dataset.file_layout,
                                    queue_depth=options.queue_depth, backend=options.io_backend,
                                    page_reads=options.page_reads)
         except BaseException:
