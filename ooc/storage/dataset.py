@@ -276,11 +276,12 @@ class Dataset:
         if self.row_of is None:
             return None
         rows = np.asarray(self.row_of)
+        ids = index_dtype(self.num_nodes)
         if self.linked_file is None:  # a permutation: its inverse
-            order = np.empty_like(rows)
-            order[rows] = np.arange(rows.shape[0], dtype=rows.dtype)
-            return order
-        return np.argsort(rows, kind="stable").astype(index_dtype(self.num_nodes))
+            from .reorder import rows_of
+
+            return rows_of(rows, ids)
+        return np.argsort(rows, kind="stable").astype(ids)
 
     def row_pages(self) -> Callable[[np.ndarray], np.ndarray] | None:
         """``pages(ids)``: the 4 KiB page of ``features.bin`` each node's row lies in
