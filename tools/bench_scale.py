@@ -75,11 +75,14 @@ def dataset_bytes(shape: sg.Shape) -> int:
 def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
     """What each stage writes beside the dataset (upper estimates)."""
     from ooc.executor.inference.store import disk_bytes
+    from ooc.executor.inference.streamed import BUCKET_BYTES
 
     n = shape.nodes
     dims = [shape.feature_dim, HIDDEN, HIDDEN, shape.classes]  # a layer beside its input
     return {"train": 64 << 20,                                  # checkpoints, runtime files
-            "infer": disk_bytes(n, dims, [4, 4, 4], False, True),
+            # as ooc.infer checks it: the layers and a streamed layer's edge buckets
+            "infer": disk_bytes(n, dims, [4, 4, 4], False, True)
+            + BUCKET_BYTES * 2 * shape.edges,
             # linked features: the adjacency, its offsets, row maps, labels and ids of the
             # nodes with their replicas (a factor below 2)
             "partition": 2 * (dataset_bytes(shape) - feature_bytes(shape) + 24 * n)}
