@@ -264,14 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     w = {"raw": wd / "ogb", "data": wd / "data", "ckpt": wd / "ckpt", "runtime": wd / "runtime",
          "emb": wd / "emb.zarr", "parts": wd / "parts", "reports": wd / "reports"}
     facts = sg.written(w["raw"], shape, args.compress)
+    # stages over an ingested dataset need no raw graph (it may have been removed for room)
+    raw_needed = "ingest" in stages or not (w["data"] / "meta.json").is_file()
     outputs = {"ingest": w["data"], "train": w["ckpt"], "infer": w["emb"], "partition": w["parts"]}
-    disk = check_disk(wd, shape, stages, facts is not None,
+    disk = check_disk(wd, shape, stages, facts is not None or not raw_needed,
                       reclaimed=sum(du(outputs[s]) for s in stages))
     w["reports"].mkdir(parents=True, exist_ok=True)
     log(f"scale {args.scale:g}: {shape.nodes:,} nodes, {shape.edges:,} directed edges "
         f"({2 * shape.edges:,} stored), {shape.feature_dim} dims; budget "
         f"{format_size(args.memory_budget)}; disk {format_size(disk['need_bytes'])} needed, "
         f"{format_size(disk['free_bytes'])} free; cgroup root {memcg.CGROUP_ROOT}")
+    if facts is None and not raw_needed:
+        log(f"no raw graph in {w['raw']}: the stages run over the dataset in {w['data']}")
+        facts = {}
     if facts is None:
         t0 = time.perf_counter()
         shutil.rmtree(w["raw"], ignore_errors=True)
