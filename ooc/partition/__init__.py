@@ -132,10 +132,9 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     _check(dataset, parts, algo, beta)
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
         raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
-    from .split import FEATURES
+    from .split import feature_writer
 
-    if features not in FEATURES:
-        raise InvalidValue(f"--features must be one of {', '.join(FEATURES)}, got {features!r}")
+    feature_writer(features)  # a bad choice is refused before any pass
     out = _check_output(dataset, data, out, overwrite)
     if precompile:
         _precompile(dataset, parts, algo, split, halo_hops, params)

@@ -126,8 +126,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
     """
     if halo_hops < 1:
         raise InvalidValue(f"halo_hops must be >= 1, got {halo_hops}")
-    if features not in FEATURES:
-        raise InvalidValue(f"features must be one of {', '.join(FEATURES)}, got {features!r}")
+    write_features = feature_writer(features)
     name = part_name(q)
     owned = np.flatnonzero(owner == q).astype(g2l.dtype)
     reps = replicas_of(bits, q, g2l)
@@ -150,7 +149,7 @@ def write_partition(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, q: in
         if eq:
             _copy_edges(dataset, g2l, n_inner, indptr, ind, chunk_edges, progress, name)
         del indptr, ind  # written: the feature copy's arrays take their place
-        FEATURES[features](dataset, w, gids)
+        write_features(dataset, w, gids)
         w.write_labels_chunks(_local_labels(dataset, owned, nq), dataset.num_classes)
         splits = _local_splits(dataset, owner, q, g2l)
         w.write_splits(*splits)
@@ -289,6 +288,13 @@ def _link_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
 
 #: How a partition gets its feature rows (``ooc.partition --features``).
 FEATURES = {"copy": _copy_features, "link": _link_features}
+
+
+def feature_writer(name: str):
+    """The :data:`FEATURES` entry ``name``, or one line naming the choices."""
+    if name not in FEATURES:
+        raise InvalidValue(f"--features must be one of {', '.join(FEATURES)}, got {name!r}")
+    return FEATURES[name]
 
 
 def _local_splits(dataset: Dataset, owner: np.ndarray, q: int, g2l: np.ndarray

@@ -79,7 +79,8 @@ class StreamPlan:
         reduction: ``mean``, ``sum`` or ``max``.
         group_rows: output rows per group (accumulators held at once); ``groups`` their
             number.
-        src_rows: input rows per source chunk; ``src_chunks`` their number.
+        src_rows: input rows per source chunk; ``src_chunks`` their number; ``in_rows``
+            the input's rows (the targets', or a linked feature file's).
         sub_rows: targets per sub-block the layer runs on.
         pair_piece: bucket pairs read at once.
         planned_bytes: the bytes it reads: the input table once per group and once more
@@ -99,6 +100,7 @@ class StreamPlan:
     planned_bytes: int
     work: int
     planned_peak_bytes: int = 0
+    in_rows: int = 0
     #: says, once, when the budget makes the layer read its input many times over (the
     #: runner sets it: :func:`note_stream_reads` with the layer's own re-planning)
     note_reads: Callable[[], None] = lambda: None
@@ -167,7 +169,7 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     peak = rss0 + output_buffers(rows, d_out) + group_rows * (acc_row + GROUP_ROW_EXTRA) \
         + source_bytes + sub_rows * per_target
     return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
-                      int(sub_rows), pair_piece, planned, int(free), int(peak))
+                      int(sub_rows), pair_piece, planned, int(free), int(peak), n_in)
 
 
 def one_pass_budget(plan: StreamPlan, budget: int, n: int, d_in: int,
@@ -288,7 +290,7 @@ def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Pat
 
 
 def _accumulate_group(src: _Source, plan: StreamPlan, g: int, g_rows: int, d_in: int,
-                      sizes: np.ndarray, folder: Path, n_in: int, stats: "LayerStats"
+                      sizes: np.ndarray, folder: Path, stats: "LayerStats"
                       ) -> np.ndarray:
     """float32 [g_rows, d_in]: each target's sum (max) of its in-neighbours' rows."""
     use_max = plan.reduction == "max"
@@ -298,7 +300,7 @@ def _accumulate_group(src: _Source, plan: StreamPlan, g: int, g_rows: int, d_in:
         if not sizes[k]:
             continue
         t0 = time.perf_counter()
-        x = src.rows(c * plan.src_rows, min(n_in, (c + 1) * plan.src_rows))
+        x = src.rows(c * plan.src_rows, min(plan.in_rows, (c + 1) * plan.src_rows))
         t_read, t_sum = time.perf_counter() - t0, 0.0
         with open(folder / f"{k}.bin", "rb") as f:
             left = int(sizes[k])
@@ -331,7 +333,6 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
     row_of = run.dataset.row_of
     key_in = topo.rowof if prev is not None else (
         np.asarray(row_of) if row_of is not None else np.arange(n, dtype=topo.perm.dtype))
-    n_in = n if prev is not None else run.dataset.file_layout.num_rows
     folder = work / BUCKET_DIR
     shutil.rmtree(folder, ignore_errors=True)  # a killed run's buckets
     folder.mkdir()
@@ -345,7 +346,7 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
         first_group = (first_chunk * ch.chunk_rows) // plan.group_rows
         for g in range(first_group, plan.groups if first_chunk < ch.num_chunks else 0):
             r0, r1 = g * plan.group_rows, min(n, (g + 1) * plan.group_rows)
-            acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, n_in, stats)
+            acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, stats)
             nodes = topo.perm[r0:r1]
             dg = topo.indptr[nodes + 1] - topo.indptr[nodes]
             topo.release_pages()  # a group's gather maps pages all over indptr.npy
