@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import Callable, Iterator, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
 from .storage.errors import IOFailure, InvalidValue, NotFound, OocError, cli_names, setting
@@ -80,9 +83,42 @@ def fail(message: str) -> NoReturn:
     sys.exit(2)
 
 
+#: Exit code of a command ended by SIGTERM (128 + 15, as a shell reports a process killed by it).
+TERMINATED_RC = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while a command ran: raised in the main thread (as Ctrl-C raises
+    :class:`KeyboardInterrupt`) so that every ``finally`` and ``with`` block on the way
+    out runs: temporary outputs are removed, a launcher stops its workers."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`Terminated` in the main thread, when
+    SIGTERM still has its default action there (a caller's own handler is left alone);
+    the previous action is restored after. Python runs the handler between bytecodes:
+    a kernel running at the time finishes first."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[..., int]:
     """Decorate a CLI ``main(argv)``: the process-wide settings of ooc's commands
-    (:func:`ooc.process.configure_process`), and user errors become one line and exit 2."""
+    (:func:`ooc.process.configure_process`), user errors become one line and exit 2, and
+    SIGTERM (a scheduler's or ``timeout``'s stop) cleans up as Ctrl-C does, then exits
+    :data:`TERMINATED_RC` with one line."""
 
     @functools.wraps(fn)
     def wrapped(argv: Sequence[str] | None = None) -> int:
@@ -91,7 +127,7 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
         configure_process()
         try:
             try:
-                with cli_names():
+                with sigterm_raises(), cli_names():
                     rc = fn(argv)
             except Exception as e:
                 _rerun_if_kernel_cache(e, argv)
@@ -104,6 +140,9 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
             if e.filename is None:
                 raise
             fail(f"{e.filename}: {e.strerror or e}")  # e.g. a read-only or full file system
+        except Terminated:
+            print("ooc: terminated (SIGTERM); nothing half-written was kept", file=sys.stderr)
+            return TERMINATED_RC
         except KeyboardInterrupt:
             print("ooc: interrupted", file=sys.stderr)
             return 130

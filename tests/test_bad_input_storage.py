@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from conftest import community_graph
+from conftest import assert_one_line_error, community_graph
 from ooc.storage import open_dataset
 from ooc.storage.dataset import meta_checksum, sampled_sha256, scan_index_range, sha256_file
 
@@ -574,15 +574,15 @@ def test_node_limit_follows_the_memory_cgroup(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.txt"]
 
 
-def test_kill_9_during_ingest_then_rerun(tmp_path):
-    """A real kill -9 mid-ingest leaves only its hidden temp folder; the next run
-    on the same output removes it and writes the dataset."""
-    import signal
+def _ingest_in_flight(tmp_path: Path) -> tuple[list[str], subprocess.Popen, list[Path]]:
+    """``ooc.prepare synthetic`` to ``tmp_path / "g"`` (stderr piped), once its temp folder
+    exists: ``(argv, process, temp folders)``; skips if the ingest finished first."""
     import time
 
     args = [sys.executable, "-m", "ooc.prepare", "synthetic", "--nodes", "300000", "--avg-degree",
             "8", "--feature-dim", "16", "--out", str(tmp_path / "g"), "--no-progress"]
-    p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
     deadline = time.time() + 120
     temps: list[Path] = []
     while time.time() < deadline and not temps and p.poll() is None:
@@ -590,10 +590,19 @@ def test_kill_9_during_ingest_then_rerun(tmp_path):
         time.sleep(0.05)
     if not temps:
         p.kill()
-        p.wait()
+        p.communicate()
         pytest.skip("the ingest finished before its temp folder could be seen")
+    return args, p, temps
+
+
+def test_kill_9_during_ingest_then_rerun(tmp_path):
+    """A real kill -9 mid-ingest leaves only its hidden temp folder; the next run
+    on the same output removes it and writes the dataset."""
+    import signal
+
+    args, p, temps = _ingest_in_flight(tmp_path)
     os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    p.communicate()
     assert not (tmp_path / "g").exists() and temps[0].exists()
     r = subprocess.run(args[:4] + ["--nodes", "500", "--avg-degree", "4", "--feature-dim", "4",
                                    "--out", str(tmp_path / "g"), "--no-progress"],
@@ -601,3 +610,17 @@ def test_kill_9_during_ingest_then_rerun(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(q.name for q in tmp_path.iterdir()) == ["g"]
     assert open_dataset(tmp_path / "g").num_nodes == 500
+
+
+def test_sigterm_during_ingest_removes_its_temp_folder(tmp_path):
+    """SIGTERM (``timeout``, a scheduler's stop) mid-ingest: the command ends with exit 143
+    and one line, and its temp folder is gone with it (a SIGKILL leaves it for the next
+    run to remove, above)."""
+    import signal
+
+    _, p, _ = _ingest_in_flight(tmp_path)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err[-2000:]
+    assert_one_line_error(err, "terminated (SIGTERM)")
+    assert list(tmp_path.iterdir()) == []

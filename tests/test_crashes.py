@@ -150,13 +150,10 @@ def test_an_unreadable_kernel_cache_is_cleared_and_compiled_again(tmp_path):
     assert (tmp_path / "b" / "meta.json").is_file()
 
 
-def test_workers_end_with_a_kill_of_the_launcher_during_start_up(tmp_path):
-    """``kill -9`` of ``ooc.train --workers 2`` as soon as its workers exist (they are still
-    importing torch): the kernel ends them with it (PR_SET_PDEATHSIG). Workers left alone
-    would wait for their launcher's heartbeat for 120 s; the test allows them 30 (a loaded
-    machine can take seconds to run a worker up to ``import ooc``)."""
+def _launcher_with_workers(tmp_path):
+    """``ooc.train --workers 2`` on a small dataset (its temp folder under ``tmp_path``),
+    once both workers exist (they are still importing torch): ``(launcher, workers)``."""
     import os
-    import signal
     import time
 
     import psutil
@@ -169,10 +166,12 @@ def test_workers_end_with_a_kill_of_the_launcher_during_start_up(tmp_path):
     data = write_dataset(tmp_path / "d", indptr, indices,
                          rng.standard_normal((n, 4)).astype(np.float32),
                          labels=rng.integers(0, 2, n), train_idx=np.arange(100))
+    (tmp_path / "tmp").mkdir()
     p = subprocess.Popen([sys.executable, "-m", "ooc.train", "--data", str(data), "--workers",
                           "2", "--partitions", "2", "--epochs", "50", "--fanouts", "3",
                           "--no-progress"], cwd=REPO, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+                         stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     workers: list = []
     t0 = time.monotonic()
     while len(workers) < 2 and time.monotonic() - t0 < 300 and p.poll() is None:
@@ -187,9 +186,41 @@ def test_workers_end_with_a_kill_of_the_launcher_during_start_up(tmp_path):
     # the launcher partitions first (SPRING's kernels compile on a cold cache)
     assert len(workers) == 2, (f"launcher exit {p.poll()}, {len(workers)} workers after "
                                f"{time.monotonic() - t0:.0f} s")
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
+    return p, workers
+
+
+def _workers_gone(workers) -> None:
+    import psutil
+
     _, alive = psutil.wait_procs(workers, timeout=30)
     for w in alive:
         w.kill()
     assert not alive, [w.pid for w in alive]
+
+
+def test_workers_end_with_a_kill_of_the_launcher_during_start_up(tmp_path):
+    """``kill -9`` of ``ooc.train --workers 2`` as soon as its workers exist: the kernel
+    ends them with it (PR_SET_PDEATHSIG). Workers left alone would wait for their
+    launcher's heartbeat for 120 s; the test allows them 30 (a loaded machine can take
+    seconds to run a worker up to ``import ooc``)."""
+    import os
+    import signal
+
+    p, workers = _launcher_with_workers(tmp_path)
+    os.kill(p.pid, signal.SIGKILL)
+    p.communicate()
+    _workers_gone(workers)
+
+
+def test_sigterm_to_the_launcher_stops_its_workers_and_cleans_up(tmp_path):
+    """SIGTERM to ``ooc.train --workers 2`` (``timeout``, a scheduler's stop): the launcher
+    stops its workers, removes its heartbeat folder and exits 143 with one line."""
+    import signal
+
+    p, workers = _launcher_with_workers(tmp_path)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    _workers_gone(workers)
+    assert p.returncode == 143, err[-2000:]
+    assert_one_line_error(err, "terminated (SIGTERM)")
+    assert list((tmp_path / "tmp").glob("ooc-*")) == []  # torch leaves a folder of its own
