@@ -11,6 +11,7 @@ from ooc.inspector import (CachedNeighbors, DirectNeighbors, InMemoryNeighbors, 
                            load_or_build_neighbor_cache)
 from ooc.inspector.neighbor_cache import cache_dir, compute_out_degrees, full_bytes, full_cache_bytes
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
+from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES
 
 FANOUTS = [8, 4, -1]
 
@@ -39,9 +40,11 @@ class PreadReader:
     def __init__(self, path):
         self.fd = os.open(path, os.O_RDONLY)
         self.calls = 0
+        self.sizes: list[int] = []  # pages of each submission
 
     def read_pages(self, pages, out):
         self.calls += 1
+        self.sizes.append(int(pages.shape[0]))
         assert np.all(np.diff(pages) > 0), "pages must be sorted and unique"
         assert out.ctypes.data % 4096 == 0 and out.shape[0] >= pages.shape[0] * 4096
         for i, p in enumerate(pages.tolist()):
@@ -50,6 +53,30 @@ class PreadReader:
 
     def close(self):
         os.close(self.fd)
+
+
+@pytest.mark.parametrize("max_pages,pages,submissions", [(DEFAULT_MAX_BUFFER_PAGES, 6, 1),
+                                                         (4, 5, 5)])
+def test_direct_neighbors_read_through_short_gaps(tmp_path, max_pages, pages, submissions):
+    """Positions on pages 0, 2, 3, 7 and 20 of a raw int32 file, gaps of up to 2 pages read
+    through: pages 0-3, 7 and 20 are read (one run and two), the ids are the file's; with 4
+    pages a submission (gaps included) the wanted pages go 4 // 3 = 1 at a time."""
+    from ooc.inspector.neighbors import NeighborRequest
+
+    vals = np.arange(21 * 1024, dtype=np.int32) * 7
+    path = tmp_path / "indices.bin"
+    vals.tofile(path)
+    indptr = np.array([0, vals.size], np.int64)
+    pos = np.array([5, 2 * 1024 + 9, 3 * 1024, 7 * 1024 + 1023, 20 * 1024 + 3, 6], np.int64)
+    req = NeighborRequest(np.zeros(1, np.int64), np.array([0, pos.size], np.int64), pos, pos)
+    reader = PreadReader(path)
+    src = DirectNeighbors(path, indptr, reader=reader, max_pages=max_pages, max_gap_pages=2)
+    np.testing.assert_array_equal(src.gather(req), vals[pos])
+    assert (src.pages_read, src.submissions) == (pages, submissions)
+    none = DirectNeighbors(path, indptr, reader=reader, max_gap_pages=0)
+    np.testing.assert_array_equal(none.gather(req), vals[pos])
+    assert none.pages_read == 5
+    reader.close()
 
 
 def test_build_policy_layout_and_budget(dataset):

@@ -27,9 +27,12 @@ def _poison(reader: DirectReader, npages: int) -> None:
     reader._scratch.fill(POISON)
 
 
-def _plan(ranges: list[tuple[int, int]], align: int, max_run_pages: int) -> tuple[int, int]:
+def _plan(ranges: list[tuple[int, int]], align: int, max_run_pages: int, max_gap: int = 0,
+          limit: int = 1 << 40) -> tuple[int, int]:
     """(bytes, reads) of reading byte ranges ``[s, e)``: each page's wanted bytes rounded
-    out to ``align``, consecutive pages one read (with the bytes between their spans)."""
+    out to ``align``, gaps of at most ``max_gap`` pages between wanted pages read whole
+    (in file order while the pages stay within ``limit``), consecutive pages one read
+    (with the bytes between their spans)."""
     spans: dict[int, tuple[int, int]] = {}
     for s, e in ranges:
         for p in range(s // PAGE, (e - 1) // PAGE + 1):
@@ -38,6 +41,12 @@ def _plan(ranges: list[tuple[int, int]], align: int, max_run_pages: int) -> tupl
             a, b = a // align * align, -(-b // align) * align
             lo, hi = spans.get(p, (PAGE, 0))
             spans[p] = (min(lo, a), max(hi, b))
+    wanted = sorted(spans)
+    total_pages = len(wanted)
+    for p, q in zip(wanted, wanted[1:]):
+        if 0 < q - p - 1 <= max_gap and total_pages + q - p - 1 <= limit:
+            total_pages += q - p - 1
+            spans.update({g: (0, PAGE) for g in range(p + 1, q)})
     pages = sorted(spans)
     total = reads = i = 0
     while i < len(pages):
@@ -92,13 +101,15 @@ def test_small_rows_read_as_sectors_match_numpy(tmp_path, backend, dim, dtype):
 
 @pytest.mark.parametrize("dim,dtype", [(3, "float32"), (100, "float32"), (128, "float32"),
                                        (700, "float32")])
-def test_sector_reads_count_what_the_plan_reads(tmp_path, dim, dtype):
+@pytest.mark.parametrize("gap", [0, 2 * PAGE])
+def test_sector_reads_count_what_the_plan_reads(tmp_path, dim, dtype, gap):
     """Bytes and reads equal the plain-Python plan; whole-page reads of the same rows
     take as many reads and more bytes."""
     path, lay, rows = feature_file(tmp_path, 4000, dim, dtype)
     rng = np.random.default_rng(1)
-    with DirectFeatures(path, lay, queue_depth=8, backend="preadv") as f, \
-            DirectFeatures(path, lay, queue_depth=8, backend="preadv", page_reads=True) as g:
+    with DirectFeatures(path, lay, queue_depth=8, backend="preadv", max_gap_bytes=gap) as f, \
+            DirectFeatures(path, lay, queue_depth=8, backend="preadv", page_reads=True,
+                           max_gap_bytes=gap) as g:
         assert g.reader.read_align == PAGE
         align = f.reader.read_align
         if align != SECTOR:
@@ -107,8 +118,10 @@ def test_sector_reads_count_what_the_plan_reads(tmp_path, dim, dtype):
         for n in (1, 7, 90, 400):
             ids = rng.integers(0, 4000, n)
             ranges = [(int(o), int(o) + lay.row_bytes) for o in lay.row_offsets(ids)]
-            want_bytes, want_reads = _plan(ranges, SECTOR, f.reader.max_run_pages)
-            page_bytes, page_reads = _plan(ranges, PAGE, f.reader.max_run_pages)
+            want_bytes, want_reads = _plan(ranges, SECTOR, f.reader.max_run_pages,
+                                           gap // PAGE, f.max_pages)
+            page_bytes, page_reads = _plan(ranges, PAGE, f.reader.max_run_pages, gap // PAGE,
+                                           g.max_pages)
             for r, (b, k) in ((f, (want_bytes, want_reads)), (g, (page_bytes, page_reads))):
                 before = r.stats.as_dict()
                 np.testing.assert_array_equal(r.read(ids), rows[ids])
@@ -127,7 +140,8 @@ def test_sector_reads_count_what_the_plan_reads(tmp_path, dim, dtype):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("max_read", [1 << 20, PAGE])
-def test_byte_ranges_read_as_sectors(tmp_path, backend, max_read):
+@pytest.mark.parametrize("gap", [0, 3 * PAGE])
+def test_byte_ranges_read_as_sectors(tmp_path, backend, max_read, gap):
     """Neighbour-list-like ranges: within a sector, across sectors, across pages, empty,
     sharing pages; their bytes from a poisoned buffer and the bytes counted (reads of one
     page each, or adjacent pages merged)."""
@@ -145,7 +159,8 @@ def test_byte_ranges_read_as_sectors(tmp_path, backend, max_read):
         [(int(s), int(s) + int(n)) for s, n in zip(rng.integers(0, 39 * PAGE, 200),
                                                    rng.integers(0, 300, 200))],
     ]
-    with DirectReader(path, backend=backend, queue_depth=8, max_read_bytes=max_read) as r:
+    with DirectReader(path, backend=backend, queue_depth=8, max_read_bytes=max_read,
+                      max_gap_bytes=gap) as r:
         for ranges in cases:
             s = np.array([a for a, _ in ranges], np.int64)
             e = np.array([b for _, b in ranges], np.int64)
@@ -155,7 +170,8 @@ def test_byte_ranges_read_as_sectors(tmp_path, backend, max_read):
             for i, (a, b) in enumerate(ranges):
                 np.testing.assert_array_equal(buf[off[i]:off[i] + b - a], data[a:b])
             nonempty = [(a, b) for a, b in ranges if b > a]
-            want_bytes, want_reads = _plan(nonempty, r.read_align, r.max_run_pages)
+            want_bytes, want_reads = _plan(nonempty, r.read_align, r.max_run_pages,
+                                           r.max_gap_pages, r.max_buffer_pages)
             assert r.stats.bytes_read - before["bytes_read"] == want_bytes
             assert r.stats.read_ops - before["read_ops"] == want_reads
 
@@ -218,3 +234,30 @@ def test_the_loader_readers_read_sectors_unless_told_pages(small_dataset):
         finally:
             src.close()
     assert got[False] < got[True]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_byte_ranges_read_through_gaps_within_out(tmp_path, backend):
+    """Ranges on pages 0 and 4 with gaps of 3 pages read through: into an ``out`` of 5 pages
+    one read from the first range's sector to the last's; into one of 2 pages (all the
+    ranges need) two reads, the gap left out."""
+    from ooc.storage import aligned_empty
+
+    data = np.random.default_rng(5).integers(0, 256, 6 * PAGE, dtype=np.uint8)
+    path = tmp_path / "indices.bin"
+    data.tofile(path)
+    backend_or_skip(backend, path)
+    s = np.array([100, 4 * PAGE + 700], np.int64)
+    e = s + 40
+    with DirectReader(path, backend=backend, queue_depth=8, max_gap_bytes=3 * PAGE) as r:
+        for pages, reads in ((5, 1), (2, 2)):
+            out = aligned_empty(pages * PAGE)
+            before = r.stats.as_dict()
+            buf, off = read_ranges(r, s, e, out)
+            assert buf is out
+            for i in range(2):
+                np.testing.assert_array_equal(buf[off[i]:off[i] + 40], data[s[i]:e[i]])
+            assert r.stats.read_ops - before["read_ops"] == reads
+            want = _plan([(int(a), int(b)) for a, b in zip(s, e)], r.read_align,
+                         r.max_run_pages, 3, pages)[0]
+            assert r.stats.bytes_read - before["bytes_read"] == want

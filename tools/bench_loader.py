@@ -62,11 +62,15 @@ PRESETS = ("baseline", "static", "ooc")
 #: its ``ModeOptions`` fields). ``ooc-mates``: ooc whose changesets also insert page-mates
 #: (rows on the pages a batch's misses read that the superbatch uses later;
 #: ``BeladyCache(page_mates=0.25)``). ``<preset>-pages``: the preset reading whole 4 KiB
-#: pages where it would read a small row's 512 B sectors (``page_reads``).
+#: pages where it would read a small row's 512 B sectors (``page_reads``);
+#: ``<preset>-nogap``: the preset reading only wanted pages, never through a gap between
+#: them (``read_gap`` 0).
 VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ooc-mates": ("ooc", {"page_mates": 0.25}, {}),
     "ooc-pages": ("ooc", {}, {"page_reads": True}),
     "static-pages": ("static", {}, {"page_reads": True}),
+    "ooc-nogap": ("ooc", {}, {"read_gap": 0}),
+    "static-nogap": ("static", {}, {"read_gap": 0}),
 }
 log = memcg.log
 

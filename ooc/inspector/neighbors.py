@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..storage._direct_kernels import fill_gaps
 from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, grown
 from ..storage.errors import DatasetError, InvalidValue
 from ..storage.layout import PAGE
@@ -32,6 +33,9 @@ from ..storage.pagecache import advise
 from . import _mmap_neighbors_kernels as MK
 from . import _neighbor_cache_kernels as NK
 from . import _sampler_kernels as K
+
+#: ``lo``/``hi`` of whole pages (see :func:`~ooc.storage._direct_kernels.fill_gaps`).
+_WHOLE = np.empty(0, np.int64)
 
 __all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors", "CachedNeighbors",
            "DirectNeighbors", "MmapNeighbors", "source_path"]
@@ -161,12 +165,16 @@ class DirectNeighbors(NeighborSource):
         owns_reader: whether :meth:`close` closes the reader (default: when this
             source opened it).
         max_pages: pages per submission (default
-            :data:`~ooc.storage.direct.DEFAULT_MAX_BUFFER_PAGES`, 64 MiB).
+            :data:`~ooc.storage.direct.DEFAULT_MAX_BUFFER_PAGES`, 64 MiB), gaps included.
+        max_gap_pages: gaps of at most this many pages between wanted pages are read
+            through (one read instead of two; see
+            :data:`~ooc.storage.direct.DEFAULT_MAX_GAP_BYTES`); default: the reader's
+            ``max_gap_pages``, else 0.
     """
 
     def __init__(self, indices_path, indptr: np.ndarray, reader=None,
                  max_pages: int = DEFAULT_MAX_BUFFER_PAGES, dtype=None,
-                 owns_reader: bool | None = None):
+                 owns_reader: bool | None = None, max_gap_pages: int | None = None):
         self.path = os.fspath(indices_path)
         n = int(np.asarray(indptr).shape[0]) - 1
         self.dtype = np.dtype(dtype) if dtype is not None else (
@@ -177,6 +185,8 @@ class DirectNeighbors(NeighborSource):
             reader = DirectReader(self.path)
         self.reader = reader
         self.max_pages = max(1, int(max_pages))
+        self.max_gap_pages = int(getattr(reader, "max_gap_pages", 0) if max_gap_pages is None
+                                 else max_gap_pages)
         self._buf = aligned_empty(0)
         self._lock = threading.Lock()  # one page buffer: filled, then extracted from
         self.submissions = 0
@@ -194,9 +204,11 @@ class DirectNeighbors(NeighborSource):
         mark = np.zeros(-(-self.num_edges // per_page), dtype=np.uint8)
         NK.mark_pages(req.edge_pos, per_page, mark)
         pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
+        per = self.max_pages // (1 + self.max_gap_pages) or 1  # room for the gaps read
         with self._lock:  # samplers of several loaders may share this source
-            for a in range(0, pages.shape[0], self.max_pages):
-                chunk = pages[a:a + self.max_pages]
+            for a in range(0, pages.shape[0], per):
+                chunk = fill_gaps(pages[a:a + per], _WHOLE, _WHOLE, self.max_gap_pages,
+                                  self.max_pages)[0]
                 buf = self._buffer(chunk.shape[0])
                 self.reader.read_pages(chunk, buf)
                 self.submissions += 1

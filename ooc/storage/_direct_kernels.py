@@ -70,6 +70,57 @@ def plan_runs(pages, lo, hi, max_run_pages):
 
 
 @nb.njit(cache=True)
+def fill_gaps(pages, lo, hi, max_gap, limit):
+    """``pages`` (sorted unique int64 [n]) with every gap of at most ``max_gap`` pages
+    between two of them filled in, in file order while the total stays within ``limit``
+    pages, so that :func:`plan_runs` reads both sides and the gap in one run: where a
+    read's fixed cost exceeds the transfer of a few pages, fewer and larger reads take
+    less of the device's time than the bytes they add.
+
+    ``lo``/``hi``: the wanted bytes of each page (empty arrays: whole pages); a page
+    added gets ``[0, PAGE)``. Returns ``(pages2, lo2, hi2, pos)``: ``pos[k]`` is the
+    index of ``pages[k]`` in ``pages2``. Pages not sorted leave their gaps unfilled
+    (:func:`plan_runs` then refuses them).
+    """
+    n = pages.shape[0]
+    whole = lo.shape[0] == 0
+    pos = np.empty(n, np.int64)
+    extra = 0
+    for k in range(1, n):
+        g = pages[k] - pages[k - 1] - 1
+        if 0 < g <= max_gap and n + extra + g <= limit:
+            extra += g
+    if extra == 0:
+        for k in range(n):
+            pos[k] = k
+        return pages, lo, hi, pos
+    m = n + extra
+    pages2 = np.empty(m, np.int64)
+    lo2 = np.empty(0 if whole else m, np.int64)
+    hi2 = np.empty(0 if whole else m, np.int64)
+    j = 0
+    added = 0
+    for k in range(n):
+        if k > 0:
+            g = pages[k] - pages[k - 1] - 1
+            if 0 < g <= max_gap and n + added + g <= limit:
+                added += g
+                for t in range(1, g + 1):
+                    pages2[j] = pages[k - 1] + t
+                    if not whole:
+                        lo2[j] = 0
+                        hi2[j] = PAGE
+                    j += 1
+        pages2[j] = pages[k]
+        if not whole:
+            lo2[j] = lo[k]
+            hi2[j] = hi[k]
+        pos[k] = j
+        j += 1
+    return pages2, lo2, hi2, pos
+
+
+@nb.njit(cache=True)
 def plan_row_reads(ids, dst, pages_per_row, num_rows, max_run_pages):
     """Runs reading whole-page rows ``ids`` straight into their places in a row array.
 
@@ -197,18 +248,23 @@ def feature_pages(ids, rows_per_page, pages_per_row, row_bytes, num_rows, align)
 
 @nb.njit(cache=True)
 def plan_page_reads(ids, rows_per_page, pages_per_row, row_bytes, num_rows, max_run_pages,
-                    align):
-    """Runs reading the rows ``ids`` into a page buffer (:func:`feature_pages` then
-    :func:`plan_runs` in one call): rows smaller than a page are read as the
-    ``align``-multiples of their pages that they occupy.
+                    align, max_gap, limit):
+    """Runs reading the rows ``ids`` into a page buffer (:func:`feature_pages`,
+    :func:`fill_gaps` and :func:`plan_runs` in one call): rows smaller than a page are
+    read as the ``align``-multiples of their pages that they occupy; gaps of at most
+    ``max_gap`` pages between them are read through while the buffer stays within
+    ``limit`` pages.
 
     Returns ``(offs, lens, bufs, slot, npages, nbytes, bad)``: ``slot[i]`` is the buffer
-    page holding the first page of ``ids[i]``, ``npages`` the pages read from,
-    ``nbytes`` the bytes read, ``bad`` the position of the first id out of
+    page holding the first page of ``ids[i]``, ``npages`` the pages read from (gaps
+    included), ``nbytes`` the bytes read, ``bad`` the position of the first id out of
     ``[0, num_rows)`` or -1.
     """
     pages, lo, hi, slot, bad = feature_pages(ids, rows_per_page, pages_per_row, row_bytes,
                                              num_rows, align)
+    pages, lo, hi, pos = fill_gaps(pages, lo, hi, max_gap, limit)
+    for i in range(slot.shape[0]):
+        slot[i] = pos[slot[i]]
     offs, lens, bufs, nbytes, _ = plan_runs(pages, lo, hi, max_run_pages)
     return offs, lens, bufs, slot, pages.shape[0], nbytes, bad
 
@@ -299,6 +355,17 @@ def range_pages(starts, ends, align):
                 _widen(lo, hi, j, s % PAGE if j == k else 0,
                        e - ((e - 1) // PAGE) * PAGE if j == last else PAGE, align)
     return pages, lo, hi, offsets, -1
+
+
+@nb.njit(cache=True)
+def move_offsets(offsets, starts, ends, pos):
+    """:func:`range_pages`' ``offsets`` after :func:`fill_gaps` added pages: a range's
+    first page moves from slot k to ``pos[k]`` (its other pages follow it, no gap being
+    added between adjacent pages). Empty ranges keep offset 0. In place."""
+    for i in range(offsets.shape[0]):
+        if ends[i] > starts[i]:
+            k = offsets[i] // PAGE
+            offsets[i] += (pos[k] - k) * PAGE
 
 
 @nb.njit(cache=True, nogil=True)

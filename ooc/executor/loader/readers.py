@@ -116,19 +116,21 @@ class DirectReaders(Readers):
         from ...storage.direct import DirectFeatures, DirectReader
 
         reader = DirectReader(dataset.file("indices.bin"), queue_depth=options.queue_depth,
-                              backend=options.io_backend, page_reads=options.page_reads)
+                              backend=options.io_backend, page_reads=options.page_reads,
+                              max_gap_bytes=options.read_gap)
         nsrc = DirectNeighbors(dataset.file("indices.bin"), dataset.indptr, reader=reader,
                                dtype=dataset.index_dtype, owns_reader=True)
         try:
             feats = DirectFeatures(dataset.features_file, dataset.file_layout,
                                    queue_depth=options.queue_depth, backend=options.io_backend,
-                                   page_reads=options.page_reads)
+                                   page_reads=options.page_reads, max_gap_bytes=options.read_gap)
         except BaseException:
             nsrc.close()
             raise
         info = {"queue_depth": options.queue_depth, "reader_backend": feats.backend,
                 "neighbor_reader_backend": reader.backend,
-                "read_align": feats.reader.read_align, "neighbor_read_align": reader.read_align}
+                "read_align": feats.reader.read_align, "neighbor_read_align": reader.read_align,
+                "read_gap_pages": feats.reader.max_gap_pages}
         return Sources(nsrc, dataset.by_node(feats), info, [nsrc.close, feats.close])
 
 

@@ -75,6 +75,9 @@ class ModeOptions:
             :data:`ooc.storage.io_backends.REGISTRY`); baseline reads through memmaps.
         page_reads: the O_DIRECT readers read whole pages even where the device takes
             512 B reads (see :class:`~ooc.storage.direct.DirectReader`).
+        read_gap: bytes between two wanted pages that the O_DIRECT readers read through
+            rather than read both sides apart (``max_gap_bytes`` of
+            :class:`~ooc.storage.direct.DirectReader`; 0: never).
     """
 
     superbatch_size: int | None = _S["superbatch_size"].field()
@@ -87,6 +90,7 @@ class ModeOptions:
     memory_budget: int | None = _S["memory_budget"].field()
     io_backend: str = _S["io_backend"].field()
     page_reads: bool = _S["page_reads"].field()
+    read_gap: int = _S["read_gap"].field()
 
     def validate(self) -> None:
         """Check every setting (one-line :class:`InvalidValue` naming it as the caller
