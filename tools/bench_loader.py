@@ -54,7 +54,7 @@ import fio  # noqa: E402  (tools/fio.py)
 import memcg  # noqa: E402  (tools/memcg.py)
 from bench import add_run_args, open_bench_dataset  # noqa: E402  (tools/bench.py)
 
-from ooc.cli import format_size  # noqa: E402
+from ooc.cli import format_size, parse_size  # noqa: E402
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 PRESETS = ("baseline", "static", "ooc")
@@ -107,7 +107,9 @@ def child(spec: dict) -> int:
                       hidden=spec["hidden"], seed=spec["seed"], epochs=spec["epochs"],
                       device="cpu", progress=False, eval_final=False)
     opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
-                       runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"], **options)
+                       runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"],
+                       feature_cache_size=spec.get("feature_cache_size"),
+                       neighbor_cache_size=spec.get("neighbor_cache_size"), **options)
     t = Trainer(d, cfg, options=opts, log=lambda m: None, preset=preset)
     epochs = []
     try:
@@ -154,7 +156,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
             "batch_size": args.batch_size, "hidden": args.hidden, "seed": args.seed,
             "queue_depth": args.queue_depth, "budget": args.budget,
             "io_backend": args.io_backend, "runtime_dir": str(workdir / "runtime"),
-            "report": str(report)}
+            "feature_cache_size": args.feature_cache_size,
+            "neighbor_cache_size": args.neighbor_cache_size, "report": str(report)}
     limit = None if args.no_cgroup else args.budget
     run = memcg.run(f"{preset}-{rnd}", [str(Path(__file__).resolve()), "--child",
                                          json.dumps(spec)], limit)
@@ -215,6 +218,11 @@ def main(argv=None) -> int:
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated; also the variants {', '.join(VARIANTS)} (ooc-mates: "
                         "ooc with page-mates; -pages: whole-page reads of small rows)")
+    p.add_argument("--feature-cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="every preset's feature cache (default: the memory plan's): an A/B "
+                        "of two readers at the same caches")
+    p.add_argument("--neighbor-cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="every preset's neighbor cache (default: the memory plan's)")
     p.add_argument("--fio-seconds", type=int, default=10)
     p.add_argument("--report", type=Path, default=Path("loader.json"))
     args = p.parse_args(argv)
