@@ -79,6 +79,29 @@ def test_direct_neighbors_read_through_short_gaps(tmp_path, max_pages, pages, su
     reader.close()
 
 
+@pytest.mark.parametrize("gap", [0, 2])
+def test_direct_neighbors_read_the_sectors_of_wanted_positions(tmp_path, gap):
+    """Through a :class:`DirectReader` that reads 512 B sectors: of each page only the
+    sectors from its first to its last wanted position are read (pages 0, 1 and 5 here;
+    with gaps of 2 pages read through, 0-1 and 5 stay two reads)."""
+    from ooc.inspector.neighbors import NeighborRequest
+    from ooc.storage import DirectReader
+
+    vals = np.arange(8 * 1024, dtype=np.int32) * 3
+    path = tmp_path / "indices.bin"
+    vals.tofile(path)
+    pos = np.array([130, 10, 1024 + 1023, 5 * 1024 + 200, 5 * 1024 + 250], np.int64)
+    req = NeighborRequest(np.zeros(1, np.int64), np.array([0, pos.size], np.int64), pos, pos)
+    with DirectReader(path, backend="preadv", max_gap_bytes=gap * 4096) as r:
+        if r.read_align != 512:
+            pytest.skip(f"{tmp_path} takes no 512 B O_DIRECT reads")
+        src = DirectNeighbors(path, np.array([0, vals.size], np.int64), reader=r)
+        np.testing.assert_array_equal(src.gather(req), vals[pos])
+        # page 0: bytes 40..524 -> sectors 0-1; page 1: byte 4092 -> sector 7, merged with
+        # page 0 into one read of 0..8192; page 5: bytes 800..1004 -> sector 1
+        assert (r.stats.read_ops, r.stats.bytes_read) == (2, 8192 + 512)
+
+
 def test_build_policy_layout_and_budget(dataset):
     indptr, indices = dataset.indptr, np.asarray(dataset.indices)
     n = dataset.num_nodes

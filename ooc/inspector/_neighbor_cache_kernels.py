@@ -69,6 +69,41 @@ def extract_from_pages(edge_pos, pages, per_page, vals, out):
             out[e] = vals[lo * per_page + (edge_pos[e] - p * per_page)]
 
 
+@nb.njit(cache=True)
+def page_spans(edge_pos, per_page, itemsize, align, pages, lo, hi):
+    """``[lo[k], hi[k])``: the bytes of page ``pages[k]`` (sorted) that hold wanted
+    positions ``edge_pos``, rounded out to multiples of ``align`` (a divisor of 4096);
+    ``lo`` and ``hi`` int64 [len(pages)], filled here. Positions on no page of ``pages``
+    are skipped."""
+    n = pages.shape[0]
+    page = per_page * itemsize
+    for k in range(n):
+        lo[k] = page
+        hi[k] = 0
+    if n == 0:
+        return
+    for e in range(edge_pos.shape[0]):
+        p = edge_pos[e] // per_page
+        a = 0
+        b = n
+        while a < b:
+            mid = (a + b) >> 1
+            if pages[mid] < p:
+                a = mid + 1
+            else:
+                b = mid
+        if a == n or pages[a] != p:
+            continue
+        off = (edge_pos[e] - p * per_page) * itemsize
+        s = off - off % align
+        t = off + itemsize
+        t += (align - t % align) % align
+        if s < lo[a]:
+            lo[a] = s
+        if t > hi[a]:
+            hi[a] = t
+
+
 @nb.njit(parallel=True, cache=True)
 def fill_cache(nodes, addr, indptr, indices, cache_array):
     """Write count then neighbour ids of nodes[i] at cache_array[addr[i]:]."""

@@ -9,7 +9,7 @@ Sources:
 
 - :class:`InMemoryNeighbors` — an indices array or memmap.
 - :class:`CachedNeighbors` — the Ginex neighbor cache, misses from a fallback.
-- :class:`DirectNeighbors` — ``indices.bin`` read with O_DIRECT page reads
+- :class:`DirectNeighbors` — ``indices.bin`` read with O_DIRECT sector or page reads
   through :class:`ooc.storage.direct.DirectReader`, all pages of a request
   submitted together.
 - :class:`MmapNeighbors` — the ``indices.bin`` memmap copied by a pool of
@@ -154,12 +154,14 @@ class DirectNeighbors(NeighborSource):
 
     All pages holding the wanted positions of a request are deduplicated and
     submitted together (in chunks of at most ``max_pages`` pages, so the page
-    buffer stays bounded), then the ids are extracted from the page buffer.
+    buffer stays bounded), then the ids are extracted from the page buffer. Of a
+    page only the sectors holding wanted positions are read where the reader reads
+    sectors (its ``read_align``; a reader without one reads whole pages).
 
     Args:
         indices_path: the dataset's ``indices.bin``.
         indptr: int64 [N+1] (gives the index dtype and the edge count).
-        reader: an object with ``read_pages(pages, out)`` (e.g.
+        reader: an object with ``read_pages(pages, out[, lo, hi])`` (e.g.
             ``ooc.storage.direct.DirectReader``); by default one is opened on
             ``indices_path``.
         owns_reader: whether :meth:`close` closes the reader (default: when this
@@ -187,6 +189,9 @@ class DirectNeighbors(NeighborSource):
         self.max_pages = max(1, int(max_pages))
         self.max_gap_pages = int(getattr(reader, "max_gap_pages", 0) if max_gap_pages is None
                                  else max_gap_pages)
+        #: what a read of part of a page is rounded out to (``PAGE``: whole pages, for a
+        #: reader that reads only whole pages)
+        self.read_align = int(getattr(reader, "read_align", PAGE))
         self._buf = aligned_empty(0)
         self._lock = threading.Lock()  # one page buffer: filled, then extracted from
         self.submissions = 0
@@ -204,13 +209,21 @@ class DirectNeighbors(NeighborSource):
         mark = np.zeros(-(-self.num_edges // per_page), dtype=np.uint8)
         NK.mark_pages(req.edge_pos, per_page, mark)
         pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
+        lo, hi = _WHOLE, _WHOLE
+        if self.read_align < PAGE:  # of a page only the sectors of its wanted positions
+            lo, hi = np.empty_like(pages), np.empty_like(pages)
+            NK.page_spans(req.edge_pos, per_page, self.dtype.itemsize, self.read_align,
+                          pages, lo, hi)
         per = self.max_pages // (1 + self.max_gap_pages) or 1  # room for the gaps read
         with self._lock:  # samplers of several loaders may share this source
             for a in range(0, pages.shape[0], per):
-                chunk = fill_gaps(pages[a:a + per], _WHOLE, _WHOLE, self.max_gap_pages,
-                                  self.max_pages)[0]
+                chunk, clo, chi, _ = fill_gaps(pages[a:a + per], lo[a:a + per], hi[a:a + per],
+                                               self.max_gap_pages, self.max_pages)
                 buf = self._buffer(chunk.shape[0])
-                self.reader.read_pages(chunk, buf)
+                if self.read_align < PAGE:
+                    self.reader.read_pages(chunk, buf, clo, chi)
+                else:
+                    self.reader.read_pages(chunk, buf)
                 self.submissions += 1
                 self.pages_read += int(chunk.shape[0])
                 vals = buf.view(self.dtype)
