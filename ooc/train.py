@@ -249,12 +249,12 @@ def _checkpoint_to_resume(ckdir: str | None) -> tuple[Path, dict[str, Any]]:
 
 
 def _apply_sizes(sizes_path: str, dataset, given: dict, s: dict, config) -> None:
-    """Cache sizes, superbatch size and mode from a size_caches report, where the
+    """Cache sizes, superbatch size, read gap and mode from a size_caches report, where the
     command line leaves them out."""
     from .executor.sizing.profiler import load_sizes
 
     sizes = load_sizes(sizes_path, dataset)
-    for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size"):
+    for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size", "read_gap"):
         if key not in given and sizes.get(key) is not None:
             s[key] = sizes[key]
     if "mode" not in given and sizes.get("mode"):

@@ -85,6 +85,9 @@ def test_report_fields_and_plot(profiled):
     s = r["sizes"]
     assert (s["feature_cache_size"], s["neighbor_cache_size"], s["superbatch_size"]) == (
         rec["feature_cache_bytes"], rec["neighbor_cache_bytes"], rec["superbatch_size"])
+    # the read gap measured on the disk under the dataset (None: reads through the page
+    # cache there, the default kept)
+    assert s["read_gap"] == (8192 if r["read_cost"] is None else r["read_cost"]["gap_bytes"])
 
 
 def test_train_uses_sizes(profiled, data, tmp_path):
@@ -97,6 +100,7 @@ def test_train_uses_sizes(profiled, data, tmp_path):
     rec = r["recommendation"]
     assert info["feature_cache_rows"] == rec["feature_cache_rows"]
     assert info["superbatch_size"] == rec["superbatch_size"]
+    assert info["read_gap_pages"] * 4096 == r["sizes"]["read_gap"]
     assert info["neighbor_cache_bytes"] <= rec["neighbor_cache_bytes"]
 
 
@@ -159,6 +163,10 @@ def test_load_sizes_validates(tmp_path):
     p.write_text(json.dumps({"sizes": {"version": 1, "feature_cache_size": -5,
                                        "neighbor_cache_size": 0}}))
     with pytest.raises(OocError, match="feature_cache_size"):
+        load_sizes(p)
+    p.write_text(json.dumps({"sizes": {"version": 1, "feature_cache_size": 5,
+                                       "neighbor_cache_size": 0, "read_gap": -1}}))
+    with pytest.raises(OocError, match="read_gap must be a non-negative integer"):
         load_sizes(p)
     p.write_text(json.dumps({"foo": 1}))
     with pytest.raises(OocError, match="not a sizes file"):

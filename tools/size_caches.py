@@ -4,8 +4,10 @@
         --fanouts 10,5 --batch-size 256 --report sizes.json --plot curve.png
     python -m ooc.train --data DIR --sizes sizes.json            # train with the recommendation
 
-Measures the peak RSS of the sample stage and of the main loop (the same
-measurement as ``ooc.train --memory-budget``), runtime-file bytes per batch,
+Measures what a read costs the disk under the dataset (an operation against a page's
+transfer: the gap between wanted pages worth reading through, ``--read-gap``, unless
+given; :mod:`ooc.storage.read_cost`), the peak RSS of the sample stage and of the main
+loop (the same measurement as ``ooc.train --memory-budget``), runtime-file bytes per batch,
 sampling / changeset / gather / compute rates, CUDA memory of the changeset
 pass when a GPU is present; recommends the neighbor and feature cache bytes
 and the superbatch size, with the arithmetic; trains the epoch's first batches
@@ -40,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: The training settings the profile depends on (as ``python -m ooc.train`` takes them).
 TRAINING = ("model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay", "dropout",
             "seed", "epochs", "device", "num_threads", "queue_depth", "io_backend",
-            "runtime_dir", "runtime_disk_budget")
+            "page_reads", "read_gap", "runtime_dir", "runtime_disk_budget")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,12 +198,14 @@ def main(argv=None) -> int:
 
     tune_malloc()
     options.validate()
+    options, read_cost = _measured_read_gap(dataset, options, "read_gap" in given)
     if len(presets) == 1:
         rep = profile(dataset, config, options, budget, reserve=reserve, trace_batches=trace)
     else:
         rep = compare_presets(dataset, config, options, budget, presets, reserve=reserve,
                               trace_batches=trace)
         _print_comparison(rep)
+    rep["read_cost"] = None if read_cost is None else read_cost.as_dict()
     rep["command"] = " ".join([sys.executable, *sys.argv]) if argv is None else \
         " ".join(["tools/size_caches.py", *argv])
     r = rep["recommendation"]
@@ -235,6 +239,30 @@ def main(argv=None) -> int:
         if failed:
             return 1
     return 0
+
+
+def _measured_read_gap(dataset, options, given: bool):
+    """``(options, cost)``: the read cost of the disk under the dataset's features
+    (:func:`~ooc.storage.read_cost.measure_read_cost`) and ``options`` reading through the
+    gaps it recommends, unless ``--read-gap`` was given (then ``cost`` is None, as when the
+    reader does not bypass the page cache)."""
+    from dataclasses import replace
+
+    from ooc.storage.read_cost import measure_read_cost
+
+    if given:
+        return options, None
+    cost = measure_read_cost(dataset.features_file, queue_depth=options.queue_depth,
+                             backend=options.io_backend)
+    if cost is None:
+        print(f"size_caches: reads of {dataset.features_file} go through the page cache: "
+              f"--read-gap stays {format_size(options.read_gap)}")
+        return options, None
+    print(f"size_caches: a read of {dataset.features_file} costs the disk "
+          f"{cost.op_s * 1e6:.1f} us + {cost.page_s * 1e6:.2f} us a page (QD "
+          f"{options.queue_depth}): gaps of up to {cost.gap_pages} pages are read through "
+          f"(--read-gap {format_size(cost.gap_bytes)})")
+    return replace(options, read_gap=cost.gap_bytes), cost
 
 
 def _per_preset(rep: dict) -> dict[str, dict]:

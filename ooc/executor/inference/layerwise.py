@@ -173,10 +173,11 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
 
     backend = "auto" if kind in ("auto", "direct") else kind
     try:
-        # whole pages: the blocks' plans count the pages they read (a block wants most rows
-        # of the pages it touches, so reading their sectors alone would save little)
+        # whole pages, and only those wanted: the blocks' plans count the pages they read
+        # (a block wants most rows of the pages it touches, so reading their sectors alone
+        # would save little)
         f = DirectFeatures(dataset.features_file, dataset.file_layout, backend=backend,
-                           page_reads=True)
+                           page_reads=True, max_gap_bytes=0)
         return dataset.by_node(f), f"direct ({f.backend})"
     except (OocError, ValueError) as e:
         if kind != "auto":

@@ -100,12 +100,14 @@ class _Stage:
 # -- the sizes file ------------------------------------------------------------------------------
 
 
-def sizes_block(dataset, config, plan) -> dict[str, Any]:
-    """What ``ooc.train --sizes`` applies: the recommended cache bytes and superbatch size."""
+def sizes_block(dataset, config, plan, options=None) -> dict[str, Any]:
+    """What ``ooc.train --sizes`` applies: the recommended cache bytes and superbatch size,
+    and the read gap the profile read with (``options.read_gap``)."""
     return {"version": SIZES_VERSION, "mode": config.mode,
             "feature_cache_size": int(plan.feature_cache_bytes),
             "neighbor_cache_size": int(plan.neighbor_cache_bytes),
             "superbatch_size": int(plan.superbatch_size) if plan.superbatch_size else None,
+            "read_gap": None if options is None else int(options.read_gap),
             "memory_budget": int(plan.budget),
             "dataset": {"path": str(Path(dataset.path).resolve()), "num_nodes": dataset.num_nodes,
                         "num_edges": dataset.num_edges, "feature_dim": dataset.feature_dim},
@@ -134,8 +136,10 @@ def load_sizes(path: str | os.PathLike, dataset=None) -> dict[str, Any]:
     if not isinstance(s, dict) or s.get("version") != SIZES_VERSION:
         raise InvalidValue(f"{p}: not a sizes file of tools/size_caches.py (no 'sizes' block of "
                        f"version {SIZES_VERSION})")
-    for key in ("feature_cache_size", "neighbor_cache_size"):
+    for key in ("feature_cache_size", "neighbor_cache_size", "read_gap"):
         v = s.get(key)
+        if key == "read_gap" and v is None:  # optional: sizes files before it
+            continue
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise InvalidValue(f"{p}: sizes.{key} must be a non-negative integer, got {v!r}")
     sb = s.get("superbatch_size")
@@ -933,7 +937,7 @@ def _report(dataset, config, preset, options, plan, budget, reserve, shape: _Sha
         "arithmetic": arith,
         "miss_curves": {"capacity_rows": caps, "capacity_fraction": [c / n for c in caps],
                         "recommended_rows": int(plan.feature_cache_rows), **curves},
-        "sizes": sizes_block(dataset, config, plan),
+        "sizes": sizes_block(dataset, config, plan, options),
     }
 
 
