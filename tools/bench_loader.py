@@ -64,13 +64,14 @@ PRESETS = ("baseline", "static", "ooc")
 #: ``BeladyCache(page_mates=0.25)``). ``<preset>-pages``: the preset reading whole 4 KiB
 #: pages where it would read a small row's 512 B sectors (``page_reads``);
 #: ``<preset>-nogap``: the preset reading only wanted pages, never through a gap between
-#: them (``read_gap`` 0).
+#: them (``read_gap`` 0); ``ooc-gap16k``: through gaps of up to 16 KiB.
 VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ooc-mates": ("ooc", {"page_mates": 0.25}, {}),
     "ooc-pages": ("ooc", {}, {"page_reads": True}),
     "static-pages": ("static", {}, {"page_reads": True}),
     "ooc-nogap": ("ooc", {}, {"read_gap": 0}),
     "static-nogap": ("static", {}, {"read_gap": 0}),
+    "ooc-gap16k": ("ooc", {}, {"read_gap": 16 << 10}),
 }
 log = memcg.log
 
