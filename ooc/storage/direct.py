@@ -465,12 +465,14 @@ class DirectFeatures(RowTable):
 
     def _pieces(self, ids: np.ndarray, dst: np.ndarray):
         """``(ids, dst)`` pieces of a request whose pages number at most
-        :attr:`max_pages` each: the whole request when its rows cannot need more, else
-        its rows in file order cut at page boundaries (ids checked first, so a bad one
-        fails before anything is read)."""
+        :attr:`max_pages` each with room for the gaps read through (a piece's wanted pages
+        at most ``max_pages / (1 + max_gap_pages)``): the whole request when its rows cannot
+        need more, else its rows in file order cut at page boundaries (ids checked first,
+        so a bad one fails before anything is read)."""
         lay = self.layout
         n = ids.shape[0]
-        if n * lay.pages_per_row <= self.max_pages:
+        room = max(lay.pages_per_row, self.max_pages // (1 + self.reader.max_gap_pages))
+        if n * lay.pages_per_row <= room:
             yield ids, dst
             return
         lo, hi = int(ids.min()), int(ids.max())
@@ -483,7 +485,7 @@ class DirectFeatures(RowTable):
         fresh = np.empty(n, dtype=np.int64)
         fresh[0] = 0
         fresh[1:] = first[1:] != first[:-1]
-        per = self.max_pages if lay.rows_per_page else max(1, self.max_pages // lay.pages_per_row)
+        per = room if lay.rows_per_page else max(1, room // lay.pages_per_row)
         piece = np.cumsum(fresh) // per
         cuts = np.flatnonzero(piece[1:] != piece[:-1]) + 1
         bounds = np.concatenate([[0], cuts, [n]])
