@@ -69,41 +69,6 @@ def extract_from_pages(edge_pos, pages, per_page, vals, out):
             out[e] = vals[lo * per_page + (edge_pos[e] - p * per_page)]
 
 
-@nb.njit(cache=True)
-def page_spans(edge_pos, per_page, itemsize, align, pages, lo, hi):
-    """``[lo[k], hi[k])``: the bytes of page ``pages[k]`` (sorted) that hold wanted
-    positions ``edge_pos``, rounded out to multiples of ``align`` (a divisor of 4096);
-    ``lo`` and ``hi`` int64 [len(pages)], filled here. Positions on no page of ``pages``
-    are skipped."""
-    n = pages.shape[0]
-    page = per_page * itemsize
-    for k in range(n):
-        lo[k] = page
-        hi[k] = 0
-    if n == 0:
-        return
-    for e in range(edge_pos.shape[0]):
-        p = edge_pos[e] // per_page
-        a = 0
-        b = n
-        while a < b:
-            mid = (a + b) >> 1
-            if pages[mid] < p:
-                a = mid + 1
-            else:
-                b = mid
-        if a == n or pages[a] != p:
-            continue
-        off = (edge_pos[e] - p * per_page) * itemsize
-        s = off - off % align
-        t = off + itemsize
-        t += (align - t % align) % align
-        if s < lo[a]:
-            lo[a] = s
-        if t > hi[a]:
-            hi[a] = t
-
-
 @nb.njit(parallel=True, cache=True)
 def fill_cache(nodes, addr, indptr, indices, cache_array):
     """Write count then neighbour ids of nodes[i] at cache_array[addr[i]:]."""
@@ -153,11 +118,32 @@ def check_cache(nodes, addresses, cache_array, indptr, num_nodes, status):
                 break
 
 
-@nb.njit(parallel=True, cache=True)
-def mark_pages(edge_pos, per_page, mark):
-    """mark[p] = 1 for every page p holding a wanted position (benign races)."""
-    for e in prange(edge_pos.shape[0]):
-        mark[edge_pos[e] // per_page] = 1
+@nb.njit(cache=True)
+def mark_sectors(edge_pos, per_page, itemsize, align, mark):
+    """Bit ``s`` of ``mark[p]`` (uint8, one per page) set for every page ``p`` holding a
+    wanted position in its ``align``-sized piece ``s`` (``align`` a divisor of 4096 of at
+    least 512: at most 8 pieces a page; ``align`` 4096: bit 0). Serial: threads OR-ing
+    bits into one byte would lose some."""
+    for e in range(edge_pos.shape[0]):
+        p = edge_pos[e] // per_page
+        mark[p] |= np.uint8(1 << ((edge_pos[e] - p * per_page) * itemsize // align))
+
+
+@nb.njit(cache=True)
+def sector_spans(mark, pages, align, lo, hi):
+    """``[lo[k], hi[k])``: the bytes of page ``pages[k]`` from its first to its last marked
+    piece (:func:`mark_sectors`), multiples of ``align``; ``lo``, ``hi`` int64
+    [len(pages)], filled here."""
+    for k in range(pages.shape[0]):
+        bits = np.int64(mark[pages[k]])
+        first = 0
+        while not (bits >> first) & 1:
+            first += 1
+        last = 7
+        while not (bits >> last) & 1:
+            last -= 1
+        lo[k] = first * align
+        hi[k] = (last + 1) * align
 
 
 @nb.njit(inline="always", cache=True)

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..storage._direct_kernels import fill_gaps
-from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, grown
+from ..storage.direct import (DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, gap_room,
+                              grown)
 from ..storage.errors import DatasetError, InvalidValue
 from ..storage.layout import PAGE
 from ..storage.pagecache import advise
@@ -207,14 +208,13 @@ class DirectNeighbors(NeighborSource):
             return out
         per_page = PAGE // self.dtype.itemsize
         mark = np.zeros(-(-self.num_edges // per_page), dtype=np.uint8)
-        NK.mark_pages(req.edge_pos, per_page, mark)
+        NK.mark_sectors(req.edge_pos, per_page, self.dtype.itemsize, self.read_align, mark)
         pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
         lo, hi = _WHOLE, _WHOLE
         if self.read_align < PAGE:  # of a page only the sectors of its wanted positions
             lo, hi = np.empty_like(pages), np.empty_like(pages)
-            NK.page_spans(req.edge_pos, per_page, self.dtype.itemsize, self.read_align,
-                          pages, lo, hi)
-        per = self.max_pages // (1 + self.max_gap_pages) or 1  # room for the gaps read
+            NK.sector_spans(mark, pages, self.read_align, lo, hi)
+        per = gap_room(self.max_pages, self.max_gap_pages)
         with self._lock:  # samplers of several loaders may share this source
             for a in range(0, pages.shape[0], per):
                 chunk, clo, chi, _ = fill_gaps(pages[a:a + per], lo[a:a + per], hi[a:a + per],

@@ -61,6 +61,12 @@ _MAX_QUEUE_DEPTH = 4096
 _WHOLE = np.empty(0, np.int64)
 
 
+def gap_room(max_pages: int, max_gap_pages: int) -> int:
+    """Wanted pages a request of a ``max_pages`` page buffer takes at once so that the
+    gaps read through beside them (at most ``max_gap_pages`` each) fit too: at least 1."""
+    return max(1, max_pages // (1 + max_gap_pages))
+
+
 def grown(buf: np.ndarray, nbytes: int, cap: int) -> np.ndarray:
     """``buf`` (page-aligned uint8) when it holds ``nbytes``, else a new one of ``nbytes``,
     or of twice ``buf``'s size where that is larger but not past ``cap`` bytes: a reused
@@ -471,7 +477,7 @@ class DirectFeatures(RowTable):
         so a bad one fails before anything is read)."""
         lay = self.layout
         n = ids.shape[0]
-        room = max(lay.pages_per_row, self.max_pages // (1 + self.reader.max_gap_pages))
+        room = max(lay.pages_per_row, gap_room(self.max_pages, self.reader.max_gap_pages))
         if n * lay.pages_per_row <= room:
             yield ids, dst
             return
