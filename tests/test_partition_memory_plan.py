@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from ooc.partition.__main__ import main as partition_main
-from ooc.partition.memory_plan import (allocator_kept, main as plan_main, merge_cluster_bytes,
-                                       planned_peak, state_itemsize)
+from ooc.partition.memory_plan import main as plan_main, planned_peak, state_itemsize
 from ooc.storage import write_dataset
 
 MiB = 1 << 20
@@ -62,17 +61,11 @@ def test_state_dtype_and_index_width():
     while clustering instead of 24)."""
     assert state_itemsize(2**31 - 2) == 4
     assert state_itemsize(2**31 - 1) == 8 and state_itemsize(1000, max_degree=2**31) == 8
-    assert merge_cluster_bytes(4) == 92
     n, e = 2**31, 2**34
     a = planned_peak(n, e, parts=8, index_itemsize=8)
     b = planned_peak(n + 1000, e, parts=8, index_itemsize=8)
     assert a["assumed"]["state_itemsize"] == 8
     assert (b["phases"]["clustering"] - a["phases"]["clustering"]) / 1000 == 40
-    # what the allocator keeps: twice the largest freed array under 32 MiB, at most the
-    # merge's per-cluster arrays
-    assert allocator_kept(1_000_000, 4, 4 * CHUNK, 10**6) == 2 * 8_000_000
-    assert allocator_kept(100_000_000, 4, 4 * CHUNK, 10**6) == 8 * CHUNK
-    assert allocator_kept(1_000_000, 4, 4 * CHUNK, 1000) == 92_000
 
 
 def test_options_change_the_plan():

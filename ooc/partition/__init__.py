@@ -34,7 +34,7 @@ import numpy as np
 
 from ..storage import Dataset, open_dataset
 from ..storage.atomic import atomic_dir, replace_refusal, write_json
-from ..memory import current_rss_bytes, peak_rss_bytes
+from ..memory import current_rss_bytes, peak_rss_bytes, tune_malloc
 from .base import Assignment, warm_up
 from .baselines import edge_partition
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
@@ -127,6 +127,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     Nothing is left at ``out`` unless everything succeeded.
     """
     t_start = time.perf_counter()
+    tune_malloc()  # freed arrays go back to the OS: each phase's RSS is what it holds
     dataset = open_dataset(data)
     rss_open = current_rss_bytes()
     _check(dataset, parts, algo, beta)

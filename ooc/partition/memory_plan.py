@@ -29,19 +29,17 @@ merge           ``st``, priority and member link (``s`` each), the destinations'
                 18) while merging, or int64 roots and order (``20 + 2 s``) and the int32
                 owner (4 a node) at the assignment  ->  **(4 + 6 s) N + (7 s + 20) c +
                 x C** (28 N + 48 c in int32)
-refine          int32 owner (4) and ``np.bincount``'s int64 copy of it (8), plus what the
-                allocator keeps of the merge's per-cluster arrays (``9 s + 56`` a cluster,
-                at most twice glibc's mmap threshold: :func:`allocator_kept`)
-                ->  **12 N** + kept
+refine          int32 owner (4) and ``np.bincount``'s int64 copy of it (8)  ->  **12 N**
 metrics         owner, the replica bitmap (uint64 [N, W]: ``8 W``), the bincount copy
-                ->  **(12 + 8 W) N** + kept (20 N for p <= 64)
+                ->  **(12 + 8 W) N** (20 N for p <= 64)
 split           owner, bitmap, the global-to-local scratch: ``(4 + 8 W + x) N`` (16 N),
                 plus the largest per-partition moment. Its id lists (owned, replicas,
                 the ids in local order) are in the index dtype (``x`` a node); entries
                 of the source (its offsets, its row map, its labels) are read by page
                 :data:`~ooc.storage.entries.IDS_PER_READ` ids (1M) at a time, each piece
                 holding the ids' int64 copy and sort order and the reader's buffer
-                (16 MiB, :class:`~ooc.storage.entries.EntryReader`). The moments:
+                (16 MiB or the file if smaller, :class:`~ooc.storage.entries.EntryReader`,
+                :func:`entry_read`). The moments:
                 ``owner == q`` and its positions (``N + (8 + x) o``); the halo (``2 x
                 q``); the local ``indptr``, int64, summed in place (``x o + (x + 8) q``);
                 the edge copy (``x o + (x + 8) q + 2 x C``); sorting the feature rows by
@@ -53,7 +51,7 @@ split           owner, bitmap, the global-to-local scratch: ``(4 + 8 W + x) N`` 
                 one chunk of rows (64 MiB), the page buffer it was read into (up to 64
                 MiB; none for rows of whole pages) and the larger of the written chunk's
                 mapped pages and the NaN check's two masks (192 MiB for 512-byte rows);
-                ``global_ids.npy``'s int64 copy (``x o + (x + 8 + y) q``); + kept. Linked
+                ``global_ids.npy``'s int64 copy (``x o + (x + 8 + y) q``). Linked
                 features (``features="link"``) sort and copy nothing: the source rows
                 read by piece are the row map written (``x o + (x + r) q`` + a piece)
 ==============  ==========================================================================
@@ -66,6 +64,12 @@ and ``bits.any(axis=1)``'s masks (``1 + W``):
 **(37 + 9 W) N** for ``dbh``/``hdrf`` (``greedy`` + 8, ``hash`` - 8) + ``x C``; their
 bitmap is still held during ``refine``.
 
+No phase keeps what an earlier one freed: :func:`~ooc.partition.partition_dataset` fixes
+glibc's mmap threshold (:func:`ooc.memory.tune_malloc`), so an array of 256 KiB or more
+goes back to the OS when it is freed. Left to raise its threshold to the largest array it
+had freed (up to 32 MiB), glibc kept up to twice that of SPRING's per-cluster arrays in its
+heap after the merge (47 MiB at 5.55M nodes).
+
 What the plan does not know without running, it bounds or assumes: ``q`` defaults to
 ``N`` (a partition never holds more; measured: 65-69% of N at P = 8 on the OGB-shaped
 graphs of ``tools/bench_scale.py``), ``o`` to SPRING's node cap
@@ -73,14 +77,14 @@ graphs of ``tools/bench_scale.py``), ``o`` to SPRING's node cap
 ``N / 8`` (measured 10-11% of N on those graphs), the degrees to fit int32. Pass the
 counts to plan for a known partition.
 
-Measured (``python -m ooc.partition --parts 8``, defaults, ``VmHWM``, in a 4 GiB cgroup, 2
-GiB at 11.1M nodes) against this plan from the shape alone (the RSS after opening, 156-157
-MiB, included): 394 MiB at 1.1M nodes / 32M stored edges (planned 399), 500 at 5.55M /
-162M (planned 551), 619 at 11.1M / 323M (planned 669); the partitions hold 61-69% of N.
-The split is the largest phase at these sizes, its copy's fixed buffers weighing most. At
-papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the merge is: 3.53 GiB above
-the opened dataset (34.1 B a node), the split 3.38 GiB with partitions bounded by N (32.7 B
-a node). A 111M-node graph of average degree 2 measured 3.31 GiB.
+Measured (``python -m ooc.partition --parts 8``, ``VmHWM``) against this plan from the
+shape alone (the RSS after opening, 157-165 MiB, included), feature rows copied / linked:
+384 / 211 MiB at 1.1M nodes and 13.5M stored edges (planned 396 / 231: 1.03x / 1.10x), 481 /
+330 at 5.55M and 162M (planned 510 / 356: 1.06x / 1.08x); the partitions hold 61-69% of
+N. The split is the largest phase at these sizes, its copy's fixed buffers weighing most.
+At papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the merge is: 3.53 GiB
+above the opened dataset (34.1 B a node), the split 3.37 GiB with partitions bounded by N
+(32.6 B a node). A 111M-node graph of average degree 2 measured 3.31 GiB.
 """
 from __future__ import annotations
 
@@ -109,36 +113,12 @@ ENTRY_BUFFER = PIECE_ENTRIES * PAGE
 CLUSTER_FRACTION = 0.125
 #: Bytes per heap entry of the merge (a numba list of (int64, int64), 1/8 over-allocated).
 HEAP_ENTRY_BYTES = 18
-#: glibc's largest dynamic mmap threshold: a freed mapping up to this size raises the
-#: threshold to its size, and the heap keeps up to twice the threshold when freed.
-MMAP_THRESHOLD_MAX = 32 << 20
-
-
-def merge_cluster_bytes(state_itemsize: int) -> int:
-    """Bytes SPRING's merge allocates per live cluster, all of them freed when it returns:
-    size, representative, head, tail, parent, the vote's two counters (``7 s``), the heap
-    (16 B an entry) and the copy its growth leaves (``2 x 18``), int64 roots, the sizes
-    sorted (``2 s``) and the int64 order with its merge sort's buffer (12): ``9 s + 56``,
-    92 bytes in int32. Those below the allocator's mmap threshold stay in its heap."""
-    return 9 * int(state_itemsize) + 56
-
-
-def allocator_kept(num_nodes: int, state_itemsize: int, chunk_bytes: int,
-                   clusters: int) -> int:
-    """Bytes of SPRING's merge the allocator keeps resident after it returns (glibc).
-
-    Freeing a mapped array of up to :data:`MMAP_THRESHOLD_MAX` bytes raises glibc's mmap
-    threshold to its size, and the heap is trimmed only when more than twice that is
-    free at its top. Before the merge such arrays are the int64 degrees (8 a node), the
-    priority's temporary (``s``) and the edge chunk: the largest of them that fits
-    sets the threshold, the merge's per-cluster arrays (:func:`merge_cluster_bytes`)
-    smaller than it come from the heap, and up to twice it stays. Measured after the
-    merge: 20-24 MiB at 1.1M nodes (planned 12), 47 at 5.55M (42), 15 at 11.1M (8)."""
-    n = int(num_nodes)
-    freed = [b for b in (8 * n, int(state_itemsize) * n, int(chunk_bytes))
-             if b <= MMAP_THRESHOLD_MAX]
-    threshold = max(freed, default=0)
-    return min(2 * threshold, merge_cluster_bytes(state_itemsize) * int(clusters))
+def entry_read(ids: int, file_bytes: int) -> int:
+    """Bytes one :meth:`~ooc.storage.Dataset.entries` request of ``ids`` ids holds beside
+    its result: their int64 copy and sort order (16 bytes an id, :data:`ID_PIECE` ids at a
+    time) and the reader's page buffer (:data:`ENTRY_BUFFER`, at most the file's pages)."""
+    pages = -(-int(file_bytes) // PAGE)
+    return 16 * min(ID_PIECE, int(ids)) + min(ENTRY_BUFFER, pages * PAGE)
 
 
 def state_itemsize(num_nodes: int, max_degree: int | None = None) -> int:
@@ -250,7 +230,6 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
     # elides the temporary), one chunk
     degrees = indptr + 2 * 8 * n + chunk
     bincount = 8 * n                       # np.bincount(owner) casts owner to int64 first
-    retained = 0
     if algo == "spring":
         s = state_itemsize(n, max_degree)
         c = max(1, int(n * CLUSTER_FRACTION) if clusters is None else int(clusters))
@@ -266,8 +245,6 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
             s * (n + 1),                                                   # renumbering
             s * n + (5 * s + HEAP_ENTRY_BYTES) * c + vote,                 # merging
             s * n + 5 * s * c + (20 + 2 * s) * c + owner)                  # assignment
-        retained = allocator_kept(n, s, chunk, c)
-        assumed["allocator_kept"] = retained
         vertex_cut = 0
     else:
         with_deg = algo in ("dbh", "greedy")
@@ -280,11 +257,11 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
         phases["assign"] = assign + max(chunk, owner + (1 + words) * n)
         vertex_cut = bits
     if refine_passes:
-        phases["refine"] = indptr + owner + vertex_cut + max(bincount, chunk) + retained
-    phases["metrics"] = indptr + owner + bits + max(bincount, chunk) + retained
+        phases["refine"] = indptr + owner + vertex_cut + max(bincount, chunk)
+    phases["metrics"] = indptr + owner + bits + max(bincount, chunk)
     held = indptr + owner + bits
     if not split:
-        phases["split"] = held + owner + retained           # owner.npy's int32 copy
+        phases["split"] = held + owner                     # owner.npy's int32 copy
     else:
         link = features == "link"
         r = int(row_map_itemsize) if row_map else 0
@@ -292,13 +269,10 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
         # the row map the writer holds: the partition's (sorted rows) or the source rows
         w = (r or x) if link else (y if row_map else 0)
         inner = o if halo_hops == 1 else q                  # nodes with full in-lists
-        # one request of entries read by page: the ids' int64 copy and sort order, the
-        # reader's buffer
-        piece = 16 * ID_PIECE + ENTRY_BUFFER
         if row_map and not link:  # the source rows read by piece; the int32 order (and its
             # scratch), the sorted source rows, the order's inverse
-            sort = x * o + x * q + max(r * q + (r + 16 + 8) * ID_PIECE + ENTRY_BUFFER,
-                                       (r + 2 * y) * q, (2 * r + y) * q)
+            sort = x * o + x * q + max(r * q + (r + 8) * min(ID_PIECE, q)
+                                       + entry_read(q, r * n), (r + 2 * y) * q, (2 * r + y) * q)
         else:         # rows in node order or linked: nothing sorted
             sort = x * o + x * q
         moments = {
@@ -306,19 +280,21 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
             "owned": n + (8 + x) * o,
             "halo": 2 * x * q + (chunk if halo_hops > 1 else 0),
             # owned, ids, the int64 local offsets; a piece's source offsets [P, 2] read
-            "indptr": x * o + (x + 8) * q + 16 * min(ID_PIECE, inner) + piece,
+            "indptr": x * o + (x + 8) * q + 16 * min(ID_PIECE, inner)
+            + entry_read(inner, 8 * (n + 1)),
             "edges": x * o + (x + 8) * q + 2 * chunk,
             "sort": sort,
             # a chunk of labels, the owned nodes' labels in it read by page
             "labels": x * o + (x + w) * q + 8 * min(q, LABEL_CHUNK)
-            + 16 * min(o, LABEL_CHUNK) + ENTRY_BUFFER,
-            "features": (x * o + (x + w) * q + (r + 16 + 8) * ID_PIECE + ENTRY_BUFFER
+            + entry_read(min(o, LABEL_CHUNK), 8 * n),
+            "features": (x * o + (x + w) * q + (r + 8) * min(ID_PIECE, q)
+                         + entry_read(q, (r or x) * n)
                          if link else x * o + (x + r + w) * q
                          + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n)),
             # global_ids.npy's int64 copy
             "ids": x * o + (x + 8 + w) * q,
         }
-        phases["split"] = held + x * n + max(moments.values()) + retained
+        phases["split"] = held + x * n + max(moments.values())
         assumed["split_moment"] = max(moments, key=lambda k: moments[k])
     peak_phase = max(phases, key=lambda k: phases[k])
     return {"phases": {k: int(v) for k, v in phases.items()}, "peak_phase": peak_phase,
