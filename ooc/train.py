@@ -46,7 +46,8 @@ DEFAULTS: dict[str, Any] = {"data": None, "layers": None,
                             **{st.dest: st.cli_default() for st in TRAIN + MODE + RUN}}
 #: Kernel modules a training run compiles on its first run on a machine.
 TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",
-                 "ooc.executor.cache._cache_kernels", "ooc.storage._direct_kernels")
+                 "ooc.executor.cache._cache_kernels", "ooc.storage._direct_kernels",
+                 "ooc.executor.training._activation_kernels")
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
                    "lr", "weight_decay")

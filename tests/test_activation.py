@@ -1,11 +1,36 @@
-"""relu_dropout gives F.dropout(F.relu(h))'s values, gradients and random draws, and keeps
-one byte per element for the backward pass instead of float copies."""
+"""relu_dropout: F.dropout(F.relu(h))'s values and gradients for the elements it keeps,
+its noise drawn by a counter-based kernel (checked against a numpy statement of the
+draw), seeded from torch's generator; one byte per element kept for the backward pass."""
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from ooc.executor.training import activation
 from ooc.executor.training.activation import relu_dropout
 from ooc.executor.training.models import build_model
+
+GOLDEN, M1, M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _reference_keep(seed: int, n: int, p: float) -> np.ndarray:
+    """bool [n]: which elements the draw of ``seed`` keeps, in numpy (splitmix64 of
+    ``seed + GOLDEN * (pair + 1)``; element 2k takes the high 32 bits, 2k + 1 the low)."""
+    with np.errstate(over="ignore"):
+        j = np.arange(1, (n + 1) // 2 + 1, dtype=np.uint64)
+        z = np.uint64(seed) + np.uint64(GOLDEN) * j
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(M1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(M2)
+        z = z ^ (z >> np.uint64(31))
+    draws = np.empty(2 * z.size, dtype=np.uint64)
+    draws[0::2], draws[1::2] = z >> np.uint64(32), z & np.uint64(0xFFFFFFFF)
+    return draws[:n] < round((1.0 - p) * 2**32)
+
+
+def _seed_after(torch_seed: int) -> int:
+    """The seed relu_dropout draws right after ``torch.manual_seed(torch_seed)``."""
+    torch.manual_seed(torch_seed)
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
 
 
 def _saved(fn, h):
@@ -22,21 +47,92 @@ def _saved(fn, h):
 
 
 @pytest.mark.parametrize("p", [0.5, 0.3, 0.1])
-def test_values_gradients_and_draws_equal_stock_dropout(p):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_values_and_gradients_are_stock_dropouts_for_the_drawn_mask(p, dtype):
     gen = torch.Generator().manual_seed(0)
-    h0 = torch.randn(2000, 37, generator=gen)
-    h0[0, :5] = 0.0                                   # exact zeros: no gradient either way
-    g = torch.randn(2000, 37, generator=gen)
+    h0 = torch.randn(2001, 37, generator=gen, dtype=dtype)   # odd count: the last draw
+    h0[0, :5] = 0.0                                   # exact zeros: no gradient
+    g = torch.randn(2001, 37, generator=gen, dtype=dtype)
+    x = h0.clone().requires_grad_()
+    y = relu_dropout(x * 1.0, p, True)
+    (y * g).sum().backward()
+    keep = torch.from_numpy(_reference_keep(_seed_after_last(), h0.numel(), p)).view(h0.shape)
+    keep &= h0 > 0
+    # stock dropout with this mask as its noise: relu(h) * (mask / (1 - p))
+    noise = keep.to(dtype).div_(1.0 - p)
+    xs = h0.clone().requires_grad_()
+    ys = F.relu(xs * 1.0) * noise
+    (ys * g).sum().backward()
+    assert torch.equal(y, ys) and torch.equal(x.grad, xs.grad)
+    assert not torch.signbit(y).any()                 # dropped and negative: +0.0
+    assert (y == 0).to(torch.float64).mean() > p / 2  # dropout did drop
+
+
+_LAST_SEED: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _record_seed(monkeypatch):
+    """Record each seed relu_dropout draws (the draw itself is unchanged)."""
+    real = activation.draw_seed
+
+    def recorded() -> int:
+        s = real()
+        _LAST_SEED.append(s)
+        return s
+
+    monkeypatch.setattr(activation, "draw_seed", recorded)
+    yield
+    _LAST_SEED.clear()
+
+
+def _seed_after_last() -> int:
+    return _LAST_SEED[-1]
+
+
+def test_draws_come_from_torchs_generator_and_match_the_reference():
+    """The seed is one draw of torch's default generator (``manual_seed`` reproduces a
+    call, the generator moves on by that draw) and the kernel's mask is the numpy
+    statement's, element for element."""
+    n = 3001
     outs = []
-    for fn in (lambda h: F.dropout(F.relu(h), p, True), lambda h: relu_dropout(h, p, True)):
-        x = h0.clone().requires_grad_()
-        torch.manual_seed(1)
-        y = fn(x * 1.0)
-        (y * g).sum().backward()
-        outs.append((y.detach(), x.grad, torch.rand(3)))   # the next draws: same RNG use
-    (ya, ga, ra), (yb, gb, rb) = outs
-    assert torch.equal(ya, yb) and torch.equal(ga, gb) and torch.equal(ra, rb)
-    assert (ya == 0).float().mean() > p / 2           # dropout did drop
+    for _ in range(2):
+        torch.manual_seed(7)
+        x = torch.ones(n, dtype=torch.float32, requires_grad=True)
+        outs.append((relu_dropout(x * 1.0, 0.4, True).detach(), torch.rand(3)))
+    (a, ra), (b, rb) = outs
+    assert torch.equal(a, b) and torch.equal(ra, rb)
+    seed = _seed_after(7)
+    assert _LAST_SEED[-1] == seed
+    assert torch.rand(3).equal(ra)                    # one draw, as relu_dropout took
+    assert np.array_equal((a != 0).numpy(), _reference_keep(seed, n, 0.4))
+    torch.manual_seed(8)
+    c = relu_dropout(torch.ones(n, requires_grad=True) * 1.0, 0.4, True)
+    assert not torch.equal(a, c.detach())
+
+
+@pytest.mark.parametrize("p", [0.5, 0.2])
+def test_keep_rate_and_neighbouring_draws(p):
+    """Kept with probability 1 - p, in both halves of a draw, and neighbours independent
+    (joint rate (1 - p)^2), each within 6 standard deviations on 2^20 elements."""
+    torch.manual_seed(0)
+    n = 1 << 20
+    kept = (relu_dropout(torch.ones(n, requires_grad=True) * 1.0, p, True) != 0).numpy()
+    q = 1.0 - p
+
+    def close(rate: float, prob: float, m: int) -> bool:
+        return abs(rate - prob) <= 6 * (prob * (1 - prob) / m) ** 0.5
+
+    assert close(kept.mean(), q, n)
+    assert close(kept[0::2].mean(), q, n // 2) and close(kept[1::2].mean(), q, n // 2)
+    assert close((kept[:-1] & kept[1:]).mean(), q * q, n - 1)
+    assert close((kept[:-2] & kept[2:]).mean(), q * q, n - 2)
+
+
+def test_nan_stays_nan():
+    x = torch.tensor([float("nan"), -1.0, 2.0] * 100, requires_grad=True)
+    y = relu_dropout(x * 1.0, 0.5, True)
+    assert torch.isnan(y[0::3]).all() and (y[1::3] == 0).all()
 
 
 def test_keeps_a_bool_mask_instead_of_float_copies():
@@ -48,30 +144,38 @@ def test_keeps_a_bool_mask_instead_of_float_copies():
     assert [(d, k) for d, k in fused if k == n] == [(torch.bool, n)]
 
 
-def test_eval_and_no_grad_take_the_stock_path():
+def test_eval_no_grad_and_other_dtypes_take_the_stock_path():
     h = torch.randn(50, 8)
     assert torch.equal(relu_dropout(h, 0.5, False), F.relu(h))
     torch.manual_seed(3)
     a = relu_dropout(h, 0.5, True)                    # no grad: stock dropout
     torch.manual_seed(3)
     assert torch.equal(a, F.dropout(F.relu(h), 0.5, True))
+    hb = torch.randn(50, 8, dtype=torch.bfloat16, requires_grad=True)
+    torch.manual_seed(3)
+    a = relu_dropout(hb, 0.5, True)
+    torch.manual_seed(3)
+    assert torch.equal(a, F.dropout(F.relu(hb), 0.5, True)) and not _LAST_SEED
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn"])
-def test_model_training_step_is_unchanged(kind, monkeypatch):
-    """A training step of the built-in model gives the same loss and gradients as with
-    the stock activation and dropout."""
+def test_model_training_step_is_stock_dropout_with_the_drawn_masks(kind, monkeypatch):
+    """A training step of the built-in model gives the loss and gradients of the same
+    model whose activation is ``F.relu(h) * noise`` with the reference's masks."""
     from ooc.executor.training import models
+
+    def reference(h, p, training):
+        keep = torch.from_numpy(_reference_keep(activation.draw_seed(), h.numel(), p))
+        return F.relu(h) * keep.view(h.shape).to(h.dtype).div_(1.0 - p)
 
     torch.manual_seed(0)
     n, e = 200, 1200
     x = torch.randn(n, 16)
     ei = torch.randint(0, n, (2, e))
     results = []
-    for stock in (False, True):
-        if stock:
-            monkeypatch.setattr(models, "relu_dropout",
-                                lambda h, p, training: F.dropout(F.relu(h), p, training))
+    for ref in (False, True):
+        if ref:
+            monkeypatch.setattr(models, "relu_dropout", reference)
         torch.manual_seed(5)
         m = build_model(kind, 16, 32, 4, 3)
         m.train()

@@ -14,8 +14,9 @@ each, alternating (the order rotated each round), ``--rounds`` times, of:
   [E, d] message tensor);
 - ``ooc stock act`` (with ``--dropout`` above 0): the built-in model with
   ``F.dropout(F.relu(h))`` in place of its fused
-  :func:`~ooc.executor.training.activation.relu_dropout` (same values; two float copies of
-  each hidden output kept for backward instead of a byte mask);
+  :func:`~ooc.executor.training.activation.relu_dropout` (its noise drawn by
+  ``bernoulli_``, one element at a time; two float copies of each hidden output kept for
+  backward instead of a byte mask);
 - ``pyg trim``: stock PyG's ``GraphSAGE`` / ``GCN`` (``torch_geometric.nn.models``) with
   the built-in model's weights, called as PyG's NeighborLoader examples call it:
   ``model(x, edge_index, num_sampled_nodes_per_hop=..., num_sampled_edges_per_hop=...)``
@@ -24,10 +25,12 @@ each, alternating (the order rotated each round), ``--rounds`` times, of:
   ``torch.sparse`` tensor (PyG's ``spmm`` path; PyG trims only ``torch_sparse``
   tensors, not installed here, so every layer computes every row).
 
-With ``--dropout`` every variant draws the same noise (the RNG is seeded per batch).
-Prints the medians, the ratios to ``ooc csr`` and the largest seed-output difference of
-each variant from ``ooc csr`` (stock GCN normalises each trimmed layer by its own
-degrees, so ``pyg trim`` differs there by design).
+The RNG is seeded per batch, so each variant draws the same noise every round; with
+``--dropout`` the built-in activation's noise and ``F.dropout``'s are different draws, so
+the outputs differ by their masks. Prints the medians, the ratios to ``ooc csr`` and the
+largest seed-output difference of each variant from ``ooc csr`` (without dropout: stock
+GCN normalises each trimmed layer by its own degrees, so ``pyg trim`` differs there by
+design).
 """
 from __future__ import annotations
 

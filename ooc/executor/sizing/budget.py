@@ -243,6 +243,7 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
     from ...inspector.neighbors import CachedNeighbors, InMemoryNeighbors
     from ...inspector.sampler import NeighborSampler
     from ..cache.feature_cache import FeatureCache
+    from ..training.activation import warm_up as warm_up_activation
 
     n = 32
     src = np.arange(4 * n, dtype=np.int64) % n
@@ -274,6 +275,7 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
         rows, _ = fc.gather(np.array([0, 2, 3]), _Rows)
         fc.update(np.array([2]), np.array([0]), np.array([1]), rows)
     preset.policy.warm_up(n, device)
+    warm_up_activation()
 
 
 def plan_memory(dataset, config, budget: int, options=None, model=None,

@@ -1,36 +1,60 @@
 """ReLU followed by dropout in one autograd node that keeps one byte per element.
 
 ``F.dropout(F.relu(h), p)`` on the CPU keeps three float tensors of ``h``'s shape for
-the backward pass: the ReLU's output, dropout's float noise and the result. In a
-sampled batch the first layer's output is the largest tensor of the step (papers100M's
-recipe, fanouts 15,10,5 and 1024 seeds: ~90k rows x 256), so those copies are most of a
-training step's memory. :func:`relu_dropout` computes the same result from the same
-random draws and keeps the result (the next layer's input) and a bool mask of the
-elements that pass both (12 bytes per element -> 5).
+the backward pass (the ReLU's output, dropout's float noise and the result) and draws its
+noise with ``bernoulli_``, one element at a time from torch's generator: ~13 ns an element
+here, 0.3 s for the first layer's output of papers100M's recipe (fanouts 15,10,5 and 1024
+seeds: ~90k rows x 256), 40% of a training step on two cores. :func:`relu_dropout`
+computes ``relu(h) * noise`` in one parallel pass whose noise is counter-based
+(splitmix64 of the element's position and a seed, :mod:`._activation_kernels`), the seed
+drawn from torch's default generator, so ``torch.manual_seed`` reproduces a run; it keeps
+the result (the next layer's input) and a bool mask of the elements that pass both (12
+bytes per element -> 5). The values and gradients are those of ``F.dropout(F.relu(h))``
+for the same mask: kept elements are ``h * (1 / (1 - p))`` with the factor in ``h``'s
+dtype, the others 0; each element is kept with probability ``round((1 - p) 2^32) / 2^32``.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ._activation_kernels import masked_scale, relu_dropout_forward
+
+#: dtypes the kernels take; others go through ``F.dropout``
+KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def keep_threshold(p: float) -> int:
+    """A 32-bit draw below this keeps its element: ``round((1 - p) * 2^32)``."""
+    return min(1 << 32, max(0, round((1.0 - float(p)) * (1 << 32))))
+
+
+def draw_seed() -> int:
+    """One draw of torch's default generator (a 63-bit seed for a call's noise)."""
+    return int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+
+
+def _scale(p: float, dtype: torch.dtype) -> np.generic:
+    """``1 / (1 - p)`` as ``dtype`` computes it (ATen's dropout divides its noise so)."""
+    return np.asarray(torch.ones((), dtype=dtype).div_(1.0 - p).numpy()).reshape(1)[0]
+
 
 class _ReluDropout(torch.autograd.Function):
-    """``relu(h) * noise`` with ``noise`` drawn as ATen's CPU dropout draws it
-    (``empty_like(h).bernoulli_(1 - p).div_(1 - p)``); the backward pass multiplies the
-    gradient by the same factor where the mask is set, as ``threshold_backward`` after
-    the noise product does."""
+    """``relu(h) * noise`` (noise ``1 / (1 - p)`` where kept, else 0); the backward
+    pass multiplies the gradient by the same factor where the mask is set, as
+    ``threshold_backward`` after the noise product does."""
 
     @staticmethod
     def forward(ctx, h: Tensor, p: float) -> Tensor:  # type: ignore[override]
-        noise = torch.empty_like(h).bernoulli_(1.0 - p)
-        keep = noise.bool()
-        keep &= h > 0
-        noise.div_(1.0 - p)
-        # the factor as float32 computes it, so the gradients are bitwise those of F.dropout
-        scale = float(torch.ones((), dtype=h.dtype).div_(1.0 - p))
-        out = torch.relu(h).mul_(noise)
-        del noise
+        src = h.detach().contiguous()
+        out = torch.empty_like(src)
+        keep = torch.empty(src.shape, dtype=torch.bool)
+        scale = _scale(p, src.dtype)
+        relu_dropout_forward(src.view(-1).numpy(), np.uint64(draw_seed()),
+                             np.uint64(keep_threshold(p)), scale, out.view(-1).numpy(),
+                             keep.view(-1).numpy())
         ctx.save_for_backward(keep)
         ctx.scale = scale
         return out
@@ -38,13 +62,27 @@ class _ReluDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
         (keep,) = ctx.saved_tensors
-        return (grad * ctx.scale).masked_fill_(keep.logical_not(), 0.0), None
+        g = grad.contiguous()
+        out = torch.empty_like(g)
+        masked_scale(g.view(-1).numpy(), keep.view(-1).numpy(), ctx.scale, out.view(-1).numpy())
+        return out, None
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernels for float32, the models' dtype."""
+    h = np.array([1.0, -1.0, 2.0], dtype=np.float32)
+    out, keep = np.empty_like(h), np.empty(3, dtype=np.bool_)
+    scale = _scale(0.5, torch.float32)
+    relu_dropout_forward(h, np.uint64(1), np.uint64(keep_threshold(0.5)), scale, out, keep)
+    masked_scale(h, keep, scale, out)
 
 
 def relu_dropout(h: Tensor, p: float, training: bool) -> Tensor:
-    """``F.dropout(F.relu(h), p, training)``, with the same values, gradients and random
-    draws; on the CPU in training with ``0 < p < 1`` it keeps ``h.numel()`` bytes for
-    the backward pass besides the result instead of two float copies of ``h``.
+    """``F.dropout(F.relu(h), p, training)``: the same values and gradients for the
+    elements it keeps; on the CPU in training with ``0 < p < 1``, ``h`` of float32 or
+    float64 and a gradient to compute, the noise comes from :mod:`._activation_kernels`
+    (see the module docstring) and it keeps ``h.numel()`` bytes for the backward pass
+    besides the result instead of two float copies of ``h``.
 
     Args:
         h: [n, d] float rows (the layer's convolution output).
@@ -54,6 +92,7 @@ def relu_dropout(h: Tensor, p: float, training: bool) -> Tensor:
     Returns:
         [n, d], ``h``'s dtype and device.
     """
-    if not training or not 0.0 < p < 1.0 or h.device.type != "cpu" or not h.requires_grad:
+    if (not training or not 0.0 < p < 1.0 or h.device.type != "cpu" or not h.requires_grad
+            or h.dtype not in KERNEL_DTYPES):
         return F.dropout(F.relu(h), p=p, training=training)
     return _ReluDropout.apply(h, float(p))

@@ -186,7 +186,8 @@ class GNN(torch.nn.Module):
             if dinv is not None:
                 ei, w = with_self_loops(ei, n_dst, dinv[ei[0]] * dinv[ei[1]],
                                         dinv[:n_dst] * dinv[:n_dst])
-            x = self.layer(l, x[:n_src], ei, w, num_targets=n_dst)
+            # a slice of every row would still cost its backward pass a zero-filled copy
+            x = self.layer(l, x if n_src == x.size(0) else x[:n_src], ei, w, num_targets=n_dst)
         return x
 
 

@@ -1,0 +1,77 @@
+"""Kernels of :mod:`.activation`: ReLU and dropout in one pass, and its backward pass.
+
+The dropout noise is counter-based: element ``i`` of a call keeps its value when the
+32-bit half ``i % 2`` (the high half first) of ``mix64(seed + GOLDEN * (i // 2 + 1))`` is
+below ``threshold`` (``round((1 - p) * 2^32)``), so a draw depends only on the seed and
+the element's position, never on the threads that ran it.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ..._random_kernels import GOLDEN, mix64
+
+#: pairs of elements (one 64-bit draw each) per parallel task
+_BLOCK = 1 << 14
+_ONE = np.uint64(1)
+_S32 = np.uint64(32)
+_LOW = np.uint64(0xFFFFFFFF)
+
+
+@nb.njit(inline="always", cache=True)
+def _keep_one(h, i, draw, threshold, scale, zero, out, keep):
+    """Element ``i`` by its 32-bit ``draw``: kept when the draw is below ``threshold`` and
+    ``h[i] > 0``; ``x * scale * kept + 0`` gives +0.0 for a dropped element and keeps a
+    NaN as ``F.relu`` does, without a branch (the loop vectorises)."""
+    x = h[i]
+    k = (draw < threshold) & (x > zero)
+    keep[i] = k
+    out[i] = x * scale * k + zero
+
+
+@nb.njit(parallel=True, cache=True)
+def relu_dropout_forward(h, seed, threshold, scale, out, keep):
+    """``out[i] = h[i] * scale`` where ``h[i] > 0`` and the draw keeps element ``i``, else
+    +0.0 (NaN stays NaN); ``keep[i]`` whether it was kept.
+
+    Args:
+        h: float32 or float64 [n] (the layer's output, flattened).
+        seed: uint64, the call's seed.
+        threshold: uint64 in ``[0, 2^32]``: a draw below it keeps the element.
+        scale: ``1 / (1 - p)`` in ``h``'s dtype.
+        out: [n], ``h``'s dtype (written).
+        keep: bool [n] (written).
+    """
+    n = h.shape[0]
+    pairs = n // 2
+    blocks = (pairs + _BLOCK - 1) // _BLOCK
+    zero = scale - scale
+    for b in nb.prange(blocks):
+        lo = b * _BLOCK
+        hi = min(pairs, lo + _BLOCK)
+        for j in range(lo, hi):
+            r = mix64(seed + GOLDEN * (np.uint64(j) + _ONE))
+            _keep_one(h, 2 * j, r >> _S32, threshold, scale, zero, out, keep)
+            _keep_one(h, 2 * j + 1, r & _LOW, threshold, scale, zero, out, keep)
+    if n % 2:  # the last element: the high half of the next pair's draw
+        r = mix64(seed + GOLDEN * (np.uint64(pairs) + _ONE))
+        _keep_one(h, n - 1, r >> _S32, threshold, scale, zero, out, keep)
+
+
+@nb.njit(parallel=True, cache=True)
+def masked_scale(grad, keep, scale, out):
+    """``out[i] = grad[i] * scale`` where ``keep[i]``, else 0 (the backward pass).
+
+    Args:
+        grad: float32 or float64 [n]; keep: bool [n]; scale: in ``grad``'s dtype.
+        out: [n], ``grad``'s dtype (written).
+    """
+    n = grad.shape[0]
+    blocks = (n + 2 * _BLOCK - 1) // (2 * _BLOCK)
+    zero = scale - scale
+    for b in nb.prange(blocks):
+        lo = b * 2 * _BLOCK
+        hi = min(n, lo + 2 * _BLOCK)
+        for i in range(lo, hi):
+            out[i] = grad[i] * scale if keep[i] else zero
