@@ -3,7 +3,10 @@
 The dropout noise is counter-based: element ``i`` of a call keeps its value when the
 32-bit half ``i % 2`` (the high half first) of ``mix64(seed + GOLDEN * (i // 2 + 1))`` is
 below ``threshold`` (``round((1 - p) * 2^32)``), so a draw depends only on the seed and
-the element's position, never on the threads that ran it.
+the element's position, never on the threads that ran it. Each kernel has a serial twin
+(the same draws) for numba's ``workqueue`` threading layer, which aborts the process when
+two threads launch parallel kernels at once (training runs the model while the inspector
+samples on its own thread).
 """
 from __future__ import annotations
 
@@ -30,10 +33,33 @@ def _keep_one(h, i, draw, threshold, scale, zero, out, keep):
     out[i] = x * scale * k + zero
 
 
+@nb.njit(inline="always", cache=True)
+def _forward_pairs(h, seed, threshold, scale, out, keep, lo, hi):
+    """Pairs ``lo .. hi - 1`` (elements ``2 lo .. 2 hi - 1``), one draw each; then, when
+    ``hi`` is the last pair and ``h`` has an odd length, its last element (the high half
+    of the next pair's draw)."""
+    zero = scale - scale
+    for j in range(lo, hi):
+        r = mix64(seed + GOLDEN * (np.uint64(j) + _ONE))
+        _keep_one(h, 2 * j, r >> _S32, threshold, scale, zero, out, keep)
+        _keep_one(h, 2 * j + 1, r & _LOW, threshold, scale, zero, out, keep)
+    n = h.shape[0]
+    if hi == n // 2 and n % 2:
+        r = mix64(seed + GOLDEN * (np.uint64(hi) + _ONE))
+        _keep_one(h, n - 1, r >> _S32, threshold, scale, zero, out, keep)
+
+
+@nb.njit(inline="always", cache=True)
+def _scale_range(grad, keep, scale, out, lo, hi):
+    zero = scale - scale
+    for i in range(lo, hi):
+        out[i] = grad[i] * scale if keep[i] else zero
+
+
 @nb.njit(parallel=True, cache=True)
 def relu_dropout_forward(h, seed, threshold, scale, out, keep):
     """``out[i] = h[i] * scale`` where ``h[i] > 0`` and the draw keeps element ``i``, else
-    +0.0 (NaN stays NaN); ``keep[i]`` whether it was kept.
+    +0.0 (NaN stays NaN); ``keep[i]`` whether it was kept. Blocks of pairs in parallel.
 
     Args:
         h: float32 or float64 [n] (the layer's output, flattened).
@@ -43,35 +69,35 @@ def relu_dropout_forward(h, seed, threshold, scale, out, keep):
         out: [n], ``h``'s dtype (written).
         keep: bool [n] (written).
     """
-    n = h.shape[0]
-    pairs = n // 2
-    blocks = (pairs + _BLOCK - 1) // _BLOCK
-    zero = scale - scale
+    pairs = h.shape[0] // 2
+    blocks = max(1, (pairs + _BLOCK - 1) // _BLOCK)
     for b in nb.prange(blocks):
-        lo = b * _BLOCK
-        hi = min(pairs, lo + _BLOCK)
-        for j in range(lo, hi):
-            r = mix64(seed + GOLDEN * (np.uint64(j) + _ONE))
-            _keep_one(h, 2 * j, r >> _S32, threshold, scale, zero, out, keep)
-            _keep_one(h, 2 * j + 1, r & _LOW, threshold, scale, zero, out, keep)
-    if n % 2:  # the last element: the high half of the next pair's draw
-        r = mix64(seed + GOLDEN * (np.uint64(pairs) + _ONE))
-        _keep_one(h, n - 1, r >> _S32, threshold, scale, zero, out, keep)
+        _forward_pairs(h, seed, threshold, scale, out, keep, b * _BLOCK,
+                       min(pairs, (b + 1) * _BLOCK))
+
+
+@nb.njit(cache=True)
+def relu_dropout_forward_serial(h, seed, threshold, scale, out, keep):
+    """:func:`relu_dropout_forward` on the calling thread (the same draws)."""
+    _forward_pairs(h, seed, threshold, scale, out, keep, 0, h.shape[0] // 2)
 
 
 @nb.njit(parallel=True, cache=True)
 def masked_scale(grad, keep, scale, out):
     """``out[i] = grad[i] * scale`` where ``keep[i]``, else 0 (the backward pass).
+    Blocks in parallel.
 
     Args:
         grad: float32 or float64 [n]; keep: bool [n]; scale: in ``grad``'s dtype.
         out: [n], ``grad``'s dtype (written).
     """
     n = grad.shape[0]
-    blocks = (n + 2 * _BLOCK - 1) // (2 * _BLOCK)
-    zero = scale - scale
-    for b in nb.prange(blocks):
-        lo = b * 2 * _BLOCK
-        hi = min(n, lo + 2 * _BLOCK)
-        for i in range(lo, hi):
-            out[i] = grad[i] * scale if keep[i] else zero
+    step = 2 * _BLOCK
+    for b in nb.prange((n + step - 1) // step):
+        _scale_range(grad, keep, scale, out, b * step, min(n, (b + 1) * step))
+
+
+@nb.njit(cache=True)
+def masked_scale_serial(grad, keep, scale, out):
+    """:func:`masked_scale` on the calling thread."""
+    _scale_range(grad, keep, scale, out, 0, grad.shape[0])
