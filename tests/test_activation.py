@@ -46,28 +46,6 @@ def _saved(fn, h):
     return out, saved
 
 
-@pytest.mark.parametrize("p", [0.5, 0.3, 0.1])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_values_and_gradients_are_stock_dropouts_for_the_drawn_mask(p, dtype):
-    gen = torch.Generator().manual_seed(0)
-    h0 = torch.randn(2001, 37, generator=gen, dtype=dtype)   # odd count: the last draw
-    h0[0, :5] = 0.0                                   # exact zeros: no gradient
-    g = torch.randn(2001, 37, generator=gen, dtype=dtype)
-    x = h0.clone().requires_grad_()
-    y = relu_dropout(x * 1.0, p, True)
-    (y * g).sum().backward()
-    keep = torch.from_numpy(_reference_keep(_seed_after_last(), h0.numel(), p)).view(h0.shape)
-    keep &= h0 > 0
-    # stock dropout with this mask as its noise: relu(h) * (mask / (1 - p))
-    noise = keep.to(dtype).div_(1.0 - p)
-    xs = h0.clone().requires_grad_()
-    ys = F.relu(xs * 1.0) * noise
-    (ys * g).sum().backward()
-    assert torch.equal(y, ys) and torch.equal(x.grad, xs.grad)
-    assert not torch.signbit(y).any()                 # dropped and negative: +0.0
-    assert (y == 0).to(torch.float64).mean() > p / 2  # dropout did drop
-
-
 _LAST_SEED: list[int] = []
 
 
@@ -88,6 +66,28 @@ def _record_seed(monkeypatch):
 
 def _seed_after_last() -> int:
     return _LAST_SEED[-1]
+
+
+@pytest.mark.parametrize("p", [0.5, 0.3, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_values_and_gradients_are_stock_dropouts_for_the_drawn_mask(p, dtype):
+    gen = torch.Generator().manual_seed(0)
+    h0 = torch.randn(2001, 37, generator=gen, dtype=dtype)   # odd count: the last draw
+    h0[0, :5] = 0.0                                   # exact zeros: no gradient
+    g = torch.randn(2001, 37, generator=gen, dtype=dtype)
+    x = h0.clone().requires_grad_()
+    y = relu_dropout(x * 1.0, p, True)
+    (y * g).sum().backward()
+    keep = torch.from_numpy(_reference_keep(_seed_after_last(), h0.numel(), p)).view(h0.shape)
+    keep &= h0 > 0
+    # stock dropout with this mask as its noise: relu(h) * (mask / (1 - p))
+    noise = keep.to(dtype).div_(1.0 - p)
+    xs = h0.clone().requires_grad_()
+    ys = F.relu(xs * 1.0) * noise
+    (ys * g).sum().backward()
+    assert torch.equal(y, ys) and torch.equal(x.grad, xs.grad)
+    assert not torch.signbit(y).any()                 # dropped and negative: +0.0
+    assert (y == 0).to(torch.float64).mean() > p / 2  # dropout did drop
 
 
 def test_draws_come_from_torchs_generator_and_match_the_reference():

@@ -43,7 +43,7 @@ def draw_seed() -> int:
 
 def _scale(p: float, dtype: torch.dtype) -> np.generic:
     """``1 / (1 - p)`` as ``dtype`` computes it (ATen's dropout divides its noise so)."""
-    return np.asarray(torch.ones((), dtype=dtype).div_(1.0 - p).numpy()).reshape(1)[0]
+    return torch.ones(1, dtype=dtype).div_(1.0 - p).numpy()[0]
 
 
 class _ReluDropout(torch.autograd.Function):
