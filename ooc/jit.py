@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .storage.notes import note
+from .threading_layer import dispatcher_of
 
 
 def kernels_cached(module: str) -> bool | None:
@@ -22,7 +23,7 @@ def kernels_cached(module: str) -> bool | None:
 
         mod = importlib.import_module(module)
         seen = False
-        for obj in vars(mod).values():
+        for obj in map(dispatcher_of, vars(mod).values()):
             # _cache is a numba internal the dispatcher sets at runtime (not in numba's hints)
             if isinstance(obj, numba.core.registry.CPUDispatcher) and obj._cache is not None:  # type: ignore[attr-defined]
                 seen = True

@@ -188,50 +188,18 @@ def test_model_training_step_is_stock_dropout_with_the_drawn_masks(kind, monkeyp
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 3 * (1 << 15) + 1])
-def test_serial_twins_draw_the_same(n):
-    """The serial kernels (numba's workqueue layer) give the parallel ones' results,
-    across several blocks and an odd tail."""
+def test_kernels_across_blocks_and_an_odd_tail(n):
+    """Forward and backward over several parallel blocks and an odd last element: the
+    reference mask, kept values scaled, the gradient scaled where kept."""
     from ooc.executor.training import _activation_kernels as K
 
     h = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     g = np.random.default_rng(n + 1).standard_normal(n).astype(np.float32)
     scale, thr = np.float32(1 / 0.7), np.uint64(activation.keep_threshold(0.3))
-    res = []
-    for fwd, bwd in ((K.relu_dropout_forward, K.masked_scale),
-                     (K.relu_dropout_forward_serial, K.masked_scale_serial)):
-        out, keep, grad = np.empty_like(h), np.empty(n, np.bool_), np.empty_like(g)
-        fwd(h, np.uint64(12345), thr, scale, out, keep)
-        bwd(g, keep, scale, grad)
-        res.append((out, keep, grad))
-    (a, ka, ga), (b, kb, gb) = res
-    assert np.array_equal(ka, kb) and np.array_equal(a, b) and np.array_equal(ga, gb)
-    assert np.array_equal(ka, _reference_keep(12345, n, 0.3) & (h > 0))
-
-
-@pytest.mark.parametrize("layer,parallel", [("omp", True), ("tbb", True),
-                                            ("workqueue", False)])
-def test_kernels_follow_the_threading_layer(monkeypatch, layer, parallel):
-    import numba
-
-    from ooc.executor.training import _activation_kernels as K
-
-    activation.kernels.cache_clear()
-    monkeypatch.setattr(numba, "threading_layer", lambda: layer)
-    try:
-        fwd, _ = activation.kernels()
-    finally:
-        activation.kernels.cache_clear()
-    assert (fwd is K.relu_dropout_forward) == parallel
-
-
-def test_this_machine_runs_the_parallel_kernels():
-    """The fast path is on where numba has a thread-safe layer (omp: libgomp, or tbb)."""
-    import numba
-
-    from ooc.executor.training import _activation_kernels as K
-
-    activation.kernels()
-    if numba.threading_layer() not in activation.THREAD_SAFE_LAYERS:
-        pytest.skip(f"numba's threading layer here is {numba.threading_layer()}: "
-                    f"no libgomp or tbb, so the serial kernels run")
-    assert activation.kernels()[0] is K.relu_dropout_forward
+    out, keep, grad = np.empty_like(h), np.empty(n, np.bool_), np.empty_like(g)
+    K.relu_dropout_forward(h, np.uint64(12345), thr, scale, out, keep)
+    K.masked_scale(g, keep, scale, grad)
+    want = _reference_keep(12345, n, 0.3) & (h > 0)
+    assert np.array_equal(keep, want)
+    assert np.array_equal(out, np.where(want, h * scale, np.float32(0)))
+    assert np.array_equal(grad, np.where(want, g * scale, np.float32(0)))

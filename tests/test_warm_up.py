@@ -12,12 +12,14 @@ from ooc.inspector.neighbor_cache import build_neighbor_cache, full_cache_bytes
 from ooc.storage import DirectFeatures, open_dataset
 from ooc.storage import _direct_kernels as DK
 from ooc.storage.ingest import generate_synthetic
+from ooc.threading_layer import dispatcher_of
 
 
 def _signatures() -> dict[str, int]:
     """Specializations each kernel of the neighbor cache and the direct reader holds."""
     return {f"{m.__name__}.{k}": len(v.signatures) for m in (NK, DK)
-            for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
+            for k, v in vars(m).items()
+            if isinstance(dispatcher_of(v), numba.core.registry.CPUDispatcher)}
 
 
 def test_a_run_after_the_warm_up_compiles_nothing(tmp_path):
@@ -49,7 +51,8 @@ def _all_signatures() -> dict[str, int]:
 
     return {f"{name}.{k}": len(v.signatures) for name, m in list(sys.modules.items())
             if name.startswith("ooc.") and name.endswith("kernels")
-            for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher)}
+            for k, v in vars(m).items()
+            if isinstance(dispatcher_of(v), numba.core.registry.CPUDispatcher)}
 
 
 @pytest.mark.parametrize("algo,reorder", [("spring", "locality"), ("spring", "none"),

@@ -6,8 +6,10 @@ import numpy as np
 from numba import prange
 
 from ..storage._id_map_kernels import find
+from ..threading_layer import parallel_kernel
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def expand_ranges(starts, offs, out):
     """out[offs[i]:offs[i+1]] = starts[i] + arange(offs[i+1]-offs[i])."""
@@ -17,6 +19,7 @@ def expand_ranges(starts, offs, out):
             out[offs[i] + j] = s + j
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def cache_gather(nodes, offsets, rel_pos, keys, vals, shift, cache_array, out, miss):
     """Fill ``out`` for cached nodes (Ginex Fig. 10b); flag the others in ``miss``.
@@ -44,6 +47,7 @@ def cache_gather(nodes, offsets, rel_pos, keys, vals, shift, cache_array, out, m
     return hits, misses
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def extract_from_pages(edge_pos, pages, per_page, vals, out):
     """out[e] = value at edge_pos[e] for every e whose page is in ``pages`` (sorted);
@@ -69,6 +73,7 @@ def extract_from_pages(edge_pos, pages, per_page, vals, out):
             out[e] = vals[lo * per_page + (edge_pos[e] - p * per_page)]
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def fill_cache(nodes, addr, indptr, indices, cache_array):
     """Write count then neighbour ids of nodes[i] at cache_array[addr[i]:]."""
@@ -94,6 +99,7 @@ def out_degrees(indices, num_nodes, start, stop, deg):
     return -1
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def check_cache(nodes, addresses, cache_array, indptr, num_nodes, status):
     """Validate a neighbor cache (cached ``nodes`` int64 [k] in [0, N), their

@@ -14,6 +14,7 @@ from numba import prange
 
 from .._random_kernels import GOLDEN as _GOLDEN
 from .._random_kernels import mix64
+from ..threading_layer import parallel_kernel
 
 _ONE = np.uint64(1)
 _SMALL_K = 64  # Floyd membership by linear scan up to this many picks
@@ -90,6 +91,7 @@ def list_start(base, rel, v):
     return base[v >> 6] + np.int64(rel[v])
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def hop_counts(front, base, rel, fanout, counts):
     """counts[i] = number of neighbours sampled for front[i]."""
@@ -99,6 +101,7 @@ def hop_counts(front, base, rel, fanout, counts):
         counts[i] = d if (fanout < 0 or d < fanout) else fanout
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def hop_select(front, front_batch, batch_seeds, hop, base, rel, offsets, rel_pos, edge_pos):
     """Fill the sampled positions of every frontier node (relative and absolute)."""
@@ -121,6 +124,7 @@ def _slot(u, mask):
     return np.int64(mix64(np.uint64(u)) & np.uint64(mask))
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def check_seeds(nodes, ptr, num_nodes, bad):
     """bad[b] = 1 when batch b has a duplicate seed, 2 when one is out of range."""
@@ -146,6 +150,7 @@ def check_seeds(nodes, ptr, num_nodes, bad):
             keys[h] = u
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, num_nodes, src, dst, new_nodes,
               new_cnt, bad):
@@ -214,6 +219,7 @@ def hop_dedup(all_nodes, all_ptr, front_ptr, offsets, nbr, num_nodes, src, dst, 
         new_cnt[b] = cnt
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def merge_nodes(all_nodes, all_ptr, new_nodes, new_src, new_cnt, out_nodes, out_ptr, front, front_ptr):
     """Append each batch's new nodes to its node list; the new ones become the frontier.
@@ -234,6 +240,7 @@ def merge_nodes(all_nodes, all_ptr, new_nodes, new_src, new_cnt, out_nodes, out_
             front[fo + i] = u
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def gather_in_memory(edge_pos, indices, out):
     """out[e] = indices[edge_pos[e]] (positions within ``indices``: the sampler

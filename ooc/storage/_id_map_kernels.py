@@ -21,6 +21,7 @@ import numba as nb
 import numpy as np
 
 from .._random_kernels import GOLDEN as _GOLDEN
+from ..threading_layer import parallel_kernel
 
 EMPTY = -1
 
@@ -97,6 +98,7 @@ def remove(keys, vals, shift, k):
     return old
 
 
+@parallel_kernel
 @nb.njit(parallel=True, nogil=True, cache=True)
 def find_many(keys, vals, shift, ids, out):
     """out[i] = value of ids[i], -1 when absent (ids int64 [n], out int64 [n])."""

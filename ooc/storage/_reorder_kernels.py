@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+from ..threading_layer import parallel_kernel
 
 
 #: In-neighbour lists up to this long are tallied in a thread's small hash table; longer
@@ -89,6 +90,7 @@ def _choose(ptr, window, k, v, label, size, cap, labs, keys, cnt, used):
     return _sorted_best(labs, d, label[v], size, cap)
 
 
+@parallel_kernel
 @njit(cache=True, nogil=True, parallel=True)
 def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, threads):
     """Label propagation over nodes ``v0 .. v0 + len(ptr) - 2``, part of a sweep.
@@ -195,6 +197,7 @@ def first_repeat(values, n, seen):
     return -1
 
 
+@parallel_kernel
 @njit(cache=True, nogil=True, parallel=True)
 def place_rows(out, group_rows, group_bytes, rows, dest, a, seen):
     """Row ``i`` of ``rows`` (uint8 [k, row_bytes], the rows' bytes) placed as row

@@ -4,8 +4,10 @@ from __future__ import annotations
 import numba as nb
 
 from ...storage._id_map_kernels import find
+from ...threading_layer import parallel_kernel
 
 
+@parallel_kernel
 @nb.njit(parallel=True, nogil=True, cache=True)
 def gather_hits(ids, keys, vals, shift, cache, out, hit):
     """Copy cached rows of ``ids`` into ``out``; mark hits.
@@ -29,6 +31,7 @@ def gather_hits(ids, keys, vals, shift, cache, out, hit):
     return count
 
 
+@parallel_kernel
 @nb.njit(parallel=True, nogil=True, cache=True)
 def scatter_rows(rows, positions, out):
     """out[positions[k]] = rows[k] for every k (rows [m, D], positions int64 [m])."""
@@ -39,6 +42,7 @@ def scatter_rows(rows, positions, out):
             out[p, j] = rows[k, j]
 
 
+@parallel_kernel
 @nb.njit(parallel=True, nogil=True, cache=True)
 def copy_rows_to_slots(src, src_pos, cache, slots):
     """cache[slots[k]] = src[src_pos[k]]: direct row copies, no staging buffer."""

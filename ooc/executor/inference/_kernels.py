@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from ...threading_layer import parallel_kernel
 
 
+@parallel_kernel
 @numba.njit(cache=True, parallel=True)
 def nonloop_in_degree(indptr, indices):
     """int64 [N]: in-edges of every node that are not self loops."""

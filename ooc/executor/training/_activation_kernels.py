@@ -3,10 +3,7 @@
 The dropout noise is counter-based: element ``i`` of a call keeps its value when the
 32-bit half ``i % 2`` (the high half first) of ``mix64(seed + GOLDEN * (i // 2 + 1))`` is
 below ``threshold`` (``round((1 - p) * 2^32)``), so a draw depends only on the seed and
-the element's position, never on the threads that ran it. Each kernel has a serial twin
-(the same draws) for numba's ``workqueue`` threading layer, which aborts the process when
-two threads launch parallel kernels at once (training runs the model while the inspector
-samples on its own thread).
+the element's position, never on the threads that ran it.
 """
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ import numba as nb
 import numpy as np
 
 from ..._random_kernels import GOLDEN, mix64
+from ...threading_layer import parallel_kernel
 
 #: pairs of elements (one 64-bit draw each) per parallel task
 _BLOCK = 1 << 14
@@ -56,6 +54,7 @@ def _scale_range(grad, keep, scale, out, lo, hi):
         out[i] = grad[i] * scale if keep[i] else zero
 
 
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def relu_dropout_forward(h, seed, threshold, scale, out, keep):
     """``out[i] = h[i] * scale`` where ``h[i] > 0`` and the draw keeps element ``i``, else
@@ -76,12 +75,7 @@ def relu_dropout_forward(h, seed, threshold, scale, out, keep):
                        min(pairs, (b + 1) * _BLOCK))
 
 
-@nb.njit(cache=True)
-def relu_dropout_forward_serial(h, seed, threshold, scale, out, keep):
-    """:func:`relu_dropout_forward` on the calling thread (the same draws)."""
-    _forward_pairs(h, seed, threshold, scale, out, keep, 0, h.shape[0] // 2)
-
-
+@parallel_kernel
 @nb.njit(parallel=True, cache=True)
 def masked_scale(grad, keep, scale, out):
     """``out[i] = grad[i] * scale`` where ``keep[i]``, else 0 (the backward pass).
@@ -95,9 +89,3 @@ def masked_scale(grad, keep, scale, out):
     step = 2 * _BLOCK
     for b in nb.prange((n + step - 1) // step):
         _scale_range(grad, keep, scale, out, b * step, min(n, (b + 1) * step))
-
-
-@nb.njit(cache=True)
-def masked_scale_serial(grad, keep, scale, out):
-    """:func:`masked_scale` on the calling thread."""
-    _scale_range(grad, keep, scale, out, 0, grad.shape[0])

@@ -15,8 +15,6 @@ dtype, the others 0; each element is kept with probability ``round((1 - p) 2^32)
 """
 from __future__ import annotations
 
-import functools
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +25,6 @@ from . import _activation_kernels as K
 
 #: dtypes the kernels take; others go through ``F.dropout``
 KERNEL_DTYPES = (torch.float32, torch.float64)
-#: numba threading layers that take parallel kernels launched from several threads at once
-THREAD_SAFE_LAYERS = ("omp", "tbb")
 
 
 def keep_threshold(p: float) -> int:
@@ -57,9 +53,9 @@ class _ReluDropout(torch.autograd.Function):
         out = torch.empty_like(src)
         keep = torch.empty(src.shape, dtype=torch.bool)
         scale = _scale(p, src.dtype)
-        kernels()[0](src.view(-1).numpy(), np.uint64(draw_seed()),
-                     np.uint64(keep_threshold(p)), scale, out.view(-1).numpy(),
-                     keep.view(-1).numpy())
+        K.relu_dropout_forward(src.view(-1).numpy(), np.uint64(draw_seed()),
+                               np.uint64(keep_threshold(p)), scale, out.view(-1).numpy(),
+                               keep.view(-1).numpy())
         ctx.save_for_backward(keep)
         ctx.scale = scale
         return out
@@ -69,7 +65,7 @@ class _ReluDropout(torch.autograd.Function):
         (keep,) = ctx.saved_tensors
         g = grad.contiguous()
         out = torch.empty_like(g)
-        kernels()[1](g.view(-1).numpy(), keep.view(-1).numpy(), ctx.scale, out.view(-1).numpy())
+        K.masked_scale(g.view(-1).numpy(), keep.view(-1).numpy(), ctx.scale, out.view(-1).numpy())
         return out, None
 
 
@@ -78,23 +74,8 @@ def warm_up() -> None:
     h = np.array([1.0, -1.0, 2.0], dtype=np.float32)
     out, keep = np.empty_like(h), np.empty(3, dtype=np.bool_)
     scale = _scale(0.5, torch.float32)
-    forward, backward = kernels()
-    forward(h, np.uint64(1), np.uint64(keep_threshold(0.5)), scale, out, keep)
-    backward(h, keep, scale, out)
-
-
-@functools.lru_cache(maxsize=1)
-def kernels() -> tuple[Any, Any]:
-    """The forward and backward kernels: the parallel ones where numba's threading layer
-    takes launches from several threads at once (:data:`THREAD_SAFE_LAYERS`), else their
-    serial twins. A parallel launch on tiny data makes numba choose its layer."""
-    import numba
-
-    h = np.zeros(2, dtype=np.float32)
-    K.masked_scale(h, np.zeros(2, dtype=np.bool_), np.float32(1), h)
-    if numba.threading_layer() in THREAD_SAFE_LAYERS:
-        return K.relu_dropout_forward, K.masked_scale
-    return K.relu_dropout_forward_serial, K.masked_scale_serial
+    K.relu_dropout_forward(h, np.uint64(1), np.uint64(keep_threshold(0.5)), scale, out, keep)
+    K.masked_scale(h, keep, scale, out)
 
 
 def relu_dropout(h: Tensor, p: float, training: bool) -> Tensor:

@@ -9,6 +9,7 @@ from numba import njit, prange
 from ..._random_kernels import GOLDEN as _GOLDEN
 from ..._random_kernels import M2 as _M2
 from ..._random_kernels import mix64 as _mix
+from ...threading_layer import parallel_kernel
 
 # -- text edge lists ----------------------------------------------------------
 
@@ -330,6 +331,7 @@ def scatter_entries(pairs, lo, cursor, ends, seg):
     return -1
 
 
+@parallel_kernel
 @njit(cache=True, parallel=True)
 def sort_segments(seg, ptr, dedup, newdeg):
     """Sort each node's segment ``seg[ptr[i]:ptr[i+1]]`` in place; with
@@ -392,6 +394,7 @@ def _uniform(z):
     return np.float64(z >> _S11) * _INV53
 
 
+@parallel_kernel
 @njit(cache=True, parallel=True)
 def rmat_edges(seed, start, n, levels, pa, pab, pabc, classes, p_in, cover,
                perm, out_src, out_dst):
@@ -447,6 +450,7 @@ def rmat_edges(seed, start, n, levels, pa, pab, pabc, classes, p_in, cover,
         out_dst[k] = perm[d]
 
 
+@parallel_kernel
 @njit(cache=True, parallel=True)
 def noisy_features(seed, start, labels, centroids, noise, out):
     """Rows ``start ..`` of ``centroids[label] + noise * N(0, 1)`` into ``out``
@@ -470,6 +474,7 @@ def noisy_features(seed, start, labels, centroids, noise, out):
             j += 2
 
 
+@parallel_kernel
 @njit(cache=True, parallel=True)
 def node_uniforms(seed, stream, start, out):
     """One uniform [0, 1) per node ``start ..`` (deterministic per node)."""
