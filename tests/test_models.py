@@ -257,3 +257,58 @@ def test_seed_outputs_equal_stock_pyg_with_the_same_weights(kind):
     x = torch.randn(sum(nodes), 6)
     ours = model(x, ei, nodes, edges)
     assert torch.allclose(ours, stock(x, ei)[:4], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gat"])
+def test_targets_gradient_added_in_place_equals_the_slices(kind, monkeypatch):
+    """A bipartite layer's ``(x, x[:n])`` as one autograd node: the model's gradients
+    (parameters and input rows) equal those through plain slicing."""
+    from ooc.executor.training import models as M
+    from ooc.inspector.sampler import NeighborSampler
+    from ooc.storage import csc_from_edges
+
+    g = torch.Generator().manual_seed(4)
+    n = 300
+    src, dst = torch.randint(0, n, (2, 3000), generator=g).numpy()
+    indptr, indices = csc_from_edges(src, dst, n)
+    batch = NeighborSampler(indptr, indices, [5, 4, 3]).sample(torch.arange(0, 48).numpy(), 1)
+    x0 = torch.randn(len(batch.node_ids), 12, generator=g, dtype=torch.float64)
+    ei = torch.as_tensor(batch.edge_index)
+    torch.manual_seed(0)
+    model = build_model(kind, 12, 16, 5, 3, dropout=0.0).double()
+
+    def step():
+        model.zero_grad()
+        x = x0.clone().requires_grad_()
+        out = model(x, ei, batch.num_sampled_nodes, batch.num_sampled_edges)[:48]
+        out.square().sum().backward()
+        return [x.grad.clone()] + [p.grad.clone() for p in model.parameters()]
+
+    calls = []
+    real = M.sources_and_targets
+    monkeypatch.setattr(M, "sources_and_targets", lambda x, k: calls.append(k) or real(x, k))
+    fused = step()
+    assert len(calls) == 3
+    monkeypatch.setattr(M, "sources_and_targets", lambda x, k: (x, x[:k]))
+    sliced = step()
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(fused, sliced))
+
+
+@pytest.mark.parametrize("use", ["both", "sources", "targets"])
+def test_sources_and_targets_gradient_when_one_side_is_unused(use):
+    from ooc.executor.training.models import sources_and_targets
+
+    w = torch.randn(10, 3, dtype=torch.float64)
+    grads = []
+    for fused in (True, False):
+        x = w.clone().requires_grad_()
+        h = x * 2.0
+        s, t = sources_and_targets(h, 4) if fused else (h, h[:4])
+        loss = (s.square().sum() if use != "targets" else 0) + \
+            (t.exp().sum() if use != "sources" else 0)
+        loss.backward()
+        grads.append(x.grad)
+    assert torch.equal(grads[0], grads[1])
+    plain = torch.randn(6, 2)
+    s, t = sources_and_targets(plain, 3)
+    assert s is plain and torch.equal(t, plain[:3])
