@@ -312,3 +312,34 @@ def test_sources_and_targets_gradient_when_one_side_is_unused(use):
     plain = torch.randn(6, 2)
     s, t = sources_and_targets(plain, 3)
     assert s is plain and torch.equal(t, plain[:3])
+
+
+@pytest.mark.parametrize("graph", ["csr", "edge_index", "full"])
+def test_sage_conv_with_the_fused_root_term_is_stock_sageconv(graph):
+    """Outputs and gradients (weights, bias, input) of ``sage_conv`` equal SAGEConv's own
+    forward on the same graph."""
+    from torch_geometric.nn import SAGEConv
+
+    from ooc.executor.training.models import sage_conv, target_csr
+
+    g = torch.Generator().manual_seed(5)
+    n_src, n_dst = 30, 30 if graph == "full" else 11
+    dst = torch.sort(torch.randint(0, n_dst, (90,), generator=g))[0]
+    ei = torch.stack([torch.randint(0, n_src, (90,), generator=g), dst])
+    conv = SAGEConv(7, 5).double()
+    results = []
+    for fused in (True, False):
+        conv.zero_grad()
+        x = torch.randn(n_src, 7, generator=torch.Generator().manual_seed(6),
+                        dtype=torch.float64).requires_grad_()
+        if graph == "full":
+            out = sage_conv(conv, (x, x), ei) if fused else conv(x, ei)
+        else:
+            adj = target_csr(ei, n_src, n_dst, x.dtype) if graph == "csr" else ei
+            size = None if graph == "csr" else (n_src, n_dst)
+            pair = (x, x[:n_dst])
+            out = sage_conv(conv, pair, adj, size) if fused else conv(pair, adj, size=size)
+        out.sin().sum().backward()
+        results.append([out.detach(), x.grad] + [p.grad.clone() for p in conv.parameters()])
+    assert len(results[0]) == 5
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(*results))
