@@ -343,3 +343,35 @@ def test_sage_conv_with_the_fused_root_term_is_stock_sageconv(graph):
         results.append([out.detach(), x.grad] + [p.grad.clone() for p in conv.parameters()])
     assert len(results[0]) == 5
     assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("n_dst,d_in,d_out", [(6, 4, 9), (40, 9, 3)])
+def test_gcn_conv_in_either_order_is_stock_gcnconv(n_dst, d_in, d_out, monkeypatch):
+    """Aggregating first (few targets, narrow inputs) or transforming first (stock
+    order): outputs and gradients equal GCNConv's own forward on the same adjacency."""
+    from torch_geometric.nn import GCNConv
+
+    from ooc.executor.training import models as M
+
+    g = torch.Generator().manual_seed(7)
+    n_src, m = 40, 120
+    dst = torch.sort(torch.randint(0, n_dst, (m,), generator=g))[0]
+    ei = torch.stack([torch.randint(0, n_src, (m,), generator=g), dst])
+    adj = M.target_csr(ei, n_src, n_dst, torch.float64,
+                       torch.rand(m, generator=g, dtype=torch.float64))
+    conv = GCNConv(d_in, d_out, normalize=False, add_self_loops=False).double()
+    torch.nn.init.normal_(conv.bias)
+    stock_calls = []
+    real_forward = GCNConv.forward
+    monkeypatch.setattr(GCNConv, "forward",
+                        lambda self, *a, **k: stock_calls.append(1) or real_forward(self, *a, **k))
+    results = []
+    for fused in (True, False):
+        conv.zero_grad()
+        x = torch.randn(n_src, d_in, generator=torch.Generator().manual_seed(8),
+                        dtype=torch.float64).requires_grad_()
+        out = M.gcn_conv(conv, x, adj) if fused else conv(x, adj)
+        out.sin().sum().backward()
+        results.append([out.detach(), x.grad] + [p.grad.clone() for p in conv.parameters()])
+    assert len(stock_calls) == (1 if n_dst == 6 else 2)  # the first case aggregated first
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(*results))

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
+from torch_geometric.utils import spmm
 
 from ...storage.errors import InvalidValue
 from .activation import relu_dropout
@@ -122,7 +123,8 @@ class GNN(torch.nn.Module):
                                                    add_self_loops=True, dtype=x.dtype)
             adj = None if num_targets is None else \
                 target_csr(edge_index, x.size(0), num_targets, x.dtype, edge_weight)
-            h = conv(x, adj) if adj is not None else conv(x, edge_index, edge_weight)[:num_targets]
+            h = gcn_conv(conv, x, adj) if adj is not None else \
+                conv(x, edge_index, edge_weight)[:num_targets]
         elif num_targets is not None and num_targets < x.size(0):
             pair, size = sources_and_targets(x, num_targets), (x.size(0), num_targets)
             if self.kind == "sage":  # PyG's sparse path: one spmm, no [E, d] message tensor
@@ -212,6 +214,31 @@ def sage_conv(conv: SAGEConv, x: tuple[Tensor, Tensor], graph: Tensor,
     """
     mean = conv.propagate(graph, x=x, size=size)
     return torch.addmm(conv.lin_l(mean), x[1], conv.lin_r.weight.t())
+
+
+def gcn_conv(conv: GCNConv, x: Tensor, adj: Tensor) -> Tensor:
+    """``conv(x, adj)`` for a GCNConv as :class:`GNN` builds it (``normalize=False``: the
+    weights are ``adj``'s values) with its two products in the cheaper order. Stock
+    GCNConv transforms every source row, then aggregates: ``A (x W^T)``; aggregating the
+    ``d_in``-wide rows first, ``(A x) W^T``, is the same map and costs fewer FLOPs where
+    ``nnz d_in + n_dst d_in d_out < n_src d_in d_out + nnz d_out`` (layer 0 of
+    papers100M's recipe: ~330k sources, ~88k targets, 128 -> 256: 3.7x fewer).
+
+    Args:
+        x: [n_src, d_in] source rows.
+        adj: CSR [n_dst, n_src] with the normalised edge weights (:func:`target_csr`).
+
+    Returns:
+        [n_dst, d_out], ``x``'s dtype.
+    """
+    n_dst, n_src = adj.shape
+    d_out, d_in = conv.lin.weight.shape
+    nnz = adj._nnz()
+    if nnz * d_in + n_dst * d_in * d_out >= n_src * d_in * d_out + nnz * d_out:
+        return conv(x, adj)
+    summed = spmm(adj, x, reduce="sum")
+    w = conv.lin.weight.t()
+    return summed @ w if conv.bias is None else torch.addmm(conv.bias, summed, w)
 
 
 class _SourcesAndTargets(torch.autograd.Function):
