@@ -1,6 +1,7 @@
 """relu_dropout: F.dropout(F.relu(h))'s values and gradients for the elements it keeps,
 its noise drawn by a counter-based kernel (checked against a numpy statement of the
-draw), seeded from torch's generator; one byte per element kept for the backward pass."""
+draw), seeded from torch's generator; one byte per element kept for the backward pass.
+GAT's elu_dropout: the same draws with ELU."""
 import numpy as np
 import pytest
 import torch
@@ -158,33 +159,40 @@ def test_eval_no_grad_and_other_dtypes_take_the_stock_path():
     assert torch.equal(a, F.dropout(F.relu(hb), 0.5, True)) and not _LAST_SEED
 
 
-@pytest.mark.parametrize("kind", ["sage", "gcn"])
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
 def test_model_training_step_is_stock_dropout_with_the_drawn_masks(kind, monkeypatch):
     """A training step of the built-in model gives the loss and gradients of the same
-    model whose activation is ``F.relu(h) * noise`` with the reference's masks."""
+    model whose activation is ``F.relu(h) * noise`` (GAT: ``F.elu``) with the reference's
+    masks (GAT's ELU derivative comes from its result: equal within rounding)."""
     from ooc.executor.training import models
+
+    act, name = (F.elu, "elu_dropout") if kind == "gat" else (F.relu, "relu_dropout")
 
     def reference(h, p, training):
         keep = torch.from_numpy(_reference_keep(activation.draw_seed(), h.numel(), p))
-        return F.relu(h) * keep.view(h.shape).to(h.dtype).div_(1.0 - p)
+        return act(h) * keep.view(h.shape).to(h.dtype).div_(1.0 - p)
 
     torch.manual_seed(0)
     n, e = 200, 1200
-    x = torch.randn(n, 16)
+    x = torch.randn(n, 16, dtype=torch.float64)
     ei = torch.randint(0, n, (2, e))
     results = []
     for ref in (False, True):
         if ref:
-            monkeypatch.setattr(models, "relu_dropout", reference)
+            monkeypatch.setattr(models, name, reference)
         torch.manual_seed(5)
-        m = build_model(kind, 16, 32, 4, 3)
+        m = build_model(kind, 16, 32, 4, 3).double()
         m.train()
         torch.manual_seed(6)
         loss = m(x, ei).square().mean()
         loss.backward()
         results.append((loss.detach(), [q.grad.clone() for q in m.parameters()]))
     (la, ga), (lb, gb) = results
-    assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(ga, gb))
+    if kind == "gat":
+        assert torch.allclose(la, lb, rtol=1e-12)
+        assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-12) for a, b in zip(ga, gb))
+    else:
+        assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(ga, gb))
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 3 * (1 << 15) + 1])
@@ -203,3 +211,62 @@ def test_kernels_across_blocks_and_an_odd_tail(n):
     assert np.array_equal(keep, want)
     assert np.array_equal(out, np.where(want, h * scale, np.float32(0)))
     assert np.array_equal(grad, np.where(want, g * scale, np.float32(0)))
+
+
+@pytest.mark.parametrize("p", [0.5, 0.2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_elu_values_and_gradients_are_stock_dropouts_for_the_drawn_mask(p, dtype):
+    """GAT's ELU: the draw alone decides (no sign condition); kept values ``elu(h) /
+    (1 - p)``; gradients as ``F.elu(h) * noise``'s (its derivative taken from the result,
+    so within rounding)."""
+    from ooc.executor.training.activation import elu_dropout
+
+    gen = torch.Generator().manual_seed(1)
+    h0 = torch.randn(1001, 37, generator=gen, dtype=dtype) * 3
+    g = torch.randn(1001, 37, generator=gen, dtype=dtype)
+    x = h0.clone().requires_grad_()
+    y = elu_dropout(x * 1.0, p, True)
+    (y * g).sum().backward()
+    keep = torch.from_numpy(_reference_keep(_seed_after_last(), h0.numel(), p)).view(h0.shape)
+    noise = keep.to(dtype).div_(1.0 - p)
+    xs = h0.clone().requires_grad_()
+    ys = F.elu(xs * 1.0) * noise
+    (ys * g).sum().backward()
+    tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    assert torch.equal(y == 0, ~keep)                 # ELU is 0 only at 0: zeros = dropped
+    assert torch.allclose(y, ys, **tol) and torch.allclose(x.grad, xs.grad, **tol)
+    assert ((y < 0) & keep).any()                     # negative values kept, unlike ReLU
+    assert not torch.signbit(y[~keep]).any()
+
+
+@pytest.mark.parametrize("n", [1, 7, 3 * (1 << 15) + 1])
+def test_elu_kernels_across_blocks(n):
+    from ooc.executor.training import _activation_kernels as K
+
+    h = np.random.default_rng(n).standard_normal(n).astype(np.float64)
+    g = np.random.default_rng(n + 1).standard_normal(n)
+    scale = np.float64(1 / 0.6)
+    out, keep, grad = np.empty_like(h), np.empty(n, np.bool_), np.empty_like(g)
+    K.elu_dropout_forward(h, np.uint64(99), np.uint64(activation.keep_threshold(0.4)), scale,
+                          out, keep)
+    K.elu_masked_scale(g, keep, out, scale, grad)
+    want = _reference_keep(99, n, 0.4)
+    elu = np.where(h > 0, h, np.expm1(h))
+    assert np.array_equal(keep, want)
+    assert np.allclose(out, np.where(want, elu * scale, 0.0), rtol=1e-14, atol=0)
+    assert np.allclose(grad, np.where(want, g * scale * np.where(h > 0, 1.0, np.exp(h)), 0.0),
+                       rtol=1e-12, atol=1e-14)
+
+
+def test_elu_keeps_the_mask_and_its_own_result():
+    from ooc.executor.training.activation import elu_dropout
+
+    h = torch.randn(300, 64, requires_grad=True)
+    _, stock = _saved(lambda x: F.dropout(F.elu(x * 1.0), 0.5, True), h)
+    out, fused = _saved(lambda x: elu_dropout(x * 1.0, 0.5, True), h)
+    assert sorted(fused, key=str) == sorted([(torch.bool, h.numel()), (torch.float32, h.numel())],
+                                            key=str)
+    assert sum(torch.finfo(d).bits // 8 if d.is_floating_point else 1 for d, _ in stock) >= 5
+    h2 = torch.randn(5, 3)
+    assert torch.equal(elu_dropout(h2, 0.5, False), F.elu(h2))
+

@@ -1,4 +1,5 @@
-"""Kernels of :mod:`.activation`: ReLU and dropout in one pass, and its backward pass.
+"""Kernels of :mod:`.activation`: ReLU or ELU and dropout in one pass, and their backward
+passes.
 
 The dropout noise is counter-based: element ``i`` of a call keeps its value when the
 32-bit half ``i % 2`` (the high half first) of ``mix64(seed + GOLDEN * (i // 2 + 1))`` is
@@ -32,19 +33,39 @@ def _keep_one(h, i, draw, threshold, scale, zero, out, keep):
 
 
 @nb.njit(inline="always", cache=True)
-def _forward_pairs(h, seed, threshold, scale, out, keep, lo, hi):
+def _elu_keep_one(h, i, draw, threshold, scale, zero, out, keep):
+    """Element ``i`` by its 32-bit ``draw``: ``elu(h[i]) * scale`` when the draw is below
+    ``threshold``, else +0.0 (a NaN stays NaN)."""
+    x = h[i]
+    k = draw < threshold
+    keep[i] = k
+    v = x if x > zero else np.expm1(x)
+    out[i] = v * scale * k + zero
+
+
+@nb.njit(inline="always", cache=True)
+def _one(h, i, draw, threshold, scale, zero, out, keep, elu):
+    if elu:
+        _elu_keep_one(h, i, draw, threshold, scale, zero, out, keep)
+    else:
+        _keep_one(h, i, draw, threshold, scale, zero, out, keep)
+
+
+@nb.njit(inline="always", cache=True)
+def _forward_pairs(h, seed, threshold, scale, out, keep, lo, hi, elu):
     """Pairs ``lo .. hi - 1`` (elements ``2 lo .. 2 hi - 1``), one draw each; then, when
     ``hi`` is the last pair and ``h`` has an odd length, its last element (the high half
-    of the next pair's draw)."""
+    of the next pair's draw). ``elu``: ELU, else ReLU (a constant of the calling kernel:
+    the branch folds away)."""
     zero = scale - scale
     for j in range(lo, hi):
         r = mix64(seed + GOLDEN * (np.uint64(j) + _ONE))
-        _keep_one(h, 2 * j, r >> _S32, threshold, scale, zero, out, keep)
-        _keep_one(h, 2 * j + 1, r & _LOW, threshold, scale, zero, out, keep)
+        _one(h, 2 * j, r >> _S32, threshold, scale, zero, out, keep, elu)
+        _one(h, 2 * j + 1, r & _LOW, threshold, scale, zero, out, keep, elu)
     n = h.shape[0]
     if hi == n // 2 and n % 2:
         r = mix64(seed + GOLDEN * (np.uint64(hi) + _ONE))
-        _keep_one(h, n - 1, r >> _S32, threshold, scale, zero, out, keep)
+        _one(h, n - 1, r >> _S32, threshold, scale, zero, out, keep, elu)
 
 
 @nb.njit(inline="always", cache=True)
@@ -72,7 +93,20 @@ def relu_dropout_forward(h, seed, threshold, scale, out, keep):
     blocks = max(1, (pairs + _BLOCK - 1) // _BLOCK)
     for b in nb.prange(blocks):
         _forward_pairs(h, seed, threshold, scale, out, keep, b * _BLOCK,
-                       min(pairs, (b + 1) * _BLOCK))
+                       min(pairs, (b + 1) * _BLOCK), False)
+
+
+@parallel_kernel
+@nb.njit(parallel=True, cache=True)
+def elu_dropout_forward(h, seed, threshold, scale, out, keep):
+    """:func:`relu_dropout_forward` with ELU: ``out[i] = elu(h[i]) * scale`` where the
+    draw keeps element ``i`` (the same draws), else +0.0; ``keep[i]`` the draw's verdict.
+    Arguments as :func:`relu_dropout_forward`'s."""
+    pairs = h.shape[0] // 2
+    blocks = max(1, (pairs + _BLOCK - 1) // _BLOCK)
+    for b in nb.prange(blocks):
+        _forward_pairs(h, seed, threshold, scale, out, keep, b * _BLOCK,
+                       min(pairs, (b + 1) * _BLOCK), True)
 
 
 @parallel_kernel
@@ -89,3 +123,25 @@ def masked_scale(grad, keep, scale, out):
     step = 2 * _BLOCK
     for b in nb.prange((n + step - 1) // step):
         _scale_range(grad, keep, scale, out, b * step, min(n, (b + 1) * step))
+
+
+@parallel_kernel
+@nb.njit(parallel=True, cache=True)
+def elu_masked_scale(grad, keep, out, scale, res):
+    """The backward pass of :func:`elu_dropout_forward` from its output: ``res[i] =
+    grad[i] * scale`` where kept and ``out[i] > 0``, ``grad[i] * (out[i] + scale)`` where
+    kept and not (``scale * elu'(h) = scale * (elu(h) + 1)``, as torch's ELU backward
+    takes it from its result), else 0.
+
+    Args:
+        grad, out: float32 or float64 [n]; keep: bool [n]; scale: in ``grad``'s dtype.
+        res: [n], ``grad``'s dtype (written).
+    """
+    n = grad.shape[0]
+    step = 2 * _BLOCK
+    zero = scale - scale
+    for b in nb.prange((n + step - 1) // step):
+        for i in range(b * step, min(n, (b + 1) * step)):
+            o = out[i]
+            d = scale if o > zero else o + scale
+            res[i] = grad[i] * d if keep[i] else zero

@@ -1,4 +1,4 @@
-"""ReLU followed by dropout in one autograd node that keeps one byte per element.
+"""ReLU (or ELU) followed by dropout in one autograd node that keeps one byte per element.
 
 ``F.dropout(F.relu(h), p)`` on the CPU keeps three float tensors of ``h``'s shape for
 the backward pass (the ReLU's output, dropout's float noise and the result) and draws its
@@ -42,6 +42,18 @@ def _scale(p: float, dtype: torch.dtype) -> np.generic:
     return torch.ones(1, dtype=dtype).div_(1.0 - p).numpy()[0]
 
 
+def _forward(kernel, h: Tensor, p: float) -> tuple[Tensor, Tensor, np.generic]:
+    """Run a forward ``kernel`` of :mod:`._activation_kernels` on ``h`` with a fresh seed:
+    (the result, the bool keep mask, the scale ``1 / (1 - p)`` in ``h``'s dtype)."""
+    src = h.detach().contiguous()
+    out = torch.empty_like(src)
+    keep = torch.empty(src.shape, dtype=torch.bool)
+    scale = _scale(p, src.dtype)
+    kernel(src.view(-1).numpy(), np.uint64(draw_seed()), np.uint64(keep_threshold(p)), scale,
+           out.view(-1).numpy(), keep.view(-1).numpy())
+    return out, keep, scale
+
+
 class _ReluDropout(torch.autograd.Function):
     """``relu(h) * noise`` (noise ``1 / (1 - p)`` where kept, else 0); the backward
     pass multiplies the gradient by the same factor where the mask is set, as
@@ -49,15 +61,8 @@ class _ReluDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, p: float) -> Tensor:  # type: ignore[override]
-        src = h.detach().contiguous()
-        out = torch.empty_like(src)
-        keep = torch.empty(src.shape, dtype=torch.bool)
-        scale = _scale(p, src.dtype)
-        K.relu_dropout_forward(src.view(-1).numpy(), np.uint64(draw_seed()),
-                               np.uint64(keep_threshold(p)), scale, out.view(-1).numpy(),
-                               keep.view(-1).numpy())
+        out, keep, ctx.scale = _forward(K.relu_dropout_forward, h, p)
         ctx.save_for_backward(keep)
-        ctx.scale = scale
         return out
 
     @staticmethod
@@ -69,6 +74,27 @@ class _ReluDropout(torch.autograd.Function):
         return out, None
 
 
+class _EluDropout(torch.autograd.Function):
+    """``elu(h) * noise``; the backward pass takes ELU's derivative from the result (as
+    torch's ELU backward does from its own), which the next layer keeps anyway: besides
+    it only the byte mask is saved (stock: ELU's float result and dropout's mask)."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, p: float) -> Tensor:  # type: ignore[override]
+        out, keep, ctx.scale = _forward(K.elu_dropout_forward, h, p)
+        ctx.save_for_backward(keep, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        keep, out = ctx.saved_tensors
+        g = grad.contiguous()
+        res = torch.empty_like(g)
+        K.elu_masked_scale(g.view(-1).numpy(), keep.view(-1).numpy(), out.view(-1).numpy(),
+                           ctx.scale, res.view(-1).numpy())
+        return res, None
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernels for float32, the models' dtype."""
     h = np.array([1.0, -1.0, 2.0], dtype=np.float32)
@@ -76,6 +102,15 @@ def warm_up() -> None:
     scale = _scale(0.5, torch.float32)
     K.relu_dropout_forward(h, np.uint64(1), np.uint64(keep_threshold(0.5)), scale, out, keep)
     K.masked_scale(h, keep, scale, out)
+    K.elu_dropout_forward(h, np.uint64(1), np.uint64(keep_threshold(0.5)), scale, out, keep)
+    K.elu_masked_scale(h, keep, out, scale, np.empty_like(h))
+
+
+def _takes_kernels(h: Tensor, p: float, training: bool) -> bool:
+    """Whether the fused kernels apply: training on the CPU with ``0 < p < 1``, ``h`` of
+    float32 or float64 with a gradient to compute."""
+    return (training and 0.0 < p < 1.0 and h.device.type == "cpu" and h.requires_grad
+            and h.dtype in KERNEL_DTYPES)
 
 
 def relu_dropout(h: Tensor, p: float, training: bool) -> Tensor:
@@ -93,7 +128,15 @@ def relu_dropout(h: Tensor, p: float, training: bool) -> Tensor:
     Returns:
         [n, d], ``h``'s dtype and device.
     """
-    if (not training or not 0.0 < p < 1.0 or h.device.type != "cpu" or not h.requires_grad
-            or h.dtype not in KERNEL_DTYPES):
+    if not _takes_kernels(h, p, training):
         return F.dropout(F.relu(h), p=p, training=training)
     return _ReluDropout.apply(h, float(p))
+
+
+def elu_dropout(h: Tensor, p: float, training: bool) -> Tensor:
+    """``F.dropout(F.elu(h), p, training)`` as :func:`relu_dropout` does ReLU's (GAT's
+    activation): the same draws, the kept elements ``elu(h) / (1 - p)``, the others 0;
+    arguments and result as :func:`relu_dropout`'s."""
+    if not _takes_kernels(h, p, training):
+        return F.dropout(F.elu(h), p=p, training=training)
+    return _EluDropout.apply(h, float(p))

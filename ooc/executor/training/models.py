@@ -24,14 +24,13 @@ import warnings
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import spmm
 
 from ...storage.errors import InvalidValue
-from .activation import relu_dropout
+from .activation import elu_dropout, relu_dropout
 
 MODEL_KINDS = ("sage", "gcn", "gat")
 
@@ -139,7 +138,7 @@ class GNN(torch.nn.Module):
             h = conv(x, edge_index)
         if l < self.num_layers - 1:
             if self.kind == "gat":
-                h = F.dropout(F.elu(h), p=self.dropout, training=self.training)
+                h = elu_dropout(h, self.dropout, self.training)
             else:
                 h = relu_dropout(h, self.dropout, self.training)
         return h
