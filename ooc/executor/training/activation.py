@@ -1,4 +1,5 @@
-"""ReLU (or ELU) followed by dropout in one autograd node that keeps one byte per element.
+"""ReLU (or GAT's ELU) followed by dropout in one autograd node that keeps one byte per
+element.
 
 ``F.dropout(F.relu(h), p)`` on the CPU keeps three float tensors of ``h``'s shape for
 the backward pass (the ReLU's output, dropout's float noise and the result) and draws its
@@ -14,7 +15,6 @@ for the same mask: kept elements are ``h * (1 / (1 - p))`` with the factor in ``
 dtype, the others 0; each element is kept with probability ``round((1 - p) 2^32) / 2^32``.
 """
 from __future__ import annotations
-
 
 import numpy as np
 import torch
