@@ -66,6 +66,8 @@ class ParallelKernel:
             return self.dispatcher(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "dispatcher":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.dispatcher, name)
 
     def __repr__(self) -> str:

@@ -1,6 +1,7 @@
 """Parallel kernels launched from several threads at once on any numba threading layer:
 ``workqueue`` (numba's fallback without libgomp or tbb) aborts the process on such a
 launch unless ooc serialises them (:mod:`ooc.threading_layer`)."""
+import copy
 import importlib
 import os
 import pkgutil
@@ -50,6 +51,8 @@ def test_the_guard_takes_only_parallel_kernels_and_keeps_their_attributes():
     assert np.array_equal(k(np.arange(5.0)), 2 * np.arange(5.0))
     assert k.__doc__ == "Double ``x``." and k.__name__ == "twice"
     assert k.signatures == twice.signatures and dispatcher_of(k) is twice
+    c = copy.copy(k)  # made without __init__: attribute lookups must not recurse
+    assert dispatcher_of(c) is twice and np.array_equal(c(np.ones(3)), 2 * np.ones(3))
 
 
 # Two threads copy rows through the feature cache's nogil parallel kernel while the main
