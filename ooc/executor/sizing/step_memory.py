@@ -12,8 +12,10 @@ would. It charges, in float32:
   rows for the first ``L - l``, as :meth:`~ooc.executor.training.models.GNN.forward`
   runs it): the gradient of its input rows when it flows back (the first layer's
   input is the batch's gathered rows, which the caller holds and measures); SAGE's
-  aggregated rows (it aggregates, then transforms), GCN's and GAT's transformed rows
-  (they transform every row they read, then aggregate); its output rows
+  aggregated rows (it aggregates, then transforms), GCN's aggregated or transformed rows
+  (whichever order costs fewer FLOPs:
+  :func:`~ooc.executor.training.models.aggregates_first`), GAT's transformed rows (it
+  transforms every row it reads, then aggregates); its output rows
   (:data:`HIDDEN_OUTPUT_COPIES` in hidden layers); the output layer's rows are the
   logits, ``rows x C``;
 * the layer's aggregation buffers (:func:`message_elements`, what the aggregation
@@ -22,11 +24,11 @@ would. It charges, in float32:
 * the loss over the seeds (log-softmax, its gradient, one temporary).
 
 Measured against the real step's RSS peak above the batch's rows (fanouts 15,10,5,
-hidden 256; batches of 512 and 1024 seeds on community graphs of 1.1M and 11M nodes,
-128 dims, and of 512 seeds on a random 200k-node graph; GAT at 128-512 seeds) it is
-1.3-1.8x for SAGE, 1.15-1.45x for GCN and 1.05-1.4x for GAT: an upper bound, which is
-what the gate needs (the planner runs and measures every step that this bound lets
-fit), and not much more, since a looser one refuses batches that fit.
+hidden 256; batches of 512 and 1024 seeds on papers100M's shape at scale 0.05, 128 dims,
+and on a random 200k-node graph, 64 dims; GAT at 128 seeds) it is 1.38-1.43x for SAGE,
+1.59-1.64x for GCN and 1.33-1.38x for GAT: an upper bound, which is what the gate needs
+(the planner runs and measures every step that this bound lets fit), and not much more,
+since a looser one refuses batches that fit.
 """
 from __future__ import annotations
 
@@ -55,11 +57,11 @@ class StepEstimate:
 #: ids and values, its transpose in the backward pass, and (GCN) the edge list with the
 #: targets' self loops and their weights put in between.
 CSR_EDGE_ELEMENTS = {"sage": 9, "gcn": 20}
-#: Float copies of a hidden layer's output rows a step holds at its fullest: the
-#: convolution's sum and its parts while it is formed, then the result and the
-#: activation's mask (:func:`~ooc.executor.training.activation.relu_dropout`: one byte
-#: per element) and the gradient; GAT's ELU and dropout keep float copies of each.
-HIDDEN_OUTPUT_COPIES = {"sage": 3, "gcn": 3, "gat": 4}
+#: Float copies of a hidden layer's output rows a step holds at its fullest: SAGE's and
+#: GCN's GEMM output with its bias or root term added in place (``addmm``), then the
+#: activation's result and mask (:func:`~ooc.executor.training.activation.relu_dropout`:
+#: one byte per element) and the gradient; GAT's attention sum and its parts besides.
+HIDDEN_OUTPUT_COPIES = {"sage": 2, "gcn": 2, "gat": 4}
 
 
 def message_elements(kind: str, rows: int, edges: int, d_in: int, d_out: int, heads: int,
@@ -97,13 +99,14 @@ def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: in
     another model, or one not on the CPU, whose step is not in the process's RSS) on a
     batch with per-hop node and edge counts ``nodes``/``edges``.
 
-    Per layer: its input rows once and their gradient when it flows back (training),
-    except in the first layer, whose input is the batch's rows; SAGE's aggregated rows or
-    GCN's and GAT's transformed rows; its output rows :data:`HIDDEN_OUTPUT_COPIES` times
+    Per layer: the gradient of its input rows when it flows back (training; the rows
+    themselves are the previous layer's output, the first layer's the batch's rows);
+    SAGE's aggregated rows, GCN's aggregated or transformed rows, GAT's transformed rows;
+    its output rows :data:`HIDDEN_OUTPUT_COPIES` times
     in hidden layers and three times in the output layer (the two linear maps' outputs
     and their sum, then the gradient).
     """
-    from ..training.models import GNN
+    from ..training.models import GNN, aggregates_first
 
     if not isinstance(model, GNN) or any(p.device.type != "cpu" for p in model.parameters()):
         return None
@@ -114,11 +117,12 @@ def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: in
     for l, (rows, rows_out, m) in enumerate(work):
         d_in, d_out = model.dims[l], model.dims[l + 1]
         backward = train and l > 0
-        if l > 0:  # the first layer reads the batch's gathered rows, held by the caller
-            layers += (2 if backward else 1) * rows * d_in * F32
-        if model.kind == "sage":  # the mean of the neighbours' rows, kept for backward
-            layers += rows_out * d_in * F32
-        else:  # GCN and GAT transform every row they read (then its gradient)
+        if backward:  # the input's gradient (the input is the previous layer's output)
+            layers += rows * d_in * F32
+        if model.kind == "sage" or (model.kind == "gcn" and aggregates_first(
+                rows, rows_out, m + rows_out, d_in, d_out)):
+            layers += rows_out * d_in * F32  # the aggregated rows, kept for backward
+        else:  # GCN (where cheaper) and GAT transform every row they read, then aggregate
             layers += rows * d_out * F32
         if l == model.num_layers - 1:
             logits = 3 * rows_out * d_out * F32

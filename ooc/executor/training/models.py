@@ -215,6 +215,13 @@ def sage_conv(conv: SAGEConv, x: tuple[Tensor, Tensor], graph: Tensor,
     return torch.addmm(conv.lin_l(mean), x[1], conv.lin_r.weight.t())
 
 
+def aggregates_first(n_src: int, n_dst: int, nnz: int, d_in: int, d_out: int) -> bool:
+    """Whether :func:`gcn_conv` aggregates before its linear map: ``(A x) W^T`` costs
+    ``nnz d_in + n_dst d_in d_out`` multiply-adds, ``A (x W^T)`` ``n_src d_in d_out +
+    nnz d_out``."""
+    return nnz * d_in + n_dst * d_in * d_out < n_src * d_in * d_out + nnz * d_out
+
+
 def gcn_conv(conv: GCNConv, x: Tensor, adj: Tensor) -> Tensor:
     """``conv(x, adj)`` for a GCNConv as :class:`GNN` builds it (``normalize=False``: the
     weights are ``adj``'s values) with its two products in the cheaper order. Stock
@@ -232,8 +239,7 @@ def gcn_conv(conv: GCNConv, x: Tensor, adj: Tensor) -> Tensor:
     """
     n_dst, n_src = adj.shape
     d_out, d_in = conv.lin.weight.shape
-    nnz = adj._nnz()
-    if nnz * d_in + n_dst * d_in * d_out >= n_src * d_in * d_out + nnz * d_out:
+    if not aggregates_first(n_src, n_dst, adj._nnz(), d_in, d_out):
         return conv(x, adj)
     summed = spmm(adj, x, reduce="sum")
     w = conv.lin.weight.t()
