@@ -69,6 +69,17 @@ def _forward_pairs(h, seed, threshold, scale, out, keep, lo, hi, elu):
 
 
 @nb.njit(inline="always", cache=True)
+def _forward_blocks(h, seed, threshold, scale, out, keep, elu):
+    """Every pair of ``h`` in blocks of :data:`_BLOCK` pairs, the blocks in parallel (the
+    calling kernel's ``prange`` once inlined)."""
+    pairs = h.shape[0] // 2
+    blocks = max(1, (pairs + _BLOCK - 1) // _BLOCK)
+    for b in nb.prange(blocks):
+        _forward_pairs(h, seed, threshold, scale, out, keep, b * _BLOCK,
+                       min(pairs, (b + 1) * _BLOCK), elu)
+
+
+@nb.njit(inline="always", cache=True)
 def _scale_range(grad, keep, scale, out, lo, hi):
     zero = scale - scale
     for i in range(lo, hi):
@@ -89,11 +100,7 @@ def relu_dropout_forward(h, seed, threshold, scale, out, keep):
         out: [n], ``h``'s dtype (written).
         keep: bool [n] (written).
     """
-    pairs = h.shape[0] // 2
-    blocks = max(1, (pairs + _BLOCK - 1) // _BLOCK)
-    for b in nb.prange(blocks):
-        _forward_pairs(h, seed, threshold, scale, out, keep, b * _BLOCK,
-                       min(pairs, (b + 1) * _BLOCK), False)
+    _forward_blocks(h, seed, threshold, scale, out, keep, False)
 
 
 @parallel_kernel
@@ -102,11 +109,7 @@ def elu_dropout_forward(h, seed, threshold, scale, out, keep):
     """:func:`relu_dropout_forward` with ELU: ``out[i] = elu(h[i]) * scale`` where the
     draw keeps element ``i`` (the same draws), else +0.0; ``keep[i]`` the draw's verdict.
     Arguments as :func:`relu_dropout_forward`'s."""
-    pairs = h.shape[0] // 2
-    blocks = max(1, (pairs + _BLOCK - 1) // _BLOCK)
-    for b in nb.prange(blocks):
-        _forward_pairs(h, seed, threshold, scale, out, keep, b * _BLOCK,
-                       min(pairs, (b + 1) * _BLOCK), True)
+    _forward_blocks(h, seed, threshold, scale, out, keep, True)
 
 
 @parallel_kernel
