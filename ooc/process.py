@@ -49,8 +49,8 @@ def configure_process(omp_passive: bool = True, malloc: bool = True,
             so batch-sized arrays go back to the OS when freed and RSS stays within a memory
             budget; also applied by a loader or trainer given a memory budget.
         huge_pages: set ``THP_MEM_ALLOC_ENABLE=1`` unless the environment already sets it:
-            torch's CPU allocator then aligns each allocation of 2 MiB or more to 2 MiB and
-            asks the kernel for transparent huge pages there (``madvise``; a kernel set to
+            torch's CPU allocator then asks the kernel for transparent huge pages for each
+            allocation of 2 MiB or more (``madvise(MADV_HUGEPAGE)``; a kernel set to
             ``never`` ignores it). With the fixed mmap threshold every large tensor is a
             fresh mapping, first touched page by page: a training step of papers100M's
             recipe at scale 0.05 took 183k page faults, with huge pages 15k, and 1.05 ->

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
+
 from ..threading_layer import parallel_kernel
 
 

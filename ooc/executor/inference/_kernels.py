@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+
 from ...threading_layer import parallel_kernel
 
 

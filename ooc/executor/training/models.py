@@ -226,9 +226,9 @@ def gcn_conv(conv: GCNConv, x: Tensor, adj: Tensor) -> Tensor:
     """``conv(x, adj)`` for a GCNConv as :class:`GNN` builds it (``normalize=False``: the
     weights are ``adj``'s values) with its two products in the cheaper order. Stock
     GCNConv transforms every source row, then aggregates: ``A (x W^T)``; aggregating the
-    ``d_in``-wide rows first, ``(A x) W^T``, is the same map and costs fewer FLOPs where
-    ``nnz d_in + n_dst d_in d_out < n_src d_in d_out + nnz d_out`` (layer 0 of
-    papers100M's recipe: ~330k sources, ~88k targets, 128 -> 256: 3.7x fewer).
+    ``d_in``-wide rows first, ``(A x) W^T``, is the same map and, where
+    :func:`aggregates_first` says so, fewer FLOPs (layer 0 of papers100M's recipe: ~330k
+    sources, ~88k targets, 128 -> 256: 3.7x fewer).
 
     Args:
         x: [n_src, d_in] source rows.
@@ -250,8 +250,8 @@ class _SourcesAndTargets(torch.autograd.Function):
     """``(x, x[:n])`` as one autograd node. Its backward adds the targets' gradient into
     the first ``n`` rows of the sources' gradient in place; autograd would give ``x[:n]``
     the gradient of a slice, a zero-filled copy of all of ``x`` added to the sources'
-    one (a tenth of a training step at papers100M's recipe: layer 1 reads ~170k rows of
-    256 for ~16k targets)."""
+    one (a tenth of a training step at papers100M's recipe: layer 1 reads ~88k rows of
+    256 for ~12k targets)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, n: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]
