@@ -294,15 +294,19 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path,
               f"{config.batch_size}, mode {config.mode}, device {trainer.device}, "
               f"reader {trainer.mode_info.get('reader_backend', 'n/a')}")
         args = {k: s[k] for k in DEFAULTS}
+        last: dict | None = None  # the record of the last epoch this run trained
         while trainer.epoch < config.epochs:
-            trainer.train_epoch()
+            last = trainer.train_epoch()
             if ckdir is not None and (trainer.epoch % s["checkpoint_every"] == 0
                                       or trainer.epoch == config.epochs):
                 trainer.save(ckdir, args=args)
             if after_epoch is not None:
                 after_epoch(trainer)
         no_eval = bool(s["no_eval"])
-        val_acc = None if no_eval else trainer.evaluate(dataset.val_idx)
+        # the last epoch evaluated these weights already (the evaluation's seed is fixed)
+        val_acc = (None if no_eval else last["val_acc"]
+                   if last is not None and last["val_acc"] is not None
+                   else trainer.evaluate(dataset.val_idx))
         test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)
     finally:
         trainer.close()

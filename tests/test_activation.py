@@ -239,6 +239,22 @@ def test_elu_values_and_gradients_are_stock_dropouts_for_the_drawn_mask(p, dtype
     assert not torch.signbit(y[~keep]).any()
 
 
+def test_elu_special_values_are_stock_elu_times_the_noise():
+    """NaN, infinities, zeros and negatives, kept or dropped, come out as ``F.elu(h) *
+    noise`` does (``inf * 0`` is NaN there too; a dropped -inf is 0)."""
+    from ooc.executor.training.activation import elu_dropout
+
+    vals = [float("nan"), float("-inf"), float("inf"), -0.0, 0.0, -2.5, -1e-8, 3.0]
+    h = torch.tensor(vals * 64, dtype=torch.float32, requires_grad=True)
+    y = elu_dropout(h * 1.0, 0.5, True).detach()
+    h = h.detach()
+    keep = torch.from_numpy(_reference_keep(_seed_after_last(), h.numel(), 0.5))
+    want = F.elu(h) * keep.to(torch.float32).div_(0.5)
+    assert keep.any() and (~keep).any()
+    assert torch.equal(torch.isnan(y), torch.isnan(want))
+    assert torch.allclose(y[~torch.isnan(y)], want[~torch.isnan(want)], rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("n", [1, 7, 3 * (1 << 15) + 1])
 def test_elu_kernels_across_blocks(n):
     from ooc.executor.training import _activation_kernels as K

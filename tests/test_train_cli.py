@@ -45,6 +45,31 @@ def test_report_fields(tiny, tmp_path, capsys):
     assert rep["model"]["kind"] == "sage" and rep["model"]["num_layers"] == 2
 
 
+def test_the_last_epochs_validation_is_not_repeated(tiny, tmp_path, monkeypatch):
+    """The final validation accuracy is the last epoch's (same weights, fixed evaluation
+    seed): validation runs once per evaluated epoch, then the test split once; it equals
+    what evaluating again gives."""
+    from ooc.executor.training.trainer import Trainer
+
+    calls = []
+    real = Trainer.evaluate
+
+    def counted(self, ids):
+        acc = real(self, ids)
+        calls.append((len(ids), acc))
+        if len(calls) == 2:  # the last epoch's validation, evaluated again
+            assert real(self, ids) == acc
+        return acc
+
+    monkeypatch.setattr(Trainer, "evaluate", counted)
+    rep_path = tmp_path / "r.json"
+    assert run(small_args(tiny, "--epochs", "2", "--report", rep_path)) == 0
+    rep = json.loads(rep_path.read_text())
+    assert len(calls) == 3  # validation after epochs 1 and 2, then the test split
+    assert rep["val_acc"] == rep["epochs"][-1]["val_acc"] == calls[1][1]
+    assert rep["test_acc"] == calls[2][1]
+
+
 def test_a_run_stopped_midway_leaves_the_report_of_its_epochs(tiny, tmp_path, monkeypatch):
     """The report is rewritten after every epoch: stopped in its third epoch, a run leaves
     two epochs, marked incomplete; a run that ends marks it complete."""

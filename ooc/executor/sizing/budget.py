@@ -589,8 +589,12 @@ class _Holder:
         if key_sample:
             self.peaks[key_sample] = hwm_bytes() if ok else rss_bytes()
         train = option == "--batch-size"
-        rows = [self.features.read(b.node_ids) for b in batches]
         big = int(np.argmax([b.num_nodes for b in batches]))
+        # the largest batch's rows are read (the reader's buffers grow as in the loop); the
+        # others are held as rows of their shape: the same memory, without their reads
+        dim, dtype = self.features.shape[1], self.features.dtype
+        rows = [self.features.read(b.node_ids) if i == big
+                else np.ones((b.num_nodes, dim), dtype=dtype) for i, b in enumerate(batches)]
         if train and self.mates:  # the gather thread's page-mate rows, until the update
             rows.append(np.ones((int(self.mates * batches[big].num_nodes),
                                  self.features.shape[1]), dtype=self.features.dtype))

@@ -35,11 +35,18 @@ def _keep_one(h, i, draw, threshold, scale, zero, out, keep):
 @nb.njit(inline="always", cache=True)
 def _elu_keep_one(h, i, draw, threshold, scale, zero, out, keep):
     """Element ``i`` by its 32-bit ``draw``: ``elu(h[i]) * scale`` when the draw is below
-    ``threshold``, else +0.0 (a NaN stays NaN)."""
+    ``threshold``, else +0.0 (a NaN stays NaN). ``expm1`` (a libm call, most of the
+    kernel's time) runs for kept non-positive elements only: a dropped one takes 0 in its
+    place (NaN for a NaN), which the zero factor turns into what ``elu(x) * 0`` gives."""
     x = h[i]
     k = draw < threshold
     keep[i] = k
-    v = x if x > zero else np.expm1(x)
+    if x > zero:
+        v = x
+    elif k:
+        v = np.expm1(x)
+    else:
+        v = zero if x == x else x
     out[i] = v * scale * k + zero
 
 
