@@ -137,24 +137,33 @@ def test_misses_are_read_straight_into_the_batch_when_the_source_can():
         assert calls == [want] and nmiss == int((ids >= 50).sum())
 
 
+def _direct_table(tmp_path, n: int, dim: int, seed: int):
+    """A features file of ``n`` random float32 rows of ``dim`` in ooc's page layout, and
+    the rows."""
+    from ooc.storage.layout import FeatureLayout
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    lay = FeatureLayout(n, dim, "float32")
+    buf = np.zeros(lay.file_bytes, np.uint8)
+    for r in range(n):
+        page, slot = divmod(r, lay.rows_per_page) if lay.rows_per_page else (r, 0)
+        off = page * 4096 * max(1, lay.pages_per_row) + slot * lay.row_bytes
+        buf[off:off + x[r].nbytes] = x[r].view(np.uint8)
+    (tmp_path / "f.bin").write_bytes(buf.tobytes())
+    return tmp_path / "f.bin", lay, x
+
+
 @pytest.mark.parametrize("row_dim", [100, 1024])
 def test_a_switch_reads_rows_straight_into_the_cache(tmp_path, row_dim):
     """A switch from a DirectFeatures source reads the new rows into their slots (no row
     buffer): the cache then serves numpy's rows for rows smaller and as large as a page,
     in chunks smaller than the fill."""
     from ooc.storage.direct import DirectFeatures
-    from ooc.storage.layout import FeatureLayout
 
-    rng = np.random.default_rng(6)
-    x = rng.standard_normal((3000, row_dim)).astype(np.float32)
-    lay = FeatureLayout(3000, row_dim, "float32")
-    buf = np.zeros(lay.file_bytes, np.uint8)
-    for r in range(3000):
-        page, slot = divmod(r, lay.rows_per_page) if lay.rows_per_page else (r, 0)
-        off = page * 4096 * max(1, lay.pages_per_row) + slot * lay.row_bytes
-        buf[off:off + x[r].nbytes] = x[r].view(np.uint8)
-    (tmp_path / "f.bin").write_bytes(buf.tobytes())
-    with DirectFeatures(tmp_path / "f.bin", lay, backend="preadv") as src:
+    path, lay, x = _direct_table(tmp_path, 3000, row_dim, 6)
+    rng = np.random.default_rng(7)
+    with DirectFeatures(path, lay, backend="preadv") as src:
         cache = FeatureCache(3000, 700, row_dim, np.float32)
         cache.switch_chunk = 128
         first = rng.permutation(3000)[:700]
@@ -171,3 +180,71 @@ def test_a_switch_reads_rows_straight_into_the_cache(tmp_path, row_dim):
         out, misses = cache.gather(second, Refuse())
         np.testing.assert_array_equal(out, x[second])
         assert misses == 0 and src.stats.rows_direct + src.stats.rows_copied == before
+
+
+@pytest.mark.parametrize("row_dim", [32, 1024])
+def test_misses_read_on_another_thread_while_the_hits_are_copied(tmp_path, row_dim):
+    """With OVERLAP_MIN_HITS hits or more, a gather copies the hits while another thread
+    reads the misses (and page-mates) into the same array: numpy's rows, every miss read
+    once, on a thread other than the caller's; under the threshold, on the caller's."""
+    import threading
+
+    from ooc.executor.cache import feature_cache as FC
+    from ooc.storage.direct import DirectFeatures
+
+    n = 3 * FC.OVERLAP_MIN_HITS
+    path, lay, x = _direct_table(tmp_path, n, row_dim, 8)
+    rng = np.random.default_rng(9)
+    threads: list[str] = []
+    with DirectFeatures(path, lay, backend="preadv") as src:
+        real = src.read_into
+
+        def read_into(*a):
+            threads.append(threading.current_thread().name)
+            return real(*a)
+
+        src.read_into = read_into
+        cache = FeatureCache(n, FC.OVERLAP_MIN_HITS + 500, row_dim, np.float32)
+        cache.switch(np.arange(FC.OVERLAP_MIN_HITS + 500), src)
+        ids = rng.permutation(np.concatenate([rng.permutation(FC.OVERLAP_MIN_HITS + 500)[:-200],
+                                              rng.permutation(np.arange(FC.OVERLAP_MIN_HITS
+                                                                        + 500, n))[:3000]]))
+        hits = int((ids < FC.OVERLAP_MIN_HITS + 500).sum())
+        assert hits >= FC.OVERLAP_MIN_HITS
+        mates = np.setdiff1d(np.arange(FC.OVERLAP_MIN_HITS + 500, n), ids)[:300]
+        mates_out = np.empty((len(mates), row_dim), np.float32)
+        threads.clear()
+        before = src.stats.rows_direct + src.stats.rows_copied
+        out, misses = cache.gather(ids, src, mates=mates, mates_out=mates_out)
+        np.testing.assert_array_equal(out, x[ids])
+        np.testing.assert_array_equal(mates_out, x[mates])
+        assert misses == len(ids) - hits
+        assert src.stats.rows_direct + src.stats.rows_copied - before == misses + len(mates)
+        assert threads == ["ooc-miss-read"]
+        threads.clear()
+        few = np.concatenate([np.arange(10), np.arange(n - 10, n)])  # 10 hits
+        out, misses = cache.gather(few, src)
+        np.testing.assert_array_equal(out, x[few])
+        assert misses == 10 and threads == [threading.current_thread().name]
+
+
+def test_a_failed_miss_read_on_the_reading_thread_reaches_the_caller():
+    """The error a miss read raises on the reading thread is raised by ``gather``, and the
+    cache's counters are left as they were."""
+    from ooc.executor.cache import feature_cache as FC
+
+    n = 3 * FC.OVERLAP_MIN_HITS
+    table = np.arange(n * 4, dtype=np.float32).reshape(n, 4)
+
+    class Failing:
+        def read(self, ids, out=None):
+            return table[ids]
+
+        def read_into(self, ids, out, rows):
+            raise OSError(5, "Input/output error: f.bin")
+
+    cache = FeatureCache(n, 2 * FC.OVERLAP_MIN_HITS, 4, np.float32)
+    cache.switch(np.arange(2 * FC.OVERLAP_MIN_HITS), ArraySource(table))
+    with pytest.raises(OSError, match="Input/output error"):
+        cache.gather(np.arange(n), Failing())
+    assert cache.lookups == 0 and cache.hits == 0

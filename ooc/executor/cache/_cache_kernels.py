@@ -33,6 +33,22 @@ def gather_hits(ids, keys, vals, shift, cache, out, hit):
 
 @parallel_kernel
 @nb.njit(parallel=True, nogil=True, cache=True)
+def copy_slot_rows(slots, cache, out):
+    """``out[i] = cache[slots[i]]`` where ``slots[i] >= 0`` (the hits of a batch whose ids
+    were looked up first); other rows of ``out`` are left as they are.
+
+    slots int64 [n]; cache [C, D]; out [n, D] (the same unsigned-int view of the dtype).
+    """
+    d = cache.shape[1]
+    for i in nb.prange(slots.shape[0]):
+        s = slots[i]
+        if s >= 0:
+            for j in range(d):
+                out[i, j] = cache[s, j]
+
+
+@parallel_kernel
+@nb.njit(parallel=True, nogil=True, cache=True)
 def scatter_rows(rows, positions, out):
     """out[positions[k]] = rows[k] for every k (rows [m, D], positions int64 [m])."""
     d = rows.shape[1]

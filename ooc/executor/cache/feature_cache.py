@@ -15,7 +15,8 @@ updated.
 
 Several loaders may share one cache (:func:`ooc.memory_budget`): a lock makes
 each switch, update and hit copy whole, so a reader never sees a row half
-replaced; the reads of misses run outside it.
+replaced; the reads of misses run outside it. A gather with many hits reads its misses
+on a thread of its own while it copies the hits, so the disk is busy through the copy.
 """
 from __future__ import annotations
 
@@ -52,6 +53,44 @@ def row_cost(row_bytes: int, num_nodes: int) -> int:
     the stack of free rows (int64) and the id map's places for it (at most 32 bytes,
     48 when ids pass int32)."""
     return int(row_bytes) + 8 + IdMap.max_bytes_per_entry(max(0, int(num_nodes) - 1), 2**31 - 1)
+
+
+#: Hits from which a gather copies them while another thread reads its misses (below, the
+#: thread costs more than the copy takes).
+OVERLAP_MIN_HITS = 4096
+
+
+def _read_misses(read_into, ids: np.ndarray, miss_pos: np.ndarray, out: np.ndarray,
+                 mates: np.ndarray, mates_out: np.ndarray | None) -> None:
+    """Read the rows of ``ids[miss_pos]`` into ``out[miss_pos]`` through the source's
+    ``read_into``, with the page-mates ``mates`` into ``mates_out`` in the same request."""
+    if len(mates):
+        read_into(ids[miss_pos], out, miss_pos,
+                  (mates, mates_out, np.arange(len(mates), dtype=np.int64)))
+    else:
+        read_into(ids[miss_pos], out, miss_pos)
+
+
+class _Reading:
+    """``fn(*args)`` on a thread of its own, started at once; :meth:`result` waits for it
+    and raises what it raised."""
+
+    def __init__(self, fn, *args):
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as e:  # handed to the waiting thread
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="ooc-miss-read", daemon=True)
+        self._thread.start()
+
+    def result(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class FeatureCache:
@@ -144,23 +183,29 @@ class FeatureCache:
         n = len(ids)
         if out is None:
             out = np.empty((n, self.cache.shape[1]), dtype=self.cache.dtype)
-        hit = np.empty(n, dtype=np.bool_)
-        with self._lock:
-            nhit = (K.gather_hits(ids, *self.slots.table, _bits(self.cache), _bits(out), hit)
-                    if n else 0)
-        miss_pos = np.flatnonzero(~hit)
         mates = np.zeros(0, np.int64) if mates is None else np.asarray(mates, dtype=np.int64)
         k = len(mates)
         if k:
             assert mates_out is not None and len(mates_out) == k
         read_into = getattr(source, "read_into", None)
-        if read_into is not None and out.flags.c_contiguous and (len(miss_pos) or k):
-            # no row buffer, no scatter
-            if k:
-                read_into(ids[miss_pos], out, miss_pos,
-                          (mates, mates_out, np.arange(k, dtype=np.int64)))
-            else:
-                read_into(ids[miss_pos], out, miss_pos)
+        # no row buffer, no scatter: the misses go straight into their rows of ``out``
+        direct = read_into is not None and out.flags.c_contiguous
+        reading: _Reading | None = None
+        with self._lock:
+            slots = self.slots.get(ids)
+            miss_pos = np.flatnonzero(slots < 0)
+            nhit = n - len(miss_pos)
+            if direct and (len(miss_pos) or k) and nhit >= OVERLAP_MIN_HITS:
+                # the misses are read on another thread while this one copies the hits
+                # (other rows of the same array): the disk works through the copy
+                reading = _Reading(_read_misses, read_into, ids, miss_pos, out, mates,
+                                   mates_out)
+            if nhit:
+                K.copy_slot_rows(slots, _bits(self.cache), _bits(out))
+        if reading is not None:
+            reading.result()
+        elif direct and (len(miss_pos) or k):
+            _read_misses(read_into, ids, miss_pos, out, mates, mates_out)
         elif len(miss_pos) or k:
             rows = source.read(np.concatenate((ids[miss_pos], mates)) if k else ids[miss_pos])
             rows = np.ascontiguousarray(rows, dtype=out.dtype)
