@@ -184,7 +184,7 @@ def test_a_switch_reads_rows_straight_into_the_cache(tmp_path, row_dim):
 
 @pytest.mark.parametrize("row_dim", [32, 1024])
 def test_misses_read_on_another_thread_while_the_hits_are_copied(tmp_path, row_dim):
-    """With OVERLAP_MIN_HITS hits or more, a gather copies the hits while another thread
+    """With OVERLAP_MIN_BYTES of hits or more, a gather copies the hits while another thread
     reads the misses (and page-mates) into the same array: numpy's rows, every miss read
     once, on a thread other than the caller's; under the threshold, on the caller's."""
     import threading
@@ -192,7 +192,8 @@ def test_misses_read_on_another_thread_while_the_hits_are_copied(tmp_path, row_d
     from ooc.executor.cache import feature_cache as FC
     from ooc.storage.direct import DirectFeatures
 
-    n = 3 * FC.OVERLAP_MIN_HITS
+    need = FC.OVERLAP_MIN_BYTES // (4 * row_dim)  # hits that start the reading thread
+    n = 3 * need
     path, lay, x = _direct_table(tmp_path, n, row_dim, 8)
     rng = np.random.default_rng(9)
     threads: list[str] = []
@@ -204,14 +205,14 @@ def test_misses_read_on_another_thread_while_the_hits_are_copied(tmp_path, row_d
             return real(*a)
 
         src.read_into = read_into
-        cache = FeatureCache(n, FC.OVERLAP_MIN_HITS + 500, row_dim, np.float32)
-        cache.switch(np.arange(FC.OVERLAP_MIN_HITS + 500), src)
-        ids = rng.permutation(np.concatenate([rng.permutation(FC.OVERLAP_MIN_HITS + 500)[:-200],
-                                              rng.permutation(np.arange(FC.OVERLAP_MIN_HITS
+        cache = FeatureCache(n, need + 500, row_dim, np.float32)
+        cache.switch(np.arange(need + 500), src)
+        ids = rng.permutation(np.concatenate([rng.permutation(need + 500)[:-200],
+                                              rng.permutation(np.arange(need
                                                                         + 500, n))[:3000]]))
-        hits = int((ids < FC.OVERLAP_MIN_HITS + 500).sum())
-        assert hits >= FC.OVERLAP_MIN_HITS
-        mates = np.setdiff1d(np.arange(FC.OVERLAP_MIN_HITS + 500, n), ids)[:300]
+        hits = int((ids < need + 500).sum())
+        assert hits >= need
+        mates = np.setdiff1d(np.arange(need + 500, n), ids)[:300]
         mates_out = np.empty((len(mates), row_dim), np.float32)
         threads.clear()
         before = src.stats.rows_direct + src.stats.rows_copied
@@ -233,7 +234,8 @@ def test_a_failed_miss_read_on_the_reading_thread_reaches_the_caller():
     cache's counters are left as they were."""
     from ooc.executor.cache import feature_cache as FC
 
-    n = 3 * FC.OVERLAP_MIN_HITS
+    need = FC.OVERLAP_MIN_BYTES // 16  # rows of 4 float32
+    n = 3 * need
     table = np.arange(n * 4, dtype=np.float32).reshape(n, 4)
 
     class Failing:
@@ -243,8 +245,8 @@ def test_a_failed_miss_read_on_the_reading_thread_reaches_the_caller():
         def read_into(self, ids, out, rows):
             raise OSError(5, "Input/output error: f.bin")
 
-    cache = FeatureCache(n, 2 * FC.OVERLAP_MIN_HITS, 4, np.float32)
-    cache.switch(np.arange(2 * FC.OVERLAP_MIN_HITS), ArraySource(table))
+    cache = FeatureCache(n, 2 * need, 4, np.float32)
+    cache.switch(np.arange(2 * need), ArraySource(table))
     with pytest.raises(OSError, match="Input/output error"):
         cache.gather(np.arange(n), Failing())
     assert cache.lookups == 0 and cache.hits == 0

@@ -55,9 +55,9 @@ def row_cost(row_bytes: int, num_nodes: int) -> int:
     return int(row_bytes) + 8 + IdMap.max_bytes_per_entry(max(0, int(num_nodes) - 1), 2**31 - 1)
 
 
-#: Hits from which a gather copies them while another thread reads its misses (below, the
-#: thread costs more than the copy takes).
-OVERLAP_MIN_HITS = 4096
+#: Bytes of hits from which a gather copies them while another thread reads its misses
+#: (below, starting the thread costs about what the copy takes).
+OVERLAP_MIN_BYTES = 1 << 20
 
 
 def _read_misses(read_into, ids: np.ndarray, miss_pos: np.ndarray, out: np.ndarray,
@@ -195,7 +195,8 @@ class FeatureCache:
             slots = self.slots.get(ids)
             miss_pos = np.flatnonzero(slots < 0)
             nhit = n - len(miss_pos)
-            if direct and (len(miss_pos) or k) and nhit >= OVERLAP_MIN_HITS:
+            row_bytes = self.cache.shape[1] * self.cache.dtype.itemsize
+            if direct and (len(miss_pos) or k) and nhit * row_bytes >= OVERLAP_MIN_BYTES:
                 # the misses are read on another thread while this one copies the hits
                 # (other rows of the same array): the disk works through the copy
                 reading = _Reading(_read_misses, read_into, ids, miss_pos, out, mates,
