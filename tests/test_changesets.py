@@ -486,3 +486,19 @@ def test_bench_changesets_runs_and_checks_the_methods_agree(tmp_path):
     assert [row["superbatch"] for row in rep["rows"]] == [2, 5]
     assert set(rep["rows"][0]["median_s"]) >= {"numba", "torch-cpu"}
     assert 0 < rep["rows"][0]["misses"] <= rep["rows"][0]["accesses"]
+
+
+def test_unique_sorted_is_numpys_unique_and_never_aliases_its_input():
+    """Random, already strictly increasing (the fast path), sorted with repeats, empty and
+    single inputs give ``np.unique``'s values; the result is never the input itself."""
+    from ooc.inspector.changesets import unique_sorted
+
+    rng = np.random.default_rng(3)
+    inc = np.sort(rng.choice(10_000, 3_000, replace=False)).astype(np.int64)
+    cases = [rng.integers(0, 500, 2_000), inc, np.sort(rng.integers(0, 100, 1_000)),
+             np.zeros(0, np.int64), np.array([7], np.int64), inc[::-1].copy()]
+    for x in cases:
+        x = np.asarray(x, dtype=np.int64)
+        got = unique_sorted(x)
+        np.testing.assert_array_equal(got, np.unique(x))
+        assert not np.shares_memory(got, x) or x.size == 0

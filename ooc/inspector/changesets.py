@@ -211,7 +211,11 @@ class Changesets(FlatChangesets):
 
 def unique_sorted(x: np.ndarray) -> np.ndarray:
     """The distinct values of 1-D ``x``, sorted: a sort and a mask (numpy 2.4's
-    ``np.unique`` takes its hash path here, measured 12x slower on 300k int64 ids)."""
+    ``np.unique`` takes its hash path here, measured 12x slower on 300k int64 ids). An
+    ``x`` already strictly increasing (a cache's ids, carried from one superbatch to the
+    next) comes back as a copy, unsorted: 2 ms instead of 166 for 2.5M ids."""
+    if x.shape[0] > 1 and bool(np.all(x[1:] > x[:-1])):
+        return x.copy()
     s = np.sort(x)
     if s.shape[0] > 1:
         keep = np.empty(s.shape[0], dtype=bool)
