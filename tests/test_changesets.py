@@ -502,3 +502,25 @@ def test_unique_sorted_is_numpys_unique_and_never_aliases_its_input():
         got = unique_sorted(x)
         np.testing.assert_array_equal(got, np.unique(x))
         assert not np.shares_memory(got, x) or x.size == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_final_state_is_the_replayed_cache(seed):
+    """The ids ``final_state`` gives are those a set holds after replaying every step's
+    evictions and insertions from the initial ids (with and without a cached start,
+    keeping unused entries or not)."""
+    from ooc.inspector.changesets import final_state
+
+    rng = np.random.default_rng(seed)
+    for trial in range(40):
+        n = int(rng.integers(5, 80))
+        cap = int(rng.integers(1, n))
+        batches = [rng.choice(n, int(rng.integers(1, n)), replace=False)
+                   for _ in range(int(rng.integers(1, 7)))]
+        cached = rng.choice(n, int(rng.integers(0, cap + 1)), replace=False) if trial % 2 else None
+        cs = precompute_changesets(batches, n, cap, cached=cached, keep_unused=bool(trial % 3))
+        held = set(cs.init_ids.tolist())
+        for i in range(len(cs)):
+            held -= set(cs.out_ids[cs.out_ptr[i]:cs.out_ptr[i + 1]].tolist())
+            held |= set(cs.in_ids[cs.in_ptr[i]:cs.in_ptr[i + 1]].tolist())
+        np.testing.assert_array_equal(final_state(cs), np.array(sorted(held), np.int64))

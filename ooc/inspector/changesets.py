@@ -398,28 +398,35 @@ def _drop_first_step(cs: Changesets, num_cached: int) -> Changesets:
 
 
 def final_state(cs: FlatChangesets) -> np.ndarray:
-    """The ids (int64, sorted) the cache holds after the last step of ``cs``."""
+    """The ids (int64, sorted) the cache holds after the last step of ``cs``: the initial
+    ids no step touched, and the ids whose last insertion or eviction is an insertion.
+    Only the steps' events are sorted; the initial ids (a previous superbatch's final
+    state: sorted already) are merged in."""
     S = len(cs)
-    ids = np.concatenate([cs.init_ids, cs.in_ids, cs.out_ids]).astype(np.int64, copy=False)
+    init = unique_sorted(np.asarray(cs.init_ids, dtype=np.int64))
+    ids = np.concatenate([cs.in_ids, cs.out_ids]).astype(np.int64, copy=False)
     if ids.size == 0:
-        return ids
-    t_in = np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.in_ptr))
-    t_out = np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.out_ptr))
-    t = np.concatenate([np.full(len(cs.init_ids), -1, np.int64), t_in, t_out])
-    present = np.concatenate([np.ones(len(cs.init_ids) + len(cs.in_ids), np.int64),
+        return init
+    t = np.concatenate([np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.in_ptr)),
+                        np.repeat(np.arange(S, dtype=np.int64), np.diff(cs.out_ptr))])
+    present = np.concatenate([np.ones(len(cs.in_ids), np.int64),
                               np.zeros(len(cs.out_ids), np.int64)])
     # by id, then step: an id's last event is its state. A step inserts and evicts disjoint
     # ids, so (id, step) is unique and one sorted int64 key (id, step, present) orders them.
-    span = 2 * (S + 1)
+    span = 2 * S
     if int(ids.max()) < (np.iinfo(np.int64).max - span) // span:
-        key = np.sort((ids * (S + 1) + (t + 1)) * 2 + present)
+        key = np.sort((ids * S + t) * 2 + present)
         ids, present = key // span, key & 1
     else:  # ids too large for the packed key
         order = np.lexsort((t, ids))
         ids, present = ids[order], present[order]
     last = np.ones(ids.shape[0], bool)
     last[:-1] = ids[1:] != ids[:-1]
-    return ids[last & (present == 1)]
+    touched, present = ids[last], present[last]
+    at = np.minimum(np.searchsorted(touched, init), touched.shape[0] - 1)
+    untouched = init[touched[at] != init]
+    # two sorted runs: the stable sort (timsort for int64) merges them in linear time
+    return np.sort(np.concatenate([untouched, touched[present == 1]]), kind="stable")
 
 
 # -- numba path ------------------------------------------------------------------
