@@ -303,10 +303,12 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path,
             if after_epoch is not None:
                 after_epoch(trainer)
         no_eval = bool(s["no_eval"])
-        # the last epoch evaluated these weights already (the evaluation's seed is fixed)
-        val_acc = (None if no_eval else last["val_acc"]
-                   if last is not None and last["val_acc"] is not None
-                   else trainer.evaluate(dataset.val_idx))
+        if no_eval:
+            val_acc = None
+        elif last is not None and last["val_acc"] is not None:
+            val_acc = last["val_acc"]  # these weights, evaluated with the fixed eval seed
+        else:
+            val_acc = trainer.evaluate(dataset.val_idx)
         test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)
     finally:
         trainer.close()

@@ -40,7 +40,7 @@ def _case(act: str, fused: bool, h: torch.Tensor, p: float) -> tuple[float, floa
     """Seconds of one forward and one backward pass."""
     x = h.detach().clone().requires_grad_()
     if fused:
-        step = (relu_dropout if act == "relu" else elu_dropout)
+        step = relu_dropout if act == "relu" else elu_dropout
         fwd = lambda: step(x * 1.0, p, True)  # noqa: E731
     else:
         f = F.relu if act == "relu" else F.elu
@@ -61,11 +61,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--report", default=None)
     a = ap.parse_args()
+    if min(a.rows, a.dim, a.rounds) < 1 or not 0.0 <= a.dropout < 1.0:
+        ap.error("--rows, --dim and --rounds must be at least 1, --dropout in [0, 1)")
     torch.manual_seed(0)
     h = torch.randn(a.rows, a.dim)
     cases = [(act, fused) for act in ("relu", "elu") for fused in (True, False)]
     times: dict[str, list[float]] = {}
-    for k, (act, fused) in enumerate(cases):  # warm-up: kernels loaded, pools started
+    for act, fused in cases:  # warm-up: kernels loaded, pools started
         _case(act, fused, h, a.dropout)
     for r in range(a.rounds):
         for k in range(len(cases)):

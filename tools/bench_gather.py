@@ -56,10 +56,10 @@ def main() -> None:
         ids = rng.choice(n, min(a.batch, n), replace=False)
         for name in ("scatter", "read_into") if r % 2 else ("read_into", "scatter"):
             out = np.empty((len(ids), dim), np.float32)
-            hit = np.empty(len(ids), np.bool_)
             t0 = time.perf_counter()
-            K.gather_hits(ids, *cache.slots.table, _bits(cache.cache), _bits(out), hit)
-            miss = np.flatnonzero(~hit)
+            slots = cache.slots.get(ids)
+            K.copy_slot_rows(slots, _bits(cache.cache), _bits(out))
+            miss = np.flatnonzero(slots < 0)
             if name == "scatter":
                 K.scatter_rows(_bits(np.ascontiguousarray(feats.read(ids[miss]))), miss,
                                _bits(out))

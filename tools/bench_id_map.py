@@ -3,10 +3,11 @@
     python tools/bench_id_map.py --nodes 111000000 --cached 3000000 --batch 300000
 
 Fills a feature cache of ``--cached`` rows (``--dim`` float32) of a graph of
-``--nodes`` nodes, then times ``gather_hits`` (look every id of a batch up and copy
-the cached rows) for random batches of ``--batch`` distinct ids, through the hash
-table the cache uses and through a direct table of every node (what the cache used
-before), alternating the two in each round. Prints the median per batch of each,
+``--nodes`` nodes, then times a gather's hits (look every id of a batch up with
+``find_many``, then copy the cached rows with ``copy_slot_rows``, as the cache does) for
+random batches of ``--batch`` distinct ids, through the hash table the cache uses and
+through a direct table of every node (what the cache used before), alternating the two
+in each round. Prints the median per batch of each,
 their ratio and the memory of each map.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ooc.executor.cache import _cache_kernels as K  # noqa: E402
 from ooc.executor.cache.feature_cache import FeatureCache  # noqa: E402
+from ooc.storage._id_map_kernels import find_many  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,14 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     tables = {"hash map": fc.slots.table, "direct table": (np.zeros(0, np.int32), direct, 0)}
     cache = fc.cache.view(np.uint32)
     out = np.empty((a.batch, a.dim), np.uint32)
-    hit = np.empty(a.batch, np.bool_)
+    slots = np.empty(a.batch, np.int64)
     times: dict[str, list[float]] = {k: [] for k in tables}
     for r in range(a.rounds + 1):
         batch = rng.choice(a.nodes, a.batch, replace=False).astype(np.int64)
         hits = set()
         for name, (keys, vals, shift) in tables.items():
             t0 = time.perf_counter()
-            hits.add(int(K.gather_hits(batch, keys, vals, shift, cache, out, hit)))
+            find_many(keys, vals, shift, batch, slots)
+            K.copy_slot_rows(slots, cache, out)
+            hits.add(int((slots >= 0).sum()))
             if r:  # the first round compiles / loads the kernels
                 times[name].append(time.perf_counter() - t0)
         assert len(hits) == 1, "the two maps disagree"

@@ -1,41 +1,16 @@
-"""numba kernels of the feature cache (lookups through the id map, row copies)."""
+"""numba kernels of the feature cache (row copies; lookups go through the id map's)."""
 from __future__ import annotations
 
 import numba as nb
 
-from ...storage._id_map_kernels import find
 from ...threading_layer import parallel_kernel
 
 
 @parallel_kernel
 @nb.njit(parallel=True, nogil=True, cache=True)
-def gather_hits(ids, keys, vals, shift, cache, out, hit):
-    """Copy cached rows of ``ids`` into ``out``; mark hits.
-
-    ids int64 [n]; ``(keys, vals, shift)`` the id map of the cached rows
-    (:attr:`ooc.storage.id_map.IdMap.table`); cache [C, D]; out [n, D]; hit bool
-    [n] (written). Returns the number of hits.
-    """
-    n = ids.shape[0]
-    d = cache.shape[1]
-    count = 0
-    for i in nb.prange(n):
-        slot = find(keys, vals, shift, ids[i])
-        if slot >= 0:
-            for j in range(d):
-                out[i, j] = cache[slot, j]
-            hit[i] = True
-            count += 1
-        else:
-            hit[i] = False
-    return count
-
-
-@parallel_kernel
-@nb.njit(parallel=True, nogil=True, cache=True)
 def copy_slot_rows(slots, cache, out):
-    """``out[i] = cache[slots[i]]`` where ``slots[i] >= 0`` (the hits of a batch whose ids
-    were looked up first); other rows of ``out`` are left as they are.
+    """``out[i] = cache[slots[i]]`` where ``slots[i] >= 0``: the hits of a batch whose ids
+    were looked up first (``IdMap.get``); other rows of ``out`` are left as they are.
 
     slots int64 [n]; cache [C, D]; out [n, D] (the same unsigned-int view of the dtype).
     """

@@ -28,6 +28,7 @@ import numpy as np
 from ...storage.errors import InvalidValue
 from ...storage.features import Feature
 from ...storage.id_map import IdMap
+from ...worker import Worker
 from . import _cache_kernels as K
 
 
@@ -69,28 +70,6 @@ def _read_misses(read_into, ids: np.ndarray, miss_pos: np.ndarray, out: np.ndarr
                   (mates, mates_out, np.arange(len(mates), dtype=np.int64)))
     else:
         read_into(ids[miss_pos], out, miss_pos)
-
-
-class _Reading:
-    """``fn(*args)`` on a thread of its own, started at once; :meth:`result` waits for it
-    and raises what it raised."""
-
-    def __init__(self, fn, *args):
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                fn(*args)
-            except BaseException as e:  # handed to the waiting thread
-                self._error = e
-
-        self._thread = threading.Thread(target=run, name="ooc-miss-read", daemon=True)
-        self._thread.start()
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 class FeatureCache:
@@ -190,21 +169,22 @@ class FeatureCache:
         read_into = getattr(source, "read_into", None)
         # no row buffer, no scatter: the misses go straight into their rows of ``out``
         direct = read_into is not None and out.flags.c_contiguous
-        reading: _Reading | None = None
+        reading: Worker | None = None
         with self._lock:
             slots = self.slots.get(ids)
             miss_pos = np.flatnonzero(slots < 0)
             nhit = n - len(miss_pos)
-            row_bytes = self.cache.shape[1] * self.cache.dtype.itemsize
-            if direct and (len(miss_pos) or k) and nhit * row_bytes >= OVERLAP_MIN_BYTES:
+            if direct and (len(miss_pos) or k) and \
+                    nhit * self.cache.itemsize * self.cache.shape[1] >= OVERLAP_MIN_BYTES:
                 # the misses are read on another thread while this one copies the hits
                 # (other rows of the same array): the disk works through the copy
-                reading = _Reading(_read_misses, read_into, ids, miss_pos, out, mates,
-                                   mates_out)
+                reading = Worker(lambda put, stopped: _read_misses(
+                    read_into, ids, miss_pos, out, mates, mates_out), 1, "ooc-miss-read").start()
             if nhit:
                 K.copy_slot_rows(slots, _bits(self.cache), _bits(out))
         if reading is not None:
-            reading.result()
+            for _ in reading:  # waits for the read; raises what it raised
+                pass
         elif direct and (len(miss_pos) or k):
             _read_misses(read_into, ids, miss_pos, out, mates, mates_out)
         elif len(miss_pos) or k:

@@ -596,8 +596,7 @@ class _Holder:
         rows = [self.features.read(b.node_ids) if i == big
                 else np.ones((b.num_nodes, dim), dtype=dtype) for i, b in enumerate(batches)]
         if train and self.mates:  # the gather thread's page-mate rows, until the update
-            rows.append(np.ones((int(self.mates * batches[big].num_nodes),
-                                 self.features.shape[1]), dtype=self.features.dtype))
+            rows.append(np.ones((int(self.mates * batches[big].num_nodes), dim), dtype=dtype))
         if self.model is not None and self._fits(batches[big], (ids, bs, seed, epoch, shuffle),
                                                  option, train, key_loop):
             _probe_step(self.model, batches[big], rows[big], self.dataset, train=train)
