@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from ooc.storage import csc_from_edges
-from ooc.storage.reorder import OrderStats, locality_order
+from ooc.storage.reorder import VOTES, OrderStats, locality_order
 from conftest import assert_same_batches
 
 
-def _planted(k: int = 40, size: int = 24, p_out: float = 0.05, seed: int = 0):
-    """k communities of ``size`` nodes (dense inside, a few edges across), ids permuted;
-    returns (indptr, indices, community of every node id)."""
+def _planted(k: int = 40, size: int = 24, p_out: float = 0.05, seed: int = 0, per: int = 8):
+    """k communities of ``size`` nodes (``per`` edges from each node inside, a few edges
+    across), ids permuted; returns (indptr, indices, community of every node id)."""
     rng = np.random.default_rng(seed)
     n = k * size
     comm = np.repeat(np.arange(k), size)
@@ -18,7 +18,7 @@ def _planted(k: int = 40, size: int = 24, p_out: float = 0.05, seed: int = 0):
     for c in range(k):
         members = np.arange(c * size, (c + 1) * size)
         for v in members:
-            nb = rng.choice(members[members != v], 8, replace=False)
+            nb = rng.choice(members[members != v], per, replace=False)
             src += [v] * len(nb)
             dst += nb.tolist()
     m = int(p_out * len(src))
@@ -51,8 +51,8 @@ def test_planted_communities_become_contiguous():
     assert st.largest_group <= 64 and st.sweeps >= 1
     assert st.longest == int(np.diff(indptr).max())
     # the sweeps stop at the first that moves under 1% of the nodes or gains under 1% of
-    # the entries, and not before
-    n, e = len(comm), int(indptr[-1])
+    # the entries counted (at most VOTES a list), and not before
+    n, e = len(comm), int(np.minimum(np.diff(indptr), VOTES).sum())
     assert len(st.moved) == len(st.gained) == st.sweeps
     for m, g in zip(st.moved[:-1], st.gained[:-1]):
         assert m >= n // 100 and g >= e // 100
@@ -61,20 +61,38 @@ def test_planted_communities_become_contiguous():
     assert all(g >= m for m, g in zip(st.moved, st.gained))  # a move gains a vote at least
 
 
+def test_long_lists_vote_through_spaced_entries():
+    """Lists of ~80 entries counted through ``VOTES`` (32) of them still find the planted
+    communities; ``votes`` at the longest list or above is every entry counted."""
+    indptr, indices, comm = _planted(k=16, size=64, per=40, p_out=0.3, seed=2)
+    assert np.diff(indptr).min() > VOTES
+    st = OrderStats(0, [], 0, 0)
+    order = locality_order(indptr, indices, cap=64, stats=st)
+    assert _contiguity(order, comm) > 0.9, st
+    every = locality_order(indptr, indices, cap=64, votes=0)
+    np.testing.assert_array_equal(
+        locality_order(indptr, indices, cap=64, votes=int(np.diff(indptr).max())), every)
+    assert not np.array_equal(order, every)  # the spaced entries did decide some votes
+
+
 def test_the_plan_charges_a_long_list_only_when_there_is_one():
-    """The propagation gathers the labels of a list longer than ``HASHED`` in one array:
-    planned at the longest list when it is known, at a window when it is not."""
+    """With every entry counted, the propagation gathers the labels of a list longer than
+    ``HASHED`` in one array: planned at the longest list when it is known, at a window
+    when it is not. Counting ``VOTES`` of a long list needs no such array."""
     from ooc.storage import FeatureLayout
     from ooc.storage import _reorder_kernels as K
-    from ooc.storage.reorder import reorder_phases
+    from ooc.storage.reorder import VOTES, reorder_phases
 
     lay = FeatureLayout(100_000, 128, "float32")
     buf = 64 << 20
-    short = reorder_phases(lay, buf, longest=K.HASHED)["propagate"]
-    long = reorder_phases(lay, buf, longest=1_000_000)["propagate"]
-    unknown = reorder_phases(lay, buf)["propagate"]
+    short = reorder_phases(lay, buf, longest=K.HASHED, votes=0)["propagate"]
+    long = reorder_phases(lay, buf, longest=1_000_000, votes=0)["propagate"]
+    unknown = reorder_phases(lay, buf, votes=0)["propagate"]
     assert long - short == 4 * 1_000_000
     assert unknown - short == buf // 4
+    assert 0 < VOTES <= K.HASHED
+    assert reorder_phases(lay, buf, longest=1_000_000)["propagate"] == short
+    assert reorder_phases(lay, buf)["propagate"] == short
 
 
 def test_cap_bounds_every_group():
@@ -92,9 +110,10 @@ def test_window_size_does_not_change_the_order(window):
                                   ref)
 
 
-def _sweep_reference(indptr, indices, label, size, cap, block=1) -> tuple[int, int]:
+def _sweep_reference(indptr, indices, label, size, cap, block=1, votes=0) -> tuple[int, int]:
     """One sweep in plain Python: in blocks of ``block`` nodes, each node of a block picks
-    the most frequent label of its in-neighbours whose group has room (ties: its own, then
+    the most frequent label of its in-neighbours (of a list of ``d > votes > 0``, entries
+    ``j * d // votes`` for ``j < votes``) whose group has room (ties: its own, then
     the smallest) as labels stood when the block began; then, in id order, each moves to
     its pick if that group still has room. Returns the nodes moved and the sum over them
     of (in-neighbours holding the new label - those holding the old), at block start."""
@@ -104,13 +123,15 @@ def _sweep_reference(indptr, indices, label, size, cap, block=1) -> tuple[int, i
         picks = []
         for v in range(b0, min(n, b0 + block)):
             nbrs = indices[indptr[v]:indptr[v + 1]]
+            if 0 < votes < len(nbrs):
+                nbrs = nbrs[[j * len(nbrs) // votes for j in range(votes)]]
             cur = int(label[v])
             labs, counts = np.unique(label[nbrs], return_counts=True)
             ok = [(int(c), int(lab) == cur, -int(lab)) for lab, c in zip(labs, counts)
                   if lab == cur or size[lab] < cap]
             best = -max(ok)[2] if ok else cur
-            votes = dict(zip(labs.tolist(), counts.tolist()))
-            picks.append((best, votes.get(best, 0) - votes.get(cur, 0)))
+            tally = dict(zip(labs.tolist(), counts.tolist()))
+            picks.append((best, tally.get(best, 0) - tally.get(cur, 0)))
         for v, (best, g) in zip(range(b0, min(n, b0 + block)), picks):
             cur = int(label[v])
             if best != cur and size[best] < cap:
@@ -125,11 +146,14 @@ def _sweep_reference(indptr, indices, label, size, cap, block=1) -> tuple[int, i
 @pytest.mark.parametrize("cap", [2, 5, 1 << 20])
 @pytest.mark.parametrize("block", [1, 7, 64])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_sweep_matches_a_plain_reference(cap, block, threads):
-    """The kernel's sweep (hash-table tallies; lists longer than ``HASHED`` sorted) moves
-    exactly the nodes a plain count-and-compare sweep does, with the same labels, sweep
-    after sweep (many ties: few labels, small groups), on one thread or two, and with the
-    nodes cut into windows that end inside blocks."""
+@pytest.mark.parametrize("votes", [0, 4, 40])
+def test_a_sweep_matches_a_plain_reference(cap, block, threads, votes):
+    """The kernel's sweep (hash-table tallies; lists longer than ``HASHED`` sorted unless
+    ``votes`` spaced entries stand for them) moves exactly the nodes a plain
+    count-and-compare sweep does, with the same labels, sweep after sweep (many ties: few
+    labels, small groups), on one thread or two, and with the nodes cut into windows that
+    end inside blocks; with ``votes`` (4: most lists; 40: the long one) every list
+    longer than that counts that many of its entries."""
     from ooc.storage import _reorder_kernels as K
 
     rng = np.random.default_rng(cap + block)
@@ -149,10 +173,10 @@ def test_a_sweep_matches_a_plain_reference(cap, block, threads):
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1])
             window = np.ascontiguousarray(indices[ptr[0]:ptr[-1]])
             m, g = K.propagate_window(ptr, window, v0, label, size, cap, block, prop, gains,
-                                      threads)
+                                      threads, votes)
             moved, gain = moved + m, gain + g
         assert (moved, gain) == _sweep_reference(indptr, indices, ref_label, ref_size, cap,
-                                                 block)
+                                                 block, votes)
         np.testing.assert_array_equal(label, ref_label)
         np.testing.assert_array_equal(size, ref_size)
 

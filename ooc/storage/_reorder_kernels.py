@@ -79,13 +79,20 @@ def _sorted_best(labs, d, cur, size, cap):
 
 
 @njit(cache=True, nogil=True)
-def _choose(ptr, window, k, v, label, size, cap, labs, keys, cnt, used):
+def _choose(ptr, window, k, v, label, size, cap, labs, keys, cnt, used, votes):
     """The label node ``v`` (``ptr[k]``..``ptr[k+1]``: its list in ``window``) proposes, and
-    how many more of its in-neighbours hold it than hold its own."""
+    how many more of its counted in-neighbours hold it than hold its own. A list longer
+    than ``votes`` (when positive) counts ``votes`` of its entries, evenly spaced: entry
+    ``(j * d) // votes`` for ``j < votes`` of a list of ``d``."""
     a = ptr[k] - ptr[0]
     d = ptr[k + 1] - ptr[k]
-    for j in range(d):  # independent loads first: many of them in flight at once
-        labs[j] = label[window[a + j]]
+    if 0 < votes < d:
+        for j in range(votes):  # independent loads first: many of them in flight at once
+            labs[j] = label[window[a + (j * d) // votes]]
+        d = votes
+    else:
+        for j in range(d):
+            labs[j] = label[window[a + j]]
     if d <= HASHED:
         return _hashed_best(labs, d, label[v], size, cap, keys, cnt, used)
     return _sorted_best(labs, d, label[v], size, cap)
@@ -93,13 +100,14 @@ def _choose(ptr, window, k, v, label, size, cap, labs, keys, cnt, used):
 
 @parallel_kernel
 @njit(cache=True, nogil=True, parallel=True)
-def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, threads):
+def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, threads, votes):
     """Label propagation over nodes ``v0 .. v0 + len(ptr) - 2``, part of a sweep.
 
     ``ptr`` is ``indptr[v0 : v1 + 1]`` (absolute offsets) and ``window`` the in-neighbour
     ids ``indices[ptr[0] : ptr[-1]]``. Nodes go in blocks of ``block`` consecutive ids
     (block b: ``b*block .. (b+1)*block - 1``, whatever the window): every node of a block
-    proposes the label most frequent among its in-neighbours (ties: its own, then the
+    proposes the label most frequent among its in-neighbours (``votes`` of them, evenly
+    spaced, in a longer list when ``votes`` is positive; ties: its own, then the
     smaller) among those with room (``size`` below ``cap``) as labels stood when the
     block began, on ``threads`` threads; once the block is complete its nodes move, in
     id order, to the labels they proposed that still have room. ``size`` counts the nodes
@@ -107,8 +115,8 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, thre
     proposals from one window to the next. With ``block`` 1 this is the sequential sweep;
     the result never depends on ``threads`` nor on where windows end.
 
-    Returns ``(moved, gain)``: how many nodes moved, and by how many their in-neighbours
-    sharing their label grew (each mover's votes for its new label less those for its
+    Returns ``(moved, gain)``: how many nodes moved, and by how many their counted
+    in-neighbours sharing their label grew (each mover's votes for its new label less those for its
     old one, as the labels stood when its block began).
     """
     n = label.shape[0]
@@ -117,10 +125,14 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, thre
     keys_t = np.full((threads, _TABLE), -1, label.dtype)
     cnt_t = np.zeros((threads, _TABLE), np.int32)
     used_t = np.empty((threads, HASHED), np.int64)
-    big = 0  # the longest list over HASHED: those are sorted one at a time, below
+    # lists that count ``votes`` entries are tallied on every thread whatever their
+    # length; with every entry counted, those longer than HASHED are sorted one at a
+    # time, below
+    limit = HASHED if votes <= 0 or votes > HASHED else ptr[-1] - ptr[0] + 1
+    big = 0
     for k in range(v1 - v0):
         d = ptr[k + 1] - ptr[k]
-        if d > HASHED and d > big:
+        if d > limit and d > big:
             big = d
     labs_big = np.empty(big, label.dtype)
     moved = 0
@@ -136,15 +148,16 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, thre
             hi = min(e, lo + step)
             for v in range(lo, hi):
                 k = v - v0
-                if ptr[k + 1] - ptr[k] <= HASHED:
+                if ptr[k + 1] - ptr[k] <= limit:
                     prop[v - b0], gains[v - b0] = _choose(
                         ptr, window, k, v, label, size, cap, labs_t[t], keys_t[t], cnt_t[t],
-                        used_t[t])
+                        used_t[t], votes)
         for v in range(s, e):
             k = v - v0
-            if ptr[k + 1] - ptr[k] > HASHED:
+            if ptr[k + 1] - ptr[k] > limit:
                 prop[v - b0], gains[v - b0] = _choose(ptr, window, k, v, label, size, cap,
-                                                      labs_big, keys_t[0], cnt_t[0], used_t[0])
+                                                      labs_big, keys_t[0], cnt_t[0], used_t[0],
+                                                      votes)
         if e == b1:  # the block is complete: its moves, in id order
             for v in range(b0, b1):
                 best = prop[v - b0]
