@@ -102,6 +102,21 @@ def test_direct_neighbors_read_the_sectors_of_wanted_positions(tmp_path, gap):
         assert (r.stats.read_ops, r.stats.bytes_read) == (2, 8192 + 512)
 
 
+def test_direct_neighbors_refuse_a_read_size_that_splits_no_page_evenly(tmp_path):
+    """Positions are split into pages and sectors by shifts: a reader whose reads round to
+    something other than a power of two from the id size to a page is refused by name."""
+    from ooc.storage.errors import InvalidValue
+
+    path = tmp_path / "indices.bin"
+    np.arange(2048, dtype=np.int32).tofile(path)
+
+    class Odd:
+        read_align = 3000
+
+    with pytest.raises(InvalidValue, match=r"indices\.bin: reads rounded to 3000 bytes"):
+        DirectNeighbors(path, np.array([0, 2048], np.int64), reader=Odd())
+
+
 def test_build_policy_layout_and_budget(dataset):
     indptr, indices = dataset.indptr, np.asarray(dataset.indices)
     n = dataset.num_nodes

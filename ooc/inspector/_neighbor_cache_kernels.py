@@ -49,28 +49,45 @@ def cache_gather(nodes, offsets, rel_pos, keys, vals, shift, cache_array, out, m
 
 @parallel_kernel
 @nb.njit(parallel=True, cache=True)
-def extract_from_pages(edge_pos, pages, per_page, vals, out):
+def extract_from_pages(edge_pos, pages, shift, vals, out, threads):
     """out[e] = value at edge_pos[e] for every e whose page is in ``pages`` (sorted);
-    ``vals`` is the page buffer viewed as the index dtype."""
+    ``vals`` is the page buffer viewed as the index dtype, ``1 << shift`` values a page.
+
+    The positions are cut into ``threads`` contiguous ranges; within one, a position on
+    the page of the position before it (a node's draws lie in one list, ascending) or on
+    the page after that one takes that page's slot without a search."""
     n = pages.shape[0]
-    if n == 0:
+    m = edge_pos.shape[0]
+    if n == 0 or m == 0:
         return
     lo_page = pages[0]
     hi_page = pages[n - 1]
-    for e in prange(edge_pos.shape[0]):
-        p = edge_pos[e] // per_page
-        if p < lo_page or p > hi_page:
-            continue
-        lo = 0
-        hi = n
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if pages[mid] < p:
-                lo = mid + 1
+    within = (np.int64(1) << shift) - 1
+    step = (m + threads - 1) // threads
+    for t in prange(threads):
+        last = -1  # the slot of the previous position's page (-1: none yet)
+        for e in range(t * step, min(m, (t + 1) * step)):
+            p = edge_pos[e] >> shift
+            if p < lo_page or p > hi_page:
+                continue
+            if last >= 0 and pages[last] == p:
+                slot = last
+            elif last >= 0 and last + 1 < n and pages[last + 1] == p:
+                slot = last + 1
             else:
-                hi = mid
-        if lo < n and pages[lo] == p:
-            out[e] = vals[lo * per_page + (edge_pos[e] - p * per_page)]
+                lo = 0
+                hi = n
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if pages[mid] < p:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                if lo >= n or pages[lo] != p:
+                    continue
+                slot = lo
+            last = slot
+            out[e] = vals[(slot << shift) + (edge_pos[e] & within)]
 
 
 @parallel_kernel
@@ -125,14 +142,16 @@ def check_cache(nodes, addresses, cache_array, indptr, num_nodes, status):
 
 
 @nb.njit(cache=True)
-def mark_sectors(edge_pos, per_page, itemsize, align, mark):
-    """Bit ``s`` of ``mark[p]`` (uint8, one per page) set for every page ``p`` holding a
-    wanted position in its ``align``-sized piece ``s`` (``align`` a divisor of 4096 of at
-    least 512: at most 8 pieces a page; ``align`` 4096: bit 0). Serial: threads OR-ing
-    bits into one byte would lose some."""
+def mark_sectors(edge_pos, shift, piece_shift, mark):
+    """Bit ``s`` of ``mark[p]`` (uint8, one per page of ``1 << shift`` values) set for
+    every page ``p`` holding a wanted position in its piece ``s`` of ``1 << piece_shift``
+    values (a piece of ``align`` bytes, a divisor of 4096 of at least 512: at most 8
+    pieces a page; whole pages: bit 0). Serial: threads OR-ing bits into one byte would
+    lose some."""
+    within = (np.int64(1) << shift) - 1
     for e in range(edge_pos.shape[0]):
-        p = edge_pos[e] // per_page
-        mark[p] |= np.uint8(1 << ((edge_pos[e] - p * per_page) * itemsize // align))
+        pos = edge_pos[e]
+        mark[pos >> shift] |= np.uint8(1 << ((pos & within) >> piece_shift))
 
 
 @nb.njit(cache=True)

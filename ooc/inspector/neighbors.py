@@ -23,6 +23,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ..storage._direct_kernels import fill_gaps
@@ -193,6 +194,10 @@ class DirectNeighbors(NeighborSource):
         #: what a read of part of a page is rounded out to (``PAGE``: whole pages, for a
         #: reader that reads only whole pages)
         self.read_align = int(getattr(reader, "read_align", PAGE))
+        if not (self.dtype.itemsize <= self.read_align <= PAGE
+                and self.read_align & (self.read_align - 1) == 0):
+            raise InvalidValue(f"{self.path}: reads rounded to {self.read_align} bytes; "
+                               f"a power of two from {self.dtype.itemsize} to {PAGE} is needed")
         self._buf = aligned_empty(0)
         self._lock = threading.Lock()  # one page buffer: filled, then extracted from
         self.submissions = 0
@@ -206,9 +211,11 @@ class DirectNeighbors(NeighborSource):
         out = np.empty(req.size, dtype=np.int64)
         if req.size == 0:
             return out
-        per_page = PAGE // self.dtype.itemsize
+        per_page = PAGE // self.dtype.itemsize  # powers of two: positions split by shifts
+        shift = per_page.bit_length() - 1
+        piece_shift = (self.read_align // self.dtype.itemsize).bit_length() - 1
         mark = np.zeros(-(-self.num_edges // per_page), dtype=np.uint8)
-        NK.mark_sectors(req.edge_pos, per_page, self.dtype.itemsize, self.read_align, mark)
+        NK.mark_sectors(req.edge_pos, shift, piece_shift, mark)
         pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
         lo, hi = _WHOLE, _WHOLE
         if self.read_align < PAGE:  # of a page only the sectors of its wanted positions
@@ -227,7 +234,8 @@ class DirectNeighbors(NeighborSource):
                 self.submissions += 1
                 self.pages_read += int(chunk.shape[0])
                 vals = buf.view(self.dtype)
-                NK.extract_from_pages(req.edge_pos, chunk, per_page, vals, out)
+                NK.extract_from_pages(req.edge_pos, chunk, shift, vals, out,
+                                      numba.get_num_threads())
         return out
 
     def stats(self) -> dict:
