@@ -116,8 +116,8 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, thre
     the result never depends on ``threads`` nor on where windows end.
 
     Returns ``(moved, gain)``: how many nodes moved, and by how many their counted
-    in-neighbours sharing their label grew (each mover's votes for its new label less those for its
-    old one, as the labels stood when its block began).
+    in-neighbours sharing their label grew (each mover's votes for its new label less
+    those for its old one, as the labels stood when its block began).
     """
     n = label.shape[0]
     v1 = v0 + ptr.shape[0] - 1

@@ -2,12 +2,12 @@
 mini-batch gathers share pages (rows smaller than a page are read a page at a time).
 
 :func:`locality_order` runs size-capped label propagation over the CSC in-neighbour lists
-(a node counts the labels of at most :data:`VOTES` of its in-neighbours), streamed window by
-window from ``indices.bin`` (so the adjacency never has to fit in
-memory), then groups nodes by label: each group of at most ``cap`` nodes is contiguous in
-the new order. A sweep takes blocks of :data:`BLOCK` nodes, each block's choices made on
-every core from the labels as they stood when it began, then applied in id order: the
-order is the same on any number of cores. Memory: 4 B/node for the labels and 4 B/node for
+(a node counts the labels of at most :data:`VOTES` of its in-neighbours), streamed window
+by window from ``indices.bin`` (so the adjacency never has to fit in memory), then groups
+nodes by label: each group of at most ``cap`` nodes is contiguous in the new order. A
+sweep takes blocks of :data:`BLOCK` nodes, each block's choices made on every core from the
+labels as they stood when it began, then applied in id order: the order is the same on any
+number of cores. Memory: 4 B/node for the labels and 4 B/node for
 the label sizes while propagating, then 4 B/node of counts and the order itself (int32
 when N < 2^31, else int64), plus one window of ``indices``.
 
