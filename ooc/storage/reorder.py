@@ -136,6 +136,7 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
                          indices.dtype.itemsize))
     release_mapped(indptr)
     block = max(1, int(block))
+    votes = max(0, int(votes))
     prop = np.empty(block, dtype=dt)  # a block's chosen labels, across windows
     gains = np.empty(block, dtype=np.int64)  # and what each would gain
     threads = numba.get_num_threads()
@@ -149,9 +150,9 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
             if sweep == 0:
                 lengths = np.diff(ptr)
                 longest = max(longest, int(lengths.max(initial=0)))
-                counted += int(np.minimum(lengths, votes).sum() if votes > 0 else lengths.sum())
+                counted += int(np.minimum(lengths, votes).sum() if votes else lengths.sum())
             mw, gw = K.propagate_window(ptr, window, v0, label, size, int(cap), block, prop,
-                                        gains, threads, int(votes))
+                                        gains, threads, votes)
             m, g = m + mw, g + gw
             del ptr, window
         moved.append(int(m))
