@@ -305,6 +305,7 @@ def test_a_reordered_dataset_reads_the_same_rows_by_node_id(stored):
     assert plain.row_of is None and ROW_MAP_FILE not in plain.meta["files"]
     assert local.meta["feature_order"]["kind"] == "locality"
     assert local.meta["feature_order"]["buckets"] > 1       # the bounded two-pass path ran
+    assert local.meta["feature_order"]["votes"] == VOTES
     np.testing.assert_array_equal(np.sort(np.asarray(local.row_of)), np.arange(len(x)))
     assert not np.array_equal(np.asarray(local.row_of), np.arange(len(x)))
     ids = np.random.default_rng(1).integers(0, len(x), 500)

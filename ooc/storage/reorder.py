@@ -61,6 +61,8 @@ class OrderStats:
     longest: int = 0
     #: each sweep's gain of counted in-neighbour entries that share their list's label
     gained: list[int] = field(default_factory=list)
+    #: the in-neighbours a node counted at most (0: every one)
+    votes: int = 0
 
 
 def write_array(f, a: np.ndarray) -> None:
@@ -165,7 +167,7 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
     if stats is not None:
         groups = size[size > 0]
         stats.sweeps, stats.moved, stats.longest = len(moved), moved, longest
-        stats.gained = gained
+        stats.gained, stats.votes = gained, votes
         stats.groups, stats.largest_group = int(groups.shape[0]), int(groups.max(initial=0))
     del size
     starts = np.zeros(n + 1, dtype=np.int64 if n + 1 >= (1 << 31) else np.int32)

@@ -439,7 +439,8 @@ class DatasetWriter:
         stats = self._order_stats
         self.extra_meta["feature_order"] = {
             "kind": "locality", "groups": stats.groups, "largest_group": stats.largest_group,
-            "sweeps": stats.sweeps, "longest_list": stats.longest, "buckets": buckets}
+            "sweeps": stats.sweeps, "votes": stats.votes, "longest_list": stats.longest,
+            "buckets": buckets}
         self._row_of = None
 
     def _check_remaining_features(self, step_bytes: int = 16 << 20) -> None:
