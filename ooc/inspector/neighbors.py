@@ -198,6 +198,10 @@ class DirectNeighbors(NeighborSource):
                 and self.read_align & (self.read_align - 1) == 0):
             raise InvalidValue(f"{self.path}: reads rounded to {self.read_align} bytes; "
                                f"a power of two from {self.dtype.itemsize} to {PAGE} is needed")
+        # ids a page (a power of two too) and a read's piece, as shifts of a position
+        self._per_page = PAGE // self.dtype.itemsize
+        self._shift = self._per_page.bit_length() - 1
+        self._piece_shift = (self.read_align // self.dtype.itemsize).bit_length() - 1
         self._buf = aligned_empty(0)
         self._lock = threading.Lock()  # one page buffer: filled, then extracted from
         self.submissions = 0
@@ -211,11 +215,8 @@ class DirectNeighbors(NeighborSource):
         out = np.empty(req.size, dtype=np.int64)
         if req.size == 0:
             return out
-        per_page = PAGE // self.dtype.itemsize  # powers of two: positions split by shifts
-        shift = per_page.bit_length() - 1
-        piece_shift = (self.read_align // self.dtype.itemsize).bit_length() - 1
-        mark = np.zeros(-(-self.num_edges // per_page), dtype=np.uint8)
-        NK.mark_sectors(req.edge_pos, shift, piece_shift, mark)
+        mark = np.zeros(-(-self.num_edges // self._per_page), dtype=np.uint8)
+        NK.mark_sectors(req.edge_pos, self._shift, self._piece_shift, mark)
         pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
         lo, hi = _WHOLE, _WHOLE
         if self.read_align < PAGE:  # of a page only the sectors of its wanted positions
@@ -234,7 +235,7 @@ class DirectNeighbors(NeighborSource):
                 self.submissions += 1
                 self.pages_read += int(chunk.shape[0])
                 vals = buf.view(self.dtype)
-                NK.extract_from_pages(req.edge_pos, chunk, shift, vals, out,
+                NK.extract_from_pages(req.edge_pos, chunk, self._shift, vals, out,
                                       numba.get_num_threads())
         return out
 

@@ -125,14 +125,13 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, thre
     keys_t = np.full((threads, _TABLE), -1, label.dtype)
     cnt_t = np.zeros((threads, _TABLE), np.int32)
     used_t = np.empty((threads, HASHED), np.int64)
-    # lists that count ``votes`` entries are tallied on every thread whatever their
-    # length; with every entry counted, those longer than HASHED are sorted one at a
-    # time, below
-    limit = HASHED if votes <= 0 or votes > HASHED else ptr[-1] - ptr[0] + 1
+    # lists that count more than HASHED entries are sorted one at a time, below; with
+    # ``votes`` up to HASHED every list is tallied on the threads
+    sorts = votes <= 0 or votes > HASHED
     big = 0
     for k in range(v1 - v0):
         d = ptr[k + 1] - ptr[k]
-        if d > limit and d > big:
+        if sorts and d > HASHED and d > big:
             big = d
     labs_big = np.empty(big, label.dtype)
     moved = 0
@@ -148,13 +147,13 @@ def propagate_window(ptr, window, v0, label, size, cap, block, prop, gains, thre
             hi = min(e, lo + step)
             for v in range(lo, hi):
                 k = v - v0
-                if ptr[k + 1] - ptr[k] <= limit:
+                if not (sorts and ptr[k + 1] - ptr[k] > HASHED):
                     prop[v - b0], gains[v - b0] = _choose(
                         ptr, window, k, v, label, size, cap, labs_t[t], keys_t[t], cnt_t[t],
                         used_t[t], votes)
         for v in range(s, e):
             k = v - v0
-            if ptr[k + 1] - ptr[k] > limit:
+            if sorts and ptr[k + 1] - ptr[k] > HASHED:
                 prop[v - b0], gains[v - b0] = _choose(ptr, window, k, v, label, size, cap,
                                                       labs_big, keys_t[0], cnt_t[0], used_t[0],
                                                       votes)
