@@ -222,3 +222,24 @@ def assert_same_batches(epochs_a: list, epochs_b: list, x_of) -> None:
             np.testing.assert_array_equal(a.x.numpy(), b.x.numpy())
             np.testing.assert_array_equal(a.y.numpy(), b.y.numpy())
             np.testing.assert_array_equal(a.edge_index.numpy(), b.edge_index.numpy())
+
+
+def brute_belady_steps(batches, capacity: int) -> list[int]:
+    """Belady's misses of each batch in plain Python: C_0 the ids used first, C_{i+1} the
+    ``capacity`` ids of C_i ∪ ids_i used again soonest (ties by id)."""
+    bs = [set(int(v) for v in b) for b in batches]
+
+    def nxt(x, i):
+        return next((j for j in range(i + 1, len(bs)) if x in bs[j]), None)
+
+    first: dict = {}
+    for i, b in enumerate(bs):
+        for x in b:
+            first.setdefault(x, i)
+    c = set(sorted(first, key=lambda x: (first[x], x))[:capacity])
+    misses = []
+    for i, b in enumerate(bs):
+        misses.append(len(b - c))
+        cands = [(nxt(x, i), x) for x in c | b if nxt(x, i) is not None]
+        c = set(x for _, x in sorted(cands)[:capacity])
+    return misses

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import draw_batches
+from conftest import brute_belady_steps, draw_batches
 from ooc.inspector import (count_misses_belady, count_misses_lru, count_misses_static, degree_order,
                            miss_curve_belady, miss_curve_lru, miss_curve_static, precompute_changesets)
 from ooc.inspector.policies import lru_stack_distances
@@ -34,22 +34,7 @@ def _brute_static(batches, cached):
 
 
 def _brute_belady(batches, capacity):
-    bs = [set(int(v) for v in b) for b in batches]
-
-    def nxt(x, i):
-        return next((j for j in range(i + 1, len(bs)) if x in bs[j]), None)
-
-    first = {}
-    for i, b in enumerate(bs):
-        for x in b:
-            first.setdefault(x, i)
-    c = set(sorted(first, key=lambda x: (first[x], x))[:capacity])
-    misses = 0
-    for i, b in enumerate(bs):
-        misses += len(b - c)
-        cands = [(nxt(x, i), x) for x in c | b if nxt(x, i) is not None]
-        c = set(x for _, x in sorted(cands)[:capacity])
-    return misses
+    return sum(brute_belady_steps(batches, capacity))
 
 
 def _trace(rng, S, N, max_b):
@@ -116,6 +101,24 @@ def test_hottest_is_the_head_of_the_degree_order(dtype):
         got = hottest(deg, k)
         assert got.dtype == np.int64 and (np.diff(got) > 0).all()
         np.testing.assert_array_equal(got, np.sort(order[:k]))
+
+
+def test_belady_batch_misses_are_the_brute_force_steps():
+    """Each batch's misses when the whole trace is known in advance, against the simulator
+    step by step; they sum to the trace's count."""
+    from ooc.inspector.policies import belady_batch_misses
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        N = int(rng.integers(1, 25))
+        batches = _trace(rng, int(rng.integers(1, 10)), N, 8)
+        for c in range(0, N + 2):
+            got = belady_batch_misses(batches, c)
+            assert got.dtype == np.int64 and got.shape == (len(batches),)
+            assert got.tolist() == brute_belady_steps(batches, c)
+            assert int(got.sum()) == count_misses_belady(batches, c)
+    with pytest.raises(OocError, match="capacities"):
+        belady_batch_misses([np.array([1])], -1)
 
 
 def test_belady_matches_brute_force_and_changesets():

@@ -34,7 +34,12 @@ What it does:
    epoch; and a memmap gather on tmpfs still takes a page fault per row,
    ~54 µs of CPU each with 16 threads, which made the "floor" slower than
    the O_DIRECT presets on 2 cores.)
-5. Writes ``--report`` (JSON) with per-mode epoch times, stage breakdowns,
+5. The disk's bound: for each mode with a feature cache, the fewest rows any
+   cache of its size could read in the last epoch (``fewest_reads``: Belady with
+   every batch of the run known in advance, the run's own batches) and, where a
+   row is a whole page (one read each, as fio's), the epoch those reads take at
+   fio's IOPS (``disk_bound``: at least the in-RAM epoch).
+6. Writes ``--report`` (JSON) with per-mode epoch times, stage breakdowns,
    miss ratio, read ops, bytes read, achieved gather IOPS, speedups,
    ``gather_iops_vs_fio`` and ``ooc_over_in_ram`` (ooc epoch / in-RAM epoch;
    every mode's in ``over_in_ram``), and a PNG chart of the time breakdown.
@@ -125,6 +130,52 @@ def batch_fraction(path: Path, batch_size: int, fanouts: list[int], probes: int 
     sb = epoch_batches(d.train_idx, batch_size, 0, 1)
     bs = s.sample_many(sb[:probes], [derive_seed(0, 1, b) for b in range(min(probes, len(sb)))])
     return sum(b.num_nodes for b in bs) / len(bs) / d.num_nodes
+
+
+def fewest_reads(path: Path, batch_size: int, fanouts: list[int], seed: int, epochs: int,
+                 capacities: dict[str, int]) -> dict[str, dict]:
+    """Per mode, the fewest feature rows a cache of its ``capacities[mode]`` rows could
+    read in the last of ``epochs``: Belady over the run's own batches (the trainer's seeds)
+    with every batch of every epoch known in advance, the cache changing between batches
+    (:func:`ooc.inspector.policies.belady_batch_misses`). No policy reads fewer."""
+    from ooc.inspector.policies import belady_batch_misses
+    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.storage import open_dataset
+
+    d = open_dataset(path)
+    sampler = NeighborSampler(d.indptr, d.indices, fanouts)
+    trace: list = []
+    last = 0
+    for e in range(1, epochs + 1):
+        sb = epoch_batches(d.train_idx, batch_size, seed, e)
+        bs = sampler.sample_many(sb, [derive_seed(seed, e, b) for b in range(len(sb))])
+        trace += [b.node_ids for b in bs]
+        last = len(bs)
+    lookups = int(sum(ids.shape[0] for ids in trace[len(trace) - last:]))
+    out = {}
+    for mode, cap in capacities.items():
+        rows = int(belady_batch_misses(trace, cap)[len(trace) - last:].sum())
+        out[mode] = {"capacity_rows": int(cap), "rows": rows, "lookups": lookups,
+                     "miss_ratio": rows / lookups if lookups else None}
+    return out
+
+
+def disk_bound(fewest: dict, row_bytes: int, fio_iops: float | None,
+               in_ram_s: float | None) -> dict:
+    """The fastest epoch this disk allows a cache of ``fewest["capacity_rows"]`` rows: its
+    fewest reads at fio's IOPS (one read a row: rows of a whole page or more, as fio's 4
+    KiB reads), and never under the in-RAM epoch (the model's step)."""
+    from ooc.storage.layout import PAGE
+
+    if row_bytes < PAGE:
+        return {"epoch_s": None, "why": f"rows of {row_bytes} B share pages: a read is not a row"}
+    if not fio_iops:
+        return {"epoch_s": None, "why": "no fio measurement"}
+    reads_s = fewest["rows"] / fio_iops
+    res: dict = {"reads_s": reads_s, "epoch_s": max(reads_s, in_ram_s or 0.0)}
+    if in_ram_s:
+        res["over_in_ram"] = res["epoch_s"] / in_ram_s
+    return res
 
 
 # -- one mode ------------------------------------------------------------------------------
@@ -388,6 +439,21 @@ def main(argv=None) -> int:
         sp["static_vs_baseline"] = et("baseline") / et("static")
     over_ram = {f"{m}_over_in_ram": et(m) / et(IN_RAM) for m in MODES if et(m) and et(IN_RAM)}
     summary["speedup"] = sp
+    caps = {m: summary[m]["mode_info"]["feature_cache_rows"] for m in ("static", "ooc")
+            if isinstance((summary.get(m, {}).get("mode_info") or {}).get("feature_cache_rows"),
+                          int)}
+    bound: dict = {}
+    if caps:
+        fewest = fewest_reads(data, args.batch_size, [int(f) for f in args.fanouts.split(",")],
+                              args.seed, args.epochs, caps)
+        from ooc.storage import open_dataset
+
+        row_bytes = open_dataset(data).layout.row_bytes
+        for m, f in fewest.items():
+            summary[m]["fewest_reads"] = f
+            if summary[m].get("read_ops"):
+                f["measured_over_fewest"] = summary[m]["read_ops"] / max(f["rows"], 1)
+            bound[m] = disk_bound(f, row_bytes, fio_iops, et(IN_RAM))
     report = {
         "command": " ".join([sys.executable, *sys.argv]),
         "dataset": {"path": str(data), "spec": spec, "disk_bytes": disk,
@@ -395,7 +461,7 @@ def main(argv=None) -> int:
         "budget_bytes": args.budget, "cgroup": cg_ok, "fio": fio_res,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "modes": summary, "speedup": sp, "over_in_ram": over_ram,
-        "ooc_over_in_ram": over_ram.get("ooc_over_in_ram"),
+        "ooc_over_in_ram": over_ram.get("ooc_over_in_ram"), "disk_bound": bound,
         "gather_iops_vs_fio": summary.get("ooc", {}).get("gather_iops_vs_fio"),
         "machine": {"cpus": os.cpu_count()},
     }
@@ -422,6 +488,14 @@ def main(argv=None) -> int:
     if over_ram:
         print("epoch / in-RAM epoch: " + ", ".join(f"{k.split('_')[0]} {v:.2f}"
                                                    for k, v in over_ram.items()))
+    for m, b in bound.items():
+        f = summary[m]["fewest_reads"]
+        line = (f"{m}: the fewest reads a cache of {f['capacity_rows']:,} rows makes in the last "
+                f"epoch: {f['rows']:,} (read {summary[m].get('read_ops') or 0:,})")
+        if b.get("epoch_s") is not None:
+            line += (f"; at fio's IOPS an epoch of at least {b['epoch_s']:.2f} s"
+                     + (f" ({b['over_in_ram']:.2f}x in-RAM)" if "over_in_ram" in b else ""))
+        print(line)
     print(f"report {args.report}, chart {png}")
     return 0
 

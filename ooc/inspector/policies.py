@@ -31,9 +31,8 @@ from . import _changeset_kernels as K
 from .changesets import flatten_batches, local_ids
 from ..storage.errors import IdOutOfRange, InvalidValue
 
-__all__ = ["count_misses_belady", "count_misses_lru", "count_misses_static", "degree_order",
-           "hottest",
-           "miss_curve_belady", "miss_curve_lru", "miss_curve_static"]
+__all__ = ["belady_batch_misses", "count_misses_belady", "count_misses_lru", "count_misses_static",
+           "degree_order", "hottest", "miss_curve_belady", "miss_curve_lru", "miss_curve_static"]
 
 
 def _trace(batches: Sequence, num_nodes: int | None = None):
@@ -83,15 +82,31 @@ def hottest(degrees: np.ndarray, k: int) -> np.ndarray:
 # -- Belady ------------------------------------------------------------------------
 
 
-def miss_curve_belady(batches: Sequence, capacities, threads: int = 2) -> np.ndarray:
-    """Belady misses for each capacity; int64 [len(capacities)]."""
-    caps = _capacities(capacities)
+def _belady_trace(batches: Sequence):
+    """The trace's local ids, batch offsets, distinct ids and next uses for Belady."""
     flat, ptr, lid, M = _trace(batches)
     if (2 * (len(ptr) - 1) + 2) * M > (1 << 63) - 1:
         raise InvalidValue("cache policies: trace too long for int64 Belady keys")
     nxt, dup, _ = K.next_use(lid, ptr, M)
     if dup >= 0:
         raise InvalidValue(f"cache policies: node id {int(flat[dup])} occurs twice in one batch")
+    return lid, nxt, ptr, M
+
+
+def belady_batch_misses(batches: Sequence, capacity: int) -> np.ndarray:
+    """Belady misses of each batch at ``capacity``, every later batch known when the
+    cache changes (the whole trace one superbatch): int64 [len(batches)]. Summed over
+    the batches of an epoch, the fewest rows any cache of ``capacity`` rows that changes
+    between batches reads in it, given what the batches before it left cached."""
+    c = int(_capacities([capacity])[0])
+    lid, nxt, ptr, M = _belady_trace(batches)
+    return np.asarray(K.belady_simulate(lid, nxt, ptr, M, min(c, M), False)[6], np.int64)
+
+
+def miss_curve_belady(batches: Sequence, capacities, threads: int = 2) -> np.ndarray:
+    """Belady misses for each capacity; int64 [len(capacities)]."""
+    caps = _capacities(capacities)
+    lid, nxt, ptr, M = _belady_trace(batches)
 
     def one(c: int) -> int:
         return int(K.belady_simulate(lid, nxt, ptr, M, int(min(c, M)), False)[6].sum())
