@@ -147,7 +147,7 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
     assert train["stages"]["row_map"] == 4 * shape.nodes
     assert train["min_budget"] <= train["planned_peak_bytes"] + train["reserve"] <= 1 << 30
     infer = rep["stages"]["infer"]
-    assert infer["start_rss_bytes"] == infer["base_bytes"] + 16 * shape.nodes
+    assert infer["start_rss_bytes"] == infer["base_bytes"] + 4 * shape.nodes
     assert len(infer["layers"]) == len(fanouts)
 
 

@@ -586,6 +586,30 @@ def test_measured_costs_find_what_a_layer_allocates():
     assert 300 + 16 <= c.edge <= (300 + 16 + 8) * PROBE_MARGIN + 16, c
 
 
+def test_a_locality_stored_datasets_row_map_is_the_orders_inverse(tmp_path):
+    """Over a dataset stored in the locality order, the processing order's inverse is the
+    dataset's own row map (memory-mapped, not a second array in memory); other orders and
+    a dataset whose features lie in node order make their own."""
+    from ooc.executor.inference.order import rows_and_nodes, stored_rows
+
+    rng = np.random.default_rng(3)
+    n = 900
+    indptr, indices = csc_from_edges(rng.integers(0, n, 6000), rng.integers(0, n, 6000), n)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    for reorder in ("locality", "none"):
+        ds = open_dataset(write_dataset(tmp_path / reorder, indptr, indices, x,
+                                        reorder=reorder))
+        for order in ("auto", "locality", "degree", "natural"):
+            perm, name = compute_order(ds, order)
+            stored = stored_rows(ds, name)
+            p, rowof = rows_and_nodes(perm, n, stored)
+            assert (stored is not None) == (reorder == "locality" and name == "locality")
+            if stored is not None:
+                assert rowof is ds.row_of and isinstance(rowof, np.memmap)
+            if perm is not None:
+                assert p is perm and np.array_equal(rowof[perm], np.arange(n))
+
+
 def test_orders_hold_int32_ids_and_the_output_keeps_int64(synth, tmp_path):
     """Below 2^31 nodes the processing order and its inverse are int32 (4 bytes a node each,
     not 8); the run's fingerprint digests the ids as int64, as before, and the output's

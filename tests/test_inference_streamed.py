@@ -97,28 +97,32 @@ def test_streamed_layers_equal_the_forward_pass(data, tmp_path, name):
 
 @pytest.mark.parametrize("aggregate", ["streamed", "blocks"])
 def test_no_page_of_indptr_stays_mapped(data, tmp_path, monkeypatch, aggregate):
-    """Every pass over ``indptr.npy`` (the order, the topology, the plans, the buckets, a
-    group's degrees, a block's local graph) drops the pages it mapped: the layers start
-    from 12 bytes a node, and none of the file is resident when they end."""
+    """Every pass over ``indptr.npy`` and a locality-ordered dataset's row map (the order,
+    the topology, the plans, the buckets, a group's degrees, a block's local graph) drops
+    the pages it mapped: the layers start from the processing order's 4 bytes a node, and
+    none of either file is resident when they end."""
     import os
 
     import ooc.executor.inference.layerwise as L
+    from ooc.storage.dataset import ROW_MAP_FILE
 
     ds, _ = data
-    indptr_file = os.path.realpath(ds.path / "indptr.npy")
+    files = [os.path.realpath(ds.path / "indptr.npy")]
+    if ds.row_of is not None:
+        files.append(os.path.realpath(ds.path / ROW_MAP_FILE))
     seen: list[int] = []
     measure = L.rss
 
-    def rss_and_indptr() -> int:
-        seen.append(mapped_kib(indptr_file))
+    def rss_and_maps() -> int:
+        seen.append(sum(mapped_kib(f) for f in files))
         return measure()
 
-    monkeypatch.setattr(L, "rss", rss_and_indptr)
+    monkeypatch.setattr(L, "rss", rss_and_maps)
     layerwise_inference(ds, _models()["ooc-sage"], tmp_path / "o.zarr", chunk_rows=128,
                         aggregate=aggregate, progress=False,
                         stream_rows=(512, 200) if aggregate == "streamed" else None)
     assert len(seen) >= 2 and seen[-1] == 0    # the layers' start RSS
-    assert mapped_kib(indptr_file) == 0
+    assert all(mapped_kib(f) == 0 for f in files)
 
 
 def test_a_budget_that_streams_many_passes_names_the_one_that_streams_one(monkeypatch):

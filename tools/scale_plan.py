@@ -41,10 +41,11 @@ from ooc.cli import format_size
 #: Scale of the generator's graph the batches are sampled from when S is larger: a batch's
 #: sampled nodes stop growing from about here (331k at 0.05, 333k at 0.1).
 CALIBRATION_SCALE = 0.05
-#: Bytes of per-node state ooc.infer holds before any layer: the processing order, its
-#: inverse and the kernels' node -> local id map (int32: 12) and the dataset's row map (4);
-#: see :mod:`ooc.executor.inference.layerwise`.
-INFER_BYTES_PER_NODE = 16
+#: Bytes of per-node state ooc.infer holds before a streamed layer over a dataset stored in
+#: the locality order it processes: the processing order (int32); its inverse is the
+#: dataset's row map on disk, whose pages a pass maps and drops (see
+#: :mod:`ooc.executor.inference.layerwise`).
+INFER_BYTES_PER_NODE = 4
 INFER_CHUNK_ROWS = 32768
 
 _BASE_CODE = {

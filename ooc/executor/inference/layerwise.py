@@ -39,9 +39,11 @@ for comparison. GLISP's first cache level (a local disk copy of remote
 chunks) is not needed here: the store is already on the local disk.
 
 Memory: ``memory_budget`` bounds the whole process. Per node, before any layer: the
-processing order, its inverse and the kernels' node -> local id map (int32 below 2^31
-nodes: 12 bytes a node) and a locality-ordered dataset's row map (4, which the streamed
-layers read whole); the pages of ``indptr.npy`` a pass reads are dropped after it. At the
+processing order (int32 below 2^31 nodes: 4 bytes a node) and its inverse (4 more,
+except over a dataset stored in the locality order it processes, whose own row map on
+disk is that inverse); a layer run in blocks adds the kernels' node -> local id map (4).
+The pages of ``indptr.npy``, ``indices.bin`` and the row map a pass reads are dropped
+after it. At the
 start of each layer the resident size is measured, and so is the layer itself: it runs on
 probe graphs of known sizes and the kernel's peak RSS gives its bytes per
 target, local node and edge (:func:`.memory_plan.measure_costs`). What the
@@ -140,7 +142,7 @@ from .blocks import CacheSettings, Chunking
 from .local_graph import Topology
 from .memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss
 from .model_adapter import LayerwiseModel, as_layerwise
-from .order import ORDERS, compute_order, order_digest, rows_and_nodes
+from .order import ORDERS, compute_order, order_digest, rows_and_nodes, stored_rows
 from .runner import AGGREGATIONS, Run, run_layer
 from .streamed import BUCKET_BYTES
 from .store import (PROGRESS_FILE, Progress, disk_bytes, drop_layer, locked_partial,
@@ -452,7 +454,8 @@ def _finished_report(job: Job, t_start: float) -> dict:
 def _open_run(work: Path, job: Job) -> tuple[Run, str]:
     """The partial folder's progress and group, the topology and the layer-0 reader."""
     progress = Progress.open(work, job.fingerprint, job.on_chunk)
-    perm, rowof = rows_and_nodes(job.perm, job.dataset.num_nodes)
+    perm, rowof = rows_and_nodes(job.perm, job.dataset.num_nodes,
+                                 stored_rows(job.dataset, job.order_name))
     group = open_group(work, job.order_name, job.chunking.chunk_rows, job.num_layers,
                        job.perm, rowof)
     progress.save()

@@ -25,14 +25,17 @@ class Topology:
             id order), ``perm``'s dtype.
         dinv: float32 [N] ``deg**-0.5`` with deg = in-degree without self loops
             + 1, for GCN weights; None for other models.
-        scratch: [N] of -1, the kernels' node -> local id map, ``perm``'s dtype.
+
+    ``rowof`` may be a read-only memmap (a dataset's own row map where the processing
+    order is the order its feature rows are stored in): a pass maps its pages and
+    :meth:`release_pages` drops them again, so it holds no memory between passes.
     """
     indptr: np.ndarray
     indices: np.ndarray
     perm: np.ndarray
     rowof: np.ndarray
     dinv: np.ndarray | None
-    scratch: np.ndarray
+    _scratch: np.ndarray | None = None
 
     @classmethod
     def of(cls, dataset: Dataset, perm: np.ndarray, rowof: np.ndarray, gcn: bool) -> "Topology":
@@ -41,20 +44,37 @@ class Topology:
         if gcn:
             deg = nonloop_in_degree(dataset.indptr, indices) + 1
             dinv = deg.astype(np.float32) ** -0.5
-        return cls(dataset.indptr, indices, perm, rowof, dinv,
-                   np.full(dataset.num_nodes, -1, dtype=perm.dtype))
+        return cls(dataset.indptr, indices, perm, rowof, dinv)
 
     @property
     def num_nodes(self) -> int:
         return int(self.perm.shape[0])
 
+    @property
+    def scratch(self) -> np.ndarray:
+        """[N] of -1, the block kernels' node -> local id map (``perm``'s dtype), made on
+        first use (:meth:`make_scratch`): only layers run in blocks hold it."""
+        return self.make_scratch()
+
+    def make_scratch(self) -> np.ndarray:
+        """:attr:`scratch`, made now if it is not there (before a plan measures the memory
+        the blocks have)."""
+        if self._scratch is None:
+            self._scratch = np.full(self.num_nodes, -1, dtype=self.perm.dtype)
+        return self._scratch
+
+    def drop_scratch(self) -> None:
+        """Let go of :attr:`scratch` (a layer that streams needs none)."""
+        self._scratch = None
+
     def release_pages(self) -> None:
-        """Drop the pages of ``indices.bin`` and ``indptr.npy`` a pass mapped from this
-        process's RSS (the page cache keeps them): walked block after block, chunk after
-        chunk or group after group they would hold the whole files, 4-8 B an edge and 8 B a
-        node."""
+        """Drop the pages of ``indices.bin``, ``indptr.npy`` and a mapped ``rowof`` a pass
+        mapped from this process's RSS (the page cache keeps them): walked block after
+        block, chunk after chunk or group after group they would hold the whole files, 4-8
+        B an edge and 8-12 B a node."""
         release_mapped(self.indices)
         release_mapped(self.indptr)
+        release_mapped(self.rowof)
 
     @property
     def natural(self) -> bool:

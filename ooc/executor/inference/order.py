@@ -105,13 +105,27 @@ def order_digest(perm: np.ndarray | None) -> str:
     return h.hexdigest()[:24]
 
 
-def rows_and_nodes(perm: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+def stored_rows(dataset: Dataset, order_name: str) -> np.ndarray | None:
+    """The dataset's node -> stored row map (a memmap) where the processing order
+    ``order_name`` is the order its feature rows are stored in (``locality`` over a
+    dataset stored in one, with a feature file of its own): that order's inverse, read
+    from the disk instead of made again in memory. Else None."""
+    if order_name != "locality" or dataset.row_of is None or dataset.linked_file is not None:
+        return None
+    return dataset.row_of
+
+
+def rows_and_nodes(perm: np.ndarray | None, n: int, stored: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """``(perm, rowof)`` as [N] arrays of :func:`~ooc.storage.layout.index_dtype`; the same
-    identity array twice in node id order."""
+    identity array twice in node id order. ``stored``: ``perm``'s inverse as the dataset
+    stores it (:func:`stored_rows`), returned as ``rowof``."""
     ids = index_dtype(n)
     if perm is None:
         ident = np.arange(n, dtype=ids)
         return ident, ident
+    if stored is not None and stored.dtype == ids and stored.shape == (n,):
+        return perm, stored
     rowof = np.empty(n, dtype=ids)
     rowof[perm] = np.arange(n, dtype=ids)
     return perm, rowof

@@ -15,6 +15,7 @@ from ...storage.dataset import Dataset
 from ...storage.errors import InvalidValue, OocError
 from ..cache.chunk_cache import ChunkCache
 from ...storage.layout import PAGE
+from ...storage.pagecache import release_mapped
 from .blocks import (CacheSettings, Chunking, LayerPlan, fits_one_block, note_extra_reads,
                      plan_layer)
 from .chunk_rows import ChunkFileRows
@@ -321,12 +322,15 @@ def run_layer(run: Run, l: int) -> dict:
     stream = _stream_plan(run, l, prev, d_in, d_out, itemsize, costs)
     plan = None
     if stream is not None and run.aggregate == "auto":
+        run.topo.make_scratch()  # the blocks' node map, in the memory their plans measure
         if fits_one_block(run.topo, d_in, d_out, run.budget, ch, run.cache.policy, itemsize):
             stream = None
         elif int(run.topo.indptr[-1]) <= COMPARE_EDGES:
             plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
             if plan.planned_bytes <= stream.planned_bytes:
                 stream = None
+        if stream is not None:  # planned without it
+            run.topo.drop_scratch()
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     run.progress.state.update(layer=l, chunks_done=first_chunk)
@@ -392,6 +396,7 @@ COMPARE_EDGES = 1 << 25
 
 def _block_plan(run: Run, l: int, d_in: int, d_out: int, costs: BlockCosts,
                 itemsize: int) -> LayerPlan:
+    run.topo.make_scratch()  # made before the plan measures the memory it leaves
     plan = plan_layer(l, run.dataset, run.topo, d_in, d_out, run.budget, run.chunking,
                       run.cache, costs, itemsize)
     run.topo.release_pages()  # the plan walked every edge and node
@@ -435,4 +440,8 @@ def _run_blocks(run: Run, plan: LayerPlan, prev: Any, arr: Any, name: str, first
     for b in range(max(first_block, 0), plan.num_blocks if first_chunk < ch.num_chunks else 0):
         _run_block(run, plan, src, cache, b, stats, writer)
     writer.close()
+    run.topo.drop_scratch()
+    run.topo.release_pages()  # what the last block's rows mapped of the row map
+    if run.dataset.row_of is not None:
+        release_mapped(run.dataset.row_of)
     return _layer_report(plan, name, first_chunk, max(first_block, 0), src, cache, stats)
