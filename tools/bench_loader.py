@@ -63,14 +63,17 @@ PRESETS = ("baseline", "static", "ooc")
 #: (rows on the pages a batch's misses read that the superbatch uses later;
 #: ``BeladyCache(page_mates=0.25)``). ``<preset>-pages``: the preset reading whole 4 KiB
 #: pages where it would read a small row's 512 B sectors (``page_reads``);
-#: ``<preset>-nogap``: the preset reading only wanted pages, never through a gap between
-#: them (``read_gap`` 0); ``ooc-gap16k``: through gaps of up to 16 KiB.
+#: ``<preset>-nogap``: the preset reading only what it wants (a small row's sectors, a
+#: list's pages), never through a gap (``read_gap`` 0); ``<preset>-gap4k``: through gaps of
+#: up to 4 KiB; ``ooc-gap16k``: up to 16 KiB.
 VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ooc-mates": ("ooc", {"page_mates": 0.25}, {}),
     "ooc-pages": ("ooc", {}, {"page_reads": True}),
     "static-pages": ("static", {}, {"page_reads": True}),
     "ooc-nogap": ("ooc", {}, {"read_gap": 0}),
     "static-nogap": ("static", {}, {"read_gap": 0}),
+    "ooc-gap4k": ("ooc", {}, {"read_gap": 4 << 10}),
+    "static-gap4k": ("static", {}, {"read_gap": 4 << 10}),
     "ooc-gap16k": ("ooc", {}, {"read_gap": 16 << 10}),
 }
 log = memcg.log

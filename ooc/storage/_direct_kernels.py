@@ -269,6 +269,79 @@ def plan_page_reads(ids, rows_per_page, pages_per_row, row_bytes, num_rows, max_
     return offs, lens, bufs, slot, pages.shape[0], nbytes, bad
 
 
+@nb.njit(cache=True)
+def plan_sector_reads(ids, rows_per_page, row_bytes, num_rows, max_run_pages, align,
+                      max_gap_bytes, limit):
+    """Runs reading rows ``ids`` smaller than a page (``rows_per_page > 0`` of them a
+    page) into a page buffer, by bytes: each distinct row is the ``align``-multiples of
+    its page it occupies, and two of them in file order go in one read when at most
+    ``max_gap_bytes`` lie between them (whatever pages they are on: 0 reads only the
+    rows' own sectors), the read spans at most ``max_run_pages`` pages and the buffer
+    stays within ``limit`` pages where it would hold pages no row is on. A read costs a
+    fixed amount plus its bytes, so reading through a gap pays where the gap costs less
+    than a read.
+
+    Every page a run touches has one slot of the buffer (``buffer[k*PAGE:(k+1)*PAGE]``
+    for slot k, in file order; two runs on one page share its slot). Returns ``(offs,
+    lens, bufs, slot, npages, nbytes, bad)`` as :func:`plan_page_reads` does: ``slot[i]``
+    the slot of the page of ``ids[i]``, ``npages`` the slots, ``nbytes`` the bytes read,
+    ``bad`` the position of the first id out of ``[0, num_rows)`` or -1.
+    """
+    n = ids.shape[0]
+    none = np.empty(0, np.int64)
+    for i in range(n):
+        if ids[i] < 0 or ids[i] >= num_rows:
+            return none, none, none, none, 0, 0, i
+    rows, inv = _sorted_unique(ids.astype(np.int64))
+    m = rows.shape[0]
+    offs = np.empty(m, np.int64)
+    lens = np.empty(m, np.int64)
+    bufs = np.empty(m, np.int64)
+    slot_of = np.empty(m, np.int64)   # each distinct row's page slot
+    nr = 0
+    ns = 0              # slots given so far; the last one is page ``last_page``'s
+    last_page = -1
+    run_page = 0        # the first page of the open run
+    end = 0             # where the open run ends (bytes)
+    nbytes = 0
+    for j in range(m):
+        r = rows[j]
+        page = r // rows_per_page
+        a = page * PAGE + (r % rows_per_page) * row_bytes
+        b = a + row_bytes
+        a -= a % align
+        b += (align - b % align) % align
+        merge = False
+        if nr > 0:  # a row that overlaps or touches the open run merges unless it is full
+            grow = page - last_page if page > last_page else 0   # slots the merge takes
+            merge = (a - end <= max_gap_bytes and page - run_page < max_run_pages
+                     and (grow <= 1 or ns + grow <= limit))       # gap pages within limit
+        if merge:
+            if page > last_page:                         # the pages in between get slots
+                ns += page - last_page
+                last_page = page
+            if b > end:
+                nbytes += b - end
+                lens[nr - 1] = b - offs[nr - 1]
+                end = b
+        else:
+            if page != last_page:
+                ns += 1
+                last_page = page
+            offs[nr] = a
+            lens[nr] = b - a
+            bufs[nr] = (ns - 1) * PAGE + a % PAGE
+            nbytes += b - a
+            run_page = page
+            end = b
+            nr += 1
+        slot_of[j] = ns - 1
+    slot = np.empty(n, np.int64)
+    for i in range(n):
+        slot[i] = slot_of[inv[i]]
+    return offs[:nr], lens[:nr], bufs[:nr], slot, ns, nbytes, -1
+
+
 @nb.njit(cache=True, nogil=True)
 def extract_rows(buf, ids, slot, rows_per_page, row_bytes, dst, out, out2):
     """Copy row bytes from the page buffer: ``out[dst[i]] = row ids[i]``, or

@@ -127,7 +127,7 @@ class DirectReader:
             :data:`~ooc.storage.layout.SECTOR`-sized reads (see :attr:`read_align`).
 
     Attributes:
-        max_gap_pages: ``max_gap_bytes`` in whole pages.
+        max_gap_bytes: as given; ``max_gap_pages``: in whole pages (the page planners').
         backend: name of the backend in use. ``o_direct``: whether the page cache is
             bypassed. ``read_align``: what reads of part of a page are rounded out to
             (``SECTOR``, 512, where the backend and the device take it, else ``PAGE``):
@@ -144,7 +144,8 @@ class DirectReader:
         self.max_buffer_pages = max(1, int(max_buffer_pages))
         if int(max_gap_bytes) < 0:
             raise InvalidValue(f"max_gap_bytes must be >= 0, got {max_gap_bytes}")
-        self.max_gap_pages = int(max_gap_bytes) // PAGE
+        self.max_gap_bytes = int(max_gap_bytes)
+        self.max_gap_pages = self.max_gap_bytes // PAGE
         check_choice(backend)
         if not 1 <= int(queue_depth) <= _MAX_QUEUE_DEPTH:
             raise InvalidValue(f"queue_depth must be in [1, {_MAX_QUEUE_DEPTH}], got {queue_depth}")
@@ -348,7 +349,9 @@ class DirectFeatures(RowTable):
       so the buffer stays at most ``max_pages * 4096`` bytes. Of a page shared by
       rows, only the sectors (512 B) its wanted rows occupy are read where the
       device takes such reads (``reader.read_align``; ``page_reads=True``: whole
-      pages): a 512 B row costs 512 B of the disk's bandwidth, not 4 KiB.
+      pages): a 512 B row costs 512 B of the disk's bandwidth, not 4 KiB. Two such
+      rows in file order go in one read when at most ``max_gap_bytes`` lie between
+      them, on one page or across pages (0: only the rows' own sectors are read).
 
     ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
 
@@ -460,9 +463,15 @@ class DirectFeatures(RowTable):
             return
         with self._scratch_lock:
             for part, pdst in self._pieces(ids, dst):
-                offs, lens, bufs, slot, npages, nbytes, bad = K.plan_page_reads(
-                    part, lay.rows_per_page, lay.pages_per_row, lay.row_bytes, lay.num_rows,
-                    r.max_run_pages, r.read_align, r.max_gap_pages, self.max_pages)
+                if lay.rows_per_page:  # rows within pages: gaps counted in bytes
+                    offs, lens, bufs, slot, npages, nbytes, bad = K.plan_sector_reads(
+                        part, lay.rows_per_page, lay.row_bytes, lay.num_rows,
+                        r.max_run_pages, r.read_align, r.max_gap_bytes, self.max_pages)
+                else:
+                    offs, lens, bufs, slot, npages, nbytes, bad = K.plan_page_reads(
+                        part, lay.rows_per_page, lay.pages_per_row, lay.row_bytes,
+                        lay.num_rows, r.max_run_pages, r.read_align, r.max_gap_pages,
+                        self.max_pages)
                 self._check_ids(part, bad)
                 buf = r.read_runs_into_scratch(offs, lens, bufs, npages, nbytes)
                 K.extract_rows(buf, part, slot, lay.rows_per_page, lay.row_bytes, pdst, rows,

@@ -75,9 +75,9 @@ class ModeOptions:
             :data:`ooc.storage.io_backends.REGISTRY`); baseline reads through memmaps.
         page_reads: the O_DIRECT readers read whole pages even where the device takes
             512 B reads (see :class:`~ooc.storage.direct.DirectReader`).
-        read_gap: bytes between two wanted pages that the O_DIRECT readers read through
-            rather than read both sides apart (``max_gap_bytes`` of
-            :class:`~ooc.storage.direct.DirectReader`; 0: never).
+        read_gap: bytes between two wanted rows (small feature rows) or pages that the
+            O_DIRECT readers read through rather than read both sides apart
+            (``max_gap_bytes`` of :class:`~ooc.storage.direct.DirectReader`; 0: never).
     """
 
     superbatch_size: int | None = _S["superbatch_size"].field()
