@@ -87,7 +87,7 @@ def test_report_fields_and_plot(profiled):
         rec["feature_cache_bytes"], rec["neighbor_cache_bytes"], rec["superbatch_size"])
     # the read gap measured on the disk under the dataset (None: reads through the page
     # cache there, the default kept)
-    assert s["read_gap"] == (8192 if r["read_cost"] is None else r["read_cost"]["gap_bytes"])
+    assert s["read_gap"] == (12288 if r["read_cost"] is None else r["read_cost"]["gap_bytes"])
 
 
 def test_train_uses_sizes(profiled, data, tmp_path):

@@ -241,7 +241,7 @@ MODE: tuple[Setting, ...] = (
     Setting("page_reads", False, "read whole 4 KiB pages even where the device takes 512 B "
             "O_DIRECT reads (by default a feature row or neighbour list smaller than a page "
             "is read as the 512 B sectors it occupies)", "flag"),
-    Setting("read_gap", 8 << 10, "read through gaps of at most SIZE between the bytes a "
+    Setting("read_gap", 12 << 10, "read through gaps of at most SIZE between the bytes a "
             "request wants (one read instead of two: a read costs an SSD more than a few "
             "pages' transfer): between feature rows smaller than a page in bytes, else whole "
             "pages; 0: read only the wanted rows' sectors and lists' pages", "size", lo=0,

@@ -46,12 +46,12 @@ __all__ = [
 
 #: Largest single read when adjacent pages are coalesced.
 DEFAULT_MAX_READ_BYTES = 256 << 10
-#: Gaps between the pages of a request read through, at most (a multiple of 4096): one
-#: read of the pages on both sides and the gap instead of two reads. An SSD's read has a
-#: fixed cost of several times a page's transfer at a deep queue (this machine's disk,
-#: fio at QD 64: 83.6k reads/s of 4 KiB, 73.5k of 8 KiB, 49.6k of 16 KiB: ~9 us a read
-#: and ~0.7 ns a byte), so two pages of gap cost less than a read.
-DEFAULT_MAX_GAP_BYTES = 8 << 10
+#: Gaps of a request read through, at most: one read of both sides and the gap instead of
+#: two reads (bytes between small feature rows; whole pages between pages). An SSD's read
+#: has a fixed cost of several times a page's transfer at a deep queue (this machine's
+#: disk, fio at QD 64: 83.6k reads/s of 4 KiB, 73.5k of 8 KiB, 49.6k of 16 KiB: ~9 us a
+#: read and ~0.7 ns a byte), so a gap of up to ~13 KB costs less than a read.
+DEFAULT_MAX_GAP_BYTES = 12 << 10
 #: Pages of a page buffer (64 MiB): a larger request is read in pieces of at most this many
 #: pages, so a batch of scattered small rows (a 4 KiB page for each 512 B row) does not hold
 #: a page buffer of its whole request.
