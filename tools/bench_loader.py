@@ -41,6 +41,7 @@ import json
 import os
 import resource
 import shutil
+import re
 import signal
 import sys
 import tempfile
@@ -64,18 +65,27 @@ PRESETS = ("baseline", "static", "ooc")
 #: ``BeladyCache(page_mates=0.25)``). ``<preset>-pages``: the preset reading whole 4 KiB
 #: pages where it would read a small row's 512 B sectors (``page_reads``);
 #: ``<preset>-nogap``: the preset reading only what it wants (a small row's sectors, a
-#: list's pages), never through a gap (``read_gap`` 0); ``<preset>-gap4k``: through gaps of
-#: up to 4 KiB; ``ooc-gap16k``: up to 16 KiB.
+#: list's pages), never through a gap (``read_gap`` 0); ``<preset>-gap<N>k`` (any N, e.g.
+#: ``ooc-gap4k``): through gaps of up to N KiB.
 VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ooc-mates": ("ooc", {"page_mates": 0.25}, {}),
     "ooc-pages": ("ooc", {}, {"page_reads": True}),
     "static-pages": ("static", {}, {"page_reads": True}),
     "ooc-nogap": ("ooc", {}, {"read_gap": 0}),
     "static-nogap": ("static", {}, {"read_gap": 0}),
-    "ooc-gap4k": ("ooc", {}, {"read_gap": 4 << 10}),
-    "static-gap4k": ("static", {}, {"read_gap": 4 << 10}),
-    "ooc-gap16k": ("ooc", {}, {"read_gap": 16 << 10}),
 }
+_GAP_VARIANT = re.compile(r"(baseline|static|ooc)-gap(\d+)k")
+
+
+def variant(name: str) -> tuple[str, dict, dict] | None:
+    """(preset, policy fields, ``ModeOptions`` fields) of a preset or variant name; None if
+    it names neither."""
+    if name in PRESETS:
+        return name, {}, {}
+    if name in VARIANTS:
+        return VARIANTS[name]
+    m = _GAP_VARIANT.fullmatch(name)
+    return (m.group(1), {}, {"read_gap": int(m.group(2)) << 10}) if m else None
 log = memcg.log
 
 
@@ -104,7 +114,9 @@ def child(spec: dict) -> int:
     from ooc.executor.loader.presets import resolve_preset
 
     d = open_dataset(spec["data"])
-    mode, fields, options = VARIANTS.get(spec["preset"], (spec["preset"], {}, {}))
+    found = variant(spec["preset"])
+    assert found is not None, spec["preset"]
+    mode, fields, options = found
     preset = resolve_preset(mode)
     preset = replace(preset, policy=replace(preset.policy, **fields))  # a variant's policy
     cfg = TrainConfig(mode=mode, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
@@ -221,7 +233,8 @@ def main(argv=None) -> int:
     p.add_argument("--io-backend", default="auto", help="of the O_DIRECT presets")
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated; also the variants {', '.join(VARIANTS)} (ooc-mates: "
-                        "ooc with page-mates; -pages: whole-page reads of small rows)")
+                        "ooc with page-mates; -pages: whole-page reads of small rows) and "
+                        "<preset>-gap<N>k (read gaps of up to N KiB, e.g. ooc-gap4k)")
     p.add_argument("--feature-cache-size", type=parse_size, default=None, metavar="SIZE",
                    help="every preset's feature cache (default: the memory plan's): an A/B "
                         "of two readers at the same caches")
@@ -233,8 +246,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     presets = [m.strip() for m in args.presets.split(",") if m.strip()]
     for m in presets:
-        if m not in PRESETS and m not in VARIANTS:
-            p.error(f"unknown preset {m!r} (choose from {', '.join(PRESETS + tuple(VARIANTS))})")
+        if variant(m) is None:
+            p.error(f"unknown preset {m!r} (choose from {', '.join(PRESETS + tuple(VARIANTS))}"
+                    " or <preset>-gap<N>k)")
     if args.epochs < 1 or args.rounds < 1:
         p.error("--epochs and --rounds must be >= 1")
     opened = open_bench_dataset(args)

@@ -1,0 +1,19 @@
+"""tools/bench_loader.py's preset names."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import bench_loader  # noqa: E402  (tools/bench_loader.py)
+
+
+def test_bench_loader_names_a_read_gap_variant_by_its_kib():
+    """``<preset>-gap<N>k`` is the preset reading through gaps of N KiB; other names are
+    refused (None) rather than run as the plain preset."""
+    assert bench_loader.variant("ooc-gap2k") == ("ooc", {}, {"read_gap": 2048})
+    assert bench_loader.variant("static-gap12k") == ("static", {}, {"read_gap": 12288})
+    assert bench_loader.variant("ooc-nogap") == ("ooc", {}, {"read_gap": 0})
+    assert bench_loader.variant("ooc") == ("ooc", {}, {})
+    for bad in ("ooc-gapk", "ooc-gap2", "fast-gap2k", "ooc-gap2k-pages"):
+        assert bench_loader.variant(bad) is None
