@@ -1,6 +1,7 @@
 """Shared fixtures: small datasets built in temp folders."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,14 @@ hypothesis_settings.load_profile("ooc")
 # the test process runs as ooc's commands do (OpenMP pools that do not busy-wait, tuned
 # malloc); `import ooc` alone changes nothing process-wide
 ooc.configure_process()
+
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (pyproject's default): a worker for each core this process may run on, at
+    most 4 (each worker holds ~1 GiB and compiles numba's kernels it meets first)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

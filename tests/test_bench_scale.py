@@ -133,7 +133,9 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
 
     fanouts = [15, 10, 5]
     batches = scale_plan.sample_batches(shape, fanouts, 64, scale_plan.train_in_flight())
-    probe = plan_memory(ds, TrainConfig(fanouts=fanouts, batch_size=64), 1 << 30)
+    # measured in this process, whose RSS holds what earlier tests loaded: a budget that
+    # is not the point here
+    probe = plan_memory(ds, TrainConfig(fanouts=fanouts, batch_size=64), 4 << 30)
     assert np.mean(batches["nodes"]) == probe.ids_per_batch
     assert batches["runtime_bytes_per_batch"] == probe.runtime_bytes_per_batch
 
