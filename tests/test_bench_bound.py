@@ -44,14 +44,27 @@ def test_fewest_reads_are_beladys_over_the_loaders_batches(small):
     assert 0 < got["some"]["rows"] < lookups
 
 
-def test_the_disk_bound_is_reads_at_fios_rate_and_never_under_the_in_ram_epoch():
+def test_the_disk_bound_is_reads_at_the_disks_rate_and_never_under_the_in_ram_epoch():
     few = {"rows": 200_000}
     b = bench.disk_bound(few, 4096, 100_000.0, 1.5)
-    assert b == {"reads_s": 2.0, "epoch_s": 2.0, "over_in_ram": pytest.approx(2.0 / 1.5)}
+    assert b == {"iops": 100_000.0, "reads_s": 2.0, "epoch_s": 2.0,
+                 "over_in_ram": pytest.approx(2.0 / 1.5)}
     b = bench.disk_bound(few, 8192, 400_000.0, 1.5)   # reads faster than the model's step
     assert b["epoch_s"] == 1.5 and b["over_in_ram"] == 1.0
-    assert bench.disk_bound(few, 4096, 100_000.0, None) == {"reads_s": 2.0, "epoch_s": 2.0}
-    for row_bytes, iops in ((512, 1e5), (4096, None)):   # rows sharing pages; no fio
+    assert bench.disk_bound(few, 4096, 100_000.0, None) == {"iops": 100_000.0, "reads_s": 2.0,
+                                                            "epoch_s": 2.0}
+    for row_bytes, iops in ((512, 1e5), (4096, None)):   # rows sharing pages; no rate
         b = bench.disk_bound(few, row_bytes, iops, 1.0)
         assert b["epoch_s"] is None and b["why"]
     assert np.isfinite(bench.disk_bound({"rows": 0}, 4096, 1e5, 1.0)["epoch_s"])
+
+
+def test_the_disks_rate_is_fios_or_the_fastest_modes_whichever_is_higher():
+    """A shared disk's fio sample can be below what a mode then read at: the bound takes the
+    higher, so no mode's measured reads beat it."""
+    modes = {"baseline": {"gather_iops": 30_000.0}, "ooc": {"gather_iops": 45_000.0},
+             "in_ram": {"gather_iops": None}, "static": {"error": "failed"}}
+    assert bench.disk_iops(22_000.0, modes) == 45_000.0
+    assert bench.disk_iops(90_000.0, modes) == 90_000.0
+    assert bench.disk_iops(None, modes) == 45_000.0
+    assert bench.disk_iops(None, {"ooc": {"error": "failed"}}) is None

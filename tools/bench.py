@@ -38,7 +38,9 @@ What it does:
    cache of its size could read in the last epoch (``fewest_reads``: Belady with
    every batch of the run known in advance, the run's own batches) and, where a
    row is a whole page (one read each, as fio's), the epoch those reads take at
-   fio's IOPS (``disk_bound``: at least the in-RAM epoch).
+   the disk's IOPS (``disk_bound``: at least the in-RAM epoch): the higher of fio's
+   and the fastest a mode read at in this run (a shared disk's fio sample can be
+   below what the modes got).
 6. Writes ``--report`` (JSON) with per-mode epoch times, stage breakdowns,
    miss ratio, read ops, bytes read, achieved gather IOPS, speedups,
    ``gather_iops_vs_fio`` and ``ooc_over_in_ram`` (ooc epoch / in-RAM epoch;
@@ -160,19 +162,27 @@ def fewest_reads(path: Path, batch_size: int, fanouts: list[int], seed: int, epo
     return out
 
 
-def disk_bound(fewest: dict, row_bytes: int, fio_iops: float | None,
+def disk_iops(fio_iops: float | None, modes: dict[str, dict]) -> float | None:
+    """The disk's 4 KiB reads a second: the higher of fio's and the fastest a mode read at
+    (``gather_iops`` of each summary in ``modes``); None if neither was measured."""
+    rates = [fio_iops or 0.0] + [s.get("gather_iops") or 0.0 for s in modes.values()
+                                 if "error" not in s]
+    return max(rates) or None
+
+
+def disk_bound(fewest: dict, row_bytes: int, iops: float | None,
                in_ram_s: float | None) -> dict:
     """The fastest epoch this disk allows a cache of ``fewest["capacity_rows"]`` rows: its
-    fewest reads at fio's IOPS (one read a row: rows of a whole page or more, as fio's 4
-    KiB reads), and never under the in-RAM epoch (the model's step)."""
+    fewest reads at ``iops`` (the disk's 4 KiB reads a second; one read a row: rows of a
+    whole page or more), and never under the in-RAM epoch (the model's step)."""
     from ooc.storage.layout import PAGE
 
     if row_bytes < PAGE:
         return {"epoch_s": None, "why": f"rows of {row_bytes} B share pages: a read is not a row"}
-    if not fio_iops:
-        return {"epoch_s": None, "why": "no fio measurement"}
-    reads_s = fewest["rows"] / fio_iops
-    res: dict = {"reads_s": reads_s, "epoch_s": max(reads_s, in_ram_s or 0.0)}
+    if not iops:
+        return {"epoch_s": None, "why": "no measurement of the disk's IOPS"}
+    reads_s = fewest["rows"] / iops
+    res: dict = {"iops": iops, "reads_s": reads_s, "epoch_s": max(reads_s, in_ram_s or 0.0)}
     if in_ram_s:
         res["over_in_ram"] = res["epoch_s"] / in_ram_s
     return res
@@ -449,11 +459,12 @@ def main(argv=None) -> int:
         from ooc.storage import open_dataset
 
         row_bytes = open_dataset(data).layout.row_bytes
+        rate = disk_iops(fio_iops, {m: summary[m] for m in modes})
         for m, f in fewest.items():
             summary[m]["fewest_reads"] = f
             if summary[m].get("read_ops"):
                 f["measured_over_fewest"] = summary[m]["read_ops"] / max(f["rows"], 1)
-            bound[m] = disk_bound(f, row_bytes, fio_iops, et(IN_RAM))
+            bound[m] = disk_bound(f, row_bytes, rate, et(IN_RAM))
     report = {
         "command": " ".join([sys.executable, *sys.argv]),
         "dataset": {"path": str(data), "spec": spec, "disk_bytes": disk,
@@ -493,7 +504,8 @@ def main(argv=None) -> int:
         line = (f"{m}: the fewest reads a cache of {f['capacity_rows']:,} rows makes in the last "
                 f"epoch: {f['rows']:,} (read {summary[m].get('read_ops') or 0:,})")
         if b.get("epoch_s") is not None:
-            line += (f"; at fio's IOPS an epoch of at least {b['epoch_s']:.2f} s"
+            line += (f"; at {b['iops']:,.0f} IOPS (fio's or a mode's, the higher) an epoch "
+                     f"of at least {b['epoch_s']:.2f} s"
                      + (f" ({b['over_in_ram']:.2f}x in-RAM)" if "over_in_ram" in b else ""))
         print(line)
     print(f"report {args.report}, chart {png}")
