@@ -20,7 +20,6 @@ hypothesis_settings.load_profile("ooc")
 ooc.configure_process()
 
 
-
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto`` (pyproject's default): a worker for each core this process may run on, at
     most 4 (each worker holds ~1 GiB and compiles numba's kernels it meets first)."""

@@ -39,9 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
-import re
 import signal
 import sys
 import tempfile
@@ -71,10 +71,8 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ooc-mates": ("ooc", {"page_mates": 0.25}, {}),
     "ooc-pages": ("ooc", {}, {"page_reads": True}),
     "static-pages": ("static", {}, {"page_reads": True}),
-    "ooc-nogap": ("ooc", {}, {"read_gap": 0}),
-    "static-nogap": ("static", {}, {"read_gap": 0}),
 }
-_GAP_VARIANT = re.compile(r"(baseline|static|ooc)-gap(\d+)k")
+_GAP_VARIANT = re.compile(r"(baseline|static|ooc)-(?:nogap|gap(\d+)k)")
 
 
 def variant(name: str) -> tuple[str, dict, dict] | None:
@@ -85,7 +83,9 @@ def variant(name: str) -> tuple[str, dict, dict] | None:
     if name in VARIANTS:
         return VARIANTS[name]
     m = _GAP_VARIANT.fullmatch(name)
-    return (m.group(1), {}, {"read_gap": int(m.group(2)) << 10}) if m else None
+    return (m.group(1), {}, {"read_gap": int(m.group(2) or 0) << 10}) if m else None
+
+
 log = memcg.log
 
 
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated; also the variants {', '.join(VARIANTS)} (ooc-mates: "
                         "ooc with page-mates; -pages: whole-page reads of small rows) and "
-                        "<preset>-gap<N>k (read gaps of up to N KiB, e.g. ooc-gap4k)")
+                        "<preset>-gap<N>k / <preset>-nogap (read gaps of up to N KiB / none)")
     p.add_argument("--feature-cache-size", type=parse_size, default=None, metavar="SIZE",
                    help="every preset's feature cache (default: the memory plan's): an A/B "
                         "of two readers at the same caches")
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     for m in presets:
         if variant(m) is None:
             p.error(f"unknown preset {m!r} (choose from {', '.join(PRESETS + tuple(VARIANTS))}"
-                    " or <preset>-gap<N>k)")
+                    ", <preset>-gap<N>k or <preset>-nogap)")
     if args.epochs < 1 or args.rounds < 1:
         p.error("--epochs and --rounds must be >= 1")
     opened = open_bench_dataset(args)

@@ -190,11 +190,25 @@ def _sorted_unique(keys):
 
 
 @nb.njit(cache=True, inline="always")
+def _round_out(a, b, align):
+    """Bytes ``[a, b)`` rounded out to multiples of ``align``."""
+    return a - a % align, b + (align - b % align) % align
+
+
+@nb.njit(cache=True, inline="always")
+def _first_bad(ids, num_rows):
+    """The position of the first id out of ``[0, num_rows)``, or -1."""
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= num_rows:
+            return i
+    return -1
+
+
+@nb.njit(cache=True, inline="always")
 def _widen(lo, hi, k, a, b, align):
     """Page k's wanted span ``[lo[k], hi[k])`` grown to hold bytes ``[a, b)`` of the page,
     rounded out to multiples of ``align``."""
-    a -= a % align
-    b += (align - b % align) % align
+    a, b = _round_out(a, b, align)
     if a < lo[k]:
         lo[k] = a
     if b > hi[k]:
@@ -202,37 +216,19 @@ def _widen(lo, hi, k, a, b, align):
 
 
 @nb.njit(cache=True)
-def feature_pages(ids, rows_per_page, pages_per_row, row_bytes, num_rows, align):
-    """Pages holding rows ``ids``, the bytes of each page wanted, and per id the slot of
-    its first page.
+def feature_pages(ids, pages_per_row, num_rows):
+    """Pages holding rows ``ids`` of ``pages_per_row`` whole pages each, and per id the
+    slot of its first page.
 
-    ``rows_per_page > 0``: rows share pages; otherwise every row occupies
-    ``pages_per_row`` whole pages. Returns ``(pages, lo, hi, slot, bad)`` where
-    ``pages`` is sorted unique, ``[lo[k], hi[k])`` the bytes of page k its rows occupy
-    rounded out to multiples of ``align`` (a divisor of ``PAGE``; empty arrays when
-    whole pages are read), ``slot[i]`` the index in ``pages`` of the first page of
-    ``ids[i]``, and ``bad`` the position of the first id out of ``[0, num_rows)`` or -1.
+    Returns ``(pages, slot, bad)``: ``pages`` sorted unique, ``slot[i]`` the index in
+    ``pages`` of the first page of ``ids[i]``, ``bad`` the position of the first id out of
+    ``[0, num_rows)`` or -1. (Rows smaller than a page: :func:`plan_sector_reads`.)
     """
     n = ids.shape[0]
     none = np.empty(0, np.int64)
-    for i in range(n):
-        if ids[i] < 0 or ids[i] >= num_rows:
-            return none, none, none, none, i
-    if rows_per_page > 0:
-        keys = np.empty(n, np.int64)
-        for i in range(n):
-            keys[i] = ids[i] // rows_per_page
-        uniq, inv = _sorted_unique(keys)
-        if align >= PAGE:
-            return uniq, none, none, inv, -1
-        m = uniq.shape[0]
-        lo = np.full(m, PAGE, np.int64)
-        hi = np.zeros(m, np.int64)
-        for i in range(n):
-            a = (ids[i] % rows_per_page) * row_bytes
-            _widen(lo, hi, inv[i], a, a + row_bytes, align)
-        return uniq, lo, hi, inv, -1
-    # whole-page rows: unique rows, each expands to pages_per_row pages
+    bad = _first_bad(ids, num_rows)
+    if bad >= 0:
+        return none, none, bad
     urows, inv = _sorted_unique(ids.astype(np.int64))
     m = urows.shape[0]
     pages = np.empty(m * pages_per_row, np.int64)
@@ -243,26 +239,24 @@ def feature_pages(ids, rows_per_page, pages_per_row, row_bytes, num_rows, align)
     slot = np.empty(n, np.int64)
     for i in range(n):
         slot[i] = inv[i] * pages_per_row
-    return pages, none, none, slot, -1
+    return pages, slot, -1
 
 
 @nb.njit(cache=True)
-def plan_page_reads(ids, rows_per_page, pages_per_row, row_bytes, num_rows, max_run_pages,
-                    align, max_gap, limit):
-    """Runs reading the rows ``ids`` into a page buffer (:func:`feature_pages`,
-    :func:`fill_gaps` and :func:`plan_runs` in one call): rows smaller than a page are
-    read as the ``align``-multiples of their pages that they occupy; gaps of at most
-    ``max_gap`` pages between them are read through while the buffer stays within
-    ``limit`` pages.
+def plan_page_reads(ids, pages_per_row, num_rows, max_run_pages, max_gap, limit):
+    """Runs reading the rows ``ids`` of ``pages_per_row`` whole pages each into a page
+    buffer (:func:`feature_pages`, :func:`fill_gaps` and :func:`plan_runs` in one call);
+    gaps of at most ``max_gap`` pages between them are read through while the buffer
+    stays within ``limit`` pages.
 
     Returns ``(offs, lens, bufs, slot, npages, nbytes, bad)``: ``slot[i]`` is the buffer
     page holding the first page of ``ids[i]``, ``npages`` the pages read from (gaps
     included), ``nbytes`` the bytes read, ``bad`` the position of the first id out of
     ``[0, num_rows)`` or -1.
     """
-    pages, lo, hi, slot, bad = feature_pages(ids, rows_per_page, pages_per_row, row_bytes,
-                                             num_rows, align)
-    pages, lo, hi, pos = fill_gaps(pages, lo, hi, max_gap, limit)
+    pages, slot, bad = feature_pages(ids, pages_per_row, num_rows)
+    none = np.empty(0, np.int64)
+    pages, lo, hi, pos = fill_gaps(pages, none, none, max_gap, limit)
     for i in range(slot.shape[0]):
         slot[i] = pos[slot[i]]
     offs, lens, bufs, nbytes, _ = plan_runs(pages, lo, hi, max_run_pages)
@@ -289,9 +283,9 @@ def plan_sector_reads(ids, rows_per_page, row_bytes, num_rows, max_run_pages, al
     """
     n = ids.shape[0]
     none = np.empty(0, np.int64)
-    for i in range(n):
-        if ids[i] < 0 or ids[i] >= num_rows:
-            return none, none, none, none, 0, 0, i
+    bad = _first_bad(ids, num_rows)
+    if bad >= 0:
+        return none, none, none, none, 0, 0, bad
     rows, inv = _sorted_unique(ids.astype(np.int64))
     m = rows.shape[0]
     offs = np.empty(m, np.int64)
@@ -308,9 +302,7 @@ def plan_sector_reads(ids, rows_per_page, row_bytes, num_rows, max_run_pages, al
         r = rows[j]
         page = r // rows_per_page
         a = page * PAGE + (r % rows_per_page) * row_bytes
-        b = a + row_bytes
-        a -= a % align
-        b += (align - b % align) % align
+        a, b = _round_out(a, a + row_bytes, align)
         merge = False
         if nr > 0:  # a row that overlaps or touches the open run merges unless it is full
             grow = page - last_page if page > last_page else 0   # slots the merge takes

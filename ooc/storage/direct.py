@@ -469,9 +469,8 @@ class DirectFeatures(RowTable):
                         r.max_run_pages, r.read_align, r.max_gap_bytes, self.max_pages)
                 else:
                     offs, lens, bufs, slot, npages, nbytes, bad = K.plan_page_reads(
-                        part, lay.rows_per_page, lay.pages_per_row, lay.row_bytes,
-                        lay.num_rows, r.max_run_pages, r.read_align, r.max_gap_pages,
-                        self.max_pages)
+                        part, lay.pages_per_row, lay.num_rows, r.max_run_pages,
+                        r.max_gap_pages, self.max_pages)
                 self._check_ids(part, bad)
                 buf = r.read_runs_into_scratch(offs, lens, bufs, npages, nbytes)
                 K.extract_rows(buf, part, slot, lay.rows_per_page, lay.row_bytes, pdst, rows,
