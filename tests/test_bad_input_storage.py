@@ -97,9 +97,10 @@ def _edit_meta(ds: Path, **changes) -> None:
 _DELETE = object()
 
 
-def _refresh_checksums(ds: Path) -> None:
+def _refresh_checksums(ds: Path, blocks: bool = True) -> None:
     """Record the current bytes of every file, as if the corruption had happened
-    in pages the sampled checksum does not cover."""
+    in pages the sampled checksum does not cover (and, without ``blocks``, keep the block
+    checksums of the bytes as they were)."""
     mp = ds / "meta.json"
     meta = json.loads(mp.read_text())
     for name, entry in meta["files"].items():
@@ -109,7 +110,7 @@ def _refresh_checksums(ds: Path) -> None:
             entry["sha256"] = sha256_file(p)
         if "sampled_sha256" in entry:
             entry["sampled_sha256"] = sampled_sha256(p, entry["bytes"])
-        if "block_crc32" in entry:
+        if "block_crc32" in entry and blocks:
             entry["block_crc32"] = scan_index_range(p, np.dtype(meta["index_dtype"]),
                                                     meta["num_edges"])[2]
     meta["checksum"] = meta_checksum(meta)
@@ -407,6 +408,16 @@ CASES = [
          _then(_copy_base, lambda d: _poke_indices(_ds(d), {77: 2**31 - 1}),
                lambda d: _refresh_checksums(_ds(d))),
          r"{d}/ds/indices.bin: node id 2147483647 at position 77 is out of range"),
+    Case("indices-in-range-edit-partition", "ooc.partition",
+         ["--data", "{d}/ds", "--parts", "2", "--out", "{d}/parts"],
+         _then(_copy_base, lambda d: _poke_indices(_ds(d), {77: 3, 78: 3}),
+               lambda d: _refresh_checksums(_ds(d), blocks=False)),
+         r"{d}/ds/indices.bin: ids 0..\d+ \(bytes from 0\) do not match their checksum in "
+         r"meta.json \(corrupted file\)"),
+    Case("meta-without-checksum", "ooc.train", TRAIN,
+         _then(_copy_base, lambda d: _edit_meta(_ds(d), checksum=_DELETE)),
+         r"{d}/ds/meta.json: has no 'checksum' field \(written by hand or by an older ooc, or "
+         r"edited\); write the dataset again with ooc.prepare"),
     Case("indices-bad-legacy-meta", "ooc.train", TRAIN,
          _then(_copy_base, lambda d: _poke_indices(_ds(d), {5: -3}), lambda d: _refresh_checksums(_ds(d)),
                lambda d: _edit_meta(_ds(d), index_range=_DELETE)),

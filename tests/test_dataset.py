@@ -9,6 +9,7 @@ import pytest
 from ooc.storage import (DatasetError, DatasetWriter, OocError, csc_from_edges, open_dataset,
                          write_dataset)
 from ooc.storage import writer as writer_mod
+from ooc.storage.dataset import meta_checksum
 
 from conftest import mapped_kib
 
@@ -145,14 +146,15 @@ def test_edge_ids_out_of_range(small_dataset):
     with pytest.raises(DatasetError, match="indices.bin: checksum of sampled pages"):
         open_dataset(path)
     meta = json.loads((path / "meta.json").read_text())
-    for entry, key in ((meta["files"]["indices.bin"], "sampled_sha256"),
-                       (meta["files"]["indices.bin"], "block_crc32"), (meta, "checksum")):
-        del entry[key]  # as written by an ooc without these checksums
+    for key in ("sampled_sha256", "block_crc32"):
+        del meta["files"]["indices.bin"][key]  # as written by an ooc without these checksums
+    meta["checksum"] = meta_checksum(meta)
     (path / "meta.json").write_text(json.dumps(meta))
     open_dataset(path)  # the recorded id range is trusted without a checksum
     with pytest.raises(DatasetError, match="indices.bin: node id 500 at position 7 is out of range"):
         open_dataset(path, verify=True)
     del meta["index_range"]
+    meta["checksum"] = meta_checksum(meta)
     (path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DatasetError, match="indices.bin: node id 500 at position 7 is out of range"):
         open_dataset(path)  # written before ids were recorded: small files are scanned
@@ -175,6 +177,29 @@ def test_split_out_of_range(small_dataset):
     _rewrite_npy(path, "test_idx.npy", np.array([1, 2, 500]))
     with pytest.raises(DatasetError, match="test_idx.npy: node id out of range"):
         open_dataset(path)
+
+
+def test_meta_without_its_checksum_is_refused(tmp_path):
+    """A meta.json without its own checksum is refused: with it gone, an edit of any field
+    goes unseen (here ``feature_order`` dropped: every node but one would read another
+    node's row)."""
+    from conftest import random_graph
+
+    n = 3000
+    src, dst = random_graph(n, 20 * n)
+    x = np.arange(n * 8, dtype=np.float32).reshape(n, 8)
+    path = write_dataset(tmp_path / "g", *csc_from_edges(src, dst, n), x, reorder="locality")
+    assert not np.array_equal(open_dataset(path).row_of, np.arange(n))
+    meta = json.loads((path / "meta.json").read_text())
+    assert "feature_order" in meta  # rows stored in a locality order
+    del meta["checksum"], meta["feature_order"]
+    (path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DatasetError) as ei:
+        open_dataset(path)
+    assert str(ei.value) == (f"{path}/meta.json: has no 'checksum' field (written by hand or "
+                             f"by an older ooc, or edited); write the dataset again with "
+                             f"ooc.prepare")
+    assert isinstance(ei.value, ValueError)
 
 
 def test_checksum_mismatch(small_dataset):

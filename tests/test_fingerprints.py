@@ -149,3 +149,62 @@ def test_inference_output_of_changed_features_is_not_served(tmp_path):
     assert p.returncode == 0, p.stderr
     after = np.asarray(zarr.open_group(str(out), mode="r")["h2"][:])
     assert not np.allclose(before, after)
+
+
+def _unsampled_page(f: Path) -> int:
+    """A page of ``f`` that its sampled checksum does not read."""
+    sampled = set(sampled_pages(f.stat().st_size).tolist())
+    return next(p for p in range(f.stat().st_size // PAGE) if p not in sampled)
+
+
+def test_fingerprint_sees_a_same_size_rewrite_with_its_mtime_restored(tmp_path):
+    """The fingerprint leans on the inode change time, which no call can restore: a
+    same-size rewrite of features.bin with its mtime put back still changes it."""
+    import os
+
+    from conftest import community_graph
+
+    data = community_graph(tmp_path / "g", n=20_000)
+    before = open_dataset(data).fingerprint()
+    f = data / "features.bin"
+    st = f.stat()
+    page = _unsampled_page(f)
+    x = np.memmap(f, dtype=np.float32, mode="r+")
+    x[page * PAGE // 4:(page + 1) * PAGE // 4] += 1.0
+    x.flush()
+    del x
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert f.stat().st_mtime_ns == st.st_mtime_ns and f.stat().st_size == st.st_size
+    assert open_dataset(data).fingerprint() != before
+    assert open_dataset(data).fingerprint() == open_dataset(data).fingerprint()
+
+
+@pytest.mark.slow
+def test_inference_output_is_not_reused_after_a_rewrite_with_the_mtime_restored(tmp_path):
+    """ooc.infer's finished output is reused only for the same data: a same-size rewrite
+    of the features with their mtime restored makes the next run refuse to call it
+    finished (the output is made again with --overwrite, reading the features)."""
+    import os
+
+    import torch
+    from conftest import community_graph
+    from ooc.executor.training.checkpoint import save_checkpoint
+    from ooc.executor.training.models import build_model
+
+    data = community_graph(tmp_path / "g", n=20_000)
+    torch.manual_seed(0)
+    ck = save_checkpoint(tmp_path / "ck", 1, build_model("sage", 8, 16, 3, 2))
+    out = tmp_path / "emb.zarr"
+    args = ["--data", str(data), "--checkpoint", str(ck), "--out", str(out), "--no-progress"]
+    assert _cli("ooc.infer", *args).returncode == 0
+    f = data / "features.bin"
+    st = f.stat()
+    raw = bytearray(f.read_bytes())
+    page = _unsampled_page(f)
+    raw[page * PAGE:(page + 1) * PAGE] = np.full(PAGE // 4, 3.0, np.float32).tobytes()
+    with open(f, "r+b") as fh:  # the same size, rewritten in place
+        fh.write(bytes(raw))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    p = _cli("ooc.infer", *args)
+    assert p.returncode == 2, p.stdout
+    assert_one_line_error(p.stderr, f"{out}: already exists and is not a finished run")

@@ -75,6 +75,10 @@ def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spr
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
     _check(dataset, parts, algo, beta)
+    # every id in range and every block of indices.bin against its recorded CRC-32 (one
+    # streaming pass, as train and infer do): an edit the sampled checksum misses would
+    # otherwise be partitioned, and written into every partition, as is
+    dataset.check_indices()
     if int(refine_passes) != refine_passes or refine_passes < 0:
         raise InvalidValue(f"--refine-passes must be an integer >= 0, got {refine_passes}")
     jit = warm_up(algo, dataset.index_dtype)

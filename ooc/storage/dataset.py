@@ -379,15 +379,26 @@ class Dataset:
         self._indices_checked = True
 
     def fingerprint(self) -> dict:
-        """What derived data (inference outputs, partitions) records of the dataset it
-        was made from: ``meta`` (the checksum of ``meta.json``, which lists every file's
-        size and checksums) and ``files`` (``{name: [bytes, mtime_ns]}`` of the raw
-        ``.bin`` files, so writing into them in place shows). Cheap: two ``stat`` calls."""
+        """What derived data (inference outputs, partitions, the neighbor cache) records of
+        the dataset it was made from: ``meta`` (the checksum of ``meta.json``, which lists
+        every file's size and checksums) and ``files`` (``{name: [bytes, ctime_ns, inode]}``
+        of the raw ``.bin`` files, so writing into them in place shows).
+
+        Why the inode change time and not a hash of the contents: the contents are 57 GB of
+        features at papers100M's scale, and a hash of sampled pages misses a write outside
+        them. Every write to a file (``write``, a written ``mmap`` page, ``truncate``) and
+        every ``rename`` onto its name sets its ``ctime`` to the clock's time, and no system
+        call sets ``ctime`` to a chosen value (``touch``/``utime`` restore an ``mtime``, not
+        a ``ctime``), so a file rewritten to the same size with its ``mtime`` restored still
+        shows; the inode shows a file replaced by another. A copy of the dataset (new
+        inodes) counts as changed: derived data is then made again, never served stale.
+        Cheap: two ``stat`` calls; what ``open_dataset`` checks of the contents (the sampled
+        pages, the small files' sha256) is covered by ``meta``."""
         files = {}
         for name, p in (("indices.bin", self.file("indices.bin")),
                         ("features.bin", self.features_file)):
             st = p.stat()
-            files[name] = [st.st_size, st.st_mtime_ns]
+            files[name] = [st.st_size, st.st_ctime_ns, st.st_ino]
         return {"meta": meta_checksum(self.meta), "files": files}
 
     def disk_bytes(self) -> int:
@@ -453,6 +464,10 @@ def _load_meta(path: Path) -> dict:
     against the files)."""
     mp = path / "meta.json"
     meta = _parse_meta(path, mp)
+    if not isinstance(meta.get("checksum"), str):
+        # without it an edit of any field (feature_order, counts, checksums) goes unseen
+        raise DatasetError(mp, "has no 'checksum' field (written by hand or by an older "
+                               "ooc, or edited); write the dataset again with ooc.prepare")
     _check_meta_fields(mp, meta)
     _check_meta_files(mp, meta["files"])
     if "index_range" in meta:
@@ -641,7 +656,8 @@ def split_overlap(splits: list[np.ndarray], num_nodes: int) -> tuple[int, int, i
 def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     """Open and validate the dataset folder at ``path``.
 
-    Cheap checks always run: format and version, every field of
+    Cheap checks always run: format and version, ``meta.json``'s own checksum
+    (required: a file without one is refused), every field of
     ``meta.json`` (types, ranges, consistency), every file present with the
     size ``meta.json`` records and the size its fields imply, checksums of
     small ``.npy`` files and of sampled pages of the ``.bin`` files, the
@@ -669,7 +685,7 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     indices = _open_indices(path, meta, verify)
     labels = _open_labels(path, n, meta["num_classes"])
     splits = _load_splits(path, n)
-    if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
+    if meta["checksum"] != meta_checksum(meta):
         raise DatasetError(mp, "was edited after the dataset was written (its checksum does not "
                                "match its fields); write the dataset again with ooc.prepare")
     row_of = _load_row_map(path, meta, n, file_layout.num_rows if linked is not None else None)
