@@ -7,6 +7,7 @@ Sub-commands::
     python -m ooc.prepare igb --root IGB_FOLDER --out D [--label 19]
     python -m ooc.prepare planetoid --root R --name Cora --out D
     python -m ooc.prepare synthetic --nodes 1000000 --avg-degree 20 --out D
+    python -m ooc.prepare verify D      # every page against its checksum, every row finite
 
 Every sub-command streams its input with O(N) memory plus ``--buffer``,
 writes into a temporary folder renamed into place when complete, and exits
@@ -147,16 +148,44 @@ def _add_synthetic(sub) -> None:
     _common(s)
 
 
+def _add_verify(sub) -> None:
+    """The ``verify`` subcommand's options."""
+    v = sub.add_parser("verify", help="read a dataset whole: every page against its checksum, "
+                                      "every id in range, every feature row finite",
+                       description="Verify a dataset folder (see ooc.storage.verify); exit 2 "
+                                   "naming the first bad file and place, else 0.")
+    v.add_argument("dataset", type=Path, help="the dataset folder")
+    v.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def verify(args: argparse.Namespace) -> int:
+    """``ooc.prepare verify``: one summary line on stdout, exit 0 (a problem raises)."""
+    from .cli import format_size
+    from .storage.verify import verify_dataset
+
+    t0 = time.perf_counter()
+    s = verify_dataset(args.dataset, progress=not args.no_progress)
+    dt = time.perf_counter() - t0
+    rows = f", {s['rows']:,} feature rows finite" if s["rows"] else ""
+    old = (f"; {', '.join(s['uncovered'])} without page checksums (written by an older ooc: "
+           f"write the dataset again with ooc.prepare to cover them)" if s["uncovered"] else "")
+    print(f"{s['dataset']}: verified {s['files']} files, {format_size(s['bytes'])} in "
+          f"{dt:.1f} s ({format_size(s['bytes'] / max(dt, 1e-9))}/s): every page matches its "
+          f"checksum, every id in range{rows}{old}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = ArgumentParser(prog="python -m ooc.prepare", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True,
-                            metavar="{edgelist,ogb,igb,planetoid,synthetic}")
+                            metavar="{edgelist,ogb,igb,planetoid,synthetic,verify}")
     _add_edgelist(sub)
     _add_ogb(sub)
     _add_igb(sub)
     _add_planetoid(sub)
     _add_synthetic(sub)
+    _add_verify(sub)
     return ap
 
 
@@ -203,6 +232,8 @@ def _compile_kernels(args: argparse.Namespace) -> None:
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "verify":
+        return verify(args)
     from .storage import ingest
     from .storage.ingest.limits import available_memory, load_kernels
 

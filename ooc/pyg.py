@@ -49,6 +49,7 @@ from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 from .executor.loader.node_loader import check_loader_args, resolve_input_nodes
 from .inspector.sampler import derive_seed, epoch_batches
 from .storage import open_dataset
+from .storage.finite import check_finite_rows
 from .storage.errors import IdOutOfRange, InvalidValue, OocError
 
 __all__ = ["OocFeatureStore", "OocGraphStore", "OocSampler", "remote_backend"]
@@ -246,8 +247,13 @@ class _Backend:
         return self._sampler
 
     def read_rows(self, ids: np.ndarray) -> np.ndarray:
-        """Feature rows of ``ids`` read from disk with the preset's feature reader."""
-        return self.sources().features.read(ids)
+        """Feature rows of ``ids`` read from disk with the preset's feature reader, refused
+        when one holds a NaN or an infinity (as :class:`~ooc.executor.loader.node_loader.
+        NodeLoader`'s batches; not for a dataset written with ``--allow-nonfinite``)."""
+        rows = self.sources().features.read(ids)
+        if not int(self.dataset.meta.get("nonfinite_features", 0) or 0):
+            check_finite_rows(rows, ids, self.dataset.features_file)
+        return rows
 
     def close(self) -> None:
         self.close_ahead()

@@ -251,3 +251,26 @@ def brute_belady_steps(batches, capacity: int) -> list[int]:
         cands = [(nxt(x, i), x) for x in c | b if nxt(x, i) is not None]
         c = set(x for _, x in sorted(cands)[:capacity])
     return misses
+
+
+def nan_in_an_unsampled_row(out: Path) -> tuple[Path, int]:
+    """A 300-node graph with 4 KiB feature rows (a page each, node order) whose row of one
+    node, on a page its sampled checksum does not read, was later overwritten with NaN
+    in place (what a corrupted page looks like); returns ``(path, that node)``."""
+    from ooc.storage.dataset import sampled_pages
+
+    n, d = 300, 1024
+    src, dst = random_graph(n, 8 * n, seed=4)
+    indptr, indices = csc_from_edges(src, dst, n)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    perm = rng.permutation(n)
+    path = write_dataset(out, indptr, indices, x, rng.integers(0, 3, n), perm[:200],
+                         perm[200:250], perm[250:], num_classes=3)
+    sampled = set(sampled_pages((path / "features.bin").stat().st_size).tolist())
+    node = next(v for v in range(n // 2, n) if v not in sampled)  # row v is page v
+    mm = np.memmap(path / "features.bin", dtype=np.float32, mode="r+")
+    mm[node * d + 5] = np.nan
+    mm.flush()
+    del mm
+    return path, node

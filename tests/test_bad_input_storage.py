@@ -29,7 +29,8 @@ import pytest
 
 from conftest import assert_one_line_error, community_graph
 from ooc.storage import open_dataset
-from ooc.storage.dataset import meta_checksum, sampled_sha256, scan_index_range, sha256_file
+from ooc.storage.dataset import (block_crc32s, meta_checksum, sampled_sha256, scan_index_range,
+                                sha256_file)
 
 REPO = Path(__file__).resolve().parents[1]
 N = 300  # nodes of the base dataset
@@ -111,8 +112,9 @@ def _refresh_checksums(ds: Path, blocks: bool = True) -> None:
         if "sampled_sha256" in entry:
             entry["sampled_sha256"] = sampled_sha256(p, entry["bytes"])
         if "block_crc32" in entry and blocks:
-            entry["block_crc32"] = scan_index_range(p, np.dtype(meta["index_dtype"]),
-                                                    meta["num_edges"])[2]
+            entry["block_crc32"] = (scan_index_range(p, np.dtype(meta["index_dtype"]),
+                                                     meta["num_edges"])[2]
+                                    if name == "indices.bin" else block_crc32s(p, entry["bytes"]))
     meta["checksum"] = meta_checksum(meta)
     mp.write_text(json.dumps(meta))
 

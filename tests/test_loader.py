@@ -244,3 +244,24 @@ def test_batches_take_the_models_sparse_path(graph):
                 m = sum(edges[:keep - 1])
                 assert target_csr(d.edge_index[:, :m], sum(nodes[:keep]),
                                   sum(nodes[:keep - 1]), torch.float32) is not None
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_a_nan_feature_row_is_refused_naming_the_node_and_file(tmp_path, preset):
+    """A NaN in a feature page the sampled checksum does not read: the batch holding
+    that node is refused (one line naming the file and the node), in every preset."""
+    from conftest import nan_in_an_unsampled_row
+
+    path, node = nan_in_an_unsampled_row(tmp_path / "g")
+    ds = ooc.open_dataset(path)  # the cheap checks cannot see it
+    with ooc.NodeLoader(ds, num_neighbors=[2], batch_size=32, input_nodes=np.arange(300),
+                        preset=preset) as loader:
+        with pytest.raises(ooc.DatasetError) as ei:
+            for _ in loader:
+                pass
+    msg = str(ei.value)
+    assert "\n" not in msg and isinstance(ei.value, ValueError)
+    assert msg.startswith(f"{path}/features.bin: the feature row of node ") and \
+        "holds NaN or infinite values" in msg
+    bad = int(msg.split("node ")[1].split(" ")[0])
+    assert np.isnan(ds.features.read(np.array([bad]))).any() and bad == node

@@ -202,3 +202,25 @@ def test_stock_graphsage_through_pyg_loader_on_cora(tmp_path):
     finally:
         tr.close()
         te.close()
+
+
+@pytest.mark.parametrize("plan_ahead", [True, False])
+def test_a_nan_feature_row_is_refused_naming_the_node_and_file(tmp_path, plan_ahead):
+    """A NaN in a feature page the sampled checksum does not read reaches no PyG batch,
+    planned or sampled on demand: one line naming the file and the node."""
+    from conftest import nan_in_an_unsampled_row
+
+    path, node = nan_in_an_unsampled_row(tmp_path / "g")
+    ds = ooc.open_dataset(path)
+    fs, gs, sampler = ooc.pyg.remote_backend(ds, num_neighbors=[2], input_nodes=np.arange(300),
+                                             batch_size=32, plan_ahead=plan_ahead)
+    try:
+        loader = NodeLoader((fs, gs), node_sampler=sampler, **sampler.loader_kwargs())
+        with pytest.raises(ooc.DatasetError) as ei:
+            for _ in loader:
+                pass
+    finally:
+        sampler.close()
+    assert str(ei.value) == (f"{path}/features.bin: the feature row of node {node} holds NaN "
+                             f"or infinite values (a corrupted page?); python -m ooc.prepare "
+                             f"verify DATASET checks every row")

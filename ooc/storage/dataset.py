@@ -84,6 +84,30 @@ def sampled_sha256(path: Path, nbytes: int) -> str:
     return h.hexdigest()
 
 
+def block_crc32s(path: Path, nbytes: int) -> list[int]:
+    """CRC-32 of each ``INDEX_BLOCK`` bytes of the first ``nbytes`` of the file ``path``
+    (the last block shorter), read with plain reads: the ``block_crc32`` that meta.json
+    records for ``features.bin`` and every ``.npy`` too large for a full sha256, checked
+    page by page by ``ooc.prepare verify`` (:mod:`ooc.storage.verify`)."""
+    crcs = []
+    with open(path, "rb") as f:
+        for a in range(0, nbytes, INDEX_BLOCK):
+            block = f.read(min(INDEX_BLOCK, nbytes - a))
+            if len(block) < min(INDEX_BLOCK, nbytes - a):
+                raise DatasetError(path, f"truncated: ends before byte {a + len(block)}")
+            crcs.append(zlib.crc32(block))
+    return crcs
+
+
+def block_count(name: str, entry: dict, meta: dict) -> int:
+    """How many ``block_crc32`` the entry of the file ``name`` must list: the blocks of the
+    ids of ``indices.bin`` (its page padding is not covered), of every byte of another
+    file."""
+    nbytes = (meta["num_edges"] * np.dtype(meta["index_dtype"]).itemsize
+              if name == "indices.bin" else entry["bytes"])
+    return -(-nbytes // INDEX_BLOCK)
+
+
 def meta_checksum(meta: dict) -> str:
     """sha256 (hex) of ``meta`` (a parsed ``meta.json``) without its ``checksum`` field,
     as canonical JSON (sorted keys, no spaces); the writer stores it as ``checksum``."""
@@ -742,10 +766,15 @@ def _check_files(path: Path, meta: dict, layout: FeatureLayout, feature_file: Pa
         if files[name]["bytes"] != want:
             raise DatasetError(mp, f"lists {name} with {files[name]['bytes']} bytes, but its "
                                    f"num_nodes/num_edges/feature fields give {want}")
-    crcs = files["indices.bin"].get("block_crc32")
-    if crcs is not None and len(crcs) != -(-e * idt.itemsize // INDEX_BLOCK):
-        raise DatasetError(mp, f"lists {len(crcs)} block checksums of indices.bin, but "
-                               f"num_edges={e} gives {-(-e * idt.itemsize // INDEX_BLOCK)}")
+    for name, entry in files.items():
+        crcs = entry.get("block_crc32") if isinstance(entry, dict) else None
+        if crcs is None or not _is_int(entry.get("bytes")):
+            continue
+        if not isinstance(crcs, list) or len(crcs) != block_count(name, entry, meta):
+            size = f"num_edges={e}" if name == "indices.bin" else f"{entry['bytes']} bytes"
+            got = len(crcs) if isinstance(crcs, list) else repr(crcs)
+            raise DatasetError(mp, f"lists {got} block checksums of {name}, but "
+                                   f"{size} gives {block_count(name, entry, meta)}")
     for name in REQUIRED_FILES:
         p = feature_file if name == "features.bin" else path / name
         _check_size(p, files[name]["bytes"])

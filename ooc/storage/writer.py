@@ -11,7 +11,7 @@ import numpy as np
 
 from .atomic import atomic_dir, write_json
 from .dataset import (CHECKSUM_LIMIT, FEATURE_LINK, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES,
-                      REQUIRED_FILES, ROW_MAP_FILE, meta_checksum, open_dataset,
+                      REQUIRED_FILES, ROW_MAP_FILE, block_crc32s, meta_checksum, open_dataset,
                       replace_problem, sampled_sha256, scan_index_range, sha256_file,
                       split_overlap)
 from .errors import DatasetError, OocError
@@ -312,6 +312,8 @@ class DatasetWriter:
                 entry["sampled_sha256"] = sampled_sha256(p, entry["bytes"])
             if name == "indices.bin":
                 entry["block_crc32"] = crcs
+            elif "sha256" not in entry:  # every page covered: ooc.prepare verify checks them
+                entry["block_crc32"] = block_crc32s(p, entry["bytes"])
             files[name] = entry
         meta = {
             "format": FORMAT_NAME,

@@ -13,6 +13,7 @@ import torch
 
 from ...storage.dataset import Dataset
 from ...storage.errors import InvalidValue, OocError
+from ...storage.finite import first_nonfinite_row
 from ..cache.chunk_cache import ChunkCache
 from ...storage.layout import PAGE
 from ...storage.pagecache import release_mapped
@@ -215,9 +216,9 @@ def _layer_report(plan: LayerPlan, name: str, first_chunk: int, first_block: int
 def check_finite(buf: np.ndarray, run: Run, l: int, c0: int) -> None:
     """Raise :class:`NonFiniteOutput` naming the first node whose row of ``buf``
     (float32 [rows, d_out], output rows ``c0..``) holds a NaN or an infinity."""
-    bad = ~np.isfinite(buf).all(axis=1)
-    if bad.any():
-        node = int(run.topo.perm[c0 + int(np.argmax(bad))])
+    k = first_nonfinite_row(buf)
+    if k >= 0:
+        node = int(run.topo.perm[c0 + k])
         why = ("a value past float16's range: use --layer-dtype float32"
                if buf.dtype == np.float16 else
                "NaN or infinite features or model weights")

@@ -301,6 +301,10 @@ class NodeLoader:
         self._source = source
         self._finalizer = weakref.finalize(self, source.close)
         self._next_epoch = 1
+        # every batch's rows are checked finite unless the dataset was written keeping
+        # non-finite values (ooc.prepare --allow-nonfinite)
+        self._finite_file = (None if int(dataset.meta.get("nonfinite_features", 0) or 0)
+                             else dataset.features_file)
 
     @property
     def memory_plan(self):
@@ -340,7 +344,7 @@ class NodeLoader:
     def _epoch(self, epoch: int) -> Generator[Any, None, None]:
         self.convert_seconds = 0.0
         with self._source.epoch():
-            batches = self._source.pipeline().batches(epoch)
+            batches = self._checked(self._source.pipeline().batches(epoch))
             while True:
                 if not self._finalizer.alive:  # an iterator kept past close()
                     raise InvalidValue("NodeLoader is closed")
@@ -374,7 +378,25 @@ class NodeLoader:
         code that builds its own batches (:mod:`ooc.pyg`). Does not move :attr:`epoch`."""
         if not self._finalizer.alive:
             raise InvalidValue("NodeLoader is closed")
-        return self._source.pipeline().batches(int(epoch))
+        return self._checked(self._source.pipeline().batches(int(epoch)))
+
+    def _checked(self, batches: Iterator[tuple[Any, np.ndarray]]
+                 ) -> Generator[tuple[Any, np.ndarray], None, None]:
+        """``batches`` (``(SampledBatch, rows)`` pairs), each refused when a feature row
+        holds a NaN or an infinity (:func:`~ooc.storage.finite.check_finite_rows`: one line
+        naming the node and the feature file), as training's loss check and inference's
+        output check refuse them; closing this closes ``batches``."""
+        from ...storage.finite import check_finite_rows
+
+        try:
+            for batch, rows in batches:
+                if self._finite_file is not None:
+                    check_finite_rows(rows, batch.node_ids, self._finite_file)
+                yield batch, rows
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     # -- what happened ------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
