@@ -269,6 +269,65 @@ def test_corrupt_saved_cache_is_rebuilt(dataset, tmp_path):
     np.testing.assert_array_equal(np.load(folder / "cache_array.npy"), good.cache_array)
 
 
+def _noted(monkeypatch) -> list[str]:
+    from ooc.storage import notes
+
+    lines: list[str] = []
+    notes.reset()
+    monkeypatch.setattr(notes, "sink", lines.append)
+    return lines
+
+
+def test_a_saved_cache_edited_in_range_is_rebuilt_with_a_note(dataset, tmp_path, monkeypatch):
+    """An id of a saved cache changed to another id in range fits every count: the cache's
+    checksum shows it, and the cache is built again (a one-line note), not served."""
+    import shutil
+
+    path = tmp_path / "ds"
+    shutil.copytree(dataset.path, path, ignore=shutil.ignore_patterns("neighbor_cache"))
+    ds = open_dataset(path)
+    budget = 8 * ds.num_nodes + 6000
+    good = load_or_build_neighbor_cache(ds, budget)
+    assert good.meta["source"] == ds.fingerprint() and len(good.meta["checksum"]) == 64
+    folder = cache_dir(path, budget)
+    ca = np.load(folder / "cache_array.npy")
+    a = int(good.addresses[0])
+    ca[a + 1] = (ca[a + 1] + 1) % ds.num_nodes     # still in range
+    np.save(folder / "cache_array.npy", ca)
+    edited = NeighborCache.from_arrays(good.nodes, good.addresses, ca, good.meta)
+    edited.check(ds.indptr)  # every count and id still fits the graph
+    lines = _noted(monkeypatch)
+    again = load_or_build_neighbor_cache(ds, budget)
+    np.testing.assert_array_equal(again.cache_array, good.cache_array)
+    np.testing.assert_array_equal(np.load(folder / "cache_array.npy"), good.cache_array)
+    assert lines == [f"ooc: note: {folder}: neighbor cache files do not match their checksum "
+                     f"in its meta.json (edited or corrupted); building it again"]
+
+
+def test_a_saved_cache_of_a_changed_dataset_is_rebuilt_with_a_note(dataset, tmp_path,
+                                                                   monkeypatch):
+    """indices.bin written in place after the cache was built (ids moved between lists of
+    the same lengths): the cache's source fingerprint no longer matches; rebuilt."""
+    import shutil
+
+    path = tmp_path / "ds"
+    shutil.copytree(dataset.path, path, ignore=shutil.ignore_patterns("neighbor_cache"))
+    ds = open_dataset(path)
+    budget = 8 * ds.num_nodes + 6000
+    load_or_build_neighbor_cache(ds, budget)
+    ids = np.memmap(path / "indices.bin", dtype=np.int32, mode="r+")
+    ids[:ds.num_edges] = ids[:ds.num_edges][::-1]
+    ids.flush()
+    del ids
+    lines = _noted(monkeypatch)
+    again = load_or_build_neighbor_cache(ds, budget)
+    indptr, indices = np.asarray(ds.indptr), np.asarray(ds.indices)
+    v = int(again.nodes[0])
+    np.testing.assert_array_equal(again.neighbors(v), indices[indptr[v]:indptr[v + 1]])
+    assert len(lines) == 1 and "was built from another version of" in lines[0]
+    assert lines[0].endswith("(its fingerprint differs); building it again")
+
+
 def test_bad_index_while_building_names_position(dataset, tmp_path):
     import shutil
 

@@ -20,10 +20,13 @@ writable, in the user cache folder (``$OOC_CACHE``, else
 ``$XDG_CACHE_HOME/ooc`` or ``~/.cache/ooc``) under
 ``neighbor_cache/<dataset identity>/<budget_bytes>/``, the identity being a
 hash of the dataset's ``meta.json`` (sizes and checksums of its files). A
-saved cache is checked against ``indptr`` when loaded (entries inside the
-array, counts equal to the in-degrees, ids in range) and rebuilt when it
-does not match; ids out of range while building are an error naming
-``indices.bin`` and the position. A saved cache of a budget up to
+saved cache records the sha256 of its arrays (``checksum``) and the
+fingerprint of the dataset it was built from (``source``,
+:meth:`~ooc.storage.Dataset.fingerprint`); when loaded it is checked against
+both and against ``indptr`` (entries inside the array, counts equal to the
+in-degrees, ids in range), and rebuilt, with a one-line note, when any fails
+(an edit in range changes no count, only the checksum shows it); ids out of
+range while building are an error naming ``indices.bin`` and the position. A saved cache of a budget up to
 :data:`REUSE_SHARE` smaller is used rather than building another (the budget a
 run plans varies a little from run to run: each would otherwise build and
 keep a cache of its own).
@@ -43,6 +46,7 @@ from ooc.storage.atomic import atomic_dir, write_json
 from ooc.storage.dataset import index_range_error
 from ooc.storage.errors import DatasetError
 from ooc.storage.id_map import IdMap
+from ooc.storage.notes import note
 from ooc.storage.pagecache import release_mapped
 
 from . import _neighbor_cache_kernels as NK
@@ -116,11 +120,13 @@ class NeighborCache:
 
     def save(self, folder: str | os.PathLike, overwrite: bool = True) -> Path:
         """Write to ``folder`` atomically (nodes.npy, addresses.npy, cache_array.npy,
-        meta.json)."""
+        meta.json with the arrays' :func:`arrays_checksum` as ``checksum``)."""
         nodes = self.nodes
+        addresses = self.slots.get(nodes)
+        self.meta["checksum"] = arrays_checksum(nodes, addresses, self.cache_array)
         with atomic_dir(folder, overwrite=overwrite) as tmp:
             np.save(tmp / "nodes.npy", nodes)
-            np.save(tmp / "addresses.npy", self.slots.get(nodes))
+            np.save(tmp / "addresses.npy", addresses)
             np.save(tmp / "cache_array.npy", self.cache_array)
             write_json(tmp / "meta.json", self.meta)
         return Path(folder)
@@ -149,12 +155,16 @@ class NeighborCache:
                   and ca.shape == (meta.get("cache_entries"),) and isinstance(n, int)
                   and (k == 0 or (bool((np.diff(nodes) > 0).all()) and 0 <= nodes[0]
                                   and nodes[-1] < n)))
+            same = ok and meta.get("checksum") == arrays_checksum(nodes, addr, ca)
         except DatasetError:
             raise
         except (OSError, ValueError, EOFError, UnicodeDecodeError) as e:
             raise DatasetError(folder, f"unreadable neighbor cache ({e})") from None
         if not ok:
             raise DatasetError(folder, "neighbor cache files do not match its meta.json")
+        if not same:
+            raise DatasetError(folder, "neighbor cache files do not match their checksum in "
+                                       "its meta.json (edited or corrupted)")
         return cls.from_arrays(nodes, addr, ca, meta)
 
     def check(self, indptr: np.ndarray, indices_path: str | os.PathLike = "indices.bin") -> None:
@@ -183,6 +193,17 @@ class NeighborCache:
         assert ids is not None  # status 2 is set only for a node with a cache entry
         j = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
         raise index_range_error(Path(indices_path), int(indptr[v]) + j, int(ids[j]), n)
+
+
+def arrays_checksum(nodes: np.ndarray, addresses: np.ndarray, cache_array: np.ndarray) -> str:
+    """sha256 (hex) of a cache's arrays (nodes int64 [k], addresses int64 [k], the
+    cache array), in that order, over their bytes (a memmap is read as it is hashed)."""
+    h = hashlib.sha256()
+    for arr in (nodes, addresses, cache_array):
+        arr = np.ascontiguousarray(arr)
+        for a in range(0, arr.shape[0], 1 << 24):
+            h.update(memoryview(arr[a:a + (1 << 24)]).cast("B"))
+    return h.hexdigest()
 
 
 #: Neighbour ids copied from the ``indices.bin`` memmap between two releases of its pages.
@@ -402,15 +423,21 @@ def user_cache_dir(dataset, budget_bytes: int) -> Path:
 
 
 def _load_valid(folder: Path, dataset) -> NeighborCache | None:
-    """The cache saved in ``folder`` if it is there, readable and fits the dataset."""
+    """The cache saved in ``folder`` if it is there, readable, matches its checksum, was
+    built from the dataset as it is now (its fingerprint) and fits it; a saved cache
+    that does not is rebuilt, with a one-line note saying why."""
     if not (folder / "meta.json").exists():
         return None
     try:
         cache = NeighborCache.load(folder)
         if cache.meta.get("num_edges") != dataset.num_edges:
-            return None
+            raise DatasetError(folder, "neighbor cache is of a graph with another edge count")
+        if cache.meta.get("source") != json.loads(json.dumps(dataset.fingerprint())):
+            raise DatasetError(folder, f"neighbor cache was built from another version of "
+                                       f"{dataset.path} (its fingerprint differs)")
         cache.check(dataset.indptr, dataset.file("indices.bin"))
-    except DatasetError:
+    except DatasetError as e:
+        note(f"{e}; building it again")
         return None
     return cache
 
@@ -455,6 +482,7 @@ def load_or_build_neighbor_cache(dataset, budget_bytes: int) -> NeighborCache:
                     return cache
     cache = build_neighbor_cache(dataset.indptr, dataset.indices, budget_bytes)
     cache.check(dataset.indptr, dataset.file("indices.bin"))
+    cache.meta["source"] = dataset.fingerprint()
     for folder in (here, there):
         if folder is None:
             continue
