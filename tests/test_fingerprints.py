@@ -117,6 +117,47 @@ def test_partitions_of_an_older_dataset_are_made_again(tmp_path):
     assert first.shape == np.load(parts / "owner.npy").shape
 
 
+def test_damaged_partitions_are_made_again(tmp_path):
+    """A partition folder is reused only when intact: partition.json matching its checksum,
+    owner.npy its sha256, every partition opening; else it is partitioned again, the log
+    line saying why."""
+    from conftest import community_graph
+    from ooc.executor.distributed import ensure_partitions
+
+    data = community_graph(tmp_path / "g", n=300, seed=0)
+    logs: list[str] = []
+    parts = ensure_partitions(data, 2, None, log=logs.append)
+    rec = json.loads((parts / "partition.json").read_text())
+    assert len(rec["checksum"]) == 64 and len(rec["owner_sha256"]) == 64
+    owner = np.load(parts / "owner.npy")
+
+    def edit_owner():
+        o = owner.copy()
+        o[:2] = o[:2][::-1] if o[0] != o[1] else 1 - o[:2]  # another partition, in range
+        np.save(parts / "owner.npy", o)
+
+    def edit_record():
+        r = json.loads((parts / "partition.json").read_text())
+        r["p"], r["parts"] = 2, r["parts"][::-1]
+        (parts / "partition.json").write_text(json.dumps(r))
+
+    def edit_part():
+        ids = np.load(parts / "part_001" / "val_idx.npy")
+        np.save(parts / "part_001" / "val_idx.npy", ids[::-1].copy())
+
+    for edit, why in ((edit_owner, f"{parts}/owner.npy does not match its checksum"),
+                      (edit_record, f"{parts}/partition.json does not match its checksum"),
+                      (edit_part, f"{parts}/part_001/val_idx.npy: checksum does not match")):
+        edit()
+        logs.clear()
+        assert ensure_partitions(data, 2, None, log=logs.append) == parts
+        assert logs[0].startswith(f"ooc.train: {why}"), logs
+        np.testing.assert_array_equal(np.load(parts / "owner.npy"), owner)
+        logs.clear()
+        ensure_partitions(data, 2, None, log=logs.append)
+        assert logs == []  # intact again: reused
+
+
 def test_inference_output_of_changed_features_is_not_served(tmp_path):
     import torch
     from conftest import community_graph

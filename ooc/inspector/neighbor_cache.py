@@ -201,8 +201,8 @@ def arrays_checksum(nodes: np.ndarray, addresses: np.ndarray, cache_array: np.nd
     h = hashlib.sha256()
     for arr in (nodes, addresses, cache_array):
         arr = np.ascontiguousarray(arr)
-        for a in range(0, arr.shape[0], 1 << 24):
-            h.update(memoryview(arr[a:a + (1 << 24)]).cast("B"))
+        for a in range(0, arr.shape[0], 1 << 20):
+            h.update(arr[a:a + (1 << 20)].tobytes())  # a million entries a time
     return h.hexdigest()
 
 

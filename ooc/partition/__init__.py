@@ -26,6 +26,7 @@ when complete)::
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -161,12 +162,55 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
             report["features"] = features
             _add_plan(report, dataset, a, chunk_edges, rss_open)
             write_json(tmp / "partition.json", report)
+            _seal(tmp / "partition.json")
     except OocError:
         raise
     except OSError as e:
         raise IOFailure(f"{out}: {e.strerror or e} while writing partitions; nothing was written") \
             from None
     return report
+
+
+def _seal(path: Path) -> None:
+    """Add to the written ``partition.json`` at ``path`` the sha256 of ``owner.npy`` beside
+    it (``owner_sha256``) and its own checksum (``checksum``,
+    :func:`~ooc.storage.dataset.meta_checksum` of its fields as written), so that a later
+    run can tell an intact partition folder (:func:`reuse_problem`)."""
+    from ..storage.dataset import meta_checksum, sha256_file
+
+    rec = json.loads(path.read_text())
+    rec["owner_sha256"] = sha256_file(path.parent / "owner.npy")
+    rec["checksum"] = meta_checksum(rec)
+    write_json(path, rec)
+
+
+def reuse_problem(out: Path, fingerprint: dict) -> str | None:
+    """Why the partition folder ``out`` may not be used for the dataset whose
+    :meth:`~ooc.storage.Dataset.fingerprint` is ``fingerprint`` (None: it may): its
+    ``partition.json`` unreadable or not matching its checksum, made from another version
+    of the dataset, ``owner.npy`` not matching its sha256, or a partition that does not
+    open (:func:`~ooc.storage.open_dataset`'s checks: sizes, checksums, fields)."""
+    from ..storage.dataset import meta_checksum, sha256_file
+    from ..storage.errors import DatasetError
+    from .split import part_name
+
+    try:
+        rec = json.loads((out / "partition.json").read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        return f"{out / 'partition.json'} is unreadable ({e})"
+    if not isinstance(rec, dict) or rec.get("checksum") != meta_checksum(rec):
+        return f"{out / 'partition.json'} does not match its checksum (edited or corrupted)"
+    if rec.get("source_fingerprint") != fingerprint:
+        return f"the dataset changed since {out} was made"
+    owner = out / "owner.npy"
+    if not owner.is_file() or sha256_file(owner) != rec.get("owner_sha256"):
+        return f"{owner} does not match its checksum in partition.json"
+    for q in range(int(rec.get("p", 0)) if rec.get("split", True) else 0):
+        try:
+            open_dataset(out / part_name(q))
+        except DatasetError as e:
+            return str(e)
+    return None
 
 
 def _precompile(dataset: Dataset, parts: int, algo: str, split: bool, halo_hops: int,

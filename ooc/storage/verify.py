@@ -23,7 +23,7 @@ import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -128,8 +128,7 @@ def _files(ds: Dataset) -> list[tuple[str, Path, int]]:
     return out
 
 
-def verify_dataset(path: str | os.PathLike, progress: bool = True,
-                   bar: Callable[..., Any] | None = None) -> dict:
+def verify_dataset(path: str | os.PathLike, progress: bool = True) -> dict:
     """Check every page of the dataset at ``path`` and every feature row (see the module
     docstring); returns a summary: ``bytes`` read, ``files`` checked, ``rows`` checked
     finite, ``uncovered`` (files without page checksums: written by an older ooc).
@@ -141,8 +140,8 @@ def verify_dataset(path: str | os.PathLike, progress: bool = True,
     files = _files(ds)
     total = sum(n for _, _, n in files)
     finite = not int(ds.meta.get("nonfinite_features", 0) or 0)
-    if bar is None:
-        from .ingest.edgelist import _progress as bar
+    from .ingest.edgelist import _progress as bar  # the progress bar of every storage pass
+
     uncovered = []
     with bar(total, f"verify {ds.path.name}", progress) as pbar:
         for name, p, nbytes in files:

@@ -58,12 +58,12 @@ def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.Pa
     (:meth:`~ooc.storage.Dataset.fingerprint`); one made from another version of the
     dataset is partitioned again in place (only when it carries ooc's marker).
     """
-    from ...partition import partition_dataset
+    from ...partition import partition_dataset, reuse_problem
     from ...storage import open_dataset
 
     out = Path(part_dir) if part_dir else default_partition_dir(data, parts, halo_hops)
     meta = out / "partition.json"
-    stale = False
+    stale, problem = False, None
     if meta.is_file():
         try:
             rec = json.loads(meta.read_text())
@@ -72,14 +72,16 @@ def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.Pa
         if not isinstance(rec, dict) or rec.get("p") != parts:
             p = rec.get("p") if isinstance(rec, dict) else None
             raise InvalidValue(f"{out}: holds {p} partitions, not --partitions {parts}")
-        if _source_fingerprint(out) == open_dataset(data).fingerprint():
+        problem = reuse_problem(out, open_dataset(data).fingerprint())
+        if problem is None:
             return out
-        stale = True  # made from another version of the dataset: partitioned again
+        # made from another version of the dataset, or damaged since: partitioned again
+        stale = True
     elif out.exists():
         raise InvalidValue(f"{out}: exists but has no partition.json (not a partition folder)")
 
     t0 = time.perf_counter()
-    why = "it changed since " + str(out) + " was made; " if stale else ""
+    why = f"{problem}; " if stale else ""
     log(f"ooc.train: {why}partitioning {data} into {parts} parts with SPRING -> {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     # the workers run on this machine: each partition reads the dataset's feature file
