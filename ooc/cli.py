@@ -116,18 +116,20 @@ def sigterm_raises() -> Iterator[None]:
 
 def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[..., int]:
     """Decorate a CLI ``main(argv)``: the process-wide settings of ooc's commands
-    (:func:`ooc.process.configure_process`), user errors become one line and exit 2, and
+    (:func:`ooc.process.configure_process`), user errors become one line and exit 2,
     SIGTERM (a scheduler's or ``timeout``'s stop) cleans up as Ctrl-C does, then exits
-    :data:`TERMINATED_RC` with one line."""
+    :data:`TERMINATED_RC` with one line, and a SIGBUS (a mapped input that shrank) is one
+    line and exit 2 (:func:`ooc.storage.bus_guard.guard`)."""
 
     @functools.wraps(fn)
     def wrapped(argv: Sequence[str] | None = None) -> int:
         from .process import configure_process
+        from .storage.bus_guard import guard
 
         configure_process()
         try:
             try:
-                with sigterm_raises(), cli_names():
+                with sigterm_raises(), cli_names(), guard():
                     rc = fn(argv)
             except Exception as e:
                 _rerun_if_kernel_cache(e, argv)

@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from ..storage._direct_kernels import fill_gaps
+from ..storage.bus_guard import check_size
 from ..storage.direct import (DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, gap_room,
                               grown)
 from ..storage.errors import DatasetError, InvalidValue
@@ -266,6 +267,9 @@ class MmapNeighbors(NeighborSource):
         out = np.empty(req.size, dtype=np.int64)
         if req.size == 0:
             return out
+        ind = self.indices
+        if isinstance(ind, np.memmap):  # shrunk since it was mapped: an error, not SIGBUS
+            check_size(ind, source_path(self), ind.offset + ind.nbytes)
         k = max(1, min(self.threads * 4, -(-req.size // 1024)))
         step = -(-req.size // k)
         futs = [self.pool.submit(MK.gather_ids, self.indices, req.edge_pos, out, a,

@@ -14,6 +14,7 @@ import numpy as np
 
 from .features import check_out
 from .errors import DatasetError
+from .bus_guard import check_size, watch
 from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowTable, RowView, index_dtype,
                      padded_bytes)
 
@@ -179,13 +180,16 @@ class MmapFeatures(RowTable):
             else:
                 self._mm = np.memmap(self.path, dtype=np.uint8, mode="r",
                                      shape=(self.layout.file_bytes,))
+                watch(self.path)
             self._view = self.layout.view(self._mm)
         return self._view
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``ids`` (int64 [n]) as an array [n, dim] of the file's dtype (into ``out``
         when given: the :class:`~ooc.storage.features.Feature` protocol)."""
-        rows = self._open()[np.asarray(ids, dtype=np.int64)]
+        view = self._open()
+        check_size(self._mm, self.path, self.layout.file_bytes)
+        rows = view[np.asarray(ids, dtype=np.int64)]
         if out is None:
             return rows
         check_out(out, len(rows), self.layout.dim, self.layout.dtype, str(self.path))[:] = rows
@@ -333,6 +337,16 @@ class Dataset:
 
                 self._offsets = NodeOffsets(self.indptr)
             return self._offsets
+
+    def check_mapped(self) -> None:
+        """Raise :class:`IOFailure` naming the file when one this dataset maps
+        (``indptr.npy``, ``indices.bin``, ``labels.npy``, the row map) shrank after it was
+        opened: a reader touching a page past its new end would die of SIGBUS. The
+        trainer and inference call it between batches and chunks
+        (:mod:`~ooc.storage.bus_guard`)."""
+        for arr in (self.indptr, self.indices, self.labels, self.row_of):
+            if isinstance(arr, np.memmap) and arr.filename is not None:
+                check_size(arr, arr.filename, arr.offset + arr.nbytes)
 
     def read_labels(self, ids: np.ndarray) -> np.ndarray:
         """Labels of ``ids`` (int64 [n]; -1 unlabeled), read from ``labels.npy`` by page
@@ -583,6 +597,8 @@ def _load_npy(path: Path, dtype, shape: tuple | None, mmap: bool = False) -> np.
         raise DatasetError(path, "missing")
     try:
         arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        if mmap:
+            watch(path)
     except (ValueError, OSError, EOFError) as e:
         raise DatasetError(path, f"truncated or not a .npy file ({e})") from None
     if arr.dtype != np.dtype(dtype):
@@ -804,7 +820,10 @@ def _open_indices(path: Path, meta: dict, verify: bool) -> np.ndarray:
                                    f"[0, {n}) (corrupted meta.json or file)")
     if e and (verify or ("index_range" not in meta and files["indices.bin"]["bytes"] <= INDEX_SCAN_LIMIT)):
         scan_index_range(ipath, idt, e, n, files["indices.bin"].get("block_crc32"))
-    return np.memmap(ipath, dtype=idt, mode="r", shape=(e,)) if e else np.zeros(0, dtype=idt)
+    if not e:
+        return np.zeros(0, dtype=idt)
+    watch(ipath)
+    return np.memmap(ipath, dtype=idt, mode="r", shape=(e,))
 
 
 def _open_labels(path: Path, n: int, c: int) -> np.ndarray:

@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from . import _direct_kernels as K
+from .bus_guard import watch
 from .io_backends import ReadBackend, Refused
 
 
@@ -33,6 +34,7 @@ class MmapBackend(ReadBackend):
         except (OSError, ValueError) as e:
             raise Refused(f"mmap failed: {e}") from None
         self.mm.madvise(mmap.MADV_RANDOM)
+        watch(path)
         self.view = np.frombuffer(self.mm, dtype=np.uint8)
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import _mmap_kernels as MK
+from .bus_guard import check_size, watch
 from .features import check_out
 from .layout import FeatureLayout, RowTable
 from .pagecache import advise
@@ -38,6 +39,7 @@ class ThreadedMmapFeatures(RowTable):
         self.layout = layout
         self.threads = int(threads)
         self.buf = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(layout.file_bytes,))
+        watch(self.path)
         advise(self.buf, mmap.MADV_RANDOM)
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ooc-mmap")
         self.requests = 0
@@ -52,6 +54,7 @@ class ThreadedMmapFeatures(RowTable):
             return out
         if ids.min() < 0 or ids.max() >= lay.num_rows:
             raise IdOutOfRange(f"{self.path}: row id out of range [0, {lay.num_rows})")
+        check_size(self.buf, self.path, lay.file_bytes)  # shrunk: an error, not SIGBUS
         offs = lay.row_offsets(ids)
         order = np.argsort(offs, kind="stable")
         ob = out.view(np.uint8).reshape(n, lay.row_bytes)

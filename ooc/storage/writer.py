@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from .errors import DatasetError, OocError
 from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes,
                      read_rows)
 from .errors import IdOutOfRange, InvalidValue
+from .reserve import is_no_room, map_for_writing, npy_for_writing
 
 
 #: ``reorder`` values of :class:`DatasetWriter` (``--reorder`` of ``ooc.prepare``).
@@ -25,22 +25,6 @@ REORDERS = ("auto", "locality", "none")
 #: Feature rows :meth:`DatasetWriter.check_features` masks at a time: the masks stay small
 #: beside the chunk.
 CHECK_ROWS = 1 << 16
-
-
-def allocate(path: Path, nbytes: int) -> None:
-    """Create ``path`` with ``nbytes`` reserved on disk (ENOSPC surfaces here,
-    not later as SIGBUS on a memmap write)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        if nbytes:
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, nbytes)
-    finally:
-        os.close(fd)
 
 
 class DatasetWriter:
@@ -151,7 +135,7 @@ class DatasetWriter:
     def _os_error(self, e: OSError) -> OocError:
         if isinstance(e, OocError):  # raised by ooc with its own one-line message
             return e
-        what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+        what = "disk full" if is_no_room(e) else (e.strerror or str(e))
         where = e.filename or self.out
         return OocError(f"{where}: {what} while writing dataset {self.out}; nothing was written")
 
@@ -188,20 +172,15 @@ class DatasetWriter:
             if e is None:
                 raise InvalidValue("write_indptr (or pass num_edges) before indices()")
             dt = index_dtype(self.num_nodes)
-            path = self._dir / "indices.bin"
-            allocate(path, padded_bytes(e * dt.itemsize))
-            self._indices = (np.memmap(path, dtype=dt, mode="r+", shape=(e,))
-                             if e else np.zeros(0, dtype=dt))
+            self._indices = map_for_writing(self._dir / "indices.bin", dt, (e,),
+                                            padded_bytes(e * dt.itemsize))
         return self._indices
 
     def features(self) -> RowView:
         """Writable row view of ``features.bin``: ``w.features()[a:b] = rows``."""
         if self._features is None:
-            path = self._dir / "features.bin"
-            allocate(path, self.layout.file_bytes)
-            self._features = (np.memmap(path, dtype=np.uint8, mode="r+",
-                                        shape=(self.layout.file_bytes,))
-                              if self.layout.file_bytes else np.zeros(0, np.uint8))
+            nbytes = self.layout.file_bytes
+            self._features = map_for_writing(self._dir / "features.bin", np.uint8, (nbytes,))
         return self.layout.view(self._features)
 
     def check_features(self, start: int, rows: np.ndarray) -> None:
@@ -477,8 +456,7 @@ class NpySink:
         self.length = int(length)
         self.done = done
         self.at = 0
-        self.mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.int64,
-                                            shape=(self.length,))
+        self.mm = npy_for_writing(path, np.int64, (self.length,))
 
     def write(self, part: np.ndarray) -> None:
         """Append ``part`` (int64 [k])."""

@@ -47,6 +47,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ...storage.reserve import reserve
 from .environment import seconds_from_env
 
 ENV_PATH = "OOC_HEARTBEAT"
@@ -77,8 +78,7 @@ def interval_s(timeout: float) -> float:
 def create_file(path: str | os.PathLike, workers: int) -> Path:
     """A zeroed heartbeat file for ``workers`` workers."""
     path = Path(path)
-    with open(path, "wb") as f:
-        f.truncate(workers * SLOT * 8)
+    reserve(path, workers * SLOT * 8)  # reserved: a full disk is an error here, not SIGBUS
     return path
 
 

@@ -151,6 +151,7 @@ def _run_block(run: Run, plan: LayerPlan, src: LayerInput, cache: ChunkCache | N
     ``writer``. The block's input rows are read once; its targets run through the layer
     a sub-block at a time, each on its own local graph (sized by ``plan.sub_work``)."""
     s, e = int(plan.starts[b]), int(plan.starts[b + 1])
+    run.dataset.check_mapped()  # a mapped file that shrank: an error here, not SIGBUS
     t0 = time.perf_counter()
     g: LocalGraph = local_graph(run.topo, s, e)
     run.topo.release_pages()
@@ -313,6 +314,7 @@ def run_layer(run: Run, l: int) -> dict:
     layer at 162M edges) would cost more than it could save, so the layer streams: its
     reads are sequential, the blocks' pages at random."""
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
+    run.dataset.check_mapped()  # before the plan walks the whole graph
     prev = None if l == 0 else run.group[f"h{l}"]
     d_in = run.dataset.feature_dim if prev is None else int(prev.shape[1])
     itemsize = 4 if prev is None else int(np.dtype(prev.dtype).itemsize)

@@ -267,6 +267,7 @@ def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Pat
     try:
         for a in range(0, e, step):
             b = min(e, a + step)
+            run.dataset.check_mapped()  # a mapped file that shrank: an error, not SIGBUS
             src = np.asarray(topo.indices[a:b])
             first = int(np.searchsorted(topo.indptr, a, side="right")) - 1
             counts = bucket_edges(topo.indptr, src, a, first, topo.rowof, key_in,
@@ -346,6 +347,7 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
         first_group = (first_chunk * ch.chunk_rows) // plan.group_rows
         for g in range(first_group, plan.groups if first_chunk < ch.num_chunks else 0):
             r0, r1 = g * plan.group_rows, min(n, (g + 1) * plan.group_rows)
+            run.dataset.check_mapped()
             acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, stats)
             nodes = topo.perm[r0:r1]
             dg = topo.indptr[nodes + 1] - topo.indptr[nodes]

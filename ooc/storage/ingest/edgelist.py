@@ -548,6 +548,7 @@ def _shrink_indices(w: DatasetWriter, e: int, e_alloc: int) -> None:
     w._indices = None
     assert w.tmp is not None  # inside the writer's with block
     path = w.tmp / "indices.bin"
+    # shortened, the file keeps the blocks reserved for its first bytes: no new room needed
     os.truncate(path, padded_bytes(e * idt.itemsize))
     w._indices = np.memmap(path, dtype=idt, mode="r+", shape=(e,)) if e else np.zeros(0, dtype=idt)
 
