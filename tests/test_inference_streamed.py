@@ -249,7 +249,7 @@ def test_the_disk_check_counts_the_edge_buckets(data, tmp_path, monkeypatch):
 
     ds, _ = data
     model = _models()["pyg-sum"]
-    layers = disk_bytes(ds.num_nodes, [20, 16, 4], [4, 4], False, ds.row_of is not None)
+    layers = disk_bytes(ds.num_nodes, [20, 16, 4], [4, 4], False, ds.row_of is not None, 128)
     free = layers + 4 * ds.num_edges  # half the buckets' 8 bytes an edge
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage",

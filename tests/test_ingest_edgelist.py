@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ooc.storage import OocError, csc_from_edges, open_dataset
-from ooc.storage import writer as writer_mod
+from ooc.storage import reserve as reserve_mod
 from ooc.storage.ingest import ingest_edgelist
 from ooc.storage.ingest import edge_buckets
 from ooc.storage.ingest.edge_buckets import MIN_WINDOWS
@@ -296,7 +296,7 @@ def test_full_disk(tmp_path, monkeypatch, where):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if where == "allocate":
-        monkeypatch.setattr(writer_mod, "allocate", enospc)
+        monkeypatch.setattr(reserve_mod.os, "posix_fallocate", enospc)
     else:
         from ooc.storage.ingest import edgelist
         monkeypatch.setattr(edgelist.os, "pwrite", enospc)

@@ -10,7 +10,7 @@ import pytest
 
 from ooc.prepare import main
 from ooc.storage import open_dataset
-from ooc.storage import writer as writer_mod
+from ooc.storage import reserve as reserve_mod
 
 REPO = Path(__file__).resolve().parents[1]
 CORA = REPO.parent / "shared" / "data" / "planetoid"
@@ -77,7 +77,7 @@ def test_full_disk_cli(tmp_path, capsys, monkeypatch):
     def enospc(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(writer_mod, "allocate", enospc)
+    monkeypatch.setattr(reserve_mod.os, "posix_fallocate", enospc)
     msg = _main_fails(capsys, ["edgelist", p, "--out", tmp_path / "d", "--no-progress"])
     assert "disk full" in msg
     assert not (tmp_path / "d").exists()

@@ -52,7 +52,8 @@ _previous: ctypes.Array | None = None
 
 class _Handler:
     """The native handler: ``void h(int)`` writing ``length`` bytes of ``buffer`` to
-    stderr, then ``_exit(EXIT_CODE)``; compiled with llvmlite's MCJIT."""
+    stderr, then ``_exit(EXIT_CODE)`` (once: a second thread faulting waits for that
+    exit); compiled with llvmlite's MCJIT."""
 
     def __init__(self) -> None:
         import llvmlite.binding as llvm
@@ -63,16 +64,28 @@ class _Handler:
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.buffer = ctypes.create_string_buffer(MESSAGE_BYTES)
         self.length = ctypes.c_int64(0)
-        write = ctypes.cast(self.libc.write, ctypes.c_void_p).value
-        exit_ = ctypes.cast(self.libc._exit, ctypes.c_void_p).value
+        self.taken = ctypes.c_int32(0)  # set by the first faulting thread
+        write, exit_, pause = (ctypes.cast(f, ctypes.c_void_p).value
+                               for f in (self.libc.write, self.libc._exit, self.libc.pause))
+        # the first thread to fault writes the line and exits; any other thread faulting
+        # meanwhile waits (pause) for that exit, so the line is written once
         ir = f"""
 define void @ooc_sigbus(i32 %sig) {{
+entry:
+  %old = atomicrmw xchg ptr inttoptr (i64 {ctypes.addressof(self.taken)} to ptr), i32 1 seq_cst
+  %first = icmp eq i32 %old, 0
+  br i1 %first, label %say, label %wait
+say:
   %n = load volatile i64, ptr inttoptr (i64 {ctypes.addressof(self.length)} to ptr)
   %w = inttoptr i64 {write} to ptr
   %r = call i64 %w(i32 2, ptr inttoptr (i64 {ctypes.addressof(self.buffer)} to ptr), i64 %n)
   %x = inttoptr i64 {exit_} to ptr
   call void %x(i32 {EXIT_CODE})
   unreachable
+wait:
+  %p = inttoptr i64 {pause} to ptr
+  %q = call i32 %p()
+  br label %wait
 }}
 """
         module = llvm.parse_assembly(ir)

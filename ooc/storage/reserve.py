@@ -66,10 +66,10 @@ def no_room(path: str | os.PathLike, nbytes: int, e: OSError) -> IOFailure:
 
 
 def _write_zeros(fd: int, nbytes: int) -> None:
-    """Write ``nbytes`` of zeros from the start of ``fd`` (a short write is retried; one
-    that writes nothing is ENOSPC)."""
-    block = bytes(min(ZEROS, nbytes))
-    at = 0
+    """Write zeros from the current end of ``fd`` up to ``nbytes`` (what the file holds
+    already stays; a short write is retried, one that writes nothing is ENOSPC)."""
+    at = os.fstat(fd).st_size
+    block = bytes(min(ZEROS, max(0, nbytes - at)))
     while at < nbytes:
         n = os.pwrite(fd, block[:min(len(block), nbytes - at)], at)
         if n <= 0:
@@ -79,7 +79,8 @@ def _write_zeros(fd: int, nbytes: int) -> None:
 
 def reserve_fd(fd: int, nbytes: int, path: str | os.PathLike) -> None:
     """Reserve the first ``nbytes`` of the open file ``fd`` (``path``, for the error) on
-    its disk; the file grows to ``nbytes`` if shorter.
+    its disk; the file grows to ``nbytes`` if shorter (where zeros are written instead,
+    from its end: what it holds is written already).
 
     Raises:
         IOFailure: the disk has no room (see :func:`no_room`).

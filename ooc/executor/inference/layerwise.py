@@ -145,7 +145,7 @@ from .model_adapter import LayerwiseModel, as_layerwise
 from .order import ORDERS, compute_order, order_digest, rows_and_nodes, stored_rows
 from .runner import AGGREGATIONS, Run, run_layer
 from .streamed import BUCKET_BYTES
-from .store import (PROGRESS_FILE, Progress, disk_bytes, drop_layer, locked_partial,
+from .store import (FS_BLOCK, PROGRESS_FILE, Progress, disk_bytes, drop_layer, locked_partial,
                     not_replaceable, open_group, partial_path, predictions, read_embeddings,
                     read_progress, seal, swap_in)
 from ...storage.errors import IOFailure, InvalidValue, OocError, OutputExists
@@ -339,6 +339,14 @@ def _resolve(dataset, model, out, budget: int, chunking: Chunking, cache: CacheS
                dims, layer_dtype=layer_dtype, keep_layers=keep_layers)
 
 
+def fs_block(path: Path) -> int:
+    """The allocation unit of the file system holding ``path`` (a file takes whole ones)."""
+    try:
+        return os.statvfs(path).f_frsize or FS_BLOCK
+    except OSError:
+        return FS_BLOCK
+
+
 def check_disk(job: Job) -> None:
     """Refuse, before anything is written, a run whose output does not fit the free disk
     beside ``out`` (what a partial output of the same run already holds counts as free)."""
@@ -346,15 +354,17 @@ def check_disk(job: Job) -> None:
 
     n, nl = job.dataset.num_nodes, job.num_layers
     sizes = [np.dtype(job.layer_dtype).itemsize] * (nl - 1) + [4]
-    need = disk_bytes(n, job.dims, sizes, job.keep_layers, job.perm is not None)
+    need = 0
     if job.aggregate != "blocks" and any(job.model.aggregation(l) is not None
                                          for l in range(nl)):
         need += BUCKET_BYTES * job.dataset.num_edges  # a streamed layer's edge buckets
     work = partial_path(job.out)
-    have = sum(f.stat().st_size for f in work.rglob("*") if f.is_file()) \
+    have = sum(f.stat().st_blocks * 512 for f in work.rglob("*") if f.is_file()) \
         if work.is_dir() and not work.is_symlink() else 0
     parent = job.out.parent if job.out.parent.exists() else Path(".")
     free = shutil.disk_usage(parent).free
+    need += disk_bytes(n, job.dims, sizes, job.keep_layers, job.perm is not None,
+                       job.chunking.chunk_rows, fs_block(parent))
     if need - have > free:
         hint = ("" if job.layer_dtype == "float16" or nl < 2 else
                 "; --layer-dtype float16 halves the layers before the last")

@@ -177,7 +177,7 @@ def open_group(work: Path, order_name: str, chunk_rows: int, num_layers: int,
                         "chunk_rows": chunk_rows, "num_layers": num_layers,
                         "arrays": [f"h{i + 1}" for i in range(num_layers)], "complete": False})
     if perm is not None and "row_of_node" not in group:  # int64 whatever rowof's dtype
-        step = max(chunk_rows, 1 << 20)
+        step = row_map_chunk(rowof.shape[0], chunk_rows)
         arr = group.create_array("row_of_node", shape=rowof.shape, dtype="int64",
                                  chunks=(step,), compressors=None)
         for a in range(0, rowof.shape[0], step):
@@ -206,17 +206,45 @@ def drop_layer(group, name: str) -> None:
         group.attrs["dropped"] = dropped + [name]
 
 
+#: ``row_of_node``'s rows per Zarr chunk at least (it is written once, in large pieces).
+ROW_MAP_CHUNK = 1 << 20
+#: The file system's allocation unit where it cannot be read (:func:`disk_bytes`).
+FS_BLOCK = 4096
+
+
+def row_map_chunk(n: int, chunk_rows: int) -> int:
+    """Rows per chunk of ``row_of_node`` (int64 [n]): large, but not past ``n`` (Zarr
+    writes a chunk whole, so a chunk beyond the array would be written as padding)."""
+    return max(1, min(n, max(chunk_rows, ROW_MAP_CHUNK)))
+
+
+def array_disk_bytes(n: int, rows_per_chunk: int, row_bytes: int, block: int = FS_BLOCK) -> int:
+    """Disk of a Zarr array of ``n`` rows of ``row_bytes``, uncompressed, in chunks of
+    ``rows_per_chunk`` rows: every chunk written whole (the last one too, padded), each
+    chunk file in whole ``block``s, and a block of metadata (``zarr.json``)."""
+    chunks = -(-n // max(1, rows_per_chunk))
+    per_chunk = -(-rows_per_chunk * row_bytes // block) * block
+    return chunks * per_chunk + block
+
+
 def disk_bytes(n: int, dims: list[int], itemsizes: list[int], keep_layers: bool,
-               row_of_node: bool) -> int:
+               row_of_node: bool, chunk_rows: int | None = None, block: int = FS_BLOCK) -> int:
     """The most disk an output of ``n`` rows takes while it is computed: layer ``l+1``
     (``dims[l+1]`` wide, ``itemsizes[l]`` bytes a value) beside its input layer, or every
-    layer when ``keep_layers``; then ``pred`` (int64) and ``row_of_node`` (int64) too."""
-    size = [0] + [n * d * b for d, b in zip(dims[1:], itemsizes)]  # size[0]: the features
-    pred, rowof = 8 * n, 8 * n * int(row_of_node)
+    layer when ``keep_layers``; then ``pred`` (int64) and ``row_of_node`` (int64) too.
+    Each array counts as Zarr writes it (:func:`array_disk_bytes`: whole chunks of
+    ``chunk_rows`` rows, default one chunk of every row, in whole ``block``s), and the
+    group's metadata and the progress file a block each."""
+    rows = n if chunk_rows is None else chunk_rows
+    size = [0] + [array_disk_bytes(n, rows, d * b, block)
+                  for d, b in zip(dims[1:], itemsizes)]  # size[0]: the features
+    pred = array_disk_bytes(n, rows, 8, block)
+    rowof = array_disk_bytes(n, row_map_chunk(n, rows), 8, block) if row_of_node else 0
+    base = 2 * block + rowof
     if keep_layers:
-        return sum(size) + pred + rowof
+        return base + sum(size) + pred
     beside_input = max(size[l] + size[l + 1] for l in range(len(size) - 1))
-    return rowof + max(beside_input, size[-1] + pred)
+    return base + max(beside_input, size[-1] + pred)
 
 
 def write_chunk(group, arr, name: str, c: int, c0: int, buf: np.ndarray) -> None:
