@@ -209,14 +209,14 @@ def test_nothing_of_the_user_changed_and_no_output(world):
 
 
 @pytest.mark.parametrize("size,needle,extra", [
-    # the disk the run needs (h1 beside h2: 3000 x (64 + 3) x 4 B = 785 KiB, and 8 B for
-    # each of the 22,010 edges, the buckets of a SAGE layer that streams) is refused
-    # before anything is written
-    ("256k", r"needs 957\.1 KiB of disk, 256\.0 KiB is free", []),
-    # by blocks (no buckets): room for the estimate but not for Zarr's metadata and 4 KiB
-    # blocks: the disk fills while layer 2 is written
-    ("808k", r"no space left on the device; the partial output .* was removed",
-     ["--aggregate", "blocks"])])
+    # the disk the run needs (h1 beside h2: 3000 x (64 + 3) x 4 B = 785 KiB in whole
+    # 256-row chunks and 4 KiB blocks with Zarr's metadata, and 8 B for each of the 22,010
+    # edges, the buckets of a SAGE layer that streams) is refused before anything is written
+    ("256k", r"needs 1004\.0 KiB of disk, 256\.0 KiB is free", []),
+    # by blocks (no buckets): room for the layers' bytes but not for Zarr's whole chunks,
+    # metadata and 4 KiB blocks (the disk filled while layer 2 was written when the plan
+    # counted bytes alone): refused up front as well
+    ("808k", r"needs 832\.0 KiB of disk, 808\.0 KiB is free", ["--aggregate", "blocks"])])
 def test_infer_full_disk_is_one_line_and_leaves_nothing(tmp_path, size, needle, extra):
     """A small tmpfs as the output's disk: one line naming the problem, exit 2, no
     output and no partial folder left on it."""
