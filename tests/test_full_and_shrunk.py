@@ -247,3 +247,28 @@ def test_the_disk_plan_counts_whole_zarr_chunks(tmp_path, keep):
     assert written <= plan
     if keep:
         assert plan - written <= 4 * 4096
+
+
+def _prepare_fails(capsys, argv: list) -> str:
+    from ooc.prepare import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    assert e.value.code == 2
+    return assert_one_line_error(capsys.readouterr().err)
+
+
+def test_synthetic_sizes_are_refused_before_the_first_pass(tmp_path, capsys, small_disk):
+    """No pass over the edges for a graph that cannot be (it ran for minutes): a mean
+    degree of N or more, an output disk too small for even the nodes' files."""
+    out = tmp_path / "s"
+    line = _prepare_fails(capsys, ["synthetic", "--nodes", "1000000", "--avg-degree", "1000000",
+                                   "--out", out, "--no-progress"])
+    assert "--avg-degree must be in (0, nodes - 1] (a simple graph of 1,000,000 nodes has " \
+           "at most 999,999 in-neighbours a node), got 1e+06" in line
+    disk = small_disk("1m")
+    line = _prepare_fails(capsys, ["synthetic", "--nodes", "100000", "--avg-degree", "10",
+                                   "--out", disk / "s", "--no-progress"])
+    assert line == (f"ooc: {disk}: a synthetic dataset of 100,000 nodes and --feature-dim 64 "
+                    "needs at least 27.1 MiB of disk, 1.0 MiB is free")
+    assert list(disk.iterdir()) == [] and not out.exists()

@@ -133,8 +133,14 @@ def _check_settings(nodes: int, avg_degree: float, feature_dim: int, classes: in
     L.check_node_count(nodes, f"{setting('--nodes')} {nodes}")
     if classes < 1 or classes > min(nodes, MAX_CLASSES):
         raise InvalidValue(f"{setting('--classes')} must be in [1, min(nodes, {MAX_CLASSES})], got {classes}")
-    if not 0 < avg_degree <= nodes:
-        raise InvalidValue(f"{setting('--avg-degree')} must be in (0, nodes], got {avg_degree}")
+    if not 0 < avg_degree <= nodes - 1:  # no self loops nor duplicates: N - 1 in-neighbours
+        raise InvalidValue(f"{setting('--avg-degree')} must be in (0, nodes - 1] (a simple "
+                           f"graph of {nodes:,} nodes has at most {nodes - 1:,} in-neighbours a "
+                           f"node), got {avg_degree:g}")
+    if nodes * avg_degree >= 2 ** 62:  # edge positions are int64 (indptr.npy)
+        raise InvalidValue(f"{setting('--nodes')} {nodes:,} x {setting('--avg-degree')} "
+                           f"{avg_degree:g}: {nodes * avg_degree:.3g} edges, past the 2^62 "
+                           "edges the format's int64 positions hold")
     if not 1 <= feature_dim <= MAX_FEATURE_DIM:
         raise InvalidValue(f"{setting('--feature-dim')} must be in [1, {MAX_FEATURE_DIM}], got {feature_dim}")
     if dtype not in FEATURE_DTYPES:
@@ -153,6 +159,31 @@ def _check_settings(nodes: int, avg_degree: float, feature_dim: int, classes: in
     if not 0 <= p_in <= 1:
         raise InvalidValue(f"{setting('--p-in')} must be in [0, 1], got {p_in}")
     return fr
+
+
+def least_bytes(nodes: int, feature_dim: int, dtype: str) -> int:
+    """Bytes a synthetic dataset of ``nodes`` nodes takes at least, whatever its edges:
+    ``features.bin``, ``indptr.npy``, ``labels.npy``, the splits (every node in one at
+    most) and ``indices.bin`` with one in-edge a node (no node is isolated)."""
+    from ..layout import FeatureLayout, padded_bytes
+
+    rows = FeatureLayout(nodes, feature_dim, dtype).file_bytes
+    return rows + 8 * (nodes + 1) + 8 * nodes + 8 * nodes + padded_bytes(
+        nodes * index_dtype(nodes).itemsize)
+
+
+def check_room(out: Path, nodes: int, feature_dim: int, dtype: str) -> None:
+    """Refuse, before the first pass, an output whose disk cannot hold even
+    :func:`least_bytes`."""
+    from ...cli import format_size
+    from ..errors import IOFailure
+    from ..reserve import free_bytes
+
+    need, free = least_bytes(nodes, feature_dim, dtype), free_bytes(out)
+    if free is not None and need > free:
+        raise IOFailure(f"{out.parent}: a synthetic dataset of {nodes:,} nodes and "
+                        f"{setting('--feature-dim')} {feature_dim} needs at least "
+                        f"{format_size(need)} of disk, {format_size(free)} is free")
 
 
 def _centroids(classes: int, feature_dim: int, signal: float, seed: int) -> np.ndarray:
@@ -204,6 +235,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                          val_fraction, test_fraction, seed, p_in, signal, noise)
     communities = communities_of(nodes, classes, community_size)
     out = check_out(out, overwrite)
+    check_room(out, nodes, feature_dim, dtype)
     if noise is None:
         noise = 0.7 * signal
     num_gen = int(round(nodes * avg_degree / (2 if undirected else 1)))
