@@ -174,7 +174,7 @@ def guard() -> Iterator[bool]:
                     _previous = None
 
 
-def check_size(arr: np.ndarray, path: str | os.PathLike, need: int) -> None:
+def check_size(arr: np.ndarray | None, path: str | os.PathLike, need: int) -> None:
     """Raise :class:`IOFailure` naming ``path`` when the file behind the mapping ``arr``
     (a memmap, or a view of one) now holds fewer than ``need`` bytes (it shrank after it
     was mapped); nothing when ``arr`` maps no file."""

@@ -468,7 +468,7 @@ class NpySink:
                                f"{self.length}")
         self.mm[self.at:self.at + k] = part
         self.at += k
-        self.mm.flush()
+        self._flush()
         release_mapped(self.mm)
 
     def close(self) -> None:
@@ -476,8 +476,12 @@ class NpySink:
             raise InvalidValue(f"{self.path.name}: {self.at} of {self.length} entries written")
         if self.done is not None:
             self.done(self.mm)
-        self.mm.flush()
+        self._flush()
         del self.mm
+
+    def _flush(self) -> None:
+        if isinstance(self.mm, np.memmap):  # an empty file maps nothing
+            self.mm.flush()
 
 
 def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
