@@ -5,13 +5,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
 from conftest import REPO, assert_one_line_error
 from ooc.storage import OocError, csc_from_edges, write_dataset
-from ooc.storage.locks import exclusive, lock_path
+from ooc.storage.locks import exclusive, exclusive_wait, lock_path
 
 HOLD = """
 import sys, time
@@ -129,3 +130,20 @@ def test_the_lock_is_released_and_removed_after_the_block(tmp_path):
     assert not path.exists()
     with exclusive(target, "thing"):
         pass
+
+
+def test_exclusive_wait_waits_for_the_holder_then_times_out_naming_it(tmp_path, holder):
+    """A waiter gets the lock as soon as its holder lets go, and one line naming the holder
+    when it does not let go in time (TimedOut is a TimeoutError)."""
+    target = tmp_path / "x"
+    with exclusive(target, "thing"):
+        with pytest.raises(OocError, match=f"process {os.getpid()} after 0.3s of waiting") as e:
+            with exclusive_wait(target, "thing", 0.3):
+                pass
+    assert isinstance(e.value, TimeoutError)
+    # held by another process that dies (kill -9): the kernel releases it, the waiter goes on
+    p = holder(target)
+    threading.Timer(0.5, p.kill).start()
+    with exclusive_wait(target, "thing", 60) as path:
+        assert path.read_text() == str(os.getpid())
+    assert p.wait() == -signal.SIGKILL

@@ -3,7 +3,9 @@ its holder, released by the kernel when the holder dies.
 
 :func:`exclusive` guards a folder ooc writes (a checkpoint folder, a dataset or partition
 output being made): a second writer gets one line naming the first one's pid instead of
-clobbering its files. The lock file is ``<folder>/.ooc-lock`` for a folder that exists
+clobbering its files; :func:`exclusive_wait` waits for it instead (several processes that
+each make the same output when it is missing: the first makes it, the others then find it
+made). The lock file is ``<folder>/.ooc-lock`` for a folder that exists
 and is ooc's (``inside=True``), else ``<parent>/.<name>.ooc-lock`` beside the output; it
 is removed on release.
 """
@@ -12,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import Iterator
 
-from .errors import IOFailure, OutputBusy
+from .errors import IOFailure, OutputBusy, TimedOut
 
 LOCK_NAME = ".ooc-lock"
 
@@ -69,3 +72,23 @@ def exclusive(target: str | os.PathLike, what: str, inside: bool = False) -> Ite
         with contextlib.suppress(OSError):
             os.unlink(path)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_wait(target: str | os.PathLike, what: str, timeout_s: float,
+                   poll_s: float = 0.2) -> Iterator[Path]:
+    """:func:`exclusive`, waiting up to ``timeout_s`` seconds while another process holds
+    the lock; :class:`~.errors.TimedOut` (one line naming the holder) after that."""
+    t_end = time.monotonic() + timeout_s
+    with contextlib.ExitStack() as stack:
+        while True:
+            try:
+                path = stack.enter_context(exclusive(target, what))
+                break
+            except OutputBusy:
+                if time.monotonic() >= t_end:
+                    raise TimedOut(f"{target}: this {what} was still being written by "
+                                   f"{_holder(lock_path(target))} after {timeout_s:g}s of "
+                                   f"waiting") from None
+                time.sleep(poll_s)
+        yield path

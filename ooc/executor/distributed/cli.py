@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .environment import dist_timeout_s, env_rank, env_world_size, in_worker
+from .environment import dist_timeout_s, env_world_size, in_worker
 from .launcher import launch
-from .partitions import (default_partition_dir, ensure_partitions, resolve_partitions,
-                         wait_for_partitions)
+from .partitions import ensure_partitions_locked, resolve_partitions
 from .worker import WorkerRun, run_worker
 from ...storage.errors import InvalidValue
 
@@ -81,11 +80,7 @@ def _halo_hops(s: dict[str, Any], num_layers: int) -> int:
 
 
 def _partition_dir(data: Path, parts: int, halo: int, s: dict[str, Any]) -> Path:
-    """The partition folder: made by the parent or rank 0 when missing, waited for by the
-    other ranks (under torchrun they start together)."""
-    if in_worker() and env_rank() != 0:
-        part_dir = Path(s["partition_dir"]) if s.get("partition_dir") else \
-            default_partition_dir(data, parts, halo)
-        wait_for_partitions(part_dir, dist_timeout_s(), data)
-        return part_dir
-    return ensure_partitions(data, parts, s.get("partition_dir"), s["seed"], halo_hops=halo)
+    """The partition folder, made when missing by the first process to take its lock (the
+    parent, or one worker per node under torchrun: it says so); the others reuse it."""
+    return ensure_partitions_locked(data, parts, s.get("partition_dir"), dist_timeout_s(),
+                                    s["seed"], halo_hops=halo)

@@ -1,13 +1,16 @@
-"""The process group of the workers: rank, world size and sum/max reductions over gloo."""
+"""The process group of the workers: rank, world size, sum/max reductions and a gather of
+small objects over gloo; who is still alive (:mod:`.liveness`) when a collective fails."""
 from __future__ import annotations
 
 import contextlib
 import datetime
+from typing import Any, Callable
 
 import torch
 
 from .environment import dist_timeout_s, env_rank, env_world_size
 from .heartbeat import Heartbeat
+from .liveness import Liveness
 
 #: Exit status of a worker whose collective failed because a peer vanished or timed out
 #: (a consequence, not the cause: the launcher then waits a moment for the cause to exit).
@@ -22,13 +25,15 @@ class Comm:
     """Rank, world size and reductions; a no-op group of one without torch.distributed.
 
     ``heartbeat``: marks the time spent in collectives for the launcher (None:
-    not watched).
+    not watched). A joined group of several also beats in the group's store
+    (``liveness``), so that :meth:`gone` can tell which workers are gone.
     """
 
     def __init__(self, rank: int = 0, world_size: int = 1, initialized: bool = False,
                  heartbeat: Heartbeat | None = None):
         self.rank, self.world_size, self.initialized = rank, world_size, initialized
         self.heartbeat = heartbeat
+        self.liveness = Liveness(rank, world_size) if initialized else None
 
     @classmethod
     def from_env(cls, heartbeat: Heartbeat | None = None) -> "Comm":
@@ -59,24 +64,45 @@ class Comm:
         """Element-wise maximum of ``t`` over the workers, in place; returns ``t``."""
         return self._all_reduce(t, "MAX")
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every worker's ``obj`` (picklable, small), in rank order."""
+        if not self.initialized:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        self._collective("all_gather", lambda: dist.all_gather_object(out, obj))
+        return out
+
+    def gone(self) -> list[int] | None:
+        """The ranks of the other workers that are gone (:meth:`.Liveness.gone`); None when
+        it cannot be told."""
+        return self.liveness.gone() if self.liveness is not None else None
+
     def _all_reduce(self, t: torch.Tensor, op: str) -> torch.Tensor:
         if not self.initialized:
             return t
         import torch.distributed as dist
 
+        self._collective("all_reduce", lambda: dist.all_reduce(t, op=getattr(dist.ReduceOp, op)))
+        return t
+
+    def _collective(self, name: str, run: Callable[[], Any]) -> None:
+        """``run()``, marked as a collective; :class:`PeerLost` when gloo fails it."""
         marks = self.heartbeat.collective() if self.heartbeat is not None \
             else contextlib.nullcontext()
         try:
             with marks:
-                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                run()
         except RuntimeError as e:  # gloo: connection closed, or the timeout
             msg = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise PeerLost(f"all_reduce failed, another worker died or timed out "
+            raise PeerLost(f"{name} failed, another worker died or timed out "
                            f"({msg[:240]})") from None
-        return t
 
     def close(self) -> None:
         """Leave the process group (best effort: this runs on the way out)."""
+        if self.liveness is not None:
+            self.liveness.close()
         if not self.initialized:
             return
         import torch.distributed as dist

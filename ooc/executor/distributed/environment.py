@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from typing import Any
 
 from ...storage.errors import InvalidValue
 
@@ -38,6 +39,25 @@ def in_worker() -> bool:
 def env_rank() -> int:
     """``RANK`` (0 outside a worker)."""
     return int(os.environ.get("RANK", 0))
+
+
+def node_rank() -> int:
+    """The node this worker runs on: torchrun's ``GROUP_RANK`` (0 for the launcher's)."""
+    return int(os.environ.get("GROUP_RANK", 0))
+
+
+def identity() -> dict[str, Any]:
+    """This worker as the others name it: ``rank``, ``node``, ``host`` and ``pid``."""
+    return {"rank": env_rank(), "node": node_rank(), "host": socket.gethostname(),
+            "pid": os.getpid()}
+
+
+def describe(worker: dict[str, Any], full: bool) -> str:
+    """``worker rank R``; with ``full`` (the workers run on several nodes) followed by
+    ``(node N, host H, pid P)``."""
+    name = f"worker rank {worker['rank']}"
+    return f"{name} (node {worker['node']}, host {worker['host']}, pid {worker['pid']})" \
+        if full else name
 
 
 def env_world_size() -> int | None:

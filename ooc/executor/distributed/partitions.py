@@ -2,20 +2,30 @@
 
 ``P`` comes from ``--partitions`` or the workload allocation rule
 (:func:`~ooc.executor.distributed.averaging.allocate_partitions`); the folder
-from ``--partition-dir`` or :func:`default_partition_dir`. Rank 0 (or the
-launcher) partitions the dataset with SPRING when the folder does not exist
-yet; the other ranks wait for it.
+from ``--partition-dir`` or :func:`default_partition_dir`, opened by every
+process on its own machine (a shared folder or a copy per node).
+
+Who partitions (:func:`ensure_partitions_locked`): every process that needs the
+folder (the launcher, or each torchrun worker on each node) takes its lock in
+turn; the first partitions the dataset with SPRING when the folder is missing or
+stale, the others then find it made and reuse it. With a folder per node each
+node makes its own; SPRING with the same seed makes the same partitions from the
+same dataset, and the workers check that with :func:`partition_set_fingerprint`
+before training (:mod:`.worker`).
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .averaging import DEFAULT_COMPUTE_FRACTION, allocate_partitions, dataset_bytes
-from ...storage.errors import InvalidValue, TimedOut, setting
+from ...storage.errors import InvalidValue, setting
+from ...storage.locks import exclusive_wait
 
 
 def default_partition_dir(data: str | os.PathLike, parts: int, halo_hops: int = 1) -> Path:
@@ -103,15 +113,41 @@ def _source_fingerprint(part_dir: Path) -> Any:
     return rec.get("source_fingerprint") if isinstance(rec, dict) else None
 
 
-def wait_for_partitions(part_dir: Path, timeout_s: float, data: str | os.PathLike) -> None:
-    """Wait until rank 0 has written ``part_dir`` from the dataset ``data`` as it is now
-    (torchrun: rank 0 partitions, or partitions again when the folder is stale)."""
-    from ...storage import open_dataset
+def ensure_partitions_locked(data: str | os.PathLike, parts: int,
+                             part_dir: str | os.PathLike | None, timeout_s: float,
+                             seed: int = 0, log: Callable[[str], None] = print,
+                             halo_hops: int = 1) -> Path:
+    """:func:`ensure_partitions` under a lock beside the folder, waited for up to
+    ``timeout_s`` seconds: of several processes (workers on one node, or nodes sharing
+    the folder) the first makes the partitions, the others reuse them."""
+    out = Path(part_dir) if part_dir else default_partition_dir(data, parts, halo_hops)
+    with exclusive_wait(out.parent / f"{out.name}.making", "partition folder", timeout_s):
+        return ensure_partitions(data, parts, out, seed, log=log, halo_hops=halo_hops)
 
-    want = open_dataset(data).fingerprint()
-    t_end = time.monotonic() + timeout_s
-    while _source_fingerprint(part_dir) != want:
-        if time.monotonic() > t_end:
-            raise TimedOut(f"{part_dir}: rank 0 did not write the partitions of {data} within "
-                           f"{timeout_s:.0f}s")
-        time.sleep(0.5)
+
+def dataset_digest(meta: dict[str, Any]) -> str:
+    """A digest of a dataset's content: its files' sizes and checksums in ``meta.json``
+    (not their paths or times: two copies of one dataset on two machines agree)."""
+    return _digest([json.dumps(meta.get("files"), sort_keys=True).encode()])
+
+
+def partition_set_fingerprint(part_dir: Path, parts: int) -> str:
+    """A digest of a partition folder's content: the assignment (``owner.npy``), the halo
+    and every partition's files (sizes and checksums). Equal on two machines when they
+    hold the same partitions of the same dataset."""
+    from ...partition.split import part_name
+
+    rec = json.loads((part_dir / "partition.json").read_text())
+    files = [json.loads((part_dir / part_name(j) / "meta.json").read_text()).get("files")
+             for j in range(parts)]
+    head = json.dumps([parts, rec.get("halo_hops"), files], sort_keys=True).encode()
+    with open(part_dir / "owner.npy", "rb") as f:
+        return _digest(itertools.chain([head], iter(lambda: f.read(1 << 24), b"")))
+
+
+def _digest(blocks: Iterable[bytes]) -> str:
+    """The first 16 hex digits of the SHA-256 of ``blocks`` in order."""
+    h = hashlib.sha256()
+    for b in blocks:
+        h.update(b)
+    return h.hexdigest()[:16]

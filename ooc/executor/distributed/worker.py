@@ -4,8 +4,20 @@ Started by the launcher or by torchrun (or run in the command's own process
 with ``--workers 1``): rank ``R`` of ``Q`` trains the partitions
 ``j mod Q == R`` with an :class:`~ooc.executor.distributed.averaging_trainer.AveragingTrainer`,
 checkpoints after a sync every ``--checkpoint-every`` epochs (rank 0), and rank
-0 prints the summary and writes the report. A collective that fails because a
-peer vanished ends the worker with :data:`~ooc.executor.distributed.comm.PEER_LOST_RC`.
+0 prints the summary and writes the report.
+
+Before training, the workers of a group check that they read the same data: each
+sends the digest of its dataset and of its partition folder
+(:func:`~ooc.executor.distributed.partitions.dataset_digest`,
+:func:`~ooc.executor.distributed.partitions.partition_set_fingerprint`; on several
+nodes each reads its own copy) and every worker refuses a difference in one line
+naming the two workers (rank, node, host) and their folders.
+
+A collective that fails because a peer vanished ends the worker with
+:data:`~ooc.executor.distributed.comm.PEER_LOST_RC`, naming the workers that are
+gone (:meth:`~ooc.executor.distributed.comm.Comm.gone`) with their node and host
+when they ran on another node: ``ooc: worker rank 1 (node 1, host H, pid P)
+failed: gone ...; worker rank 0 (node 0, ...) lost it: all_reduce failed ...``.
 """
 from __future__ import annotations
 
@@ -18,11 +30,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ...memory import peak_rss_bytes
-from ...storage.errors import OocError
+from ...storage.errors import InvalidValue, OocError
 from .averaging_trainer import AveragingTrainer, format_acc
 from .comm import PEER_LOST_RC, Comm, PeerLost
-from .environment import env_rank, threads_per_worker
+from .environment import describe, env_rank, identity, threads_per_worker
 from .heartbeat import Heartbeat
+from .liveness import SETTLE_S
+from .partitions import dataset_digest, partition_set_fingerprint
 
 if TYPE_CHECKING:
     from ...storage.dataset import Dataset
@@ -74,10 +88,11 @@ def run_worker(run: WorkerRun) -> int:
     _configure_process(run, rank)
     t0 = time.perf_counter()
     heartbeat = Heartbeat.from_env(rank) if world > 1 else None
-    comm, trainer = Comm(), None
+    comm, trainer, peers = Comm(), None, [identity()]
     try:
         if world > 1:
             comm = Comm.from_env(heartbeat)
+            peers = check_same_data(comm, run)
         trainer = _open_trainer(run, comm, heartbeat)
         _train(trainer, run)
         peak = comm.all_reduce_max(torch.tensor([float(peak_rss_bytes())], dtype=torch.float64))
@@ -94,7 +109,7 @@ def run_worker(run: WorkerRun) -> int:
             e.args = (f"worker rank {rank}: {e}",)
         raise
     except PeerLost as e:
-        print(f"ooc: worker rank {rank}: {e}", file=sys.stderr, flush=True)
+        print(peer_lost_message(e, comm, peers), file=sys.stderr, flush=True)
         return PEER_LOST_RC
     finally:
         if trainer is not None:
@@ -102,6 +117,51 @@ def run_worker(run: WorkerRun) -> int:
         comm.close()
         if heartbeat is not None:
             heartbeat.close()
+
+
+def check_same_data(comm: Comm, run: WorkerRun) -> list[dict[str, Any]]:
+    """Every worker's identity (:func:`~.environment.identity`) with the digests of the
+    dataset and the partitions it opened; :class:`InvalidValue` when two differ."""
+    me = dict(identity(), data=dataset_digest(run.dataset.meta), data_path=str(run.dataset.path),
+              parts=partition_set_fingerprint(run.part_dir, run.parts),
+              part_dir=str(run.part_dir))
+    peers = comm.all_gather_object(me)
+    multi = _multi_node(peers)
+    for key, path, what, fix in (
+            ("data", "data_path", "datasets", "give every node a copy of the same dataset"),
+            ("parts", "part_dir", "partitions", "copy one node's partition folder to the "
+             "others, or give every node one shared --partition-dir")):
+        other = next((p for p in peers if p[key] != peers[0][key]), None)
+        if other is not None:
+            a, b = peers[0], other
+            raise InvalidValue(f"the {what} differ between workers: {describe(a, multi)} reads "
+                               f"{a[path]} [{a[key]}], {describe(b, multi)} reads {b[path]} "
+                               f"[{b[key]}]; {fix}")
+    return peers
+
+
+def peer_lost_message(e: PeerLost, comm: Comm, peers: list[dict[str, Any]]) -> str:
+    """The line of a worker whose collective failed: the workers that are gone, named with
+    their node when it is not this one's, else (none found) this worker and the error."""
+    me = next((p for p in peers if p["rank"] == comm.rank), identity())
+    gone, why = comm.gone(), f"its beats in the group's store stopped for {SETTLE_S:g}s"
+    if gone is None and comm.world_size == 2:  # the store's host is gone too: the other one
+        gone, why = [1 - comm.rank], "the group's store is gone with it"
+    by_rank = {p["rank"]: p for p in peers}
+    named = [describe(by_rank[r], _other_node(by_rank[r], me)) if r in by_rank
+             else f"worker rank {r}" for r in gone or []]
+    self_name = describe(me, _multi_node(peers))
+    if not named:
+        return f"ooc: {self_name}: {e}"
+    return f"ooc: {', '.join(named)} failed: gone ({why}); {self_name} lost it: {e}"
+
+
+def _multi_node(peers: list[dict[str, Any]]) -> bool:
+    return len({(p["node"], p["host"]) for p in peers}) > 1
+
+
+def _other_node(p: dict[str, Any], me: dict[str, Any]) -> bool:
+    return (p["node"], p["host"]) != (me["node"], me["host"])
 
 
 def _configure_process(run: WorkerRun, rank: int) -> None:
