@@ -181,9 +181,10 @@ def parted(graph):
     ("hang", {HB.ENV_TIMEOUT: "5"},
      r"no progress for [\d.]+s while working \(hung\); limit OOC_HEARTBEAT_TIMEOUT=5s"),
     # a stall in start-up (alive, beating, no batch yet) is not judged by the heartbeat;
-    # rank 0's collective times out (3 s) and the launcher names rank 1, not rank 0
+    # rank 0's collective times out (3 s) and the launcher names rank 1, not rank 0 (rank 1
+    # entered two: the rendezvous and the check that the workers read the same data)
     ("hang@0", {"OOC_DIST_TIMEOUT": "3", HB.ENV_TIMEOUT: "600"},
-     r"still starting up \(1 collective entered, the rendezvous included\) while the other "
+     r"still starting up \(2 collectives entered, the rendezvous included\) while the other "
      r"workers timed out waiting for it"),
 ])
 @pytest.mark.slow
