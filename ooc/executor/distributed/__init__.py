@@ -9,7 +9,12 @@
   loopback port and starts ``Q`` copies of itself with ``RANK``,
   ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``. Under
   ``torchrun`` (those variables already set) the same command is the worker
-  directly. Workers join a gloo process group (:mod:`.comm`,
+  directly, on one machine or several (``torchrun --nnodes N``): every process
+  that needs the partition folder takes its lock in turn and the first makes it
+  when missing (:func:`.partitions.ensure_partitions_locked`: once in a folder
+  the nodes share, once per node in a folder of each node's own), and the
+  workers refuse to train when their datasets or partitions differ
+  (:func:`.worker.check_same_data`). Workers join a gloo process group (:mod:`.comm`,
   ``init_method="env://"``, timeout ``OOC_DIST_TIMEOUT`` seconds, default
   1800). ``Q = 1`` runs in this process with no process group: the same math.
 * **Work** (:mod:`.worker`, :mod:`.averaging_trainer`, :mod:`.local_model`).
@@ -55,7 +60,9 @@
   or after the timeout) and exits 75 naming its rank; the parent treats that
   as a consequence and names the worker that caused it when one exits with
   another status within a few seconds. Under torchrun, torchrun's agent stops
-  the group; every worker's message names its rank.
+  the group; a worker that loses a peer names the workers that are gone
+  (:mod:`.liveness`: their beats in the group's store stopped), with their node,
+  host and pid when they ran on another node.
 * **Checkpoints** come from rank 0 only, after a sync, atomically
   (:func:`~ooc.executor.training.checkpoint.save_checkpoint`): the averaged
   model, the epoch, the history and the run's settings (``--resume``
@@ -64,8 +71,8 @@
 from .averaging_trainer import AveragingTrainer
 from .cli import run_cli, wants_averaging
 from .launcher import launch
-from .partitions import ensure_partitions, resolve_partitions
+from .partitions import ensure_partitions, ensure_partitions_locked, resolve_partitions
 from .worker import WorkerRun, run_worker
 
-__all__ = ["AveragingTrainer", "WorkerRun", "ensure_partitions", "launch", "resolve_partitions",
-           "run_cli", "run_worker", "wants_averaging"]
+__all__ = ["AveragingTrainer", "WorkerRun", "ensure_partitions", "ensure_partitions_locked",
+           "launch", "resolve_partitions", "run_cli", "run_worker", "wants_averaging"]
