@@ -111,3 +111,55 @@ def test_cli_layer_dtype_and_keep_layers(run, tmp_path):
     np.testing.assert_array_equal(h2, read_embeddings(tmp_path / "k.zarr", "h2"))
     with pytest.raises(ValueError, match="h1 was not kept"):
         read_embeddings(tmp_path / "d.zarr", "h1")
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """A 300-node dataset, a SAGE checkpoint over it and ``ooc.infer``'s default output
+    (every layer kept, blocks of 64 targets, so layer 2 reads layer 1's rows from its
+    chunk files through the I/O backend)."""
+    from conftest import random_graph
+    from ooc.storage import csc_from_edges, write_dataset
+
+    tmp = tmp_path_factory.mktemp("readers")
+    n, d = 300, 24
+    indptr, indices = csc_from_edges(*random_graph(n, 2400, seed=3), n)
+    rng = np.random.default_rng(4)
+    path = write_dataset(tmp / "d", indptr, indices, rng.standard_normal((n, d)).astype(np.float32),
+                         rng.integers(0, 3, n), np.arange(100), np.arange(100, 200),
+                         np.arange(200, 300), num_classes=3)
+    torch.manual_seed(1)
+    ckpt = save_checkpoint(tmp / "ck", 1, build_model("sage", d, 16, 3, num_layers=2))
+    base = ["--data", str(path), "--checkpoint", str(ckpt), "--memory-budget", "4GiB",
+            "--chunk-rows", "32", "--block-rows", "64", "--keep-layers", "--no-progress",
+            "--aggregate", "blocks"]
+    assert main(base + ["--out", str(tmp / "default.zarr")]) == 0
+    return tmp, base
+
+
+@pytest.mark.parametrize("option", [("--features", "direct"), ("--features", "mmap"),
+                                    ("--io-backend", "io_uring"), ("--io-backend", "liburing"),
+                                    ("--io-backend", "preadv"), ("--io-backend", "mmap"),
+                                    ("--features", "mmap", "--aggregate", "streamed")])
+def test_every_reader_choice_gives_the_default_embeddings(default_run, tmp_path, option):
+    """Each ``--features`` / ``--io-backend`` choice runs end to end (``--features mmap``
+    and ``--io-backend mmap`` crashed on the reader's counters) and writes the default
+    path's embeddings bit for bit, counting the feature bytes it read."""
+    from conftest import backend_or_skip
+
+    tmp, base = default_run
+    if option[0] == "--io-backend":
+        backend_or_skip(option[1], tmp / "d" / "features.bin")
+    out, rep = tmp_path / "o.zarr", tmp_path / "r.json"
+    argv = base + ["--out", str(out), "--report", str(rep)] + list(option)
+    if "streamed" in option:
+        argv.remove("blocks")
+        argv.remove("--aggregate")
+    assert main(argv) == 0
+    r = json.loads(rep.read_text())
+    want = "mmap" if option[1] == "mmap" else "direct"
+    assert r["feature_reader"].startswith(want), r["feature_reader"]
+    assert r["layers"][0]["bytes_read"] >= 300 * 24 * 4
+    for name in ("h1", "h2", "pred"):
+        np.testing.assert_array_equal(read_embeddings(out, name),
+                                      read_embeddings(tmp / "default.zarr", name))

@@ -51,6 +51,17 @@ def counters(feature) -> dict:
     return dict(s) if isinstance(s, dict) else dict(vars(s))
 
 
+def read_counted(feature, ids: np.ndarray, row_bytes: int) -> tuple[np.ndarray, int]:
+    """``feature.read(ids)`` and the bytes it read: the difference of its ``bytes_read``
+    counter (:func:`counters`), or ``len(ids) * row_bytes`` for a reader that keeps none
+    (any object with ``read(ids)``)."""
+    before = counters(feature).get("bytes_read")
+    rows = feature.read(ids)
+    if before is None:
+        return rows, len(ids) * int(row_bytes)
+    return rows, int(counters(feature)["bytes_read"]) - int(before)
+
+
 def check_out(out: np.ndarray | None, n: int, dim: int, dtype: DTypeLike, what: str) -> np.ndarray:
     """``out`` checked against [n, dim] of ``dtype`` (C-contiguous), or a new array.
 

@@ -13,6 +13,7 @@ import torch
 
 from ...storage.dataset import Dataset
 from ...storage.errors import InvalidValue, OocError
+from ...storage.features import read_counted
 from ...storage.finite import first_nonfinite_row
 from ..cache.chunk_cache import ChunkCache
 from ...storage.layout import PAGE
@@ -82,11 +83,8 @@ class LayerInput:
     row_of: np.ndarray | None = None
 
     def _read_features(self, ids: np.ndarray) -> np.ndarray:
-        st = getattr(self.reader, "stats", None)
-        before = st.bytes_read if st is not None else 0
-        a = self.reader.read(ids)
-        self.bytes_read += (st.bytes_read - before if st is not None
-                            else ids.shape[0] * self.row_bytes)
+        a, nbytes = read_counted(self.reader, ids, self.row_bytes)
+        self.bytes_read += nbytes
         return a
 
     def load_chunk(self, c: int) -> np.ndarray:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from ...storage.features import read_counted
 from ...storage.layout import PAGE, FeatureLayout, read_rows
 from ...storage.pagecache import release_mapped
 from ._kernels import accumulate_rows, bucket_edges
@@ -239,12 +240,8 @@ class _Source:
             x = np.asarray(self.prev[r0:r1])
             self.bytes_read += x.nbytes
             return np.asarray(x, dtype=np.float32)
-        reader = self.run.reader
-        st = getattr(reader, "stats", None)
-        before = st.bytes_read if st is not None else 0
-        x = reader.read(nodes)
-        self.bytes_read += (st.bytes_read - before if st is not None
-                            else nodes.shape[0] * self.run.dataset.layout.row_bytes)
+        x, nbytes = read_counted(self.run.reader, nodes, self.run.dataset.layout.row_bytes)
+        self.bytes_read += nbytes
         return np.asarray(x, dtype=np.float32)
 
     def close(self) -> None:
