@@ -82,21 +82,28 @@ def _feature_reader_choice(args: argparse.Namespace) -> str:
 
     if args.io_backend in (None, "auto"):
         return args.features
-    if args.features == "mmap":
+    if args.features == "mmap" and args.io_backend != "mmap":
         raise InvalidValue(f"--io-backend {args.io_backend} reads with O_DIRECT; it does not go "
                        f"with --features mmap")
+    if args.features == "direct" and args.io_backend == "mmap":
+        raise InvalidValue("--io-backend mmap reads through the page cache, not with O_DIRECT; "
+                           "it does not go with --features direct")
     return args.io_backend
 
 
 def _load_checked_model(args: argparse.Namespace, ds):
-    """The checkpoint's model; its input width must be the dataset's feature width."""
+    """The checkpoint's model; its input width must be the dataset's feature width, and
+    its output (ooc.train's: one logit a class) the dataset's classes where it has labels."""
     from .executor.training.checkpoint import load_model
 
     model = load_model(args.checkpoint)
-    in_dim = getattr(model, "config", {}).get("in_dim")
-    if in_dim is not None and in_dim != ds.feature_dim:
+    in_dim, out_dim = model.config["in_dim"], model.config["out_dim"]
+    if in_dim != ds.feature_dim:
         raise InvalidValue(f"{args.checkpoint}: model expects {in_dim}-dim features, "
-                       f"{args.data} has {ds.feature_dim}")
+                           f"{args.data} has {ds.feature_dim} (a checkpoint of another dataset?)")
+    if ds.num_classes and out_dim != ds.num_classes:
+        raise InvalidValue(f"{args.checkpoint}: model predicts {out_dim} classes, {args.data} "
+                           f"has {ds.num_classes} (a checkpoint of another dataset?)")
     return model
 
 

@@ -163,3 +163,54 @@ def test_every_reader_choice_gives_the_default_embeddings(default_run, tmp_path,
     for name in ("h1", "h2", "pred"):
         np.testing.assert_array_equal(read_embeddings(out, name),
                                       read_embeddings(tmp / "default.zarr", name))
+
+
+def _main_fails(capsys, argv: list) -> str:
+    """``main(argv)`` in this process: exit 2 and the one-line error, which it returns."""
+    with pytest.raises(SystemExit) as ei:
+        main([str(a) for a in argv])
+    assert ei.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_checkpoint_of_another_dataset_is_one_line(default_run, capsys):
+    """A checkpoint of another feature width or class count, or reader options that
+    contradict each other: one line naming both sides, before anything is written."""
+    tmp, base = default_run
+    data = tmp / "d"
+    other = {"width": save_checkpoint(tmp / "ck16", 1, build_model("sage", 16, 16, 3, 2)),
+             "classes": save_checkpoint(tmp / "ck7", 1, build_model("sage", 24, 16, 7, 2))}
+    out = tmp / "bad.zarr"
+    common = ["--data", data, "--out", out, "--no-progress"]
+    for argv, needles in (
+        (["--checkpoint", other["width"]], ("ck16", "model expects 16-dim features",
+                                            "has 24")),
+        (["--checkpoint", other["classes"]], ("ck7", "model predicts 7 classes", "has 3")),
+        (base[2:4] + ["--features", "direct", "--io-backend", "mmap"],
+         ("--io-backend mmap", "--features direct")),
+        (base[2:4] + ["--features", "mmap", "--io-backend", "preadv"],
+         ("--io-backend preadv", "--features mmap")),
+        (base[2:4] + ["--layer-dtype", "garbage"], ("--layer-dtype", "garbage")),
+        (base[2:4] + ["--memory-budget", "64MiB"], ("too small", "--memory-budget")),
+        (base[2:4] + ["--order", "pds", "--partition", data / "train_idx.npy"],
+         ("partition assignment has",)),
+    ):
+        assert_one_line_error(_main_fails(capsys, common + argv), *needles)
+        assert not out.exists() and not (tmp / ".bad.zarr.partial").exists()
+
+
+def test_aggregate_streamed_over_a_gcn_is_refused_before_a_pass(run, tmp_path, capsys,
+                                                               monkeypatch):
+    """``--aggregate streamed`` with a model whose layers cannot stream (GCN): one line
+    before the pass over ``indices.bin`` (it used to come from the first layer)."""
+    from ooc.storage.dataset import Dataset
+
+    path, _, _, ckpt = run
+
+    def no_pass(self):
+        raise AssertionError("a pass over the graph before the options were checked")
+
+    monkeypatch.setattr(Dataset, "check_indices", no_pass)
+    err = _main_fails(capsys, ["--data", path, "--checkpoint", ckpt, "--out", tmp_path / "o.zarr",
+                               "--aggregate", "streamed", "--no-progress"])
+    assert_one_line_error(err, "--aggregate streamed: layer 1 cannot stream", "--aggregate auto")

@@ -636,3 +636,133 @@ def test_orders_hold_int32_ids_and_the_output_keeps_int64(synth, tmp_path):
     assert r.dtype == np.int64
     perm, _ = compute_order(ds, "degree")
     assert np.array_equal(np.asarray(r[:])[perm], np.arange(ds.num_nodes))
+
+
+class _NoWidth(torch.nn.Module):
+    """A model of the layer-wise protocol that declares no input width (one linear map of
+    ``d`` inputs, summed over in-neighbours)."""
+
+    num_layers = 1
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, 5)
+
+    def layer(self, l, x, edge_index, edge_weight=None):
+        h = self.lin(x)
+        return h.index_add(0, edge_index[1], h[edge_index[0]])
+
+
+@pytest.fixture
+def no_pass(monkeypatch):
+    """A pass over ``indices.bin`` fails the test: the checks run before it."""
+    from ooc.storage.dataset import Dataset
+
+    def check_indices(self):
+        raise AssertionError("a pass over the graph before the options were checked")
+
+    monkeypatch.setattr(Dataset, "check_indices", check_indices)
+
+
+@pytest.mark.parametrize("model, needles", [
+    (lambda: build_model("sage", 32, 16, 5, num_layers=2),
+     ("sage: the model takes 32-dim input rows", "has 24-dim features", "in_dim=24")),
+    (lambda: __import__("torch_geometric.nn", fromlist=["GraphSAGE"]).GraphSAGE(32, 16, 2, 5),
+     ("GraphSAGE: the model takes 32-dim input rows", "has 24-dim features")),
+    (lambda: _NoWidth(32), ("_NoWidth: layer 1 of the model does not take 24-dim input rows",)),
+])
+def test_a_model_of_another_input_width_is_one_line(synth, tmp_path, no_pass, model, needles):
+    """A model built for 32-dim rows over 24-dim features: one ``InvalidValue`` naming both
+    widths (from the width the model declares, or from running layer 1 on one row), before
+    a pass over the graph and with nothing written (it was a traceback from inside torch)."""
+    from ooc.storage import InvalidValue
+
+    ds, _ = synth
+    with pytest.raises(InvalidValue) as ei:
+        layerwise_inference(ds, model(), tmp_path / "o.zarr", progress=False)
+    msg = str(ei.value)
+    assert "\n" not in msg and all(n in msg for n in needles), msg
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(memory_budget="64MiB"), "too small"),
+    (dict(order="pds", partition=np.zeros(7, np.int64)), "partition assignment has 7 entries"),
+    (dict(order="random"), "unknown order 'random'"),
+    (dict(features="garbage"), "features='garbage': choose one of"),
+    (dict(features=object()), "has no read"),
+    (dict(aggregate="streamed", model="gcn"), "layer 1 cannot stream"),
+    (dict(stream_rows=(0, None)), "stream_rows"),
+])
+def test_bad_options_are_refused_before_a_pass(synth, tmp_path, no_pass, kw, match):
+    """Each bad option: one ``OocError`` that is a ``ValueError`` before the pass over
+    ``indices.bin`` that precedes the order, nothing written."""
+    ds, x = synth
+    model = build_model(kw.pop("model", "sage"), x.shape[1], 16, 5, num_layers=2)
+    with pytest.raises(OocError, match=match) as ei:
+        layerwise_inference(ds, model, tmp_path / "o.zarr", progress=False, **kw)
+    assert isinstance(ei.value, ValueError) and "\n" not in str(ei.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def finished(synth, tmp_path_factory):
+    """A finished 2-layer output of ``synth`` in degree order (rows are not node ids),
+    every layer kept, and the in-memory reference of its layers."""
+    ds, x = synth
+    out = tmp_path_factory.mktemp("finished") / "o.zarr"
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
+    layerwise_inference(ds, model, out, order="degree", keep_layers=True, progress=False)
+    return out, ref
+
+
+def test_read_embeddings_of_what_is_not_an_output_is_one_line(synth, finished, tmp_path):
+    """``read_embeddings`` on a missing path, a dataset folder, a file, a folder of the
+    user's and an unfinished output: one line saying what it is and what to pass."""
+    from ooc.storage import InvalidValue, NotFound
+
+    ds, _ = synth
+    out, _ = finished
+    (tmp_path / "mine").mkdir()
+    part = tmp_path / "part.zarr"
+    shutil.copytree(out, part)
+    meta = json.loads((part / "zarr.json").read_text())
+    meta["attributes"]["complete"] = False
+    (part / "zarr.json").write_text(json.dumps(meta))
+    for path, err, needle in (
+        (tmp_path / "nope.zarr", NotFound, "nope.zarr: not found"),
+        (ds.path, InvalidValue, "is an ooc dataset, not an inference output; pass the --out "
+                                "folder of ooc.infer"),
+        (ds.path / "meta.json", InvalidValue, "meta.json: is a file, not an inference output"),
+        (tmp_path / "mine", InvalidValue, "mine: is not an inference output"),
+        (part, InvalidValue, "part.zarr: is an unfinished inference output"),
+    ):
+        with pytest.raises(err) as ei:
+            read_embeddings(path, "h1")
+        assert needle in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+    assert isinstance(NotFound("x"), FileNotFoundError)
+
+
+def test_read_embeddings_checks_its_name_and_ids(finished):
+    """A layer the output does not have, ids outside ``[0, N)`` (negative ones used to
+    read another node's row, too large ones an empty array), ids that are not integers:
+    one line each. In range, the rows of the ids asked for, in their order."""
+    from ooc.storage import IdOutOfRange, InvalidValue
+
+    out, ref = finished
+    for name in ("h3", "row_of_node", 2):
+        with pytest.raises(InvalidValue, match="the output of a 2-layer model has h1 .. h2 "
+                                               "and pred"):
+            read_embeddings(out, name)
+    for ids in ([2000], [-1], [5, 2000], np.array([2**64 - 1], np.uint64)):
+        with pytest.raises(IdOutOfRange, match=r"node id -?\d+ out of range \[0, 2000\)") as ei:
+            read_embeddings(out, "h2", ids)
+        assert isinstance(ei.value, IndexError)
+    for ids in ([1.5], [[1, 2]]):
+        with pytest.raises(InvalidValue, match="1-d array of integer node ids"):
+            read_embeddings(out, "h2", ids)
+    ids = np.array([1999, 0, 7, 7], np.uint32)
+    assert np.abs(read_embeddings(out, "h2", ids) - ref[1][ids.astype(np.int64)]).max() < TOL
+    assert np.abs(read_embeddings(out, "h1", np.arange(3, 9)) - ref[0][3:9]).max() < TOL
+    assert read_embeddings(out, "h2", []).shape == (0, 5)

@@ -142,13 +142,14 @@ from .blocks import CacheSettings, Chunking
 from .local_graph import Topology
 from .memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss
 from .model_adapter import LayerwiseModel, as_layerwise
-from .order import ORDERS, compute_order, order_digest, rows_and_nodes, stored_rows
+from .order import (ORDERS, compute_order, order_digest, order_of, resolve_order,
+                    rows_and_nodes, stored_rows)
 from .runner import AGGREGATIONS, Run, run_layer
 from .streamed import BUCKET_BYTES
 from .store import (FS_BLOCK, PROGRESS_FILE, Progress, disk_bytes, drop_layer, locked_partial,
                     not_replaceable, open_group, partial_path, predictions, read_embeddings,
                     read_progress, seal, swap_in)
-from ...storage.errors import IOFailure, InvalidValue, OocError, OutputExists
+from ...storage.errors import IOFailure, InvalidValue, OocError, OutputExists, setting
 
 #: dtypes a layer before the last may be stored in
 LAYER_DTYPES = ("float32", "float16")
@@ -228,6 +229,8 @@ class Job:
     stream_rows: tuple[int | None, int | None] = (None, None)
     show_bar: bool = False
     on_chunk: Callable[[int, int], None] | None = None
+    #: the partition assignment of a ``pds`` order until :func:`_order_job` makes it
+    owner: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -294,21 +297,29 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         memory_budget = process_total() or "2GiB"
     budget = _parse_size(memory_budget)
     check_options(budget, chunk_rows, block_rows, cache_chunks, policy, layer_dtype, aggregate)
-    chunking = Chunking(int(chunk_rows), 0, block_rows)
-    job = _resolve(dataset, model, out, budget, chunking, CacheSettings(policy, cache_chunks),
-                   order, partition, layer_dtype, bool(keep_layers))
-    job.features, job.show_bar, job.on_chunk = features, progress, on_chunk
-    job.aggregate = aggregate
+    _check_features(features)
     if stream_rows is not None:
         from ...cli import check_range
 
         for what, v in zip(("stream_rows[0] (group rows)", "stream_rows[1] (source rows)"),
                            stream_rows):
             check_range(what, v, 1, None, integer=True)
+    chunking = Chunking(int(chunk_rows), 0, block_rows)
+    job = _resolve(dataset, model, out, budget, chunking, CacheSettings(policy, cache_chunks),
+                   order, partition, layer_dtype, bool(keep_layers), aggregate)
+    job.features, job.show_bar, job.on_chunk = features, progress, on_chunk
+    if stream_rows is not None:
         job.stream_rows = (stream_rows[0], stream_rows[1])
+    # the disk check runs before the first pass over the graph, except where ``out``
+    # exists: a finished output of this run (known once the order is) needs no disk
+    nothing_at_out = not os.path.lexists(job.out)
+    if nothing_at_out:
+        check_disk(job)
+    _order_job(job)
     if _is_finished(job, overwrite):
         return _finished_report(job, t_start)
-    check_disk(job)
+    if not nothing_at_out:
+        check_disk(job)
     report = _write_partial(job)
     report["time_s"] = time.perf_counter() - t_start
     return report
@@ -316,27 +327,78 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
 
 def _resolve(dataset, model, out, budget: int, chunking: Chunking, cache: CacheSettings,
              order: Any, partition: Any, layer_dtype: str = "float32",
-             keep_layers: bool = False) -> Job:
-    """Open and check the dataset, the model, the order and the budget's minimum."""
+             keep_layers: bool = False, aggregate: str = "auto") -> Job:
+    """Open the dataset and check it, the model, the order's options and the budget's
+    minimum against each other, without a pass over the graph (:func:`_order_job` makes
+    the order)."""
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
+    lw = as_layerwise(model)
+    check_width(dataset, lw)
+    dims = _layer_dims(dataset, lw)
+    _check_streams(lw, aggregate)
+    _check_budget(dataset, dims, budget, chunking.chunk_rows, cache.capacity)
+    owner, order_name = resolve_order(dataset, order, partition)
+    n = dataset.num_nodes
+    chunking.num_chunks = -(-n // chunking.chunk_rows) if n else 0
+    return Job(dataset, lw, Path(out), budget, chunking, cache, None, order_name, {}, dims,
+               layer_dtype=layer_dtype, keep_layers=keep_layers, aggregate=aggregate,
+               owner=owner)
+
+
+def _order_job(job: Job) -> None:
+    """Check every id of ``indices.bin``, then make the processing order and the run's
+    fingerprint (the passes over the graph); the budget's minimum is checked again with
+    the order in memory."""
+    ds, ch = job.dataset, job.chunking
     # the layer kernels index with every id of indices.bin: all are checked first (one
     # streaming pass, the size of one layer's neighbour reads), so a corrupted page the
     # sampled checksum missed is one error naming the position, not a SIGSEGV
-    dataset.check_indices()
-    lw = as_layerwise(model)
-    perm, order_name = compute_order(dataset, order, partition)
-    n = dataset.num_nodes
-    chunking.num_chunks = -(-n // chunking.chunk_rows) if n else 0
-    fingerprint = {"dataset": str(dataset.path.resolve()), "source": dataset.fingerprint(),
-                   "num_nodes": n,
-                   "num_edges": dataset.num_edges, "chunk_rows": chunking.chunk_rows,
-                   "order": order_name, "order_digest": order_digest(perm),
-                   "model": lw.digest(), "num_layers": lw.num_layers,
-                   "layer_dtype": layer_dtype, "keep_layers": keep_layers}
-    dims = _layer_dims(dataset, lw, budget, chunking.chunk_rows, cache.capacity)
-    return Job(dataset, lw, Path(out), budget, chunking, cache, perm, order_name, fingerprint,
-               dims, layer_dtype=layer_dtype, keep_layers=keep_layers)
+    ds.check_indices()
+    job.perm, job.order_name = order_of(ds, job.owner, job.order_name)
+    job.owner = None
+    job.fingerprint = {"dataset": str(ds.path.resolve()), "source": ds.fingerprint(),
+                       "num_nodes": ds.num_nodes, "num_edges": ds.num_edges,
+                       "chunk_rows": ch.chunk_rows, "order": job.order_name,
+                       "order_digest": order_digest(job.perm), "model": job.model.digest(),
+                       "num_layers": job.model.num_layers, "layer_dtype": job.layer_dtype,
+                       "keep_layers": job.keep_layers}
+    _check_budget(ds, job.dims, job.budget, ch.chunk_rows, job.cache.capacity)
+
+
+def _check_features(features: Any) -> None:
+    """``features`` (see :func:`layerwise_inference`): a reader's name, or an object with
+    ``read(ids)``."""
+    names = ("auto", "direct", "mmap", *REGISTRY)
+    if isinstance(features, str) and features not in names:
+        raise InvalidValue(f"features={features!r}: choose one of {', '.join(names)}, or "
+                           f"pass an object with read(ids)")
+    if not isinstance(features, str) and features is not None and \
+            not callable(getattr(features, "read", None)):
+        raise InvalidValue(f"features: a {type(features).__name__} has no read(ids); pass a "
+                           f"reader's name ({', '.join(names)}) or an object with read(ids)")
+
+
+def _check_streams(model: LayerwiseModel, aggregate: str) -> None:
+    """``aggregate="streamed"`` needs every layer's convolution to be a plain mean, sum or
+    max of its input rows (:func:`.runner._stream_plan` says so for the budget)."""
+    if aggregate != "streamed":
+        return
+    for l in range(model.num_layers):
+        if model.aggregation(l) is None:
+            raise InvalidValue(f"{setting('--aggregate')} streamed: layer {l + 1} cannot stream "
+                               f"(its convolution is not a plain mean, sum or max of its input "
+                               f"rows); use {setting('--aggregate')} auto")
+
+
+def check_width(dataset: Dataset, model: LayerwiseModel) -> None:
+    """Refuse a model whose declared input width is not the dataset's feature width (one
+    :class:`InvalidValue` naming both); a model that declares none is checked when its
+    layers are probed (:func:`_layer_dims`)."""
+    if model.in_dim is not None and model.in_dim != dataset.feature_dim:
+        raise InvalidValue(f"{model.name}: the model takes {model.in_dim}-dim input rows, "
+                           f"{dataset.path} has {dataset.feature_dim}-dim features; pass a "
+                           f"model built for this dataset (in_dim={dataset.feature_dim})")
 
 
 def fs_block(path: Path) -> int:
@@ -363,7 +425,7 @@ def check_disk(job: Job) -> None:
         if work.is_dir() and not work.is_symlink() else 0
     parent = job.out.parent if job.out.parent.exists() else Path(".")
     free = shutil.disk_usage(parent).free
-    need += disk_bytes(n, job.dims, sizes, job.keep_layers, job.perm is not None,
+    need += disk_bytes(n, job.dims, sizes, job.keep_layers, job.order_name != "natural",
                        job.chunking.chunk_rows, fs_block(parent))
     if need - have > free:
         hint = ("" if job.layer_dtype == "float16" or nl < 2 else
@@ -375,17 +437,23 @@ def check_disk(job: Job) -> None:
                         f"{hint}")
 
 
-def _layer_dims(dataset: Dataset, model: LayerwiseModel, budget: int, chunk_rows: int,
-                cache_chunks: int | None) -> list[int]:
-    """Every layer's width; fails before any file is written when a layer's minimum
-    (two output chunk buffers) does not fit the budget."""
-    trim_malloc()
-    rows = min(chunk_rows, max(dataset.num_nodes, 1))
+def _layer_dims(dataset: Dataset, model: LayerwiseModel) -> list[int]:
+    """The dataset's feature width, then every layer's output width (each layer run on
+    one row of its input's width: a layer that cannot take it is one line)."""
     dims = [dataset.feature_dim]
     for l in range(model.num_layers):
         dims.append(model.out_dim(l, dims[-1]))
-        plan_memory(budget, rss(), rows, dims[-2], dims[-1], True, cache_chunks)
     return dims
+
+
+def _check_budget(dataset: Dataset, dims: list[int], budget: int, chunk_rows: int,
+                  cache_chunks: int | None) -> None:
+    """Fail before any file is written when a layer's minimum (two output chunk buffers)
+    does not fit the budget."""
+    trim_malloc()
+    rows = min(chunk_rows, max(dataset.num_nodes, 1))
+    for l in range(len(dims) - 1):
+        plan_memory(budget, rss(), rows, dims[l], dims[l + 1], True, cache_chunks)
 
 
 def _is_finished(job: Job, overwrite: bool) -> bool:

@@ -64,6 +64,9 @@ class LayerwiseModel:
             ``"max"`` of the rows as they are, before any weight), else None: such a
             layer can be computed from each target's reduced row alone
             (:mod:`.streamed`).
+        in_dim: the input width the model declares (ooc's ``GNN``, a stock ``BasicGNN``
+            built with ``in_channels``), None when it declares none (then only running
+            layer 0 tells).
     """
     module: torch.nn.Module
     num_layers: int
@@ -72,6 +75,7 @@ class LayerwiseModel:
     name: str
     targets_only: bool = False
     aggregations: tuple[str | None, ...] = ()
+    in_dim: int | None = None
 
     def aggregation(self, l: int) -> str | None:
         """Layer ``l``'s plain reduction of its input rows (see ``aggregations``)."""
@@ -97,11 +101,20 @@ class LayerwiseModel:
         return h.hexdigest()[:24]
 
     def out_dim(self, l: int, d_in: int) -> int:
-        """Width of layer ``l``'s output, found by running it on one node."""
+        """Width of layer ``l``'s output, found by running it on one node of ``d_in``
+        values; a layer that cannot take rows of that width is one :class:`InvalidValue`
+        (with torch's reason)."""
         x = torch.zeros(1, d_in)
-        if self.gcn_norm:
-            return int(self.layer(l, x, torch.zeros(2, 1, dtype=torch.long), torch.ones(1)).shape[-1])
-        return int(self.layer(l, x, torch.zeros(2, 0, dtype=torch.long), None).shape[-1])
+        try:
+            if self.gcn_norm:
+                h = self.layer(l, x, torch.zeros(2, 1, dtype=torch.long), torch.ones(1))
+            else:
+                h = self.layer(l, x, torch.zeros(2, 0, dtype=torch.long), None)
+        except RuntimeError as e:  # torch's shape errors
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InvalidValue(f"{self.name}: layer {l + 1} of the model does not take "
+                               f"{d_in}-dim input rows ({reason})") from None
+        return int(h.shape[-1])
 
 
 def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
@@ -121,7 +134,8 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
         return LayerwiseModel(model, int(num_layers), layer, gcn,
                               str(getattr(model, "kind", type(model).__name__)),
                               targets_only=isinstance(model, GNN),
-                              aggregations=_reductions(convs) if convs is not None else ())
+                              aggregations=_reductions(convs) if convs is not None else (),
+                              in_dim=model.dims[0] if isinstance(model, GNN) else None)
     if isinstance(model, BasicGNN):
         return _stock(model)
     raise InvalidValue("the model does not follow the layer-wise protocol "
@@ -143,8 +157,10 @@ def _stock(model) -> LayerwiseModel:
                            "BatchNorm with running statistics, LayerNorm(mode='node') or none")
     gcn = _gcn_normalises(model)
     model.eval()
+    in_dim = int(model.in_channels) if int(model.in_channels) > 0 else None  # -1: lazy
     return LayerwiseModel(model, int(model.num_layers), _StockLayers(model, gcn), gcn, name,
-                          targets_only=True, aggregations=_reductions(model.convs))
+                          targets_only=True, aggregations=_reductions(model.convs),
+                          in_dim=in_dim)
 
 
 #: PyG aggregation names -> the reduction streamed aggregation computes.

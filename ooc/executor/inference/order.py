@@ -61,16 +61,39 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     already: its rows' order); ``auto`` is ``pds`` with a partitioning, else ``locality``
     for a dataset stored in one or from :data:`AUTO_LOCALITY_NODES` nodes, else ``natural``.
     """
+    return order_of(dataset, *resolve_order(dataset, order, partition))
+
+
+def resolve_order(dataset: Dataset, order: Any = "auto", partition: Any = None
+                  ) -> tuple[np.ndarray | None, str]:
+    """``(owner, name)``: the partition assignment the order uses (int [N], or None) and
+    the order's name, ``auto`` resolved (see :func:`compute_order`); checked without
+    reading the graph (one line for an unknown order, a missing partitioning, or one of
+    another length than the graph's nodes)."""
     owner, order = _partition_of(dataset, order, partition)
-    stored = dataset.row_of
-    ids = index_dtype(dataset.num_nodes)
     if order == "auto":
         order = "pds" if owner is not None else (
-            "locality" if stored is not None or dataset.num_nodes >= AUTO_LOCALITY_NODES
+            "locality" if dataset.row_of is not None or dataset.num_nodes >= AUTO_LOCALITY_NODES
             else "natural")
     if order not in ORDERS:
         raise InvalidValue(f"unknown order {order!r} (choose one of {', '.join(ORDERS)} "
                        "or pass a partition assignment array)")
+    if order != "pds":
+        return None, order
+    if owner is None:
+        raise InvalidValue("order 'pds' needs a partitioning: pass partition= (owner.npy from "
+                       "`python -m ooc.partition`) or put owner.npy in the dataset folder")
+    owner = np.asarray(owner).reshape(-1)
+    if owner.shape[0] != dataset.num_nodes:
+        raise InvalidValue(f"partition assignment has {owner.shape[0]} entries, the graph "
+                       f"{dataset.num_nodes} nodes")
+    return owner, order
+
+
+def order_of(dataset: Dataset, owner: np.ndarray | None, order: str) -> tuple[np.ndarray | None, str]:
+    """:func:`compute_order` for a :func:`resolve_order` result: ``(perm, order)``; reads
+    the graph (its in-degrees, or every edge for ``locality``)."""
+    ids = index_dtype(dataset.num_nodes)
     if order == "natural":
         return None, "natural"
     if order == "locality":
@@ -84,13 +107,7 @@ def compute_order(dataset: Dataset, order: Any = "auto", partition: Any = None
     deg = dataset.in_degrees()
     if order == "degree":
         return np.argsort(-deg, kind="stable").astype(ids), "degree"
-    if owner is None:
-        raise InvalidValue("order 'pds' needs a partitioning: pass partition= (owner.npy from "
-                       "`python -m ooc.partition`) or put owner.npy in the dataset folder")
-    owner = np.asarray(owner).reshape(-1)
-    if owner.shape[0] != dataset.num_nodes:
-        raise InvalidValue(f"partition assignment has {owner.shape[0]} entries, the graph "
-                       f"{dataset.num_nodes} nodes")
+    assert owner is not None  # resolve_order gives pds its partitioning
     return np.lexsort((-deg, owner)).astype(ids), "pds"
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...storage.atomic import write_json
 from ...storage.dataset import Dataset
-from ...storage.errors import IOFailure, InvalidValue
+from ...storage.errors import IdOutOfRange, IOFailure, InvalidValue, NotFound
 
 PROGRESS_FILE = "progress.json"
 
@@ -44,34 +44,94 @@ def partial_path(out: str | os.PathLike) -> Path:
 
 
 def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = None) -> np.ndarray:
-    """Rows of array ``name`` (``h1`` .. ``hL``, ``pred``) for node ids ``ids``
-    (all nodes, in node id order, when None), undoing the processing order, in the
-    stored dtype (intermediate layers are float16 when written so)."""
-    import zarr
+    """Rows of array ``name`` (``h1`` .. ``hL``, ``pred``) of the finished inference
+    output ``out`` for node ids ``ids`` (int [n], each in ``[0, N)``; all nodes, in node id
+    order, when None), undoing the processing order, in the stored dtype (intermediate
+    layers are float16 when written so).
 
-    g = zarr.open_group(str(out), mode="r")
-    if name not in g:
-        dropped = g.attrs.get("dropped")
-        if isinstance(dropped, list) and name in dropped:
-            raise InvalidValue(f"{out}: {name} was not kept (a layer is deleted once the next "
-                               f"is complete; keep_layers=True / --keep-layers keeps it)")
-        raise InvalidValue(f"{out}: no array {name!r} (it has "
-                           f"{', '.join(sorted(g.array_keys()))})")
-    arr = g[name]
-    if not isinstance(arr, zarr.Array):
-        raise InvalidValue(f"{out}: {name} is a group, not an array")
-    n = arr.shape[0]
-    ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
-    if "row_of_node" in g:
-        row_of_node = g["row_of_node"]
-        if not isinstance(row_of_node, zarr.Array):
-            raise InvalidValue(f"{out}: row_of_node is a group, not an array")
-        rows = np.asarray(row_of_node[:])[ids]
-    else:
-        rows = ids
+    Raises:
+        NotFound: ``out`` does not exist.
+        InvalidValue: ``out`` is not a finished output of ``ooc.infer`` (a dataset, a
+            partial output, ...), or it holds no array ``name``.
+        IdOutOfRange: an id outside ``[0, N)``.
+    """
+    group = _open_output(Path(out))
+    arr = _output_array(group, out, name)
+    ids = _node_ids(ids, int(arr.shape[0]), out)
+    rows = ids
+    if "row_of_node" in group:
+        rows = np.asarray(group["row_of_node"][:])[ids]
     if rows.size and np.all(np.diff(rows) == 1):
         return np.asarray(arr[int(rows[0]):int(rows[-1]) + 1])
     return np.asarray(arr.oindex[rows] if arr.ndim == 1 else arr.oindex[rows, :])
+
+
+#: The ``format`` attribute of the Zarr group ooc.infer writes.
+FORMAT = "ooc-layerwise-inference"
+_PASS_OUT = "pass the --out folder of ooc.infer"
+
+
+def _open_output(out: Path):
+    """The Zarr group of the finished inference output ``out``, or one line saying what
+    ``out`` is instead."""
+    import zarr
+
+    if not (out.exists() or out.is_symlink()):
+        raise NotFound(f"{out}: not found ({_PASS_OUT})")
+    if not out.is_dir():
+        raise InvalidValue(f"{out}: is a file, not an inference output; {_PASS_OUT}")
+    if (out / "meta.json").is_file():
+        raise InvalidValue(f"{out}: is an ooc dataset, not an inference output; {_PASS_OUT}")
+    if (out / "partition.json").is_file():
+        raise InvalidValue(f"{out}: is a partition folder of ooc.partition, not an inference "
+                           f"output; {_PASS_OUT}")
+    try:
+        group = zarr.open_group(str(out), mode="r")
+        attrs = dict(group.attrs)
+    except (ValueError, OSError, TypeError):  # no group there (zarr's errors are ValueErrors
+        attrs = {}                            # and OSErrors), or an unreadable zarr.json
+    if attrs.get("format") != FORMAT:
+        raise InvalidValue(f"{out}: is not an inference output (no Zarr group of ooc.infer "
+                           f"there); {_PASS_OUT}")
+    if not attrs.get("complete"):
+        raise InvalidValue(f"{out}: is an unfinished inference output (the same ooc.infer "
+                           f"command resumes it); read the --out folder once it completes")
+    return group
+
+
+def _output_array(group, out: str | os.PathLike, name: str):
+    """The layer or prediction array ``name`` of ``group`` (one line when absent)."""
+    import zarr
+
+    layers = int(group.attrs["num_layers"])
+    if not isinstance(name, str) or name not in [f"h{l + 1}" for l in range(layers)] + ["pred"]:
+        raise InvalidValue(f"{out}: no array {name!r}: the output of a {layers}-layer model "
+                           f"has h1 .. h{layers} and pred")
+    if name not in group:
+        dropped = group.attrs.get("dropped")
+        if isinstance(dropped, list) and name in dropped:
+            raise InvalidValue(f"{out}: {name} was not kept (a layer is deleted once the next "
+                               f"is complete; keep_layers=True / --keep-layers keeps it)")
+        raise InvalidValue(f"{out}: {name} is missing from the output (it has "
+                           f"{', '.join(sorted(group.array_keys()))})")
+    arr = group[name]
+    if not isinstance(arr, zarr.Array):
+        raise InvalidValue(f"{out}: {name} is a group, not an array")
+    return arr
+
+
+def _node_ids(ids: Any, n: int, out: str | os.PathLike) -> np.ndarray:
+    """``ids`` as int64 [k] checked in ``[0, n)`` (``arange(n)`` for None)."""
+    if ids is None:
+        return np.arange(n, dtype=np.int64)
+    a = np.asarray(ids)
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+        raise InvalidValue(f"ids must be a 1-d array of integer node ids, got {a.dtype} of "
+                           f"shape {a.shape}")
+    if a.size and (int(a.min()) < 0 or int(a.max()) >= n):  # before int64 wraps a uint64
+        bad = int(a.min()) if int(a.min()) < 0 else int(a.max())
+        raise IdOutOfRange(f"{out}: node id {bad} out of range [0, {n})")
+    return a.astype(np.int64)
 
 
 # ----------------------------------------------------------------------------- progress
