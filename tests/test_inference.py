@@ -693,14 +693,18 @@ def test_a_model_of_another_input_width_is_one_line(synth, tmp_path, no_pass, mo
     (dict(features=object()), "has no read"),
     (dict(aggregate="streamed", model="gcn"), "layer 1 cannot stream"),
     (dict(stream_rows=(0, None)), "stream_rows"),
+    (dict(model="ckpt"), r"model: ckpt is a path, not a model; ooc.load_model\('ckpt'\)"),
+    (dict(out=None), "out: a NoneType, not the output folder"),
 ])
 def test_bad_options_are_refused_before_a_pass(synth, tmp_path, no_pass, kw, match):
     """Each bad option: one ``OocError`` that is a ``ValueError`` before the pass over
     ``indices.bin`` that precedes the order, nothing written."""
     ds, x = synth
-    model = build_model(kw.pop("model", "sage"), x.shape[1], 16, 5, num_layers=2)
+    kw = {"out": tmp_path / "o.zarr", **kw}
+    kind = kw.pop("model", "sage")
+    model = kind if kind == "ckpt" else build_model(kind, x.shape[1], 16, 5, num_layers=2)
     with pytest.raises(OocError, match=match) as ei:
-        layerwise_inference(ds, model, tmp_path / "o.zarr", progress=False, **kw)
+        layerwise_inference(ds, model, progress=False, **kw)
     assert isinstance(ei.value, ValueError) and "\n" not in str(ei.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -714,6 +718,7 @@ def finished(synth, tmp_path_factory):
     model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
     ref = _reference(model, x, ds.indptr, np.asarray(ds.indices))
     layerwise_inference(ds, model, out, order="degree", keep_layers=True, progress=False)
+    torch.save(model.state_dict(), out.parent / "model.pt")
     return out, ref
 
 
@@ -766,3 +771,32 @@ def test_read_embeddings_checks_its_name_and_ids(finished):
     assert np.abs(read_embeddings(out, "h2", ids) - ref[1][ids.astype(np.int64)]).max() < TOL
     assert np.abs(read_embeddings(out, "h1", np.arange(3, 9)) - ref[0][3:9]).max() < TOL
     assert read_embeddings(out, "h2", []).shape == (0, 5)
+
+
+def test_the_disk_check_runs_before_a_pass_and_not_for_a_finished_output(finished, synth,
+                                                                         tmp_path, monkeypatch):
+    """With nothing at ``out`` the disk check refuses before the pass over ``indices.bin``;
+    the same run over its finished output needs no disk and returns its report."""
+    from ooc.storage import IOFailure
+    from ooc.storage.dataset import Dataset
+
+    ds, x = synth
+    real, check = shutil.disk_usage, Dataset.check_indices
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda path: type(real(path))(real(path).total, real(path).total, 0))
+    passes = []
+
+    def counted(self):
+        passes.append(1)
+        return check(self)
+
+    monkeypatch.setattr(Dataset, "check_indices", counted)
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    with pytest.raises(IOFailure, match="of disk, 0 B is free"):
+        layerwise_inference(ds, model, tmp_path / "o.zarr", order="degree", progress=False)
+    assert passes == [] and list(tmp_path.iterdir()) == []
+    out, _ = finished
+    same = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    same.load_state_dict(torch.load(out.parent / "model.pt"))
+    rep = layerwise_inference(ds, same, out, order="degree", keep_layers=True, progress=False)
+    assert rep["resumed"] and rep["bytes_read"] == 0

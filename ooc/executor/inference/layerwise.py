@@ -331,6 +331,10 @@ def _resolve(dataset, model, out, budget: int, chunking: Chunking, cache: CacheS
     """Open the dataset and check it, the model, the order's options and the budget's
     minimum against each other, without a pass over the graph (:func:`_order_job` makes
     the order)."""
+    if not isinstance(dataset, (str, os.PathLike, Dataset)):
+        raise InvalidValue(f"dataset: a {type(dataset).__name__}, not a Dataset or its folder")
+    if not isinstance(out, (str, os.PathLike)):
+        raise InvalidValue(f"out: a {type(out).__name__}, not the output folder (a path)")
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
     lw = as_layerwise(model)

@@ -25,6 +25,7 @@ graph; the flag is restored after the call.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Callable, Protocol, cast
 
@@ -138,6 +139,9 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
                               in_dim=model.dims[0] if isinstance(model, GNN) else None)
     if isinstance(model, BasicGNN):
         return _stock(model)
+    if isinstance(model, (str, os.PathLike)):
+        raise InvalidValue(f"model: {model} is a path, not a model; ooc.load_model({str(model)!r}) "
+                           f"loads the model of an ooc.train checkpoint")
     raise InvalidValue("the model does not follow the layer-wise protocol "
                    "(needs num_layers and layer(l, x, edge_index, edge_weight)) and is not a "
                    "stock PyG BasicGNN (GraphSAGE, GCN, GAT, GIN, EdgeCNN, PNA)")
