@@ -10,10 +10,11 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Sequence
+from typing import Callable, Iterator, Mapping, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
-from .storage.errors import IOFailure, InvalidValue, NotFound, OocError, cli_names, setting
+from .storage.errors import (IOFailure, InvalidValue, NotFound, OocError, OutputExists,
+                             cli_names, setting)
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -174,10 +175,53 @@ def _rerun_if_kernel_cache(e: Exception, argv: Sequence[str] | None) -> None:
     os.execv(sys.executable, [sys.executable, *again])
 
 
-def check_report_path(report: str | None) -> None:
-    """Refuse a ``--report`` path that cannot be written, before any work (a long run
-    must not end unable to write it): a folder, a missing folder, or one that does not
-    take a new file (read-only, full; probed with a temporary file)."""
+#: The top-level key that marks a JSON file as a report ooc wrote; its value names the
+#: command (``ooc.train``). ``--report`` replaces only such a file.
+REPORT_KEY = "ooc_report"
+#: A file larger than this is not read to see whether it is a report (none is).
+_REPORT_MAX_BYTES = 64 << 20
+
+
+def is_report(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a regular file (not a symlink) holding a report ooc wrote: a JSON
+    object with :data:`REPORT_KEY`."""
+    import json
+    import stat
+
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _REPORT_MAX_BYTES:
+            return False
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get(REPORT_KEY), str)
+
+
+def _check_replaceable(p: Path) -> None:
+    """Refuse a ``--report`` path where something other than ooc's report exists."""
+    if os.path.lexists(p) and not is_report(p):
+        raise OutputExists(f"{p}: exists and is not a report ooc wrote; --report replaces only "
+                           f"ooc's own reports (remove it or give another --report path)")
+
+
+def _is_within(p: Path, folder: str | os.PathLike) -> bool:
+    """Whether ``p`` is ``folder`` or lies inside it (symlinks resolved)."""
+    try:
+        real, top = p.resolve(), Path(folder).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return real == top or top in real.parents
+
+
+def check_report_path(report: str | None,
+                      keep_out: Mapping[str, str | os.PathLike | None] | None = None) -> None:
+    """Refuse a ``--report`` path before any work (a long run must not end unable to write
+    it, nor write it over something of the user's): a folder, an existing file that is not
+    a report ooc wrote (an input, a dataset's file, a checkpoint), a path that is or lies
+    inside one of ``keep_out`` (what the run reads or writes, e.g. ``{"--out": out}``; None
+    values are skipped), a missing folder, or one that does not take a new file
+    (read-only, full; probed with a temporary file)."""
     import tempfile
 
     if report is None:
@@ -185,6 +229,11 @@ def check_report_path(report: str | None) -> None:
     p = Path(report)
     if p.is_dir():
         raise InvalidValue(f"{p}: --report is a folder; give a file path")
+    _check_replaceable(p)
+    for what, folder in (keep_out or {}).items():
+        if folder is not None and _is_within(p, folder):
+            raise InvalidValue(f"{p}: --report is or lies inside {what} {folder}; write the "
+                               f"report elsewhere")
     parent = p.parent
     if not parent.is_dir():
         raise NotFound(f"{parent}: --report's folder does not exist")
@@ -200,15 +249,19 @@ def add_report_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="PATH", help="write a JSON summary here")
 
 
-def write_report(path: str | os.PathLike, report: dict, note: str = "") -> None:
-    """Write a ``--report`` JSON atomically; a failure is one :class:`OocError` line
-    naming the file and the cause (``disk full`` for ENOSPC), then ``note``."""
+def write_report(path: str | os.PathLike, report: dict, note: str = "",
+                 command: str = "ooc") -> None:
+    """Write a ``--report`` JSON atomically, marked as ooc's report of ``command``
+    (:data:`REPORT_KEY`, first); a failure is one :class:`OocError` line naming the file and
+    the cause (``disk full`` for ENOSPC), then ``note``. A file other than ooc's report
+    that appeared at ``path`` since :func:`check_report_path` is refused, not replaced."""
     import errno
 
     from .storage.atomic import write_json
 
+    _check_replaceable(Path(path))
     try:
-        write_json(path, report)
+        write_json(path, {REPORT_KEY: command, **report})
     except OSError as e:
         what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
         raise IOFailure(f"{path}: cannot write the report ({what}){note}") from None

@@ -121,7 +121,8 @@ def _summary(rep: dict, args: argparse.Namespace) -> str:
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    check_report_path(args.report)
+    check_report_path(args.report, {"the dataset --data": args.data, "--out": args.out,
+                                    "--checkpoint": args.checkpoint})
     import torch
 
     from .cli import check_range
@@ -147,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep["checkpoint"] = str(args.checkpoint)
     rep["ru_maxrss_bytes"] = peak_rss_bytes()
     if args.report:
-        write_report(args.report, rep)
+        write_report(args.report, rep, command="ooc.infer")
     print(_summary(rep, args), file=sys.stderr)
     return 0
 

@@ -196,7 +196,8 @@ def write_report(report: str, data: dict, out: Path) -> None:
     """Write the report atomically; a failure is one line saying the dataset is fine."""
     from .cli import write_report as write
 
-    write(report, data, note=f"; the dataset {out} was written and is complete")
+    write(report, data, note=f"; the dataset {out} was written and is complete",
+          command="ooc.prepare")
 
 
 def _planned_peak(rss0: int, stats: dict, out: Path, buffer: int) -> int:
@@ -237,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .storage import ingest
     from .storage.ingest.limits import available_memory, load_kernels
 
-    check_report_path(args.report)
+    check_report_path(args.report, {"--out": args.out})
     if args.buffer < MIN_BUFFER:
         raise InvalidValue(f"--buffer must be at least 1MiB, got {args.buffer} bytes")
     avail = available_memory()

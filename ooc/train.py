@@ -161,14 +161,22 @@ def _check_options(s: dict[str, Any], progress: bool):
 def main(argv: Sequence[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     resume = bool(given.pop("resume", False))
+    overwrite = bool(given.pop("overwrite", False))
     progress = not given.pop("no_progress", False)
     report_path = given.pop("report", None)
-    check_report_path(report_path)
     ckdir = given.pop("checkpoint_dir", None)
+    check_report_path(report_path, _report_keep_out(given, ckdir))
     sizes_path = given.pop("sizes", None)
     argv = list(sys.argv[1:] if argv is None else argv)
     with checkpoint_lock(ckdir):
-        return _run(given, resume, progress, report_path, ckdir, sizes_path, argv)
+        return _run(given, (resume, overwrite), progress, report_path, ckdir, sizes_path, argv)
+
+
+def _report_keep_out(s: dict, ckdir: str | None) -> dict[str, Any]:
+    """What ``--report`` may neither be nor lie inside: the dataset, the checkpoint and
+    partition folders."""
+    return {"the dataset": s.get("data"), "--checkpoint-dir": ckdir,
+            "--partition-dir": s.get("partition_dir")}
 
 
 def checkpoint_lock(ckdir: str | os.PathLike | None):
@@ -186,12 +194,18 @@ def checkpoint_lock(ckdir: str | os.PathLike | None):
     return exclusive(Path(ckdir).resolve(), "checkpoint folder")
 
 
-def _run(given: dict, resume: bool, progress: bool, report_path, ckdir, sizes_path,
+def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir, sizes_path,
          argv: list[str]) -> int:
+    """Train with the options ``given``; ``how``: ``--resume`` and ``--overwrite``."""
+    from .executor.training.checkpoint import check_checkpoint_dir, remove_checkpoints
     from .storage import open_dataset
 
+    resume, overwrite = how
+    replaced = check_checkpoint_dir(ckdir, resume, overwrite)
     ck_path, ck_state = _checkpoint_to_resume(ckdir) if resume else (None, None)
     s = _settings(given, (ck_state.get("args") or {}) if ck_state is not None else None)
+    s["overwrite"] = overwrite  # this command's, never the checkpoint's
+    check_report_path(report_path, _report_keep_out(s, ckdir))  # the dataset resumed on
     config = _check_options(s, progress)  # before any file is touched
     if s["data"] is None:
         s["data"] = str(default_dataset())
@@ -217,13 +231,15 @@ def _run(given: dict, resume: bool, progress: bool, report_path, ckdir, sizes_pa
     if wants_averaging(s):
         return run_cli(dataset, config, options, s, argv, ckdir, ck_path, report_path,
                        list(DEFAULTS))
+    remove_checkpoints(replaced)  # every check passed: this run replaces them
     t0 = time.perf_counter()
     run_facts = {"resumed_from": str(ck_path) if ck_path else None, "checkpoint_dir": ckdir,
                  "argv": argv}
 
     def epoch_report(trainer) -> None:  # a run stopped later keeps the epochs it finished
         write_report(report_path, trainer.report(
-            complete=False, total_time_s=round(time.perf_counter() - t0, 3), **run_facts))
+            complete=False, total_time_s=round(time.perf_counter() - t0, 3), **run_facts),
+            command="ooc.train")
 
     trainer, val_acc, test_acc = _train(dataset, config, options, s, ckdir, ck_path,
                                         epoch_report if report_path else None)
@@ -235,7 +251,7 @@ def _run(given: dict, resume: bool, progress: bool, report_path, ckdir, sizes_pa
           f"peak RSS {rep['peak_rss_bytes'] / 2**20:.0f} MiB"
           + (f"  report {report_path}" if report_path else ""))
     if report_path:
-        write_report(report_path, rep)
+        write_report(report_path, rep, command="ooc.train")
     return 0
 
 

@@ -209,3 +209,216 @@ def test_a_killed_replacement_never_sweeps_the_users_files(tmp_path):
     removed = remove_stale_temps(final)
     assert [p.name for p in removed] == [f".out.tmp-{dead}-b"]
     assert _kept(tmp_path / f".out.tmp-{dead}-a")
+
+
+# -- one ownership rule for every path ooc writes (issue 57) ---------------------------------
+TRAIN = ["--fanouts", "3", "--epochs", "1", "--hidden", "8", "--batch-size", "32",
+         "--no-progress", "--no-eval"]
+
+
+def _refused(main, argv, capsys, *needles) -> str:
+    """Run a CLI's ``main`` in this process: exit 2 with one line holding ``needles``."""
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in argv])
+    assert e.value.code == 2
+    return assert_one_line_error(capsys.readouterr().err, *needles)
+
+
+@pytest.fixture(scope="module")
+def two_graphs(tmp_path_factory):
+    """Two datasets of the same shape (different graphs) and a checkpoint folder of a run
+    on the first."""
+    from conftest import community_graph
+    from ooc import train as train_cli
+
+    root = tmp_path_factory.mktemp("own")
+    a = community_graph(root / "a", n=300, seed=0)
+    b = community_graph(root / "b", n=300, seed=5)
+    assert train_cli.main(["--data", str(a), "--checkpoint-dir", str(root / "ck"), *TRAIN,
+                           "--epochs", "2"]) == 0
+    return a, b, root / "ck"
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_train_report_refuses_a_file_of_the_dataset(two_graphs, tmp_path, capsys):
+    from ooc import train as train_cli
+
+    a, _, _ = two_graphs
+    before = _snapshot(a)
+    _refused(train_cli.main, ["--data", a, "--report", a / "meta.json", *TRAIN], capsys,
+             f"{a}/meta.json: exists and is not a report ooc wrote")
+    # a new file inside the dataset, or inside the run's checkpoint folder, is refused too
+    _refused(train_cli.main, ["--data", a, "--report", a / "r.json", *TRAIN], capsys,
+             "--report is or lies inside the dataset")
+    _refused(train_cli.main, ["--data", a, "--report", tmp_path / "ck" / "epoch_0001.pt",
+                              "--checkpoint-dir", tmp_path / "ck", *TRAIN], capsys,
+             "lies inside --checkpoint-dir")
+    assert _snapshot(a) == before and not (tmp_path / "ck").exists()
+
+
+def test_infer_report_refuses_a_checkpoint(two_graphs, tmp_path, capsys):
+    from ooc import infer as infer_cli
+
+    a, _, ck = two_graphs
+    before = _snapshot(ck)
+    _refused(infer_cli.main, ["--data", a, "--checkpoint", ck / "epoch_0002.pt", "--out",
+                              tmp_path / "e.zarr", "--report", ck / "epoch_0001.pt",
+                              "--no-progress"], capsys,
+             "epoch_0001.pt: exists and is not a report ooc wrote")
+    assert _snapshot(ck) == before and not (tmp_path / "e.zarr").exists()
+
+
+def test_prepare_and_partition_reports_refuse_their_inputs(two_graphs, tmp_path, capsys):
+    from ooc import prepare as prepare_cli
+    from ooc.partition.__main__ import main as partition_main
+
+    a, _, _ = two_graphs
+    edges = tmp_path / "x.npy"
+    np.save(edges, np.array([[0, 1, 2], [1, 2, 0]]))
+    kept = edges.read_bytes()
+    _refused(prepare_cli.main, ["edgelist", edges, "--out", tmp_path / "ds", "--report", edges,
+                                "--no-progress"], capsys, f"{edges}: exists and is not a report")
+    _refused(prepare_cli.main, ["edgelist", edges, "--out", tmp_path / "ds", "--report",
+                                tmp_path / "ds", "--no-progress"], capsys,
+             "--report is or lies inside --out")
+    assert edges.read_bytes() == kept and not (tmp_path / "ds").exists()
+    table = tmp_path / "table.csv"
+    table.write_text("mine\n")
+    _refused(partition_main, ["--data", a, "--parts", "2", "--out", tmp_path / "p", "--report",
+                              table, "--quiet"], capsys, f"{table}: exists and is not a report")
+    assert table.read_text() == "mine\n" and not (tmp_path / "p").exists()
+
+
+def test_a_report_ooc_wrote_is_marked_and_replaced(tmp_path, capsys):
+    from ooc import prepare as prepare_cli
+    from ooc.cli import REPORT_KEY, is_report
+
+    edges = tmp_path / "x.npy"
+    np.save(edges, np.array([[0, 1, 2], [1, 2, 0]]))
+    rep = tmp_path / "r.json"
+    assert prepare_cli.main(["edgelist", str(edges), "--out", str(tmp_path / "ds"), "--report",
+                             str(rep), "--no-progress"]) == 0
+    doc = json.loads(rep.read_text())
+    assert doc[REPORT_KEY] == "ooc.prepare" and doc["num_nodes"] == 3 and is_report(rep)
+    assert prepare_cli.main(["edgelist", str(edges), "--out", str(tmp_path / "ds2"),
+                             "--report", str(rep), "--no-progress"]) == 0
+    assert json.loads(rep.read_text())["out"] == str(tmp_path / "ds2")
+    rep.write_text(json.dumps({"num_nodes": 3}))  # a JSON file without the mark is not one
+    assert not is_report(rep)
+
+
+def test_partition_overwrite_never_replaces_a_dataset_or_an_inference_output(two_graphs,
+                                                                            tmp_path, capsys):
+    from ooc import infer as infer_cli
+    from ooc.partition.__main__ import main as partition_main
+
+    a, b, ck = two_graphs
+    import shutil
+
+    victim = tmp_path / "b"
+    shutil.copytree(b, victim)
+    before = _snapshot(victim)
+    _refused(partition_main, ["--data", a, "--parts", "2", "--out", victim, "--overwrite",
+                              "--quiet"], capsys,
+             "is a dataset (ooc.prepare), not a partition set (ooc.partition)")
+    assert _snapshot(victim) == before
+    emb = tmp_path / "e.zarr"
+    assert infer_cli.main(["--data", str(a), "--checkpoint", str(ck), "--out", str(emb),
+                           "--no-progress"]) == 0
+    capsys.readouterr()
+    zarr_before = _snapshot(emb)
+    _refused(partition_main, ["--data", a, "--parts", "2", "--out", emb, "--overwrite",
+                              "--quiet"], capsys, "is an inference output (ooc.infer)")
+    assert _snapshot(emb) == zarr_before
+
+
+def test_prepare_overwrite_refuses_one_partition_of_a_set(two_graphs, tmp_path, capsys):
+    from ooc import prepare as prepare_cli
+    from ooc.partition.__main__ import main as partition_main
+    from ooc.storage import open_dataset
+
+    a, _, _ = two_graphs
+    parts = tmp_path / "p"
+    assert partition_main(["--data", str(a), "--parts", "2", "--out", str(parts),
+                           "--quiet"]) == 0
+    capsys.readouterr()
+    part = parts / "part_000"
+    assert part.is_dir()
+    before = _snapshot(part)
+    edges = tmp_path / "x.npy"
+    np.save(edges, np.array([[0, 1, 2], [1, 2, 0]]))
+    _refused(prepare_cli.main, ["edgelist", edges, "--out", part, "--overwrite",
+                                "--no-progress"], capsys, f"lies inside {parts}",
+             "partition set")
+    assert _snapshot(part) == before and open_dataset(part).num_nodes > 3
+
+
+def test_train_refuses_another_datasets_partitions_without_overwrite(two_graphs, tmp_path,
+                                                                    capsys):
+    from ooc import train as train_cli
+    from ooc.storage import open_dataset
+
+    a, b, _ = two_graphs
+    parts = tmp_path / "p"
+    run = ["--workers", "1", "--partitions", "2", "--partition-dir", parts, "--mode",
+           "baseline", *TRAIN]
+    assert train_cli.main([str(v) for v in ["--data", a, *run]]) == 0
+    capsys.readouterr()
+    rec = (parts / "partition.json").read_bytes()
+    _refused(train_cli.main, ["--data", b, *run], capsys, f"{parts}: holds the partitions of "
+             f"another dataset ({a})", "pass --overwrite", "another --partition-dir")
+    assert (parts / "partition.json").read_bytes() == rec
+    # other settings of this dataset's partitions: refused too
+    _refused(train_cli.main, ["--data", a, *run, "--halo-hops", "2"], capsys,
+             "1-hop halo, not --halo-hops 2")
+    # --overwrite partitions the given dataset there
+    assert train_cli.main([str(v) for v in ["--data", b, *run, "--overwrite"]]) == 0
+    fp = json.loads((parts / "partition.json").read_text())["source_fingerprint"]
+    assert fp == open_dataset(b).fingerprint()
+
+
+def test_train_refuses_a_checkpoint_folder_of_another_run(two_graphs, tmp_path, capsys):
+    import shutil
+
+    from ooc import train as train_cli
+    from ooc.executor.training.checkpoint import dataset_fingerprint, load_checkpoint
+    from ooc.storage import open_dataset
+
+    a, b, ck0 = two_graphs
+    ck = tmp_path / "ck"
+    shutil.copytree(ck0, ck)
+    before = _snapshot(ck)
+    _refused(train_cli.main, ["--data", b, "--checkpoint-dir", ck, *TRAIN], capsys,
+             f"{ck}: holds the checkpoints of another run (epoch_0001.pt .. epoch_0002.pt)",
+             "--resume", "--overwrite")
+    assert _snapshot(ck) == before
+    # --resume on another dataset, or with another model, names what differs
+    _refused(train_cli.main, ["--data", b, "--checkpoint-dir", ck, "--resume", "--epochs", "3",
+                              "--no-progress"], capsys, f"trained on {a}", f"not on {b}")
+    _refused(train_cli.main, ["--checkpoint-dir", ck, "--resume", "--hidden", "16"], capsys,
+             "--hidden 16 differs from the checkpoint's 8")
+    _refused(train_cli.main, ["--checkpoint-dir", ck, "--resume", "--overwrite"], capsys,
+             "give one of them")
+    assert _snapshot(ck) == before
+    # --overwrite: the new run's checkpoints only, none of the old run's left to resume
+    assert train_cli.main([str(v) for v in ["--data", b, "--checkpoint-dir", ck, *TRAIN,
+                                            "--overwrite"]]) == 0
+    assert sorted(p.name for p in ck.iterdir()) == ["epoch_0001.pt"]
+    state = load_checkpoint(ck / "epoch_0001.pt")
+    assert state["dataset_fingerprint"] == dataset_fingerprint(open_dataset(b))
+
+
+def test_train_overwrite_replaces_only_ooc_checkpoints(two_graphs, tmp_path, capsys):
+    from ooc import train as train_cli
+
+    a, _, _ = two_graphs
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "epoch_0001.pt").write_text("my notes, named like a checkpoint")
+    _refused(train_cli.main, ["--data", a, "--checkpoint-dir", ck, *TRAIN, "--overwrite"],
+             capsys, "epoch_0001.pt: not an ooc checkpoint",
+             "--overwrite replaces only ooc's checkpoints")
+    assert (ck / "epoch_0001.pt").read_text() == "my notes, named like a checkpoint"

@@ -268,6 +268,9 @@ RUN: tuple[Setting, ...] = (
             "computation needs (default 2/3)", "float", lo=0, hi=1, lo_open=True, hi_open=True),
     Setting("partition_dir", None, "partition folder (default <data>.partitions/spring_p<P>, "
             "partitioned with SPRING when missing)", "text", metavar="DIR"),
+    Setting("overwrite", False, "replace the checkpoints of another run in --checkpoint-dir, "
+            "and ooc's partitions of another dataset or other settings in --partition-dir "
+            "(never files ooc did not write)", "flag"),
 )
 
 #: Every setting by name.

@@ -152,7 +152,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     t_split = time.perf_counter()
     try:
         with atomic_dir(out, overwrite=overwrite, locked="partition output",
-                        inputs=(data,)) as tmp:
+                        inputs=(data,), what="partitions") as tmp:
             np.save(tmp / "owner.npy", a.owner.astype(np.int32))
             parts_list = _write_parts(dataset, a.owner, bits, parts, tmp, algo, chunk_edges,
                                       progress, halo_hops, features) if split else []
@@ -235,7 +235,7 @@ def _check_output(dataset: Dataset, data: str | os.PathLike, out: str | os.PathL
     if out.resolve() == dataset.path.resolve() or dataset.path.resolve() in out.resolve().parents:
         raise InvalidValue(f"{out}: the output folder must not be the dataset folder or inside it")
     if os.path.lexists(out):
-        problem = replace_refusal(out, (data,))
+        problem = replace_refusal(out, (data,), "partitions")
         if problem:
             raise InvalidValue(f"{out}: {problem}")
     return out

@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    check_report_path(args.report)
+    check_report_path(args.report, {"the dataset --data": args.data, "--out": args.out})
     rss0 = peak_rss_bytes()
     params: dict = {}
     spring_only = ("tau_factor", "tau_vol", "tie_break", "merge", "stream_iters")
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                precompile=True, progress=not args.quiet and sys.stderr.isatty(), **params)
     report["rss_baseline_bytes"] = rss0
     if args.report:
-        write_report(args.report, report)
+        write_report(args.report, report, command="ooc.partition")
     print(summary_line(report, args.out, split=not args.no_split)
           + (f"; report {args.report}" if args.report else ""))
     return 0

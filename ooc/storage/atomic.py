@@ -105,7 +105,8 @@ def exchange(a: Path, b: Path) -> bool:
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
                replaceable: Callable[[Path], str | None] | None = None,
-               locked: str | None = None, inputs: tuple = ()) -> Iterator[Path]:
+               locked: str | None = None, inputs: tuple = (),
+               what: str | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside ``final``; rename it into place on success.
 
     The folder is ``.NAME.tmp-PID-XXXX``; those of processes that died are
@@ -122,8 +123,11 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
     first one's pid. The temporary folder carries ooc's ``output`` marker
     (:mod:`~.ownership`), and so does ``final`` once renamed: an existing ``final`` is
     replaced only when it carries one, and never when it is, holds or lies inside one of
-    ``inputs`` (paths). The marker records the names the new output holds; entries of the
-    user's in the old output (:func:`carry_user_files`) move into the new one.
+    ``inputs`` (paths). ``what`` (a key of :data:`~.ownership.OUTPUTS`) is recorded in the
+    marker, and an existing ``final`` is then replaced only when it is an output of the same
+    ``what`` (:func:`~.ownership.what_refusal`). The marker records the names the new output
+    holds; entries of the user's in the old output (:func:`carry_user_files`) move into the
+    new one.
 
     Raises:
         OutputExists: (a ``FileExistsError``) ``final`` exists and may not be replaced.
@@ -131,12 +135,12 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     if locked is None:
-        yield from _atomic_dir(final, overwrite, replaceable, inputs)
+        yield from _atomic_dir(final, overwrite, replaceable, inputs, what)
         return
     from .locks import exclusive
 
     with exclusive(final, locked):
-        yield from _atomic_dir(final, overwrite, replaceable, inputs)
+        yield from _atomic_dir(final, overwrite, replaceable, inputs, what)
 
 
 def carry_user_files(old: Path, new: Path) -> list[str]:
@@ -159,11 +163,12 @@ def carry_user_files(old: Path, new: Path) -> list[str]:
     return names
 
 
-def replace_refusal(final: Path, inputs: tuple = ()) -> str | None:
+def replace_refusal(final: Path, inputs: tuple = (), what: str | None = None) -> str | None:
     """Why ``--overwrite`` may not replace ``final``, or None: it must carry ooc's output
-    marker, be a real folder (not a symlink), and neither be, hold nor lie inside one of
-    ``inputs``."""
-    from .ownership import MARKER, made_by_ooc
+    marker, be a real folder (not a symlink), neither be, hold nor lie inside one of
+    ``inputs`` and, with ``what``, be an output of that kind that lies inside no other
+    (:func:`~.ownership.what_refusal`)."""
+    from .ownership import MARKER, made_by_ooc, what_refusal
 
     real = final.resolve()
     for p in inputs:
@@ -174,11 +179,11 @@ def replace_refusal(final: Path, inputs: tuple = ()) -> str | None:
     if not made_by_ooc(final, "output"):
         return (f"was not made by ooc (no {MARKER} marker); --overwrite replaces only ooc's "
                 f"own outputs (remove it yourself or pick another --out)")
-    return None
+    return what_refusal(final, what) if what is not None else None
 
 
-def _atomic_dir(final: Path, overwrite: bool,
-                replaceable: Callable[[Path], str | None] | None, inputs: tuple) -> Iterator[Path]:
+def _atomic_dir(final: Path, overwrite: bool, replaceable: Callable[[Path], str | None] | None,
+                inputs: tuple, what: str | None) -> Iterator[Path]:
     from .ownership import mark, record_files
 
     remove_stale_temps(final)
@@ -186,13 +191,13 @@ def _atomic_dir(final: Path, overwrite: bool,
         if not overwrite:
             raise OutputExists(f"{final}: already exists (pass --overwrite to replace it)")
         problem = (replaceable(final) if replaceable is not None else None) \
-            or replace_refusal(final, inputs)
+            or replace_refusal(final, inputs, what)
         if problem:
             raise OutputExists(f"{final}: {problem}")
     tmp = Path(tempfile.mkdtemp(prefix=f"{_temp_prefix(final)}{os.getpid()}-", dir=final.parent))
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide the result from others
-        mark(tmp, "output")
+        mark(tmp, "output", what)
         yield tmp
         record_files(tmp)
         if os.path.lexists(final):

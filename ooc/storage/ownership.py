@@ -4,8 +4,14 @@ ooc deletes or replaces a folder only when it carries the marker of the right ki
 output of ``--overwrite``, a temporary folder of a killed run, a runtime folder), never by
 its name or by a ``meta.json`` alone: a user's folder that happens to look like one is
 left alone. The marker is ``<folder>/.ooc-made``, JSON ``{"kind", "token", "pid"}``, plus
-``files`` (the names ooc wrote at the folder's top level) once the output is complete; a
-symlink is never taken for a marked folder.
+``what`` (which output it is: :data:`OUTPUTS`) and ``files`` (the names ooc wrote at the
+folder's top level) once the output is complete; a symlink is never taken for a marked
+folder.
+
+An output is replaced only by an output of the same ``what`` (:func:`what_refusal`): a
+partition run never replaces a dataset or an inference output, nor ``ooc.prepare`` a
+partition set, and an output that lies inside another (one partition of a set) is not
+replaced on its own.
 
 Anything else in a finished output is the user's (:func:`user_entries`): ``--overwrite``
 carries it into the new output, and the sweep of temporary folders leaves a folder
@@ -26,14 +32,25 @@ from .errors import NotFound
 
 MARKER = ".ooc-made"
 
+#: The outputs of ooc's commands (a marker's ``what``), as messages name them.
+OUTPUTS = {"dataset": "a dataset (ooc.prepare)", "partitions": "a partition set (ooc.partition)",
+           "inference": "an inference output (ooc.infer)"}
+#: A top-level file that tells an output written before markers recorded ``what``.
+_TELLING_FILE = (("partition.json", "partitions"), ("progress.json", "inference"),
+                 ("zarr.json", "inference"), ("meta.json", "dataset"))
 
-def mark(folder: str | os.PathLike, kind: str) -> str:
-    """Write the marker of ``kind`` into ``folder`` (an existing folder); returns its token."""
+
+def mark(folder: str | os.PathLike, kind: str, what: str | None = None) -> str:
+    """Write the marker of ``kind`` (and output ``what``, a key of :data:`OUTPUTS`) into
+    ``folder`` (an existing folder); returns its token."""
     token = secrets.token_hex(16)
     path = Path(folder) / MARKER
+    doc: dict = {"kind": kind, "token": token, "pid": os.getpid()}
+    if what is not None:
+        doc["what"] = what
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
-        json.dump({"kind": kind, "token": token, "pid": os.getpid()}, f)
+        json.dump(doc, f)
     return token
 
 
@@ -61,6 +78,43 @@ def made_by_ooc(folder: str | os.PathLike, kind: str) -> bool:
     """Whether ``folder`` carries ooc's marker of ``kind``."""
     doc = marker(folder)
     return doc is not None and doc.get("kind") == kind
+
+
+def output_what(folder: str | os.PathLike) -> str | None:
+    """Which output (a key of :data:`OUTPUTS`) the ooc output ``folder`` is: its marker's
+    ``what``, or for an output marked before markers recorded it, the file that tells
+    (``partition.json``, ``progress.json`` or ``zarr.json``, ``meta.json``); None when
+    neither says."""
+    doc = marker(folder)
+    if doc is None or doc.get("kind") != "output":
+        return None
+    if isinstance(doc.get("what"), str):
+        return doc["what"]
+    return next((w for name, w in _TELLING_FILE if (Path(folder) / name).is_file()), None)
+
+
+def enclosing_output(path: str | os.PathLike) -> Path | None:
+    """The nearest folder above ``path`` that is an ooc output (e.g. the partition set
+    holding one partition's dataset), or None."""
+    for parent in Path(os.path.abspath(path)).parents:
+        if made_by_ooc(parent, "output"):
+            return parent
+    return None
+
+
+def what_refusal(final: str | os.PathLike, what: str) -> str | None:
+    """Why a new output ``what`` may not replace the ooc output ``final``, or None: it must
+    be an output of the same ``what`` and not lie inside another ooc output."""
+    theirs = output_what(final)
+    if theirs != what:
+        is_ = OUTPUTS.get(theirs or "", "an ooc output of another kind")
+        return (f"is {is_}, not {OUTPUTS.get(what, what)}; --overwrite replaces only "
+                f"{OUTPUTS.get(what, what)} (remove it yourself or pick another --out)")
+    outer = enclosing_output(final)
+    if outer is not None:
+        return (f"lies inside {outer}, {OUTPUTS.get(output_what(outer) or '', 'an ooc output')}; "
+                f"replacing it alone would break that output (pick another --out)")
+    return None
 
 
 def record_files(folder: str | os.PathLike) -> None:

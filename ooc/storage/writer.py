@@ -101,7 +101,7 @@ class DatasetWriter:
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
         self._ctx = atomic_dir(self.out, overwrite=self.overwrite, replaceable=replace_problem,
-                               locked="dataset")
+                               locked="dataset", what="dataset")
         self.tmp = self._ctx.__enter__()
         return self
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .environment import dist_timeout_s, env_world_size, in_worker
+from .environment import dist_timeout_s, env_rank, env_world_size, in_worker
 from .launcher import launch
 from .partitions import ensure_partitions_locked, resolve_partitions
 from .worker import WorkerRun, run_worker
@@ -43,6 +43,11 @@ def run_cli(dataset: Dataset, config: TrainConfig, options: ModeOptions, s: dict
                                       options.memory_budget, s.get("compute_fraction"))
     halo = _halo_hops(s, config.num_layers)
     part_dir = _partition_dir(dataset.path, parts, halo, s)
+    if env_rank() == 0:  # every check passed: the checkpoints --overwrite replaces go
+        from ..training.checkpoint import check_checkpoint_dir, remove_checkpoints
+
+        remove_checkpoints(check_checkpoint_dir(ckdir, ck_path is not None,
+                                                bool(s.get("overwrite"))))
     if not in_worker() and workers > 1:
         print(f"ooc.train: {workers} workers, {parts} partitions ({alloc['rule']}), "
               f"averaging every {s['sync_every']} epoch(s); partitions in {part_dir}")
@@ -83,4 +88,6 @@ def _partition_dir(data: Path, parts: int, halo: int, s: dict[str, Any]) -> Path
     """The partition folder, made when missing by the first process to take its lock (the
     parent, or one worker per node under torchrun: it says so); the others reuse it."""
     return ensure_partitions_locked(data, parts, s.get("partition_dir"), dist_timeout_s(),
-                                    s["seed"], halo_hops=halo)
+                                    s["seed"], halo_hops=halo,
+                                    overwrite=bool(s.get("overwrite")),
+                                    check_halo=s.get("halo_hops") is not None)

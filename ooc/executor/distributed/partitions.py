@@ -12,6 +12,8 @@ stale, the others then find it made and reuse it. With a folder per node each
 node makes its own; SPRING with the same seed makes the same partitions from the
 same dataset, and the workers check that with :func:`partition_set_fingerprint`
 before training (:mod:`.worker`).
+An existing folder is used only when it holds this dataset's partitions with these
+settings (:func:`ensure_partitions`).
 """
 from __future__ import annotations
 
@@ -57,72 +59,115 @@ def resolve_partitions(data: str | os.PathLike, workers: int, parts: int | None,
 
 def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.PathLike | None,
                       seed: int = 0, log: Callable[[str], None] = print,
-                      halo_hops: int = 1) -> Path:
+                      halo_hops: int = 1, overwrite: bool = False,
+                      check_halo: bool = False) -> Path:
     """The partition folder for ``parts`` partitions; partitioned with SPRING if missing,
     each partition linking the dataset's feature file (``--features link``).
 
     ``halo_hops``: hops of in-neighbourhood each partition holds for its owned
     nodes (1: SDT-GNN's full in-neighbour lists; the number of layers: every
     owned node's sampled neighbourhood is the one of the whole graph). An
-    existing folder is used when its ``source_fingerprint`` is the dataset's
-    (:meth:`~ooc.storage.Dataset.fingerprint`); one made from another version of the
-    dataset is partitioned again in place (only when it carries ooc's marker).
+    existing folder is used when it holds ``parts`` partitions (of ``halo_hops`` hops
+    with ``check_halo``) whose ``source_fingerprint`` is the dataset's
+    (:meth:`~ooc.storage.Dataset.fingerprint`); one made from an older version of the
+    dataset at the same path is partitioned again in place. Partitions of another
+    dataset, or with other settings, are replaced only with ``overwrite`` (and, as
+    ever, only when ooc made them).
+
+    Raises:
+        InvalidValue: the folder holds something else, and ``overwrite`` is not given.
     """
-    from ...partition import partition_dataset, reuse_problem
-    from ...storage import open_dataset
+    from ...partition import partition_dataset
 
     out = Path(part_dir) if part_dir else default_partition_dir(data, parts, halo_hops)
-    meta = out / "partition.json"
-    stale, problem = False, None
-    if meta.is_file():
-        try:
-            rec = json.loads(meta.read_text())
-        except (OSError, ValueError, RecursionError) as e:
-            raise InvalidValue(f"{meta}: unreadable ({e})") from None
-        if not isinstance(rec, dict) or rec.get("p") != parts:
-            p = rec.get("p") if isinstance(rec, dict) else None
-            raise InvalidValue(f"{out}: holds {p} partitions, not --partitions {parts}")
-        problem = reuse_problem(out, open_dataset(data).fingerprint())
-        if problem is None:
-            return out
-        # made from another version of the dataset, or damaged since: partitioned again
-        stale = True
-    elif out.exists():
-        raise InvalidValue(f"{out}: exists but has no partition.json (not a partition folder)")
-
+    stale = _reuse_or_remake(out, data, parts, halo_hops if check_halo else None, overwrite)
+    if stale is None:
+        return out
     t0 = time.perf_counter()
-    why = f"{problem}; " if stale else ""
+    why = f"{stale}; " if isinstance(stale, str) else ""
     log(f"ooc.train: {why}partitioning {data} into {parts} parts with SPRING -> {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     # the workers run on this machine: each partition reads the dataset's feature file
     rep = partition_dataset(data, out, parts, "spring", seed=seed, halo_hops=halo_hops,
-                            overwrite=stale, features="link")
+                            overwrite=bool(stale) or overwrite, features="link")
     log(f"ooc.train: partitioned in {time.perf_counter() - t0:.1f}s (edge cut "
         f"{rep['edge_cut_ratio']:.3f}, replication {rep['replication_factor']:.2f}, with "
         f"the {halo_hops}-hop halo {rep.get('halo_replication_factor', 0):.2f})")
     return out
 
 
-def _source_fingerprint(part_dir: Path) -> Any:
-    """The ``source_fingerprint`` that ``part_dir/partition.json`` records (None when
-    the file is missing, being replaced or unreadable)."""
+def _reuse_or_remake(out: Path, data: str | os.PathLike, parts: int, halo_hops: int | None,
+                     overwrite: bool) -> str | bool | None:
+    """None when ``out`` holds the partitions wanted (``parts`` of them, ``halo_hops`` hops
+    unless None, from ``data`` as it is now, intact: :func:`~ooc.partition.reuse_problem`);
+    why not, when it holds ``data``'s partitions made before ``data`` changed or damaged
+    since (made again in place); False when they are to be made (``out`` is missing, or
+    ``overwrite``).
+
+    Raises:
+        InvalidValue: ``out`` holds anything else and ``overwrite`` is not given.
+    """
+    from ...partition import reuse_problem
+    from ...storage import open_dataset
+
+    meta = out / "partition.json"
+    if not meta.is_file():
+        if out.exists() and not overwrite:
+            raise InvalidValue(f"{out}: exists but has no partition.json (not a partition "
+                               f"folder); pass --overwrite or another --partition-dir")
+        return False
     try:
-        rec = json.loads((part_dir / "partition.json").read_text())
-    except (OSError, ValueError, RecursionError):
-        return None
-    return rec.get("source_fingerprint") if isinstance(rec, dict) else None
+        rec = json.loads(meta.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        raise InvalidValue(f"{meta}: unreadable ({e})") from None
+    rec = rec if isinstance(rec, dict) else {}
+    fingerprint = open_dataset(data).fingerprint()
+    current = rec.get("source_fingerprint") == fingerprint
+    if current or _same_path(rec.get("data"), data):  # this dataset's, now or before it changed
+        other = _other_settings(rec, parts, halo_hops)
+    else:
+        other = f"the partitions of another dataset ({rec.get('data')}), not of {data}"
+    if other is None:
+        return reuse_problem(out, fingerprint)
+    if overwrite:
+        return False
+    raise InvalidValue(f"{out}: holds {other}; pass --overwrite to partition again there, or "
+                       f"another --partition-dir")
+
+
+def _other_settings(rec: dict, parts: int, halo_hops: int | None) -> str | None:
+    """How the partition set ``rec`` (its ``partition.json``) differs from ``parts``
+    partitions of ``halo_hops`` hops (None: any), or None."""
+    if rec.get("p") != parts:
+        return f"{rec.get('p')} partitions, not --partitions {parts}"
+    if halo_hops is not None and rec.get("halo_hops", 1) != halo_hops:
+        return f"partitions of a {rec.get('halo_hops', 1)}-hop halo, not --halo-hops {halo_hops}"
+    return None
+
+
+def _same_path(a: Any, b: str | os.PathLike) -> bool:
+    """Whether ``a`` (a path, or None) and ``b`` name the same folder."""
+    if not isinstance(a, str) or not a:
+        return False
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):
+        return False
+
 
 
 def ensure_partitions_locked(data: str | os.PathLike, parts: int,
                              part_dir: str | os.PathLike | None, timeout_s: float,
                              seed: int = 0, log: Callable[[str], None] = print,
-                             halo_hops: int = 1) -> Path:
+                             halo_hops: int = 1, overwrite: bool = False,
+                             check_halo: bool = False) -> Path:
     """:func:`ensure_partitions` under a lock beside the folder, waited for up to
     ``timeout_s`` seconds: of several processes (workers on one node, or nodes sharing
     the folder) the first makes the partitions, the others reuse them."""
     out = Path(part_dir) if part_dir else default_partition_dir(data, parts, halo_hops)
     with exclusive_wait(out.parent / f"{out.name}.making", "partition folder", timeout_s):
-        return ensure_partitions(data, parts, out, seed, log=log, halo_hops=halo_hops)
+        return ensure_partitions(data, parts, out, seed, log=log, halo_hops=halo_hops,
+                                 overwrite=overwrite, check_halo=check_halo)
 
 
 def dataset_digest(meta: dict[str, Any]) -> str:

@@ -241,4 +241,4 @@ def _print_summary(rep: dict[str, Any], report_path: str | None) -> None:
 def _write_report(path: str, rep: dict[str, Any]) -> None:
     from ...cli import write_report
 
-    write_report(path, rep)
+    write_report(path, rep, command="ooc.train")

@@ -388,7 +388,7 @@ def locked_partial(work: Path):
             if any(work.iterdir()):
                 raise InvalidValue(f"{work}: holds files ooc.infer did not write (no ownership "
                                    f"marker); remove it or choose another --out")
-            mark(work, "output")
+            mark(work, "output", "inference")
     except OSError as e:
         raise IOFailure(f"{work}: cannot create the output folder ({e.strerror or e})") from None
     try:

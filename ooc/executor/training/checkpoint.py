@@ -21,6 +21,11 @@ different graph with the same dimensions does not.
 
 It is written to a temp file beside the target, fsynced and renamed, so a
 crash never leaves a half-written ``epoch_*.pt``.
+
+A checkpoint folder holds one run: its checkpoints record the run (dataset fingerprint,
+model, settings), and a new run into a folder holding checkpoints is refused unless it
+resumes them (checked against the dataset and the settings) or replaces them
+(:func:`check_checkpoint_dir`).
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ import torch
 from ...storage.atomic import atomic_file
 from ...storage.errors import OocError
 from .models import GNN, build_model
-from ...storage.errors import IOFailure
+from ...storage.errors import IOFailure, InvalidValue, OutputExists
 
 CHECKPOINT_FORMAT = "ooc-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -75,6 +80,55 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path:
         why = "does not exist" if not d.exists() else "has no epoch_*.pt checkpoints"
         raise CheckpointError(f"{d}: cannot resume, the checkpoint folder {why}")
     return found[-1][1]
+
+
+def check_checkpoint_dir(directory: str | os.PathLike | None, resume: bool,
+                         overwrite: bool) -> list[Path]:
+    """Whether a run may write its checkpoints into ``directory`` (None: no folder); returns
+    the checkpoints a run with ``overwrite`` replaces (to remove with
+    :func:`remove_checkpoints` before its first save), else ``[]``.
+
+    A folder without ``epoch_*.pt`` takes any run; one with them takes the run that
+    resumes them (``resume``: the resume path checks the dataset and the settings), or
+    with ``overwrite`` a new run, when every one of them is an ooc checkpoint.
+
+    Raises:
+        OutputExists: the folder holds checkpoints, and neither ``resume`` nor ``overwrite``.
+        InvalidValue: both ``resume`` and ``overwrite``.
+        CheckpointError: with ``overwrite``, an ``epoch_*.pt`` that is not an ooc checkpoint.
+    """
+    if directory is None:
+        return []
+    if resume and overwrite:
+        raise InvalidValue(f"{directory}: --resume continues the run there and --overwrite "
+                           f"replaces it; give one of them")
+    found = [p for _, p in list_checkpoints(directory)]
+    if resume or not found:
+        return []
+    if not overwrite:
+        span = found[0].name if len(found) == 1 else f"{found[0].name} .. {found[-1].name}"
+        raise OutputExists(f"{directory}: holds the checkpoints of another run ({span}); pass "
+                           f"--resume to continue it, --overwrite to replace them, or another "
+                           f"--checkpoint-dir")
+    for p in found:
+        try:
+            load_checkpoint(p)
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}; --overwrite replaces only ooc's checkpoints (move it "
+                                  f"out of {directory} or pick another --checkpoint-dir)") \
+                from None
+    return found
+
+
+def remove_checkpoints(paths: list[Path]) -> None:
+    """Remove the checkpoints :func:`check_checkpoint_dir` returned (a new run replaces
+    them: none is left for a later ``--resume`` to take for the new run's)."""
+    for p in paths:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as e:
+            raise IOFailure(f"{p}: cannot remove the checkpoint --overwrite replaces "
+                            f"({e.strerror or e})") from None
 
 
 #: meta.json fields left out of :func:`dataset_fingerprint` (where the data came from, and

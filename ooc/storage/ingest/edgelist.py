@@ -66,7 +66,7 @@ def check_out(out, overwrite: bool, inputs=()) -> Path:
         return out
     if not overwrite:
         raise _err(out, "already exists (pass --overwrite to replace it)")
-    problem = replace_problem(out) or replace_refusal(out, tuple(inputs))
+    problem = replace_problem(out) or replace_refusal(out, tuple(inputs), "dataset")
     if problem:
         raise _err(out, problem)
     return out
