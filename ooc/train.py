@@ -109,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "tools/size_caches.py (its --report); explicit size options win")
     add_arguments(p, RUN)
     p.add_argument("--checkpoint-dir", metavar="DIR",
-                   help="save epoch_NNNN.pt here after every --checkpoint-every epochs")
+                   help="save epoch_NNNN.pt here after every --checkpoint-every epochs (a "
+                        "folder holding another run's checkpoints is refused unless --resume "
+                        "continues it or --overwrite replaces them)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --checkpoint-dir with its "
                         "settings (options given here override the others)")

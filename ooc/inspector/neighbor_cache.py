@@ -124,7 +124,7 @@ class NeighborCache:
         nodes = self.nodes
         addresses = self.slots.get(nodes)
         self.meta["checksum"] = arrays_checksum(nodes, addresses, self.cache_array)
-        with atomic_dir(folder, overwrite=overwrite) as tmp:
+        with atomic_dir(folder, overwrite=overwrite, what="neighbor_cache") as tmp:
             np.save(tmp / "nodes.npy", nodes)
             np.save(tmp / "addresses.npy", addresses)
             np.save(tmp / "cache_array.npy", self.cache_array)

@@ -34,10 +34,14 @@ MARKER = ".ooc-made"
 
 #: The outputs of ooc's commands (a marker's ``what``), as messages name them.
 OUTPUTS = {"dataset": "a dataset (ooc.prepare)", "partitions": "a partition set (ooc.partition)",
-           "inference": "an inference output (ooc.infer)"}
+           "inference": "an inference output (ooc.infer)",
+           "neighbor_cache": "a neighbour cache (ooc.train)"}
 #: A top-level file that tells an output written before markers recorded ``what``.
 _TELLING_FILE = (("partition.json", "partitions"), ("progress.json", "inference"),
-                 ("zarr.json", "inference"), ("meta.json", "dataset"))
+                 ("zarr.json", "inference"), ("cache_array.npy", "neighbor_cache"),
+                 ("meta.json", "dataset"))
+#: The output another output is made inside of (a neighbour cache lives in its dataset).
+_LIVES_IN = {"neighbor_cache": "dataset"}
 
 
 def mark(folder: str | os.PathLike, kind: str, what: str | None = None) -> str:
@@ -83,8 +87,7 @@ def made_by_ooc(folder: str | os.PathLike, kind: str) -> bool:
 def output_what(folder: str | os.PathLike) -> str | None:
     """Which output (a key of :data:`OUTPUTS`) the ooc output ``folder`` is: its marker's
     ``what``, or for an output marked before markers recorded it, the file that tells
-    (``partition.json``, ``progress.json`` or ``zarr.json``, ``meta.json``); None when
-    neither says."""
+    (:data:`_TELLING_FILE`); None when neither says."""
     doc = marker(folder)
     if doc is None or doc.get("kind") != "output":
         return None
@@ -104,14 +107,15 @@ def enclosing_output(path: str | os.PathLike) -> Path | None:
 
 def what_refusal(final: str | os.PathLike, what: str) -> str | None:
     """Why a new output ``what`` may not replace the ooc output ``final``, or None: it must
-    be an output of the same ``what`` and not lie inside another ooc output."""
+    be an output of the same ``what`` and not lie inside another ooc output (but the one
+    it lives in, :data:`_LIVES_IN`)."""
     theirs = output_what(final)
     if theirs != what:
         is_ = OUTPUTS.get(theirs or "", "an ooc output of another kind")
         return (f"is {is_}, not {OUTPUTS.get(what, what)}; --overwrite replaces only "
                 f"{OUTPUTS.get(what, what)} (remove it yourself or pick another --out)")
     outer = enclosing_output(final)
-    if outer is not None:
+    if outer is not None and output_what(outer) != _LIVES_IN.get(what):
         return (f"lies inside {outer}, {OUTPUTS.get(output_what(outer) or '', 'an ooc output')}; "
                 f"replacing it alone would break that output (pick another --out)")
     return None

@@ -106,10 +106,9 @@ def check_checkpoint_dir(directory: str | os.PathLike | None, resume: bool,
     if resume or not found:
         return []
     if not overwrite:
-        span = found[0].name if len(found) == 1 else f"{found[0].name} .. {found[-1].name}"
-        raise OutputExists(f"{directory}: holds the checkpoints of another run ({span}); pass "
-                           f"--resume to continue it, --overwrite to replace them, or another "
-                           f"--checkpoint-dir")
+        raise OutputExists(f"{directory}: holds the checkpoints of another run "
+                           f"({_describe_run(found)}); pass --resume to continue it, "
+                           f"--overwrite to replace them, or another --checkpoint-dir")
     for p in found:
         try:
             load_checkpoint(p)
@@ -118,6 +117,19 @@ def check_checkpoint_dir(directory: str | os.PathLike | None, resume: bool,
                                   f"out of {directory} or pick another --checkpoint-dir)") \
                 from None
     return found
+
+
+def _describe_run(found: list[Path]) -> str:
+    """``epoch_0001.pt .. epoch_0003.pt, sage on /data/g``: the checkpoints ``found``
+    (oldest first) and the run the newest records, as far as it loads."""
+    span = found[0].name if len(found) == 1 else f"{found[0].name} .. {found[-1].name}"
+    try:
+        state = load_checkpoint(found[-1])
+    except CheckpointError:
+        return span
+    model = (state.get("model_config") or {}).get("kind")
+    data = (state.get("extra") or {}).get("dataset")
+    return span + (f", {model}" if model else "") + (f" on {data}" if data else "")
 
 
 def remove_checkpoints(paths: list[Path]) -> None:
