@@ -246,7 +246,8 @@ def check_report_path(report: str | None,
 
 
 def add_report_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", metavar="PATH", help="write a JSON summary here")
+    p.add_argument("--report", metavar="PATH", help="write a JSON summary here (replaces only "
+                   "a report ooc wrote)")
 
 
 def write_report(path: str | os.PathLike, report: dict, note: str = "",

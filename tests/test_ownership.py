@@ -422,3 +422,26 @@ def test_train_overwrite_replaces_only_ooc_checkpoints(two_graphs, tmp_path, cap
              capsys, "epoch_0001.pt: not an ooc checkpoint",
              "--overwrite replaces only ooc's checkpoints")
     assert (ck / "epoch_0001.pt").read_text() == "my notes, named like a checkpoint"
+
+
+def test_saving_never_replaces_a_checkpoint_of_another_run(tmp_path):
+    """From Python too (``Trainer.fit``, ``save_checkpoint``): an epoch file of another model
+    or dataset, or a file that is no checkpoint, is not replaced; the same run's is."""
+    import torch
+
+    from ooc.executor.training.checkpoint import load_checkpoint, save_checkpoint
+    from ooc.executor.training.models import build_model
+
+    torch.manual_seed(0)
+    small, wide = build_model("sage", 8, 16, 3, 2), build_model("sage", 8, 32, 3, 2)
+    path = save_checkpoint(tmp_path, 1, small)
+    kept = path.read_bytes()
+    with pytest.raises(FileExistsError, match="is a checkpoint of another run \\(another model\\)"):
+        save_checkpoint(tmp_path, 1, wide)
+    assert path.read_bytes() == kept
+    save_checkpoint(tmp_path, 1, small, history=[{"epoch": 1}])  # the same run: replaced
+    assert load_checkpoint(path)["history"] == [{"epoch": 1}]
+    (tmp_path / "epoch_0002.pt").write_text("mine")
+    with pytest.raises(FileExistsError, match="ooc replaces only its own checkpoints"):
+        save_checkpoint(tmp_path, 2, small)
+    assert (tmp_path / "epoch_0002.pt").read_text() == "mine"

@@ -132,6 +132,25 @@ def _describe_run(found: list[Path]) -> str:
     return span + (f", {model}" if model else "") + (f" on {data}" if data else "")
 
 
+def _check_same_run(path: Path, state: dict[str, Any]) -> None:
+    """Refuse to replace ``path`` with the checkpoint ``state`` unless ``path`` is an ooc
+    checkpoint of the same run: the same model and dataset fingerprint.
+
+    Raises:
+        OutputExists: naming what differs.
+    """
+    try:
+        old = load_checkpoint(path)
+    except CheckpointError as e:
+        raise OutputExists(f"{e}; ooc replaces only its own checkpoints (use another "
+                           f"checkpoint folder)") from None
+    for key, what in (("model_config", "model"), ("dataset_fingerprint", "dataset")):
+        if old.get(key) != state.get(key):
+            raise OutputExists(f"{path}: is a checkpoint of another run (another {what}); "
+                               f"ooc does not replace it (use another checkpoint folder, or "
+                               f"--overwrite from ooc.train)")
+
+
 def remove_checkpoints(paths: list[Path]) -> None:
     """Remove the checkpoints :func:`check_checkpoint_dir` returned (a new run replaces
     them: none is left for a later ``--resume`` to take for the new run's)."""
@@ -267,6 +286,8 @@ def save_checkpoint(directory: str | os.PathLike, epoch: int, model: torch.nn.Mo
     if dataset is not None:
         state["dataset_fingerprint"] = dataset_fingerprint(dataset)
     path = checkpoint_path(directory, epoch)
+    if os.path.lexists(path):
+        _check_same_run(path, state)
     buf = io.BytesIO()
     torch.save(state, buf)
     try:
