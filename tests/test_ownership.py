@@ -392,7 +392,8 @@ def test_train_refuses_a_checkpoint_folder_of_another_run(two_graphs, tmp_path, 
     shutil.copytree(ck0, ck)
     before = _snapshot(ck)
     _refused(train_cli.main, ["--data", b, "--checkpoint-dir", ck, *TRAIN], capsys,
-             f"{ck}: holds the checkpoints of another run (epoch_0001.pt .. epoch_0002.pt)",
+             f"{ck}: holds the checkpoints of another run (epoch_0001.pt .. epoch_0002.pt, "
+             f"sage on {a})",
              "--resume", "--overwrite")
     assert _snapshot(ck) == before
     # --resume on another dataset, or with another model, names what differs
