@@ -112,8 +112,8 @@ def what_refusal(final: str | os.PathLike, what: str) -> str | None:
     theirs = output_what(final)
     if theirs != what:
         is_ = OUTPUTS.get(theirs or "", "an ooc output of another kind")
-        return (f"is {is_}, not {OUTPUTS.get(what, what)}; --overwrite replaces only "
-                f"{OUTPUTS.get(what, what)} (remove it yourself or pick another --out)")
+        return (f"is {is_}, not {OUTPUTS.get(what, what)}: --overwrite replaces only an "
+                f"output of its own kind (remove it yourself or pick another --out)")
     outer = enclosing_output(final)
     if outer is not None and output_what(outer) != _LIVES_IN.get(what):
         return (f"lies inside {outer}, {OUTPUTS.get(output_what(outer) or '', 'an ooc output')}; "
