@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrapper,
-                  write_report)
+from .cli import (ArgumentParser, add_report_arg, check_range, check_report_path,
+                  main_wrapper, write_report)
 from .executor.settings import MODE, RUN, TRAIN, add_arguments, parse_fanouts
 from .jit import note_if_cold
 from .storage.errors import DatasetError, OocError
@@ -48,6 +48,8 @@ DEFAULTS: dict[str, Any] = {"data": None, "layers": None,
 TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",
                  "ooc.executor.cache._cache_kernels", "ooc.storage._direct_kernels",
                  "ooc.executor.training._activation_kernels")
+#: The most layers ``--layers`` takes (each layer multiplies a batch's sampled nodes).
+MAX_LAYERS = 64
 #: Settings that must not change when resuming (they define the model or the math).
 FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
                    "lr", "weight_decay")
@@ -130,6 +132,7 @@ def _settings(given: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, 
                 raise InvalidValue(f"--resume: --{k.replace('_', '-')} {given[k]} differs from the "
                                f"checkpoint's {saved.get(k)} (resuming needs the same settings)")
     s.update({k: v for k, v in given.items() if k in DEFAULTS})
+    check_range("--layers", s.get("layers"), 1, MAX_LAYERS, integer=True)
     if "fanouts" not in given and "layers" in given and not saved:
         s["fanouts"] = ",".join(["10"] * int(given["layers"]))
     fanouts = parse_fanouts(s["fanouts"])

@@ -76,3 +76,27 @@ def test_fanouts_in_every_form():
         _check_options(dict(DEFAULTS, fanouts="10,x"), progress=False)
     with pytest.raises(InvalidValue, match=r"^num_neighbors \[10, 0\]: one value per layer"):
         NodeLoader(None, [10, 0])
+
+
+@pytest.mark.parametrize("text,field", [("10,,10", "field 2 of 3"), ("10,10,", "field 3 of 3"),
+                                        (",10", "field 1 of 2"), ("", "no value")])
+def test_an_empty_fanout_field_is_refused_not_dropped(text, field):
+    """``--fanouts 10,,10`` once trained a 2-layer model: the empty field was skipped."""
+    from ooc.train import _settings
+
+    with cli_names(), pytest.raises(InvalidValue, match=rf"^--fanouts '{text}': {field}"):
+        _settings({"fanouts": text}, None)
+    with pytest.raises(InvalidValue, match=r"^fanouts "):
+        TrainConfig(fanouts=[10, None, 10]).validate()
+    with pytest.raises(InvalidValue, match=r"^num_neighbors "):
+        NodeLoader(None, [10, None, 10])
+
+
+@pytest.mark.parametrize("layers", [0, -1, 65])
+def test_layers_out_of_range_names_layers(layers):
+    """``--layers 0`` once talked of ``--fanouts ''``, an option the user did not write."""
+    from ooc.train import _settings
+
+    with cli_names(), pytest.raises(InvalidValue, match=rf"^--layers {layers}: must be an "
+                                                        r"integer in \[1, 64\]"):
+        _settings({"layers": layers}, None)

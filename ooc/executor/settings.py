@@ -165,9 +165,17 @@ class Setting:
 
 
 def parse_fanouts(text: str, label: str = "--fanouts") -> list[int]:
-    """``"15,10,5"`` -> ``[15, 10, 5]``; :class:`InvalidValue` naming ``label``."""
+    """``"15,10,5"`` -> ``[15, 10, 5]``; :class:`InvalidValue` naming ``label``. An empty
+    field (``10,,10``, ``10,10,``) is refused: a layer left out would train a shallower
+    model than the one written."""
+    fields = str(text).replace(" ", "").split(",")
+    if "" in fields:
+        where = (f"field {fields.index('') + 1} of {len(fields)} is empty" if str(text).strip()
+                 else "no value")
+        raise InvalidValue(f"{label} {text!r}: {where}; write one integer per layer between "
+                           f"the commas, e.g. 10,10")
     try:
-        values = [int(t) for t in str(text).replace(" ", "").split(",") if t != ""]
+        values = [int(t) for t in fields]
     except ValueError:
         raise InvalidValue(f"{label} {text!r}: expected comma-separated integers, e.g. 10,10") \
             from None
