@@ -4,6 +4,7 @@ input."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +183,12 @@ def _fails(argv, capsys):
     (["--parts", "-3"], "--parts"),
     (["--parts", "501"], "exceeds"),
     (["--parts", "2", "--beta", "0.9"], "--beta"),
+    (["--parts", "2", "--beta", "inf"], "--beta inf: must be a finite number >= 1"),
+    (["--parts", "2", "--beta", "nan"], "--beta nan: must be a finite number >= 1"),
+    (["--parts", "2", "--tau-factor", "-1"], "--tau-factor -1.0: must be a finite number > 0"),
+    (["--parts", "2", "--tau-factor", "nan"], "--tau-factor nan: must be a finite number > 0"),
+    (["--parts", "2", "--tau-vol", "-5"], "--tau-vol -5.0: must be a finite number > 0"),
+    (["--parts", "2", "--tau-vol", "0"], "--tau-vol 0.0: must be a finite number > 0"),
     (["--parts", "2", "--stream-iters", "0"], "--stream-iters"),
     (["--parts", "2", "--halo-hops", "0"], "--halo-hops"),
     (["--parts", "2", "--refine-passes", "-1"], "--refine-passes"),
@@ -196,6 +203,44 @@ def test_bad_arguments(small_dataset, tmp_path, capsys, extra, needle):
     assert needle in err
     assert not out.exists()
     assert [p for p in tmp_path.iterdir() if p.name.startswith(".o")] == []
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(beta=float("inf")), "beta inf: must be a finite number >= 1"),
+    (dict(tau_factor=-1.0), "tau_factor -1.0: must be a finite number > 0"),
+    (dict(tau_factor=float("nan")), "tau_factor nan: must be a finite number > 0"),
+    (dict(tau_vol=-5), "tau_vol -5: must be a finite number > 0"),
+])
+def test_springs_parameters_from_python(small_dataset, tmp_path, kw, needle):
+    """SPRING's thresholds once took -1 or NaN (every node a singleton, ``NaN`` in
+    partition.json) and ``beta=inf`` an OverflowError; each API refuses them naming the
+    keyword."""
+    from ooc.partition import spring
+    from ooc.storage.errors import InvalidValue
+
+    path, _ = small_dataset
+    for call in (lambda: partition(path, 2, **kw),
+                 lambda: spring(open_dataset(path), 2, **kw),
+                 lambda: partition_dataset(path, tmp_path / "o", 2, **kw)):
+        with pytest.raises(InvalidValue, match=f"^{re.escape(needle)}$"):
+            call()
+    assert not (tmp_path / "o").exists()
+
+
+def test_json_never_holds_nan(tmp_path):
+    """A NaN that reaches a JSON file (partition.json, a report) is refused naming its key,
+    not written as ``NaN``, which is not JSON; nothing is left behind."""
+    from ooc.storage.atomic import write_json
+    from ooc.storage.errors import InvalidValue
+
+    target = tmp_path / "partition.json"
+    with pytest.raises(InvalidValue, match=r"partition.json: params.tau_vol is nan, which "):
+        write_json(target, {"p": 2, "params": {"tau_vol": np.float64("nan")}})
+    with pytest.raises(InvalidValue, match=r": x\[1\] is -inf, "):
+        write_json(target, {"x": np.array([1.0, -np.inf])})
+    assert list(tmp_path.iterdir()) == []
+    write_json(target, {"x": np.array([1.5]), "y": None})
+    assert json.loads(target.read_text()) == {"x": [1.5], "y": None}
 
 
 def test_missing_and_invalid_dataset(tmp_path, capsys):

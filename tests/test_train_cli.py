@@ -182,6 +182,16 @@ def test_bad_input(tiny, tmp_path, capsys):
     _bad(["--resume", "--checkpoint-dir", ck, "--hidden", "32"], capsys, "differs")
 
 
+def test_partitions_beyond_the_nodes_names_partitions(tiny, tmp_path, capsys):
+    """``--partitions 5000`` on a 400-node dataset once named ``--parts``, the partitioner's
+    option the user never wrote; refused before anything is partitioned."""
+    parts = tmp_path / "parts"
+    _bad(["--data", tiny, "--workers", "1", "--partitions", "5000", "--partition-dir", parts],
+         capsys, "--partitions 5000 exceeds the dataset's 400 nodes; give --partitions at "
+                 "most 400")
+    assert not parts.exists()
+
+
 def test_subprocess_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ooc.train", "--data", str(tmp_path / "nope")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)

@@ -41,8 +41,9 @@ from .baselines import edge_partition
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
 from .metrics import compute_metrics
 from .refine import refine
-from .spring import spring
-from ..storage.errors import IOFailure, InvalidValue, OocError, OutputExists
+from .spring import TAU_FACTOR, check_thresholds, spring
+from ..cli import check_range
+from ..storage.errors import IOFailure, InvalidValue, OocError, OutputExists, setting
 
 ALGORITHMS = ("spring", "hash", "greedy", "dbh", "hdrf")
 
@@ -50,15 +51,19 @@ __all__ = ["ALGORITHMS", "Assignment", "EdgeStream", "compute_metrics", "edge_pa
            "partition", "partition_dataset", "spring"]
 
 
-def _check(dataset: Dataset, parts: int, algo: str, beta: float) -> None:
+def _check(dataset: Dataset, parts: int, algo: str, beta: float, params: dict) -> None:
+    """Refuse bad arguments before any pass: the algorithm, ``parts``, ``beta`` and
+    SPRING's thresholds (``params``)."""
     if algo not in ALGORITHMS:
         raise InvalidValue(f"unknown algorithm {algo!r} (choose from {', '.join(ALGORITHMS)})")
     if not isinstance(parts, (int, np.integer)) or parts < 1:
-        raise InvalidValue(f"--parts must be >= 1, got {parts}")
+        raise InvalidValue(f"{setting('--parts')} must be >= 1, got {parts}")
     if parts > dataset.num_nodes:
-        raise InvalidValue(f"--parts {parts} exceeds the number of nodes ({dataset.num_nodes})")
-    if not beta >= 1.0:
-        raise InvalidValue(f"--beta must be >= 1, got {beta}")
+        raise InvalidValue(f"{setting('--parts')} {parts} exceeds the number of nodes "
+                           f"({dataset.num_nodes})")
+    check_range("--beta", beta, 1)
+    if algo == "spring":
+        check_thresholds(params.get("tau_vol"), params.get("tau_factor", TAU_FACTOR))
 
 
 def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spring", *,
@@ -75,13 +80,13 @@ def partition(dataset: Dataset | str | os.PathLike, parts: int, algo: str = "spr
     """
     if not isinstance(dataset, Dataset):
         dataset = open_dataset(dataset)
-    _check(dataset, parts, algo, beta)
+    _check(dataset, parts, algo, beta, params)
+    if int(refine_passes) != refine_passes or refine_passes < 0:
+        raise InvalidValue(f"--refine-passes must be an integer >= 0, got {refine_passes}")
     # every id in range and every block of indices.bin against its recorded CRC-32 (one
     # streaming pass, as train and infer do): an edit the sampled checksum misses would
     # otherwise be partitioned, and written into every partition, as is
     dataset.check_indices()
-    if int(refine_passes) != refine_passes or refine_passes < 0:
-        raise InvalidValue(f"--refine-passes must be an integer >= 0, got {refine_passes}")
     jit = warm_up(algo, dataset.index_dtype)
     if algo == "spring":
         a = spring(dataset, parts, beta=beta, seed=seed, chunk_edges=chunk_edges,
@@ -135,7 +140,7 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     tune_malloc()  # freed arrays go back to the OS: each phase's RSS is what it holds
     dataset = open_dataset(data)
     rss_open = current_rss_bytes()
-    _check(dataset, parts, algo, beta)
+    _check(dataset, parts, algo, beta, params)
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
         raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
     from .split import feature_writer

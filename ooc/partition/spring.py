@@ -98,6 +98,7 @@ from ._kernels import expand_dst
 from ._spring_kernels import RICHEST, VOTE, cluster_edges, merge_and_assign, new_state
 from .base import Assignment, progress_bar
 from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ..cli import check_range
 from ..storage.errors import InvalidValue
 
 #: Default ``tau_vol = TAU_FACTOR * |E| / p``.
@@ -105,6 +106,14 @@ TAU_FACTOR = 0.1
 
 #: Merge rules (see (b) above).
 MERGE_RULES = {"vote": VOTE, "richest": RICHEST}
+
+
+def check_thresholds(tau_vol: float | None, tau_factor: float) -> None:
+    """Refuse a volume threshold that is not a finite number > 0, naming the option as the
+    caller wrote it: a threshold ``<= 0`` (or NaN) lets no node move, and SPRING would
+    return singleton clusters."""
+    check_range("--tau-factor", tau_factor, 0, lo_open=True)
+    check_range("--tau-vol", tau_vol, 0, lo_open=True)
 
 
 def spring(dataset: Dataset, parts: int, *, beta: float = 1.05,
@@ -123,6 +132,8 @@ def spring(dataset: Dataset, parts: int, *, beta: float = 1.05,
         raise InvalidValue(f"merge must be one of {', '.join(MERGE_RULES)}, got {merge!r}")
     if int(stream_iters) != stream_iters or stream_iters < 1:
         raise InvalidValue(f"stream_iters must be an integer >= 1, got {stream_iters!r}")
+    check_range("--beta", beta, 1)
+    check_thresholds(tau_vol, tau_factor)
     stream_iters = int(stream_iters)
     t0 = time.perf_counter()
     n, e = dataset.num_nodes, dataset.num_edges

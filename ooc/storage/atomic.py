@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import OutputExists
+from .errors import InvalidValue, OutputExists
 
 
 def _umask() -> int:
@@ -236,10 +236,45 @@ def atomic_file(final: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    """Write ``obj`` as indented JSON to ``path`` atomically.
+
+    Raises:
+        InvalidValue: ``obj`` holds NaN or an infinity, which JSON has no number for
+            (Python would write ``NaN``, which other readers refuse); nothing is written.
+    """
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=False, default=_json_default,
+                          allow_nan=False)
+    except ValueError:
+        key, value = _first_non_finite(obj)
+        if value is None:  # not a number's fault (a circular reference)
+            raise
+        raise InvalidValue(f"{path}: {key or 'the value'} is {value}, which JSON cannot "
+                           f"hold; nothing was written") from None
     with atomic_file(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False, default=_json_default)
-        f.write("\n")
+        f.write(text + "\n")
+
+
+def _first_non_finite(obj: Any, key: str = "") -> tuple[str, float | None]:
+    """The dotted key of the first NaN or infinity in ``obj`` (numpy values included) and
+    that value; ``("", None)`` when there is none."""
+    import math
+
+    if hasattr(obj, "tolist"):  # a numpy array or scalar
+        obj = obj.tolist()
+    if isinstance(obj, float):
+        return (key, obj) if not math.isfinite(obj) else ("", None)
+    if isinstance(obj, dict):
+        children: Any = ((f"{key}.{k}" if key else str(k), v) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple)):
+        children = ((f"{key}[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return "", None
+    for k, v in children:
+        found = _first_non_finite(v, k)
+        if found[1] is not None:
+            return found
+    return "", None
 
 
 def _json_default(o: Any) -> Any:

@@ -40,7 +40,8 @@ def run_cli(dataset: Dataset, config: TrainConfig, options: ModeOptions, s: dict
     """
     workers = _check_workers(s)
     parts, alloc = resolve_partitions(dataset.path, workers, s.get("partitions"),
-                                      options.memory_budget, s.get("compute_fraction"))
+                                      options.memory_budget, s.get("compute_fraction"),
+                                      dataset.num_nodes)
     halo = _halo_hops(s, config.num_layers)
     part_dir = _partition_dir(dataset.path, parts, halo, s)
     if env_rank() == 0:  # every check passed: the checkpoints --overwrite replaces go

@@ -39,9 +39,25 @@ def default_partition_dir(data: str | os.PathLike, parts: int, halo_hops: int = 
 
 
 def resolve_partitions(data: str | os.PathLike, workers: int, parts: int | None,
-                       memory_budget: int | None, compute_fraction: float | None
-                       ) -> tuple[int, dict[str, Any]]:
-    """``P`` and how it was chosen (the allocation rule when ``parts`` is None)."""
+                       memory_budget: int | None, compute_fraction: float | None,
+                       num_nodes: int | None = None) -> tuple[int, dict[str, Any]]:
+    """``P`` and how it was chosen (the allocation rule when ``parts`` is None); a ``P``
+    above ``num_nodes`` (when given) is refused naming ``--partitions``."""
+    p, info = _partitions(data, workers, parts, memory_budget, compute_fraction)
+    if num_nodes is not None and p > num_nodes:
+        how = (f"{setting('--partitions')} {p}" if parts is not None else
+               f"the allocation rule's {p} partitions ({info['rule']})")
+        change = (f"give {setting('--partitions')} at most {num_nodes}" if parts is not None
+                  else f"give {setting('--partitions')} or a larger "
+                       f"{setting('--memory-budget')}")
+        raise InvalidValue(f"{how} exceeds the dataset's {num_nodes} nodes; {change}")
+    return p, info
+
+
+def _partitions(data: str | os.PathLike, workers: int, parts: int | None,
+                memory_budget: int | None, compute_fraction: float | None
+                ) -> tuple[int, dict[str, Any]]:
+    """``P`` and how it was chosen, unchecked against the dataset's size."""
     s = dataset_bytes(data)
     frac = DEFAULT_COMPUTE_FRACTION if compute_fraction is None else float(compute_fraction)
     info: dict[str, Any] = {"data_bytes": s, "memory_budget": memory_budget,
