@@ -415,3 +415,25 @@ def test_read_labels_leaves_no_label_pages_resident(tmp_path):
     assert mapped_kib(labels_file) == 0
     np.asarray(ds.labels[ids])  # the same read through the map stays resident
     assert mapped_kib(labels_file) > 4096
+
+
+@pytest.mark.parametrize("labels,problem", [
+    (np.array([0, 1, 2**64 - 1], np.uint64), "node 2: label 18446744073709551615 is not"),
+    (np.array([0, -2, 1]), "node 1: label -2 is not"),
+    (np.array([0.0, 1.5, 1.0]), "node 1: label 1.5 is not"),
+    (np.array([0, 1, 1 << 20]), "node 2: label 1048576 is not"),
+])
+def test_labels_are_checked_in_their_own_dtype(tmp_path, labels, problem):
+    """A uint64 2**64 - 1 once became -1 (unlabeled) in the cast to int64; every writer of
+    labels (write_dataset, each ingest) checks them before it."""
+    from ooc.storage import write_dataset
+    from ooc.storage.errors import InvalidValue
+
+    indptr, indices = csc_from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
+    with pytest.raises(InvalidValue, match=rf"^labels: {problem} a class id in \[0, 1048576\) "
+                                           r"nor -1 \(unlabeled\)$"):
+        write_dataset(tmp_path / "ds", indptr, indices, np.zeros((3, 2), np.float32), labels)
+    assert not (tmp_path / "ds").exists()
+    ok = write_dataset(tmp_path / "ok", indptr, indices, np.zeros((3, 2), np.float32),
+                       np.array([np.nan, 1.0, -1.0]))
+    np.testing.assert_array_equal(open_dataset(ok).labels, [-1, 1, -1])

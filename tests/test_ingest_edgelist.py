@@ -257,7 +257,8 @@ def test_wrong_shapes(tmp_path):
     _fails(tmp_path, "y.npy: labels have 301 entries", tmp_path / "e.npy", num_nodes=N,
            labels=tmp_path / "y.npy")
     np.save(tmp_path / "y.npy", np.full(N, -2))
-    _fails(tmp_path, "y.npy: label -2", tmp_path / "e.npy", num_nodes=N, labels=tmp_path / "y.npy")
+    _fails(tmp_path, "y.npy: node 0: label -2 is not a class id", tmp_path / "e.npy",
+           num_nodes=N, labels=tmp_path / "y.npy")
 
 
 def test_split_out_of_range(tmp_path):

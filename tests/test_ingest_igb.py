@@ -58,3 +58,19 @@ def test_cli_and_bad_inputs(igb, tmp_path):
     with pytest.raises(OocError, match="node_feat.npy"):
         ingest_igb(root, tmp_path / "ds", progress=False)
     assert not (tmp_path / "ds").exists()
+
+
+def test_a_label_that_is_no_class_id_is_refused(igb, tmp_path):
+    """IGB's float labels: NaN is unlabeled, an infinity or a fraction is named with its
+    node; nothing is written."""
+    from ooc.storage.errors import InvalidValue
+
+    root, *_ = igb
+    path = root / "small" / "processed" / "paper" / "node_label_19.npy"
+    y = np.load(path)
+    y[40] = np.inf
+    np.save(path, y)
+    with pytest.raises(InvalidValue, match=r"node_label_19.npy: node 40: label inf is not a "
+                                           r"class id in \[0, 1048576\) nor -1 \(unlabeled\)"):
+        ingest_igb(root, tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds").exists()

@@ -134,6 +134,8 @@ def _truncate_member(path, member):
     ("corrupt_deflate", "corrupt"),
     ("bad_label", "line 131: label 2.5 is not a class id"),
     ("label_shape", "labels have shape (150, 2)"),
+    ("uint64_label", "line 18: label 18446744073709551615 is not a class id"),
+    ("minus_two_label", "line 4: label -2 is not a class id"),
 ])
 def test_bad_inputs_one_line_nothing_written(tmp_path, case, needle):
     root = tmp_path / "papers"
@@ -142,7 +144,11 @@ def test_bad_inputs_one_line_nothing_written(tmp_path, case, needle):
             "no_edges_member": dict(edge_index=None),
             "feature_rows": dict(node_feat=np.zeros((140, D), np.float32)),
             "bad_label": dict(node_label=np.where(np.arange(N) == 130, 2.5, 1.0)),
-            "label_shape": dict(node_label=np.zeros((N, 2)))}.get(case, {})
+            "label_shape": dict(node_label=np.zeros((N, 2))),
+            "uint64_label": dict(node_label=np.where(np.arange(N) == 17, np.uint64(2**64 - 1),
+                                                     np.uint64(1))),
+            "minus_two_label": dict(node_label=np.where(np.arange(N) == 3, -2, -1))
+            }.get(case, {})
     _write(root, case == "corrupt_deflate", **over)
     data = root / "raw" / "data.npz"
     if case == "truncated":

@@ -200,23 +200,29 @@ class DatasetWriter:
                 self.nonfinite += int(bad.sum())
         self._rows_checked = start + rows.shape[0]
 
-    def write_labels(self, labels: np.ndarray, num_classes: int | None = None) -> None:
-        """Labels int64 [N], -1 where unlabeled; at most ``MAX_CLASSES`` classes."""
-        labels = np.asarray(labels, dtype=np.int64)
+    def write_labels(self, labels: Any, num_classes: int | None = None,
+                     source: str = "labels") -> None:
+        """Labels [N] of any integer, bool or float dtype (:func:`class_ids`: -1, or NaN,
+        where unlabeled); at most ``MAX_CLASSES`` classes. ``source`` (the input file)
+        goes into errors."""
+        labels = np.asarray(labels)
         if labels.shape != (self.num_nodes,):
-            raise InvalidValue(f"labels have shape {labels.shape}, expected ({self.num_nodes},)")
-        self.write_labels_chunks([labels], num_classes)
+            raise InvalidValue(f"{source}: labels have shape {labels.shape}, expected "
+                               f"({self.num_nodes},)")
+        self.write_labels_chunks([labels], num_classes, source)
 
-    def write_labels_chunks(self, chunks, num_classes: int | None = None) -> None:
-        """Labels from ``chunks`` (int64 arrays, in node order, N in all; -1 where
-        unlabeled), written as they come: memory holds one chunk."""
+    def write_labels_chunks(self, chunks, num_classes: int | None = None,
+                            source: str = "labels") -> None:
+        """Labels from ``chunks`` (arrays in node order, N in all, each checked by
+        :func:`class_ids`), written as they come: memory holds one chunk."""
         sink = NpySink(self._dir / "labels.npy", self.num_nodes)
-        top = 0
+        top = at = 0
         for part in chunks:
-            part = np.asarray(part, dtype=np.int64).reshape(-1)
+            part = class_ids(np.asarray(part).reshape(-1), source, first=at)
             if part.size:
                 top = max(top, int(part.max()) + 1)
             sink.write(part)
+            at += part.size
         sink.close()
         self.num_classes = int(num_classes if num_classes is not None else top)
         if self.num_classes > MAX_CLASSES or top > self.num_classes:
@@ -498,6 +504,36 @@ def csc_from_edges(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> tuple[np
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=num_nodes), out=indptr[1:])
     return indptr, src[order]
+
+
+def class_ids(labels: np.ndarray, source: str = "labels", first: int = 0,
+              row: str = "node") -> np.ndarray:
+    """int64 class ids of ``labels`` (1-D; integer, bool or float), checked in their own
+    dtype before the cast, so a uint64 ``2**64 - 1`` is refused rather than read as -1: a
+    label is -1 (unlabeled; NaN too in a float array) or an integer in ``[0,
+    MAX_CLASSES)``.
+
+    Raises:
+        InvalidValue: another dtype, or the first other value, named with its position
+            (``row`` and ``first`` + its index, e.g. ``node 49`` or ``line 50``) and
+            ``source``.
+    """
+    a = np.asarray(labels)
+    if a.dtype.kind not in "biuf":
+        raise InvalidValue(f"{source}: labels have dtype {a.dtype}; expected integers "
+                           f"(-1: unlabeled)")
+    unlabeled = a == -1
+    whole: Any = True
+    if a.dtype.kind == "f":
+        unlabeled |= np.isnan(a)
+        with np.errstate(invalid="ignore"):
+            whole = a == np.floor(a)  # an infinity passes here and fails the range
+    bad = ~unlabeled & ~((a >= 0) & (a < MAX_CLASSES) & whole)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InvalidValue(f"{source}: {row} {first + i}: label {a[i].item()} is not a class "
+                           f"id in [0, {MAX_CLASSES}) nor -1 (unlabeled)")
+    return np.where(unlabeled, -1, a).astype(np.int64)
 
 
 def write_dataset(out: str | os.PathLike, indptr: np.ndarray, indices: np.ndarray,

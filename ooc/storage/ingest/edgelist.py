@@ -29,13 +29,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM, replace_problem
+from ..dataset import MAX_FEATURE_DIM, replace_problem
 from ..direct_files import read_range, write_all
 from ..errors import InvalidValue, OocError, setting
 from ..layout import PAGE, FeatureLayout, index_dtype, padded_bytes
 from ..reorder import STAGING_BYTES
 from ..atomic import replace_refusal
-from ..writer import DatasetWriter
+from ..writer import DatasetWriter, class_ids
 from ..read_ahead import CHUNKS_HELD, read_ahead
 from . import _kernels as K
 from . import limits as L
@@ -656,7 +656,8 @@ def open_features(path, num_nodes: int | None = None, reader: NpyReader | None =
 
 
 def load_labels(path, num_nodes: int) -> tuple[np.ndarray, int]:
-    """Labels int64 [N] (-1 unlabeled; NaN in a float file means unlabeled)."""
+    """Labels int64 [N] (-1 unlabeled; NaN in a float file means unlabeled), checked by
+    :func:`~ooc.storage.writer.class_ids` in the file's own dtype."""
     r = NpyReader(path)
     a = r.read_all()
     if a.ndim == 2 and a.shape[1] == 1:
@@ -665,19 +666,7 @@ def load_labels(path, num_nodes: int) -> tuple[np.ndarray, int]:
         raise _err(r.path, f"labels have shape {r.shape}; expected [{num_nodes}]")
     if a.shape[0] != num_nodes:
         raise _err(r.path, f"labels have {a.shape[0]} entries, the graph has {num_nodes} nodes")
-    if a.dtype.kind == "f":
-        bad = ~np.isnan(a) & (a != np.round(a))
-        if bad.any():
-            raise _err(r.path, f"label {a[bad][0]} at node {int(np.argmax(bad))} is not an integer")
-        a = np.where(np.isnan(a), -1, a)
-    elif a.dtype.kind not in "iub":
-        raise _err(r.path, f"labels have dtype {a.dtype}; expected integers")
-    a = a.astype(np.int64)
-    if a.size and a.min() < -1:
-        raise _err(r.path, f"label {a.min()} at node {int(np.argmin(a))} is below -1")
-    if a.size and a.max() >= MAX_CLASSES:
-        raise _err(r.path, f"label {a.max()} at node {int(np.argmax(a))} is not below "
-                           f"{MAX_CLASSES} (labels are class ids 0, 1, ...)")
+    a = class_ids(a, str(r.path))
     return a, int(a.max() + 1) if a.size else 0
 
 

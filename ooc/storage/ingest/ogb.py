@@ -33,9 +33,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..writer import DatasetWriter
+from ..writer import DatasetWriter, class_ids
 from . import _kernels as K
-from ..dataset import MAX_CLASSES
 from . import limits as L
 from . import npz
 from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, NpyReader, TextEdges,
@@ -57,27 +56,24 @@ class _Labels:
     reader: NpyReader | None = None     # the npz member ([N] or [N, 1])
 
     def chunks(self, step: int | None = None) -> Iterator[np.ndarray]:
-        """float64 pieces of the labels (``step`` of them, default :data:`LABEL_CHUNK`)."""
+        """Pieces of the labels in their stored dtype (``step`` of them, default
+        :data:`LABEL_CHUNK`)."""
         step = step or LABEL_CHUNK
         for a in range(0, self.length, step):
             b = min(self.length, a + step)
             if self.array is not None:
-                yield self.array[a:b].astype(np.float64)
+                yield self.array[a:b]
             else:
                 assert self.reader is not None
-                yield self.reader.read_flat(a, b - a).astype(np.float64)
+                yield self.reader.read_flat(a, b - a)
 
     def class_ids(self, step: int | None = None) -> Iterator[np.ndarray]:
-        """int64 pieces, -1 where unlabeled; a label that is not a class id is an error
-        naming its line."""
+        """int64 pieces, -1 where unlabeled (NaN); a label that is not a class id is an
+        error naming its line (:func:`~ooc.storage.writer.class_ids`, in the stored dtype:
+        a uint64 ``2**64 - 1`` is not -1)."""
         at = 0
         for part in self.chunks(step):
-            bad = ~np.isnan(part) & ((part != np.round(part)) | (part < 0)
-                                     | (part >= MAX_CLASSES))
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise _err(self.path, f"line {at + i + 1}: label {part[i]} is not a class id")
-            yield np.where(np.isnan(part), -1, part).astype(np.int64)
+            yield class_ids(part, str(self.path), first=at + 1, row="line")
             at += part.shape[0]
 
 
