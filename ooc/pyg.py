@@ -412,6 +412,25 @@ class OocSampler(BaseSampler):
         """The epoch the next ``iter()`` of the loader loads (>= 1)."""
         self.batch_sampler.set_epoch(epoch)
 
+    @property
+    def num_neighbors(self) -> list[int]:
+        """The fanouts this sampler samples with (``remote_backend``'s ``num_neighbors``)."""
+        return list(self._b.settings["num_neighbors"])
+
+    def check_num_neighbors(self, num_neighbors: Any) -> None:
+        """Refuse a loader's ``num_neighbors`` other than this sampler's: PyG's
+        ``NeighborLoader`` given a ``neighbor_sampler`` drops its own ``num_neighbors``, so
+        the batches would be sampled with fanouts the script does not show."""
+        try:
+            given: Any = [int(v) for v in num_neighbors]
+        except (TypeError, ValueError):
+            given = num_neighbors
+        if given != self.num_neighbors:
+            raise InvalidValue(f"ooc.pyg: NeighborLoader's num_neighbors {given} differs from "
+                               f"the ooc sampler's {self.num_neighbors}, which it would sample "
+                               f"with; pass the same list to both (remote_backend("
+                               f"num_neighbors=...))")
+
     def loader_kwargs(self, num_workers: int = 0) -> dict[str, Any]:
         """Keyword arguments for PyG's ``NodeLoader``/``NeighborLoader``: ooc's batch plan,
         and with ``num_workers > 0`` spawned worker processes (numba's OpenMP pool cannot
@@ -476,6 +495,39 @@ class OocSampler(BaseSampler):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         type(self).__init__(self, state["_b"])
+
+
+def _check_neighbor_loaders() -> None:
+    """Make PyG's ``NeighborLoader`` check its ``num_neighbors`` against an ooc sampler
+    given as its ``neighbor_sampler`` (:meth:`OocSampler.check_num_neighbors`): PyG keeps
+    the value only to build a sampler of its own, so nothing later can see it. Calls with
+    any other sampler, or none, run PyG's code unchanged. Idempotent."""
+    import functools
+    import inspect
+
+    from torch_geometric.loader import NeighborLoader
+
+    init = NeighborLoader.__init__
+    if getattr(init, "_ooc_checks", False):
+        return
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def checked(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            bound = signature.bind(self, *args, **kwargs).arguments
+        except TypeError:  # PyG's own error for a bad call
+            bound = {}
+        sampler = bound.get("neighbor_sampler")
+        if isinstance(sampler, OocSampler):
+            sampler.check_num_neighbors(bound.get("num_neighbors"))
+        init(self, *args, **kwargs)
+
+    checked._ooc_checks = True  # type: ignore[attr-defined]
+    NeighborLoader.__init__ = checked  # type: ignore[method-assign]
+
+
+_check_neighbor_loaders()
 
 
 def remote_backend(dataset, num_neighbors: Sequence[int] = (10, 10), input_nodes="train",

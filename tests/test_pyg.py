@@ -118,6 +118,26 @@ def test_neighbor_loader_and_workers(graph):
         sampler.close()
 
 
+def test_neighbor_loaders_num_neighbors_must_be_the_samplers(graph):
+    """PyG's NeighborLoader drops its num_neighbors when given a sampler: [15, 15] once
+    sampled silently with the backend's fanouts. A mismatch is one line naming both; the
+    same list (any sequence type) loads."""
+    fs, gs, sampler = ooc.pyg.remote_backend(graph, preset="baseline", plan_ahead=False, **KW)
+    try:
+        with pytest.raises(OocError, match=r"^ooc.pyg: NeighborLoader's num_neighbors \[15, 15\] "
+                                           r"differs from the ooc sampler's \[4, 3\]"):
+            NeighborLoader((fs, gs), num_neighbors=[15, 15], neighbor_sampler=sampler,
+                           **sampler.loader_kwargs())
+        with pytest.raises(ValueError, match=r"num_neighbors \[4\] differs"):
+            NeighborLoader((fs, gs), [4], neighbor_sampler=sampler, **sampler.loader_kwargs())
+        loader = NeighborLoader((fs, gs), num_neighbors=(4, 3), neighbor_sampler=sampler,
+                                **sampler.loader_kwargs())
+        batch = next(iter(loader))
+        assert len(batch.num_sampled_nodes) == 3 and batch.batch_size == KW["batch_size"]
+    finally:
+        sampler.close()
+
+
 def test_stores(graph):
     fs, gs, sampler = ooc.pyg.remote_backend(graph, preset="static", **KW)
     try:
