@@ -139,3 +139,55 @@ def test_config_errors(graph):
                 dict(mode="nope")):
         with pytest.raises(OocError):
             Trainer(graph, cfg(**bad), log=quiet)
+
+
+def test_unknown_setting_names_the_closest():
+    """``TrainConfig(epochz=3)`` once raised a bare TypeError where NodeLoader raised
+    InvalidValue: both are now an UnknownSetting (an InvalidValue and a TypeError) naming
+    the keyword and the closest setting."""
+    from ooc import NodeLoader
+    from ooc.executor.loader.stack import ModeOptions
+    from ooc.storage.errors import InvalidValue, UnknownSetting
+
+    for make, msg in ((lambda: TrainConfig(epochz=3),
+                       r"^TrainConfig: no setting 'epochz' \(did you mean epochs\?\)$"),
+                      (lambda: ModeOptions(read_gapp=0),
+                       r"^ModeOptions: no setting 'read_gapp' \(did you mean read_gap\?\)$"),
+                      (lambda: NodeLoader(None, [5], batchsize=8),
+                       r"^NodeLoader: no setting 'batchsize' \(did you mean batch_size\?\)$"),
+                      (lambda: NodeLoader(None, [5], zzzz=8),
+                       r"^NodeLoader: no setting 'zzzz' \(the settings: dataset, num_neigh")):
+        with pytest.raises(UnknownSetting, match=msg) as e:
+            make()
+        assert isinstance(e.value, InvalidValue) and isinstance(e.value, TypeError)
+
+
+def test_trainer_takes_a_folder_as_nodeloader_does(graph):
+    """``Trainer("path", cfg)`` once failed on ``str.num_classes``; a folder is opened, as
+    NodeLoader opens one, and anything else is one line saying what to pass."""
+    t = Trainer(str(graph.path), cfg(epochs=1), log=quiet)
+    try:
+        assert t.dataset.path == graph.path and t.dataset.num_nodes == graph.num_nodes
+        t.train_epoch()
+    finally:
+        t.close()
+    with pytest.raises(OocError, match=r"^Trainer: dataset must be a dataset folder or an "
+                                       r"opened dataset \(ooc.open_dataset\(path\)\), not int$"):
+        Trainer(42, cfg(), log=quiet)
+    with pytest.raises(OocError, match=r"^Trainer: config must be a TrainConfig, not dict$"):
+        Trainer(graph, {"epochs": 1}, log=quiet)
+
+
+def test_no_labelled_training_node_is_refused_before_training(tmp_path):
+    """Training nodes all labelled -1 once trained to a NaN loss and blamed non-finite
+    features or --lr; refused up front naming the training split."""
+    path = community_graph(tmp_path / "g", n=60)
+    ds = open_dataset(path)
+    y = np.asarray(ds.labels).copy()
+    y[np.asarray(ds.train_idx)] = -1
+    bare = write_dataset(tmp_path / "u", ds.indptr, np.asarray(ds.indices),
+                         ds.features.read(np.arange(60)), y, ds.train_idx, ds.val_idx,
+                         ds.test_idx, num_classes=3)
+    with pytest.raises(OocError, match=r"u: no labelled node in the training split \(its 30 "
+                                       r"nodes are all labelled -1 in labels.npy\)"):
+        Trainer(bare, cfg(), log=quiet)

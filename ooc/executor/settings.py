@@ -21,13 +21,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
 from ..cli import check_range, format_size, parse_size
-from ..storage.errors import InvalidValue, setting
+from ..storage.errors import InvalidValue, UnknownSetting, setting
+
+_C = TypeVar("_C", bound=type)
 
 #: Kinds of setting: how a value is checked and how the command line reads it.
 KINDS = ("int", "float", "size", "choice", "text", "fanouts", "flag")
@@ -297,6 +301,33 @@ def check_all(obj: Any, settings: Sequence[Setting]) -> None:
         value = s.check(getattr(obj, s.name))
         if value is not getattr(obj, s.name):
             setattr(obj, s.name, value)
+
+
+def check_keywords(owner: str, given: Iterable[str], valid: Sequence[str]) -> None:
+    """Refuse the first of ``given`` (keyword arguments of ``owner``) that is not in
+    ``valid``: :class:`UnknownSetting` naming it and the closest valid keyword (or all of
+    them when none is close)."""
+    for key in given:
+        if key in valid:
+            continue
+        close = difflib.get_close_matches(key, valid, n=1)
+        hint = f"did you mean {close[0]}?" if close else f"the settings: {', '.join(valid)}"
+        raise UnknownSetting(f"{owner}: no setting {key!r} ({hint})")
+
+
+def keywords_checked(cls: _C) -> _C:
+    """A dataclass whose constructor refuses an unknown keyword with
+    :func:`check_keywords` (Python's own error would be a bare ``TypeError``)."""
+    init = cls.__init__
+    names = [f.name for f in dataclasses.fields(cls)]
+
+    @functools.wraps(init)
+    def checked(self, *args: Any, **kwargs: Any) -> None:
+        check_keywords(cls.__name__, kwargs, names)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = checked  # type: ignore[misc]
+    return cls
 
 
 def add_arguments(parser: argparse.ArgumentParser, settings: Sequence[Setting]) -> None:

@@ -10,6 +10,8 @@ line that names the file (or the setting) and the problem. CLIs turn it into
 class                     also a                  raised for
 ========================  ======================  ===============================================
 :class:`InvalidValue`     ``ValueError``          a setting, an argument or an input ooc cannot use
+:class:`UnknownSetting`   ``ValueError``,         a keyword argument no setting has (``epochz=3``)
+                          ``TypeError``
 :class:`BudgetError`      ``ValueError``          a memory or disk budget too small for the work
 :class:`DatasetError`     ``ValueError``          a dataset folder or file missing, truncated, invalid
 :class:`IdOutOfRange`     ``IndexError``          a node or row id outside ``[0, N)``
@@ -66,6 +68,11 @@ class OocError(Exception):
 
 class InvalidValue(OocError, ValueError):
     """A setting, an argument or an input holds a value ooc cannot use."""
+
+
+class UnknownSetting(InvalidValue, TypeError):
+    """A keyword argument that names no setting: also the ``TypeError`` Python raises for
+    an unexpected keyword (the message names the closest setting)."""
 
 
 class BudgetError(InvalidValue):

@@ -38,7 +38,10 @@ def run_cli(dataset: Dataset, config: TrainConfig, options: ModeOptions, s: dict
     ``ck_path``: ``--checkpoint-dir`` and the checkpoint to resume (or None);
     ``arg_keys``: the settings a checkpoint records.
     """
+    from ..training.trainer import check_labelled_training
+
     workers = _check_workers(s)
+    check_labelled_training(dataset)  # partitions' trainers take an empty split each
     parts, alloc = resolve_partitions(dataset.path, workers, s.get("partitions"),
                                       options.memory_budget, s.get("compute_fraction"),
                                       dataset.num_nodes)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .batch import to_data
-from ..settings import BY_NAME, check_fanouts, default
+from ..settings import BY_NAME, MODE, check_fanouts, check_keywords, default
 from ...storage.errors import IdOutOfRange, InvalidValue
 
 SPLITS = ("train", "val", "test")
@@ -79,6 +79,15 @@ def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> 
     fanouts = check_fanouts(num_neighbors, "num_neighbors")
     BY_NAME["batch_size"].check(batch_size)
     return fanouts
+
+
+def _keywords() -> list[str]:
+    """The keywords :class:`NodeLoader` takes: its own and the cache and I/O settings."""
+    import inspect
+
+    own = [k for k in inspect.signature(NodeLoader.__init__).parameters
+           if k not in ("self", "options")]
+    return own + [s.name for s in MODE if s.name not in own]
 
 
 class _OwnStack:
@@ -228,10 +237,8 @@ class NodeLoader:
             dataset = shared.dataset(dataset) if shared is not None else open_dataset(dataset)
         fanouts = check_loader_args(num_neighbors, batch_size, preset)
         own_budget = parse_budget(memory_budget) if memory_budget is not None else None
-        try:
-            opts = ModeOptions(io_backend=io_backend, memory_budget=own_budget, **options)
-        except TypeError as e:
-            raise InvalidValue(f"NodeLoader: {e}") from None
+        check_keywords("NodeLoader", options, _keywords())
+        opts = ModeOptions(io_backend=io_backend, memory_budget=own_budget, **options)
         seeds = resolve_input_nodes(dataset, input_nodes)
         self.preset = resolve_preset(preset)
         self.num_workers = workers

@@ -46,13 +46,14 @@ from ..cache.feature_cache import FeatureCache
 from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
 from .presets import Preset, resolve_preset
 from .readers import Sources, TimedFeature
-from ..settings import BY_NAME as _S, MODE, check_all
+from ..settings import BY_NAME as _S, MODE, check_all, keywords_checked
 from ...storage.errors import IOFailure, InvalidValue
 
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
 
 
+@keywords_checked
 @dataclass
 class ModeOptions:
     """Cache and I/O settings: each field is the setting of the same name in

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..settings import BY_NAME, TRAIN, check_all
+from ..settings import BY_NAME, TRAIN, check_all, keywords_checked
 
 _S = BY_NAME
 
 
+@keywords_checked
 @dataclass
 class TrainConfig:
     """Settings of a training run; each field is the setting of the same name in

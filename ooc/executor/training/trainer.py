@@ -112,11 +112,38 @@ class _EpochSums:
         self.batches += 1
 
 
+def _opened(dataset: Any) -> Any:
+    """``dataset`` opened when it is a folder (as :class:`~ooc.NodeLoader` takes one), else
+    as given when it is a dataset; anything else is refused in one line."""
+    from ...storage import open_dataset
+
+    if isinstance(dataset, (str, Path)):
+        return open_dataset(dataset)
+    if not all(hasattr(dataset, a) for a in ("path", "num_classes", "train_idx", "labels")):
+        raise InvalidValue(f"Trainer: dataset must be a dataset folder or an opened dataset "
+                           f"(ooc.open_dataset(path)), not {type(dataset).__name__}")
+    return dataset
+
+
+def check_labelled_training(dataset: Any) -> None:
+    """Refuse a dataset whose training split is empty or holds no labelled node (a label
+    >= 0): training would have nothing to learn from, and its loss would be NaN."""
+    train = np.asarray(dataset.train_idx)
+    if len(train) == 0:
+        raise InvalidValue(f"{dataset.path}: dataset has an empty training split")
+    read = getattr(dataset, "read_labels", None)  # by page, nothing of labels.npy mapped
+    labels = read(train) if read is not None else np.asarray(dataset.labels)[train]
+    if not (labels >= 0).any():
+        raise InvalidValue(f"{dataset.path}: no labelled node in the training split (its "
+                           f"{len(train):,} nodes are all labelled -1 in labels.npy); label "
+                           f"them or choose a training split of labelled nodes")
+
+
 class Trainer:
     """Trains a :class:`GNN` on a dataset, one epoch at a time.
 
     Args:
-        dataset: an opened dataset (:func:`ooc.open_dataset`).
+        dataset: a dataset folder, or an opened dataset (:func:`ooc.open_dataset`).
         config: the run's settings.
         pipeline: ``(train_pipeline, eval_pipeline_factory, features)``;
             defaults to ``build_stack(dataset, config, options, plan, preset=preset)``.
@@ -140,15 +167,18 @@ class Trainer:
                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  preset=None):
         config = config if config is not None else TrainConfig()
+        if not isinstance(config, TrainConfig):
+            raise InvalidValue(f"Trainer: config must be a TrainConfig, not "
+                               f"{type(config).__name__}")
         config.validate()
-        self.dataset = dataset
+        self.dataset = dataset = _opened(dataset)
         self.config = config
         self.device = resolve_device(config.device)
         self.log = log or (lambda msg: tqdm.write(msg, file=sys.stdout))
         if dataset.num_classes < 1:
             raise InvalidValue(f"{dataset.path}: dataset has no labels (num_classes is 0)")
-        if len(dataset.train_idx) == 0 and not allow_empty_train:
-            raise InvalidValue(f"{dataset.path}: dataset has an empty training split")
+        if not allow_empty_train:
+            check_labelled_training(dataset)
         torch.manual_seed(config.seed)
         if model is None:
             model = build_model(config.model, dataset.feature_dim, config.hidden,
