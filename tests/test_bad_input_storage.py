@@ -451,6 +451,11 @@ CASES = [
     _meta_case("num-nodes-abc", r"field 'num_nodes' must be an integer, got 'abc'", num_nodes="abc"),
     _meta_case("num-nodes-fraction", r"field 'num_nodes' must be an integer, got 2708.5",
                num_nodes=2708.5),
+    # an edited num_nodes names meta.json against indptr.npy, not the intact indptr.npy
+    _meta_case("num-nodes-edited-down", r"num_nodes 299 does not match indptr.npy \(301 entries: "
+               r"300 nodes\); meta.json was changed after the dataset was written", num_nodes=299),
+    _meta_case("num-nodes-edited-up", r"num_nodes 301 does not match indptr.npy \(301 entries: "
+               r"300 nodes\)", num_nodes=301),
     _meta_case("num-nodes-negative", r"field 'num_nodes' must be in \[0, \d+\], got -5", num_nodes=-5),
     _meta_case("num-classes-1e9-float", r"field 'num_classes' must be an integer, got 1000000000.0",
                num_classes=1e9),

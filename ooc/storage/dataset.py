@@ -726,7 +726,12 @@ def open_dataset(path: str | os.PathLike, verify: bool = False) -> Dataset:
     file_layout = (layout if linked is None
                    else FeatureLayout(linked_rows, layout.dim, layout.dtype))
     _check_files(path, meta, file_layout, feature_file)
-    indptr = _load_npy(path / "indptr.npy", np.int64, (n + 1,), mmap=True)
+    indptr = _load_npy(path / "indptr.npy", np.int64, None, mmap=True)
+    if indptr.shape[0] != n + 1:  # the file matched its recorded size: num_nodes is off
+        raise DatasetError(mp, f"num_nodes {n} does not match indptr.npy ({indptr.shape[0]} "
+                               f"entries: {indptr.shape[0] - 1} nodes); meta.json was changed "
+                               f"after the dataset was written (write it again with "
+                               f"ooc.prepare)")
     _check_indptr(path / "indptr.npy", indptr, meta["num_edges"])
     indices = _open_indices(path, meta, verify)
     labels = _open_labels(path, n, meta["num_classes"])
