@@ -394,6 +394,12 @@ CASES = [
     Case("read-only-dataset", "ooc.train", _train("ooc") + ["--neighbor-cache-size", "64KiB"],
          _then(_copy_base, _immutable), rc=0, adds_files=True, check=_check_user_cache,
          env={"OOC_CACHE": "{d}/user"}),
+    Case("read-only-dataset-no-runtime-dir", "ooc.train",
+         ["--data", "{d}/ds", "--epochs", "1", "--no-progress", "--no-eval"],
+         _then(_copy_base, _immutable),
+         r"{d}/ds/runtime: cannot create the runtime folder \(.+\); give --runtime-dir a "
+         r"folder on a writable disk", env={"OOC_CACHE": "{d}/user"},
+         adds_files=True),  # the neighbour cache, saved in the user cache first
     Case("buffer-larger-than-memory", "ooc.prepare", ["synthetic", "--buffer", "1000TiB", "--out",
                                                       "{d}/out"], lambda d: None,
          r"--buffer \d+ bytes is more than the \d+ bytes of memory available now"),

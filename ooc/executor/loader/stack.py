@@ -47,7 +47,7 @@ from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
 from .presets import Preset, resolve_preset
 from .readers import Sources, TimedFeature
 from ..settings import BY_NAME as _S, MODE, check_all, keywords_checked
-from ...storage.errors import IOFailure, InvalidValue
+from ...storage.errors import IOFailure, InvalidValue, setting
 
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
@@ -348,7 +348,8 @@ def runtime_folder(parent: Path) -> tuple[Path, Callable[[], None]]:
         rt = Path(tempfile.mkdtemp(prefix=f"run{os.getpid()}-", dir=parent))
         mark(rt, "runtime")
     except OSError as e:
-        raise IOFailure(f"{parent}: cannot create the runtime folder ({e.strerror or e})") from None
+        raise IOFailure(f"{parent}: cannot create the runtime folder ({e.strerror or e}); "
+                        f"give {setting('--runtime-dir')} a folder on a writable disk") from None
 
     def remove() -> None:
         shutil.rmtree(rt, ignore_errors=True)
