@@ -85,6 +85,34 @@ def test_set_epoch_and_len(graph):
         assert len(a) == len(loader) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("preset", ["baseline", "ooc"])
+def test_a_second_iterator_while_one_runs_is_refused(graph, preset):
+    """Two interleaved ``iter()`` on one loader once failed deep in the Belady changesets
+    ("changeset inserts 140 ids but the cache has room for 33"); the second is refused
+    naming what to do, the first runs on unharmed, and a finished or closed iterator lets
+    the next one run."""
+    ref, _ = _batches(graph, preset)
+    with ooc.NodeLoader(graph, num_neighbors=[4, 3], batch_size=64, input_nodes="train",
+                        shuffle=True, preset=preset, seed=7, superbatch_size=3) as loader:
+        first = iter(loader)
+        got = [next(first)]
+        for second in (lambda: iter(loader), lambda: loader.batches(5)):
+            with pytest.raises(OocError, match=r"^this NodeLoader is already being iterated "
+                                               r"\(epoch 1\); finish or close the first "
+                                               r"iterator, or make a second NodeLoader$"):
+                next(second())
+        got += list(first)
+        assert loader.epoch == 2  # the refused iter() did not move the epoch on
+        again = iter(loader)
+        next(again)
+        again.close()
+        loader.set_epoch(2)
+        epoch2 = list(loader)
+    for mine, theirs in zip((got, epoch2), ref):
+        assert len(mine) == len(theirs)
+        assert all(torch.equal(a.n_id, b.n_id) for a, b in zip(mine, theirs))
+
+
 def test_input_nodes_kinds(graph):
     ids = np.array([5, 3, 9, 1])
     mask = np.zeros(graph.num_nodes, bool)

@@ -312,6 +312,8 @@ class NodeLoader:
         # non-finite values (ooc.prepare --allow-nonfinite)
         self._finite_file = (None if int(dataset.meta.get("nonfinite_features", 0) or 0)
                              else dataset.features_file)
+        #: the epoch an unfinished iterator runs (None: none)
+        self._running: int | None = None
 
     @property
     def memory_plan(self):
@@ -334,9 +336,18 @@ class NodeLoader:
         """The epoch the next ``iter()`` runs."""
         return self._next_epoch
 
+    def _check_not_running(self) -> None:
+        """Refuse a second epoch while an iterator has one unfinished: the pipeline and its
+        cache serve one epoch at a time."""
+        if self._running is not None:
+            raise InvalidValue(f"this NodeLoader is already being iterated (epoch "
+                               f"{self._running}); finish or close the first iterator, or "
+                               f"make a second NodeLoader")
+
     def __iter__(self) -> Iterator[Any]:
         if not self._finalizer.alive:
             raise InvalidValue("NodeLoader is closed")
+        self._check_not_running()  # before the epoch moves on
         epoch = self._next_epoch
         self._next_epoch += 1
         return self.batches(epoch)
@@ -349,6 +360,14 @@ class NodeLoader:
         return self._epoch(int(epoch))
 
     def _epoch(self, epoch: int) -> Generator[Any, None, None]:
+        self._check_not_running()
+        self._running = epoch
+        try:
+            yield from self._epoch_batches(epoch)
+        finally:
+            self._running = None
+
+    def _epoch_batches(self, epoch: int) -> Generator[Any, None, None]:
         self.convert_seconds = 0.0
         with self._source.epoch():
             batches = self._checked(self._source.pipeline().batches(epoch))
