@@ -318,7 +318,7 @@ def check_keywords(owner: str, given: Iterable[str], valid: Sequence[str]) -> No
 def keywords_checked(cls: _C) -> _C:
     """A dataclass whose constructor refuses an unknown keyword with
     :func:`check_keywords` (Python's own error would be a bare ``TypeError``)."""
-    init = cls.__init__
+    init = vars(cls)["__init__"]  # the one the dataclass wrote
     names = [f.name for f in dataclasses.fields(cls)]
 
     @functools.wraps(init)
