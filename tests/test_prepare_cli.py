@@ -91,7 +91,9 @@ def test_a_disk_that_fills_while_rows_are_placed_is_one_line(tmp_path):
     from conftest import mount_small_tmpfs
 
     mnt = tmp_path / "small"
-    why = mount_small_tmpfs(mnt, "2m")
+    # above the up-front lower bound (nodes' files and features, ~4.5 MiB), below what the
+    # edges and the rows' buckets take as they stream in
+    why = mount_small_tmpfs(mnt, "5m")
     if why:
         pytest.skip(why)
     try:

@@ -413,11 +413,24 @@ def fs_block(path: Path) -> int:
         return FS_BLOCK
 
 
+def _writable(folder: Path) -> bool:
+    """Whether ``folder`` lies on a file system mounted for writing and takes new entries."""
+    try:
+        return not os.statvfs(folder).f_flag & os.ST_RDONLY and os.access(folder, os.W_OK)
+    except OSError:
+        return False
+
+
 def check_disk(job: Job) -> None:
     """Refuse, before anything is written, a run whose output does not fit the free disk
-    beside ``out`` (what a partial output of the same run already holds counts as free)."""
+    beside ``out`` (what a partial output of the same run already holds counts as free).
+    A folder that cannot be written is left to the output's lock, whose one line says so
+    (its free space would name the wrong problem)."""
     from ...cli import format_size
 
+    parent = job.out.parent if job.out.parent.exists() else Path(".")
+    if not _writable(parent):
+        return
     n, nl = job.dataset.num_nodes, job.num_layers
     sizes = [np.dtype(job.layer_dtype).itemsize] * (nl - 1) + [4]
     need = 0
@@ -427,7 +440,6 @@ def check_disk(job: Job) -> None:
     work = partial_path(job.out)
     have = sum(f.stat().st_blocks * 512 for f in work.rglob("*") if f.is_file()) \
         if work.is_dir() and not work.is_symlink() else 0
-    parent = job.out.parent if job.out.parent.exists() else Path(".")
     free = shutil.disk_usage(parent).free
     need += disk_bytes(n, job.dims, sizes, job.keep_layers, job.order_name != "natural",
                        job.chunking.chunk_rows, fs_block(parent))
