@@ -87,7 +87,10 @@ and the output chunks of the current layer, updated after each chunk is
 written and fsynced; a run with the same dataset, model, order and chunk size
 continues from there (finished chunks and layers are skipped); a partial
 folder of another run is discarded. A finished output of the same run is left
-as it is (the report is read from it).
+as it is (the report is read from it) once its chunk files pass a check: each of the
+size Zarr writes, and a sample of them (every one with ``overwrite``) of the CRC-32
+recorded when the output was sealed (:mod:`.chunk_crc`); one that fails is made again,
+with a one-line note.
 
 Model protocol (what a user's own ``torch.nn.Module`` needs):
 
@@ -146,9 +149,9 @@ from .order import (ORDERS, compute_order, order_digest, order_of, resolve_order
                     rows_and_nodes, stored_rows)
 from .runner import AGGREGATIONS, Run, run_layer
 from .streamed import BUCKET_BYTES
-from .store import (FS_BLOCK, PROGRESS_FILE, Progress, disk_bytes, drop_layer, locked_partial,
-                    not_replaceable, open_group, partial_path, predictions, read_embeddings,
-                    read_progress, seal, swap_in)
+from .store import (FS_BLOCK, PROGRESS_FILE, Progress, check_finished, disk_bytes, drop_layer,
+                    locked_partial, not_replaceable, open_group, partial_path, predictions,
+                    read_embeddings, read_progress, seal, swap_in)
 from ...storage.errors import IOFailure, InvalidValue, OocError, OutputExists, setting
 
 #: dtypes a layer before the last may be stored in
@@ -479,9 +482,9 @@ def _is_finished(job: Job, overwrite: bool) -> bool:
     if not (out.exists() or out.is_symlink()):
         return False
     old = read_progress(out)
-    if old is not None and old.get("fingerprint") == job.fingerprint and old.get("complete"):
-        return True
     why = not_replaceable(out)
+    if old is not None and old.get("fingerprint") == job.fingerprint and old.get("complete"):
+        return _intact(out, why, overwrite)
     if not overwrite:
         raise OutputExists(f"{out}: already exists and is not a finished run of this model, "
                        "dataset, order and chunk size (pass overwrite=True / --overwrite "
@@ -489,6 +492,26 @@ def _is_finished(job: Job, overwrite: bool) -> bool:
     if why:
         raise OutputExists(f"{out}: {why}; --overwrite replaces only an ooc.infer output")
     return False
+
+
+def _intact(out: Path, why: str | None, overwrite: bool) -> bool:
+    """Whether the finished output ``out`` of this run passes its check (a sample of its
+    chunks' CRCs; all of them with ``overwrite``); one that fails is made again, with a
+    note, when it is ooc's own (``why`` None), else the check's one line is raised."""
+    from ...storage.errors import DatasetError
+    from ...storage.notes import note
+    from .chunk_crc import REMEDY
+
+    try:
+        check_finished(out, full=overwrite)
+    except DatasetError as e:
+        found = e.problem.removesuffix(f"; {REMEDY}")
+        if why:
+            raise DatasetError(e.path, f"{found}; {out} {why}, so ooc.infer does not replace "
+                                       f"it: remove it or choose another --out") from None
+        note(f"{e.path}: {found}; making the output again")
+        return False
+    return True
 
 
 def _write_partial(job: Job) -> dict:

@@ -3,7 +3,9 @@ the layer arrays, predictions and the atomic swap into place.
 
 Layout of a finished output (a Zarr v3 group): ``h1`` .. ``hL`` float32
 [N, d_l] chunked by ``chunk_rows`` rows, ``pred`` int64 [N], ``row_of_node``
-int64 [N] when rows are not in node id order, and ``progress.json``.
+int64 [N] when rows are not in node id order, and ``progress.json`` while it is
+written; once finished, the progress record, the ownership marker and the CRC-32 of
+every chunk file (:mod:`.chunk_crc`) are in the group's ``ooc`` attributes.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import numpy as np
 from ...storage.atomic import write_json
 from ...storage.dataset import Dataset
 from ...storage.errors import IdOutOfRange, IOFailure, InvalidValue, NotFound
+from .chunk_crc import CRC_KEY, check_chunks, check_output, record
 
 PROGRESS_FILE = "progress.json"
 
@@ -49,18 +52,27 @@ def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = 
     order, when None), undoing the processing order, in the stored dtype (intermediate
     layers are float16 when written so).
 
+    The chunk files read (those of the rows asked for, and ``row_of_node``) are checked
+    against the CRC-32s :func:`seal` recorded (:mod:`.chunk_crc`); an output sealed by an
+    ooc that recorded none is read as it is, with no check.
+
     Raises:
         NotFound: ``out`` does not exist.
         InvalidValue: ``out`` is not a finished output of ``ooc.infer`` (a dataset, a
             partial output, ...), or it holds no array ``name``.
         IdOutOfRange: an id outside ``[0, N)``.
+        DatasetError: a chunk file read is missing, of another size or does not match its
+            checksum (edited or corrupted after the run).
     """
     group = _open_output(Path(out))
     arr = _output_array(group, out, name)
     ids = _node_ids(ids, int(arr.shape[0]), out)
+    sealed = _sealed(Path(out))
     rows = ids
     if "row_of_node" in group:
+        check_chunks(Path(out), sealed, group, "row_of_node")
         rows = np.asarray(group["row_of_node"][:])[ids]
+    check_chunks(Path(out), sealed, group, name, rows)
     if rows.size and np.all(np.diff(rows) == 1):
         return np.asarray(arr[int(rows[0]):int(rows[-1]) + 1])
     return np.asarray(arr.oindex[rows] if arr.ndim == 1 else arr.oindex[rows, :])
@@ -158,16 +170,27 @@ def _sealed(folder: Path) -> dict:
 def seal(work: Path, group) -> None:
     """Move the finished run's progress record and ownership marker into the group's
     attributes (``attrs["ooc"]``), so the output folder holds nothing but Zarr's own files
-    (Zarr warns about any other file when the group is opened)."""
+    (Zarr warns about any other file when the group is opened), with the CRC-32 of every
+    chunk file of every array (:func:`.chunk_crc.record`)."""
     from ...storage.ownership import MARKER, marker
 
     made = marker(work)
     if made is not None:
         made["files"] = sorted(p.name for p in work.iterdir() if p.name not in (PROGRESS_FILE, MARKER))
-    group.attrs["ooc"] = {"progress": read_progress(work), "made": made}
+    group.attrs["ooc"] = {"progress": read_progress(work), "made": made,
+                          CRC_KEY: record(work, group)}
     for name in (PROGRESS_FILE, MARKER):
         with contextlib.suppress(FileNotFoundError):
             (work / name).unlink()
+
+
+def check_finished(out: Path, full: bool = False) -> None:
+    """Check the finished output ``out`` before it is reused: its chunk files' sizes and
+    the CRCs of a sample of them, or of all when ``full`` (:func:`.chunk_crc.check_output`;
+    a one-line :class:`~ooc.storage.errors.DatasetError` when one fails)."""
+    import zarr
+
+    check_output(out, _sealed(out), zarr.open_group(str(out), mode="r"), full)
 
 
 @dataclass
