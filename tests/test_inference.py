@@ -800,3 +800,98 @@ def test_the_disk_check_runs_before_a_pass_and_not_for_a_finished_output(finishe
     same.load_state_dict(torch.load(out.parent / "model.pt"))
     rep = layerwise_inference(ds, same, out, order="degree", keep_layers=True, progress=False)
     assert rep["resumed"] and rep["bytes_read"] == 0
+
+
+def _flip(chunk: Path, at: int = 100) -> None:
+    """Flip one byte of ``chunk`` in place (same size)."""
+    data = bytearray(chunk.read_bytes())
+    data[at] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+
+
+def _kept(out: Path) -> dict:
+    return {k: read_embeddings(out, k) for k in ("h1", "h2", "pred")}
+
+
+CRC_RUN = dict(order="degree", chunk_rows=256, keep_layers=True, progress=False)
+
+
+def test_an_edited_chunk_is_named_by_the_reader_and_made_again_by_infer(synth, tmp_path,
+                                                                       capsys):
+    """A chunk of ``h2`` with one byte flipped after the run: ``read_embeddings`` of ids
+    in it is one line naming the chunk file and the array; ids in other chunks read as
+    before; the same run makes the output again (a note says why) and it equals the first.
+    An untouched output is reused (nothing read)."""
+    import zarr
+
+    from ooc.storage import DatasetError
+
+    ds, x = synth
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    out = tmp_path / "o.zarr"
+    layerwise_inference(ds, model, out, **CRC_RUN)
+    first = _kept(out)
+    rep = layerwise_inference(ds, model, out, **CRC_RUN)
+    assert rep["resumed"] and rep["bytes_read"] == 0
+    chunk = out / "h2" / "c" / "3" / "0"
+    _flip(chunk)
+    rows = np.asarray(zarr.open_array(str(out / "row_of_node"), mode="r")[:])
+    inside, outside = np.flatnonzero(rows // 256 == 3), np.flatnonzero(rows // 256 != 3)
+    with pytest.raises(DatasetError) as ei:
+        read_embeddings(out, "h2", inside[:3])
+    msg = str(ei.value)
+    assert msg == (f"{chunk}: chunk of h2 does not match its checksum (edited or corrupted); "
+                   f"run the same ooc.infer command with --overwrite to make it again")
+    assert isinstance(ei.value, ValueError)
+    np.testing.assert_array_equal(read_embeddings(out, "h2", outside), first["h2"][outside])
+    np.testing.assert_array_equal(read_embeddings(out, "h1", inside), first["h1"][inside])
+    capsys.readouterr()
+    rep = layerwise_inference(ds, model, out, **CRC_RUN)
+    assert not rep["resumed"] and rep["bytes_read"] > 0
+    err = capsys.readouterr().err
+    assert (f"ooc: note: {chunk}: chunk of h2 does not match its checksum (edited or "
+            f"corrupted); making the output again") in err
+    for name, arr in _kept(out).items():
+        np.testing.assert_array_equal(arr, first[name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.zarr"]
+
+
+def test_every_chunk_size_is_checked_and_overwrite_checks_every_crc(synth, tmp_path):
+    """Past the sampled chunks: a truncated chunk of ``pred`` is seen by its size, a
+    same-size edit of one no sample checks by ``overwrite=True``, which reads every
+    chunk's CRC; either output is made again, equal to the first."""
+    from ooc.executor.inference.chunk_crc import sample
+
+    ds, x = synth
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    out = tmp_path / "o.zarr"
+    run = dict(CRC_RUN, chunk_rows=64)  # 32 chunks an array
+    layerwise_inference(ds, model, out, **run)
+    first = _kept(out)
+    unsampled = min(set(range(32)) - set(sample(32)))
+    pred = out / "pred" / "c" / str(unsampled)
+    pred.write_bytes(pred.read_bytes()[:-8])
+    rep = layerwise_inference(ds, model, out, **run)
+    assert not rep["resumed"] and rep["bytes_read"] > 0
+    _flip(out / "h1" / "c" / str(unsampled) / "0")
+    rep = layerwise_inference(ds, model, out, overwrite=True, **run)
+    assert not rep["resumed"] and rep["bytes_read"] > 0
+    for name, arr in _kept(out).items():
+        np.testing.assert_array_equal(arr, first[name])
+
+
+def test_an_output_sealed_without_crcs_is_read_unchecked(synth, tmp_path):
+    """An output of an ooc that recorded no CRCs (no ``crc32`` in the group's ``ooc``
+    attributes) is read and reused as it is."""
+    ds, x = synth
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    out = tmp_path / "o.zarr"
+    layerwise_inference(ds, model, out, **CRC_RUN)
+    meta = json.loads((out / "zarr.json").read_text())
+    del meta["attributes"]["ooc"]["crc32"]
+    (out / "zarr.json").write_text(json.dumps(meta))
+    before = read_embeddings(out, "h2")
+    _flip(out / "h2" / "c" / "0" / "0", 0)
+    assert (read_embeddings(out, "h2") != before).sum() == 1  # the flipped value, as is
+    rep = layerwise_inference(ds, model, out, **CRC_RUN)
+    assert rep["resumed"] and rep["bytes_read"] == 0
