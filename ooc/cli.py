@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
+from .storage.bus_guard import guard
 from .storage.errors import (IOFailure, InvalidValue, NotFound, OocError, OutputExists,
                              cli_names, setting)
 
@@ -125,7 +126,6 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
     @functools.wraps(fn)
     def wrapped(argv: Sequence[str] | None = None) -> int:
         from .process import configure_process
-        from .storage.bus_guard import guard
 
         configure_process()
         try:

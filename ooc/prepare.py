@@ -23,13 +23,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .cli import (ArgumentParser, add_report_arg, check_report_path, main_wrapper, parse_size,
+from .cli import (ArgumentParser, format_size, add_report_arg, check_report_path, main_wrapper, parse_size,
                   peak_rss_bytes)
 from .memory import current_rss_bytes
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 from .storage.ingest.limits import planned_peak
 from .storage.layout import FeatureLayout
 from .storage.errors import InvalidValue
+from .storage.verify import verify_dataset
 from .storage.writer import REORDERS
 
 
@@ -160,8 +161,6 @@ def _add_verify(sub) -> None:
 
 def verify(args: argparse.Namespace) -> int:
     """``ooc.prepare verify``: one summary line on stdout, exit 0 (a problem raises)."""
-    from .cli import format_size
-    from .storage.verify import verify_dataset
 
     t0 = time.perf_counter()
     s = verify_dataset(args.dataset, progress=not args.no_progress)

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..storage import Dataset, open_dataset
 from ..storage.atomic import atomic_dir, replace_refusal, write_json
+from ..storage.dataset import meta_checksum, sha256_file
 from ..memory import current_rss_bytes, peak_rss_bytes, tune_malloc
 from .base import Assignment, warm_up
 from .baselines import edge_partition
@@ -43,7 +44,9 @@ from .metrics import compute_metrics
 from .refine import refine
 from .spring import TAU_FACTOR, check_thresholds, spring
 from ..cli import check_range
-from ..storage.errors import IOFailure, InvalidValue, OocError, OutputExists, setting
+from ..storage.errors import (DatasetError, IOFailure, InvalidValue, OocError, OutputExists,
+                              setting)
+from .split import feature_writer, part_name, write_partition
 
 ALGORITHMS = ("spring", "hash", "greedy", "dbh", "hdrf")
 
@@ -143,8 +146,6 @@ def partition_dataset(data: str | os.PathLike, out: str | os.PathLike, parts: in
     _check(dataset, parts, algo, beta, params)
     if not isinstance(halo_hops, (int, np.integer)) or halo_hops < 1:
         raise InvalidValue(f"--halo-hops must be >= 1, got {halo_hops}")
-    from .split import feature_writer
-
     feature_writer(features)  # a bad choice is refused before any pass
     out = _check_output(dataset, data, out, overwrite)
     if precompile:
@@ -181,7 +182,6 @@ def _seal(path: Path) -> None:
     it (``owner_sha256``) and its own checksum (``checksum``,
     :func:`~ooc.storage.dataset.meta_checksum` of its fields as written), so that a later
     run can tell an intact partition folder (:func:`reuse_problem`)."""
-    from ..storage.dataset import meta_checksum, sha256_file
 
     rec = json.loads(path.read_text())
     rec["owner_sha256"] = sha256_file(path.parent / "owner.npy")
@@ -195,9 +195,6 @@ def reuse_problem(out: Path, fingerprint: dict) -> str | None:
     ``partition.json`` unreadable or not matching its checksum, made from another version
     of the dataset, ``owner.npy`` not matching its sha256, or a partition that does not
     open (:func:`~ooc.storage.open_dataset`'s checks: sizes, checksums, fields)."""
-    from ..storage.dataset import meta_checksum, sha256_file
-    from ..storage.errors import DatasetError
-    from .split import part_name
 
     try:
         rec = json.loads((out / "partition.json").read_text())
@@ -256,8 +253,6 @@ def _write_parts(dataset: Dataset, owner: np.ndarray, bits: np.ndarray, parts: i
     [N] in the dataset's index dtype: 4 bytes a node below 2^31 nodes) serves every
     partition.
     """
-    from .split import part_name, write_partition
-
     g2l = np.full(dataset.num_nodes, -1, dtype=dataset.index_dtype)
     return [write_partition(dataset, owner, bits, q, parts, tmp / part_name(q), g2l, algo,
                             chunk_edges, progress, halo_hops, features)

@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from . import _finite_kernels as K
 from .errors import DatasetError
 
 #: The exponent bits of each float dtype (all set: NaN or infinite), with the unsigned
@@ -28,24 +29,20 @@ def _words(values: np.ndarray) -> tuple[np.ndarray, object]:
 
 def count_nonfinite(values: np.ndarray) -> int:
     """NaN and infinite values in ``values`` (float16/32/64, any shape)."""
-    from ._finite_kernels import count_nonfinite as count
-
     if values.size == 0:
         return 0
     words, mask = _words(values)
-    return int(count(words, mask))
+    return int(K.count_nonfinite(words, mask))
 
 
 def first_nonfinite_row(rows: np.ndarray) -> int:
     """Index of the first row of ``rows`` (float16/32/64 [n, dim]) holding a NaN or an
     infinity, -1 when every value is finite."""
-    from ._finite_kernels import first_nonfinite
-
     rows = np.asarray(rows)
     if rows.size == 0 or count_nonfinite(rows) == 0:
         return -1
     words, mask = _words(rows)
-    return int(first_nonfinite(words, mask)) // max(1, rows.shape[-1])
+    return int(K.first_nonfinite(words, mask)) // max(1, rows.shape[-1])
 
 
 def nonfinite_row_error(path: str | os.PathLike, node: int) -> DatasetError:

@@ -29,6 +29,8 @@ import numpy as np
 
 from .dataset import INDEX_BLOCK, Dataset, index_range_error, open_dataset
 from .errors import DatasetError
+from .finite import count_nonfinite, first_nonfinite_row
+from .ingest.edgelist import progress_bar as bar
 from .layout import PAGE, FeatureLayout
 
 #: Bytes of one read (a whole number of checksum blocks).
@@ -91,8 +93,6 @@ def _first_bad_row(layout: FeatureLayout, a: int, buf: np.ndarray) -> int:
     page boundary) hold a NaN or an infinity, -1 when none does. The whole buffer is
     counted first (padding between rows is zero as written); only a buffer with a hit is
     walked row by row."""
-    from .finite import count_nonfinite, first_nonfinite_row
-
     values = buf.view(layout.dtype)
     if count_nonfinite(values) == 0:
         return -1
@@ -140,7 +140,6 @@ def verify_dataset(path: str | os.PathLike, progress: bool = True) -> dict:
     files = _files(ds)
     total = sum(n for _, _, n in files)
     finite = not int(ds.meta.get("nonfinite_features", 0) or 0)
-    from .ingest.edgelist import _progress as bar  # the progress bar of every storage pass
 
     uncovered = []
     with bar(total, f"verify {ds.path.name}", progress) as pbar:

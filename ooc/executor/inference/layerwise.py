@@ -152,7 +152,10 @@ from .streamed import BUCKET_BYTES
 from .store import (FS_BLOCK, PROGRESS_FILE, Progress, check_finished, disk_bytes, drop_layer,
                     locked_partial, not_replaceable, open_group, partial_path, predictions,
                     read_embeddings, read_progress, seal, swap_in)
-from ...storage.errors import IOFailure, InvalidValue, OocError, OutputExists, setting
+from ...storage.errors import (DatasetError, IOFailure, InvalidValue, OocError, OutputExists,
+                               setting)
+from ...storage.notes import note
+from .chunk_crc import REMEDY
 
 #: dtypes a layer before the last may be stored in
 LAYER_DTYPES = ("float32", "float16")
@@ -498,9 +501,6 @@ def _intact(out: Path, why: str | None, overwrite: bool) -> bool:
     """Whether the finished output ``out`` of this run passes its check (a sample of its
     chunks' CRCs; all of them with ``overwrite``); one that fails is made again, with a
     note, when it is ooc's own (``why`` None), else the check's one line is raised."""
-    from ...storage.errors import DatasetError
-    from ...storage.notes import note
-    from .chunk_crc import REMEDY
 
     try:
         check_finished(out, full=overwrite)

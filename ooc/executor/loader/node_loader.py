@@ -35,6 +35,7 @@ import torch
 from .batch import to_data
 from ..settings import BY_NAME, MODE, check_fanouts, check_keywords, default
 from ...storage.errors import IdOutOfRange, InvalidValue
+from ...storage.finite import check_finite_rows
 
 SPLITS = ("train", "val", "test")
 
@@ -412,8 +413,6 @@ class NodeLoader:
         holds a NaN or an infinity (:func:`~ooc.storage.finite.check_finite_rows`: one line
         naming the node and the feature file), as training's loss check and inference's
         output check refuse them; closing this closes ``batches``."""
-        from ...storage.finite import check_finite_rows
-
         try:
             for batch, rows in batches:
                 if self._finite_file is not None:

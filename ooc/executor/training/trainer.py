@@ -38,6 +38,7 @@ from .config import TrainConfig  # noqa: F401  (re-exported from here too)
 from .finite import NonFiniteLoss, TrainingDiverged, UpdateWatch, check_step  # noqa: F401
 from .models import GNN, build_model  # noqa: F401  (GNN: the docstrings' model class)
 from .step import default_loss, eval_forward, model_call, train_step  # noqa: F401
+from ...storage.dataset import open_dataset
 from ...storage.errors import InvalidValue, setting
 
 #: Stages timed in every epoch (seconds); modes may add more.
@@ -115,7 +116,6 @@ class _EpochSums:
 def _opened(dataset: Any) -> Any:
     """``dataset`` opened when it is a folder (as :class:`~ooc.NodeLoader` takes one), else
     as given when it is a dataset; anything else is refused in one line."""
-    from ...storage import open_dataset
 
     if isinstance(dataset, (str, Path)):
         return open_dataset(dataset)

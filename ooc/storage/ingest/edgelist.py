@@ -49,7 +49,9 @@ def _err(path, problem: str) -> OocError:
     return OocError(f"{os.fspath(path)}: {problem}")
 
 
-def _progress(total: int | None, desc: str, enabled: bool, unit: str = "B"):
+def progress_bar(total: int | None, desc: str, enabled: bool, unit: str = "B"):
+    """The progress bar of every storage pass (ingest, verify): ``total`` units of
+    ``unit`` (bytes binary-scaled), hidden unless ``enabled``, cleared when done."""
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True,
@@ -395,7 +397,7 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
     limit = num_nodes if known else L.id_node_limit(source.max_edges())
     counts = np.zeros(num_nodes if known else min(1 << 16, limit), dtype=np.int64)
     maxid = -1
-    with _progress(source.nbytes, "count", progress, source.unit) as bar:
+    with progress_bar(source.nbytes, "count", progress, source.unit) as bar:
         for src, dst, first, nb in _chunks(source, buffer_bytes, num_nodes):
             bad, mx = K.first_bad_id(src, dst, num_nodes)
             if bad >= 0:
@@ -487,7 +489,7 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
                         raise _err(source.path, "changed between the count pass and the "
                                                 "routing")
             else:
-                with _progress(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
+                with progress_bar(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
                                source.unit) as bar:
                     for src, dst, _, nb in _chunks(source, buffer_bytes, n):
                         K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
@@ -523,7 +525,7 @@ def route_pass(w: DatasetWriter, source: EdgeSource, ends: np.ndarray, undirecte
     buckets = EdgeBuckets(w.tmp, ends, index_dtype(n),
                           min(STAGING_BYTES, int(buffer_bytes) // 16))
     try:
-        with _progress(source.nbytes, "route", progress, source.unit) as bar:
+        with progress_bar(source.nbytes, "route", progress, source.unit) as bar:
             for src, dst, first, nb in _chunks(source, buffer_bytes, n):
                 bad = buckets.route(src, dst, undirected, drop_self)
                 if bad >= 0:
@@ -622,7 +624,7 @@ def write_features_npy(w: DatasetWriter, reader: NpyReader, buffer_bytes: int, p
     n = w.num_nodes
     step = sink.chunk_rows(max(1 << 20, buffer_bytes // (4 * CHUNKS_HELD)))
     pieces = ((a, reader.rows(a, min(n, a + step))) for a in range(0, n, step))
-    with _progress(n, "features", progress, unit="rows") as bar:
+    with progress_bar(n, "features", progress, unit="rows") as bar:
         for a, rows in read_ahead(pieces):
             sink.write(a, rows)
             bar.update(rows.shape[0])

@@ -38,7 +38,7 @@ from . import _kernels as K
 from . import limits as L
 from . import npz
 from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, NpyReader, TextEdges,
-                       _err, _progress, check_input, check_not_empty, check_out, count_pass,
+                       _err, progress_bar, check_input, check_not_empty, check_out, count_pass,
                        open_features, scatter_passes, write_constant_features, write_features_npy)
 
 #: Labels read at a time (float64 and int64 copies of them).
@@ -328,7 +328,7 @@ def _stream_features(path: Path, sink: FeatureSink, n: int, dim: int, buffer_byt
     have = 0
     written = 0
     block = int(min(64 << 20, max(1 << 20, buffer_bytes // 16)))
-    with _progress(n, "features", progress, unit="rows") as bar:
+    with progress_bar(n, "features", progress, unit="rows") as bar:
         for body, line0 in _line_blocks(path, block):
             rows = _parse_rows(path, body, line0, dim).astype(np.float32)
             if written + have + rows.shape[0] > n:

@@ -32,13 +32,14 @@ from pathlib import Path
 import numpy as np
 
 from ..dataset import MAX_CLASSES, MAX_FEATURE_DIM
-from ..layout import FEATURE_DTYPES, index_dtype
+from ..layout import FEATURE_DTYPES, FeatureLayout, index_dtype, padded_bytes
+from ..reserve import free_bytes
 from ..writer import DatasetWriter
 from . import _kernels as K
 from . import limits as L
-from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, _progress, check_out,
+from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, progress_bar, check_out,
                        count_pass, scatter_passes)
-from ..errors import InvalidValue, setting
+from ..errors import InvalidValue, IOFailure, setting
 
 #: Nodes per chunk when the labels and the splits are made.
 LABEL_STEP = 1 << 22
@@ -165,8 +166,6 @@ def least_bytes(nodes: int, feature_dim: int, dtype: str) -> int:
     """Bytes a synthetic dataset of ``nodes`` nodes takes at least, whatever its edges:
     ``features.bin``, ``indptr.npy``, ``labels.npy``, the splits (every node in one at
     most) and ``indices.bin`` with one in-edge a node (no node is isolated)."""
-    from ..layout import FeatureLayout, padded_bytes
-
     rows = FeatureLayout(nodes, feature_dim, dtype).file_bytes
     return rows + 8 * (nodes + 1) + 8 * nodes + 8 * nodes + padded_bytes(
         nodes * index_dtype(nodes).itemsize)
@@ -176,8 +175,6 @@ def check_room(out: Path, nodes: int, feature_dim: int, dtype: str) -> None:
     """Refuse, before the first pass, an output whose disk cannot hold even
     :func:`least_bytes`."""
     from ...cli import format_size
-    from ..errors import IOFailure
-    from ..reserve import free_bytes
 
     need, free = least_bytes(nodes, feature_dim, dtype), free_bytes(out)
     if free is not None and need > free:
@@ -202,7 +199,7 @@ def _write_features(w: DatasetWriter, labels: np.ndarray, centroids: np.ndarray,
     nodes, feature_dim = labels.shape[0], centroids.shape[1]
     sink = FeatureSink(w)
     step = sink.chunk_rows(max(1 << 20, min(64 << 20, buffer_bytes // 4)))
-    with _progress(nodes, "features", progress, unit="rows") as bar:
+    with progress_bar(nodes, "features", progress, unit="rows") as bar:
         for a in range(0, nodes, step):
             b = min(nodes, a + step)
             x = np.empty((b - a, feature_dim), dtype=np.float32)
