@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .cli import (ArgumentParser, format_size, add_report_arg, check_report_path, main_wrapper, parse_size,
-                  peak_rss_bytes)
+from .cli import (ArgumentParser, add_report_arg, check_report_path, format_size, main_wrapper,
+                  parse_size, peak_rss_bytes)
+from .cli import write_report as write_cli_report
 from .memory import current_rss_bytes
 from .storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 from .storage.ingest.limits import planned_peak
@@ -157,14 +158,19 @@ def _add_verify(sub) -> None:
                                    "naming the first bad file and place, else 0.")
     v.add_argument("dataset", type=Path, help="the dataset folder")
     v.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_report_arg(v)
 
 
 def verify(args: argparse.Namespace) -> int:
-    """``ooc.prepare verify``: one summary line on stdout, exit 0 (a problem raises)."""
-
+    """``ooc.prepare verify``: one summary line on stdout (and the summary as ``--report``),
+    exit 0 (a problem raises)."""
+    check_report_path(args.report, {"the dataset": args.dataset})
     t0 = time.perf_counter()
     s = verify_dataset(args.dataset, progress=not args.no_progress)
     dt = time.perf_counter() - t0
+    if args.report:
+        write_cli_report(args.report, {**s, "seconds": round(dt, 3)},
+                         command="ooc.prepare verify")
     rows = f", {s['rows']:,} feature rows finite" if s["rows"] else ""
     old = (f"; {', '.join(s['uncovered'])} without page checksums (written by an older ooc: "
            f"write the dataset again with ooc.prepare to cover them)" if s["uncovered"] else "")
@@ -193,9 +199,7 @@ MIN_BUFFER = 1 << 20
 
 def write_report(report: str, data: dict, out: Path) -> None:
     """Write the report atomically; a failure is one line saying the dataset is fine."""
-    from .cli import write_report as write
-
-    write(report, data, note=f"; the dataset {out} was written and is complete",
+    write_cli_report(report, data, note=f"; the dataset {out} was written and is complete",
           command="ooc.prepare")
 
 

@@ -68,6 +68,25 @@ def test_a_sound_dataset_verifies(graph):
     assert "without page checksums" not in line
 
 
+def test_verify_writes_its_report_and_never_one_inside_the_dataset(graph, tmp_path):
+    report = tmp_path / "v.json"
+    p = subprocess.run([sys.executable, "-m", "ooc.prepare", "verify", str(graph),
+                        "--no-progress", "--report", str(report)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(report.read_text())
+    assert doc["ooc_report"] == "ooc.prepare verify"
+    assert doc["files"] == 7 and doc["rows"] == 20_000 and doc["uncovered"] == []
+    assert doc["bytes"] == sum((graph / name).stat().st_size
+                               for name in open_dataset(graph).meta["files"])
+    inside = graph / "v.json"
+    p = subprocess.run([sys.executable, "-m", "ooc.prepare", "verify", str(graph),
+                        "--no-progress", "--report", str(inside)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and not inside.exists()
+    assert_one_line_error(p.stderr, str(inside))
+
+
 def test_an_edited_feature_page_outside_the_sample_is_found(graph):
     f = graph / "features.bin"
     page = _unsampled_page(f)
