@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, NoReturn, Sequence
 
 from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
+from .storage.atomic import within
 from .storage.bus_guard import guard
 from .storage.errors import (IOFailure, InvalidValue, NotFound, OocError, OutputExists,
                              cli_names, setting)
@@ -205,15 +206,6 @@ def _check_replaceable(p: Path) -> None:
                            f"ooc's own reports (remove it or give another --report path)")
 
 
-def _is_within(p: Path, folder: str | os.PathLike) -> bool:
-    """Whether ``p`` is ``folder`` or lies inside it (symlinks resolved)."""
-    try:
-        real, top = p.resolve(), Path(folder).resolve()
-    except (OSError, RuntimeError):
-        return False
-    return real == top or top in real.parents
-
-
 def check_report_path(report: str | None,
                       keep_out: Mapping[str, str | os.PathLike | None] | None = None) -> None:
     """Refuse a ``--report`` path before any work (a long run must not end unable to write
@@ -231,7 +223,7 @@ def check_report_path(report: str | None,
         raise InvalidValue(f"{p}: --report is a folder; give a file path")
     _check_replaceable(p)
     for what, folder in (keep_out or {}).items():
-        if folder is not None and _is_within(p, folder):
+        if folder is not None and within(p, folder):
             raise InvalidValue(f"{p}: --report is or lies inside {what} {folder}; write the "
                                f"report elsewhere")
     parent = p.parent

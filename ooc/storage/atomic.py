@@ -163,6 +163,16 @@ def carry_user_files(old: Path, new: Path) -> list[str]:
     return names
 
 
+def within(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (symlinks resolved; False when
+    either cannot be resolved)."""
+    try:
+        real, top = Path(path).resolve(), Path(folder).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return real == top or top in real.parents
+
+
 def replace_refusal(final: Path, inputs: tuple = (), what: str | None = None) -> str | None:
     """Why ``--overwrite`` may not replace ``final``, or None: it must carry ooc's output
     marker, be a real folder (not a symlink), neither be, hold nor lie inside one of
@@ -170,12 +180,9 @@ def replace_refusal(final: Path, inputs: tuple = (), what: str | None = None) ->
     (:func:`~.ownership.what_refusal`)."""
     from .ownership import MARKER, made_by_ooc, what_refusal
 
-    real = final.resolve()
     for p in inputs:
-        if p is not None and os.path.lexists(p):
-            q = Path(p).resolve()
-            if q == real or real in q.parents or q in real.parents:
-                return f"holds or lies inside the input {p}; --overwrite would delete it"
+        if p is not None and os.path.lexists(p) and (within(final, p) or within(p, final)):
+            return f"holds or lies inside the input {p}; --overwrite would delete it"
     if not made_by_ooc(final, "output"):
         return (f"was not made by ooc (no {MARKER} marker); --overwrite replaces only ooc's "
                 f"own outputs (remove it yourself or pick another --out)")
