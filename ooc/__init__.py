@@ -1,7 +1,7 @@
 """ooc: out-of-core training of graph neural networks on one workstation.
 
 The pieces, upstream to downstream: :mod:`ooc.storage` (dataset format,
-ingest, direct readers), :mod:`ooc.partition`, :mod:`ooc.inspector`
+ingest, direct readers), :mod:`ooc.partition`, :mod:`ooc.sampling`
 (superbatch sampling, Belady changesets), :mod:`ooc.executor` (feature
 cache, gather, training, inference).
 
@@ -12,21 +12,21 @@ environment: it asks the kernel to end it with the launcher (:func:`die_with_lau
 """
 import os as _os
 
-from .process import LAUNCHER_ENV as _LAUNCHER_ENV
-from .process import configure_process, die_with_launcher
+from ooc.core.process import LAUNCHER_ENV as _LAUNCHER_ENV
+from ooc.core.process import configure_process, die_with_launcher
 
 if _os.environ.get(_LAUNCHER_ENV, "").isdigit():
     # a worker of `ooc.train --workers`: end with its launcher, even during start-up (the
     # variable is taken out, so the worker's own children do not read it)
     die_with_launcher(int(_os.environ.pop(_LAUNCHER_ENV)))
-from .storage import (BudgetError, Dataset, DatasetError, IdOutOfRange, InvalidValue, IOFailure,
-                      NotFound, OocError, OutputBusy, OutputExists, TimedOut, open_dataset,
-                      write_dataset)
+from ooc.storage import (BudgetError, Dataset, DatasetError, IdOutOfRange, InvalidValue, IOFailure,
+                         NotFound, OocError, OutputBusy, OutputExists, TimedOut, open_dataset,
+                         write_dataset)
 
 
 def load_model(path, map_location="cpu"):
     """The trained model in a checkpoint file (or the newest in a folder), in eval mode."""
-    from .executor.training.checkpoint import load_model as _load
+    from ooc.executor.training.checkpoint import load_model as _load
 
     return _load(path, map_location=map_location)
 
@@ -34,25 +34,25 @@ def load_model(path, map_location="cpu"):
 def __getattr__(name: str):
     # torch and PyG load only when the loader is asked for: `import ooc` stays light
     if name == "NodeLoader":
-        from .executor.loader.node_loader import NodeLoader
+        from ooc.executor.loader.node_loader import NodeLoader
 
         return NodeLoader
     if name in ("memory_budget", "set_memory_budget", "MemoryBudget"):
-        from .executor.loader import process_budget
+        from ooc.executor.loader import process_budget
 
         return getattr(process_budget, name)
     if name == "build_model":
-        from .executor.training.models import build_model
+        from ooc.executor.training.models import build_model
 
         return build_model
     if name in ("Trainer", "TrainConfig"):
-        from .executor.training import trainer
+        from ooc.executor.training import trainer
 
         return getattr(trainer, name)
     raise AttributeError(f"module 'ooc' has no attribute {name!r}")
 
 
-__version__ = "0.1.0"
+from ooc.core.version import __version__  # noqa: E402
 
 __all__ = ["BudgetError", "Dataset", "DatasetError", "IOFailure", "IdOutOfRange", "InvalidValue",
            "MemoryBudget", "NodeLoader", "NotFound", "OocError", "OutputBusy", "OutputExists",

@@ -12,48 +12,9 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, NoReturn, Sequence
 
-from .memory import peak_rss_bytes  # noqa: F401  (re-exported for CLIs)
-from .storage.atomic import within
-from .storage.bus_guard import guard
-from .storage.errors import (IOFailure, InvalidValue, NotFound, OocError, OutputExists,
-                             cli_names, setting)
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-class SizeError(InvalidValue):
-    """Not a size (also a ``ValueError``; argparse reports it as an invalid size)."""
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from a size such as ``512MiB``, ``8GiB``, ``1.5G``, ``200MB``, ``4096``.
-
-    ``KiB``/``MiB``/``GiB``/``TiB`` and the bare letters ``K``/``M``/``G``/``T`` are powers
-    of 1024; ``KB``/``MB``/``GB``/``TB`` are powers of 1000, as storage vendors count.
-
-    Raises:
-        SizeError: not a size.
-    """
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*", str(text))
-    if not m:
-        raise SizeError(f"not a size: {text!r} (use e.g. 512MiB, 8GiB, 1.5G)")
-    letter, suffix = m.group(2).lower(), (m.group(3) or "").lower()
-    unit = _UNITS[letter] if suffix != "b" or not letter else 1000 ** "kmgt".index(letter) * 1000
-    return int(float(m.group(1)) * unit)
-
-
-parse_size.__name__ = "size"  # argparse's message: "invalid size value: 'x'"
-
-
-def format_size(nbytes: float) -> str:
-    """Human-readable binary size, e.g. ``1.5 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.1f} {unit}" if unit != "B" else f"{int(nbytes)} B"
-        nbytes /= 1024
-    return f"{nbytes:.1f} TiB"
+from ooc.storage.atomic import within
+from ooc.storage.bus_guard import guard
+from ooc.core.errors import (IOFailure, InvalidValue, NotFound, OocError, OutputExists, cli_names)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -119,14 +80,14 @@ def sigterm_raises() -> Iterator[None]:
 
 def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[..., int]:
     """Decorate a CLI ``main(argv)``: the process-wide settings of ooc's commands
-    (:func:`ooc.process.configure_process`), user errors become one line and exit 2,
+    (:func:`ooc.core.process.configure_process`), user errors become one line and exit 2,
     SIGTERM (a scheduler's or ``timeout``'s stop) cleans up as Ctrl-C does, then exits
     :data:`TERMINATED_RC` with one line, and a SIGBUS (a mapped input that shrank) is one
     line and exit 2 (:func:`ooc.storage.bus_guard.guard`)."""
 
     @functools.wraps(fn)
     def wrapped(argv: Sequence[str] | None = None) -> int:
-        from .process import configure_process
+        from ooc.core.process import configure_process
 
         configure_process()
         try:
@@ -158,8 +119,8 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
 def _rerun_if_kernel_cache(e: Exception, argv: Sequence[str] | None) -> None:
     """A kernel cache numba cannot read (truncated, tampered) is cleared and the command run
     again from the start, once; called with ``argv`` from Python, one line asks for that."""
-    from .jit import RESET_ENV, clear_kernel_cache, from_kernel_cache
-    from .storage.notes import note
+    from ooc.core.jit import RESET_ENV, clear_kernel_cache, from_kernel_cache
+    from ooc.core.notes import note
 
     if not from_kernel_cache(e):
         return
@@ -250,7 +211,7 @@ def write_report(path: str | os.PathLike, report: dict, note: str = "",
     that appeared at ``path`` since :func:`check_report_path` is refused, not replaced."""
     import errno
 
-    from .storage.atomic import write_json
+    from ooc.storage.atomic import write_json
 
     _check_replaceable(Path(path))
     try:
@@ -258,39 +219,3 @@ def write_report(path: str | os.PathLike, report: dict, note: str = "",
     except OSError as e:
         what = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
         raise IOFailure(f"{path}: cannot write the report ({what}){note}") from None
-
-
-def check_range(option: str, value: float | int | None, lo: float | None = None,
-                hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False,
-                integer: bool = False) -> None:
-    """Refuse an option value outside ``[lo, hi]`` (open ends with ``lo_open``/``hi_open``).
-
-    ``None`` (an option left out) passes; NaN and infinities never do. Raises
-    :class:`OocError` with one line naming the option, e.g. ``--lr inf: must
-    be a finite number > 0``.
-    """
-    if value is None:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if ok and integer and not float(value).is_integer():
-        ok = False
-    if ok:
-        try:
-            v = float(value)
-        except OverflowError:  # an int beyond float's range
-            v = float("inf") if value > 0 else float("-inf")
-        ok = v == v and abs(v) != float("inf")
-        ok = ok and (lo is None or (v > lo if lo_open else v >= lo))
-        ok = ok and (hi is None or (v < hi if hi_open else v <= hi))
-    if ok:
-        return
-    kind = "an integer" if integer else "a finite number"
-    num = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")
-    lo_s = None if lo is None else f"{'>' if lo_open else '>='} {num(lo)}"
-    hi_s = None if hi is None else f"{'<' if hi_open else '<='} {num(hi)}"
-    if lo_s and hi_s:
-        rng = (f" in [{num(lo)}, {num(hi)}]" if not (lo_open or hi_open)
-               else f" {lo_s} and {hi_s}")
-    else:
-        rng = f" {lo_s or hi_s}" if (lo_s or hi_s) else ""
-    raise InvalidValue(f"{setting(option)} {value}: must be {kind}{rng}")

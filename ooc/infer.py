@@ -19,10 +19,11 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .cli import (ArgumentParser, add_report_arg, check_report_path,
-                  format_size, main_wrapper, parse_size, peak_rss_bytes, write_report)
-from .executor.settings import BY_NAME
-from .storage.errors import InvalidValue
+from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrapper, write_report
+from ooc.core.memory import peak_rss_bytes
+from ooc.core.sizes import format_size, parse_size
+from ooc.executor.settings import BY_NAME
+from ooc.core.errors import InvalidValue
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,7 +95,7 @@ def _feature_reader_choice(args: argparse.Namespace) -> str:
 def _load_checked_model(args: argparse.Namespace, ds):
     """The checkpoint's model; its input width must be the dataset's feature width, and
     its output (ooc.train's: one logit a class) the dataset's classes where it has labels."""
-    from .executor.training.checkpoint import load_model
+    from ooc.executor.training.checkpoint import load_model
 
     model = load_model(args.checkpoint)
     in_dim, out_dim = model.config["in_dim"], model.config["out_dim"]
@@ -125,9 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "--checkpoint": args.checkpoint})
     import torch
 
-    from .cli import check_range
-    from .executor.inference.layerwise import check_options, layerwise_inference
-    from .storage import open_dataset
+    from ooc.core.sizes import check_range
+    from ooc.executor.inference.layerwise import check_options, layerwise_inference
+    from ooc.storage import open_dataset
 
     # every option is checked before a file is read or written
     check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy,

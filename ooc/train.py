@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .cli import (ArgumentParser, add_report_arg, check_range, check_report_path,
-                  main_wrapper, write_report)
-from .executor.settings import MODE, RUN, TRAIN, add_arguments, parse_fanouts
-from .jit import note_if_cold
-from .storage.errors import DatasetError, OocError
-from .storage.errors import IOFailure, InvalidValue
+from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrapper, write_report
+from ooc.core.sizes import check_range
+from ooc.executor.settings import MODE, RUN, TRAIN, add_arguments, parse_fanouts
+from ooc.core.jit import note_if_cold
+from ooc.core.errors import DatasetError, OocError
+from ooc.core.errors import IOFailure, InvalidValue
 
 #: The embedded default dataset (``generate_synthetic`` arguments). Sized so
 #: the default run (generation once, then training) takes about a minute on
@@ -45,8 +45,8 @@ DEFAULT_NAME = "default-v1"
 DEFAULTS: dict[str, Any] = {"data": None, "layers": None,
                             **{st.dest: st.cli_default() for st in TRAIN + MODE + RUN}}
 #: Kernel modules a training run compiles on its first run on a machine.
-TRAIN_KERNELS = ("ooc.inspector._sampler_kernels", "ooc.inspector._changeset_kernels",
-                 "ooc.executor.cache._cache_kernels", "ooc.storage._direct_kernels",
+TRAIN_KERNELS = ("ooc.sampling._sampler_kernels", "ooc.caches._changeset_kernels",
+                 "ooc.caches._cache_kernels", "ooc.storage._direct_kernels",
                  "ooc.executor.training._activation_kernels")
 #: The most layers ``--layers`` takes (each layer multiplies a batch's sampled nodes).
 MAX_LAYERS = 64
@@ -57,9 +57,9 @@ FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "ba
 
 def default_dataset(log=print) -> Path:
     """The embedded default dataset, created on first use."""
-    from .storage import open_dataset
+    from ooc.storage import open_dataset
 
-    from .storage.probe import cache_dir
+    from ooc.storage.probe import cache_dir
 
     path = cache_dir() / DEFAULT_NAME
     if path.exists():
@@ -69,7 +69,7 @@ def default_dataset(log=print) -> Path:
             return path
         except DatasetError as e:
             log(f"ooc.train: the default dataset is unusable ({e}); creating it again")
-    from .storage.ingest import generate_synthetic
+    from ooc.storage.ingest import generate_synthetic
 
     log(f"ooc.train: creating the default dataset once in {path} "
         f"(synthetic power-law graph, {DEFAULT_DATASET['nodes']:,} nodes, "
@@ -151,7 +151,7 @@ def _check_options(s: dict[str, Any], progress: bool):
     """
     for st in RUN + MODE:
         st.check(st.from_cli(s.get(st.dest)))
-    from .executor.training.config import TrainConfig
+    from ooc.executor.training.config import TrainConfig
 
     config = TrainConfig(progress=progress,
                          **{st.name: st.from_cli(s[st.dest]) for st in TRAIN})
@@ -190,8 +190,8 @@ def checkpoint_lock(ckdir: str | os.PathLike | None):
     of ``--workers`` (or torchrun) takes none: the launcher holds it for its workers."""
     import contextlib
 
-    from .executor.distributed.environment import in_worker
-    from .storage.locks import exclusive
+    from ooc.executor.distributed.environment import in_worker
+    from ooc.storage.locks import exclusive
 
     if ckdir is None or in_worker():
         return contextlib.nullcontext()
@@ -202,8 +202,8 @@ def checkpoint_lock(ckdir: str | os.PathLike | None):
 def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir, sizes_path,
          argv: list[str]) -> int:
     """Train with the options ``given``; ``how``: ``--resume`` and ``--overwrite``."""
-    from .executor.training.checkpoint import check_checkpoint_dir, remove_checkpoints
-    from .storage import open_dataset
+    from ooc.executor.training.checkpoint import check_checkpoint_dir, remove_checkpoints
+    from ooc.storage import open_dataset
 
     resume, overwrite = how
     replaced = check_checkpoint_dir(ckdir, resume, overwrite)
@@ -217,7 +217,7 @@ def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir
     dataset = open_dataset(s["data"])
     s["data"] = str(Path(s["data"]).resolve())  # checkpoints resume from any folder
     if ck_state is not None:
-        from .executor.training.checkpoint import check_dataset
+        from ooc.executor.training.checkpoint import check_dataset
 
         assert ck_path is not None  # _checkpoint_to_resume returns both or neither
         check_dataset(ck_state, dataset, ck_path)
@@ -229,10 +229,10 @@ def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir
     if options.memory_budget:
         # a first run compiles the kernels in a child process; started before torch is
         # imported here, the two processes together stay within a budget's cgroup
-        from .executor.sizing.budget import compile_kernels
+        from ooc.executor.sizing.budget import compile_kernels
 
         compile_kernels(dataset, config, options)
-    from .executor.distributed.cli import run_cli, wants_averaging
+    from ooc.executor.distributed.cli import run_cli, wants_averaging
     if wants_averaging(s):
         return run_cli(dataset, config, options, s, argv, ckdir, ck_path, report_path,
                        list(DEFAULTS))
@@ -264,7 +264,7 @@ def _checkpoint_to_resume(ckdir: str | None) -> tuple[Path, dict[str, Any]]:
     """The newest checkpoint in ``ckdir`` and its state (``--resume``)."""
     if ckdir is None:
         raise InvalidValue("--resume needs --checkpoint-dir DIR")
-    from .executor.training.checkpoint import latest_checkpoint, load_checkpoint
+    from ooc.executor.training.checkpoint import latest_checkpoint, load_checkpoint
 
     ck_path = latest_checkpoint(ckdir)
     return ck_path, load_checkpoint(ck_path)
@@ -273,7 +273,7 @@ def _checkpoint_to_resume(ckdir: str | None) -> tuple[Path, dict[str, Any]]:
 def _apply_sizes(sizes_path: str, dataset, given: dict, s: dict, config) -> None:
     """Cache sizes, superbatch size, read gap and mode from a size_caches report, where the
     command line leaves them out."""
-    from .executor.sizing.profiler import load_sizes
+    from ooc.executor.sizing.profiler import load_sizes
 
     sizes = load_sizes(sizes_path, dataset)
     for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size", "read_gap"):
@@ -285,7 +285,7 @@ def _apply_sizes(sizes_path: str, dataset, given: dict, s: dict, config) -> None
 
 def _mode_options(s: dict):
     """The loader stack's options from the settings."""
-    from .executor.loader.stack import ModeOptions
+    from ooc.executor.loader.stack import ModeOptions
 
     return ModeOptions(**{st.name: st.from_cli(s[st.dest]) for st in MODE})
 
@@ -295,7 +295,7 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path,
     """Train in this process (resuming from ``ck_path``), checkpointing into ``ckdir`` and
     calling ``after_epoch(trainer)`` after each epoch; returns the closed trainer and the
     validation and test accuracies."""
-    from .executor.training.trainer import Trainer
+    from ooc.executor.training.trainer import Trainer
 
     trainer = Trainer(dataset, config, options=options)
     try:
@@ -303,7 +303,7 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path,
             trainer.resume(ck_path)
             print(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
             if trainer.epoch >= config.epochs:
-                from .storage.notes import note
+                from ooc.core.notes import note
 
                 note(f"{ck_path} has trained {trainer.epoch} epochs already and --epochs is "
                      f"{config.epochs}: no epoch to train (raise --epochs to continue); "

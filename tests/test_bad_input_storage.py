@@ -40,7 +40,7 @@ import json, os, signal, sys, time
 cases = json.load(sys.stdin)
 import ooc.partition.__main__, ooc.prepare, ooc.train
 import ooc.executor.loader.stack, ooc.executor.training.trainer  # noqa
-import ooc.inspector.sampler, ooc.storage.ingest  # noqa
+import ooc.sampling.sampler, ooc.storage.ingest  # noqa
 mains = {"ooc.prepare": ooc.prepare.main, "ooc.train": ooc.train.main,
          "ooc.partition": ooc.partition.__main__.main}
 results = {}

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import draw_batches
-from ooc.inspector import precompute_changesets
-from ooc.storage.errors import OocError
+from ooc.caches.changesets import precompute_changesets
+from ooc.core.errors import OocError
 
 METHODS = ["torch", "numba"]
 
@@ -346,7 +346,7 @@ def test_keep_unused_and_cached_carry_the_cache_between_superbatches(method):
     cached=final_state(previous): the next superbatch starts from that cache (its states
     are the brute-force recurrence over [cached, ids_0, ...] after step 0, plus unused
     entries) and reads no more than starting from Ginex's initial set."""
-    from ooc.inspector.changesets import final_state
+    from ooc.caches.changesets import final_state
 
     rng = np.random.default_rng(5)
     for _ in range(40):
@@ -391,7 +391,7 @@ def test_cuda_equals_numba_and_the_reference():
     """The torch path on CUDA (what ``method="auto"`` picks there) gives numba's changesets:
     graph traces at several capacities against the brute-force states, a long superbatch,
     the carried cache, and the duplicate-id refusal."""
-    from ooc.inspector.changesets import final_state
+    from ooc.caches.changesets import final_state
 
     batches = _graph_trace()
     touched = len(set(np.concatenate(batches).tolist()))
@@ -437,7 +437,7 @@ def _keep_unused_outs(plain, batches, capacity):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_keep_unused_equals_a_fifo_of_dropped_entries(method):
-    from ooc.inspector.changesets import final_state
+    from ooc.caches.changesets import final_state
 
     rng = np.random.default_rng(11)
     traces = [_graph_trace(seed=s) for s in range(3)] + [_random_trace(rng, 30, 50, 12)
@@ -461,7 +461,7 @@ def test_keep_unused_equals_a_fifo_of_dropped_entries(method):
 
 
 def test_final_state_of_huge_ids():
-    from ooc.inspector.changesets import final_state
+    from ooc.caches.changesets import final_state
 
     batches = _graph_trace()
     base = (1 << 62) - 1000  # past the packed sort key: the lexsort orders them
@@ -491,7 +491,7 @@ def test_bench_changesets_runs_and_checks_the_methods_agree(tmp_path):
 def test_unique_sorted_is_numpys_unique_and_never_aliases_its_input():
     """Random, already strictly increasing (the fast path), sorted with repeats, empty and
     single inputs give ``np.unique``'s values; the result is never the input itself."""
-    from ooc.inspector.changesets import unique_sorted
+    from ooc.caches.changesets import unique_sorted
 
     rng = np.random.default_rng(3)
     inc = np.sort(rng.choice(10_000, 3_000, replace=False)).astype(np.int64)
@@ -509,7 +509,7 @@ def test_final_state_is_the_replayed_cache(seed):
     """The ids ``final_state`` gives are those a set holds after replaying every step's
     evictions and insertions from the initial ids (with and without a cached start,
     keeping unused entries or not)."""
-    from ooc.inspector.changesets import final_state
+    from ooc.caches.changesets import final_state
 
     rng = np.random.default_rng(seed)
     for trial in range(40):

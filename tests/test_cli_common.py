@@ -2,7 +2,7 @@ import argparse
 
 import pytest
 
-from ooc.cli import format_size, parse_size
+from ooc.core.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize("text,value", [("512MiB", 512 << 20), ("8GiB", 8 << 30), ("1.5G", 3 << 29),
@@ -15,7 +15,7 @@ def test_parse_size(text, value):
 
 @pytest.mark.parametrize("text", ["", "abc", "1.2.3G", "-5M", "5X"])
 def test_parse_size_rejects(text):
-    from ooc.storage.errors import OocError
+    from ooc.core.errors import OocError
 
     with pytest.raises(ValueError) as e:         # also an OocError, not an argparse type
         parse_size(text)

@@ -427,7 +427,7 @@ def test_labels_are_checked_in_their_own_dtype(tmp_path, labels, problem):
     """A uint64 2**64 - 1 once became -1 (unlabeled) in the cast to int64; every writer of
     labels (write_dataset, each ingest) checks them before it."""
     from ooc.storage import write_dataset
-    from ooc.storage.errors import InvalidValue
+    from ooc.core.errors import InvalidValue
 
     indptr, indices = csc_from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
     with pytest.raises(InvalidValue, match=rf"^labels: {problem} a class id in \[0, 1048576\) "

@@ -15,7 +15,8 @@ from ooc.storage import (
     read_index_ranges, read_ranges,
 )
 from ooc.storage import io_backends as B
-from ooc.storage import notes, probe
+from ooc.core import notes
+from ooc.storage import probe
 
 from conftest import backend_or_skip, feature_file, in_threads, write_stand_in_binding
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ooc.storage import direct_files as D
-from ooc.storage.errors import InvalidValue
+from ooc.core.errors import InvalidValue
 from ooc.storage.layout import PAGE, FeatureLayout, aligned_empty
 
 

@@ -7,7 +7,7 @@ from conftest import in_threads
 
 import ooc.storage.entries as entries
 from ooc.storage.entries import EntryReader
-from ooc.storage.errors import IdOutOfRange, InvalidValue
+from ooc.core.errors import IdOutOfRange, InvalidValue
 from ooc.storage.layout import PAGE
 
 

@@ -57,7 +57,7 @@ def test_library_calls_raise_the_builtin_of_their_kind(graph, tmp_path):
     with pytest.raises(FileExistsError, match="already exists"):
         ooc.write_dataset(graph, np.zeros(3, np.int64), np.zeros(0, np.int64),
                           np.zeros((2, 2), np.float32))
-    from ooc.cli import parse_size
+    from ooc.core.sizes import parse_size
 
     with pytest.raises(ValueError):
         parse_size("lots")
@@ -70,7 +70,7 @@ def test_a_setting_is_named_the_way_its_caller_wrote_it(graph, tmp_path):
     import sys
 
     from conftest import REPO
-    from ooc.storage.errors import cli_names, setting
+    from ooc.core.errors import cli_names, setting
 
     from ooc.executor.settings import BY_NAME
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ooc.executor.cache.feature_cache import FeatureCache
+from ooc.caches.feature_cache import FeatureCache
 
 
 class ArraySource:
@@ -78,7 +78,7 @@ def test_zero_capacity_reads_everything():
 def test_cached_feature_follows_the_feature_protocol(tmp_path):
     """CachedFeature over an O_DIRECT reader: rows equal numpy's, hits from the cache,
     misses from the fallback, ``out=`` honoured; a Feature like the readers it wraps."""
-    from ooc.executor.cache.feature_cache import CachedFeature
+    from ooc.caches.feature_cache import CachedFeature
     from ooc.storage import DirectFeatures, FeatureLayout
     from ooc.storage.features import Feature
 
@@ -189,7 +189,7 @@ def test_misses_read_on_another_thread_while_the_hits_are_copied(tmp_path, row_d
     once, on a thread other than the caller's; under the threshold, on the caller's."""
     import threading
 
-    from ooc.executor.cache import feature_cache as FC
+    from ooc.caches import feature_cache as FC
     from ooc.storage.direct import DirectFeatures
 
     need = FC.OVERLAP_MIN_BYTES // (4 * row_dim)  # hits that start the reading thread
@@ -232,7 +232,7 @@ def test_misses_read_on_another_thread_while_the_hits_are_copied(tmp_path, row_d
 def test_a_failed_miss_read_on_the_reading_thread_reaches_the_caller():
     """The error a miss read raises on the reading thread is raised by ``gather``, and the
     cache's counters are left as they were."""
-    from ooc.executor.cache import feature_cache as FC
+    from ooc.caches import feature_cache as FC
 
     need = FC.OVERLAP_MIN_BYTES // 16  # rows of 4 float32
     n = 3 * need

@@ -12,7 +12,7 @@ import pytest
 from conftest import assert_one_line_error
 from ooc.storage import open_dataset
 from ooc.storage.dataset import INDEX_BLOCK, sampled_pages
-from ooc.storage.errors import DatasetError
+from ooc.core.errors import DatasetError
 from ooc.storage.layout import PAGE
 
 REPO = Path(__file__).resolve().parents[1]

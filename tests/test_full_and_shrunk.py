@@ -24,7 +24,7 @@ from ooc.executor.training.checkpoint import save_checkpoint
 from ooc.executor.training.models import build_model
 from ooc.storage import open_dataset
 from ooc.storage import reserve as reserve_mod
-from ooc.storage.errors import IOFailure
+from ooc.core.errors import IOFailure
 from ooc.storage.reserve import map_for_writing, npy_for_writing, reserve
 
 GUARD_S = 300

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ooc.executor.cache.chunk_cache import ChunkCache, simulate
+from ooc.caches.chunk_cache import ChunkCache, simulate
 from ooc.executor.inference.layerwise import (SAFETY_BYTES, compute_order, layerwise_inference,
                                     partial_path, plan_memory, read_embeddings)
 from ooc.executor.training.models import build_model
@@ -431,7 +431,7 @@ def test_chunk_file_rows_match_the_array(tmp_path, monkeypatch, backend, dtype, 
     import zarr
 
     from ooc.executor.inference import chunk_rows as CR
-    from ooc.storage.errors import DatasetError
+    from ooc.core.errors import DatasetError
 
     monkeypatch.setattr(CR, "READ_PAGES", 3)   # many requests per chunk, one row over
     rng = np.random.default_rng(3)
@@ -490,7 +490,7 @@ def test_a_budget_that_forces_extra_reads_is_noted():
     whose chunk cache holds all of it; none when the budget already does."""
     from ooc.executor.inference.blocks import Chunking, LayerPlan, note_extra_reads
     from ooc.executor.inference.memory_plan import BlockCosts
-    from ooc.storage import notes
+    from ooc.core import notes
 
     MiB = 1 << 20
     n, d = 100_000, 128                   # a 48.8 MiB input in 13 chunks of 4 MiB

@@ -130,7 +130,7 @@ def test_a_budget_that_streams_many_passes_names_the_one_that_streams_one(monkey
     one note names the smallest whole-MiB budget whose plan holds every accumulator."""
     from ooc.executor.inference import streamed as S
     from ooc.executor.inference.memory_plan import BlockCosts
-    from ooc.storage import notes
+    from ooc.core import notes
 
     n, e, d_in, d_out = 2_000_000, 30_000_000, 128, 256
     table = n * d_in * 4

@@ -63,7 +63,7 @@ def test_cli_and_bad_inputs(igb, tmp_path):
 def test_a_label_that_is_no_class_id_is_refused(igb, tmp_path):
     """IGB's float labels: NaN is unlabeled, an infinity or a fraction is named with its
     node; nothing is written."""
-    from ooc.storage.errors import InvalidValue
+    from ooc.core.errors import InvalidValue
 
     root, *_ = igb
     path = root / "small" / "processed" / "paper" / "node_label_19.npy"

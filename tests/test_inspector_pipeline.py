@@ -4,11 +4,11 @@ import threading
 import numpy as np
 import pytest
 
-from ooc.inspector.pipeline import (Inspector, measure_bytes_per_batch,
+from ooc.sampling.pipeline import (Inspector, measure_bytes_per_batch,
                                     superbatch_size_for_budget)
-from ooc.inspector.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
+from ooc.sampling.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
                                    read_samples, write_changesets, write_samples)
-from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.storage import OocError, csc_from_edges
 
 

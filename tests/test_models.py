@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ooc.executor.training.models import GNN, build_model
-from ooc.storage.errors import OocError
+from ooc.core.errors import OocError
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 KINDS = ("sage", "gcn", "gat")
@@ -145,7 +145,7 @@ def test_sage_sparse_path_equals_the_scatter_path(monkeypatch, layers):
     """SAGE on a sampled batch through the CSR spmm gives the scatter path's outputs and
     gradients."""
     from ooc.executor.training import models as M
-    from ooc.inspector.sampler import NeighborSampler
+    from ooc.sampling.sampler import NeighborSampler
     from ooc.storage import csc_from_edges
 
     g = torch.Generator().manual_seed(3)
@@ -264,7 +264,7 @@ def test_targets_gradient_added_in_place_equals_the_slices(kind, monkeypatch):
     """A bipartite layer's ``(x, x[:n])`` as one autograd node: the model's gradients
     (parameters and input rows) equal those through plain slicing."""
     from ooc.executor.training import models as M
-    from ooc.inspector.sampler import NeighborSampler
+    from ooc.sampling.sampler import NeighborSampler
     from ooc.storage import csc_from_edges
 
     g = torch.Generator().manual_seed(4)

@@ -8,7 +8,7 @@ import pytest
 from ooc.executor.loader.presets import PRESET_NAMES as MODES
 from ooc.executor.loader.stack import ModeOptions, build_stack
 from ooc.executor.training.trainer import TrainConfig, Trainer
-from ooc.inspector.sampler import NeighborSampler
+from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
 from conftest import CORA_RAW
@@ -90,7 +90,7 @@ def test_same_losses_in_every_mode(ds, tmp_path):
         assert rec["io"]["feature_lookups"] > 0
         assert {"gather", "compute", "stall"} <= set(rec["timers"])
     # ooc with page-mates (48 B rows share pages): the cache changes, never the rows
-    from ooc.executor.cache.policies import BeladyCache
+    from ooc.caches.policies import BeladyCache
 
     with Trainer(d, _cfg("ooc", eval_every=100), log=lambda m: None,
                  options=_opts(tmp_path / "mates", d.layout.row_bytes),
@@ -142,7 +142,7 @@ def test_ooc_mode_cora_accuracy(tmp_path):
 def test_composed_presets_plug_in(ds, tmp_path):
     """A preset of O_DIRECT readers and no feature cache, and a cache policy object in
     place of a preset name, build through the same stack and give the same batches."""
-    from ooc.executor.cache.policies import BeladyCache, NoCache, StaticCache
+    from ooc.caches.policies import BeladyCache, NoCache, StaticCache
     from ooc.executor.loader.presets import Preset, resolve_preset
     from ooc.executor.loader.readers import DirectReaders
 
@@ -179,7 +179,7 @@ def test_composed_presets_plug_in(ds, tmp_path):
 
 def test_unknown_preset_is_one_line(ds):
     from ooc.executor.loader.presets import resolve_preset
-    from ooc.storage.errors import OocError
+    from ooc.core.errors import OocError
 
     with pytest.raises(OocError, match=r"unknown preset 'fast' \(choose one of baseline, static, ooc"):
         resolve_preset("fast")
@@ -187,8 +187,8 @@ def test_unknown_preset_is_one_line(ds):
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True])
 def test_bad_belady_superbatch_size_is_one_line(bad):
-    from ooc.executor.cache.policies import BeladyCache
-    from ooc.storage.errors import OocError
+    from ooc.caches.policies import BeladyCache
+    from ooc.core.errors import OocError
 
     with pytest.raises(OocError, match=r"^BeladyCache: superbatch_size must be a positive "
                                        r"integer or None, got"):

@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from ooc.inspector import (CachedNeighbors, DirectNeighbors, InMemoryNeighbors, NeighborCache,
-                           NeighborSampler, build_neighbor_cache, derive_seed, epoch_batches,
-                           load_or_build_neighbor_cache)
-from ooc.inspector.neighbor_cache import cache_dir, compute_out_degrees, full_bytes, full_cache_bytes
+from ooc.storage.neighbors import CachedNeighbors, DirectNeighbors, InMemoryNeighbors
+from ooc.caches.neighbor_cache import NeighborCache, build_neighbor_cache, load_or_build_neighbor_cache
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.caches.neighbor_cache import cache_dir, compute_out_degrees, full_bytes, full_cache_bytes
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES
 
@@ -61,7 +61,7 @@ def test_direct_neighbors_read_through_short_gaps(tmp_path, max_pages, pages, su
     """Positions on pages 0, 2, 3, 7 and 20 of a raw int32 file, gaps of up to 2 pages read
     through: pages 0-3, 7 and 20 are read (one run and two), the ids are the file's; with 4
     pages a submission (gaps included) the wanted pages go 4 // 3 = 1 at a time."""
-    from ooc.inspector.neighbors import NeighborRequest
+    from ooc.storage.neighbors import NeighborRequest
 
     vals = np.arange(21 * 1024, dtype=np.int32) * 7
     path = tmp_path / "indices.bin"
@@ -84,7 +84,7 @@ def test_direct_neighbors_read_the_sectors_of_wanted_positions(tmp_path, gap):
     """Through a :class:`DirectReader` that reads 512 B sectors: of each page only the
     sectors from its first to its last wanted position are read (pages 0, 1 and 5 here;
     with gaps of 2 pages read through, 0-1 and 5 stay two reads)."""
-    from ooc.inspector.neighbors import NeighborRequest
+    from ooc.storage.neighbors import NeighborRequest
     from ooc.storage import DirectReader
 
     vals = np.arange(8 * 1024, dtype=np.int32) * 3
@@ -105,7 +105,7 @@ def test_direct_neighbors_read_the_sectors_of_wanted_positions(tmp_path, gap):
 def test_direct_neighbors_refuse_a_read_size_that_splits_no_page_evenly(tmp_path):
     """Positions are split into pages and sectors by shifts: a reader whose reads round to
     something other than a power of two from the id size to a page is refused by name."""
-    from ooc.storage.errors import InvalidValue
+    from ooc.core.errors import InvalidValue
 
     path = tmp_path / "indices.bin"
     np.arange(2048, dtype=np.int32).tofile(path)
@@ -150,7 +150,7 @@ def test_build_policy_layout_and_budget(dataset):
 def _reference_choice(indptr, indices, budget):
     """The cache's nodes by a full sort (the order of Ginex §3.2: out/in degree ratio,
     highest first, ties by id; the longest prefix that fits)."""
-    from ooc.inspector.neighbor_cache import _map_bytes, map_bytes_per_node
+    from ooc.caches.neighbor_cache import _map_bytes, map_bytes_per_node
 
     n = indptr.shape[0] - 1
     indeg = np.diff(indptr)
@@ -225,7 +225,7 @@ def test_a_saved_cache_of_a_slightly_smaller_budget_is_used(dataset, tmp_path, m
     (no build, no new folder); one more than 5% larger builds its own."""
     import shutil
 
-    from ooc.inspector import neighbor_cache as nc
+    from ooc.caches import neighbor_cache as nc
 
     path = tmp_path / "ds"
     shutil.copytree(dataset.path, path, ignore=shutil.ignore_patterns("neighbor_cache"))
@@ -270,7 +270,7 @@ def test_corrupt_saved_cache_is_rebuilt(dataset, tmp_path):
 
 
 def _noted(monkeypatch) -> list[str]:
-    from ooc.storage import notes
+    from ooc.core import notes
 
     lines: list[str] = []
     notes.reset()
@@ -348,7 +348,7 @@ def test_read_only_dataset_uses_user_cache(dataset, tmp_path, monkeypatch):
     """When the dataset folder cannot take the cache, it goes to $OOC_CACHE keyed by meta.json."""
     import shutil
 
-    from ooc.inspector import neighbor_cache as NC
+    from ooc.caches import neighbor_cache as NC
     from ooc.storage import atomic
 
     path = tmp_path / "ro"
@@ -472,7 +472,7 @@ def test_open_sources_of_each_preset(dataset):
 
     from ooc.executor.loader.presets import PRESETS
     from ooc.executor.loader.stack import ModeOptions, open_sources
-    from ooc.inspector.neighbors import InMemoryNeighbors
+    from ooc.storage.neighbors import InMemoryNeighbors
 
     ref = sample_all(dataset, InMemoryNeighbors(dataset.indices))
     budget = 8 * dataset.num_nodes + 5000

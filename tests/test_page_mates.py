@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import draw_batches
-from ooc.inspector import precompute_changesets
-from ooc.storage.errors import OocError
+from ooc.caches.changesets import precompute_changesets
+from ooc.core.errors import OocError
 
 METHODS = ["torch", "numba"]
 
@@ -166,7 +166,7 @@ def test_page_mates_carried_across_superbatches(method):
             assert not (set(mates.tolist()) & (c | set(b.tolist())))
             c = (c - set(outs.tolist())) | set(ins.tolist())
             assert len(c) <= 40
-        from ooc.inspector.changesets import final_state
+        from ooc.caches.changesets import final_state
         cached = final_state(cs)
         assert set(cached.tolist()) == c
 

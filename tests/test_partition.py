@@ -216,7 +216,7 @@ def test_springs_parameters_from_python(small_dataset, tmp_path, kw, needle):
     partition.json) and ``beta=inf`` an OverflowError; each API refuses them naming the
     keyword."""
     from ooc.partition import spring
-    from ooc.storage.errors import InvalidValue
+    from ooc.core.errors import InvalidValue
 
     path, _ = small_dataset
     for call in (lambda: partition(path, 2, **kw),
@@ -231,7 +231,7 @@ def test_json_never_holds_nan(tmp_path):
     """A NaN that reaches a JSON file (partition.json, a report) is refused naming its key,
     not written as ``NaN``, which is not JSON; nothing is left behind."""
     from ooc.storage.atomic import write_json
-    from ooc.storage.errors import InvalidValue
+    from ooc.core.errors import InvalidValue
 
     target = tmp_path / "partition.json"
     with pytest.raises(InvalidValue, match=r"partition.json: params.tau_vol is nan, which "):

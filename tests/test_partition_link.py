@@ -15,7 +15,7 @@ from ooc.partition import partition_dataset
 from ooc.partition.__main__ import main
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 from ooc.storage.dataset import FEATURE_LINK, ROW_MAP_FILE
-from ooc.storage.errors import DatasetError
+from ooc.core.errors import DatasetError
 
 from conftest import assert_same_batches
 from test_partition import _check_partitions

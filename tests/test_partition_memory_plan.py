@@ -116,7 +116,7 @@ def test_shape_only_cli_refuses_bad_values_in_one_line(capsys, bad, what):
 
 _RUN = """
 import json, sys
-from ooc.memory import reset_peak_rss
+from ooc.core.memory import reset_peak_rss
 from ooc.partition import partition_dataset
 warm, data, out = sys.argv[1:4]
 partition_dataset(warm, out + "-warm", 4)   # kernels loaded (or compiled) before measuring

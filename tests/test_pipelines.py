@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from ooc.executor.cache.feature_cache import FeatureCache
+from ooc.caches.feature_cache import FeatureCache
 from ooc.executor.loader.pipelines import OnDemandPipeline, SuperbatchPipeline
-from ooc.inspector.pipeline import Inspector
-from ooc.inspector.sampler import NeighborSampler
+from ooc.sampling.pipeline import Inspector
+from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
 
@@ -55,7 +55,7 @@ def test_static_pipeline(ds):
 
 @pytest.mark.parametrize("capacity,superbatch", [(150, 4), (600, 100), (0, 3)])
 def test_superbatch_pipeline_heavy_churn(ds, tmp_path, capacity, superbatch):
-    from ooc.inspector import precompute_changesets
+    from ooc.caches.changesets import precompute_changesets
 
     d, x = ds
     sampler = NeighborSampler(d.indptr, d.indices, [5, 5])
@@ -101,7 +101,7 @@ def test_superbatch_pipeline_page_mates(ds, tmp_path):
     """Rows share pages (24 float16 a row): the changesets insert page-mates, which the
     gather reads with the batch's misses into the cache; every batch's rows stay exact and
     the misses are the changesets' own, fewer than without page-mates."""
-    from ooc.inspector import precompute_changesets
+    from ooc.caches.changesets import precompute_changesets
 
     d, x = ds
     pages = d.row_pages()

@@ -7,10 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import brute_belady_steps, draw_batches
-from ooc.inspector import (count_misses_belady, count_misses_lru, count_misses_static, degree_order,
-                           miss_curve_belady, miss_curve_lru, miss_curve_static, precompute_changesets)
-from ooc.inspector.policies import lru_stack_distances
-from ooc.storage.errors import OocError
+from ooc.caches.miss_curves import (count_misses_belady, count_misses_lru, count_misses_static,
+                                    degree_order, miss_curve_belady, miss_curve_lru, miss_curve_static)
+from ooc.caches.changesets import precompute_changesets
+from ooc.caches.miss_curves import lru_stack_distances
+from ooc.core.errors import OocError
 
 
 def _brute_lru(batches, capacity):
@@ -92,7 +93,7 @@ def test_degree_order_ties():
 @pytest.mark.parametrize("dtype", [np.uint32, np.int64])
 def test_hottest_is_the_head_of_the_degree_order(dtype):
     """The static cache's nodes without the sort: the k first of the order, ties by id."""
-    from ooc.inspector import hottest
+    from ooc.caches.miss_curves import hottest
 
     rng = np.random.default_rng(4)
     deg = rng.integers(0, 6, size=500).astype(dtype)   # many ties at every degree
@@ -106,7 +107,7 @@ def test_hottest_is_the_head_of_the_degree_order(dtype):
 def test_belady_batch_misses_are_the_brute_force_steps():
     """Each batch's misses when the whole trace is known in advance, against the simulator
     step by step; they sum to the trace's count."""
-    from ooc.inspector.policies import belady_batch_misses
+    from ooc.caches.miss_curves import belady_batch_misses
 
     rng = np.random.default_rng(5)
     for _ in range(30):

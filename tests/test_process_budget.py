@@ -22,7 +22,7 @@ MiB = 1 << 20
 def _room(extra: int) -> int:
     """A budget of ``extra`` bytes above what this process holds now (a test process that
     has run many tests holds more than a fresh script)."""
-    from ooc.memory import current_rss_bytes
+    from ooc.core.memory import current_rss_bytes
 
     return current_rss_bytes() + extra
 
@@ -274,7 +274,7 @@ SCRIPT = textwrap.dedent("""
         print(json.dumps({"val": val_acc, "test": test_acc, "checks": checks,
                           "planned_peak": plan.planned_peak_bytes,
                           "feature_cache_bytes": plan.feature_cache_bytes,
-                          "peak_rss": ooc.memory.peak_rss_bytes()}))
+                          "peak_rss": ooc.core.memory.peak_rss_bytes()}))
 """)
 
 

@@ -12,7 +12,7 @@ from ooc.executor.sizing.budget import default_reserve
 from ooc.executor.sizing.profiler import (extrapolate_epoch, load_sizes, predict_epoch,
                                          run_time, simulate_epoch)
 from ooc.executor.sizing.rehearsal import Rehearsal
-from ooc.storage.errors import OocError
+from ooc.core.errors import OocError
 from ooc.storage.ingest import generate_synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,7 +227,7 @@ def test_simulate_epoch_against_references():
         want = sum(sum(1 for v in t.tolist() if v not in hot_set) for t in trace)
         assert simulate_epoch("static", trace, n, cap, hot_order=hot)["misses"] == want
         # ooc, one superbatch: Belady's optimum with the initial load free (policies module)
-        from ooc.inspector.policies import miss_curve_belady
+        from ooc.caches.miss_curves import miss_curve_belady
 
         r = simulate_epoch("ooc", trace, n, cap, superbatch_size=len(trace))
         if cap:
@@ -296,12 +296,12 @@ def test_predicted_miss_ratio_matches_training(graph, fanouts, batch, extra_mib,
 def test_rehearsal_reads_what_the_simulation_counts(data, tmp_path, mode, superbatch):
     """A rehearsal trains the epoch's first batches through the real stack: its feature
     misses are exactly the preset's policy replayed over those batches."""
-    from ooc.executor.cache.policies import degree_order
+    from ooc.caches.policies import degree_order
     from ooc.executor.loader.stack import ModeOptions, build_stack
     from ooc.executor.sizing.profiler import _model_for
     from ooc.executor.sizing.rehearsal import rehearse
     from ooc.executor.training.config import TrainConfig
-    from ooc.inspector.sampler import epoch_batches
+    from ooc.sampling.sampler import epoch_batches
     from ooc.storage import open_dataset
 
     ds = open_dataset(data)
@@ -335,7 +335,7 @@ def test_device_reads_through_the_page_cache_are_an_lru_of_pages(data):
     pages), feature rows' pages and the sampled nodes' neighbour-list pages alike;
     O_DIRECT readers read every missed row."""
     from ooc.executor.sizing.profiler import device_reads
-    from ooc.inspector.sampler import SampledBatch
+    from ooc.sampling.sampler import SampledBatch
     from ooc.storage import open_dataset
 
     ds = open_dataset(data)

@@ -209,7 +209,7 @@ def test_isolated_nodes_and_empty_graph():
 
 from ooc.storage import open_dataset, write_dataset  # noqa: E402
 from ooc.storage.dataset import ROW_MAP_FILE  # noqa: E402
-from ooc.storage.errors import DatasetError, IdOutOfRange  # noqa: E402
+from ooc.core.errors import DatasetError, IdOutOfRange  # noqa: E402
 from ooc.storage.layout import FeatureLayout  # noqa: E402
 from ooc.storage.reorder import permute_rows, rows_of  # noqa: E402
 
@@ -255,7 +255,7 @@ def test_a_row_map_that_is_not_a_permutation_is_refused(tmp_path, dim):
     """A destination repeated within a bucket (so another row of it stays empty) is
     refused when the bucket is placed, one outside the file when the row arrives; no
     bucket file is left either way."""
-    from ooc.storage.errors import InvalidValue
+    from ooc.core.errors import InvalidValue
     from ooc.storage.reorder import RowPlacer
 
     rng = np.random.default_rng(dim)
@@ -429,7 +429,7 @@ def test_a_cache_fill_reads_each_page_once_in_chunks(stored):
     """A cache fill larger than one read chunk reads the rows in their stored order, so
     each page is read once, but for a page split between two chunks (in node order, the
     chunks of a reordered file each read pages all over it, many of them again)."""
-    from ooc.executor.cache.feature_cache import FeatureCache
+    from ooc.caches.feature_cache import FeatureCache
     from ooc.storage.direct import DirectFeatures
 
     _, local, x, comm = stored
@@ -519,7 +519,7 @@ def test_a_sweep_over_a_mapped_file_leaves_its_pages(tmp_path):
 def test_rows_streamed_in_uneven_chunks_land_where_permute_puts_them(tmp_path, buffer):
     """A RowPlacer fed node rows in chunks of any size (as ingest streams them) writes the
     file permute_rows writes; a bucket missing rows is refused; no bucket file is left."""
-    from ooc.storage.errors import InvalidValue
+    from ooc.core.errors import InvalidValue
     from ooc.storage.reorder import RowPlacer
 
     rng = np.random.default_rng(4)

@@ -134,8 +134,8 @@ def test_estimate_bounds_the_measured_step(wide_graph, kind, batch):
     import gc
 
     from ooc.executor.sizing.budget import _probe_step
-    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
-    from ooc.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
+    from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
 
     ds = open_dataset(wide_graph)
     torch.manual_seed(0)

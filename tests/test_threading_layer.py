@@ -1,6 +1,6 @@
 """Parallel kernels launched from several threads at once on any numba threading layer:
 ``workqueue`` (numba's fallback without libgomp or tbb) aborts the process on such a
-launch unless ooc serialises them (:mod:`ooc.threading_layer`)."""
+launch unless ooc serialises them (:mod:`ooc.core.threading_layer`)."""
 import copy
 import importlib
 import os
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ooc
-from ooc.threading_layer import ParallelKernel, dispatcher_of, parallel_kernel
+from ooc.core.threading_layer import ParallelKernel, dispatcher_of, parallel_kernel
 
 
 def _kernel_modules():
@@ -61,7 +61,7 @@ def test_the_guard_takes_only_parallel_kernels_and_keeps_their_attributes():
 _CONCURRENT = textwrap.dedent("""
     import sys, threading
     import numpy as np
-    from ooc.executor.cache import _cache_kernels as CK
+    from ooc.caches import _cache_kernels as CK
     from ooc.executor.training import _activation_kernels as AK
 
     raw = sys.argv[1] == "raw"
@@ -122,19 +122,19 @@ def test_without_the_guard_the_workqueue_layer_aborts():
 
 def test_this_machine_has_a_thread_safe_layer():
     """Training's fast path: numba here runs on omp (libgomp) or tbb."""
-    from ooc.threading_layer import layer_is_thread_safe
+    from ooc.core.threading_layer import layer_is_thread_safe
 
     assert layer_is_thread_safe(), numba.threading_layer()
 
 
 def test_the_cold_cache_check_sees_guarded_kernels(tmp_path, monkeypatch):
-    """``ooc.jit.kernels_cached`` looks through the guard: a module whose only kernel is
+    """``ooc.core.jit.kernels_cached`` looks through the guard: a module whose only kernel is
     guarded is cold before its first call (not unknown) and cached after it."""
-    from ooc.jit import kernels_cached
+    from ooc.core.jit import kernels_cached
 
     (tmp_path / "guarded_only_kernels.py").write_text(textwrap.dedent("""
         import numba
-        from ooc.threading_layer import parallel_kernel
+        from ooc.core.threading_layer import parallel_kernel
 
         @parallel_kernel
         @numba.njit(parallel=True, cache=True)

@@ -8,7 +8,7 @@ import torch
 from ooc.executor import (CheckpointError, TrainConfig, Trainer, load_model,
                           to_data)
 from ooc.executor.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from ooc.inspector.sampler import NeighborSampler
+from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
 
 
@@ -147,7 +147,7 @@ def test_unknown_setting_names_the_closest():
     the keyword and the closest setting."""
     from ooc import NodeLoader
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.storage.errors import InvalidValue, UnknownSetting
+    from ooc.core.errors import InvalidValue, UnknownSetting
 
     for make, msg in ((lambda: TrainConfig(epochz=3),
                        r"^TrainConfig: no setting 'epochz' \(did you mean epochs\?\)$"),

@@ -12,7 +12,7 @@ from conftest import assert_one_line_error, community_graph, nan_in_an_unsampled
 from ooc.storage import open_dataset
 from ooc.storage.dataset import (INDEX_BLOCK, block_crc32s, meta_checksum, sampled_pages,
                                  sampled_sha256)
-from ooc.storage.errors import DatasetError
+from ooc.core.errors import DatasetError
 from ooc.storage.layout import PAGE
 from ooc.storage.verify import verify_dataset
 

@@ -7,12 +7,12 @@ import numpy as np
 
 from ooc.executor.loader.presets import PRESETS
 from ooc.executor.sizing.budget import _child_main
-from ooc.inspector import _neighbor_cache_kernels as NK
-from ooc.inspector.neighbor_cache import build_neighbor_cache, full_cache_bytes
+from ooc.caches import _neighbor_cache_kernels as NK
+from ooc.caches.neighbor_cache import build_neighbor_cache, full_cache_bytes
 from ooc.storage import DirectFeatures, open_dataset
 from ooc.storage import _direct_kernels as DK
 from ooc.storage.ingest import generate_synthetic
-from ooc.threading_layer import dispatcher_of
+from ooc.core.threading_layer import dispatcher_of
 
 
 def _signatures() -> dict[str, int]:
@@ -123,7 +123,7 @@ def test_a_kernel_stamp_is_for_this_cpu_and_this_key(monkeypatch):
     here, so the stamp that lets a run skip its compile child differs by CPU (and by key)."""
     import llvmlite.binding as ll
 
-    from ooc.jit import kernels_stamp
+    from ooc.core.jit import kernels_stamp
 
     here = kernels_stamp("train|x")
     assert here is not None and here == kernels_stamp("train|x")
@@ -135,15 +135,15 @@ def test_a_kernel_stamp_is_for_this_cpu_and_this_key(monkeypatch):
 def test_a_failed_compile_child_says_so_and_leaves_no_stamp():
     """A child that fails (here: an entry that raises) is one note and a returned reason;
     no stamp, so the next run tries the child again."""
-    from ooc.jit import compile_in_child, kernels_stamp
-    from ooc.storage import notes
+    from ooc.core.jit import compile_in_child, kernels_stamp
+    from ooc.core import notes
 
     key = "test|a child that fails"
     lines: list[str] = []
     notes.reset()
     notes.sink = lines.append
     try:
-        got = compile_in_child(key, "ooc.jit:no_such_function", [])
+        got = compile_in_child(key, "ooc.core.jit:no_such_function", [])
     finally:
         notes.sink = None
         notes.reset()
@@ -157,7 +157,7 @@ def test_a_compile_child_refusing_its_input_leaves_the_saying_to_the_run(capsys)
     """Input the run refuses anyway (an OocError in the child: a bad option) is no note:
     the run's own one-line error follows, and stays the only line (the partition CLI's
     bad-argument tests check that)."""
-    from ooc.jit import compile_in_child
+    from ooc.core.jit import compile_in_child
 
     got = compile_in_child("test|refused", "ooc.partition.precompile:_child_main",
                            ["spring", "int32", "float32", "0",

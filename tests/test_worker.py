@@ -1,4 +1,4 @@
-"""ooc.worker.Worker: a producer thread handing items to a consumer through a bounded queue."""
+"""ooc.core.worker.Worker: a producer thread handing items to a consumer through a bounded queue."""
 from __future__ import annotations
 
 import time
@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from ooc.worker import Worker
+from ooc.core.worker import Worker
 
 
 class _Item:

@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fio  # noqa: E402  (tools/fio.py)
 import memcg  # noqa: E402  (tools/memcg.py)
 
-from ooc.cli import format_size, parse_size  # noqa: E402
+from ooc.core.sizes import format_size, parse_size
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 MODES = ("baseline", "static", "ooc")
@@ -90,7 +90,7 @@ def ensure_dataset(path: Path, spec: dict) -> Path | None:
     options. A dataset this tool did not make is used as it is (the generation options do
     not apply) and never overwritten; any other folder there is refused (logged, None)."""
     from ooc.storage import open_dataset
-    from ooc.storage.errors import OocError
+    from ooc.core.errors import OocError
     from ooc.storage.ingest import generate_synthetic
 
     stamp = path / "bench_spec.json"
@@ -124,7 +124,7 @@ def ensure_dataset(path: Path, spec: dict) -> Path | None:
 
 def batch_fraction(path: Path, batch_size: int, fanouts: list[int], probes: int = 4) -> float:
     """Mean fraction of the nodes one batch touches (sampled with the memmap)."""
-    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
     from ooc.storage import open_dataset
 
     d = open_dataset(path)
@@ -139,9 +139,9 @@ def fewest_reads(path: Path, batch_size: int, fanouts: list[int], seed: int, epo
     """Per mode, the fewest feature rows a cache of its ``capacities[mode]`` rows could
     read in the last of ``epochs``: Belady over the run's own batches (the trainer's seeds)
     with every batch of every epoch known in advance, the cache changing between batches
-    (:func:`ooc.inspector.policies.belady_batch_misses`). No policy reads fewer."""
-    from ooc.inspector.policies import belady_batch_misses
-    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    (:func:`ooc.caches.miss_curves.belady_batch_misses`). No policy reads fewer."""
+    from ooc.caches.miss_curves import belady_batch_misses
+    from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
     from ooc.storage import open_dataset
 
     d = open_dataset(path)

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import hashlib, json, sys, time
 import numpy as np
-from ooc.inspector import NeighborSampler, derive_seed, epoch_batches
+from ooc.sampling import NeighborSampler, derive_seed, epoch_batches
 indptr = np.load(sys.argv[1]); indices = np.load(sys.argv[2], mmap_mode=None)
 train = np.load(sys.argv[3]); bs, nb = int(sys.argv[4]), int(sys.argv[5])
 s = NeighborSampler(indptr, indices, [15, 10, 5])
@@ -70,8 +70,8 @@ def kernel_only(old_tree: Path, work: Path, files: list[str], N: int) -> None:
     sys.path.insert(0, str(pkg.parent))
     from oldooc.inspector import _sampler_kernels as OK
 
-    from ooc.inspector import _sampler_kernels as NK
-    from ooc.inspector import epoch_batches
+    from ooc.sampling import _sampler_kernels as NK
+    from ooc.sampling.sampler import epoch_batches
 
     indptr, indices, train = (np.load(f) for f in files)
     batches = epoch_batches(train, 256, seed=1, epoch=0)[:32]

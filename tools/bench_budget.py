@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import memcg  # noqa: E402  (tools/memcg.py)
 
-from ooc.cli import format_size, parse_size  # noqa: E402
+from ooc.core.sizes import format_size, parse_size
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 MODES = ("baseline", "static", "ooc")

@@ -7,8 +7,8 @@ superbatch of mini-batches with fanouts 10,10,10 (``NeighborSampler``), and
 prints, for cache sizes of 5/10/20/40% of the nodes, the misses and miss
 ratios of
 
-* Belady (Ginex; ``ooc.inspector.precompute_changesets`` semantics),
-* LRU at batch granularity (``ooc.inspector.policies``),
+* Belady (Ginex; ``ooc.sampling.precompute_changesets`` semantics),
+* LRU at batch granularity (``ooc.caches.miss_curves``),
 * static: PaGraph's highest-out-degree nodes.
 
 The graph and batch size are chosen so that one batch touches a few percent of
@@ -39,8 +39,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ooc.cli import main_wrapper  # noqa: E402
-from ooc.inspector import (NeighborSampler, degree_order, derive_seed, epoch_batches,  # noqa: E402
-                           miss_curve_belady, miss_curve_lru, miss_curve_static, precompute_changesets)
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.caches.miss_curves import degree_order, miss_curve_belady, miss_curve_lru, miss_curve_static
+from ooc.caches.changesets import precompute_changesets
 from ooc.storage import open_dataset  # noqa: E402
 
 FRACTIONS = (0.05, 0.10, 0.20, 0.40)

@@ -22,8 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.executor.cache import _cache_kernels as K  # noqa: E402
-from ooc.executor.cache.feature_cache import FeatureCache  # noqa: E402
+from ooc.caches import _cache_kernels as K  # noqa: E402
+from ooc.caches.feature_cache import FeatureCache  # noqa: E402
 from ooc.storage._id_map_kernels import find_many  # noqa: E402
 
 

@@ -28,7 +28,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from ooc.cli import format_size, parse_size  # noqa: E402
+from ooc.core.sizes import format_size, parse_size  # noqa: E402
 
 
 def write_edges(path: Path, edges: int, nodes: int, seed: int = 0, chunk: int = 5_000_000) -> None:

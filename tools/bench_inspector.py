@@ -3,7 +3,7 @@
     python tools/bench_inspector.py --data bench_out/cache_policies/synthetic_1000000_10 \
         --report bench_out/inspector.json
 
-Runs the inspector (``ooc.inspector.pipeline.Inspector``) over the same
+Runs the inspector (``ooc.sampling.pipeline.Inspector``) over the same
 superbatches twice per round, side by side: sampling alone, and sampling with
 Belady changesets computed for superbatch k while k+1 is sampled (Ginex
 Fig. 9). The consumer only loads and releases the runtime files. Reports the
@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.inspector import (NeighborSampler, derive_seed, epoch_batches,  # noqa: E402
-                           precompute_changesets)
-from ooc.inspector.pipeline import Inspector  # noqa: E402
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.caches.changesets import precompute_changesets
+from ooc.sampling.pipeline import Inspector  # noqa: E402
 from ooc.storage import open_dataset  # noqa: E402
 from ooc.storage.atomic import write_json  # noqa: E402
 

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import ooc
-from ooc.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from ooc.storage.pagecache import release_mapped
 
 

@@ -55,7 +55,7 @@ import fio  # noqa: E402  (tools/fio.py)
 import memcg  # noqa: E402  (tools/memcg.py)
 from bench import add_run_args, open_bench_dataset  # noqa: E402  (tools/bench.py)
 
-from ooc.cli import format_size, parse_size  # noqa: E402
+from ooc.core.sizes import format_size, parse_size
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 PRESETS = ("baseline", "static", "ooc")

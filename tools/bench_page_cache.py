@@ -12,7 +12,7 @@ pages each policy reads from ``features.bin``:
   superbatches); a batch reads the distinct pages of its missed rows;
 - ``row-belady + page-mates``: ``BeladyCache(page_mates=0.25)``: the same, and each step
   also inserts rows that share a page with the batch's misses and are used later in the
-  superbatch (no extra page read; :mod:`ooc.inspector.changesets`);
+  superbatch (no extra page read; :mod:`ooc.caches.changesets`);
 - ``page-belady``: Belady over pages (a batch's trace is the distinct pages it touches; the
   cache holds ``bytes / 4096`` pages), so a page read serves every row on it;
 - ``static``: the degree-ordered static row cache (PaGraph);
@@ -35,8 +35,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ooc.inspector.changesets import MATE_FRACTION, precompute_changesets  # noqa: E402
-from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches  # noqa: E402
+from ooc.caches.changesets import MATE_FRACTION, precompute_changesets  # noqa: E402
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches  # noqa: E402
 from ooc.storage import open_dataset  # noqa: E402
 from ooc.storage.layout import PAGE  # noqa: E402
 from ooc.storage.reorder import OrderStats, locality_order  # noqa: E402

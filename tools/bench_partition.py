@@ -138,7 +138,7 @@ def make_cora(out: Path) -> Path:
 def metis_worker(data: str, parts: int, report: str, seed: int) -> None:
     import pymetis
 
-    from ooc.memory import peak_rss_bytes
+    from ooc.core.memory import peak_rss_bytes
     from ooc.partition.metrics import compute_metrics
     from ooc.storage import open_dataset
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import memcg  # noqa: E402  (tools/memcg.py)
 from bench import add_run_args, ensure_dataset, open_bench_dataset  # noqa: E402
 
-from ooc.cli import format_size  # noqa: E402
+from ooc.core.sizes import format_size
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 LOADERS = ("pyg+ooc.pyg", "ooc.NodeLoader", "baseline")
@@ -63,7 +63,7 @@ def _loader(kind: str, data: str, a) -> tuple[object, object]:
 
 
 def child(kind: str, data: str, a) -> None:
-    from ooc.memory import peak_rss_bytes
+    from ooc.core.memory import peak_rss_bytes
 
     loader, owner = _loader(kind, data, a)
     epochs = []
@@ -81,7 +81,7 @@ def topology_child(data: str, a) -> None:
     import ooc.pyg
     from torch_geometric.loader import NeighborLoader
 
-    from ooc.memory import peak_rss_bytes
+    from ooc.core.memory import peak_rss_bytes
 
     fanouts = [int(f) for f in a.fanouts.split(",")]
     fs, gs, sampler = ooc.pyg.remote_backend(data, num_neighbors=fanouts, input_nodes="train",

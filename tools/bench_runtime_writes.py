@@ -2,7 +2,7 @@
 
     python tools/bench_runtime_writes.py --rounds 7
 
-The inspector writes each superbatch's sampled batches (``ooc.inspector.runtime``)
+The inspector writes each superbatch's sampled batches (``ooc.sampling.runtime``)
 from its own thread. This times ``write_samples`` (plain writes, what ooc does)
 against the same files written through aiofiles from an event loop per
 superbatch (``asyncio.gather`` over the files), at two superbatch sizes, the
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.inspector import runtime as R  # noqa: E402
+from ooc.sampling import runtime as R  # noqa: E402
 
 
 def aiofiles_write(folder: Path, samples: R.SuperbatchSamples) -> None:

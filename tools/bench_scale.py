@@ -47,7 +47,7 @@ sys.path.insert(0, str(TOOLS.parent))
 import memcg  # noqa: E402  (tools/memcg.py)
 import scale_graph as sg  # noqa: E402  (tools/scale_graph.py)
 
-from ooc.cli import format_size, parse_size  # noqa: E402
+from ooc.core.sizes import format_size, parse_size  # noqa: E402
 from ooc.executor.inference.store import partial_path  # noqa: E402
 
 STAGES = ("ingest", "train", "infer", "partition")

@@ -8,7 +8,7 @@ Every stage's plan is its planner's function evaluated for the shape:
 - train: the terms of :func:`ooc.executor.sizing.budget.plan_memory`. Those that grow with N
   are computed (the node -> row map, 4 B a node, in ``setup_rss``; the sampler's compact
   ``indptr``, :class:`~ooc.storage.offsets.NodeOffsets`; the neighbour cache's build
-  transient, :func:`~ooc.inspector.neighbor_cache.build_bytes`; the superbatch's id table).
+  transient, :func:`~ooc.caches.neighbor_cache.build_bytes`; the superbatch's id table).
   The loop is what the probe holds: the batches in flight
   (:func:`~ooc.executor.loader.pipelines.batches_in_flight`) with their gathered rows and
   one training step's computed estimate (:func:`~ooc.executor.sizing.step_memory.step_bytes`).
@@ -36,7 +36,7 @@ import numpy as np
 
 import scale_graph as sg  # tools/scale_graph.py
 
-from ooc.cli import format_size
+from ooc.core.sizes import format_size
 
 #: Scale of the generator's graph the batches are sampled from when S is larger: a batch's
 #: sampled nodes stop growing from about here (331k at 0.05, 333k at 0.1).
@@ -66,7 +66,7 @@ _BASE_CODE = {
         "warm_up_kernels(resolve_preset('ooc'), {dim}, np.float32, np.int32, {edges})\n"
         "model = build_model('sage', {dim}, {hidden}, {classes}, {layers})\n"),
 }
-_RSS_CODE = ("\nimport gc; gc.collect()\nfrom ooc.memory import current_rss_bytes, trim_malloc\n"
+_RSS_CODE = ("\nimport gc; gc.collect()\nfrom ooc.core.memory import current_rss_bytes, trim_malloc\n"
              "trim_malloc(); print(current_rss_bytes())\n")
 
 
@@ -110,9 +110,9 @@ def sample_batches(shape: sg.Shape, fanouts: list[int], batch_size: int, count: 
     """The first ``count`` training batches of epoch 1 (the run's seeds: the default
     ``--seed``), sampled from :func:`in_memory_graph` of ``shape``; their sizes."""
     from ooc.executor.training.config import TrainConfig
-    from ooc.inspector.neighbors import InMemoryNeighbors
-    from ooc.inspector.pipeline import bytes_per_batch
-    from ooc.inspector.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.storage.neighbors import InMemoryNeighbors
+    from ooc.sampling.pipeline import bytes_per_batch
+    from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 
     indptr, indices = in_memory_graph(shape)
     train = sg.split_ids(shape)[0]
@@ -162,7 +162,7 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     from ooc.executor.sizing.step_memory import step_bytes
     from ooc.executor.training.config import TrainConfig
     from ooc.executor.training.models import build_model
-    from ooc.inspector.neighbor_cache import build_bytes, full_bytes
+    from ooc.caches.neighbor_cache import build_bytes, full_bytes
     from ooc.storage.layout import FeatureLayout
     from ooc.storage.offsets import NodeOffsets
 

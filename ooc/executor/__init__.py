@@ -15,9 +15,7 @@ _EXPORTS = {
     "load_model": "training.checkpoint", "save_checkpoint": "training.checkpoint",
     "layerwise_inference": "inference.layerwise", "read_embeddings": "inference.layerwise",
     "GNN": "training.models", "MODEL_KINDS": "training.models", "build_model": "training.models",
-    "FeatureCache": "cache.feature_cache", "CachedFeature": "cache.feature_cache",
-    "CachePolicy": "cache.policies", "NoCache": "cache.policies", "StaticCache": "cache.policies",
-    "BeladyCache": "cache.policies", "Preset": "loader.presets", "PRESETS": "loader.presets",
+    "Preset": "loader.presets", "PRESETS": "loader.presets",
     "TrainConfig": "training.trainer", "Trainer": "training.trainer",
     "NodeLoader": "loader.node_loader",
 }

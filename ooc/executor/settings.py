@@ -11,7 +11,7 @@ these declarations come:
   the settings only the command line has (checkpoints, workers and partitions);
 * the keyword defaults of :class:`ooc.NodeLoader` (:func:`default`).
 
-A refused value is one :class:`~ooc.storage.errors.InvalidValue` line that names the
+A refused value is one :class:`~ooc.core.errors.InvalidValue` line that names the
 setting the way its caller wrote it: ``--batch-size`` on a command line,
 ``batch_size`` from Python.
 
@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
-from ..cli import check_range, format_size, parse_size
-from ..storage.errors import InvalidValue, UnknownSetting, setting
+from ooc.core.sizes import check_range, format_size, parse_size
+from ooc.core.errors import InvalidValue, UnknownSetting, setting
 
 _C = TypeVar("_C", bound=type)
 
@@ -38,13 +38,13 @@ KINDS = ("int", "float", "size", "choice", "text", "fanouts", "flag")
 
 
 def _presets() -> tuple[str, ...]:
-    from .loader.presets import PRESET_NAMES
+    from ooc.executor.loader.presets import PRESET_NAMES
 
     return PRESET_NAMES
 
 
 def _backends() -> tuple[str, ...]:
-    from ..storage.io_backends import REGISTRY
+    from ooc.storage.io_backends import REGISTRY
 
     return ("auto",) + tuple(REGISTRY)
 

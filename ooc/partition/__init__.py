@@ -33,20 +33,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..storage import Dataset, open_dataset
-from ..storage.atomic import atomic_dir, replace_refusal, write_json
-from ..storage.dataset import meta_checksum, sha256_file
-from ..memory import current_rss_bytes, peak_rss_bytes, tune_malloc
-from .base import Assignment, warm_up
-from .baselines import edge_partition
-from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
-from .metrics import compute_metrics
-from .refine import refine
-from .spring import TAU_FACTOR, check_thresholds, spring
-from ..cli import check_range
-from ..storage.errors import (DatasetError, IOFailure, InvalidValue, OocError, OutputExists,
-                              setting)
-from .split import feature_writer, part_name, write_partition
+from ooc.storage import Dataset, open_dataset
+from ooc.storage.atomic import atomic_dir, replace_refusal, write_json
+from ooc.storage.dataset import meta_checksum, sha256_file
+from ooc.core.memory import current_rss_bytes, peak_rss_bytes, tune_malloc
+from ooc.partition.base import Assignment, warm_up
+from ooc.partition.baselines import edge_partition
+from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ooc.partition.metrics import compute_metrics
+from ooc.partition.refine import refine
+from ooc.partition.spring import TAU_FACTOR, check_thresholds, spring
+from ooc.core.sizes import check_range
+from ooc.core.errors import DatasetError, IOFailure, InvalidValue, OocError, OutputExists, setting
+from ooc.partition.split import feature_writer, part_name, write_partition
 
 ALGORITHMS = ("spring", "hash", "greedy", "dbh", "hdrf")
 
@@ -217,8 +216,8 @@ def reuse_problem(out: Path, fingerprint: dict) -> str | None:
 
 def _precompile(dataset: Dataset, parts: int, algo: str, split: bool, halo_hops: int,
                 params: dict) -> None:
-    from ..jit import note_if_cold
-    from .precompile import compile_partition_kernels
+    from ooc.core.jit import note_if_cold
+    from ooc.partition.precompile import compile_partition_kernels
 
     note_if_cold(("ooc.partition._kernels", "ooc.partition._spring_kernels"),
                  "the partitioning kernels")
@@ -266,7 +265,7 @@ def _add_plan(report: dict, dataset: Dataset, a: Assignment, chunk_edges: int,
     shape and the options the algorithm ran with, bytes above that RSS per phase),
     ``planned_peak_phase``, ``planned_peak_bytes`` (their sum at the largest phase) and
     ``planned_assumed`` (the sizes the plan bounded or assumed: partition, clusters)."""
-    from .memory_plan import plan_for  # not at import: ``python -m`` runs that module too
+    from ooc.partition.memory_plan import plan_for  # not at import: ``python -m`` runs that module too
 
     pr = a.params
     plan = plan_for(dataset, report["p"], algo=report["algo"], chunk_edges=chunk_edges,

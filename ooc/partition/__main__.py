@@ -13,12 +13,12 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..cli import (ArgumentParser, add_report_arg, check_report_path, format_size, main_wrapper,
-                   write_report)
-from ..memory import peak_rss_bytes
-from . import ALGORITHMS, partition_dataset
-from .edges import DEFAULT_CHUNK_EDGES
-from ..storage.errors import InvalidValue
+from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrapper, write_report
+from ooc.core.sizes import format_size
+from ooc.core.memory import peak_rss_bytes
+from ooc.partition import ALGORITHMS, partition_dataset
+from ooc.partition.edges import DEFAULT_CHUNK_EDGES
+from ooc.core.errors import InvalidValue
 
 
 def build_parser() -> argparse.ArgumentParser:

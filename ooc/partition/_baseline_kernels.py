@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._kernels import hash_node, mix64, vote
+from ooc.partition._kernels import hash_node, mix64, vote
 
 _NB = dict(nogil=True, cache=True)
 

@@ -44,12 +44,12 @@ import time
 
 import numpy as np
 
-from ..storage import Dataset
-from ._baseline_kernels import DBH, GREEDY, HASH, HDRF, edge_chunk
-from ._kernels import finish_owner, popcount_total
-from .base import Assignment, progress_bar
-from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
-from ..storage.errors import InvalidValue
+from ooc.storage import Dataset
+from ooc.partition._baseline_kernels import DBH, GREEDY, HASH, HDRF, edge_chunk
+from ooc.partition._kernels import finish_owner, popcount_total
+from ooc.partition.base import Assignment, progress_bar
+from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ooc.core.errors import InvalidValue
 
 _CODES = {"hash": HASH, "dbh": DBH, "greedy": GREEDY, "hdrf": HDRF}
 

@@ -31,10 +31,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..storage import Dataset
-from ..storage.dataset import index_range_error
-from ..storage.errors import IOFailure
-from ..storage.pagecache import release_mapped
+from ooc.storage import Dataset
+from ooc.storage.dataset import index_range_error
+from ooc.core.errors import IOFailure
+from ooc.storage.pagecache import release_mapped
 
 #: Default number of edges per chunk (1 Mi edges = 4 MiB of int32 ids).
 DEFAULT_CHUNK_EDGES = 1 << 20
@@ -132,7 +132,7 @@ class EdgeStream:
 
     def out_degrees(self, progress=None) -> np.ndarray:
         """int64 [N] out-degrees (one streaming pass)."""
-        from ._kernels import add_out_degrees
+        from ooc.partition._kernels import add_out_degrees
 
         deg = np.zeros(self.num_nodes, dtype=np.int64)
         for ch in self.chunks():

@@ -65,7 +65,7 @@ and ``bits.any(axis=1)``'s masks (``1 + W``):
 bitmap is still held during ``refine``.
 
 No phase keeps what an earlier one freed: :func:`~ooc.partition.partition_dataset` fixes
-glibc's mmap threshold (:func:`ooc.memory.tune_malloc`), so an array of 256 KiB or more
+glibc's mmap threshold (:func:`ooc.core.memory.tune_malloc`), so an array of 256 KiB or more
 goes back to the OS when it is freed. Left to raise its threshold to the largest array it
 had freed (up to 32 MiB), glibc kept up to twice that of SPRING's per-cluster arrays in its
 heap after the merge (47 MiB at 5.55M nodes).
@@ -95,17 +95,17 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cli import main_wrapper
-from ..storage import Dataset
-from ..storage.direct import DEFAULT_MAX_BUFFER_PAGES as MAX_BUFFER_PAGES
-from ..storage.entries import PIECE_ENTRIES
-from ..storage.errors import InvalidValue
-from ..storage.layout import PAGE, index_dtype
-from ..storage.writer import CHECK_ROWS
-from . import ALGORITHMS as ALGOS
-from ._spring_kernels import state_dtype
-from .edges import DEFAULT_CHUNK_EDGES
-from .split import FEATURE_CHUNK_BYTES, ID_PIECE, LABEL_CHUNK
+from ooc.cli import main_wrapper
+from ooc.storage import Dataset
+from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES as MAX_BUFFER_PAGES
+from ooc.storage.entries import PIECE_ENTRIES
+from ooc.core.errors import InvalidValue
+from ooc.storage.layout import PAGE, index_dtype
+from ooc.storage.writer import CHECK_ROWS
+from ooc.partition import ALGORITHMS as ALGOS
+from ooc.partition._spring_kernels import state_dtype
+from ooc.partition.edges import DEFAULT_CHUNK_EDGES
+from ooc.partition.split import FEATURE_CHUNK_BYTES, ID_PIECE, LABEL_CHUNK
 
 #: The label reader's page buffer at its largest (:class:`~ooc.storage.entries.EntryReader`).
 ENTRY_BUFFER = PIECE_ENTRIES * PAGE

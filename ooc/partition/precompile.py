@@ -1,6 +1,6 @@
 """The partitioning kernels compiled in a child process before a partition run.
 
-See :func:`ooc.jit.compile_in_child`: on a cold numba cache, kernels compiled in the
+See :func:`ooc.core.jit.compile_in_child`: on a cold numba cache, kernels compiled in the
 partitioning process would leave LLVM's compile-time memory there (measured: 82 MiB over
 the memory plan on a 222k-node graph), so the first run would peak above later runs and
 above ``planned_peak_bytes``. The child partitions a tiny graph of the dataset's dtypes
@@ -22,7 +22,7 @@ def compile_partition_kernels(dataset, parts: int, algo: str, *, split: bool = T
                               **params) -> str:
     """Compile (or find in numba's cache) the kernels ``partition_dataset(dataset, ...,
     algo, ...)`` runs, in a child process; returns how it went, in words."""
-    from ..jit import compile_in_child
+    from ooc.core.jit import compile_in_child
 
     ordered = dataset.meta.get("feature_order") is not None
     idt, fdt = np.dtype(dataset.index_dtype).name, np.dtype(dataset.feature_dtype).name
@@ -36,9 +36,9 @@ def compile_partition_kernels(dataset, parts: int, algo: str, *, split: bool = T
 def _child_main(argv: list[str]) -> None:
     """``compile_partition_kernels``'s child: ALGO INDEX_DTYPE FEATURE_DTYPE ORDERED OPTIONS
     (JSON: parts, split, halo_hops, refine_passes, params)."""
-    from ..storage.ingest import generate_synthetic
-    from . import partition_dataset
-    from .base import warm_up
+    from ooc.storage.ingest import generate_synthetic
+    from ooc.partition import partition_dataset
+    from ooc.partition.base import warm_up
 
     algo, idt, fdt, ordered, options = argv
     opts = json.loads(options)

@@ -93,13 +93,13 @@ import time
 
 import numpy as np
 
-from ..storage import Dataset
-from ._kernels import expand_dst
-from ._spring_kernels import RICHEST, VOTE, cluster_edges, merge_and_assign, new_state
-from .base import Assignment, progress_bar
-from .edges import DEFAULT_CHUNK_EDGES, EdgeStream
-from ..cli import check_range
-from ..storage.errors import InvalidValue
+from ooc.storage import Dataset
+from ooc.partition._kernels import expand_dst
+from ooc.partition._spring_kernels import RICHEST, VOTE, cluster_edges, merge_and_assign, new_state
+from ooc.partition.base import Assignment, progress_bar
+from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ooc.core.sizes import check_range
+from ooc.core.errors import InvalidValue
 
 #: Default ``tau_vol = TAU_FACTOR * |E| / p``.
 TAU_FACTOR = 0.1

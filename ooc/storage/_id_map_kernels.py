@@ -12,7 +12,7 @@ takes it where it is the smaller of the two.
 
 Callers inline these functions into their own kernels, and numba keys a
 cached kernel by its own file only: after editing this file, clear the
-cached kernels (:func:`ooc.jit.clear_kernel_cache`) or the callers keep the
+cached kernels (:func:`ooc.core.jit.clear_kernel_cache`) or the callers keep the
 old code.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .._random_kernels import GOLDEN as _GOLDEN
-from ..threading_layer import parallel_kernel
+from ooc.core._random_kernels import GOLDEN as _GOLDEN
+from ooc.core.threading_layer import parallel_kernel
 
 EMPTY = -1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..threading_layer import parallel_kernel
+from ooc.core.threading_layer import parallel_kernel
 
 
 #: In-neighbour lists up to this long are tallied in a thread's small hash table; longer

@@ -32,8 +32,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import IOFailure
-from .pagecache import mapping_of
+from ooc.core.errors import IOFailure
+from ooc.storage.pagecache import mapping_of
 
 #: Bytes of the message buffer the handler writes (longer lists of files are cut).
 MESSAGE_BYTES = 4096

@@ -12,11 +12,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .features import check_out
-from .errors import DatasetError
-from .bus_guard import check_size, watch
-from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowTable, RowView, index_dtype,
-                     padded_bytes)
+from ooc.storage.features import check_out
+from ooc.core.errors import DatasetError
+from ooc.storage.bus_guard import check_size, watch
+from ooc.storage.layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowTable, RowView, index_dtype,
+                                padded_bytes)
 
 FORMAT_NAME = "ooc-dataset"
 FORMAT_VERSION = 1
@@ -299,7 +299,7 @@ class Dataset:
         through this."""
         if self.row_of is None:
             return reader
-        from .features import NodeRows
+        from ooc.storage.features import NodeRows
 
         return NodeRows(reader, self.row_of, str(self.features_file))
 
@@ -312,7 +312,7 @@ class Dataset:
         rows = np.asarray(self.row_of)
         ids = index_dtype(self.num_nodes)
         if self.linked_file is None:  # a permutation: its inverse
-            from .reorder import rows_of
+            from ooc.storage.reorder import rows_of
 
             return rows_of(rows, ids)
         return np.argsort(rows, kind="stable").astype(ids)
@@ -339,7 +339,7 @@ class Dataset:
         use and shared by every sampler of this dataset."""
         with _LAZY_LOCK:
             if self._offsets is None:
-                from .offsets import NodeOffsets
+                from ooc.storage.offsets import NodeOffsets
 
                 self._offsets = NodeOffsets(self.indptr)
             return self._offsets
@@ -378,7 +378,7 @@ class Dataset:
         with _LAZY_LOCK:
             reader = self._entry_readers.get(name)
             if reader is None:
-                from .entries import EntryReader
+                from ooc.storage.entries import EntryReader
 
                 reader = self._entry_readers[name] = EntryReader(
                     self.file(name), arr.offset, arr.dtype, arr.shape[0])
@@ -877,7 +877,7 @@ def _load_row_map(path: Path, meta: dict, n: int, linked_rows: int | None = None
     ``0 .. linked_rows-1`` instead."""
     if "feature_order" not in meta:
         return None
-    from ._reorder_kernels import first_repeat
+    from ooc.storage._reorder_kernels import first_repeat
 
     p = path / ROW_MAP_FILE
     entry = meta["files"].get(ROW_MAP_FILE)

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _direct_kernels as K
-from .features import check_out
-from .io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
-from .layout import PAGE, FeatureLayout, RowTable, _aligned_part, aligned_empty
-from .errors import IOFailure, IdOutOfRange, InvalidValue
+from ooc.storage import _direct_kernels as K
+from ooc.storage.features import check_out
+from ooc.storage.io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
+from ooc.storage.layout import PAGE, FeatureLayout, RowTable, _aligned_part, aligned_empty
+from ooc.core.errors import IOFailure, IdOutOfRange, InvalidValue
 
 __all__ = [
     "AUTO_ORDER", "CHOICES", "DirectFeatures", "DirectReader", "ReadStats", "aligned_empty",

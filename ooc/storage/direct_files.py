@@ -27,8 +27,8 @@ from typing import Callable
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .errors import InvalidValue
-from .layout import PAGE, aligned_empty
+from ooc.core.errors import InvalidValue
+from ooc.storage.layout import PAGE, aligned_empty
 
 #: Bytes of the page-aligned buffer :func:`read_range` reads through.
 READ_STAGING = 16 << 20

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .direct import DirectReader, read_index_ranges
-from .errors import IdOutOfRange, InvalidValue
-from .layout import PAGE
+from ooc.storage.direct import DirectReader, read_index_ranges
+from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.storage.layout import PAGE
 
 #: Entries read per request: at most this many pages (16 MiB) in the reader's buffer.
 PIECE_ENTRIES = 4096

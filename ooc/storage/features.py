@@ -4,7 +4,7 @@ A feature is a table of node rows, [num_rows, dim] in one dtype, read by id.
 The disk readers (:class:`~ooc.storage.direct.DirectFeatures`: O_DIRECT through a
 read backend; :class:`~ooc.storage.mmap_features.ThreadedMmapFeatures`: a memmap
 copied by threads) implement it, and so do the caches that wrap one of them as
-their fallback (:mod:`ooc.executor.cache`).
+their fallback (:mod:`ooc.caches`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .errors import IdOutOfRange, InvalidValue
+from ooc.core.errors import IdOutOfRange, InvalidValue
 
 
 @runtime_checkable

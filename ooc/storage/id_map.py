@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _id_map_kernels as K
-from .errors import InvalidValue
+from ooc.storage import _id_map_kernels as K
+from ooc.core.errors import InvalidValue
 
 _INT32_MAX = np.iinfo(np.int32).max
 

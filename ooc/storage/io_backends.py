@@ -35,10 +35,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from .errors import InvalidValue, OocError
-from .layout import PAGE, SECTOR, aligned_empty
-from .notes import note
-from .errors import IOFailure
+from ooc.core.errors import InvalidValue, OocError
+from ooc.storage.layout import PAGE, SECTOR, aligned_empty
+from ooc.core.notes import note
+from ooc.core.errors import IOFailure
 
 #: name -> "module:Class" (imported on first use, so a broken binding is never
 #: imported by a process that does not read with it).
@@ -215,7 +215,7 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
     reason; ``auto`` passes over it with one ``ooc: note:`` line (once per
     process and reason) naming the backend that reads instead.
     """
-    from . import probe
+    from ooc.storage import probe
 
     check_choice(backend)
     order = AUTO_ORDER if backend == "auto" else (backend,)

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import OocError
-from .io_backends import ReadBackend, Refused
-from .layout import PAGE
+from ooc.core.errors import OocError
+from ooc.storage.io_backends import ReadBackend, Refused
+from ooc.storage.layout import PAGE
 
 _L: Any = None  # the binding (an untyped module), imported by the first backend opened
 

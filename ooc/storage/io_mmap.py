@@ -11,9 +11,9 @@ import os
 
 import numpy as np
 
-from . import _direct_kernels as K
-from .bus_guard import watch
-from .io_backends import ReadBackend, Refused
+from ooc.storage import _direct_kernels as K
+from ooc.storage.bus_guard import watch
+from ooc.storage.io_backends import ReadBackend, Refused
 
 
 class MmapBackend(ReadBackend):

@@ -9,7 +9,7 @@ import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from .io_backends import ReadBackend, Refused
+from ooc.storage.io_backends import ReadBackend, Refused
 
 #: Most threads one reader starts.
 MAX_THREADS = 64

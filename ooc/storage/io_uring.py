@@ -44,9 +44,9 @@ import time
 
 import numpy as np
 
-from . import _uring_kernels as K
-from .io_backends import ReadBackend, Refused
-from .errors import InvalidValue
+from ooc.storage import _uring_kernels as K
+from ooc.storage.io_backends import ReadBackend, Refused
+from ooc.core.errors import InvalidValue
 
 #: Bump when the engine changes (part of the probe's cache key, with ooc's and numba's versions).
 ENGINE_VERSION = 3
@@ -104,7 +104,7 @@ class NativeUringBackend(ReadBackend):
         """ooc's version, :data:`ENGINE_VERSION` and numba's (which compiles the engine)."""
         import numba
 
-        from .. import __version__
+        from ooc.core.version import __version__
 
         return f"{__version__}+engine{ENGINE_VERSION}+numba{numba.__version__}"
 

@@ -13,7 +13,7 @@ import errno
 from dataclasses import dataclass
 
 import numpy as np
-from .errors import InvalidValue
+from ooc.core.errors import InvalidValue
 
 PAGE = 4096
 #: The smallest ``O_DIRECT`` read: a logical block of most devices (others take ``PAGE``).

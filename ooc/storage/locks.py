@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .errors import IOFailure, OutputBusy, TimedOut
+from ooc.core.errors import IOFailure, OutputBusy, TimedOut
 
 LOCK_NAME = ".ooc-lock"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _mmap_kernels as MK
-from .bus_guard import check_size, watch
-from .features import check_out
-from .layout import FeatureLayout, RowTable
-from .pagecache import advise
-from .errors import IdOutOfRange
+from ooc.storage import _mmap_kernels as MK
+from ooc.storage.bus_guard import check_size, watch
+from ooc.storage.features import check_out
+from ooc.storage.layout import FeatureLayout, RowTable
+from ooc.storage.pagecache import advise
+from ooc.core.errors import IdOutOfRange
 
 #: Rows one copy task reads before it drops their pages from the process.
 MMAP_CHUNK_ROWS = 32

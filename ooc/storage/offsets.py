@@ -4,14 +4,14 @@ The sampler reads ``indptr[v]`` and ``indptr[v + 1]`` of every node it expands. 
 int64 ``indptr.npy`` map that is 8 bytes per node, all of it resident once a few batches
 have touched every page (888 MiB at 111M nodes). :class:`NodeOffsets` holds
 ``indptr[v] - indptr[v - v % 64]`` as uint32 and one int64 base per 64 nodes: 4.125 bytes
-per node with the same O(1) lookup (:func:`~ooc.inspector._sampler_kernels.list_start`). A
+per node with the same O(1) lookup (:func:`~ooc.sampling._sampler_kernels.list_start`). A
 graph where 64 consecutive lists hold 2^32 ids or more keeps int64 offsets (8.125 bytes).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .errors import InvalidValue
+from ooc.core.errors import InvalidValue
 
 #: Nodes per int64 base (a power of two: the kernels shift by its log).
 BLOCK = 64
@@ -32,7 +32,7 @@ class NodeOffsets:
     """
 
     def __init__(self, indptr: np.ndarray):
-        from .pagecache import release_mapped
+        from ooc.storage.pagecache import release_mapped
 
         if indptr.ndim != 1 or indptr.shape[0] < 1:
             raise InvalidValue("indptr must be a 1-D array of length N+1")

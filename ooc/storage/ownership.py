@@ -28,7 +28,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .errors import NotFound
+from ooc.core.errors import NotFound
 
 MARKER = ".ooc-made"
 

@@ -54,7 +54,7 @@ def release_mapped(arr) -> bool:
 def touch_pages(arr) -> None:
     """Fault in every page of the 1-D memmap ``arr``, as an epoch of scattered reads does,
     so that the RSS measured next holds it."""
-    from .layout import PAGE
+    from ooc.storage.layout import PAGE
 
     step = max(1, PAGE // arr.itemsize)
     int(arr[::step].sum())

@@ -71,7 +71,7 @@ def _origin(module: str) -> str:
 
 
 def _key(target: str, version: str, binding: str, path: str) -> str:
-    from .. import __version__
+    from ooc.core.version import __version__
 
     try:
         dev = os.stat(path).st_dev
@@ -115,7 +115,7 @@ def verdict(name: str, target: str, path: str) -> Verdict:
     The first call for a key runs the child and writes the verdict to the
     cache; later calls (in any process) read it.
     """
-    from .io_backends import load_class
+    from ooc.storage.io_backends import load_class
 
     cls = load_class(target)
     version = cls.version()
@@ -154,9 +154,9 @@ def _child(target: str, path: str) -> int:
     """Exercise backend class ``target`` on ``path``: 0 and ``ok``; 3 refused; 4 failed."""
     import numpy as np
 
-    from .direct import aligned_empty
-    from .io_backends import Refused, load_class
-    from .layout import PAGE
+    from ooc.storage.direct import aligned_empty
+    from ooc.storage.io_backends import Refused, load_class
+    from ooc.storage.layout import PAGE
 
     try:
         size = os.stat(path).st_size

@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .direct import DirectReader
-from .layout import PAGE
+from ooc.storage.direct import DirectReader
+from ooc.storage.layout import PAGE
 
 __all__ = ["ReadCost", "fit_read_cost", "measure_read_cost", "MAX_GAP_PAGES"]
 

@@ -30,13 +30,12 @@ import numba
 import numpy as np
 from numpy.typing import DTypeLike
 
-from . import _reorder_kernels as K
-from .direct_files import (DirectAppender, WriteBehind, open_direct, pwrite_pages,
-                           read_direct)
-from .errors import InvalidValue
-from .layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
-from .pagecache import release_mapped
-from .read_ahead import CHUNKS_HELD, read_ahead
+from ooc.storage import _reorder_kernels as K
+from ooc.storage.direct_files import DirectAppender, WriteBehind, open_direct, pwrite_pages, read_direct
+from ooc.core.errors import InvalidValue
+from ooc.storage.layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
+from ooc.storage.pagecache import release_mapped
+from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead
 
 #: Bytes of ``indices`` a propagation sweep holds at once.
 DEFAULT_WINDOW = 64 << 20

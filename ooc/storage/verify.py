@@ -27,11 +27,11 @@ from typing import Iterator
 
 import numpy as np
 
-from .dataset import INDEX_BLOCK, Dataset, index_range_error, open_dataset
-from .errors import DatasetError
-from .finite import count_nonfinite, first_nonfinite_row
-from .ingest.edgelist import progress_bar as bar
-from .layout import PAGE, FeatureLayout
+from ooc.storage.dataset import INDEX_BLOCK, Dataset, index_range_error, open_dataset
+from ooc.core.errors import DatasetError
+from ooc.storage.finite import count_nonfinite, first_nonfinite_row
+from ooc.storage.ingest.edgelist import progress_bar as bar
+from ooc.storage.layout import PAGE, FeatureLayout
 
 #: Bytes of one read (a whole number of checksum blocks).
 READ_BYTES = 4 * INDEX_BLOCK

@@ -8,16 +8,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .atomic import atomic_dir, write_json
-from .dataset import (CHECKSUM_LIMIT, FEATURE_LINK, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES,
-                      REQUIRED_FILES, ROW_MAP_FILE, block_crc32s, meta_checksum, open_dataset,
-                      replace_problem, sampled_sha256, scan_index_range, sha256_file,
-                      split_overlap)
-from .errors import DatasetError, OocError
-from .layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes,
-                     read_rows)
-from .errors import IdOutOfRange, InvalidValue
-from .reserve import is_no_room, map_for_writing, npy_for_writing
+from ooc.storage.atomic import atomic_dir, write_json
+from ooc.storage.dataset import (CHECKSUM_LIMIT, FEATURE_LINK, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES,
+                                 REQUIRED_FILES, ROW_MAP_FILE, block_crc32s, meta_checksum, open_dataset,
+                                 replace_problem, sampled_sha256, scan_index_range, sha256_file,
+                                 split_overlap)
+from ooc.core.errors import DatasetError, OocError
+from ooc.storage.layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes,
+                                read_rows)
+from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.storage.reserve import is_no_room, map_for_writing, npy_for_writing
 
 
 #: ``reorder`` values of :class:`DatasetWriter` (``--reorder`` of ``ooc.prepare``).
@@ -332,7 +332,7 @@ class DatasetWriter:
         """``row_of`` (node id -> row, int32/int64 [N]) of the locality order, computed once
         from the written adjacency."""
         if self._row_of is None:
-            from .reorder import OrderStats, locality_order, rows_of
+            from ooc.storage.reorder import OrderStats, locality_order, rows_of
 
             assert self.num_edges is not None  # the adjacency is written: the order reads it
             n = self.num_nodes
@@ -387,7 +387,7 @@ class DatasetWriter:
         if self.num_edges is None or not self._reorders() or self._placed:
             return None
         if self._placer is None:
-            from .reorder import RowPlacer
+            from ooc.storage.reorder import RowPlacer
 
             self._placer = RowPlacer(self._dir / "features.bin", self.layout,
                                      self._feature_order(), self.buffer_bytes)
@@ -413,7 +413,7 @@ class DatasetWriter:
             return
         if not self._reorders():
             return
-        from .reorder import permute_rows
+        from ooc.storage.reorder import permute_rows
 
         row_of = self._feature_order()
         buckets = self._placed
@@ -466,7 +466,7 @@ class NpySink:
 
     def write(self, part: np.ndarray) -> None:
         """Append ``part`` (int64 [k])."""
-        from .pagecache import release_mapped
+        from ooc.storage.pagecache import release_mapped
 
         k = part.shape[0]
         if self.at + k > self.length:

@@ -68,11 +68,12 @@
   model, the epoch, the history and the run's settings (``--resume``
   continues).
 """
-from .averaging_trainer import AveragingTrainer
-from .cli import run_cli, wants_averaging
-from .launcher import launch
-from .partitions import ensure_partitions, ensure_partitions_locked, resolve_partitions
-from .worker import WorkerRun, run_worker
+from ooc.executor.distributed.averaging_trainer import AveragingTrainer
+from ooc.executor.distributed.cli import run_cli, wants_averaging
+from ooc.executor.distributed.launcher import launch
+from ooc.executor.distributed.partitions import (ensure_partitions, ensure_partitions_locked,
+                                                 resolve_partitions)
+from ooc.executor.distributed.worker import WorkerRun, run_worker
 
 __all__ = ["AveragingTrainer", "WorkerRun", "ensure_partitions", "ensure_partitions_locked",
            "launch", "resolve_partitions", "run_cli", "run_worker", "wants_averaging"]

@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 import torch
 
-from .environment import dist_timeout_s, env_rank, env_world_size
-from .heartbeat import Heartbeat
-from .liveness import Liveness
+from ooc.executor.distributed.environment import dist_timeout_s, env_rank, env_world_size
+from ooc.executor.distributed.heartbeat import Heartbeat
+from ooc.executor.distributed.liveness import Liveness
 
 #: Exit status of a worker whose collective failed because a peer vanished or timed out
 #: (a consequence, not the cause: the launcher then waits a moment for the cause to exit).

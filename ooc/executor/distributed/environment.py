@@ -22,7 +22,7 @@ import os
 import socket
 from typing import Any
 
-from ...storage.errors import InvalidValue
+from ooc.core.errors import InvalidValue
 
 ENV_DIST_TIMEOUT = "OOC_DIST_TIMEOUT"
 DEFAULT_DIST_TIMEOUT_S = 1800.0

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
 
-from . import heartbeat as HB
-from .comm import PEER_LOST_RC
-from .environment import LOOPBACK, free_port, worker_env
+from ooc.executor.distributed import heartbeat as HB
+from ooc.executor.distributed.comm import PEER_LOST_RC
+from ooc.executor.distributed.environment import LOOPBACK, free_port, worker_env
 
 #: Seconds the parent waits for the other workers to stop after SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 5.0

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ...storage import open_dataset
-from ..training.trainer import Trainer
-from .heartbeat import Heartbeat
+from ooc.storage import open_dataset
+from ooc.executor.training.trainer import Trainer
+from ooc.executor.distributed.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
-    from ..loader.stack import ModeOptions
-    from ..training.config import TrainConfig
+    from ooc.executor.loader.stack import ModeOptions
+    from ooc.executor.training.config import TrainConfig
 
 
 class LocalModel:

@@ -29,19 +29,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ...memory import peak_rss_bytes
-from ...storage.errors import InvalidValue, OocError
-from .averaging_trainer import AveragingTrainer, format_acc
-from .comm import PEER_LOST_RC, Comm, PeerLost
-from .environment import describe, env_rank, identity, threads_per_worker
-from .heartbeat import Heartbeat
-from .liveness import SETTLE_S
-from .partitions import dataset_digest, partition_set_fingerprint
+from ooc.core.memory import peak_rss_bytes
+from ooc.core.errors import InvalidValue, OocError
+from ooc.executor.distributed.averaging_trainer import AveragingTrainer, format_acc
+from ooc.executor.distributed.comm import PEER_LOST_RC, Comm, PeerLost
+from ooc.executor.distributed.environment import describe, env_rank, identity, threads_per_worker
+from ooc.executor.distributed.heartbeat import Heartbeat
+from ooc.executor.distributed.liveness import SETTLE_S
+from ooc.executor.distributed.partitions import dataset_digest, partition_set_fingerprint
 
 if TYPE_CHECKING:
-    from ...storage.dataset import Dataset
-    from ..loader.stack import ModeOptions
-    from ..training.config import TrainConfig
+    from ooc.storage.dataset import Dataset
+    from ooc.executor.loader.stack import ModeOptions
+    from ooc.executor.training.config import TrainConfig
 
 
 @dataclass
@@ -239,6 +239,6 @@ def _print_summary(rep: dict[str, Any], report_path: str | None) -> None:
 
 
 def _write_report(path: str, rep: dict[str, Any]) -> None:
-    from ...cli import write_report
+    from ooc.cli import write_report
 
     write_report(path, rep, command="ooc.train")

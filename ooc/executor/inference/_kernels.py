@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ...threading_layer import parallel_kernel
+from ooc.core.threading_layer import parallel_kernel
 
 
 @parallel_kernel

@@ -21,7 +21,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ...storage.errors import DatasetError
+from ooc.core.errors import DatasetError
 
 #: The key of the record in the group's ``ooc`` attributes.
 CRC_KEY = "crc32"

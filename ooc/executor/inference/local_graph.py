@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...storage.dataset import Dataset
-from ...storage.pagecache import release_mapped
-from ._kernels import build_local, nonloop_in_degree, plan_blocks
+from ooc.storage.dataset import Dataset
+from ooc.storage.pagecache import release_mapped
+from ooc.executor.inference._kernels import build_local, nonloop_in_degree, plan_blocks
 
 
 @dataclass
@@ -126,7 +126,7 @@ class LocalGraph:
             return nodes, ei, None
         import torch
 
-        from ..training.models import with_self_loops
+        from ooc.executor.training.models import with_self_loops
 
         assert self.loop_weight is not None  # GCN: both weights
         lei, w = with_self_loops(torch.from_numpy(ei), z - a,

@@ -10,7 +10,7 @@ import numpy as np
 if TYPE_CHECKING:
     from torch import Tensor
 
-from ...storage.errors import BudgetError, setting
+from ooc.core.errors import BudgetError, setting
 
 MiB = 1 << 20
 #: Memory kept free for allocator slack, Zarr codecs and torch temporaries.
@@ -82,7 +82,7 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
     chunk buffers and :data:`SAFETY_BYTES`) goes to the previous-layer chunk cache, the
     rest to one block's working set (see :class:`BlockCosts`).
     """
-    from ...memory import tune_malloc
+    from ooc.core.memory import tune_malloc
 
     tune_malloc()  # a budget holds only with freed chunk arrays returned to the OS
     out_chunk_bytes = chunk_rows * d_out * 4
@@ -197,7 +197,7 @@ def measure_costs(layer: Callable[["Tensor", "Tensor", "Tensor | None", int], "T
     (larger graphs: less noise from allocator rounding). No cost is taken below what the
     sub-block certainly holds (its float32 output row, its copy of each input row, its
     int64 edge index and node ids). None where the high-water mark cannot be reset."""
-    from ...memory import reset_peak_rss
+    from ooc.core.memory import reset_peak_rss
 
     if not reset_peak_rss():
         return None
@@ -239,8 +239,8 @@ def _probe(layer, d_in: int, gcn: bool, t: int, n: int, m: int) -> int:
     nodes and ``m`` edges (a deterministic random graph) through ``layer``."""
     import torch
 
-    from ...memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
-    from .local_graph import LocalGraph
+    from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
+    from ooc.executor.inference.local_graph import LocalGraph
 
     rng = np.random.default_rng(t + n + m)
     g = LocalGraph(np.arange(n, dtype=np.int64), rng.integers(0, n, m, dtype=np.int64),

@@ -32,7 +32,7 @@ from typing import Callable, Protocol, cast
 import torch
 from torch import Tensor
 
-from ...storage.errors import InvalidValue
+from ooc.core.errors import InvalidValue
 
 LayerFn = Callable[[int, Tensor, Tensor, "Tensor | None"], Tensor]
 
@@ -123,7 +123,7 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
     :class:`OocError` saying why it cannot be run layer by layer."""
     from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-    from ..training.models import GNN
+    from ooc.executor.training.models import GNN
 
     if hasattr(model, "layer") and hasattr(model, "num_layers"):
         model.eval()

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ...storage.dataset import Dataset
-from ...storage.errors import InvalidValue, NotFound
-from ...storage.layout import index_dtype
+from ooc.storage.dataset import Dataset
+from ooc.core.errors import InvalidValue, NotFound
+from ooc.storage.layout import index_dtype
 
 ORDERS = ("auto", "natural", "pds", "degree", "locality")
 #: ``auto`` orders a graph of at least this many nodes by locality when it has no partitioning.
@@ -97,7 +97,7 @@ def order_of(dataset: Dataset, owner: np.ndarray | None, order: str) -> tuple[np
     if order == "natural":
         return None, "natural"
     if order == "locality":
-        from ...storage.reorder import locality_order
+        from ooc.storage.reorder import locality_order
 
         by_row = dataset.stored_order()
         if by_row is not None:  # the order the feature rows are stored in (made at ingest)

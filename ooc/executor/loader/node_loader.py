@@ -32,10 +32,10 @@ from typing import Any, Generator, Iterator, Sequence
 import numpy as np
 import torch
 
-from .batch import to_data
-from ..settings import BY_NAME, MODE, check_fanouts, check_keywords, default
-from ...storage.errors import IdOutOfRange, InvalidValue
-from ...storage.finite import check_finite_rows
+from ooc.executor.loader.batch import to_data
+from ooc.executor.settings import BY_NAME, MODE, check_fanouts, check_keywords, default
+from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.storage.finite import check_finite_rows
 
 SPLITS = ("train", "val", "test")
 
@@ -71,7 +71,7 @@ def resolve_input_nodes(dataset, input_nodes) -> np.ndarray:
 
 def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> list[int]:
     """The fanouts (int list) after checking the loader arguments; OocError naming a bad one."""
-    from .presets import resolve_preset
+    from ooc.executor.loader.presets import resolve_preset
 
     resolve_preset(preset)
     if isinstance(num_neighbors, dict):
@@ -188,7 +188,7 @@ class NodeLoader:
         preset: ``"ooc"`` (Ginex: neighbor cache, superbatch inspector, Belady
             feature cache), ``"static"`` (neighbor cache, static feature cache)
             or ``"baseline"`` (memmaps, page cache); or a cache policy object
-            (:mod:`ooc.executor.cache.policies`, e.g. ``BeladyCache(superbatch_size=8)``)
+            (:mod:`ooc.caches.policies`, e.g. ``BeladyCache(superbatch_size=8)``)
             or a :class:`~ooc.executor.loader.presets.Preset`.
         memory_budget: bytes (or ``"4GiB"``) this loader may use on its own (the
             caches get what is left after the measured working memory; see
@@ -226,11 +226,11 @@ class NodeLoader:
                  io_backend: str = default("io_backend"), num_threads: int | None = None,
                  labels: bool | str = True,
                  **options: Any):
-        from ...storage import open_dataset
-        from .presets import resolve_preset
-        from .process_budget import current_budget, parse_budget
-        from .stack import ModeOptions, build_stack
-        from ..training.config import TrainConfig
+        from ooc.storage import open_dataset
+        from ooc.executor.loader.presets import resolve_preset
+        from ooc.executor.loader.process_budget import current_budget, parse_budget
+        from ooc.executor.loader.stack import ModeOptions, build_stack
+        from ooc.executor.training.config import TrainConfig
 
         workers = _check_workers(num_workers, persistent_workers)
         shared = current_budget() if memory_budget is None else None
@@ -254,7 +254,7 @@ class NodeLoader:
         else:
             plan = None
             if own_budget:
-                from ..sizing.budget import plan_memory
+                from ooc.executor.sizing.budget import plan_memory
 
                 plan = plan_memory(dataset, config, own_budget, opts, preset=self.preset,
                                    workers=workers)
@@ -280,7 +280,7 @@ class NodeLoader:
             labels, pin_memory: as for :class:`NodeLoader`.
             preset: the preset the pipeline was built with (default ``config.mode``).
         """
-        from .presets import resolve_preset
+        from ooc.executor.loader.presets import resolve_preset
 
         self = cls.__new__(cls)
         self.preset = resolve_preset(config.mode if preset is None else preset)

@@ -12,7 +12,7 @@ gather i, so it always precedes gather i+1.
   features, no caches: PyG+) and ``static`` (neighbor cache, a static
   degree-ordered feature cache and O_DIRECT reads: Ali+PG).
 - :class:`SuperbatchPipeline` takes superbatches from the
-  :class:`~ooc.inspector.pipeline.Inspector` (sampled ahead, with Belady
+  :class:`~ooc.sampling.pipeline.Inspector` (sampled ahead, with Belady
   changesets), loads their runtime files on a loader thread, switches the
   feature cache to each superbatch's ``init`` set and applies each batch's
   changeset after its gather: ``ooc`` (Ginex).
@@ -25,11 +25,11 @@ from typing import Any, Generator, Iterator
 
 import numpy as np
 
-from ...inspector.pipeline import Inspector
-from ...inspector.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
-from ...storage.features import Feature, counters
-from ...worker import Worker
-from ..cache.feature_cache import CachedFeature, FeatureCache
+from ooc.sampling.pipeline import Inspector
+from ooc.sampling.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
+from ooc.storage.features import Feature, counters
+from ooc.core.worker import Worker
+from ooc.caches.feature_cache import CachedFeature, FeatureCache
 
 #: Gathered batches queued ahead of the training step. One is enough to overlap gather
 #: with compute; each more costs a batch of rows of the memory budget (the planner counts
@@ -161,7 +161,7 @@ class BatchPipeline:
                 mates_out: np.ndarray | None = None) -> np.ndarray:
         """The batch's rows [n, dim]; with ``mates`` (page-mates the cache inserts after
         it) their rows into ``mates_out``
-        (:meth:`~ooc.executor.cache.feature_cache.CachedFeature.read`)."""
+        (:meth:`~ooc.caches.feature_cache.CachedFeature.read`)."""
         t0 = time.perf_counter()
         if mates is not None and len(mates):
             assert isinstance(self.reader, CachedFeature)  # changesets come with a cache

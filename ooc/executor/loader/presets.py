@@ -11,7 +11,7 @@ preset         readers             feature cache policy
 The O_DIRECT presets put the Ginex neighbor cache in front of the neighbour
 reads. Everything that differs between presets is asked of the preset's
 :class:`~ooc.executor.loader.readers.Readers` and
-:class:`~ooc.executor.cache.policies.CachePolicy`: the stack that builds the
+:class:`~ooc.caches.policies.CachePolicy`: the stack that builds the
 loader, the memory planner and the profiler hold no branch on a preset's name.
 A :class:`CachePolicy` object can stand for a preset: it reads with O_DIRECT.
 """
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cache.policies import BeladyCache, CachePolicy, NoCache, StaticCache
-from .readers import DirectReaders, MmapReaders, Readers
-from ...storage.errors import InvalidValue
+from ooc.caches.policies import BeladyCache, CachePolicy, NoCache, StaticCache
+from ooc.executor.loader.readers import DirectReaders, MmapReaders, Readers
+from ooc.core.errors import InvalidValue
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Readers: how a preset reads ``indices.bin`` and ``features.bin`` without caches.
 
 A reader kind opens the two uncached sources of a dataset, a
-:class:`~ooc.inspector.neighbors.NeighborSource` and a
+:class:`~ooc.storage.neighbors.NeighborSource` and a
 :class:`~ooc.storage.features.Feature`, and tells the memory planner what it maps:
 
 :class:`MmapReaders` (``baseline``)
@@ -21,8 +21,8 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from ...inspector.neighbors import DirectNeighbors, MmapNeighbors, NeighborSource
-from ...storage.features import Feature, counters
+from ooc.storage.neighbors import DirectNeighbors, MmapNeighbors, NeighborSource
+from ooc.storage.features import Feature, counters
 
 
 @dataclass
@@ -72,7 +72,7 @@ class MmapReaders(Readers):
     page_cache: ClassVar[bool] = True
 
     def open(self, dataset, options) -> Sources:
-        from ...storage.mmap_features import ThreadedMmapFeatures
+        from ooc.storage.mmap_features import ThreadedMmapFeatures
 
         nsrc = MmapNeighbors(dataset.indices, options.io_threads)
         feats = ThreadedMmapFeatures(dataset.features_file, dataset.file_layout,
@@ -87,7 +87,7 @@ class MmapReaders(Readers):
         reader drops each chunk's region when it is copied (``io_threads`` chunks
         in flight), the neighbour reader the whole map after each request (a
         request touches at most one window per sampled edge)."""
-        from ...storage.mmap_features import FAULT_AROUND_BYTES, mapped_bytes_bound
+        from ooc.storage.mmap_features import FAULT_AROUND_BYTES, mapped_bytes_bound
 
         feats = mapped_bytes_bound(dataset.layout, options.io_threads)
         nbrs = min(int(dataset.file("indices.bin").stat().st_size),
@@ -97,13 +97,13 @@ class MmapReaders(Readers):
     def before_probe(self, dataset) -> None:
         """A cold page cache: faults then map no neighbouring pages (their bound
         is :meth:`mapped_bytes_bound`, computed, not measured)."""
-        from ...storage.pagecache import drop_page_cache
+        from ooc.storage.pagecache import drop_page_cache
 
         for path in (dataset.features_file, dataset.file("indices.bin")):
             drop_page_cache(path)
 
     def after_probe(self, dataset) -> None:
-        from ...storage.pagecache import release_mapped
+        from ooc.storage.pagecache import release_mapped
 
         release_mapped(dataset.indices)
 
@@ -113,7 +113,7 @@ class DirectReaders(Readers):
     neighbor_cache: ClassVar[bool] = True
 
     def open(self, dataset, options) -> Sources:
-        from ...storage.direct import DirectFeatures, DirectReader
+        from ooc.storage.direct import DirectFeatures, DirectReader
 
         reader = DirectReader(dataset.file("indices.bin"), queue_depth=options.queue_depth,
                               backend=options.io_backend, page_reads=options.page_reads,

@@ -9,12 +9,12 @@ planner's probe, the profiler). What it builds is the preset's
    (:mod:`ooc.executor.loader.readers`);
 2. the Ginex neighbor cache goes in front of the neighbour reads when the
    readers allow one and its size is at least
-   :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`;
-3. a :class:`~ooc.executor.cache.feature_cache.FeatureCache` of the policy's
-   size, filled by the policy (:mod:`ooc.executor.cache.policies`);
+   :data:`~ooc.caches.neighbor_cache.MIN_CACHE_BYTES`;
+3. a :class:`~ooc.caches.feature_cache.FeatureCache` of the policy's
+   size, filled by the policy (:mod:`ooc.caches.policies`);
 4. the training pipeline of the policy's ``schedule`` (:data:`SCHEDULES`):
    ``on_demand`` samples then gathers each batch; ``superbatch`` runs the
-   :class:`~ooc.inspector.pipeline.Inspector` ahead with the policy's changesets.
+   :class:`~ooc.sampling.pipeline.Inspector` ahead with the policy's changesets.
 
 Every stack yields the same batches for one seed; only the I/O path and the
 schedule differ.
@@ -38,16 +38,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...inspector.neighbors import CachedNeighbors
-from ...inspector.sampler import NeighborSampler, derive_seed, epoch_batches
-from ...storage.atomic import pid_alive
-from ...storage.pagecache import release_mapped
-from ..cache.feature_cache import FeatureCache
-from .pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
-from .presets import Preset, resolve_preset
-from .readers import Sources, TimedFeature
-from ..settings import BY_NAME as _S, MODE, check_all, keywords_checked
-from ...storage.errors import IOFailure, InvalidValue, setting
+from ooc.storage.neighbors import CachedNeighbors
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.storage.atomic import pid_alive
+from ooc.storage.pagecache import release_mapped
+from ooc.caches.feature_cache import FeatureCache
+from ooc.executor.loader.pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
+from ooc.executor.loader.presets import Preset, resolve_preset
+from ooc.executor.loader.readers import Sources, TimedFeature
+from ooc.executor.settings import BY_NAME as _S, MODE, check_all, keywords_checked
+from ooc.core.errors import IOFailure, InvalidValue, setting
 
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
@@ -136,7 +136,7 @@ class Stack:
 
 def default_sizes(dataset) -> tuple[int, int]:
     """(feature cache bytes, neighbor cache bytes) without a budget."""
-    from ...inspector.neighbor_cache import full_cache_bytes
+    from ooc.caches.neighbor_cache import full_cache_bytes
 
     row = dataset.layout.row_bytes
     feat = (dataset.num_nodes // 10) * row
@@ -161,10 +161,10 @@ def open_sources(dataset, preset: Preset, opts: ModeOptions,
                  neighbor_cache_bytes: int = 0) -> Sources:
     """The preset's readers over ``dataset``, with the neighbor cache of
     ``neighbor_cache_bytes`` in front of the neighbour reads when the readers allow
-    one and it is at least :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`;
+    one and it is at least :data:`~ooc.caches.neighbor_cache.MIN_CACHE_BYTES`;
     loaded from disk or built and saved the first time (see
-    :mod:`ooc.inspector.neighbor_cache`)."""
-    from ...inspector.neighbor_cache import MIN_CACHE_BYTES, load_or_build_neighbor_cache
+    :mod:`ooc.caches.neighbor_cache`)."""
+    from ooc.caches.neighbor_cache import MIN_CACHE_BYTES, load_or_build_neighbor_cache
 
     src = preset.readers.open(dataset, opts)
     src.info.update(neighbor_cache_bytes=0, neighbor_cache_nodes=0)
@@ -206,7 +206,7 @@ def _on_demand(p: _Parts) -> BatchPipeline:
 def superbatch_size(p: _Parts) -> int:
     """Batches per superbatch: the policy object's, the option, the plan's, else the largest
     whose runtime files fit the runtime disk budget (Ginex §3.5); at most the epoch."""
-    from ...inspector.pipeline import measure_bytes_per_batch, superbatch_size_for_budget
+    from ooc.sampling.pipeline import measure_bytes_per_batch, superbatch_size_for_budget
 
     cfg = p.config
     nb = max(1, -(-len(p.seeds) // cfg.batch_size))
@@ -223,7 +223,7 @@ def superbatch_size(p: _Parts) -> int:
 
 
 def _superbatch(p: _Parts) -> BatchPipeline:
-    from ...inspector.pipeline import Inspector
+    from ooc.sampling.pipeline import Inspector
 
     s = superbatch_size(p)
     rt, remove_rt = runtime_folder(Path(p.opts.runtime_dir) if p.opts.runtime_dir
@@ -270,7 +270,7 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
             dataset's ``train_idx``), split into batches of ``config.batch_size``
             in a per-epoch seeded shuffle when ``shuffle``.
         preset: a preset name, a :class:`~ooc.executor.loader.presets.Preset` or a
-            :class:`~ooc.executor.cache.policies.CachePolicy`.
+            :class:`~ooc.caches.policies.CachePolicy`.
     """
     opts = options or ModeOptions()
     opts.validate()
@@ -320,7 +320,7 @@ def remove_stale_runs(parent: Path) -> list[Path]:
     """Delete ``parent/run<pid>-*`` folders carrying ooc's runtime marker whose process
     no longer exists (runs killed before they could clean up); returns what was removed.
     A user's folder of such a name, without the marker, stays."""
-    from ...storage.ownership import made_by_ooc
+    from ooc.storage.ownership import made_by_ooc
 
     removed: list[Path] = []
     try:
@@ -339,7 +339,7 @@ def runtime_folder(parent: Path) -> tuple[Path, Callable[[], None]]:
     """A fresh ``parent/run<pid>-<random>`` folder for this run's runtime files and
     the function that removes it (and ``parent`` when this call created it and it is
     empty again). Stale folders of dead processes in ``parent`` are removed first."""
-    from ...storage.ownership import mark
+    from ooc.storage.ownership import mark
 
     created = not parent.exists()
     try:

@@ -48,7 +48,7 @@ map of cached nodes counts in it) takes ``neighbor_fraction`` of
 ``free`` (capped at the full cache; sampling runs while training, so both
 caches are resident at once), and the feature cache the rest:
 ``rows = free_left / row_cost`` (the row, its place on the free stack and in
-the cache's id map: :func:`~ooc.executor.cache.feature_cache.row_cost`).
+the cache's id map: :func:`~ooc.caches.feature_cache.row_cost`).
 
 A budget below ``working + reserve`` is refused with the smallest budget
 that works: the smallest whole MiB ``B`` with ``B - default_reserve(B) >=
@@ -75,15 +75,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...jit import compile_in_child
-from ...memory import anon_rss_bytes, trim_malloc
-from ...storage.pagecache import touch_pages
-from ...memory import current_rss_bytes as rss_bytes
-from ...memory import peak_rss_bytes as hwm_bytes
-from ...memory import reset_peak_rss as reset_hwm
-from ..cache.feature_cache import row_cost
-from ..loader.pipelines import batches_in_flight, gather_threads
-from ...storage.errors import BudgetError, setting
+from ooc.core.jit import compile_in_child
+from ooc.core.memory import anon_rss_bytes, trim_malloc
+from ooc.storage.pagecache import touch_pages
+from ooc.core.memory import current_rss_bytes as rss_bytes
+from ooc.core.memory import peak_rss_bytes as hwm_bytes
+from ooc.core.memory import reset_peak_rss as reset_hwm
+from ooc.caches.feature_cache import row_cost
+from ooc.executor.loader.pipelines import batches_in_flight, gather_threads
+from ooc.core.errors import BudgetError, setting
 
 MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
@@ -162,13 +162,13 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0,
     """Compile (or find in numba's on-disk cache) every kernel the preset
     (default ``config.mode``) runs, in a child process, so that this process only loads them.
 
-    See :func:`~ooc.jit.compile_in_child`: the first run measures what later
+    See :func:`~ooc.core.jit.compile_in_child`: the first run measures what later
     runs do. The child runs :func:`warm_up_kernels` and samples and gathers one small
     batch of the dataset with the mode's uncached paths (the probe's
     kernels, with the dataset's dtypes). Returns how it went, in words; on
     any failure the kernels compile in this process instead.
     """
-    from ..loader.presets import resolve_preset
+    from ooc.executor.loader.presets import resolve_preset
 
     preset = resolve_preset(config.mode if preset is None else preset)
     opts = options or _default_options()
@@ -181,21 +181,21 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0,
 
 
 def _default_options():
-    from ..loader.stack import ModeOptions
+    from ooc.executor.loader.stack import ModeOptions
 
     return ModeOptions()
 
 
 def _child_main(argv: list[str]) -> None:
     """``compile_kernels``'s child: READERS POLICY DATA FANOUTS THREADS QUEUE_DEPTH
-    IO_THREADS BACKEND (a policy not in :data:`~ooc.executor.cache.policies.POLICIES`
+    IO_THREADS BACKEND (a policy not in :data:`~ooc.caches.policies.POLICIES`
     is warmed up as the base policy; its own kernels then compile in the parent)."""
-    from ...inspector.sampler import NeighborSampler
-    from ...storage import open_dataset
-    from ..cache.policies import POLICIES, CachePolicy
-    from ..loader.presets import Preset
-    from ..loader.readers import READERS
-    from ..loader.stack import open_sources
+    from ooc.sampling.sampler import NeighborSampler
+    from ooc.storage import open_dataset
+    from ooc.caches.policies import POLICIES, CachePolicy
+    from ooc.executor.loader.presets import Preset
+    from ooc.executor.loader.readers import READERS
+    from ooc.executor.loader.stack import open_sources
 
     readers, policy, path, fanouts, threads, qd, io_threads, backend = argv
     preset = Preset("child", READERS[readers](), POLICIES.get(policy, CachePolicy)())
@@ -238,12 +238,12 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
     training on ``device`` runs them (the changesets on CUDA load torch's sort and scan
     kernels there, host memory the set-up then holds).
     """
-    from ...inspector.neighbor_cache import (build_neighbor_cache, compute_out_degrees,
-                                             degree_dtype, full_cache_bytes)
-    from ...inspector.neighbors import CachedNeighbors, InMemoryNeighbors
-    from ...inspector.sampler import NeighborSampler
-    from ..cache.feature_cache import FeatureCache
-    from ..training.activation import warm_up as warm_up_activation
+    from ooc.caches.neighbor_cache import (build_neighbor_cache, compute_out_degrees, degree_dtype,
+                                           full_cache_bytes)
+    from ooc.storage.neighbors import CachedNeighbors, InMemoryNeighbors
+    from ooc.sampling.sampler import NeighborSampler
+    from ooc.caches.feature_cache import FeatureCache
+    from ooc.executor.training.activation import warm_up as warm_up_activation
 
     n = 32
     src = np.arange(4 * n, dtype=np.int64) % n
@@ -303,8 +303,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
         OocError: the budget is below what the preset needs (the message gives
             the smallest budget that works, see :func:`suggest_budget`).
     """
-    from ...memory import tune_malloc
-    from ..loader.presets import resolve_preset
+    from ooc.core.memory import tune_malloc
+    from ooc.executor.loader.presets import resolve_preset
 
     tune_malloc()  # a budget holds only with freed batch arrays returned to the OS
     preset = resolve_preset(config.mode if preset is None else preset)
@@ -398,8 +398,8 @@ class SuperbatchPlan:
     superbatch's accesses (:meth:`bytes`)."""
 
     def __init__(self, dataset, config, opts, probe: dict[str, Any], preset, beside: int = 0):
-        from ...inspector.pipeline import superbatch_size_for_budget
-        from ...inspector.sampler import epoch_batches
+        from ooc.sampling.pipeline import superbatch_size_for_budget
+        from ooc.sampling.sampler import epoch_batches
 
         self.n, self.beside = dataset.num_nodes, int(beside)
         self.bpb, self.ids = probe["bytes_per_batch"], probe["ids_per_batch"]
@@ -419,9 +419,9 @@ class SuperbatchPlan:
         next loaded, the one after while it is sampled: its batches and their flat copy),
         ~40 B per access of the changeset pass, and its id table: 5 B per node (next use
         int32 and state uint8 over N) when it addresses ids directly, else compact ranks
-        of the accesses (16 B each); see :func:`ooc.inspector.changesets.local_ids`. With
+        of the accesses (16 B each); see :func:`ooc.caches.changesets.local_ids`. With
         page-mates, 8 B more per id of the table (group and next use, int32 each) and 32 B
-        per access for the page groups (:func:`ooc.inspector.changesets.page_groups`: the
+        per access for the page groups (:func:`ooc.caches.changesets.page_groups`: the
         page keys while they are made, the groups, the candidates and the larger insert
         arrays after; measured 39 B an access above the plain pass at scale 0.05, 5.3M
         accesses).
@@ -455,7 +455,7 @@ class SuperbatchPlan:
 def split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
                 neighbor_fraction: float) -> None:
     """The free memory to the caches (:func:`cache_bytes`), in ``plan``."""
-    from ...inspector.neighbor_cache import full_cache_bytes
+    from ooc.caches.neighbor_cache import full_cache_bytes
 
     n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
     nbytes, fbytes = cache_bytes(
@@ -470,10 +470,10 @@ def cache_bytes(n: int, row_bytes: int, full_neighbor_bytes: Callable[[], int], 
                 free: int, neighbor_fraction: float) -> tuple[int, int]:
     """``(neighbor cache bytes, feature cache bytes)`` out of ``free``: the neighbor cache
     ``neighbor_fraction`` of it (capped at the full cache, ``full_neighbor_bytes()``; none
-    below :data:`~ooc.inspector.neighbor_cache.MIN_CACHE_BYTES`), the feature cache the
+    below :data:`~ooc.caches.neighbor_cache.MIN_CACHE_BYTES`), the feature cache the
     rest at :func:`row_cost` per row of ``row_bytes`` (the row and its bookkeeping), for
     ``n`` nodes; sizes the options set are kept."""
-    from ...inspector.neighbor_cache import MIN_CACHE_BYTES
+    from ooc.caches.neighbor_cache import MIN_CACHE_BYTES
 
     nbytes = 0
     if preset.neighbor_cache:
@@ -496,9 +496,9 @@ def _build_transient(dataset, preset, explicit_n: int | None) -> int:
     """Bytes above ``setup_rss`` (besides the neighbor cache itself) while the
     stack is built: the policy's fill (``static`` orders the nodes by degree),
     and a neighbor cache not yet on disk
-    (:func:`~ooc.inspector.neighbor_cache.build_bytes`: its degrees and one
+    (:func:`~ooc.caches.neighbor_cache.build_bytes`: its degrees and one
     range of lists at a time)."""
-    from ...inspector.neighbor_cache import MIN_CACHE_BYTES, build_bytes
+    from ooc.caches.neighbor_cache import MIN_CACHE_BYTES, build_bytes
 
     out = preset.policy.build_bytes(dataset) if preset.policy.caches else 0
     if preset.neighbor_cache and (explicit_n is None or explicit_n >= MIN_CACHE_BYTES):
@@ -519,9 +519,9 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None,
     under ``limit`` (absolute RSS) is not run: its estimate is charged instead, and
     ``too_large`` says why (the planner then refuses the budget).
     """
-    from ...inspector.pipeline import bytes_per_batch
-    from ...inspector.sampler import NeighborSampler
-    from ..loader.stack import EVAL_SEED_OFFSET, open_sources
+    from ooc.sampling.pipeline import bytes_per_batch
+    from ooc.sampling.sampler import NeighborSampler
+    from ooc.executor.loader.stack import EVAL_SEED_OFFSET, open_sources
 
     preset.readers.before_probe(dataset)
     src = open_sources(dataset, preset, opts)
@@ -574,7 +574,7 @@ class _Holder:
 
     def sample(self, ids, bs: int, seed: int, epoch: int, shuffle: bool) -> list:
         """The first ``in_flight`` sampled batches of ``bs`` seeds of that epoch."""
-        from ...inspector.sampler import derive_seed, epoch_batches
+        from ooc.sampling.sampler import derive_seed, epoch_batches
 
         seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:self.in_flight]
         return self.sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
@@ -608,7 +608,7 @@ class _Holder:
         return batches
 
     def _step_bytes(self, batch, train: bool):
-        from .step_memory import step_bytes
+        from ooc.executor.sizing.step_memory import step_bytes
 
         return step_bytes(self.model, batch.num_sampled_nodes, batch.num_sampled_edges,
                           int(batch.num_seeds), train=train)
@@ -674,8 +674,8 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
     buffers, the train/eval mode and the RNG state are put back."""
     import torch
 
-    from ..loader.batch import to_data
-    from ..training.step import default_loss, eval_forward, model_call, train_step
+    from ooc.executor.loader.batch import to_data
+    from ooc.executor.training.step import default_loss, eval_forward, model_call, train_step
 
     state = torch.get_rng_state()
     params = list(model.parameters())
@@ -709,7 +709,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
 
 
 def _fmt(nbytes: float) -> str:
-    from ...cli import format_size
+    from ooc.core.sizes import format_size
 
     return format_size(nbytes)
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from ...storage.errors import IOFailure
+from ooc.core.errors import IOFailure
 
 
 def _fmt(n: float) -> str:
-    from ...cli import format_size
+    from ooc.core.sizes import format_size
 
     return format_size(n)
 

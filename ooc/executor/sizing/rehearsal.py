@@ -108,8 +108,8 @@ def rehearse(dataset, config, options, preset, seeds: np.ndarray, superbatch_siz
         options: :class:`~ooc.executor.loader.stack.ModeOptions` with the cache sizes set.
         model, optimizer, device: what the steps train (the profile's model).
     """
-    from ...storage.pagecache import drop_page_cache
-    from ..loader.stack import build_stack
+    from ooc.storage.pagecache import drop_page_cache
+    from ooc.executor.loader.stack import build_stack
 
     opts = replace(options, superbatch_size=superbatch_size, memory_budget=None)
     seeds = np.asarray(seeds, dtype=np.int64)
@@ -145,8 +145,8 @@ def _train(dataset, config, stack, seeds, model, optimizer, device, warm: int, m
     producing thread has been busy, seconds the feature source has read)."""
     import torch
 
-    from ..loader.node_loader import NodeLoader
-    from ..training.step import default_loss, model_call, train_step
+    from ooc.executor.loader.node_loader import NodeLoader
+    from ooc.executor.training.step import default_loss, model_call, train_step
 
     pipe = stack.train
     loader = NodeLoader.over_pipeline(dataset, pipe, seeds, config, labels="seeds")

@@ -106,7 +106,7 @@ def step_bytes(model, nodes: Sequence[int], edges: Sequence[int], batch_size: in
     in hidden layers and three times in the output layer (the two linear maps' outputs
     and their sum, then the gradient).
     """
-    from ..training.models import GNN, aggregates_first
+    from ooc.executor.training.models import GNN, aggregates_first
 
     if not isinstance(model, GNN) or any(p.device.type != "cpu" for p in model.parameters()):
         return None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ..._random_kernels import GOLDEN, mix64
-from ...threading_layer import parallel_kernel
+from ooc.core._random_kernels import GOLDEN, mix64
+from ooc.core.threading_layer import parallel_kernel
 
 #: pairs of elements (one 64-bit draw each) per parallel task
 _BLOCK = 1 << 14

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _activation_kernels as K
+from ooc.executor.training import _activation_kernels as K
 
 #: dtypes the kernels take; others go through ``F.dropout``
 KERNEL_DTYPES = (torch.float32, torch.float64)

@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...storage.atomic import atomic_file
-from ...storage.errors import OocError
-from .models import GNN, build_model
-from ...storage.errors import IOFailure, InvalidValue, OutputExists
+from ooc.storage.atomic import atomic_file
+from ooc.core.errors import OocError
+from ooc.executor.training.models import GNN, build_model
+from ooc.core.errors import IOFailure, InvalidValue, OutputExists
 
 CHECKPOINT_FORMAT = "ooc-checkpoint"
 CHECKPOINT_VERSION = 1

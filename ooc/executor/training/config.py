@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..settings import BY_NAME, TRAIN, check_all, keywords_checked
+from ooc.executor.settings import BY_NAME, TRAIN, check_all, keywords_checked
 
 _S = BY_NAME
 

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ...storage.errors import OocError, setting
+from ooc.core.errors import OocError, setting
 
 class TrainingDiverged(OocError, FloatingPointError):
     """Training produced a non-finite loss or weights, or a step blew the weights up;

@@ -29,8 +29,8 @@ from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 from torch_geometric.utils import spmm
 
-from ...storage.errors import InvalidValue
-from .activation import elu_dropout, relu_dropout
+from ooc.core.errors import InvalidValue
+from ooc.executor.training.activation import elu_dropout, relu_dropout
 
 MODEL_KINDS = ("sage", "gcn", "gat")
 

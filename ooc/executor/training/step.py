@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from .models import GNN
+from ooc.executor.training.models import GNN
 
 #: A loss: (outputs of the seeds [batch_size, C], labels int64 [batch_size]) -> scalar.
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

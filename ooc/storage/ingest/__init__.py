@@ -10,11 +10,11 @@ folder, renamed when complete) and returns the output folder's path:
 - :func:`ingest_planetoid` — PyG Planetoid raw files (Cora, CiteSeer, PubMed);
 - :func:`generate_synthetic` — power-law graphs with community structure.
 """
-from .edgelist import DEFAULT_BUFFER, ingest_edgelist
-from .igb import ingest_igb
-from .ogb import ingest_ogb
-from .planetoid import ingest_planetoid  # imports torch_geometric only when called
-from .synthetic import generate_synthetic
+from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, ingest_edgelist
+from ooc.storage.ingest.igb import ingest_igb
+from ooc.storage.ingest.ogb import ingest_ogb
+from ooc.storage.ingest.planetoid import ingest_planetoid  # imports torch_geometric only when called
+from ooc.storage.ingest.synthetic import generate_synthetic
 
 
 __all__ = ["DEFAULT_BUFFER", "generate_synthetic", "ingest_edgelist", "ingest_igb", "ingest_ogb",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..._random_kernels import GOLDEN as _GOLDEN
-from ..._random_kernels import M2 as _M2
-from ..._random_kernels import mix64 as _mix
-from ...threading_layer import parallel_kernel
+from ooc.core._random_kernels import GOLDEN as _GOLDEN
+from ooc.core._random_kernels import M2 as _M2
+from ooc.core._random_kernels import mix64 as _mix
+from ooc.core.threading_layer import parallel_kernel
 
 # -- text edge lists ----------------------------------------------------------
 

@@ -29,17 +29,17 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..dataset import MAX_FEATURE_DIM, replace_problem
-from ..direct_files import read_range, write_all
-from ..errors import InvalidValue, OocError, setting
-from ..layout import PAGE, FeatureLayout, index_dtype, padded_bytes
-from ..reorder import STAGING_BYTES
-from ..atomic import replace_refusal
-from ..writer import DatasetWriter, class_ids
-from ..read_ahead import CHUNKS_HELD, read_ahead
-from . import _kernels as K
-from . import limits as L
-from .edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
+from ooc.storage.dataset import MAX_FEATURE_DIM, replace_problem
+from ooc.storage.direct_files import read_range, write_all
+from ooc.core.errors import InvalidValue, OocError, setting
+from ooc.storage.layout import PAGE, FeatureLayout, index_dtype, padded_bytes
+from ooc.storage.reorder import STAGING_BYTES
+from ooc.storage.atomic import replace_refusal
+from ooc.storage.writer import DatasetWriter, class_ids
+from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead
+from ooc.storage.ingest import _kernels as K
+from ooc.storage.ingest import limits as L
+from ooc.storage.ingest.edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .edgelist import DEFAULT_BUFFER, _err, ingest_edgelist
+from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, _err, ingest_edgelist
 
 
 def _find(root: Path, name: str) -> Path:

@@ -15,7 +15,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from .edgelist import NpyReader, _err
+from ooc.storage.ingest.edgelist import NpyReader, _err
 
 #: Bytes inflated per read.
 BLOCK = 16 << 20

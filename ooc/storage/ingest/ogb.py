@@ -33,13 +33,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..writer import DatasetWriter, class_ids
-from . import _kernels as K
-from . import limits as L
-from . import npz
-from .edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, NpyReader, TextEdges,
-                       _err, progress_bar, check_input, check_not_empty, check_out, count_pass,
-                       open_features, scatter_passes, write_constant_features, write_features_npy)
+from ooc.storage.writer import DatasetWriter, class_ids
+from ooc.storage.ingest import _kernels as K
+from ooc.storage.ingest import limits as L
+from ooc.storage.ingest import npz
+from ooc.storage.ingest.edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, NpyReader,
+                                         TextEdges, _err, progress_bar, check_input, check_not_empty,
+                                         check_out, count_pass, open_features, scatter_passes,
+                                         write_constant_features, write_features_npy)
 
 #: Labels read at a time (float64 and int64 copies of them).
 LABEL_CHUNK = 1 << 22

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import OocError
-from ..writer import DatasetWriter, csc_from_edges
-from .edgelist import DEFAULT_BUFFER, check_out
-from ..errors import InvalidValue, NotFound
+from ooc.core.errors import OocError
+from ooc.storage.writer import DatasetWriter, csc_from_edges
+from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, check_out
+from ooc.core.errors import InvalidValue, NotFound
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 SUFFIXES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")

@@ -1,6 +1,6 @@
 """The ingest kernels compiled in a child process before an ingest.
 
-See :func:`ooc.jit.compile_in_child`: on a cold numba cache, kernels compiled in the
+See :func:`ooc.core.jit.compile_in_child`: on a cold numba cache, kernels compiled in the
 ingesting process would leave LLVM's compile-time memory there (measured: 63 MiB above a
 warm run on a 222k-node graph), so a first ingest would peak above later ones and its
 memory plan. The child ingests a tiny graph with the run's options: an edge list of
@@ -30,7 +30,7 @@ def compile_ingest_kernels(command: str, *, undirected: bool = True, dedup: bool
                            reorder: str = "auto") -> str:
     """Compile (or find in numba's cache) the kernels ``python -m ooc.prepare command``
     runs with these options, in a child process; returns how it went, in words."""
-    from ...jit import compile_in_child
+    from ooc.core.jit import compile_in_child
 
     options = {"undirected": bool(undirected), "dedup": bool(dedup),
                "remove_self_loops": bool(remove_self_loops), "dtype": dtype or "float32",
@@ -43,8 +43,8 @@ def compile_ingest_kernels(command: str, *, undirected: bool = True, dedup: bool
 
 def _child_main(argv: list[str]) -> None:
     """``compile_ingest_kernels``'s child: KIND (``synthetic`` or ``files``) OPTIONS (JSON)."""
-    from . import generate_synthetic, ingest_edgelist
-    from .ogb import _parse_rows
+    from ooc.storage.ingest import generate_synthetic, ingest_edgelist
+    from ooc.storage.ingest.ogb import _parse_rows
 
     kind, options = argv
     o = json.loads(options)

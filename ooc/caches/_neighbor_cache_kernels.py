@@ -5,8 +5,8 @@ import numba as nb
 import numpy as np
 from numba import prange
 
-from ..storage._id_map_kernels import find
-from ..threading_layer import parallel_kernel
+from ooc.storage._id_map_kernels import find
+from ooc.core.threading_layer import parallel_kernel
 
 
 @parallel_kernel

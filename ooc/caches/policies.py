@@ -10,7 +10,7 @@ ask instead of branching on a preset name:
     cache after each batch).
 ``caches``
     whether there is a feature cache at all (its bookkeeping is per cached row,
-    :func:`~ooc.executor.cache.feature_cache.row_cost`, whatever the policy).
+    :func:`~ooc.caches.feature_cache.row_cost`, whatever the policy).
 :meth:`~CachePolicy.fill`, :meth:`~CachePolicy.build_bytes`
     what happens to the cache before the first batch, and the memory that takes.
 :meth:`~CachePolicy.simulate`
@@ -30,12 +30,12 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from .feature_cache import FeatureCache
-from ...inspector.changesets import PageOf
-from ...storage.errors import InvalidValue
+from ooc.caches.feature_cache import FeatureCache
+from ooc.caches.changesets import PageOf
+from ooc.core.errors import InvalidValue
 
 #: A policy's changeset function: the superbatch's batches (int64 node ids each)
-#: -> an :class:`ooc.inspector.changesets.Changesets`.
+#: -> an :class:`ooc.caches.changesets.Changesets`.
 ChangesetFn = Callable[[Sequence[np.ndarray]], Any]
 
 
@@ -111,7 +111,7 @@ class NoCache(CachePolicy):
 def out_degrees(dataset) -> np.ndarray:
     """[N] out-degrees (uint32; int64 from 2^32 edges), from one pass over ``indices.bin``
     through its memmap, its pages dropped as it goes."""
-    from ...inspector.neighbor_cache import compute_out_degrees, degree_dtype
+    from ooc.caches.neighbor_cache import compute_out_degrees, degree_dtype
 
     return compute_out_degrees(dataset.indices, dataset.num_nodes,
                                dtype=degree_dtype(dataset.num_edges))
@@ -119,7 +119,7 @@ def out_degrees(dataset) -> np.ndarray:
 
 def degree_order(dataset) -> np.ndarray:
     """int64 [N]: node ids by decreasing out-degree, ties by id (the static order)."""
-    from ...inspector.policies import degree_order as order_of
+    from ooc.caches.miss_curves import degree_order as order_of
 
     return order_of(out_degrees(dataset))
 
@@ -128,7 +128,7 @@ def hottest_nodes(dataset, k: int) -> np.ndarray:
     """The ``k`` first nodes of :func:`degree_order`, sorted by id (int64), holding
     the degrees and one partitioned copy of them (8 bytes per node) instead of the
     order's 24."""
-    from ...inspector.policies import hottest
+    from ooc.caches.miss_curves import hottest
 
     return hottest(out_degrees(dataset), k)
 
@@ -147,7 +147,7 @@ class StaticCache(CachePolicy):
     def build_bytes(self, dataset) -> int:
         # the degrees and their partitioned copy (uint32 each, int64 from 2^32 edges), the
         # comparison masks, and one chunk of indices.bin's pages mapped at a time
-        from ...inspector.neighbor_cache import degree_dtype
+        from ooc.caches.neighbor_cache import degree_dtype
 
         per = np.dtype(degree_dtype(dataset.num_edges)).itemsize
         chunk = min(dataset.num_edges, 1 << 24)  # compute_out_degrees' chunk
@@ -176,7 +176,7 @@ class BeladyCache(CachePolicy):
 
     With ``page_mates`` > 0 and rows that share pages, a step also inserts page-mates:
     ids used later in the superbatch whose rows lie on the pages the batch's misses read,
-    up to ``page_mates`` times the batch's ids (:mod:`ooc.inspector.changesets`). At
+    up to ``page_mates`` times the batch's ids (:mod:`ooc.caches.changesets`). At
     papers100M's shape (scale 0.05, 4 GiB) ``page_mates=0.25`` read 7% fewer pages and
     made a loader-only epoch 3% faster for 25% more CPU, so it is off by default.
 
@@ -185,7 +185,7 @@ class BeladyCache(CachePolicy):
             the runtime disk budget (see :mod:`ooc.executor.loader.stack`).
         device: where changesets are computed (``auto``: CUDA when available).
         page_mates: page-mates a step at most, as a fraction of the batch's ids
-            (0: none; :data:`~ooc.inspector.changesets.MATE_FRACTION` is a good value).
+            (0: none; :data:`~ooc.caches.changesets.MATE_FRACTION` is a good value).
     """
 
     superbatch_size: int | None = None
@@ -217,7 +217,7 @@ class BeladyCache(CachePolicy):
         entries). Superbatches come in order from the inspector's one changeset
         thread, across epochs; if the executor stops early its cache differs from
         that state and the switch reads the difference: still exact."""
-        from ...inspector import changesets as C
+        from ooc.caches import changesets as C
 
         device = self.device or device
         if device in (None, "auto"):

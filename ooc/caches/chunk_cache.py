@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._chunk_kernels import next_use
-from ...storage.errors import InvalidValue
+from ooc.caches._chunk_kernels import next_use
+from ooc.core.errors import InvalidValue
 
 POLICIES = ("belady", "lru", "fifo")
 

@@ -2,7 +2,7 @@
 
 Every background thread of ooc's data path is a :class:`Worker`: the loader's
 gather threads (:mod:`ooc.executor.loader.pipelines`) and the inspector's
-sampling and changeset threads (:mod:`ooc.inspector.pipeline`), chained one
+sampling and changeset threads (:mod:`ooc.sampling.pipeline`), chained one
 into the next. A stage halts when its consumer stops (closing the iterator
 or :meth:`Worker.halt`), and halting a stage halts the stage it consumes.
 """

@@ -39,7 +39,7 @@ def layer_is_thread_safe() -> bool:
         layer = numba.threading_layer()
         _thread_safe = layer in THREAD_SAFE_LAYERS
         if not _thread_safe:
-            from .storage.notes import note
+            from ooc.core.notes import note
 
             note(f"numba's threading layer is {layer!r}, not omp or tbb (numba found "
                  f"neither libgomp nor tbb, or NUMBA_THREADING_LAYER chose it): ooc runs "

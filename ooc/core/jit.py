@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .storage.notes import note
-from .threading_layer import dispatcher_of
+from ooc.core.notes import note
+from ooc.core.threading_layer import dispatcher_of
 
 
 def kernels_cached(module: str) -> bool | None:
@@ -121,7 +121,7 @@ def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600
     ``entry`` (``"package.module:function"``, called with ``args``), which calls the stage's
     kernels with the argument types the real run gives them, on tiny data. Returns how it
     went, in words; on any other failure than input the run itself refuses (an
-    :class:`~ooc.storage.errors.OocError`) the kernels compile in this process instead,
+    :class:`~ooc.core.errors.OocError`) the kernels compile in this process instead,
     and a note says so.
     """
     stamp = kernels_stamp(key)
@@ -129,7 +129,7 @@ def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600
         return "loaded from numba's cache (compiled by an earlier run)"
     module, function = entry.split(":")
     # input the run itself refuses (an OocError) is exit code 2: the run says why, in one line
-    cmd = [sys.executable, "-c", f"import sys\nfrom ooc.storage.errors import OocError\n"
+    cmd = [sys.executable, "-c", f"import sys\nfrom ooc.core.errors import OocError\n"
            f"from {module} import {function}\ntry:\n    {function}(sys.argv[1:])\n"
            f"except OocError as e:\n    print(e)\n    sys.exit(2)", *args]
     try:

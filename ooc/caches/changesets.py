@@ -77,9 +77,9 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from ..storage.errors import OocError
-from . import _changeset_kernels as K
-from ..storage.errors import IdOutOfRange, InvalidValue
+from ooc.core.errors import OocError
+from ooc.caches import _changeset_kernels as K
+from ooc.core.errors import IdOutOfRange, InvalidValue
 
 if TYPE_CHECKING:
     import torch

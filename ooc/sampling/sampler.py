@@ -23,11 +23,11 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from ..storage.dataset import index_range_error
-from . import _sampler_kernels as K
-from .neighbors import InMemoryNeighbors, NeighborRequest, NeighborSource, source_path
-from ..storage.offsets import NodeOffsets
-from ..storage.errors import InvalidValue
+from ooc.storage.dataset import index_range_error
+from ooc.sampling import _sampler_kernels as K
+from ooc.storage.neighbors import InMemoryNeighbors, NeighborRequest, NeighborSource, source_path
+from ooc.storage.offsets import NodeOffsets
+from ooc.core.errors import InvalidValue
 
 __all__ = ["SampledBatch", "NeighborSampler", "derive_seed", "epoch_batches"]
 
@@ -123,7 +123,7 @@ class NeighborSampler:
             a :class:`~ooc.storage.offsets.NodeOffsets` (what a dataset's
             ``node_offsets()`` shares between its samplers), or an int array or memmap,
             which is made into one (4.125 bytes per node).
-        source: a :class:`~ooc.inspector.neighbors.NeighborSource`, or an
+        source: a :class:`~ooc.storage.neighbors.NeighborSource`, or an
             indices array / memmap (wrapped in ``InMemoryNeighbors``).
         fanouts: neighbours per node per hop; ``-1`` = all.
         num_threads: numba threads (default: numba's current setting).

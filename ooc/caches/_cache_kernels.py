@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numba as nb
 
-from ...threading_layer import parallel_kernel
+from ooc.core.threading_layer import parallel_kernel
 
 
 @parallel_kernel

@@ -1,4 +1,4 @@
-"""numba kernel of :class:`ooc.inspector.neighbors.MmapNeighbors` (nogil: run from many
+"""numba kernel of :class:`ooc.storage.neighbors.MmapNeighbors` (nogil: run from many
 threads, so the page faults of one overlap with those of the others)."""
 from __future__ import annotations
 

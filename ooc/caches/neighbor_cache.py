@@ -44,12 +44,12 @@ import numpy as np
 
 from ooc.storage.atomic import atomic_dir, write_json
 from ooc.storage.dataset import index_range_error
-from ooc.storage.errors import DatasetError
+from ooc.core.errors import DatasetError
 from ooc.storage.id_map import IdMap
-from ooc.storage.notes import note
+from ooc.core.notes import note
 from ooc.storage.pagecache import release_mapped
 
-from . import _neighbor_cache_kernels as NK
+from ooc.caches import _neighbor_cache_kernels as NK
 
 __all__ = ["MIN_CACHE_BYTES", "NeighborCache", "build_bytes", "build_neighbor_cache", "cache_dir",
            "load_or_build_neighbor_cache", "full_cache_bytes", "compute_out_degrees",

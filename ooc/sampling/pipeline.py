@@ -15,11 +15,11 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .runtime import (FlatChangesets, SuperbatchSamples, read_changesets, read_samples,
-                      remove_superbatch, superbatch_dir, write_changesets, write_samples)
-from .sampler import NeighborSampler
-from ..worker import Worker
-from ..storage.errors import BudgetError, InvalidValue
+from ooc.sampling.runtime import (FlatChangesets, SuperbatchSamples, read_changesets, read_samples,
+                                  remove_superbatch, superbatch_dir, write_changesets, write_samples)
+from ooc.sampling.sampler import NeighborSampler
+from ooc.core.worker import Worker
+from ooc.core.errors import BudgetError, InvalidValue
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Inspector:
 
 
 class _EpochRun:
-    """One epoch of the inspector: a sampling :class:`~ooc.worker.Worker` feeding a
+    """One epoch of the inspector: a sampling :class:`~ooc.core.worker.Worker` feeding a
     changeset worker, at most ``ahead + 1`` superbatches on disk (a semaphore slot each,
     given back by :meth:`Superbatch.release`)."""
 

@@ -1,4 +1,4 @@
-"""numba kernels of the neighbour sampler (see :mod:`ooc.inspector.sampler`).
+"""numba kernels of the neighbour sampler (see :mod:`ooc.sampling.sampler`).
 
 Randomness is counter based: the choice for node ``v`` at hop ``h`` of a batch
 is a pure function of ``(batch_seed, h, v, degree)`` (splitmix64 of those),
@@ -12,9 +12,9 @@ import numba as nb
 import numpy as np
 from numba import prange
 
-from .._random_kernels import GOLDEN as _GOLDEN
-from .._random_kernels import mix64
-from ..threading_layer import parallel_kernel
+from ooc.core._random_kernels import GOLDEN as _GOLDEN
+from ooc.core._random_kernels import mix64
+from ooc.core.threading_layer import parallel_kernel
 
 _ONE = np.uint64(1)
 _SMALL_K = 64  # Floyd membership by linear scan up to this many picks

@@ -26,16 +26,15 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from ..storage._direct_kernels import fill_gaps
-from ..storage.bus_guard import check_size
-from ..storage.direct import (DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, gap_room,
-                              grown)
-from ..storage.errors import DatasetError, InvalidValue
-from ..storage.layout import PAGE
-from ..storage.pagecache import advise
-from . import _mmap_neighbors_kernels as MK
-from . import _neighbor_cache_kernels as NK
-from . import _sampler_kernels as K
+from ooc.storage._direct_kernels import fill_gaps
+from ooc.storage.bus_guard import check_size
+from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, gap_room, grown
+from ooc.core.errors import DatasetError, InvalidValue
+from ooc.storage.layout import PAGE
+from ooc.storage.pagecache import advise
+from ooc.storage import _mmap_neighbors_kernels as MK
+from ooc.caches import _neighbor_cache_kernels as NK
+from ooc.sampling import _sampler_kernels as K
 
 #: ``lo``/``hi`` of whole pages (see :func:`~ooc.storage._direct_kernels.fill_gaps`).
 _WHOLE = np.empty(0, np.int64)
@@ -114,7 +113,7 @@ class InMemoryNeighbors(NeighborSource):
 
 
 class CachedNeighbors(NeighborSource):
-    """Neighbour ids from a :class:`~ooc.inspector.neighbor_cache.NeighborCache`,
+    """Neighbour ids from a :class:`~ooc.caches.neighbor_cache.NeighborCache`,
     misses from ``fallback``.
 
     Hits and misses count frontier nodes with at least one wanted position.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .memory import tune_malloc
+from ooc.core.memory import tune_malloc
 
 __all__ = ["configure_process", "die_with_launcher"]
 
@@ -45,7 +45,7 @@ def configure_process(omp_passive: bool = True, malloc: bool = True,
             (measured: forward+backward 3-4x slower on 2 cores). Effective only before torch
             and numba start their pools: ``torch_loaded`` in the result says whether torch
             was imported already.
-        malloc: two malloc arenas and a fixed mmap threshold (:func:`ooc.memory.tune_malloc`),
+        malloc: two malloc arenas and a fixed mmap threshold (:func:`ooc.core.memory.tune_malloc`),
             so batch-sized arrays go back to the OS when freed and RSS stays within a memory
             budget; also applied by a loader or trainer given a memory budget.
         huge_pages: set ``THP_MEM_ALLOC_ENABLE=1`` unless the environment already sets it:

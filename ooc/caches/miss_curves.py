@@ -6,7 +6,7 @@ and the cache changes only between batches.
 
 * **Belady** (Ginex): ``C_0`` = the ids used first; ``C_{i+1}`` = the
   ``capacity`` entries of ``C_i ∪ ids_i`` used again soonest (see
-  :mod:`ooc.inspector.changesets`). Optimal.
+  :mod:`ooc.caches.changesets`). Optimal.
 * **LRU**: the recency stamp of an id is the position of its last access in
   the concatenated trace (later in a batch = more recent); ``C_0 = ∅`` and
   ``C_{i+1}`` = the ``capacity`` entries of ``C_i ∪ ids_i`` with the latest
@@ -27,9 +27,9 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _changeset_kernels as K
-from .changesets import flatten_batches, local_ids
-from ..storage.errors import IdOutOfRange, InvalidValue
+from ooc.caches import _changeset_kernels as K
+from ooc.caches.changesets import flatten_batches, local_ids
+from ooc.core.errors import IdOutOfRange, InvalidValue
 
 __all__ = ["belady_batch_misses", "count_misses_belady", "count_misses_lru", "count_misses_static",
            "degree_order", "hottest", "miss_curve_belady", "miss_curve_lru", "miss_curve_static"]

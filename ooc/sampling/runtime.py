@@ -32,9 +32,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .changesets import FlatChangesets
-from .sampler import SampledBatch
-from ..storage.errors import IOFailure, InvalidValue, NotFound
+from ooc.caches.changesets import FlatChangesets
+from ooc.sampling.sampler import SampledBatch
+from ooc.core.errors import IOFailure, InvalidValue, NotFound
 
 SAMPLE_MARK = "superbatch.json"
 CHANGESET_MARK = "changesets.json"
