@@ -19,9 +19,21 @@ if _os.environ.get(_LAUNCHER_ENV, "").isdigit():
     # a worker of `ooc.train --workers`: end with its launcher, even during start-up (the
     # variable is taken out, so the worker's own children do not read it)
     die_with_launcher(int(_os.environ.pop(_LAUNCHER_ENV)))
-from ooc.storage import (BudgetError, Dataset, DatasetError, IdOutOfRange, InvalidValue, IOFailure,
-                         NotFound, OocError, OutputBusy, OutputExists, TimedOut, open_dataset,
-                         write_dataset)
+from ooc.storage import (
+    BudgetError,
+    Dataset,
+    DatasetError,
+    IdOutOfRange,
+    InvalidValue,
+    IOFailure,
+    NotFound,
+    OocError,
+    OutputBusy,
+    OutputExists,
+    TimedOut,
+    open_dataset,
+    write_dataset,
+)
 
 
 def load_model(path, map_location="cpu"):

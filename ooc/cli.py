@@ -12,9 +12,12 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, NoReturn, Sequence
 
-from ooc.storage.atomic import within
+from ooc.core.errors import InvalidValue, IOFailure, NotFound, OocError, OutputExists, cli_names
+from ooc.core.jit import RESET_ENV, clear_kernel_cache, from_kernel_cache
+from ooc.core.notes import note
+from ooc.core.process import configure_process
+from ooc.storage.atomic import within, write_json
 from ooc.storage.bus_guard import guard
-from ooc.core.errors import (IOFailure, InvalidValue, NotFound, OocError, OutputExists, cli_names)
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -87,8 +90,6 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
 
     @functools.wraps(fn)
     def wrapped(argv: Sequence[str] | None = None) -> int:
-        from ooc.core.process import configure_process
-
         configure_process()
         try:
             try:
@@ -119,8 +120,6 @@ def main_wrapper(fn: Callable[[Sequence[str] | None], int | None]) -> Callable[.
 def _rerun_if_kernel_cache(e: Exception, argv: Sequence[str] | None) -> None:
     """A kernel cache numba cannot read (truncated, tampered) is cleared and the command run
     again from the start, once; called with ``argv`` from Python, one line asks for that."""
-    from ooc.core.jit import RESET_ENV, clear_kernel_cache, from_kernel_cache
-    from ooc.core.notes import note
 
     if not from_kernel_cache(e):
         return
@@ -211,7 +210,6 @@ def write_report(path: str | os.PathLike, report: dict, note: str = "",
     that appeared at ``path`` since :func:`check_report_path` is refused, not replaced."""
     import errno
 
-    from ooc.storage.atomic import write_json
 
     _check_replaceable(Path(path))
     try:

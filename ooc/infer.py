@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Sequence
 
 from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrapper, write_report
-from ooc.core.memory import peak_rss_bytes
-from ooc.core.sizes import format_size, parse_size
-from ooc.executor.settings import BY_NAME
 from ooc.core.errors import InvalidValue
+from ooc.core.memory import peak_rss_bytes
+from ooc.core.sizes import check_range, format_size, parse_size
+from ooc.executor.settings import BY_NAME
+from ooc.storage import open_dataset
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -126,9 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     "--checkpoint": args.checkpoint})
     import torch
 
-    from ooc.core.sizes import check_range
     from ooc.executor.inference.layerwise import check_options, layerwise_inference
-    from ooc.storage import open_dataset
 
     # every option is checked before a file is read or written
     check_options(args.memory_budget, args.chunk_rows, args.block_rows, None, args.policy,

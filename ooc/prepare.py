@@ -24,14 +24,16 @@ from pathlib import Path
 from typing import Sequence
 
 from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrapper
-from ooc.core.memory import peak_rss_bytes
-from ooc.core.sizes import format_size, parse_size
 from ooc.cli import write_report as write_cli_report
-from ooc.core.memory import current_rss_bytes
-from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
-from ooc.storage.ingest.limits import planned_peak
-from ooc.storage.layout import FeatureLayout
 from ooc.core.errors import InvalidValue
+from ooc.core.jit import note_if_cold
+from ooc.core.memory import current_rss_bytes, peak_rss_bytes
+from ooc.core.sizes import format_size, parse_size
+from ooc.storage import ingest
+from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
+from ooc.storage.ingest.limits import available_memory, load_kernels, planned_peak
+from ooc.storage.ingest.precompile import compile_ingest_kernels
+from ooc.storage.layout import FeatureLayout
 from ooc.storage.verify import verify_dataset
 from ooc.storage.writer import REORDERS
 
@@ -223,8 +225,6 @@ def _planned_peak(rss0: int, stats: dict, out: Path, buffer: int) -> int:
 def _compile_kernels(args: argparse.Namespace) -> None:
     """On a cold numba cache, a note and the ingest's kernels compiled in a child process
     (:mod:`~ooc.storage.ingest.precompile`), so this process peaks as a later run does."""
-    from ooc.core.jit import note_if_cold
-    from ooc.storage.ingest.precompile import compile_ingest_kernels
 
     note_if_cold(("ooc.storage.ingest._kernels", "ooc.storage._reorder_kernels"),
                  "the ingest kernels")
@@ -239,8 +239,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "verify":
         return verify(args)
-    from ooc.storage import ingest
-    from ooc.storage.ingest.limits import available_memory, load_kernels
 
     check_report_path(args.report, {"--out": args.out})
     if args.buffer < MIN_BUFFER:

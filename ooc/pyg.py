@@ -46,11 +46,13 @@ import torch
 from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 
-from ooc.executor.loader.node_loader import check_loader_args, resolve_input_nodes
-from ooc.sampling.sampler import derive_seed, epoch_batches
+from ooc.core.errors import IdOutOfRange, InvalidValue, OocError
+from ooc.executor.loader.node_loader import NodeLoader, check_loader_args, resolve_input_nodes
+from ooc.executor.loader.presets import resolve_preset
+from ooc.executor.loader.stack import ModeOptions, cache_sizes, open_sources
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.storage import open_dataset
 from ooc.storage.finite import check_finite_rows
-from ooc.core.errors import IdOutOfRange, InvalidValue, OocError
 
 __all__ = ["OocFeatureStore", "OocGraphStore", "OocSampler", "remote_backend"]
 
@@ -176,8 +178,6 @@ class _Backend:
     # -- planned batches ---------------------------------------------------------------
     def loader(self):
         if self._loader is None:
-            from ooc.executor.loader.node_loader import NodeLoader
-
             s = self.settings
             self._loader = NodeLoader(self.dataset, s["num_neighbors"], self.plan.seeds,
                                       batch_size=s["batch_size"], shuffle=s["shuffle"],
@@ -227,9 +227,6 @@ class _Backend:
         """The preset's uncached readers with its neighbor cache
         (:func:`ooc.executor.loader.stack.open_sources`), opened on first use."""
         if self._sources is None:
-            from ooc.executor.loader.presets import resolve_preset
-            from ooc.executor.loader.stack import ModeOptions, cache_sizes, open_sources
-
             s = self.settings
             opts = ModeOptions(io_backend=s["io_backend"], **s["options"])
             preset = resolve_preset(s["preset"])
@@ -239,8 +236,6 @@ class _Backend:
 
     def sampler(self):
         if self._sampler is None:
-            from ooc.sampling.sampler import NeighborSampler
-
             s = self.settings
             self._sampler = NeighborSampler(self.dataset.node_offsets(), self.sources().neighbors,
                                             s["num_neighbors"], num_threads=s["num_threads"])

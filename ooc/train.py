@@ -25,11 +25,20 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrapper, write_report
-from ooc.core.sizes import check_range
-from ooc.executor.settings import MODE, RUN, TRAIN, add_arguments, parse_fanouts
+from ooc.core.errors import DatasetError, InvalidValue, IOFailure, OocError
 from ooc.core.jit import note_if_cold
-from ooc.core.errors import DatasetError, OocError
-from ooc.core.errors import IOFailure, InvalidValue
+from ooc.core.notes import note
+from ooc.core.sizes import check_range
+from ooc.executor.distributed.environment import in_worker
+from ooc.executor.loader.stack import ModeOptions
+from ooc.executor.settings import MODE, RUN, TRAIN, add_arguments, parse_fanouts
+from ooc.executor.sizing.budget import compile_kernels
+from ooc.executor.sizing.profiler import load_sizes
+from ooc.executor.training.config import TrainConfig
+from ooc.storage import open_dataset
+from ooc.storage.ingest import generate_synthetic
+from ooc.storage.locks import exclusive
+from ooc.storage.probe import cache_dir
 
 #: The embedded default dataset (``generate_synthetic`` arguments). Sized so
 #: the default run (generation once, then training) takes about a minute on
@@ -57,9 +66,7 @@ FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "ba
 
 def default_dataset(log=print) -> Path:
     """The embedded default dataset, created on first use."""
-    from ooc.storage import open_dataset
 
-    from ooc.storage.probe import cache_dir
 
     path = cache_dir() / DEFAULT_NAME
     if path.exists():
@@ -69,7 +76,6 @@ def default_dataset(log=print) -> Path:
             return path
         except DatasetError as e:
             log(f"ooc.train: the default dataset is unusable ({e}); creating it again")
-    from ooc.storage.ingest import generate_synthetic
 
     log(f"ooc.train: creating the default dataset once in {path} "
         f"(synthetic power-law graph, {DEFAULT_DATASET['nodes']:,} nodes, "
@@ -151,7 +157,6 @@ def _check_options(s: dict[str, Any], progress: bool):
     """
     for st in RUN + MODE:
         st.check(st.from_cli(s.get(st.dest)))
-    from ooc.executor.training.config import TrainConfig
 
     config = TrainConfig(progress=progress,
                          **{st.name: st.from_cli(s[st.dest]) for st in TRAIN})
@@ -190,8 +195,6 @@ def checkpoint_lock(ckdir: str | os.PathLike | None):
     of ``--workers`` (or torchrun) takes none: the launcher holds it for its workers."""
     import contextlib
 
-    from ooc.executor.distributed.environment import in_worker
-    from ooc.storage.locks import exclusive
 
     if ckdir is None or in_worker():
         return contextlib.nullcontext()
@@ -203,7 +206,6 @@ def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir
          argv: list[str]) -> int:
     """Train with the options ``given``; ``how``: ``--resume`` and ``--overwrite``."""
     from ooc.executor.training.checkpoint import check_checkpoint_dir, remove_checkpoints
-    from ooc.storage import open_dataset
 
     resume, overwrite = how
     replaced = check_checkpoint_dir(ckdir, resume, overwrite)
@@ -229,7 +231,6 @@ def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir
     if options.memory_budget:
         # a first run compiles the kernels in a child process; started before torch is
         # imported here, the two processes together stay within a budget's cgroup
-        from ooc.executor.sizing.budget import compile_kernels
 
         compile_kernels(dataset, config, options)
     from ooc.executor.distributed.cli import run_cli, wants_averaging
@@ -273,7 +274,6 @@ def _checkpoint_to_resume(ckdir: str | None) -> tuple[Path, dict[str, Any]]:
 def _apply_sizes(sizes_path: str, dataset, given: dict, s: dict, config) -> None:
     """Cache sizes, superbatch size, read gap and mode from a size_caches report, where the
     command line leaves them out."""
-    from ooc.executor.sizing.profiler import load_sizes
 
     sizes = load_sizes(sizes_path, dataset)
     for key in ("feature_cache_size", "neighbor_cache_size", "superbatch_size", "read_gap"):
@@ -285,7 +285,6 @@ def _apply_sizes(sizes_path: str, dataset, given: dict, s: dict, config) -> None
 
 def _mode_options(s: dict):
     """The loader stack's options from the settings."""
-    from ooc.executor.loader.stack import ModeOptions
 
     return ModeOptions(**{st.name: st.from_cli(s[st.dest]) for st in MODE})
 
@@ -303,8 +302,6 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path,
             trainer.resume(ck_path)
             print(f"ooc.train: resumed from {ck_path} (epoch {trainer.epoch})")
             if trainer.epoch >= config.epochs:
-                from ooc.core.notes import note
-
                 note(f"{ck_path} has trained {trainer.epoch} epochs already and --epochs is "
                      f"{config.epochs}: no epoch to train (raise --epochs to continue); "
                      f"evaluating it")

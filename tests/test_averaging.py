@@ -9,9 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ooc.executor.distributed.averaging import (allocate_partitions, assign_partitions,
-                                               dataset_bytes, finish_average, flatten,
-                                               unflatten, weighted_sum, zeros_like_state)
+from ooc.executor.distributed.averaging import (
+    allocate_partitions,
+    assign_partitions,
+    dataset_bytes,
+    finish_average,
+    flatten,
+    unflatten,
+    weighted_sum,
+    zeros_like_state,
+)
 from ooc.storage import OocError
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, community_graph, mount_small_tmpfs
+
 from ooc.executor.training.checkpoint import save_checkpoint
 from ooc.executor.training.models import build_model
 from ooc.storage import open_dataset, write_dataset

@@ -26,11 +26,10 @@ from typing import Callable
 
 import numpy as np
 import pytest
-
 from conftest import assert_one_line_error, community_graph
+
 from ooc.storage import open_dataset
-from ooc.storage.dataset import (block_crc32s, meta_checksum, sampled_sha256, scan_index_range,
-                                sha256_file)
+from ooc.storage.dataset import block_crc32s, meta_checksum, sampled_sha256, scan_index_range, sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 N = 300  # nodes of the base dataset

@@ -10,9 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import bench  # noqa: E402  (tools/bench.py)
+from conftest import brute_belady_steps  # noqa: E402
 
 import ooc  # noqa: E402
-from conftest import brute_belady_steps  # noqa: E402
 from ooc.storage.ingest import generate_synthetic  # noqa: E402
 
 

@@ -112,6 +112,7 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
     import subprocess
 
     import scale_plan
+
     from ooc.executor.sizing.budget import plan_memory
     from ooc.executor.training.config import TrainConfig
     from ooc.storage import open_dataset

@@ -16,10 +16,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from conftest import draw_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import draw_batches
 from ooc.caches.changesets import precompute_changesets
 from ooc.core.errors import OocError
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, assert_one_line_error, community_graph
+
 from ooc.executor.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ooc.executor.training.models import build_model
 

@@ -6,9 +6,9 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import REPO, assert_one_line_error
 
 import ooc
-from conftest import REPO, assert_one_line_error
 from ooc.storage import OocError, write_dataset
 
 

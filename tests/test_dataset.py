@@ -5,13 +5,11 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import mapped_kib
 
-from ooc.storage import (DatasetError, DatasetWriter, OocError, csc_from_edges, open_dataset,
-                         write_dataset)
+from ooc.storage import DatasetError, DatasetWriter, OocError, csc_from_edges, open_dataset, write_dataset
 from ooc.storage import writer as writer_mod
 from ooc.storage.dataset import meta_checksum
-
-from conftest import mapped_kib
 
 
 def test_round_trip(small_dataset):
@@ -426,8 +424,8 @@ def test_read_labels_leaves_no_label_pages_resident(tmp_path):
 def test_labels_are_checked_in_their_own_dtype(tmp_path, labels, problem):
     """A uint64 2**64 - 1 once became -1 (unlabeled) in the cast to int64; every writer of
     labels (write_dataset, each ingest) checks them before it."""
-    from ooc.storage import write_dataset
     from ooc.core.errors import InvalidValue
+    from ooc.storage import write_dataset
 
     indptr, indices = csc_from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
     with pytest.raises(InvalidValue, match=rf"^labels: {problem} a class id in \[0, 1048576\) "

@@ -9,16 +9,20 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip, feature_file, in_threads, write_stand_in_binding
 
+from ooc.core import notes
 from ooc.storage import (
-    PAGE, DirectFeatures, DirectReader, OocError, aligned_empty,
-    read_index_ranges, read_ranges,
+    PAGE,
+    DirectFeatures,
+    DirectReader,
+    OocError,
+    aligned_empty,
+    probe,
+    read_index_ranges,
+    read_ranges,
 )
 from ooc.storage import io_backends as B
-from ooc.core import notes
-from ooc.storage import probe
-
-from conftest import backend_or_skip, feature_file, in_threads, write_stand_in_binding
 
 BACKENDS = list(B.REGISTRY)
 

@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from ooc.storage import direct_files as D
 from ooc.core.errors import InvalidValue
+from ooc.storage import direct_files as D
 from ooc.storage.layout import PAGE, FeatureLayout, aligned_empty
 
 

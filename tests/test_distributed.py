@@ -12,9 +12,9 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, assert_one_line_error, community_graph
 from fault_injection import fault_env
+
 from ooc import train as train_cli
 from ooc.executor.distributed import ensure_partitions, launch
 from ooc.executor.training.checkpoint import load_checkpoint

@@ -6,8 +6,8 @@ import pytest
 from conftest import in_threads
 
 import ooc.storage.entries as entries
-from ooc.storage.entries import EntryReader
 from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.storage.entries import EntryReader
 from ooc.storage.layout import PAGE
 
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import community_graph
 
 import ooc
-from conftest import community_graph
 
 PKG = Path(ooc.__file__).resolve().parent
 BUILTIN = {"BudgetError": ValueError, "DatasetError": ValueError, "IOFailure": OSError,
@@ -70,8 +70,8 @@ def test_a_setting_is_named_the_way_its_caller_wrote_it(graph, tmp_path):
     import sys
 
     from conftest import REPO
-    from ooc.core.errors import cli_names, setting
 
+    from ooc.core.errors import cli_names, setting
     from ooc.executor.settings import BY_NAME
 
     assert setting("--memory-budget") == "memory_budget"

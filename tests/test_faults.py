@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, community_graph
 from fault_injection import fault_env
+
 from ooc import train as train_cli
-from ooc.executor.distributed import ensure_partitions, heartbeat as HB, launch
+from ooc.executor.distributed import ensure_partitions, launch
+from ooc.executor.distributed import heartbeat as HB
 from ooc.executor.training.checkpoint import load_checkpoint
 
 #: hang guard only (each run takes seconds)
@@ -136,8 +137,8 @@ def test_kill9_during_inference_leaves_no_store_and_resumes(graph, tmp_path):
     resumes from the partial folder and gives the straight run's arrays."""
     import zarr
 
-    from ooc.executor.training.checkpoint import save_checkpoint
     from ooc.executor.inference.layerwise import partial_path, read_embeddings
+    from ooc.executor.training.checkpoint import save_checkpoint
     from ooc.executor.training.models import build_model
 
     data, _ = graph

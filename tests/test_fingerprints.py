@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import assert_one_line_error
+
+from ooc.core.errors import DatasetError
 from ooc.storage import open_dataset
 from ooc.storage.dataset import INDEX_BLOCK, sampled_pages
-from ooc.core.errors import DatasetError
 from ooc.storage.layout import PAGE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,6 +96,7 @@ def test_meta_edited_consistently_is_refused(big_graph, tmp_path):
 
 def test_partitions_of_an_older_dataset_are_made_again(tmp_path):
     from conftest import community_graph
+
     from ooc.executor.distributed import ensure_partitions
 
     data = community_graph(tmp_path / "g", n=300, seed=0)
@@ -122,6 +123,7 @@ def test_damaged_partitions_are_made_again(tmp_path):
     owner.npy its sha256, every partition opening; else it is partitioned again, the log
     line saying why."""
     from conftest import community_graph
+
     from ooc.executor.distributed import ensure_partitions
 
     data = community_graph(tmp_path / "g", n=300, seed=0)
@@ -161,6 +163,7 @@ def test_damaged_partitions_are_made_again(tmp_path):
 def test_inference_output_of_changed_features_is_not_served(tmp_path):
     import torch
     from conftest import community_graph
+
     from ooc.executor.training.checkpoint import save_checkpoint
     from ooc.executor.training.models import build_model
 
@@ -229,6 +232,7 @@ def test_inference_output_is_not_reused_after_a_rewrite_with_the_mtime_restored(
 
     import torch
     from conftest import community_graph
+
     from ooc.executor.training.checkpoint import save_checkpoint
     from ooc.executor.training.models import build_model
 

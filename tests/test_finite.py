@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import assert_one_line_error, community_graph
+
 from ooc.executor.distributed.averaging import finish_average
-from ooc.executor.training.finite import (ExplodingUpdate, NonFiniteLoss, TrainingDiverged,
-                                          UpdateWatch)
-from ooc.executor.training.trainer import Trainer, TrainConfig
+from ooc.executor.training.finite import ExplodingUpdate, NonFiniteLoss, TrainingDiverged, UpdateWatch
+from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
 REPO = Path(__file__).resolve().parents[1]

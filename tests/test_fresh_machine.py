@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_one_line_error, community_graph, write_stand_in_binding
 
 # ooc.train's main with the stand-in binding registered first in the auto order

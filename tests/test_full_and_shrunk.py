@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, assert_one_line_error, community_graph, mount_small_tmpfs
+
+from ooc.core.errors import IOFailure
 from ooc.executor.inference.layerwise import layerwise_inference
 from ooc.executor.inference.store import disk_bytes
 from ooc.executor.training.checkpoint import save_checkpoint
 from ooc.executor.training.models import build_model
 from ooc.storage import open_dataset
 from ooc.storage import reserve as reserve_mod
-from ooc.core.errors import IOFailure
 from ooc.storage.reserve import map_for_writing, npy_for_writing, reserve
 
 GUARD_S = 300

@@ -8,13 +8,12 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import assert_one_line_error
 
-from ooc.executor.training.checkpoint import save_checkpoint
 from ooc.executor.inference.layerwise import read_embeddings
+from ooc.executor.training.checkpoint import save_checkpoint
 from ooc.executor.training.models import build_model
 from ooc.infer import main
-
-from conftest import assert_one_line_error
 
 
 @pytest.fixture
@@ -119,6 +118,7 @@ def default_run(tmp_path_factory):
     (every layer kept, blocks of 64 targets, so layer 2 reads layer 1's rows from its
     chunk files through the I/O backend)."""
     from conftest import random_graph
+
     from ooc.storage import csc_from_edges, write_dataset
 
     tmp = tmp_path_factory.mktemp("readers")

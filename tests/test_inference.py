@@ -8,14 +8,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import CORA_RAW, require_cora
 
 from ooc.caches.chunk_cache import ChunkCache, simulate
-from ooc.executor.inference.layerwise import (SAFETY_BYTES, compute_order, layerwise_inference,
-                                    partial_path, plan_memory, read_embeddings)
+from ooc.executor.inference.layerwise import (
+    SAFETY_BYTES,
+    compute_order,
+    layerwise_inference,
+    partial_path,
+    plan_memory,
+    read_embeddings,
+)
 from ooc.executor.training.models import build_model
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
 
-from conftest import CORA_RAW, require_cora
 TOL = 1e-4
 
 
@@ -430,8 +436,8 @@ def test_chunk_file_rows_match_the_array(tmp_path, monkeypatch, backend, dtype, 
     (fill values) reads as zeros; a truncated chunk file is one error."""
     import zarr
 
-    from ooc.executor.inference import chunk_rows as CR
     from ooc.core.errors import DatasetError
+    from ooc.executor.inference import chunk_rows as CR
 
     monkeypatch.setattr(CR, "READ_PAGES", 3)   # many requests per chunk, one row over
     rng = np.random.default_rng(3)
@@ -488,9 +494,9 @@ def test_chunk_row_requests_read_each_page_once():
 def test_a_budget_that_forces_extra_reads_is_noted():
     """A layer planned to read its input many times over gets one note naming the budget
     whose chunk cache holds all of it; none when the budget already does."""
+    from ooc.core import notes
     from ooc.executor.inference.blocks import Chunking, LayerPlan, note_extra_reads
     from ooc.executor.inference.memory_plan import BlockCosts
-    from ooc.core import notes
 
     MiB = 1 << 20
     n, d = 100_000, 128                   # a 48.8 MiB input in 13 chunks of 4 MiB

@@ -12,13 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import require_cora
 from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE
 
 from ooc.executor.inference.layerwise import layerwise_inference, read_embeddings
 from ooc.executor.training.models import build_model
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
-
-from conftest import require_cora
 
 #: largest difference allowed between ooc's layers and the reference, absolute for a layer
 #: whose values stay within [-1, 1], else relative to the layer's largest magnitude

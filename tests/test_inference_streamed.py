@@ -9,14 +9,13 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import mapped_kib
 from torch_geometric.nn import GraphSAGE
 
 from ooc.executor.inference.layerwise import layerwise_inference, partial_path, read_embeddings
 from ooc.executor.training.models import build_model
 from ooc.infer import main as infer_main
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
-
-from conftest import mapped_kib
 
 TOL = 1e-4
 
@@ -128,9 +127,9 @@ def test_no_page_of_indptr_stays_mapped(data, tmp_path, monkeypatch, aggregate):
 def test_a_budget_that_streams_many_passes_names_the_one_that_streams_one(monkeypatch):
     """Where the budget makes a streamed layer read its input more than three times over,
     one note names the smallest whole-MiB budget whose plan holds every accumulator."""
+    from ooc.core import notes
     from ooc.executor.inference import streamed as S
     from ooc.executor.inference.memory_plan import BlockCosts
-    from ooc.core import notes
 
     n, e, d_in, d_out = 2_000_000, 30_000_000, 128, 256
     table = n * d_in * 4

@@ -7,8 +7,7 @@ import pytest
 
 from ooc.storage import OocError, csc_from_edges, open_dataset
 from ooc.storage import reserve as reserve_mod
-from ooc.storage.ingest import ingest_edgelist
-from ooc.storage.ingest import edge_buckets
+from ooc.storage.ingest import edge_buckets, ingest_edgelist
 from ooc.storage.ingest.edge_buckets import MIN_WINDOWS
 from ooc.storage.ingest.edgelist import NpyEdges
 

@@ -5,8 +5,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, assert_one_line_error
+
 from ooc.storage import OocError, csc_from_edges, open_dataset
 from ooc.storage.ingest import ingest_igb
 

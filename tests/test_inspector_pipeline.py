@@ -4,10 +4,15 @@ import threading
 import numpy as np
 import pytest
 
-from ooc.sampling.pipeline import (Inspector, measure_bytes_per_batch,
-                                    superbatch_size_for_budget)
-from ooc.sampling.runtime import (FlatChangesets, SuperbatchSamples, read_changesets,
-                                   read_samples, write_changesets, write_samples)
+from ooc.sampling.pipeline import Inspector, measure_bytes_per_batch, superbatch_size_for_budget
+from ooc.sampling.runtime import (
+    FlatChangesets,
+    SuperbatchSamples,
+    read_changesets,
+    read_samples,
+    write_changesets,
+    write_samples,
+)
 from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.storage import OocError, csc_from_edges
 

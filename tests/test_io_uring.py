@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, backend_or_skip, community_graph
-from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, OocError, aligned_empty
+
+from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, OocError, aligned_empty, probe
 from ooc.storage import _uring_kernels as K
 from ooc.storage import io_backends as B
 from ooc.storage import io_uring as U
-from ooc.storage import probe
 
 SHM = Path("/dev/shm")
 

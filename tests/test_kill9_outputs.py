@@ -13,8 +13,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import REPO
+
 from ooc.partition.split import part_name
 from ooc.storage import open_dataset
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import community_graph, require_cora
 
 import ooc
-from conftest import community_graph, require_cora
 from ooc.storage import OocError
 
 PRESETS = ["baseline", "static", "ooc"]

@@ -9,8 +9,8 @@ import threading
 
 import numpy as np
 import pytest
-
 from conftest import REPO, assert_one_line_error
+
 from ooc.storage import OocError, csc_from_edges, write_dataset
 from ooc.storage.locks import exclusive, exclusive_wait, lock_path
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from ooc.executor.training.models import GNN, build_model
-from ooc.core.errors import OocError
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
+
+from ooc.core.errors import OocError
+from ooc.executor.training.models import GNN, build_model
 
 KINDS = ("sage", "gcn", "gat")
 

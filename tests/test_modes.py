@@ -4,15 +4,13 @@ import json
 
 import numpy as np
 import pytest
+from conftest import CORA_RAW
 
 from ooc.executor.loader.presets import PRESET_NAMES as MODES
 from ooc.executor.loader.stack import ModeOptions, build_stack
 from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
-
-from conftest import CORA_RAW
-
 
 MODE_PARAMS = ["baseline", "static", "ooc"]
 
@@ -178,8 +176,8 @@ def test_composed_presets_plug_in(ds, tmp_path):
 
 
 def test_unknown_preset_is_one_line(ds):
-    from ooc.executor.loader.presets import resolve_preset
     from ooc.core.errors import OocError
+    from ooc.executor.loader.presets import resolve_preset
 
     with pytest.raises(OocError, match=r"unknown preset 'fast' \(choose one of baseline, static, ooc"):
         resolve_preset("fast")

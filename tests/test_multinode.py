@@ -21,9 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from conftest import CORA_RAW, REPO, community_graph, require_cora
 from fault_injection import fault_env
+
 from ooc import train as train_cli
 from ooc.executor.distributed import liveness
 from ooc.executor.distributed.comm import PeerLost

@@ -6,12 +6,20 @@ import os
 import numpy as np
 import pytest
 
-from ooc.storage.neighbors import CachedNeighbors, DirectNeighbors, InMemoryNeighbors
-from ooc.caches.neighbor_cache import NeighborCache, build_neighbor_cache, load_or_build_neighbor_cache
+from ooc.caches.neighbor_cache import (
+    CachedNeighbors,
+    NeighborCache,
+    build_neighbor_cache,
+    cache_dir,
+    compute_out_degrees,
+    full_bytes,
+    full_cache_bytes,
+    load_or_build_neighbor_cache,
+)
 from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-from ooc.caches.neighbor_cache import cache_dir, compute_out_degrees, full_bytes, full_cache_bytes
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES
+from ooc.storage.neighbors import DirectNeighbors, InMemoryNeighbors
 
 FANOUTS = [8, 4, -1]
 
@@ -84,8 +92,8 @@ def test_direct_neighbors_read_the_sectors_of_wanted_positions(tmp_path, gap):
     """Through a :class:`DirectReader` that reads 512 B sectors: of each page only the
     sectors from its first to its last wanted position are read (pages 0, 1 and 5 here;
     with gaps of 2 pages read through, 0-1 and 5 stay two reads)."""
-    from ooc.storage.neighbors import NeighborRequest
     from ooc.storage import DirectReader
+    from ooc.storage.neighbors import NeighborRequest
 
     vals = np.arange(8 * 1024, dtype=np.int32) * 3
     path = tmp_path / "indices.bin"

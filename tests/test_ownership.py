@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO, assert_one_line_error
+
 from ooc.storage import csc_from_edges, write_dataset
 from ooc.storage.ownership import MARKER, made_by_ooc
 
@@ -229,6 +229,7 @@ def two_graphs(tmp_path_factory):
     """Two datasets of the same shape (different graphs) and a checkpoint folder of a run
     on the first."""
     from conftest import community_graph
+
     from ooc import train as train_cli
 
     root = tmp_path_factory.mktemp("own")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import draw_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import draw_batches
 from ooc.caches.changesets import precompute_changesets
 from ooc.core.errors import OocError
 

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_graph
 
 from ooc.partition import ALGORITHMS, partition, partition_dataset, split
-from ooc.storage import entries
 from ooc.partition.__main__ import main
-from ooc.storage import csc_from_edges, open_dataset, write_dataset
-
-from conftest import random_graph
+from ooc.storage import csc_from_edges, entries, open_dataset, write_dataset
 
 
 def _check_node_data(src, d, gids, n_own: int, owned_mask, s_x, s_y) -> None:
@@ -215,8 +213,8 @@ def test_springs_parameters_from_python(small_dataset, tmp_path, kw, needle):
     """SPRING's thresholds once took -1 or NaN (every node a singleton, ``NaN`` in
     partition.json) and ``beta=inf`` an OverflowError; each API refuses them naming the
     keyword."""
-    from ooc.partition import spring
     from ooc.core.errors import InvalidValue
+    from ooc.partition import spring
 
     path, _ = small_dataset
     for call in (lambda: partition(path, 2, **kw),
@@ -230,8 +228,8 @@ def test_springs_parameters_from_python(small_dataset, tmp_path, kw, needle):
 def test_json_never_holds_nan(tmp_path):
     """A NaN that reaches a JSON file (partition.json, a report) is refused naming its key,
     not written as ``NaN``, which is not JSON; nothing is left behind."""
-    from ooc.storage.atomic import write_json
     from ooc.core.errors import InvalidValue
+    from ooc.storage.atomic import write_json
 
     target = tmp_path / "partition.json"
     with pytest.raises(InvalidValue, match=r"partition.json: params.tau_vol is nan, which "):

@@ -10,15 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_same_batches
+from test_partition import _check_partitions
 
+from ooc.core.errors import DatasetError
 from ooc.partition import partition_dataset
 from ooc.partition.__main__ import main
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 from ooc.storage.dataset import FEATURE_LINK, ROW_MAP_FILE
-from ooc.core.errors import DatasetError
-
-from conftest import assert_same_batches
-from test_partition import _check_partitions
 
 
 def _community_graph(tmp_path: Path, reorder: str) -> tuple[Path, np.ndarray]:

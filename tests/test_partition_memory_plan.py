@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from ooc.partition.__main__ import main as partition_main
-from ooc.partition.memory_plan import main as plan_main, planned_peak, state_itemsize
+from ooc.partition.memory_plan import main as plan_main
+from ooc.partition.memory_plan import planned_peak, state_itemsize
 from ooc.storage import write_dataset
 
 MiB = 1 << 20

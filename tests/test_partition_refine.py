@@ -64,6 +64,7 @@ def test_refine_matches_reference(tmp_path, p, passes, chunk):
 
 def test_refine_lowers_replication_and_is_default(tmp_path):
     from conftest import community_graph
+
     from ooc.partition.metrics import compute_metrics
 
     path = community_graph(tmp_path / "g", n=400, classes=4)

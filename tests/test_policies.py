@@ -3,14 +3,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import brute_belady_steps, draw_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import brute_belady_steps, draw_batches
-from ooc.caches.miss_curves import (count_misses_belady, count_misses_lru, count_misses_static,
-                                    degree_order, miss_curve_belady, miss_curve_lru, miss_curve_static)
 from ooc.caches.changesets import precompute_changesets
-from ooc.caches.miss_curves import lru_stack_distances
+from ooc.caches.miss_curves import (
+    count_misses_belady,
+    count_misses_lru,
+    count_misses_static,
+    degree_order,
+    lru_stack_distances,
+    miss_curve_belady,
+    miss_curve_lru,
+    miss_curve_static,
+)
 from ooc.core.errors import OocError
 
 

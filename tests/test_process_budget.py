@@ -11,9 +11,9 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import community_graph, require_cora
 
 import ooc
-from conftest import community_graph, require_cora
 from ooc.storage import BudgetError, OocError
 
 MiB = 1 << 20

@@ -8,11 +8,16 @@ import sys
 import numpy as np
 import pytest
 
-from ooc.executor.sizing.budget import default_reserve
-from ooc.executor.sizing.profiler import (extrapolate_epoch, load_sizes, predict_epoch,
-                                         run_time, simulate_epoch)
-from ooc.executor.sizing.rehearsal import Rehearsal
 from ooc.core.errors import OocError
+from ooc.executor.sizing.budget import default_reserve
+from ooc.executor.sizing.profiler import (
+    extrapolate_epoch,
+    load_sizes,
+    predict_epoch,
+    run_time,
+    simulate_epoch,
+)
+from ooc.executor.sizing.rehearsal import Rehearsal
 from ooc.storage.ingest import generate_synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

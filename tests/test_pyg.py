@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import community_graph, require_cora
 from torch_geometric.loader import NeighborLoader, NodeLoader
 from torch_geometric.sampler import NodeSamplerInput
 
 import ooc
 import ooc.pyg
-from conftest import community_graph, require_cora
 from ooc.storage import OocError
 
 KW = dict(num_neighbors=[4, 3], input_nodes="train", batch_size=48, shuffle=True, seed=3)

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip
 
 from ooc.storage import PAGE
 from ooc.storage.read_cost import MAX_GAP_PAGES, RUN_PAGES, fit_read_cost, measure_read_cost
-
-from conftest import backend_or_skip
 
 
 def _rates(op_s: float, page_s: float) -> dict[int, float]:

@@ -2,10 +2,10 @@
 back as contiguous groups; the order is a permutation; windows do not change the result."""
 import numpy as np
 import pytest
+from conftest import assert_same_batches
 
 from ooc.storage import csc_from_edges
 from ooc.storage.reorder import VOTES, OrderStats, locality_order
-from conftest import assert_same_batches
 
 
 def _planted(k: int = 40, size: int = 24, p_out: float = 0.05, seed: int = 0, per: int = 8):
@@ -207,9 +207,9 @@ def test_isolated_nodes_and_empty_graph():
 
 # -- features stored in a locality order (ingest's --reorder) -----------------------------
 
+from ooc.core.errors import DatasetError, IdOutOfRange  # noqa: E402
 from ooc.storage import open_dataset, write_dataset  # noqa: E402
 from ooc.storage.dataset import ROW_MAP_FILE  # noqa: E402
-from ooc.core.errors import DatasetError, IdOutOfRange  # noqa: E402
 from ooc.storage.layout import FeatureLayout  # noqa: E402
 from ooc.storage.reorder import permute_rows, rows_of  # noqa: E402
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ooc.sampling.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
 from ooc.sampling import _sampler_kernels as K
+from ooc.sampling.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
 from ooc.storage import csc_from_edges
 
 

@@ -11,12 +11,11 @@ import os
 
 import numpy as np
 import pytest
+from conftest import backend_or_skip, feature_file
 
 from ooc.storage import PAGE, DirectFeatures, DirectReader, read_ranges
 from ooc.storage import io_backends as B
 from ooc.storage.layout import SECTOR
-
-from conftest import backend_or_skip, feature_file
 
 BACKENDS = list(B.REGISTRY)
 POISON = 0xA5

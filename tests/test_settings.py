@@ -7,11 +7,11 @@ import inspect
 
 import pytest
 
+from ooc.core.errors import InvalidValue, cli_names
 from ooc.executor.loader.node_loader import NodeLoader
 from ooc.executor.loader.stack import ModeOptions
 from ooc.executor.settings import BY_NAME, MODE, RUN, TRAIN
 from ooc.executor.training.config import TrainConfig
-from ooc.core.errors import InvalidValue, cli_names
 from ooc.train import DEFAULTS, _check_options, _mode_options, build_parser
 
 

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st_
 
 from ooc.partition import partition
-from ooc.partition._spring_kernels import (CLUSTER, DEG, RICH, RICH_DEG, RICHEST, VOTE,
-                                           merge_and_assign)
+from ooc.partition._spring_kernels import CLUSTER, DEG, RICH, RICH_DEG, RICHEST, VOTE, merge_and_assign
 from ooc.partition.metrics import compute_metrics
 from ooc.storage import open_dataset
 

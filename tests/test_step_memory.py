@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_budget import _train  # ooc.train in a memory cgroup with a psutil RSS sampler
 
 from ooc.executor.sizing.budget import plan_memory
 from ooc.executor.sizing.step_memory import layer_work, step_bytes
 from ooc.executor.training.models import build_model
 from ooc.executor.training.trainer import TrainConfig
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
-from test_budget import _train  # ooc.train in a memory cgroup with a psutil RSS sampler
 
 MiB = 1 << 20
 
@@ -133,9 +133,9 @@ def test_estimate_bounds_the_measured_step(wide_graph, kind, batch):
     refuses batches that fit)."""
     import gc
 
+    from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
     from ooc.executor.sizing.budget import _probe_step
     from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-    from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
 
     ds = open_dataset(wide_graph)
     torch.manual_seed(0)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 import torch
-
 from conftest import CORA_RAW, REPO, assert_one_line_error, community_graph
+
 from ooc import train as train_cli
 
 QUIET = ["--no-progress", "--mode", "baseline"]  # this file tests the baseline loop

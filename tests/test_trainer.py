@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ooc.executor import (CheckpointError, TrainConfig, Trainer, load_model,
-                          to_data)
+from ooc.executor import CheckpointError, TrainConfig, Trainer, load_model, to_data
 from ooc.executor.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import OocError, csc_from_edges, open_dataset, write_dataset
@@ -146,8 +145,8 @@ def test_unknown_setting_names_the_closest():
     InvalidValue: both are now an UnknownSetting (an InvalidValue and a TypeError) naming
     the keyword and the closest setting."""
     from ooc import NodeLoader
-    from ooc.executor.loader.stack import ModeOptions
     from ooc.core.errors import InvalidValue, UnknownSetting
+    from ooc.executor.loader.stack import ModeOptions
 
     for make, msg in ((lambda: TrainConfig(epochz=3),
                        r"^TrainConfig: no setting 'epochz' \(did you mean epochs\?\)$"),

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import community_graph
 from torch_geometric.nn import GCN, GraphSAGE
 
 import ooc
-from conftest import community_graph
 from ooc.executor import TrainConfig, Trainer
 from ooc.storage import OocError
 

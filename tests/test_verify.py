@@ -7,12 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import assert_one_line_error, community_graph, nan_in_an_unsampled_row
-from ooc.storage import open_dataset
-from ooc.storage.dataset import (INDEX_BLOCK, block_crc32s, meta_checksum, sampled_pages,
-                                 sampled_sha256)
+
 from ooc.core.errors import DatasetError
+from ooc.storage import open_dataset
+from ooc.storage.dataset import INDEX_BLOCK, block_crc32s, meta_checksum, sampled_pages, sampled_sha256
 from ooc.storage.layout import PAGE
 from ooc.storage.verify import verify_dataset
 
@@ -141,6 +140,7 @@ def test_a_nan_row_is_named_by_its_node(tmp_path):
 def test_a_nan_row_of_a_reordered_dataset_is_named_by_its_node(tmp_path):
     """Rows stored in a locality order: the node named is the one whose row holds it."""
     from conftest import random_graph
+
     from ooc.storage import csc_from_edges, write_dataset
 
     n = 3000

@@ -2,17 +2,17 @@
 it: numba compiles a kernel once per argument type, read-only arrays apart, so the
 warm-up must call each with the types the dataset's memmaps give."""
 import numba
-import pytest
 import numpy as np
+import pytest
 
-from ooc.executor.loader.presets import PRESETS
-from ooc.executor.sizing.budget import _child_main
 from ooc.caches import _neighbor_cache_kernels as NK
 from ooc.caches.neighbor_cache import build_neighbor_cache, full_cache_bytes
+from ooc.core.threading_layer import dispatcher_of
+from ooc.executor.loader.presets import PRESETS
+from ooc.executor.sizing.budget import _child_main
 from ooc.storage import DirectFeatures, open_dataset
 from ooc.storage import _direct_kernels as DK
 from ooc.storage.ingest import generate_synthetic
-from ooc.core.threading_layer import dispatcher_of
 
 
 def _signatures() -> dict[str, int]:
@@ -59,7 +59,7 @@ def _all_signatures() -> dict[str, int]:
                                           ("greedy", "locality")])
 def test_a_partition_run_after_its_child_compiles_nothing(tmp_path, algo, reorder):
     from ooc.partition import partition_dataset
-    from ooc.partition.precompile import _child_main as partition_child
+    from ooc.partition.compile_child import main as partition_child
 
     data = generate_synthetic(tmp_path / "d", nodes=2000, avg_degree=6, feature_dim=16,
                               progress=False, reorder=reorder)
@@ -135,8 +135,8 @@ def test_a_kernel_stamp_is_for_this_cpu_and_this_key(monkeypatch):
 def test_a_failed_compile_child_says_so_and_leaves_no_stamp():
     """A child that fails (here: an entry that raises) is one note and a returned reason;
     no stamp, so the next run tries the child again."""
-    from ooc.core.jit import compile_in_child, kernels_stamp
     from ooc.core import notes
+    from ooc.core.jit import compile_in_child, kernels_stamp
 
     key = "test|a child that fails"
     lines: list[str] = []
@@ -159,7 +159,7 @@ def test_a_compile_child_refusing_its_input_leaves_the_saying_to_the_run(capsys)
     bad-argument tests check that)."""
     from ooc.core.jit import compile_in_child
 
-    got = compile_in_child("test|refused", "ooc.partition.precompile:_child_main",
+    got = compile_in_child("test|refused", "ooc.partition.compile_child:main",
                            ["spring", "int32", "float32", "0",
                             '{"parts": 2, "split": false, "halo_hops": 1, '
                             '"refine_passes": -1, "params": {}}'])

@@ -89,8 +89,8 @@ def ensure_dataset(path: Path, spec: dict) -> Path | None:
     (``bench_spec.json``), generated (again) when absent or made by this tool with other
     options. A dataset this tool did not make is used as it is (the generation options do
     not apply) and never overwritten; any other folder there is refused (logged, None)."""
-    from ooc.storage import open_dataset
     from ooc.core.errors import OocError
+    from ooc.storage import open_dataset
     from ooc.storage.ingest import generate_synthetic
 
     stamp = path / "bench_spec.json"

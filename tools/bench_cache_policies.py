@@ -38,10 +38,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ooc.caches.changesets import precompute_changesets
+from ooc.caches.miss_curves import degree_order, miss_curve_belady, miss_curve_lru, miss_curve_static
 from ooc.cli import main_wrapper  # noqa: E402
 from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-from ooc.caches.miss_curves import degree_order, miss_curve_belady, miss_curve_lru, miss_curve_static
-from ooc.caches.changesets import precompute_changesets
 from ooc.storage import open_dataset  # noqa: E402
 
 FRACTIONS = (0.05, 0.10, 0.20, 0.40)

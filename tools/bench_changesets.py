@@ -27,11 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.sampling.sampler import NeighborSampler, derive_seed  # noqa: E402
+from scale_graph import PAPERS100M_EDGES, PAPERS100M_NODES  # noqa: E402  (tools/scale_graph.py)
+
 from ooc.caches.changesets import precompute_changesets  # noqa: E402
+from ooc.sampling.sampler import NeighborSampler, derive_seed  # noqa: E402
 from ooc.storage.atomic import write_json  # noqa: E402
 from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of  # noqa: E402
-from scale_graph import PAPERS100M_EDGES, PAPERS100M_NODES  # noqa: E402  (tools/scale_graph.py)
 
 
 def papers_like_csc(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

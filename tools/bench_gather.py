@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.caches.feature_cache import K, FeatureCache, _bits  # noqa: E402
+from ooc.caches.feature_cache import FeatureCache, K, _bits  # noqa: E402
 from ooc.storage import DirectFeatures, FeatureLayout  # noqa: E402
 
 

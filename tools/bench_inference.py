@@ -45,8 +45,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.executor.inference._kernels import access_plan  # noqa: E402
 from ooc.caches.chunk_cache import simulate  # noqa: E402
+from ooc.executor.inference._kernels import access_plan  # noqa: E402
 from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings  # noqa: E402
 from ooc.executor.training.models import build_model  # noqa: E402
 from ooc.storage import csc_from_edges, open_dataset, write_dataset  # noqa: E402

@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.caches.changesets import precompute_changesets
 from ooc.sampling.pipeline import Inspector  # noqa: E402
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.storage import open_dataset  # noqa: E402
 from ooc.storage.atomic import write_json  # noqa: E402
 

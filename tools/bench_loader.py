@@ -105,13 +105,12 @@ def engine_counters(trainer) -> dict:
 
 def child(spec: dict) -> int:
     """Run ``spec["epochs"]`` data-path epochs of one preset; write the JSON report."""
-    from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.training.trainer import Trainer, TrainConfig, _io_counters, _io_delta
-    from ooc.storage import open_dataset
-
     from dataclasses import replace
 
     from ooc.executor.loader.presets import resolve_preset
+    from ooc.executor.loader.stack import ModeOptions
+    from ooc.executor.training.trainer import TrainConfig, Trainer, _io_counters, _io_delta
+    from ooc.storage import open_dataset
 
     d = open_dataset(spec["data"])
     found = variant(spec["preset"])

@@ -50,8 +50,9 @@ def _loader(kind: str, data: str, a) -> tuple[object, object]:
     kw = dict(num_neighbors=fanouts, input_nodes="train", batch_size=a.batch_size, shuffle=True,
               seed=a.seed, memory_budget=a.budget, queue_depth=a.queue_depth)
     if kind == "pyg+ooc.pyg":
-        import ooc.pyg
         from torch_geometric.loader import NeighborLoader
+
+        import ooc.pyg
 
         fs, gs, sampler = ooc.pyg.remote_backend(data, preset="ooc", **kw)
         loader = NeighborLoader((fs, gs), num_neighbors=fanouts, neighbor_sampler=sampler,
@@ -78,9 +79,9 @@ def child(kind: str, data: str, a) -> None:
 
 
 def topology_child(data: str, a) -> None:
-    import ooc.pyg
     from torch_geometric.loader import NeighborLoader
 
+    import ooc.pyg
     from ooc.core.memory import peak_rss_bytes
 
     fanouts = [int(f) for f in a.fanouts.split(",")]

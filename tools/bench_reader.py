@@ -41,8 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fio  # noqa: E402  (tools/fio.py)
 
 from ooc.core.sizes import parse_size
-from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, aligned_empty  # noqa: E402
-from ooc.storage import io_backends, probe  # noqa: E402
+from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, aligned_empty, io_backends, probe  # noqa: E402  # noqa: E402
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 

@@ -22,13 +22,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.storage.neighbors import CachedNeighbors, DirectNeighbors
+from ooc.caches.neighbor_cache import (
+    CachedNeighbors,  # noqa: E402
+    build_neighbor_cache,
+    full_cache_bytes,  # noqa: E402
+)
 from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-from ooc.caches.neighbor_cache import build_neighbor_cache
-from ooc.caches.neighbor_cache import full_cache_bytes  # noqa: E402
 from ooc.storage import csc_from_edges, open_dataset, write_dataset  # noqa: E402
 from ooc.storage.atomic import write_json  # noqa: E402
 from ooc.storage.direct import DirectReader  # noqa: E402
+from ooc.storage.neighbors import DirectNeighbors
 from ooc.storage.pagecache import drop_page_cache  # noqa: E402
 
 

@@ -33,7 +33,6 @@ import sys
 from types import SimpleNamespace
 
 import numpy as np
-
 import scale_graph as sg  # tools/scale_graph.py
 
 from ooc.core.sizes import format_size
@@ -110,9 +109,9 @@ def sample_batches(shape: sg.Shape, fanouts: list[int], batch_size: int, count: 
     """The first ``count`` training batches of epoch 1 (the run's seeds: the default
     ``--seed``), sampled from :func:`in_memory_graph` of ``shape``; their sizes."""
     from ooc.executor.training.config import TrainConfig
-    from ooc.storage.neighbors import InMemoryNeighbors
     from ooc.sampling.pipeline import bytes_per_batch
     from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.storage.neighbors import InMemoryNeighbors
 
     indptr, indices = in_memory_graph(shape)
     train = sg.split_ids(shape)[0]
@@ -155,14 +154,19 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
                fanouts: list[int], batch_size: int) -> dict:
     """The training plan's terms (:func:`~ooc.executor.sizing.budget.plan_memory`) for the
     shape, preset ``ooc`` with its defaults, one gather thread."""
+    from ooc.caches.neighbor_cache import build_bytes, full_bytes
     from ooc.executor.loader.presets import resolve_preset
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.sizing.budget import (NEIGHBOR_FRACTION, SuperbatchPlan, cache_bytes,
-                                            default_reserve, suggest_budget)
+    from ooc.executor.sizing.budget import (
+        NEIGHBOR_FRACTION,
+        SuperbatchPlan,
+        cache_bytes,
+        default_reserve,
+        suggest_budget,
+    )
     from ooc.executor.sizing.step_memory import step_bytes
     from ooc.executor.training.config import TrainConfig
     from ooc.executor.training.models import build_model
-    from ooc.caches.neighbor_cache import build_bytes, full_bytes
     from ooc.storage.layout import FeatureLayout
     from ooc.storage.offsets import NodeOffsets
 

@@ -34,9 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ooc.cli import ArgumentParser, add_report_arg, main_wrapper  # noqa: E402
+from ooc.core.errors import OocError  # noqa: E402
 from ooc.core.sizes import format_size, parse_size  # noqa: E402
 from ooc.executor.settings import BY_NAME, add_arguments  # noqa: E402
-from ooc.core.errors import OocError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 #: The training settings the profile depends on (as ``python -m ooc.train`` takes them).
@@ -193,8 +193,8 @@ def main(argv=None) -> int:
     options = _mode_options(s)
     dataset = open_dataset(s["data"])  # bad input fails here, before torch is loaded
 
-    from ooc.executor.sizing.profiler import compare_presets, profile
     from ooc.core.memory import tune_malloc
+    from ooc.executor.sizing.profiler import compare_presets, profile
 
     tune_malloc()
     options.validate()

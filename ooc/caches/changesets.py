@@ -77,9 +77,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from ooc.core.errors import OocError
 from ooc.caches import _changeset_kernels as K
-from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.core.errors import IdOutOfRange, InvalidValue, OocError
 
 if TYPE_CHECKING:
     import torch

@@ -25,11 +25,11 @@ from typing import Protocol, cast
 
 import numpy as np
 
+from ooc.caches import _cache_kernels as K
 from ooc.core.errors import InvalidValue
+from ooc.core.worker import Worker
 from ooc.storage.features import Feature
 from ooc.storage.id_map import IdMap
-from ooc.core.worker import Worker
-from ooc.caches import _cache_kernels as K
 
 
 class RowSource(Protocol):

@@ -42,14 +42,15 @@ from typing import Literal
 
 import numpy as np
 
+from ooc.caches import _neighbor_cache_kernels as NK
+from ooc.core.errors import DatasetError
+from ooc.core.notes import note
 from ooc.storage.atomic import atomic_dir, write_json
 from ooc.storage.dataset import index_range_error
-from ooc.core.errors import DatasetError
 from ooc.storage.id_map import IdMap
-from ooc.core.notes import note
+from ooc.storage.neighbors import NeighborRequest, NeighborSource
 from ooc.storage.pagecache import release_mapped
-
-from ooc.caches import _neighbor_cache_kernels as NK
+from ooc.storage.probe import cache_dir as user_root
 
 __all__ = ["MIN_CACHE_BYTES", "NeighborCache", "build_bytes", "build_neighbor_cache", "cache_dir",
            "load_or_build_neighbor_cache", "full_cache_bytes", "compute_out_degrees",
@@ -416,7 +417,6 @@ def cache_dir(dataset_path: str | os.PathLike, budget_bytes: int) -> Path:
 def user_cache_dir(dataset, budget_bytes: int) -> Path:
     """Where the cache lives when the dataset folder is not writable: the user
     cache folder, keyed by a hash of the dataset's ``meta.json``."""
-    from ooc.storage.probe import cache_dir as user_root
 
     ident = hashlib.sha256((Path(dataset.path) / "meta.json").read_bytes()).hexdigest()[:24]
     return user_root() / "neighbor_cache" / ident / str(int(budget_bytes))
@@ -492,3 +492,42 @@ def load_or_build_neighbor_cache(dataset, budget_bytes: int) -> NeighborCache:
         except OSError:
             continue
     return cache
+
+
+class CachedNeighbors(NeighborSource):
+    """Neighbour ids from a :class:`~ooc.caches.neighbor_cache.NeighborCache`,
+    misses from ``fallback``.
+
+    Hits and misses count frontier nodes with at least one wanted position.
+    """
+
+    def __init__(self, cache, fallback: NeighborSource):
+        self.cache = cache
+        self.fallback = fallback
+        self.hits = 0
+        self.misses = 0
+
+    def gather(self, req: NeighborRequest) -> np.ndarray:
+        out = np.empty(req.size, dtype=np.int64)
+        miss = np.zeros(req.nodes.shape[0], dtype=np.bool_)
+        keys, vals, shift = self.cache.slots.table
+        hits, misses = NK.cache_gather(req.nodes, req.offsets, req.rel_pos, keys, vals, shift,
+                                       self.cache.cache_array, out, miss)
+        self.hits += int(hits)
+        self.misses += int(misses)
+        if misses and not hits:
+            return self.fallback.gather(req)
+        if misses:
+            which = np.flatnonzero(miss).astype(np.int64)
+            sub, sel = req.subset(which)
+            out[sel] = self.fallback.gather(sub)
+        return out
+
+    def stats(self) -> dict:
+        total = self.hits + self.misses
+        return {"neighbor_cache_hits": self.hits, "neighbor_cache_misses": self.misses,
+                "neighbor_cache_hit_ratio": (self.hits / total) if total else 0.0,
+                **self.fallback.stats()}
+
+    def close(self) -> None:
+        self.fallback.close()

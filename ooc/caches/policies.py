@@ -30,8 +30,12 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from ooc.caches.feature_cache import FeatureCache
+from ooc.caches import changesets as C
 from ooc.caches.changesets import PageOf
+from ooc.caches.feature_cache import FeatureCache
+from ooc.caches.miss_curves import degree_order as order_of
+from ooc.caches.miss_curves import hottest
+from ooc.caches.neighbor_cache import compute_out_degrees, degree_dtype
 from ooc.core.errors import InvalidValue
 
 #: A policy's changeset function: the superbatch's batches (int64 node ids each)
@@ -111,7 +115,6 @@ class NoCache(CachePolicy):
 def out_degrees(dataset) -> np.ndarray:
     """[N] out-degrees (uint32; int64 from 2^32 edges), from one pass over ``indices.bin``
     through its memmap, its pages dropped as it goes."""
-    from ooc.caches.neighbor_cache import compute_out_degrees, degree_dtype
 
     return compute_out_degrees(dataset.indices, dataset.num_nodes,
                                dtype=degree_dtype(dataset.num_edges))
@@ -119,7 +122,6 @@ def out_degrees(dataset) -> np.ndarray:
 
 def degree_order(dataset) -> np.ndarray:
     """int64 [N]: node ids by decreasing out-degree, ties by id (the static order)."""
-    from ooc.caches.miss_curves import degree_order as order_of
 
     return order_of(out_degrees(dataset))
 
@@ -128,7 +130,6 @@ def hottest_nodes(dataset, k: int) -> np.ndarray:
     """The ``k`` first nodes of :func:`degree_order`, sorted by id (int64), holding
     the degrees and one partitioned copy of them (8 bytes per node) instead of the
     order's 24."""
-    from ooc.caches.miss_curves import hottest
 
     return hottest(out_degrees(dataset), k)
 
@@ -147,7 +148,6 @@ class StaticCache(CachePolicy):
     def build_bytes(self, dataset) -> int:
         # the degrees and their partitioned copy (uint32 each, int64 from 2^32 edges), the
         # comparison masks, and one chunk of indices.bin's pages mapped at a time
-        from ooc.caches.neighbor_cache import degree_dtype
 
         per = np.dtype(degree_dtype(dataset.num_edges)).itemsize
         chunk = min(dataset.num_edges, 1 << 24)  # compute_out_degrees' chunk
@@ -217,7 +217,6 @@ class BeladyCache(CachePolicy):
         entries). Superbatches come in order from the inspector's one changeset
         thread, across epochs; if the executor stops early its cache differs from
         that state and the switch reads the difference: still exact."""
-        from ooc.caches import changesets as C
 
         device = self.device or device
         if device in (None, "auto"):

@@ -20,6 +20,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ooc.core.notes import note
+
 #: numba threading layers that take parallel launches from several threads at once
 THREAD_SAFE_LAYERS = ("omp", "tbb")
 
@@ -39,8 +41,6 @@ def layer_is_thread_safe() -> bool:
         layer = numba.threading_layer()
         _thread_safe = layer in THREAD_SAFE_LAYERS
         if not _thread_safe:
-            from ooc.core.notes import note
-
             note(f"numba's threading layer is {layer!r}, not omp or tbb (numba found "
                  f"neither libgomp nor tbb, or NUMBA_THREADING_LAYER chose it): ooc runs "
                  f"its parallel kernels one at a time and each launch is slow; install the "

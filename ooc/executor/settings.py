@@ -28,8 +28,10 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import numpy as np
 
-from ooc.core.sizes import check_range, format_size, parse_size
 from ooc.core.errors import InvalidValue, UnknownSetting, setting
+from ooc.core.sizes import check_range, format_size, parse_size
+from ooc.executor.loader.presets import PRESET_NAMES
+from ooc.storage.io_backends import REGISTRY
 
 _C = TypeVar("_C", bound=type)
 
@@ -38,14 +40,10 @@ KINDS = ("int", "float", "size", "choice", "text", "fanouts", "flag")
 
 
 def _presets() -> tuple[str, ...]:
-    from ooc.executor.loader.presets import PRESET_NAMES
-
     return PRESET_NAMES
 
 
 def _backends() -> tuple[str, ...]:
-    from ooc.storage.io_backends import REGISTRY
-
     return ("auto",) + tuple(REGISTRY)
 
 

@@ -33,21 +33,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.storage import Dataset, open_dataset
-from ooc.storage.atomic import atomic_dir, replace_refusal, write_json
-from ooc.storage.dataset import meta_checksum, sha256_file
+from ooc.core.errors import DatasetError, InvalidValue, IOFailure, OocError, OutputExists, setting
+from ooc.core.jit import note_if_cold
 from ooc.core.memory import current_rss_bytes, peak_rss_bytes, tune_malloc
-from ooc.partition.base import Assignment, warm_up
+from ooc.core.sizes import check_range
+from ooc.partition.base import ALGORITHMS, Assignment, warm_up
 from ooc.partition.baselines import edge_partition
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
 from ooc.partition.metrics import compute_metrics
+from ooc.partition.precompile import compile_partition_kernels
 from ooc.partition.refine import refine
-from ooc.partition.spring import TAU_FACTOR, check_thresholds, spring
-from ooc.core.sizes import check_range
-from ooc.core.errors import DatasetError, IOFailure, InvalidValue, OocError, OutputExists, setting
 from ooc.partition.split import feature_writer, part_name, write_partition
-
-ALGORITHMS = ("spring", "hash", "greedy", "dbh", "hdrf")
+from ooc.partition.spring import TAU_FACTOR, check_thresholds, spring
+from ooc.storage import Dataset, open_dataset
+from ooc.storage.atomic import atomic_dir, replace_refusal, write_json
+from ooc.storage.dataset import meta_checksum, sha256_file
 
 __all__ = ["ALGORITHMS", "Assignment", "EdgeStream", "compute_metrics", "edge_partition",
            "partition", "partition_dataset", "spring"]
@@ -216,9 +216,6 @@ def reuse_problem(out: Path, fingerprint: dict) -> str | None:
 
 def _precompile(dataset: Dataset, parts: int, algo: str, split: bool, halo_hops: int,
                 params: dict) -> None:
-    from ooc.core.jit import note_if_cold
-    from ooc.partition.precompile import compile_partition_kernels
-
     note_if_cold(("ooc.partition._kernels", "ooc.partition._spring_kernels"),
                  "the partitioning kernels")
     compile_partition_kernels(dataset, parts, algo, split=split, halo_hops=halo_hops,

@@ -14,11 +14,11 @@ import sys
 from typing import Sequence
 
 from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrapper, write_report
-from ooc.core.sizes import format_size
+from ooc.core.errors import InvalidValue
 from ooc.core.memory import peak_rss_bytes
+from ooc.core.sizes import format_size
 from ooc.partition import ALGORITHMS, partition_dataset
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES
-from ooc.core.errors import InvalidValue
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,13 @@ from typing import Iterator
 
 import numpy as np
 
+from ooc.partition import _kernels as K
+from ooc.partition._baseline_kernels import edge_chunk
+from ooc.partition._spring_kernels import cluster_edges, merge_and_assign, new_state
+
+#: The partitioners :func:`ooc.partition.partition` runs.
+ALGORITHMS = ("spring", "hash", "greedy", "dbh", "hdrf")
+
 
 @dataclass
 class Assignment:
@@ -66,7 +73,6 @@ def warm_up(algo: str, index_dtype) -> float:
 
     import numpy as np
 
-    from ooc.partition import _kernels as K
 
     t0 = time.perf_counter()
     idt = np.dtype(index_dtype)
@@ -84,8 +90,6 @@ def warm_up(algo: str, index_dtype) -> float:
     K.refine_chunk(indptr, 0, 0, src, owner, np.array([2], dtype=np.int64), 2, one.copy(),
                    np.zeros(1, dtype=np.int32), one.copy(), one.copy())
     if algo == "spring":
-        from ooc.partition._spring_kernels import cluster_edges, merge_and_assign, new_state
-
         st = new_state(deg)
         vol = np.zeros(3, dtype=np.int64)
         k = np.ones(1, dtype=np.int64)
@@ -94,8 +98,6 @@ def warm_up(algo: str, index_dtype) -> float:
         cluster_edges(src, d, st, vol, k, 1.0)
         merge_and_assign(st, int(k[0]), np.zeros(2, dtype=np.int64), 2.0, 1, 1)
     else:
-        from ooc.partition._baseline_kernels import edge_chunk
-
         cand = np.full(2, -1, dtype=np.int32)
         cnt = np.zeros(2, dtype=np.int32)
         edge_chunk(0, indptr, 0, 0, src, 1, 0, deg, np.zeros(1, dtype=np.int64), bits,

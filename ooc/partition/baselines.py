@@ -44,12 +44,12 @@ import time
 
 import numpy as np
 
-from ooc.storage import Dataset
+from ooc.core.errors import InvalidValue
 from ooc.partition._baseline_kernels import DBH, GREEDY, HASH, HDRF, edge_chunk
 from ooc.partition._kernels import finish_owner, popcount_total
 from ooc.partition.base import Assignment, progress_bar
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
-from ooc.core.errors import InvalidValue
+from ooc.storage import Dataset
 
 _CODES = {"hash": HASH, "dbh": DBH, "greedy": GREEDY, "hdrf": HDRF}
 

@@ -31,9 +31,10 @@ from typing import Iterator
 
 import numpy as np
 
+from ooc.core.errors import IOFailure
+from ooc.partition._kernels import add_out_degrees
 from ooc.storage import Dataset
 from ooc.storage.dataset import index_range_error
-from ooc.core.errors import IOFailure
 from ooc.storage.pagecache import release_mapped
 
 #: Default number of edges per chunk (1 Mi edges = 4 MiB of int32 ids).
@@ -132,7 +133,6 @@ class EdgeStream:
 
     def out_degrees(self, progress=None) -> np.ndarray:
         """int64 [N] out-degrees (one streaming pass)."""
-        from ooc.partition._kernels import add_out_degrees
 
         deg = np.zeros(self.num_nodes, dtype=np.int64)
         for ch in self.chunks():

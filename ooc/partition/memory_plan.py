@@ -96,16 +96,16 @@ from typing import Sequence
 import numpy as np
 
 from ooc.cli import main_wrapper
-from ooc.storage import Dataset
-from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES as MAX_BUFFER_PAGES
-from ooc.storage.entries import PIECE_ENTRIES
 from ooc.core.errors import InvalidValue
-from ooc.storage.layout import PAGE, index_dtype
-from ooc.storage.writer import CHECK_ROWS
-from ooc.partition import ALGORITHMS as ALGOS
+from ooc.partition.base import ALGORITHMS as ALGOS
 from ooc.partition._spring_kernels import state_dtype
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES
 from ooc.partition.split import FEATURE_CHUNK_BYTES, ID_PIECE, LABEL_CHUNK
+from ooc.storage import Dataset
+from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES as MAX_BUFFER_PAGES
+from ooc.storage.entries import PIECE_ENTRIES
+from ooc.storage.layout import PAGE, index_dtype
+from ooc.storage.writer import CHECK_ROWS
 
 #: The label reader's page buffer at its largest (:class:`~ooc.storage.entries.EntryReader`).
 ENTRY_BUFFER = PIECE_ENTRIES * PAGE

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from ooc.storage import Dataset
 from ooc.partition._kernels import replica_chunk, replica_counts
 from ooc.partition.base import progress_bar
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ooc.storage import Dataset
 
 
 def replica_bits(dataset: Dataset, owner: np.ndarray, parts: int,

@@ -10,11 +10,10 @@ metrics and the split with the argument types the real run gives them.
 from __future__ import annotations
 
 import json
-import sys
-import tempfile
-from pathlib import Path
 
 import numpy as np
+
+from ooc.core.jit import compile_in_child
 
 
 def compile_partition_kernels(dataset, parts: int, algo: str, *, split: bool = True,
@@ -22,35 +21,11 @@ def compile_partition_kernels(dataset, parts: int, algo: str, *, split: bool = T
                               **params) -> str:
     """Compile (or find in numba's cache) the kernels ``partition_dataset(dataset, ...,
     algo, ...)`` runs, in a child process; returns how it went, in words."""
-    from ooc.core.jit import compile_in_child
 
     ordered = dataset.meta.get("feature_order") is not None
     idt, fdt = np.dtype(dataset.index_dtype).name, np.dtype(dataset.feature_dtype).name
     options = {"parts": min(int(parts), 4), "split": bool(split), "halo_hops": int(halo_hops),
                "refine_passes": int(refine_passes), "params": params}
     key = f"partition|{algo}|{idt}|{fdt}|{ordered}|{json.dumps(options, sort_keys=True)}"
-    return compile_in_child(key, "ooc.partition.precompile:_child_main",
+    return compile_in_child(key, "ooc.partition.compile_child:main",
                             [algo, idt, fdt, str(int(ordered)), json.dumps(options)])
-
-
-def _child_main(argv: list[str]) -> None:
-    """``compile_partition_kernels``'s child: ALGO INDEX_DTYPE FEATURE_DTYPE ORDERED OPTIONS
-    (JSON: parts, split, halo_hops, refine_passes, params)."""
-    from ooc.storage.ingest import generate_synthetic
-    from ooc.partition import partition_dataset
-    from ooc.partition.base import warm_up
-
-    algo, idt, fdt, ordered, options = argv
-    opts = json.loads(options)
-    warm_up(algo, np.dtype(idt))  # a graph of over 2**31 nodes stores int64 ids
-    with tempfile.TemporaryDirectory(prefix="ooc-partition-jit-") as tmp:
-        data = generate_synthetic(Path(tmp) / "d", nodes=640, avg_degree=6, feature_dim=4,
-                                  dtype=fdt, progress=False,
-                                  reorder="locality" if int(ordered) else "none")
-        partition_dataset(data, Path(tmp) / "p", opts["parts"], algo, split=opts["split"],
-                          halo_hops=opts["halo_hops"], refine_passes=opts["refine_passes"],
-                          chunk_edges=512, **opts["params"])
-
-
-if __name__ == "__main__":
-    _child_main(sys.argv[1:])

@@ -30,11 +30,11 @@ import time
 
 import numpy as np
 
-from ooc.storage import Dataset
+from ooc.core.errors import InvalidValue
 from ooc.partition._kernels import refine_chunk
 from ooc.partition.base import progress_bar
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
-from ooc.core.errors import InvalidValue
+from ooc.storage import Dataset
 
 
 def refine(dataset: Dataset, owner: np.ndarray, parts: int, *, passes: int = 1,

@@ -50,17 +50,16 @@ from pathlib import Path
 
 import numpy as np
 
+from ooc.core.errors import InvalidValue
+from ooc.partition._kernels import halo_local_chunk, mark_halo_chunk, nodes_by_layer, radix_order, replicas_of
+from ooc.partition.base import progress_bar
+from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
 from ooc.storage import Dataset, DatasetWriter
 from ooc.storage.dataset import ROW_MAP_FILE
 from ooc.storage.direct import DirectFeatures
 from ooc.storage.entries import IDS_PER_READ
 from ooc.storage.layout import index_dtype
 from ooc.storage.reorder import rows_of
-from ooc.partition._kernels import (halo_local_chunk, mark_halo_chunk, nodes_by_layer, radix_order,
-                                    replicas_of)
-from ooc.partition.base import progress_bar
-from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
-from ooc.core.errors import InvalidValue
 
 #: Bytes of feature rows copied per chunk.
 FEATURE_CHUNK_BYTES = 64 << 20

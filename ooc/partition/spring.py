@@ -93,13 +93,13 @@ import time
 
 import numpy as np
 
-from ooc.storage import Dataset
+from ooc.core.errors import InvalidValue
+from ooc.core.sizes import check_range
 from ooc.partition._kernels import expand_dst
 from ooc.partition._spring_kernels import RICHEST, VOTE, cluster_edges, merge_and_assign, new_state
 from ooc.partition.base import Assignment, progress_bar
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
-from ooc.core.sizes import check_range
-from ooc.core.errors import InvalidValue
+from ooc.storage import Dataset
 
 #: Default ``tau_vol = TAU_FACTOR * |E| / p``.
 TAU_FACTOR = 0.1

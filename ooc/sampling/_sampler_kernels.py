@@ -240,15 +240,6 @@ def merge_nodes(all_nodes, all_ptr, new_nodes, new_src, new_cnt, out_nodes, out_
             front[fo + i] = u
 
 
-@parallel_kernel
-@nb.njit(parallel=True, cache=True)
-def gather_in_memory(edge_pos, indices, out):
-    """out[e] = indices[edge_pos[e]] (positions within ``indices``: the sampler
-    checks ``len(indices) >= indptr[-1]`` once)."""
-    for e in prange(edge_pos.shape[0]):
-        out[e] = indices[edge_pos[e]]
-
-
 # ---------------------------------------------------------------- pure Python twins
 
 _MASK = (1 << 64) - 1

@@ -15,11 +15,19 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ooc.sampling.runtime import (FlatChangesets, SuperbatchSamples, read_changesets, read_samples,
-                                  remove_superbatch, superbatch_dir, write_changesets, write_samples)
-from ooc.sampling.sampler import NeighborSampler
-from ooc.core.worker import Worker
 from ooc.core.errors import BudgetError, InvalidValue
+from ooc.core.worker import Worker
+from ooc.sampling.runtime import (
+    FlatChangesets,
+    SuperbatchSamples,
+    read_changesets,
+    read_samples,
+    remove_superbatch,
+    superbatch_dir,
+    write_changesets,
+    write_samples,
+)
+from ooc.sampling.sampler import NeighborSampler
 
 
 @dataclass

@@ -33,8 +33,8 @@ from typing import Sequence
 import numpy as np
 
 from ooc.caches.changesets import FlatChangesets
+from ooc.core.errors import InvalidValue, IOFailure, NotFound
 from ooc.sampling.sampler import SampledBatch
-from ooc.core.errors import IOFailure, InvalidValue, NotFound
 
 SAMPLE_MARK = "superbatch.json"
 CHANGESET_MARK = "changesets.json"

@@ -23,11 +23,11 @@ from typing import Sequence
 import numba
 import numpy as np
 
-from ooc.storage.dataset import index_range_error
+from ooc.core.errors import InvalidValue
 from ooc.sampling import _sampler_kernels as K
+from ooc.storage.dataset import index_range_error
 from ooc.storage.neighbors import InMemoryNeighbors, NeighborRequest, NeighborSource, source_path
 from ooc.storage.offsets import NodeOffsets
-from ooc.core.errors import InvalidValue
 
 __all__ = ["SampledBatch", "NeighborSampler", "derive_seed", "epoch_batches"]
 

@@ -2,9 +2,19 @@
 
 This package imports nothing else of ooc.
 """
+from ooc.core.errors import (
+                             BudgetError,
+                             DatasetError,
+                             IdOutOfRange,
+                             InvalidValue,
+                             IOFailure,
+                             NotFound,
+                             OocError,
+                             OutputBusy,
+                             OutputExists,
+                             TimedOut,
+)
 from ooc.storage.dataset import Dataset, MmapFeatures, open_dataset
-from ooc.core.errors import (BudgetError, DatasetError, IdOutOfRange, InvalidValue, IOFailure, NotFound,
-                             OocError, OutputBusy, OutputExists, TimedOut)
 from ooc.storage.layout import PAGE, FeatureLayout
 from ooc.storage.writer import DatasetWriter, csc_from_edges, write_dataset
 
@@ -13,8 +23,14 @@ __all__ = [
     "IdOutOfRange", "InvalidValue", "MmapFeatures", "NotFound", "OocError", "OutputBusy",
     "OutputExists", "TimedOut", "csc_from_edges", "open_dataset", "write_dataset",
 ]
-from ooc.storage.direct import (DirectFeatures, DirectReader, ReadStats, aligned_empty,
-                                read_index_ranges, read_ranges)
+from ooc.storage.direct import (
+                             DirectFeatures,
+                             DirectReader,
+                             ReadStats,
+                             aligned_empty,
+                             read_index_ranges,
+                             read_ranges,
+)
 from ooc.storage.io_backends import CHOICES as IO_BACKENDS  # noqa: E402
 
 __all__ += [

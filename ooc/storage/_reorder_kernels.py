@@ -7,7 +7,6 @@ from numba import njit, prange
 
 from ooc.core.threading_layer import parallel_kernel
 
-
 #: In-neighbour lists up to this long are tallied in a thread's small hash table; longer
 #: ones (few) are sorted, one at a time.
 HASHED = 4096

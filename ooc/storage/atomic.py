@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ooc.core.errors import InvalidValue, OutputExists
+from ooc.storage.locks import exclusive
+from ooc.storage.ownership import MARKER, made_by_ooc, mark, record_files, user_entries, what_refusal
 
 
 def _umask() -> int:
@@ -55,7 +57,6 @@ def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
     exists; a folder holding entries of the user's (:func:`~.ownership.user_entries`,
     moved there by a run killed while replacing an output) is kept. Returns what was
     removed."""
-    from ooc.storage.ownership import made_by_ooc, user_entries
 
     final = Path(final)
     removed: list[Path] = []
@@ -137,7 +138,6 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False,
     if locked is None:
         yield from _atomic_dir(final, overwrite, replaceable, inputs, what)
         return
-    from ooc.storage.locks import exclusive
 
     with exclusive(final, locked):
         yield from _atomic_dir(final, overwrite, replaceable, inputs, what)
@@ -151,7 +151,6 @@ def carry_user_files(old: Path, new: Path) -> list[str]:
     Raises:
         OutputExists: ``new`` has an entry of the same name (nothing is moved).
     """
-    from ooc.storage.ownership import user_entries
 
     names = user_entries(old)
     clash = [n for n in names if os.path.lexists(new / n)]
@@ -178,7 +177,6 @@ def replace_refusal(final: Path, inputs: tuple = (), what: str | None = None) ->
     marker, be a real folder (not a symlink), neither be, hold nor lie inside one of
     ``inputs`` and, with ``what``, be an output of that kind that lies inside no other
     (:func:`~.ownership.what_refusal`)."""
-    from ooc.storage.ownership import MARKER, made_by_ooc, what_refusal
 
     for p in inputs:
         if p is not None and os.path.lexists(p) and (within(final, p) or within(p, final)):
@@ -191,8 +189,6 @@ def replace_refusal(final: Path, inputs: tuple = (), what: str | None = None) ->
 
 def _atomic_dir(final: Path, overwrite: bool, replaceable: Callable[[Path], str | None] | None,
                 inputs: tuple, what: str | None) -> Iterator[Path]:
-    from ooc.storage.ownership import mark, record_files
-
     remove_stale_temps(final)
     if os.path.lexists(final):
         if not overwrite:

@@ -12,11 +12,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ooc.storage.features import check_out
 from ooc.core.errors import DatasetError
+from ooc.storage._reorder_kernels import first_repeat
 from ooc.storage.bus_guard import check_size, watch
-from ooc.storage.layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowTable, RowView, index_dtype,
-                                padded_bytes)
+from ooc.storage.entries import EntryReader
+from ooc.storage.features import NodeRows, check_out
+from ooc.storage.layout import (
+    FEATURE_DTYPES,
+    PAGE,
+    FeatureLayout,
+    RowTable,
+    RowView,
+    index_dtype,
+    padded_bytes,
+)
+from ooc.storage.offsets import NodeOffsets
+from ooc.storage.reorder import rows_of
 
 FORMAT_NAME = "ooc-dataset"
 FORMAT_VERSION = 1
@@ -299,7 +310,6 @@ class Dataset:
         through this."""
         if self.row_of is None:
             return reader
-        from ooc.storage.features import NodeRows
 
         return NodeRows(reader, self.row_of, str(self.features_file))
 
@@ -312,7 +322,6 @@ class Dataset:
         rows = np.asarray(self.row_of)
         ids = index_dtype(self.num_nodes)
         if self.linked_file is None:  # a permutation: its inverse
-            from ooc.storage.reorder import rows_of
 
             return rows_of(rows, ids)
         return np.argsort(rows, kind="stable").astype(ids)
@@ -339,8 +348,6 @@ class Dataset:
         use and shared by every sampler of this dataset."""
         with _LAZY_LOCK:
             if self._offsets is None:
-                from ooc.storage.offsets import NodeOffsets
-
                 self._offsets = NodeOffsets(self.indptr)
             return self._offsets
 
@@ -378,8 +385,6 @@ class Dataset:
         with _LAZY_LOCK:
             reader = self._entry_readers.get(name)
             if reader is None:
-                from ooc.storage.entries import EntryReader
-
                 reader = self._entry_readers[name] = EntryReader(
                     self.file(name), arr.offset, arr.dtype, arr.shape[0])
         return reader.read(ids, width)
@@ -877,7 +882,6 @@ def _load_row_map(path: Path, meta: dict, n: int, linked_rows: int | None = None
     ``0 .. linked_rows-1`` instead."""
     if "feature_order" not in meta:
         return None
-    from ooc.storage._reorder_kernels import first_repeat
 
     p = path / ROW_MAP_FILE
     entry = meta["files"].get(ROW_MAP_FILE)

@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ooc.core.errors import IdOutOfRange, InvalidValue, IOFailure
 from ooc.storage import _direct_kernels as K
 from ooc.storage.features import check_out
 from ooc.storage.io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
-from ooc.storage.layout import PAGE, FeatureLayout, RowTable, _aligned_part, aligned_empty
-from ooc.core.errors import IOFailure, IdOutOfRange, InvalidValue
+from ooc.storage.layout import PAGE, FeatureLayout, RowTable, aligned_part, aligned_empty
 
 __all__ = [
     "AUTO_ORDER", "CHOICES", "DirectFeatures", "DirectReader", "ReadStats", "aligned_empty",
@@ -391,7 +391,7 @@ class DirectFeatures(RowTable):
         n = ids.shape[0]
         if out is None and n and lay.row_bytes % PAGE == 0:
             # page-aligned, so the rows are read straight into it
-            out = _aligned_part(np.empty(n * lay.row_bytes + PAGE, np.uint8), n * lay.row_bytes
+            out = aligned_part(np.empty(n * lay.row_bytes + PAGE, np.uint8), n * lay.row_bytes
                                 ).view(lay.dtype).reshape(n, lay.dim)
         elif out is None:
             out = np.empty((n, lay.dim), dtype=lay.dtype)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.storage.direct import DirectReader, read_index_ranges
 from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.storage.direct import DirectReader, read_index_ranges
 from ooc.storage.layout import PAGE
 
 #: Entries read per request: at most this many pages (16 MiB) in the reader's buffer.

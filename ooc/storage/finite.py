@@ -11,8 +11,8 @@ import os
 
 import numpy as np
 
-from ooc.storage import _finite_kernels as K
 from ooc.core.errors import DatasetError
+from ooc.storage import _finite_kernels as K
 
 #: The exponent bits of each float dtype (all set: NaN or infinite), with the unsigned
 #: integer type of the same width.

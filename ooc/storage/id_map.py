@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ooc.storage import _id_map_kernels as K
 from ooc.core.errors import InvalidValue
+from ooc.storage import _id_map_kernels as K
 
 _INT32_MAX = np.iinfo(np.int32).max
 

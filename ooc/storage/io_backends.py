@@ -29,16 +29,16 @@ entry in :data:`REGISTRY`.
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 from typing import ClassVar
 
 import numpy as np
 
-from ooc.core.errors import InvalidValue, OocError
-from ooc.storage.layout import PAGE, SECTOR, aligned_empty
+from ooc.core.errors import InvalidValue, IOFailure, OocError
 from ooc.core.notes import note
-from ooc.core.errors import IOFailure
+from ooc.storage import probe
+from ooc.storage.probe import load_class
+from ooc.storage.layout import PAGE, SECTOR, aligned_empty
 
 #: name -> "module:Class" (imported on first use, so a broken binding is never
 #: imported by a process that does not read with it).
@@ -194,12 +194,6 @@ def backend_class(name: str) -> type[ReadBackend]:
     return load_class(target)
 
 
-def load_class(target: str) -> type[ReadBackend]:
-    """The backend class named by ``"module:Class"``."""
-    mod, cls = target.split(":")
-    return getattr(importlib.import_module(mod), cls)
-
-
 def check_choice(name: str) -> str:
     """``name`` if it is a valid ``io_backend`` value, else a ValueError naming the choices."""
     if name != "auto" and name not in REGISTRY:
@@ -215,7 +209,6 @@ def open_backend(path: str, size: int, queue_depth: int, backend: str = "auto",
     reason; ``auto`` passes over it with one ``ooc: note:`` line (once per
     process and reason) naming the backend that reads instead.
     """
-    from ooc.storage import probe
 
     check_choice(backend)
     order = AUTO_ORDER if backend == "auto" else (backend,)

@@ -44,9 +44,10 @@ import time
 
 import numpy as np
 
+from ooc.core.errors import InvalidValue
+from ooc.core.version import __version__
 from ooc.storage import _uring_kernels as K
 from ooc.storage.io_backends import ReadBackend, Refused
-from ooc.core.errors import InvalidValue
 
 #: Bump when the engine changes (part of the probe's cache key, with ooc's and numba's versions).
 ENGINE_VERSION = 3
@@ -104,7 +105,6 @@ class NativeUringBackend(ReadBackend):
         """ooc's version, :data:`ENGINE_VERSION` and numba's (which compiles the engine)."""
         import numba
 
-        from ooc.core.version import __version__
 
         return f"{__version__}+engine{ENGINE_VERSION}+numba{numba.__version__}"
 

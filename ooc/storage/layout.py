@@ -13,6 +13,7 @@ import errno
 from dataclasses import dataclass
 
 import numpy as np
+
 from ooc.core.errors import InvalidValue
 
 PAGE = 4096
@@ -186,10 +187,10 @@ def aligned_empty(nbytes: int, align: int = PAGE) -> np.ndarray:
     nbytes = int(nbytes)
     if nbytes < 0:
         raise InvalidValue("nbytes must be >= 0")
-    return _aligned_part(np.empty(nbytes + align, dtype=np.uint8), nbytes, align)
+    return aligned_part(np.empty(nbytes + align, dtype=np.uint8), nbytes, align)
 
 
-def _aligned_part(raw: np.ndarray, nbytes: int, align: int = PAGE) -> np.ndarray:
+def aligned_part(raw: np.ndarray, nbytes: int, align: int = PAGE) -> np.ndarray:
     """The first ``nbytes`` of uint8 ``raw`` from its first ``align``-aligned byte (a view)."""
     shift = (-raw.ctypes.data) % align
     return raw[shift:shift + nbytes]

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ooc.core.errors import IdOutOfRange
 from ooc.storage import _mmap_kernels as MK
 from ooc.storage.bus_guard import check_size, watch
 from ooc.storage.features import check_out
 from ooc.storage.layout import FeatureLayout, RowTable
 from ooc.storage.pagecache import advise
-from ooc.core.errors import IdOutOfRange
 
 #: Rows one copy task reads before it drops their pages from the process.
 MMAP_CHUNK_ROWS = 32

@@ -26,20 +26,18 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from ooc.core.errors import DatasetError, InvalidValue
+from ooc.storage import _neighbors_kernels as NK
 from ooc.storage._direct_kernels import fill_gaps
 from ooc.storage.bus_guard import check_size
 from ooc.storage.direct import DEFAULT_MAX_BUFFER_PAGES, DirectReader, aligned_empty, gap_room, grown
-from ooc.core.errors import DatasetError, InvalidValue
 from ooc.storage.layout import PAGE
 from ooc.storage.pagecache import advise
-from ooc.storage import _mmap_neighbors_kernels as MK
-from ooc.caches import _neighbor_cache_kernels as NK
-from ooc.sampling import _sampler_kernels as K
 
 #: ``lo``/``hi`` of whole pages (see :func:`~ooc.storage._direct_kernels.fill_gaps`).
 _WHOLE = np.empty(0, np.int64)
 
-__all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors", "CachedNeighbors",
+__all__ = ["NeighborRequest", "NeighborSource", "InMemoryNeighbors",
            "DirectNeighbors", "MmapNeighbors", "source_path"]
 
 
@@ -108,47 +106,8 @@ class InMemoryNeighbors(NeighborSource):
 
     def gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
-        K.gather_in_memory(req.edge_pos, self.indices, out)
+        NK.gather_in_memory(req.edge_pos, self.indices, out)
         return out
-
-
-class CachedNeighbors(NeighborSource):
-    """Neighbour ids from a :class:`~ooc.caches.neighbor_cache.NeighborCache`,
-    misses from ``fallback``.
-
-    Hits and misses count frontier nodes with at least one wanted position.
-    """
-
-    def __init__(self, cache, fallback: NeighborSource):
-        self.cache = cache
-        self.fallback = fallback
-        self.hits = 0
-        self.misses = 0
-
-    def gather(self, req: NeighborRequest) -> np.ndarray:
-        out = np.empty(req.size, dtype=np.int64)
-        miss = np.zeros(req.nodes.shape[0], dtype=np.bool_)
-        keys, vals, shift = self.cache.slots.table
-        hits, misses = NK.cache_gather(req.nodes, req.offsets, req.rel_pos, keys, vals, shift,
-                                       self.cache.cache_array, out, miss)
-        self.hits += int(hits)
-        self.misses += int(misses)
-        if misses and not hits:
-            return self.fallback.gather(req)
-        if misses:
-            which = np.flatnonzero(miss).astype(np.int64)
-            sub, sel = req.subset(which)
-            out[sel] = self.fallback.gather(sub)
-        return out
-
-    def stats(self) -> dict:
-        total = self.hits + self.misses
-        return {"neighbor_cache_hits": self.hits, "neighbor_cache_misses": self.misses,
-                "neighbor_cache_hit_ratio": (self.hits / total) if total else 0.0,
-                **self.fallback.stats()}
-
-    def close(self) -> None:
-        self.fallback.close()
 
 
 class DirectNeighbors(NeighborSource):
@@ -271,7 +230,7 @@ class MmapNeighbors(NeighborSource):
             check_size(ind, source_path(self), ind.offset + ind.nbytes)
         k = max(1, min(self.threads * 4, -(-req.size // 1024)))
         step = -(-req.size // k)
-        futs = [self.pool.submit(MK.gather_ids, self.indices, req.edge_pos, out, a,
+        futs = [self.pool.submit(NK.gather_ids, self.indices, req.edge_pos, out, a,
                                  min(req.size, a + step)) for a in range(0, req.size, step)]
         for f in futs:
             f.result()

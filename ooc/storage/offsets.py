@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ooc.core.errors import InvalidValue
+from ooc.storage.pagecache import release_mapped
 
 #: Nodes per int64 base (a power of two: the kernels shift by its log).
 BLOCK = 64
@@ -32,8 +33,6 @@ class NodeOffsets:
     """
 
     def __init__(self, indptr: np.ndarray):
-        from ooc.storage.pagecache import release_mapped
-
         if indptr.ndim != 1 or indptr.shape[0] < 1:
             raise InvalidValue("indptr must be a 1-D array of length N+1")
         n1 = int(indptr.shape[0])

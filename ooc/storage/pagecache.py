@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ooc.storage.layout import PAGE
+
 if TYPE_CHECKING:
     import mmap
 
@@ -54,7 +56,6 @@ def release_mapped(arr) -> bool:
 def touch_pages(arr) -> None:
     """Fault in every page of the 1-D memmap ``arr``, as an epoch of scattered reads does,
     so that the RSS measured next holds it."""
-    from ooc.storage.layout import PAGE
 
     step = max(1, PAGE // arr.itemsize)
     int(arr[::step].sum())

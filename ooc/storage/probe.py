@@ -2,7 +2,7 @@
 
 A binary wheel built for another CPU dies with SIGILL (or SIGSEGV) the first
 time it runs an instruction this CPU lacks; no ``try`` catches that, so the
-backend is first run in ``python -m ooc.storage.probe MODULE:CLASS FILE``: import,
+backend is first run in ``python -m ooc.storage.probe_child MODULE:CLASS FILE``: import,
 open (ring set-up), read the file's first page with ``O_DIRECT`` and compare
 it with a buffered read. The verdict (``ok``, refused, failed, or killed by a
 signal) is cached under ``<cache>/probe/`` keyed by the backend, its
@@ -15,6 +15,7 @@ The cache folder is ``$OOC_CACHE``, else ``$XDG_CACHE_HOME/ooc``, else
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -24,6 +25,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from ooc.core.version import __version__
 
 #: Seconds a probe may take before it counts as failed (a hung ring set-up).
 PROBE_TIMEOUT_S = 60.0
@@ -71,8 +74,6 @@ def _origin(module: str) -> str:
 
 
 def _key(target: str, version: str, binding: str, path: str) -> str:
-    from ooc.core.version import __version__
-
     try:
         dev = os.stat(path).st_dev
     except OSError:
@@ -90,7 +91,7 @@ def _signal_name(rc: int) -> str:
 
 
 def _run_child(target: str, path: str, label: str) -> Verdict:
-    cmd = [sys.executable, "-m", "ooc.storage.probe", target, path]
+    cmd = [sys.executable, "-m", "ooc.storage.probe_child", target, path]
     env = dict(os.environ, PYTHONFAULTHANDLER="")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
@@ -109,14 +110,18 @@ def _run_child(target: str, path: str, label: str) -> Verdict:
     return Verdict(False, f"{label} {verb}: {why}")
 
 
+def load_class(target: str) -> type:
+    """The backend class named by ``"module:Class"``."""
+    mod, cls = target.split(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
 def verdict(name: str, target: str, path: str) -> Verdict:
     """Whether backend ``name`` (class ``target``, ``"module:Class"``) works here, probed once.
 
     The first call for a key runs the child and writes the verdict to the
     cache; later calls (in any process) read it.
     """
-    from ooc.storage.io_backends import load_class
-
     cls = load_class(target)
     version = cls.version()
     label = f"{name} {version}".strip()
@@ -148,46 +153,3 @@ def _save(file: Path, d: dict) -> None:
 def forget() -> None:
     """Drop this process's memo of verdicts (tests)."""
     _memo.clear()
-
-
-def _child(target: str, path: str) -> int:
-    """Exercise backend class ``target`` on ``path``: 0 and ``ok``; 3 refused; 4 failed."""
-    import numpy as np
-
-    from ooc.storage.direct import aligned_empty
-    from ooc.storage.io_backends import Refused, load_class
-    from ooc.storage.layout import PAGE
-
-    try:
-        size = os.stat(path).st_size
-        b = load_class(target)(path, size, 4)
-    except Refused as e:
-        print(str(e))
-        return 3
-    except Exception as e:  # noqa: BLE001 - any failure is the verdict
-        print(f"{type(e).__name__}: {e}")
-        return 4
-    try:
-        if size >= PAGE:
-            out = aligned_empty(PAGE)
-            z = np.zeros(1, np.int64)
-            b.read_runs(z, np.full(1, PAGE, np.int64), z, out)
-            with open(path, "rb") as f:
-                want = np.frombuffer(f.read(PAGE), np.uint8)
-            if not np.array_equal(out, want):
-                print("the page read differs from a buffered read of the same page")
-                return 4
-    except Exception as e:  # noqa: BLE001
-        print(f"{type(e).__name__}: {e}")
-        return 4
-    finally:
-        b.close()
-    print("ok")
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        print("usage: python -m ooc.storage.probe MODULE:CLASS FILE", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(_child(sys.argv[1], sys.argv[2]))

@@ -30,9 +30,9 @@ import numba
 import numpy as np
 from numpy.typing import DTypeLike
 
+from ooc.core.errors import InvalidValue
 from ooc.storage import _reorder_kernels as K
 from ooc.storage.direct_files import DirectAppender, WriteBehind, open_direct, pwrite_pages, read_direct
-from ooc.core.errors import InvalidValue
 from ooc.storage.layout import PAGE, FeatureLayout, aligned_empty, index_dtype, padded_bytes, read_rows
 from ooc.storage.pagecache import release_mapped
 from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ooc.core.errors import IOFailure
+from ooc.core.sizes import format_size
 
 #: Errors of ``posix_fallocate`` that mean "this file system cannot reserve": zeros are
 #: written instead.
@@ -54,7 +55,6 @@ def free_bytes(path: str | os.PathLike) -> int | None:
 
 def no_room(path: str | os.PathLike, nbytes: int, e: OSError) -> IOFailure:
     """The one-line error of a file ``path`` of ``nbytes`` the disk had no room for."""
-    from ooc.core.sizes import format_size
 
     free = free_bytes(path)
     left = "" if free is None else f", {format_size(free)} is free on its disk"

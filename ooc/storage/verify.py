@@ -27,8 +27,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ooc.storage.dataset import INDEX_BLOCK, Dataset, index_range_error, open_dataset
 from ooc.core.errors import DatasetError
+from ooc.storage.dataset import INDEX_BLOCK, Dataset, index_range_error, open_dataset
 from ooc.storage.finite import count_nonfinite, first_nonfinite_row
 from ooc.storage.ingest.edgelist import progress_bar as bar
 from ooc.storage.layout import PAGE, FeatureLayout

@@ -8,17 +8,37 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ooc.core.errors import DatasetError, IdOutOfRange, InvalidValue, OocError
 from ooc.storage.atomic import atomic_dir, write_json
-from ooc.storage.dataset import (CHECKSUM_LIMIT, FEATURE_LINK, FORMAT_NAME, FORMAT_VERSION, MAX_CLASSES,
-                                 REQUIRED_FILES, ROW_MAP_FILE, block_crc32s, meta_checksum, open_dataset,
-                                 replace_problem, sampled_sha256, scan_index_range, sha256_file,
-                                 split_overlap)
-from ooc.core.errors import DatasetError, OocError
-from ooc.storage.layout import (FEATURE_DTYPES, PAGE, FeatureLayout, RowView, index_dtype, padded_bytes,
-                                read_rows)
-from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.storage.dataset import (
+    CHECKSUM_LIMIT,
+    FEATURE_LINK,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MAX_CLASSES,
+    REQUIRED_FILES,
+    ROW_MAP_FILE,
+    block_crc32s,
+    meta_checksum,
+    open_dataset,
+    replace_problem,
+    sampled_sha256,
+    scan_index_range,
+    sha256_file,
+    split_overlap,
+)
+from ooc.storage.layout import (
+    FEATURE_DTYPES,
+    PAGE,
+    FeatureLayout,
+    RowView,
+    index_dtype,
+    padded_bytes,
+    read_rows,
+)
+from ooc.storage.pagecache import release_mapped
+from ooc.storage.reorder import OrderStats, RowPlacer, locality_order, permute_rows, rows_of
 from ooc.storage.reserve import is_no_room, map_for_writing, npy_for_writing
-
 
 #: ``reorder`` values of :class:`DatasetWriter` (``--reorder`` of ``ooc.prepare``).
 REORDERS = ("auto", "locality", "none")
@@ -332,8 +352,6 @@ class DatasetWriter:
         """``row_of`` (node id -> row, int32/int64 [N]) of the locality order, computed once
         from the written adjacency."""
         if self._row_of is None:
-            from ooc.storage.reorder import OrderStats, locality_order, rows_of
-
             assert self.num_edges is not None  # the adjacency is written: the order reads it
             n = self.num_nodes
             indptr = np.load(self._dir / "indptr.npy", mmap_mode="r")
@@ -387,8 +405,6 @@ class DatasetWriter:
         if self.num_edges is None or not self._reorders() or self._placed:
             return None
         if self._placer is None:
-            from ooc.storage.reorder import RowPlacer
-
             self._placer = RowPlacer(self._dir / "features.bin", self.layout,
                                      self._feature_order(), self.buffer_bytes)
         return self._placer
@@ -413,7 +429,6 @@ class DatasetWriter:
             return
         if not self._reorders():
             return
-        from ooc.storage.reorder import permute_rows
 
         row_of = self._feature_order()
         buckets = self._placed
@@ -466,7 +481,6 @@ class NpySink:
 
     def write(self, part: np.ndarray) -> None:
         """Append ``part`` (int64 [k])."""
-        from ooc.storage.pagecache import release_mapped
 
         k = part.shape[0]
         if self.at + k > self.length:

@@ -71,8 +71,11 @@
 from ooc.executor.distributed.averaging_trainer import AveragingTrainer
 from ooc.executor.distributed.cli import run_cli, wants_averaging
 from ooc.executor.distributed.launcher import launch
-from ooc.executor.distributed.partitions import (ensure_partitions, ensure_partitions_locked,
-                                                 resolve_partitions)
+from ooc.executor.distributed.partitions import (
+                                                 ensure_partitions,
+                                                 ensure_partitions_locked,
+                                                 resolve_partitions,
+)
 from ooc.executor.distributed.worker import WorkerRun, run_worker
 
 __all__ = ["AveragingTrainer", "WorkerRun", "ensure_partitions", "ensure_partitions_locked",

@@ -36,6 +36,7 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from ooc.core.errors import InvalidValue, setting
+from ooc.executor.training.finite import TrainingDiverged
 
 #: Default share of the per-worker memory budget that the computation needs (T / M).
 DEFAULT_COMPUTE_FRACTION = 2.0 / 3.0
@@ -183,8 +184,6 @@ def finish_average(total: Mapping[str, torch.Tensor], weight: float,
         raise InvalidValue("model averaging: the partitions have no training nodes in total")
     bad = next((k for k, v in total.items() if not bool(torch.isfinite(v).all())), None)
     if bad is not None:
-        from ooc.executor.training.finite import TrainingDiverged
-
         raise TrainingDiverged(f"model averaging: {bad} is not finite in the sum of the local "
                                f"models (a local model diverged); nothing was averaged in")
     out: dict[str, torch.Tensor] = {}

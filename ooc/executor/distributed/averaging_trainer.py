@@ -19,21 +19,32 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from ooc.executor.training.checkpoint import (check_dataset, load_checkpoint, model_from_checkpoint,
-                                              save_checkpoint)
-from ooc.executor.training.models import GNN, build_model
-from ooc.executor.distributed.averaging import (assign_partitions, finish_average, flatten,
-                                                optimizer_entries, optimizer_state, unflatten,
-                                                weighted_sum, zeros_like_state)
+from ooc.core.errors import InvalidValue, setting
+from ooc.executor.distributed.averaging import (
+    assign_partitions,
+    finish_average,
+    flatten,
+    optimizer_entries,
+    optimizer_state,
+    unflatten,
+    weighted_sum,
+    zeros_like_state,
+)
 from ooc.executor.distributed.comm import Comm
 from ooc.executor.distributed.heartbeat import Heartbeat
 from ooc.executor.distributed.local_model import LocalModel
-from ooc.core.errors import InvalidValue, setting
+from ooc.executor.training.checkpoint import (
+    check_dataset,
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+)
+from ooc.executor.training.models import GNN, build_model
 
 if TYPE_CHECKING:
-    from ooc.storage.dataset import Dataset
     from ooc.executor.loader.stack import ModeOptions
     from ooc.executor.training.config import TrainConfig
+    from ooc.storage.dataset import Dataset
 
 #: ``--optimizer-sync`` choices: what happens to the local Adam states at a sync.
 OPTIMIZER_SYNC = ("average", "reset")

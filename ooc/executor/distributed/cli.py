@@ -11,16 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ooc.core.errors import InvalidValue
 from ooc.executor.distributed.environment import dist_timeout_s, env_rank, env_world_size, in_worker
 from ooc.executor.distributed.launcher import launch
 from ooc.executor.distributed.partitions import ensure_partitions_locked, resolve_partitions
 from ooc.executor.distributed.worker import WorkerRun, run_worker
-from ooc.core.errors import InvalidValue
+from ooc.executor.training.checkpoint import check_checkpoint_dir, remove_checkpoints
+from ooc.executor.training.trainer import check_labelled_training
 
 if TYPE_CHECKING:
-    from ooc.storage.dataset import Dataset
     from ooc.executor.loader.stack import ModeOptions
     from ooc.executor.training.config import TrainConfig
+    from ooc.storage.dataset import Dataset
 
 
 def wants_averaging(s: dict[str, Any]) -> bool:
@@ -38,7 +40,6 @@ def run_cli(dataset: Dataset, config: TrainConfig, options: ModeOptions, s: dict
     ``ck_path``: ``--checkpoint-dir`` and the checkpoint to resume (or None);
     ``arg_keys``: the settings a checkpoint records.
     """
-    from ooc.executor.training.trainer import check_labelled_training
 
     workers = _check_workers(s)
     check_labelled_training(dataset)  # partitions' trainers take an empty split each
@@ -48,7 +49,6 @@ def run_cli(dataset: Dataset, config: TrainConfig, options: ModeOptions, s: dict
     halo = _halo_hops(s, config.num_layers)
     part_dir = _partition_dir(dataset.path, parts, halo, s)
     if env_rank() == 0:  # every check passed: the checkpoints --overwrite replaces go
-        from ooc.executor.training.checkpoint import check_checkpoint_dir, remove_checkpoints
 
         remove_checkpoints(check_checkpoint_dir(ckdir, ck_path is not None,
                                                 bool(s.get("overwrite"))))

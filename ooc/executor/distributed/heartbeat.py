@@ -47,8 +47,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ooc.storage.reserve import reserve
 from ooc.executor.distributed.environment import seconds_from_env
+from ooc.storage.reserve import reserve
 
 ENV_PATH = "OOC_HEARTBEAT"
 ENV_TIMEOUT = "OOC_HEARTBEAT_TIMEOUT"

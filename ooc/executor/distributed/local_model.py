@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ooc.storage import open_dataset
-from ooc.executor.training.trainer import Trainer
 from ooc.executor.distributed.heartbeat import Heartbeat
+from ooc.executor.training.trainer import Trainer
+from ooc.storage import open_dataset
 
 if TYPE_CHECKING:
     from ooc.executor.loader.stack import ModeOptions

@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ooc.executor.distributed.averaging import (DEFAULT_COMPUTE_FRACTION, allocate_partitions,
-                                                dataset_bytes)
 from ooc.core.errors import InvalidValue, setting
+from ooc.executor.distributed.averaging import DEFAULT_COMPUTE_FRACTION, allocate_partitions, dataset_bytes
+from ooc.partition import partition_dataset, reuse_problem
+from ooc.partition.split import part_name
+from ooc.storage import open_dataset
 from ooc.storage.locks import exclusive_wait
 
 
@@ -94,7 +96,6 @@ def ensure_partitions(data: str | os.PathLike, parts: int, part_dir: str | os.Pa
     Raises:
         InvalidValue: the folder holds something else, and ``overwrite`` is not given.
     """
-    from ooc.partition import partition_dataset
 
     out = Path(part_dir) if part_dir else default_partition_dir(data, parts, halo_hops)
     stale = _reuse_or_remake(out, data, parts, halo_hops if check_halo else None, overwrite)
@@ -124,8 +125,6 @@ def _reuse_or_remake(out: Path, data: str | os.PathLike, parts: int, halo_hops: 
     Raises:
         InvalidValue: ``out`` holds anything else and ``overwrite`` is not given.
     """
-    from ooc.partition import reuse_problem
-    from ooc.storage import open_dataset
 
     meta = out / "partition.json"
     if not meta.is_file():
@@ -197,7 +196,6 @@ def partition_set_fingerprint(part_dir: Path, parts: int) -> str:
     """A digest of a partition folder's content: the assignment (``owner.npy``), the halo
     and every partition's files (sizes and checksums). Equal on two machines when they
     hold the same partitions of the same dataset."""
-    from ooc.partition.split import part_name
 
     rec = json.loads((part_dir / "partition.json").read_text())
     files = [json.loads((part_dir / part_name(j) / "meta.json").read_text()).get("files")

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ooc.core.memory import peak_rss_bytes
+from ooc.cli import write_report
 from ooc.core.errors import InvalidValue, OocError
+from ooc.core.memory import peak_rss_bytes
 from ooc.executor.distributed.averaging_trainer import AveragingTrainer, format_acc
 from ooc.executor.distributed.comm import PEER_LOST_RC, Comm, PeerLost
 from ooc.executor.distributed.environment import describe, env_rank, identity, threads_per_worker
@@ -39,9 +40,9 @@ from ooc.executor.distributed.liveness import SETTLE_S
 from ooc.executor.distributed.partitions import dataset_digest, partition_set_fingerprint
 
 if TYPE_CHECKING:
-    from ooc.storage.dataset import Dataset
     from ooc.executor.loader.stack import ModeOptions
     from ooc.executor.training.config import TrainConfig
+    from ooc.storage.dataset import Dataset
 
 
 @dataclass
@@ -239,6 +240,4 @@ def _print_summary(rep: dict[str, Any], report_path: str | None) -> None:
 
 
 def _write_report(path: str, rep: dict[str, Any]) -> None:
-    from ooc.cli import write_report
-
     write_report(path, rep, command="ooc.train")

@@ -7,14 +7,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ooc.core.memory import trim_malloc
-from ooc.storage.dataset import Dataset
-from ooc.storage.layout import PAGE
 from ooc.caches.chunk_cache import simulate
+from ooc.core.errors import setting
+from ooc.core.memory import trim_malloc
+from ooc.core.notes import note
+from ooc.core.sizes import format_size
 from ooc.executor.inference._kernels import access_plan, count_block_keys, plan_blocks
 from ooc.executor.inference.local_graph import Topology
-from ooc.executor.inference.memory_plan import (MiB, SAFETY_BYTES, BlockCosts, BlockPhases,
-                                                output_buffers, plan_memory, rss)
+from ooc.executor.inference.memory_plan import (
+    SAFETY_BYTES,
+    BlockCosts,
+    BlockPhases,
+    MiB,
+    output_buffers,
+    plan_memory,
+    rss,
+)
+from ooc.storage.dataset import Dataset
+from ooc.storage.layout import PAGE
 
 
 @dataclass
@@ -233,9 +243,6 @@ def note_extra_reads(plan: LayerPlan, budget: int, n: int, chunking: Chunking,
     every node, or a chunk cache that holds all of it, whichever is smaller
     (``in_row_bytes``/``out_row_bytes``: bytes of an input row in its chunks and of an
     output row in memory)."""
-    from ooc.core.sizes import format_size
-    from ooc.core.errors import setting
-    from ooc.core.notes import note
 
     table = n * in_row_bytes
     if plan.reads is None or not table:

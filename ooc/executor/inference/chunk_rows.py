@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.storage.direct import DirectReader, aligned_empty, grown, read_ranges
 from ooc.core.errors import DatasetError, OocError
-from ooc.storage.layout import PAGE
 from ooc.executor.inference import _kernels as K
+from ooc.storage.direct import DirectReader, aligned_empty, grown, read_ranges
+from ooc.storage.layout import PAGE
 
 #: Pages read in one batched request (the page buffer's size): 8 MiB.
 READ_PAGES = 2048

@@ -137,25 +137,49 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ooc.core.memory import trim_malloc
-from ooc.storage.dataset import Dataset, open_dataset
-from ooc.storage.io_backends import REGISTRY
 from ooc.caches.chunk_cache import POLICIES
-from ooc.executor.inference.blocks import CacheSettings, Chunking
-from ooc.executor.inference.local_graph import Topology
-from ooc.executor.inference.memory_plan import MiB, SAFETY_BYTES, PeakRss, plan_memory, rss
-from ooc.executor.inference.model_adapter import LayerwiseModel, as_layerwise
-from ooc.executor.inference.order import (ORDERS, compute_order, order_digest, order_of, resolve_order,
-                                          rows_and_nodes, stored_rows)
-from ooc.executor.inference.runner import AGGREGATIONS, Run, run_layer
-from ooc.executor.inference.streamed import BUCKET_BYTES
-from ooc.executor.inference.store import (FS_BLOCK, PROGRESS_FILE, Progress, check_finished, disk_bytes,
-                                          drop_layer, locked_partial, not_replaceable, open_group,
-                                          partial_path, predictions, read_embeddings, read_progress,
-                                          seal, swap_in)
-from ooc.core.errors import DatasetError, IOFailure, InvalidValue, OocError, OutputExists, setting
+from ooc.core.errors import DatasetError, InvalidValue, IOFailure, OocError, OutputExists, setting
+from ooc.core.memory import trim_malloc
 from ooc.core.notes import note
+from ooc.core.sizes import check_range, format_size, parse_size
+from ooc.executor.inference.blocks import CacheSettings, Chunking
 from ooc.executor.inference.chunk_crc import REMEDY
+from ooc.executor.inference.local_graph import Topology
+from ooc.executor.inference.memory_plan import SAFETY_BYTES, MiB, PeakRss, plan_memory, rss
+from ooc.executor.inference.model_adapter import LayerwiseModel, as_layerwise
+from ooc.executor.inference.order import (
+    ORDERS,
+    compute_order,
+    order_digest,
+    order_of,
+    resolve_order,
+    rows_and_nodes,
+    stored_rows,
+)
+from ooc.executor.inference.runner import AGGREGATIONS, Run, run_layer
+from ooc.executor.inference.store import (
+    FS_BLOCK,
+    PROGRESS_FILE,
+    Progress,
+    check_finished,
+    disk_bytes,
+    drop_layer,
+    locked_partial,
+    not_replaceable,
+    open_group,
+    partial_path,
+    predictions,
+    read_embeddings,
+    read_progress,
+    seal,
+    swap_in,
+)
+from ooc.executor.inference.streamed import BUCKET_BYTES
+from ooc.executor.loader.process_budget import process_total
+from ooc.storage.dataset import Dataset, open_dataset
+from ooc.storage.direct import DirectFeatures
+from ooc.storage.io_backends import REGISTRY
+from ooc.storage.locks import exclusive
 
 #: dtypes a layer before the last may be stored in
 LAYER_DTYPES = ("float32", "float16")
@@ -166,8 +190,6 @@ __all__ = ["layerwise_inference", "check_options", "compute_order", "read_embedd
 
 
 def _parse_size(x: int | str) -> int:
-    from ooc.core.sizes import parse_size
-
     return parse_size(x) if isinstance(x, str) else int(x)
 
 
@@ -178,7 +200,6 @@ def _feature_reader(dataset: Dataset, features: Any) -> tuple[Any, str]:
     kind = features or "auto"
     if kind == "mmap":
         return dataset.features, "mmap"
-    from ooc.storage.direct import DirectFeatures
 
     backend = "auto" if kind in ("auto", "direct") else kind
     try:
@@ -198,8 +219,6 @@ def check_options(budget: int, chunk_rows: int, block_rows: int | None,
                   cache_chunks: int | None, policy: str, layer_dtype: str = "float32",
                   aggregate: str = "auto") -> None:
     """Range-check the inference settings (one-line :class:`OocError` naming the option)."""
-    from ooc.core.sizes import check_range
-    from ooc.core.errors import setting
 
     check_range("--memory-budget", budget, 1, None, integer=True)
     check_range("--chunk-rows", chunk_rows, 1, 1 << 24, integer=True)
@@ -298,15 +317,11 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     """
     t_start = time.perf_counter()
     if memory_budget is None:
-        from ooc.executor.loader.process_budget import process_total
-
         memory_budget = process_total() or "2GiB"
     budget = _parse_size(memory_budget)
     check_options(budget, chunk_rows, block_rows, cache_chunks, policy, layer_dtype, aggregate)
     _check_features(features)
     if stream_rows is not None:
-        from ooc.core.sizes import check_range
-
         for what, v in zip(("stream_rows[0] (group rows)", "stream_rows[1] (source rows)"),
                            stream_rows):
             check_range(what, v, 1, None, integer=True)
@@ -432,7 +447,6 @@ def check_disk(job: Job) -> None:
     beside ``out`` (what a partial output of the same run already holds counts as free).
     A folder that cannot be written is left to the output's lock, whose one line says so
     (its free space would name the wrong problem)."""
-    from ooc.core.sizes import format_size
 
     parent = job.out.parent if job.out.parent.exists() else Path(".")
     if not _writable(parent):
@@ -517,7 +531,6 @@ def _intact(out: Path, why: str | None, overwrite: bool) -> bool:
 def _write_partial(job: Job) -> dict:
     """Compute into the locked partial folder and rename it to ``job.out``; an
     ``OSError`` becomes a one-line error (a full disk removes the partial folder)."""
-    from ooc.storage.locks import exclusive
 
     work = partial_path(job.out)
     with exclusive(job.out, "inference output"), locked_partial(work):

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ooc.executor.inference._kernels import build_local, nonloop_in_degree, plan_blocks
 from ooc.storage.dataset import Dataset
 from ooc.storage.pagecache import release_mapped
-from ooc.executor.inference._kernels import build_local, nonloop_in_degree, plan_blocks
 
 
 @dataclass

@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc, tune_malloc
+from ooc.executor.inference.local_graph import LocalGraph
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -82,7 +85,6 @@ def plan_memory(budget: int, rss: int, chunk_rows: int, d_in: int, d_out: int, c
     chunk buffers and :data:`SAFETY_BYTES`) goes to the previous-layer chunk cache, the
     rest to one block's working set (see :class:`BlockCosts`).
     """
-    from ooc.core.memory import tune_malloc
 
     tune_malloc()  # a budget holds only with freed chunk arrays returned to the OS
     out_chunk_bytes = chunk_rows * d_out * 4
@@ -197,7 +199,6 @@ def measure_costs(layer: Callable[["Tensor", "Tensor", "Tensor | None", int], "T
     (larger graphs: less noise from allocator rounding). No cost is taken below what the
     sub-block certainly holds (its float32 output row, its copy of each input row, its
     int64 edge index and node ids). None where the high-water mark cannot be reset."""
-    from ooc.core.memory import reset_peak_rss
 
     if not reset_peak_rss():
         return None
@@ -239,8 +240,6 @@ def _probe(layer, d_in: int, gcn: bool, t: int, n: int, m: int) -> int:
     nodes and ``m`` edges (a deterministic random graph) through ``layer``."""
     import torch
 
-    from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss, trim_malloc
-    from ooc.executor.inference.local_graph import LocalGraph
 
     rng = np.random.default_rng(t + n + m)
     g = LocalGraph(np.arange(n, dtype=np.int64), rng.integers(0, n, m, dtype=np.int64),

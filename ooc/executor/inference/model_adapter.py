@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ooc.core.errors import InvalidValue
+from ooc.executor.training.models import GNN
 
 LayerFn = Callable[[int, Tensor, Tensor, "Tensor | None"], Tensor]
 
@@ -123,7 +124,6 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
     :class:`OocError` saying why it cannot be run layer by layer."""
     from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-    from ooc.executor.training.models import GNN
 
     if hasattr(model, "layer") and hasattr(model, "num_layers"):
         model.eval()

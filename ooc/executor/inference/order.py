@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ooc.storage.dataset import Dataset
 from ooc.core.errors import InvalidValue, NotFound
+from ooc.storage.dataset import Dataset
 from ooc.storage.layout import index_dtype
+from ooc.storage.reorder import locality_order
 
 ORDERS = ("auto", "natural", "pds", "degree", "locality")
 #: ``auto`` orders a graph of at least this many nodes by locality when it has no partitioning.
@@ -97,8 +98,6 @@ def order_of(dataset: Dataset, owner: np.ndarray | None, order: str) -> tuple[np
     if order == "natural":
         return None, "natural"
     if order == "locality":
-        from ooc.storage.reorder import locality_order
-
         by_row = dataset.stored_order()
         if by_row is not None:  # the order the feature rows are stored in (made at ingest)
             return by_row.astype(ids, copy=False), "locality"

@@ -11,21 +11,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from ooc.storage.dataset import Dataset
-from ooc.core.errors import InvalidValue, OocError
-from ooc.storage.features import read_counted
-from ooc.storage.finite import first_nonfinite_row
 from ooc.caches.chunk_cache import ChunkCache
-from ooc.storage.layout import PAGE
-from ooc.storage.pagecache import release_mapped
-from ooc.executor.inference.blocks import (CacheSettings, Chunking, LayerPlan, fits_one_block,
-                                           note_extra_reads, plan_layer)
+from ooc.core.errors import InvalidValue, OocError
+from ooc.executor.inference.blocks import (
+    CacheSettings,
+    Chunking,
+    LayerPlan,
+    fits_one_block,
+    note_extra_reads,
+    plan_layer,
+)
 from ooc.executor.inference.chunk_rows import ChunkFileRows
 from ooc.executor.inference.local_graph import LocalGraph, Topology, local_graph
 from ooc.executor.inference.memory_plan import BlockCosts, headroom, measure_costs, rss
 from ooc.executor.inference.model_adapter import LayerwiseModel
 from ooc.executor.inference.store import Progress, layer_array, write_chunk
 from ooc.executor.inference.streamed import StreamPlan, note_stream_reads, plan_stream, run_streamed
+from ooc.storage.dataset import Dataset
+from ooc.storage.features import read_counted
+from ooc.storage.finite import first_nonfinite_row
+from ooc.storage.layout import PAGE
+from ooc.storage.pagecache import release_mapped
 
 
 @dataclass

@@ -19,10 +19,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ooc.storage.atomic import write_json
-from ooc.storage.dataset import Dataset
-from ooc.core.errors import IdOutOfRange, IOFailure, InvalidValue, NotFound
+from ooc.core.errors import IdOutOfRange, InvalidValue, IOFailure, NotFound
 from ooc.executor.inference.chunk_crc import CRC_KEY, check_chunks, check_output, record
+from ooc.storage.atomic import carry_user_files, exchange, write_json
+from ooc.storage.dataset import Dataset
+from ooc.storage.ownership import MARKER, made_by_ooc, mark, marker, user_entries
 
 PROGRESS_FILE = "progress.json"
 
@@ -172,7 +173,6 @@ def seal(work: Path, group) -> None:
     attributes (``attrs["ooc"]``), so the output folder holds nothing but Zarr's own files
     (Zarr warns about any other file when the group is opened), with the CRC-32 of every
     chunk file of every array (:func:`.chunk_crc.record`)."""
-    from ooc.storage.ownership import MARKER, marker
 
     made = marker(work)
     if made is not None:
@@ -215,7 +215,6 @@ class Progress:
             state = old
         else:  # a partial output of another run: start over (the ownership marker and
             # entries of the user's carried in by a replacement that was cut short stay)
-            from ooc.storage.ownership import MARKER, user_entries
 
             keep = {MARKER, *user_entries(work)}
             for p in work.iterdir():
@@ -383,7 +382,6 @@ def predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows
 # ----------------------------------------------------------------------------- atomic output
 def not_replaceable(out: Path) -> str | None:
     """Why ``out`` is not an output of this module that ``overwrite`` may replace."""
-    from ooc.storage.ownership import MARKER, made_by_ooc
 
     if out.is_symlink() or not out.is_dir():
         return "is not a folder"
@@ -400,7 +398,6 @@ def locked_partial(work: Path):
     the output's lock (:func:`~ooc.storage.locks.exclusive`); a ``work`` holding nothing
     but the marker is removed afterwards. A symlink there, or a folder of files without the
     marker, is refused."""
-    from ooc.storage.ownership import MARKER, made_by_ooc, mark
 
     try:
         if work.is_symlink():
@@ -426,7 +423,6 @@ def locked_partial(work: Path):
 def swap_in(work: Path, out: Path) -> None:
     """Rename the finished ``work`` folder to ``out`` (replacing an old ``out``, whose
     entries of the user's move into the new one first)."""
-    from ooc.storage.atomic import carry_user_files, exchange
 
     fsync_path(work)
     if os.path.lexists(out):

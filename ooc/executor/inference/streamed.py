@@ -38,11 +38,15 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from ooc.core.errors import setting
+from ooc.core.notes import note
+from ooc.core.sizes import format_size
+from ooc.executor.inference._kernels import accumulate_rows, bucket_edges
+from ooc.executor.inference.blocks import EXTRA_READS
+from ooc.executor.inference.memory_plan import BlockCosts, MiB, headroom, output_buffers, rss
 from ooc.storage.features import read_counted
 from ooc.storage.layout import PAGE, FeatureLayout, read_rows
 from ooc.storage.pagecache import release_mapped
-from ooc.executor.inference._kernels import accumulate_rows, bucket_edges
-from ooc.executor.inference.memory_plan import MiB, BlockCosts, headroom, output_buffers, rss
 
 if TYPE_CHECKING:
     from ooc.executor.inference.runner import LayerStats, Run, _ChunkWriter
@@ -200,10 +204,6 @@ def note_stream_reads(l: int, plan: StreamPlan, budget: int, n: int, d_in: int,
     """A one-line note when the budget makes streamed layer ``l`` read its input more
     than :data:`~.blocks.EXTRA_READS` times over, naming the budget that streams it in one
     pass (:func:`one_pass_budget`)."""
-    from ooc.core.sizes import format_size
-    from ooc.core.errors import setting
-    from ooc.core.notes import note
-    from ooc.executor.inference.blocks import EXTRA_READS
 
     if plan.groups <= 1 or plan.planned_bytes <= EXTRA_READS * table_bytes:
         return

@@ -32,9 +32,15 @@ from typing import Any, Generator, Iterator, Sequence
 import numpy as np
 import torch
 
-from ooc.executor.loader.batch import to_data
-from ooc.executor.settings import BY_NAME, MODE, check_fanouts, check_keywords, default
 from ooc.core.errors import IdOutOfRange, InvalidValue
+from ooc.executor.loader.batch import to_data
+from ooc.executor.loader.presets import resolve_preset
+from ooc.executor.loader.process_budget import current_budget, parse_budget
+from ooc.executor.loader.stack import ModeOptions, build_stack
+from ooc.executor.settings import BY_NAME, MODE, check_fanouts, check_keywords, default
+from ooc.executor.sizing.budget import plan_memory
+from ooc.executor.training.config import TrainConfig
+from ooc.storage import open_dataset
 from ooc.storage.finite import check_finite_rows
 
 SPLITS = ("train", "val", "test")
@@ -71,7 +77,6 @@ def resolve_input_nodes(dataset, input_nodes) -> np.ndarray:
 
 def check_loader_args(num_neighbors: Sequence[int], batch_size: int, preset) -> list[int]:
     """The fanouts (int list) after checking the loader arguments; OocError naming a bad one."""
-    from ooc.executor.loader.presets import resolve_preset
 
     resolve_preset(preset)
     if isinstance(num_neighbors, dict):
@@ -226,12 +231,6 @@ class NodeLoader:
                  io_backend: str = default("io_backend"), num_threads: int | None = None,
                  labels: bool | str = True,
                  **options: Any):
-        from ooc.storage import open_dataset
-        from ooc.executor.loader.presets import resolve_preset
-        from ooc.executor.loader.process_budget import current_budget, parse_budget
-        from ooc.executor.loader.stack import ModeOptions, build_stack
-        from ooc.executor.training.config import TrainConfig
-
         workers = _check_workers(num_workers, persistent_workers)
         shared = current_budget() if memory_budget is None else None
         if isinstance(dataset, (str, Path)):
@@ -254,8 +253,6 @@ class NodeLoader:
         else:
             plan = None
             if own_budget:
-                from ooc.executor.sizing.budget import plan_memory
-
                 plan = plan_memory(dataset, config, own_budget, opts, preset=self.preset,
                                    workers=workers)
             stack = build_stack(dataset, config, opts, plan=plan, seeds=seeds, shuffle=shuffle,
@@ -280,7 +277,6 @@ class NodeLoader:
             labels, pin_memory: as for :class:`NodeLoader`.
             preset: the preset the pipeline was built with (default ``config.mode``).
         """
-        from ooc.executor.loader.presets import resolve_preset
 
         self = cls.__new__(cls)
         self.preset = resolve_preset(config.mode if preset is None else preset)

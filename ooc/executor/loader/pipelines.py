@@ -25,11 +25,11 @@ from typing import Any, Generator, Iterator
 
 import numpy as np
 
+from ooc.caches.feature_cache import CachedFeature, FeatureCache
+from ooc.core.worker import Worker
 from ooc.sampling.pipeline import Inspector
 from ooc.sampling.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
 from ooc.storage.features import Feature, counters
-from ooc.core.worker import Worker
-from ooc.caches.feature_cache import CachedFeature, FeatureCache
 
 #: Gathered batches queued ahead of the training step. One is enough to overlap gather
 #: with compute; each more costs a batch of rows of the memory budget (the planner counts

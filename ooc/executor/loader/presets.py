@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ooc.caches.policies import BeladyCache, CachePolicy, NoCache, StaticCache
-from ooc.executor.loader.readers import DirectReaders, MmapReaders, Readers
 from ooc.core.errors import InvalidValue
+from ooc.executor.loader.readers import DirectReaders, MmapReaders, Readers
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from ooc.core.errors import InvalidValue
+from ooc.core.sizes import SizeError, parse_size
+from ooc.executor.loader.stack import build_stack
+from ooc.executor.sizing.budget import NEIGHBOR_FRACTION, default_reserve, plan_memory, split_free
+from ooc.storage import open_dataset
 
 _LOCK = threading.RLock()
 _ACTIVE: list["MemoryBudget"] = []  # the `with` blocks, innermost last
@@ -59,7 +63,6 @@ _PROCESS: list["MemoryBudget"] = []  # set_memory_budget's, at most one
 
 def parse_budget(nbytes: int | str) -> int:
     """Bytes of a budget given as bytes or a size such as ``"4GiB"`` (positive)."""
-    from ooc.core.sizes import SizeError, parse_size
 
     try:
         n = parse_size(nbytes)
@@ -109,8 +112,6 @@ class MemoryBudget:
     """
 
     def __init__(self, nbytes: int | str):
-        from ooc.executor.sizing.budget import default_reserve
-
         self.total = parse_budget(nbytes)
         self.reserve = default_reserve(self.total)
         self._groups: dict[tuple, _Group] = {}
@@ -124,7 +125,6 @@ class MemoryBudget:
     def dataset(self, path) -> Any:
         """The dataset a group of this budget already opened from folder ``path``, or a
         newly opened one."""
-        from ooc.storage import open_dataset
 
         real = os.path.realpath(path)
         with _LOCK:
@@ -140,7 +140,6 @@ class MemoryBudget:
         Raises:
             BudgetError: the loader alone does not fit beside what the process holds.
         """
-        from ooc.executor.sizing.budget import plan_memory
 
         plan = plan_memory(dataset, config, self.total, opts, preset=preset, workers=workers)
         key = (os.path.realpath(dataset.path), preset.name, preset.readers.name,
@@ -173,8 +172,6 @@ class MemoryBudget:
 
     def _build(self, group: _Group) -> None:
         """Size the group's caches (the split) and build its stack for its owner."""
-        from ooc.executor.sizing.budget import NEIGHBOR_FRACTION, split_free
-        from ooc.executor.loader.stack import build_stack
 
         owner = group.owner = self._owner(group)
         working = max(m.plan.working for g in self._groups.values() for m in g.members)

@@ -21,8 +21,11 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from ooc.storage.neighbors import DirectNeighbors, MmapNeighbors, NeighborSource
+from ooc.storage.direct import DirectFeatures, DirectReader
 from ooc.storage.features import Feature, counters
+from ooc.storage.mmap_features import FAULT_AROUND_BYTES, ThreadedMmapFeatures, mapped_bytes_bound
+from ooc.storage.neighbors import DirectNeighbors, MmapNeighbors, NeighborSource
+from ooc.storage.pagecache import drop_page_cache, release_mapped
 
 
 @dataclass
@@ -72,8 +75,6 @@ class MmapReaders(Readers):
     page_cache: ClassVar[bool] = True
 
     def open(self, dataset, options) -> Sources:
-        from ooc.storage.mmap_features import ThreadedMmapFeatures
-
         nsrc = MmapNeighbors(dataset.indices, options.io_threads)
         feats = ThreadedMmapFeatures(dataset.features_file, dataset.file_layout,
                                      options.io_threads)
@@ -87,7 +88,6 @@ class MmapReaders(Readers):
         reader drops each chunk's region when it is copied (``io_threads`` chunks
         in flight), the neighbour reader the whole map after each request (a
         request touches at most one window per sampled edge)."""
-        from ooc.storage.mmap_features import FAULT_AROUND_BYTES, mapped_bytes_bound
 
         feats = mapped_bytes_bound(dataset.layout, options.io_threads)
         nbrs = min(int(dataset.file("indices.bin").stat().st_size),
@@ -97,14 +97,11 @@ class MmapReaders(Readers):
     def before_probe(self, dataset) -> None:
         """A cold page cache: faults then map no neighbouring pages (their bound
         is :meth:`mapped_bytes_bound`, computed, not measured)."""
-        from ooc.storage.pagecache import drop_page_cache
 
         for path in (dataset.features_file, dataset.file("indices.bin")):
             drop_page_cache(path)
 
     def after_probe(self, dataset) -> None:
-        from ooc.storage.pagecache import release_mapped
-
         release_mapped(dataset.indices)
 
 
@@ -113,8 +110,6 @@ class DirectReaders(Readers):
     neighbor_cache: ClassVar[bool] = True
 
     def open(self, dataset, options) -> Sources:
-        from ooc.storage.direct import DirectFeatures, DirectReader
-
         reader = DirectReader(dataset.file("indices.bin"), queue_depth=options.queue_depth,
                               backend=options.io_backend, page_reads=options.page_reads,
                               max_gap_bytes=options.read_gap)

@@ -38,16 +38,24 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ooc.storage.neighbors import CachedNeighbors
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-from ooc.storage.atomic import pid_alive
-from ooc.storage.pagecache import release_mapped
 from ooc.caches.feature_cache import FeatureCache
+from ooc.caches.neighbor_cache import (
+    MIN_CACHE_BYTES,
+    CachedNeighbors,
+    full_cache_bytes,
+    load_or_build_neighbor_cache,
+)
+from ooc.core.errors import InvalidValue, IOFailure, setting
 from ooc.executor.loader.pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
 from ooc.executor.loader.presets import Preset, resolve_preset
 from ooc.executor.loader.readers import Sources, TimedFeature
-from ooc.executor.settings import BY_NAME as _S, MODE, check_all, keywords_checked
-from ooc.core.errors import IOFailure, InvalidValue, setting
+from ooc.executor.settings import BY_NAME as _S
+from ooc.executor.settings import MODE, check_all, keywords_checked
+from ooc.sampling.pipeline import Inspector, measure_bytes_per_batch, superbatch_size_for_budget
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.storage.atomic import pid_alive
+from ooc.storage.ownership import made_by_ooc, mark
+from ooc.storage.pagecache import release_mapped
 
 #: Offset of the seed stream used to sample evaluation batches (as the trainer's).
 EVAL_SEED_OFFSET = 0x5EED
@@ -136,7 +144,6 @@ class Stack:
 
 def default_sizes(dataset) -> tuple[int, int]:
     """(feature cache bytes, neighbor cache bytes) without a budget."""
-    from ooc.caches.neighbor_cache import full_cache_bytes
 
     row = dataset.layout.row_bytes
     feat = (dataset.num_nodes // 10) * row
@@ -164,7 +171,6 @@ def open_sources(dataset, preset: Preset, opts: ModeOptions,
     one and it is at least :data:`~ooc.caches.neighbor_cache.MIN_CACHE_BYTES`;
     loaded from disk or built and saved the first time (see
     :mod:`ooc.caches.neighbor_cache`)."""
-    from ooc.caches.neighbor_cache import MIN_CACHE_BYTES, load_or_build_neighbor_cache
 
     src = preset.readers.open(dataset, opts)
     src.info.update(neighbor_cache_bytes=0, neighbor_cache_nodes=0)
@@ -206,7 +212,6 @@ def _on_demand(p: _Parts) -> BatchPipeline:
 def superbatch_size(p: _Parts) -> int:
     """Batches per superbatch: the policy object's, the option, the plan's, else the largest
     whose runtime files fit the runtime disk budget (Ginex §3.5); at most the epoch."""
-    from ooc.sampling.pipeline import measure_bytes_per_batch, superbatch_size_for_budget
 
     cfg = p.config
     nb = max(1, -(-len(p.seeds) // cfg.batch_size))
@@ -223,8 +228,6 @@ def superbatch_size(p: _Parts) -> int:
 
 
 def _superbatch(p: _Parts) -> BatchPipeline:
-    from ooc.sampling.pipeline import Inspector
-
     s = superbatch_size(p)
     rt, remove_rt = runtime_folder(Path(p.opts.runtime_dir) if p.opts.runtime_dir
                                    else Path(p.dataset.path) / "runtime")
@@ -320,7 +323,6 @@ def remove_stale_runs(parent: Path) -> list[Path]:
     """Delete ``parent/run<pid>-*`` folders carrying ooc's runtime marker whose process
     no longer exists (runs killed before they could clean up); returns what was removed.
     A user's folder of such a name, without the marker, stays."""
-    from ooc.storage.ownership import made_by_ooc
 
     removed: list[Path] = []
     try:
@@ -339,7 +341,6 @@ def runtime_folder(parent: Path) -> tuple[Path, Callable[[], None]]:
     """A fresh ``parent/run<pid>-<random>`` folder for this run's runtime files and
     the function that removes it (and ``parent`` when this call created it and it is
     empty again). Stale folders of dead processes in ``parent`` are removed first."""
-    from ooc.storage.ownership import mark
 
     created = not parent.exists()
     try:

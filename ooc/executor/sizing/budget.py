@@ -75,15 +75,34 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ooc.caches.feature_cache import FeatureCache, row_cost
+from ooc.caches.neighbor_cache import (
+    MIN_CACHE_BYTES,
+    CachedNeighbors,
+    build_bytes,
+    build_neighbor_cache,
+    compute_out_degrees,
+    degree_dtype,
+    full_cache_bytes,
+)
+from ooc.caches.policies import POLICIES, CachePolicy
+from ooc.core.errors import BudgetError, setting
 from ooc.core.jit import compile_in_child
-from ooc.core.memory import anon_rss_bytes, trim_malloc
-from ooc.storage.pagecache import touch_pages
+from ooc.core.memory import anon_rss_bytes, trim_malloc, tune_malloc
 from ooc.core.memory import current_rss_bytes as rss_bytes
 from ooc.core.memory import peak_rss_bytes as hwm_bytes
 from ooc.core.memory import reset_peak_rss as reset_hwm
-from ooc.caches.feature_cache import row_cost
+from ooc.core.sizes import format_size
 from ooc.executor.loader.pipelines import batches_in_flight, gather_threads
-from ooc.core.errors import BudgetError, setting
+from ooc.executor.loader.presets import Preset, resolve_preset
+from ooc.executor.loader.readers import READERS
+from ooc.executor.loader.stack import EVAL_SEED_OFFSET, ModeOptions, open_sources
+from ooc.executor.sizing.step_memory import step_bytes
+from ooc.sampling.pipeline import bytes_per_batch, superbatch_size_for_budget
+from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.storage import open_dataset
+from ooc.storage.neighbors import InMemoryNeighbors
+from ooc.storage.pagecache import touch_pages
 
 MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
@@ -168,7 +187,6 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0,
     kernels, with the dataset's dtypes). Returns how it went, in words; on
     any failure the kernels compile in this process instead.
     """
-    from ooc.executor.loader.presets import resolve_preset
 
     preset = resolve_preset(config.mode if preset is None else preset)
     opts = options or _default_options()
@@ -181,8 +199,6 @@ def compile_kernels(dataset, config, options=None, timeout: float = 600.0,
 
 
 def _default_options():
-    from ooc.executor.loader.stack import ModeOptions
-
     return ModeOptions()
 
 
@@ -190,12 +206,6 @@ def _child_main(argv: list[str]) -> None:
     """``compile_kernels``'s child: READERS POLICY DATA FANOUTS THREADS QUEUE_DEPTH
     IO_THREADS BACKEND (a policy not in :data:`~ooc.caches.policies.POLICIES`
     is warmed up as the base policy; its own kernels then compile in the parent)."""
-    from ooc.sampling.sampler import NeighborSampler
-    from ooc.storage import open_dataset
-    from ooc.caches.policies import POLICIES, CachePolicy
-    from ooc.executor.loader.presets import Preset
-    from ooc.executor.loader.readers import READERS
-    from ooc.executor.loader.stack import open_sources
 
     readers, policy, path, fanouts, threads, qd, io_threads, backend = argv
     preset = Preset("child", READERS[readers](), POLICIES.get(policy, CachePolicy)())
@@ -238,11 +248,6 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
     training on ``device`` runs them (the changesets on CUDA load torch's sort and scan
     kernels there, host memory the set-up then holds).
     """
-    from ooc.caches.neighbor_cache import (build_neighbor_cache, compute_out_degrees, degree_dtype,
-                                           full_cache_bytes)
-    from ooc.storage.neighbors import CachedNeighbors, InMemoryNeighbors
-    from ooc.sampling.sampler import NeighborSampler
-    from ooc.caches.feature_cache import FeatureCache
     from ooc.executor.training.activation import warm_up as warm_up_activation
 
     n = 32
@@ -303,8 +308,6 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
         OocError: the budget is below what the preset needs (the message gives
             the smallest budget that works, see :func:`suggest_budget`).
     """
-    from ooc.core.memory import tune_malloc
-    from ooc.executor.loader.presets import resolve_preset
 
     tune_malloc()  # a budget holds only with freed batch arrays returned to the OS
     preset = resolve_preset(config.mode if preset is None else preset)
@@ -398,9 +401,6 @@ class SuperbatchPlan:
     superbatch's accesses (:meth:`bytes`)."""
 
     def __init__(self, dataset, config, opts, probe: dict[str, Any], preset, beside: int = 0):
-        from ooc.sampling.pipeline import superbatch_size_for_budget
-        from ooc.sampling.sampler import epoch_batches
-
         self.n, self.beside = dataset.num_nodes, int(beside)
         self.bpb, self.ids = probe["bytes_per_batch"], probe["ids_per_batch"]
         self.mates = preset.policy.mate_fraction(dataset.row_pages()) > 0
@@ -455,7 +455,6 @@ class SuperbatchPlan:
 def split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
                 neighbor_fraction: float) -> None:
     """The free memory to the caches (:func:`cache_bytes`), in ``plan``."""
-    from ooc.caches.neighbor_cache import full_cache_bytes
 
     n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
     nbytes, fbytes = cache_bytes(
@@ -473,7 +472,6 @@ def cache_bytes(n: int, row_bytes: int, full_neighbor_bytes: Callable[[], int], 
     below :data:`~ooc.caches.neighbor_cache.MIN_CACHE_BYTES`), the feature cache the
     rest at :func:`row_cost` per row of ``row_bytes`` (the row and its bookkeeping), for
     ``n`` nodes; sizes the options set are kept."""
-    from ooc.caches.neighbor_cache import MIN_CACHE_BYTES
 
     nbytes = 0
     if preset.neighbor_cache:
@@ -498,7 +496,6 @@ def _build_transient(dataset, preset, explicit_n: int | None) -> int:
     and a neighbor cache not yet on disk
     (:func:`~ooc.caches.neighbor_cache.build_bytes`: its degrees and one
     range of lists at a time)."""
-    from ooc.caches.neighbor_cache import MIN_CACHE_BYTES, build_bytes
 
     out = preset.policy.build_bytes(dataset) if preset.policy.caches else 0
     if preset.neighbor_cache and (explicit_n is None or explicit_n >= MIN_CACHE_BYTES):
@@ -519,9 +516,6 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None,
     under ``limit`` (absolute RSS) is not run: its estimate is charged instead, and
     ``too_large`` says why (the planner then refuses the budget).
     """
-    from ooc.sampling.pipeline import bytes_per_batch
-    from ooc.sampling.sampler import NeighborSampler
-    from ooc.executor.loader.stack import EVAL_SEED_OFFSET, open_sources
 
     preset.readers.before_probe(dataset)
     src = open_sources(dataset, preset, opts)
@@ -574,7 +568,6 @@ class _Holder:
 
     def sample(self, ids, bs: int, seed: int, epoch: int, shuffle: bool) -> list:
         """The first ``in_flight`` sampled batches of ``bs`` seeds of that epoch."""
-        from ooc.sampling.sampler import derive_seed, epoch_batches
 
         seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:self.in_flight]
         return self.sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
@@ -608,8 +601,6 @@ class _Holder:
         return batches
 
     def _step_bytes(self, batch, train: bool):
-        from ooc.executor.sizing.step_memory import step_bytes
-
         return step_bytes(self.model, batch.num_sampled_nodes, batch.num_sampled_edges,
                           int(batch.num_seeds), train=train)
 
@@ -709,8 +700,6 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
 
 
 def _fmt(nbytes: float) -> str:
-    from ooc.core.sizes import format_size
-
     return format_size(nbytes)
 
 

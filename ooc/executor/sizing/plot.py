@@ -8,11 +8,10 @@ from typing import Any
 import numpy as np
 
 from ooc.core.errors import IOFailure
+from ooc.core.sizes import format_size
 
 
 def _fmt(n: float) -> str:
-    from ooc.core.sizes import format_size
-
     return format_size(n)
 
 

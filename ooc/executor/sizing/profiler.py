@@ -54,10 +54,30 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ooc.core.errors import OocError
-from ooc.core.errors import IOFailure, InvalidValue, NotFound
-from ooc.storage.layout import PAGE
+from ooc.caches import miss_curves as P
+from ooc.caches.changesets import precompute_changesets
 from ooc.caches.feature_cache import row_cost
+from ooc.caches.miss_curves import lru_stack_distances
+from ooc.caches.policies import BeladyCache, StaticCache, degree_order
+from ooc.core.errors import InvalidValue, IOFailure, NotFound, OocError
+from ooc.core.sizes import format_size
+from ooc.executor.loader.pipelines import PREFETCH
+from ooc.executor.loader.presets import resolve_preset
+from ooc.executor.loader.stack import build_stack
+from ooc.executor.sizing.budget import default_reserve, hwm_bytes, plan_memory, reset_hwm, rss_bytes
+from ooc.executor.sizing.rehearsal import rehearsal_shape, rehearse, warm_batches
+from ooc.sampling.runtime import (
+    FlatChangesets,
+    SuperbatchSamples,
+    read_changesets,
+    read_samples,
+    remove_superbatch,
+    write_changesets,
+    write_samples,
+)
+from ooc.sampling.sampler import derive_seed, epoch_batches
+from ooc.storage.layout import PAGE
+from ooc.storage.pagecache import drop_page_cache
 
 #: Cache sizes of the miss-ratio curves, as fractions of the feature table.
 CURVE_FRACTIONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6,
@@ -68,8 +88,6 @@ MiB = 1 << 20
 
 
 def _fmt(n: float) -> str:
-    from ooc.core.sizes import format_size
-
     return format_size(n)
 
 
@@ -82,16 +100,12 @@ class _Stage:
         self.count = 0
 
     def __enter__(self) -> "_Stage":
-        from ooc.executor.sizing.budget import reset_hwm
-
         gc.collect()
         self._hwm = reset_hwm()
         self._t, self._c = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc) -> None:
-        from ooc.executor.sizing.budget import hwm_bytes, rss_bytes
-
         self.wall += time.perf_counter() - self._t
         self.cpu += time.process_time() - self._c
         self.peak = max(self.peak, hwm_bytes() if self._hwm else rss_bytes())
@@ -210,7 +224,6 @@ def predict_epoch(preset, num_batches: int, superbatch_size: int | None,
     gather run on the pipeline thread beside the compute thread: the longer of
     the two, or the CPU bound.
     """
-    from ooc.executor.loader.presets import resolve_preset
 
     schedule = resolve_preset(preset).policy.schedule
     w = {k: v[0] for k, v in per_batch.items()}
@@ -246,7 +259,6 @@ def extrapolate_epoch(num_batches: int, superbatch_size: int | None, rehearsal,
     seconds before its first batch (the first superbatch's sampling and changesets) and
     the reads per batch of the traced epoch's second half (``reads["later_per_batch"]``).
     """
-    from ooc.executor.sizing.rehearsal import warm_batches
 
     r = rehearsal
     nb = int(num_batches)
@@ -296,8 +308,6 @@ def device_reads(dataset, preset, batches: list, rehearsal, superbatch_size: int
     the caller has simulated them already (misses plus switch reads); each prefix is
     simulated once.
     """
-    from ooc.executor.loader.presets import resolve_preset
-    from ooc.executor.sizing.rehearsal import warm_batches
 
     trace = [np.asarray(b.node_ids, dtype=np.int64) for b in batches]
     if resolve_preset(preset).readers.page_cache:
@@ -342,7 +352,6 @@ def _page_cache_misses(dataset, batches: list, cache_bytes: int) -> np.ndarray:
     [len(batches)]): its feature rows' (4 KiB pages, or a row each when rows are larger:
     the unit the cache is counted in) and the first and last page of each sampled node's
     neighbour list in ``indices.bin`` (a longer list is sampled, not read whole)."""
-    from ooc.caches.miss_curves import lru_stack_distances
 
     row_bytes = dataset.layout.row_bytes
     unit = max(PAGE, row_bytes)
@@ -381,7 +390,6 @@ def simulate_epoch(preset, trace: list[np.ndarray], num_nodes: int, capacity: in
         hot_order: node ids by decreasing out-degree (static policy).
         pages: the dataset's :meth:`~ooc.storage.dataset.Dataset.row_pages` (page-mates).
     """
-    from ooc.executor.loader.presets import resolve_preset
 
     return resolve_preset(preset).policy.simulate(trace, num_nodes, capacity, superbatch_size,
                                                   hot_order=hot_order, device=device, pages=pages)
@@ -397,8 +405,6 @@ def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
     ``static_degree``: the degree-ordered static cache; ``lru``: LRU from a cold
     start over the whole trace, for reference.
     """
-    from ooc.caches import miss_curves as P
-    from ooc.caches.policies import BeladyCache, StaticCache
 
     caps = np.asarray(capacities, dtype=np.int64)
     acc = max(1, int(sum(len(t) for t in trace)))
@@ -480,9 +486,6 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     """
     import torch
 
-    from ooc.sampling.sampler import epoch_batches
-    from ooc.executor.loader.presets import resolve_preset
-    from ooc.executor.sizing.budget import default_reserve, plan_memory
 
     t_start = time.perf_counter()
     config.validate()
@@ -613,7 +616,6 @@ def _rehearse(dataset, config, options, plan, preset, shape: _Shape, seed_batche
               log):
     """:func:`~ooc.executor.sizing.rehearsal.rehearse` the epoch's first batches with the
     recommended sizes."""
-    from ooc.executor.sizing.rehearsal import rehearsal_shape, rehearse
 
     k, s_r = rehearsal_shape(shape.nb, plan.superbatch_size)
     log(f"size_caches: rehearsing the first {k} batches as training runs them"
@@ -627,8 +629,6 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
              training, log) -> _Measured:
     """Build the stack with the recommended sizes, as training builds it, and time its
     stages on the first ``shape.T`` batches of epoch 1."""
-    from ooc.sampling.sampler import derive_seed
-    from ooc.executor.loader.stack import build_stack
 
     rec = _recommended_options(options, plan)
     log(f"size_caches: building the {preset.name} mode with the recommended sizes "
@@ -636,7 +636,6 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
         f"{_fmt(plan.neighbor_cache_bytes)}, superbatch {plan.superbatch_size})")
     stages = {k: _Stage() for k in ("sample", "write", "changesets", "load", "switch", "gather",
                                     "update", "compute")}
-    from ooc.storage.pagecache import drop_page_cache
 
     drop_page_cache(dataset.path)  # reads are timed cold, as a training run starts them
     with _Stage() as build_st:
@@ -668,8 +667,6 @@ def _superbatch_stages(stack, preset, config, shape: _Shape, m: _Measured, gpu: 
     (``pages``: the dataset's row pages, for page-mates)."""
     import tempfile
 
-    from ooc.sampling.runtime import (FlatChangesets, SuperbatchSamples, read_changesets, read_samples,
-                                      remove_superbatch, write_changesets, write_samples)
 
     st, S0, n = m.stages, shape.S0, stack.train.cache.num_nodes
     capacity = stack.train.cache.capacity
@@ -755,7 +752,6 @@ def _next_superbatch(m: _Measured, shape: _Shape, j: int, cache, features):
 def _simulate(dataset, preset, plan, shape: _Shape, m: _Measured, gpu: dict):
     """The epoch's misses under the recommended size, the miss-ratio curves, and the
     nodes by decreasing out-degree (the static cache's order)."""
-    from ooc.caches.policies import degree_order
 
     n = dataset.num_nodes
     hot = degree_order(dataset)
@@ -818,7 +814,6 @@ def _rates(m: _Measured, sim: dict, shape: _Shape, preset) -> dict[str, Any]:
 def _arithmetic(dataset, preset, options, plan, budget, reserve, shape: _Shape, m: _Measured,
                 rates: dict, epoch: dict) -> list[str]:
     """The recommendation's arithmetic, as text lines."""
-    from ooc.executor.loader.pipelines import PREFETCH
 
     st, peaks, working = plan.stages, plan.stage_peaks, plan.working
     n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
@@ -1055,7 +1050,6 @@ def _gpu_changesets(trace, num_nodes: int, capacity: int, S: int) -> dict[str, A
     """CUDA peak memory of the changeset pass over the trace, scaled to S batches."""
     import torch
 
-    from ooc.caches.changesets import precompute_changesets
 
     dev = torch.device("cuda")
     torch.cuda.synchronize(dev)

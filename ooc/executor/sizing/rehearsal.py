@@ -22,6 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ooc.executor.loader.stack import build_stack
+from ooc.storage.pagecache import drop_page_cache
+
 #: Batches rehearsed when the epoch has at least this many (fewer: the whole epoch).
 REHEARSAL_BATCHES = 16
 #: Largest superbatch a rehearsal uses (the epoch's superbatch when smaller).
@@ -108,8 +111,6 @@ def rehearse(dataset, config, options, preset, seeds: np.ndarray, superbatch_siz
         options: :class:`~ooc.executor.loader.stack.ModeOptions` with the cache sizes set.
         model, optimizer, device: what the steps train (the profile's model).
     """
-    from ooc.storage.pagecache import drop_page_cache
-    from ooc.executor.loader.stack import build_stack
 
     opts = replace(options, superbatch_size=superbatch_size, memory_budget=None)
     seeds = np.asarray(seeds, dtype=np.int64)

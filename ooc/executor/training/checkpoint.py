@@ -41,10 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ooc.storage.atomic import atomic_file
-from ooc.core.errors import OocError
+from ooc.core.errors import InvalidValue, IOFailure, OocError, OutputExists
 from ooc.executor.training.models import GNN, build_model
-from ooc.core.errors import IOFailure, InvalidValue, OutputExists
+from ooc.storage.atomic import atomic_file
 
 CHECKPOINT_FORMAT = "ooc-checkpoint"
 CHECKPOINT_VERSION = 1

@@ -25,6 +25,7 @@ import torch
 
 from ooc.core.errors import OocError, setting
 
+
 class TrainingDiverged(OocError, FloatingPointError):
     """Training produced a non-finite loss or weights, or a step blew the weights up;
     the run stops (no checkpoint of that epoch)."""

@@ -30,16 +30,26 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ooc.core.errors import InvalidValue, setting
 from ooc.core.memory import peak_rss_bytes
 from ooc.executor.loader.node_loader import NodeLoader
-from ooc.executor.training.checkpoint import (check_dataset, describe_model, load_checkpoint,
-                                              save_checkpoint, set_rng_state)
+from ooc.executor.loader.presets import resolve_preset
+from ooc.executor.loader.process_budget import process_total
+from ooc.executor.loader.stack import ModeOptions, build_stack
+from ooc.executor.sizing.budget import plan_memory
+from ooc.executor.training.checkpoint import (
+    check_dataset,
+    describe_model,
+    load_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
 from ooc.executor.training.config import TrainConfig  # noqa: F401  (re-exported from here too)
 from ooc.executor.training.finite import NonFiniteLoss, TrainingDiverged, UpdateWatch, check_step  # noqa: F401
 from ooc.executor.training.models import GNN, build_model  # noqa: F401  (GNN: the docstrings' model class)
 from ooc.executor.training.step import default_loss, eval_forward, model_call, train_step  # noqa: F401
 from ooc.storage.dataset import open_dataset
-from ooc.core.errors import InvalidValue, setting
+from ooc.storage.locks import exclusive
 
 #: Stages timed in every epoch (seconds); modes may add more.
 STAGES = ("sample", "gather", "transfer", "compute")
@@ -196,19 +206,13 @@ class Trainer:
         self.mode_info: dict[str, Any] = {}
         self._pipeline = None
         self._closed = False
-        from ooc.executor.loader.presets import resolve_preset
 
         #: what the loaders run: ``preset``, else ``config.mode``
         self.preset = preset = resolve_preset(config.mode if preset is None else preset)
         if pipeline is None:
-            from ooc.executor.loader.process_budget import process_total
-            from ooc.executor.loader.stack import ModeOptions, build_stack
-
             options = options or ModeOptions()
             budget = options.memory_budget or process_total()
             if budget:
-                from ooc.executor.sizing.budget import plan_memory
-
                 self.memory_plan = plan_memory(dataset, config, budget, options,
                                                model=self.model, preset=preset)
             pipeline = build_stack(dataset, config, options, plan=self.memory_plan,
@@ -382,7 +386,6 @@ class Trainer:
         """Train until epoch ``epochs`` (default ``config.epochs``), checkpointing each epoch."""
         import contextlib
 
-        from ooc.storage.locks import exclusive
 
         target = self.config.epochs if epochs is None else int(epochs)
         lock = contextlib.nullcontext() if checkpoint_dir is None else \

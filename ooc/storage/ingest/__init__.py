@@ -16,6 +16,5 @@ from ooc.storage.ingest.ogb import ingest_ogb
 from ooc.storage.ingest.planetoid import ingest_planetoid  # imports torch_geometric only when called
 from ooc.storage.ingest.synthetic import generate_synthetic
 
-
 __all__ = ["DEFAULT_BUFFER", "generate_synthetic", "ingest_edgelist", "ingest_igb", "ingest_ogb",
            "ingest_planetoid"]

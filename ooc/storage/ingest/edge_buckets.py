@@ -22,11 +22,11 @@ from typing import Iterator
 
 import numpy as np
 
-from ooc.storage.direct_files import DirectAppender, WriteBehind, open_direct
 from ooc.core.errors import IOFailure
+from ooc.storage.direct_files import DirectAppender, WriteBehind, open_direct
+from ooc.storage.ingest import _kernels as K
 from ooc.storage.layout import PAGE, aligned_empty
 from ooc.storage.read_ahead import CHUNKS_HELD
-from ooc.storage.ingest import _kernels as K
 
 #: Fewest windows for which routing reads less than scanning the input once a window: the
 #: routing writes and reads two ids an entry, about what two more scans of an int64 edge

@@ -29,23 +29,24 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ooc.core.errors import InvalidValue, OocError, setting
+from ooc.storage.atomic import replace_refusal
 from ooc.storage.dataset import MAX_FEATURE_DIM, replace_problem
 from ooc.storage.direct_files import read_range, write_all
-from ooc.core.errors import InvalidValue, OocError, setting
-from ooc.storage.layout import PAGE, FeatureLayout, index_dtype, padded_bytes
-from ooc.storage.reorder import STAGING_BYTES
-from ooc.storage.atomic import replace_refusal
-from ooc.storage.writer import DatasetWriter, class_ids
-from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead
 from ooc.storage.ingest import _kernels as K
 from ooc.storage.ingest import limits as L
 from ooc.storage.ingest.edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
+from ooc.storage.layout import PAGE, FeatureLayout, index_dtype, padded_bytes
+from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead
+from ooc.storage.reorder import STAGING_BYTES
+from ooc.storage.writer import DatasetWriter, class_ids
 
 DEFAULT_BUFFER = 512 << 20
 EDGE_FORMATS = ("auto", "text", "npy", "bin32", "bin64")
 
 
-def _err(path, problem: str) -> OocError:
+def input_error(path, problem: str) -> OocError:
+    """The one-line error for a problem in input file ``path``."""
     return OocError(f"{os.fspath(path)}: {problem}")
 
 
@@ -67,21 +68,21 @@ def check_out(out, overwrite: bool, inputs=()) -> Path:
     if not os.path.lexists(out):
         return out
     if not overwrite:
-        raise _err(out, "already exists (pass --overwrite to replace it)")
+        raise input_error(out, "already exists (pass --overwrite to replace it)")
     problem = replace_problem(out) or replace_refusal(out, tuple(inputs), "dataset")
     if problem:
-        raise _err(out, problem)
+        raise input_error(out, problem)
     return out
 
 
 def check_input(path) -> Path:
     path = Path(path)
     if not path.exists():
-        raise _err(path, "not found")
+        raise input_error(path, "not found")
     if not path.is_file():
-        raise _err(path, "not a file")
+        raise input_error(path, "not a file")
     if not os.access(path, os.R_OK):
-        raise _err(path, "not readable (permission denied)")
+        raise input_error(path, "not readable (permission denied)")
     return path
 
 
@@ -114,15 +115,16 @@ class NpyReader:
                     shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
                 self.offset = f.tell()
         except (ValueError, OSError, EOFError, SyntaxError) as e:
-            raise _err(self.path, f"not a .npy file or header truncated ({str(e).splitlines()[0]})") from None
+            raise input_error(self.path, "not a .npy file or header truncated "
+                              f"({str(e).splitlines()[0]})") from None
         if dtype.hasobject:
-            raise _err(self.path, "holds Python objects (dtype object); expected a numeric array")
+            raise input_error(self.path, "holds Python objects (dtype object); expected a numeric array")
         self.shape, self.fortran, self.dtype = tuple(shape), bool(fortran), np.dtype(dtype)
         self.size = int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
         need = self.offset - start + self.size * self.dtype.itemsize
         have = size if size is not None else self.file.stat().st_size - start
         if have < need:
-            raise _err(self.path, f"truncated: {have} bytes, the header promises {need}")
+            raise input_error(self.path, f"truncated: {have} bytes, the header promises {need}")
         self.nbytes = self.size * self.dtype.itemsize
 
     def read_flat(self, start: int, count: int, once: bool = False) -> np.ndarray:
@@ -136,13 +138,13 @@ class NpyReader:
                            self.dtype)
             if a is not None:
                 if a.size != count:
-                    raise _err(self.path, "truncated while reading")
+                    raise input_error(self.path, "truncated while reading")
                 return a
         with open(self.file, "rb") as f:
             f.seek(self.offset + start * self.dtype.itemsize)
             a = np.fromfile(f, dtype=self.dtype, count=count)
         if a.size != count:
-            raise _err(self.path, "truncated while reading")
+            raise input_error(self.path, "truncated while reading")
         return a
 
     def read_all(self) -> np.ndarray:
@@ -191,7 +193,7 @@ class BinEdges(EdgeSource):
         size = self.path.stat().st_size
         pair = 2 * self.dtype.itemsize
         if size % pair:
-            raise _err(self.path, f"size {size} bytes is not a multiple of {pair} "
+            raise input_error(self.path, f"size {size} bytes is not a multiple of {pair} "
                                   f"({self.dtype.name} pairs): truncated or wrong --format")
         self.num_edges = size // pair
         self.nbytes = size
@@ -202,7 +204,7 @@ class BinEdges(EdgeSource):
                 cnt = min(chunk_edges, self.num_edges - a)
                 pairs = np.fromfile(f, dtype=self.dtype, count=2 * cnt)
                 if pairs.size != 2 * cnt:
-                    raise _err(self.path, "truncated while reading (file changed?)")
+                    raise input_error(self.path, "truncated while reading (file changed?)")
                 pairs = pairs.reshape(cnt, 2)
                 yield (pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64), a,
                        cnt * 2 * self.dtype.itemsize)
@@ -219,9 +221,9 @@ class NpyEdges(EdgeSource):
         self.path = self.r.path
         shape = self.r.shape
         if len(shape) != 2 or 2 not in shape:
-            raise _err(self.path, f"edge array has shape {shape}; expected [2, E] or [E, 2]")
+            raise input_error(self.path, f"edge array has shape {shape}; expected [2, E] or [E, 2]")
         if self.r.dtype.kind not in "iu":
-            raise _err(self.path, f"edge array has dtype {self.r.dtype}; expected integers")
+            raise input_error(self.path, f"edge array has dtype {self.r.dtype}; expected integers")
         rows_first = shape[0] == 2  # [2, E], PyG convention (also for [2, 2])
         self.num_edges = shape[1] if rows_first else shape[0]
         self.interleaved = rows_first == self.r.fortran
@@ -291,7 +293,7 @@ class TextEdges(EdgeSource):
                         cut = buf.rfind(b"\n")
                         if cut < 0:
                             if len(buf) > (64 << 20):
-                                raise _err(self.path, f"line {line0 + 1}: line longer than 64 MiB")
+                                raise input_error(self.path, f"line {line0 + 1}: line longer than 64 MiB")
                             carry = buf
                             continue
                         body, carry = buf[:cut + 1], buf[cut + 1:]
@@ -315,7 +317,7 @@ class TextEdges(EdgeSource):
                             what += f" {val}" + (f" (num_nodes is {num_nodes})"
                                                  if status == K.TXT_RANGE else "")
                         text = _line_text(body, bad)
-                        raise _err(self.path, f"line {line0 + bad + 1}: {what}: {text!r}")
+                        raise input_error(self.path, f"line {line0 + bad + 1}: {what}: {text!r}")
                     line0 += nlines
                     pos = raw.tell()
                     yield src[:ne], dst[:ne], first_edge, pos - raw_pos
@@ -324,7 +326,7 @@ class TextEdges(EdgeSource):
                     if eof:
                         break
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-            raise _err(self.path, f"not a valid or a truncated gzip file ({e})") from None
+            raise input_error(self.path, f"not a valid or a truncated gzip file ({e})") from None
 
     def describe(self):
         return {"path": str(self.path), "format": "text" + (".gz" if self.gz else "")}
@@ -360,12 +362,13 @@ def open_edges(path, fmt: str = "auto", header: bool = False) -> EdgeSource:
             fmt = "npy"
         elif head.startswith(b"\x1f\x8b"):
             if path.suffix != ".gz":
-                raise _err(path, "is gzip-compressed; name it *.gz to read it as gzipped text")
+                raise input_error(path, "is gzip-compressed; name it *.gz to read it as gzipped text")
             fmt = "text"
         elif path.suffix in (".npy",):
-            raise _err(path, "not a .npy file (bad magic)")
+            raise input_error(path, "not a .npy file (bad magic)")
         elif _looks_binary(head):
-            raise _err(path, "looks binary and is not .npy; for raw pairs pass --format bin32 or bin64")
+            raise input_error(path, "looks binary and is not .npy; "
+                                    "for raw pairs pass --format bin32 or bin64")
         else:
             fmt = "text"
     if fmt == "npy":
@@ -404,10 +407,10 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
                 s, d = int(src[bad]), int(dst[bad])
                 v = s if (s < 0 or (known and s >= num_nodes)) else d
                 what = "negative node id" if v < 0 else f"node id out of range [0, {num_nodes})"
-                raise _err(source.path, f"{source.where(first + bad)}: {what}: {v}")
+                raise input_error(source.path, f"{source.where(first + bad)}: {what}: {v}")
             if not known and mx >= limit:
                 k = int(np.argmax(np.maximum(src, dst)))
-                raise _err(source.path, f"{source.where(first + k)}: node id {int(mx)} would make "
+                raise input_error(source.path, f"{source.where(first + k)}: node id {int(mx)} would make "
                                         f"{int(mx) + 1} nodes, more than {limit} (the limit from the "
                                         f"input's size and the available memory); pass --num-nodes "
                                         f"if the graph really has that many")
@@ -426,7 +429,7 @@ def count_pass(source: EdgeSource, num_nodes: int, undirected: bool, drop_self: 
 def check_not_empty(source: EdgeSource, counts: np.ndarray) -> None:
     """Refuse a graph with no nodes or no edges (after self-loop removal)."""
     if counts.shape[0] == 0 or not counts.any():
-        raise _err(source.path, "the graph has no edges (empty input, only comments, or every "
+        raise input_error(source.path, "the graph has no edges (empty input, only comments, or every "
                                 "edge a removed self-loop); ooc needs at least one edge")
 
 
@@ -482,11 +485,11 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             if buckets is not None:
                 r0, r1 = files[wi]
                 if int(buckets.counts[r0:r1].sum()) != m:
-                    raise _err(source.path, "changed between the count pass and the routing")
+                    raise input_error(source.path, "changed between the count pass and the routing")
                 pieces = buckets.window_entries(r0, r1, buffer_bytes // (8 * CHUNKS_HELD))
                 for part in read_ahead(pieces):
                     if K.scatter_entries(part, lo, cursor, ptr[1:], seg) >= 0:
-                        raise _err(source.path, "changed between the count pass and the "
+                        raise input_error(source.path, "changed between the count pass and the "
                                                 "routing")
             else:
                 with progress_bar(source.nbytes, f"scatter {wi + 1}/{len(windows)}", progress,
@@ -495,7 +498,7 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
                         K.scatter_window(src, dst, lo, hi, cursor, seg, undirected, drop_self)
                         bar.update(nb)
             if not np.array_equal(cursor, ptr[1:]):
-                raise _err(source.path, "changed between the count pass and the scatter pass")
+                raise input_error(source.path, "changed between the count pass and the scatter pass")
             newdeg = np.empty(hi - lo, dtype=np.int64)
             K.sort_segments(seg, ptr, dedup, newdeg)
             k = int(K.compact_segments(seg, ptr, newdeg)) if dedup else m
@@ -529,7 +532,7 @@ def route_pass(w: DatasetWriter, source: EdgeSource, ends: np.ndarray, undirecte
             for src, dst, first, nb in _chunks(source, buffer_bytes, n):
                 bad = buckets.route(src, dst, undirected, drop_self)
                 if bad >= 0:
-                    raise _err(source.path, f"{source.where(first + bad)}: node id out of "
+                    raise input_error(source.path, f"{source.where(first + bad)}: node id out of "
                                             f"range [0, {n}) (the file changed after the "
                                             "count pass)")
                 bar.update(nb)
@@ -645,15 +648,15 @@ def open_features(path, num_nodes: int | None = None, reader: NpyReader | None =
                   ) -> NpyReader:
     r = reader if reader is not None else NpyReader(path)
     if len(r.shape) != 2:
-        raise _err(r.path, f"features have shape {r.shape}; expected [num_nodes, dim]")
+        raise input_error(r.path, f"features have shape {r.shape}; expected [num_nodes, dim]")
     if r.dtype.kind not in "fiub":
-        raise _err(r.path, f"features have dtype {r.dtype}; expected numbers")
+        raise input_error(r.path, f"features have dtype {r.dtype}; expected numbers")
     if r.shape[1] < 1:
-        raise _err(r.path, "features have zero columns")
+        raise input_error(r.path, "features have zero columns")
     if r.shape[1] > MAX_FEATURE_DIM:
-        raise _err(r.path, f"features have {r.shape[1]} columns, more than {MAX_FEATURE_DIM}")
+        raise input_error(r.path, f"features have {r.shape[1]} columns, more than {MAX_FEATURE_DIM}")
     if num_nodes is not None and r.shape[0] != num_nodes:
-        raise _err(r.path, f"features have {r.shape[0]} rows, the graph has {num_nodes} nodes")
+        raise input_error(r.path, f"features have {r.shape[0]} rows, the graph has {num_nodes} nodes")
     return r
 
 
@@ -665,9 +668,9 @@ def load_labels(path, num_nodes: int) -> tuple[np.ndarray, int]:
     if a.ndim == 2 and a.shape[1] == 1:
         a = a[:, 0]
     if a.ndim != 1:
-        raise _err(r.path, f"labels have shape {r.shape}; expected [{num_nodes}]")
+        raise input_error(r.path, f"labels have shape {r.shape}; expected [{num_nodes}]")
     if a.shape[0] != num_nodes:
-        raise _err(r.path, f"labels have {a.shape[0]} entries, the graph has {num_nodes} nodes")
+        raise input_error(r.path, f"labels have {a.shape[0]} entries, the graph has {num_nodes} nodes")
     a = class_ids(a, str(r.path))
     return a, int(a.max() + 1) if a.size else 0
 
@@ -678,14 +681,14 @@ def load_split(path, num_nodes: int) -> np.ndarray:
     a = r.read_all()
     if a.dtype == np.bool_:
         if a.shape != (num_nodes,):
-            raise _err(r.path, f"boolean mask has shape {a.shape}; expected ({num_nodes},)")
+            raise input_error(r.path, f"boolean mask has shape {a.shape}; expected ({num_nodes},)")
         return np.flatnonzero(a).astype(np.int64)
     if a.dtype.kind not in "iu":
-        raise _err(r.path, f"split has dtype {a.dtype}; expected integer node ids or a boolean mask")
+        raise input_error(r.path, f"split has dtype {a.dtype}; expected integer node ids or a boolean mask")
     a = a.reshape(-1).astype(np.int64)
     if a.size and (a.min() < 0 or a.max() >= num_nodes):
         v = int(a.min()) if a.min() < 0 else int(a.max())
-        raise _err(r.path, f"node id {v} out of range [0, {num_nodes})")
+        raise input_error(r.path, f"node id {v} out of range [0, {num_nodes})")
     return a
 
 

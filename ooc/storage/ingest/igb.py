@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, _err, ingest_edgelist
+from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, input_error, ingest_edgelist
 
 
 def _find(root: Path, name: str) -> Path:
     hits = sorted(root.rglob(name))
     if not hits:
-        raise _err(root, f"holds no {name} (expected an IGB folder with node_feat.npy, "
+        raise input_error(root, f"holds no {name} (expected an IGB folder with node_feat.npy, "
                          f"edge_index.npy and node_label_*.npy)")
     if len(hits) > 1:
-        raise _err(root, f"holds {len(hits)} files named {name} ({', '.join(map(str, hits[:3]))}"
+        raise input_error(root, f"holds {len(hits)} files named {name} ({', '.join(map(str, hits[:3]))}"
                          f"{', ...' if len(hits) > 3 else ''}); pass the folder of one graph")
     return hits[0]
 
@@ -37,7 +37,7 @@ def ingest_igb(root, out, label: str = "19", train_fraction: float = 0.6,
     ``label`` picks ``node_label_<label>.npy`` (``19`` or ``2K``)."""
     root = Path(root)
     if not root.is_dir():
-        raise _err(root, "not found (expected an IGB folder)")
+        raise input_error(root, "not found (expected an IGB folder)")
     return ingest_edgelist(
         _find(root, "edge_index.npy"), out, num_nodes=None, undirected=undirected, dedup=dedup,
         remove_self_loops=remove_self_loops, features=_find(root, "node_feat.npy"),

@@ -20,12 +20,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ooc.storage.direct_files import READ_STAGING
 from ooc.core.errors import InvalidValue
+from ooc.storage.direct_files import READ_STAGING
+from ooc.storage.ingest import _kernels as K
+from ooc.storage.ingest.edge_buckets import MIN_WINDOWS
 from ooc.storage.layout import FeatureLayout
 from ooc.storage.read_ahead import CHUNKS_HELD
 from ooc.storage.reorder import STAGING_BYTES, reorder_peak
-from ooc.storage.ingest.edge_buckets import MIN_WINDOWS
 
 BYTES_PER_NODE = 16
 #: Of :data:`BYTES_PER_NODE`, an edge list's labels file, loaded whole (int64).
@@ -117,7 +118,6 @@ def load_kernels() -> None:
     :func:`planned_peak` adds to (the first kernel loaded costs ~57 MiB)."""
     import numpy as np
 
-    from ooc.storage.ingest import _kernels as K
 
     ids = np.zeros(1, dtype=np.int64)
     K.count_in_degrees(ids, ids, np.zeros(1, dtype=np.int64), False, False)

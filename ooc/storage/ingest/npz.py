@@ -15,7 +15,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
-from ooc.storage.ingest.edgelist import NpyReader, _err
+from ooc.storage.ingest.edgelist import NpyReader, input_error
 
 #: Bytes inflated per read.
 BLOCK = 16 << 20
@@ -32,9 +32,9 @@ def _open(npz: Path) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(npz)
     except FileNotFoundError:
-        raise _err(npz, "not found") from None
+        raise input_error(npz, "not found") from None
     except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise _err(npz, f"not a zip (.npz) file, or truncated ({e})") from None
+        raise input_error(npz, f"not a zip (.npz) file, or truncated ({e})") from None
 
 
 def _data_start(npz: Path, info: zipfile.ZipInfo, label: str) -> int:
@@ -43,11 +43,11 @@ def _data_start(npz: Path, info: zipfile.ZipInfo, label: str) -> int:
         f.seek(info.header_offset)
         head = f.read(_LOCAL_HEADER.size)
     if len(head) < _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
-        raise _err(label, "the zip's local header is missing or damaged")
+        raise input_error(label, "the zip's local header is missing or damaged")
     fields = _LOCAL_HEADER.unpack(head)
     start = info.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
     if start + info.file_size > npz.stat().st_size:
-        raise _err(label, f"truncated: the zip holds {max(0, npz.stat().st_size - start)} of its "
+        raise input_error(label, f"truncated: the zip holds {max(0, npz.stat().st_size - start)} of its "
                           f"{info.file_size} bytes")
     return start
 
@@ -55,7 +55,7 @@ def _data_start(npz: Path, info: zipfile.ZipInfo, label: str) -> int:
 def _inflate(zf: zipfile.ZipFile, info: zipfile.ZipInfo, dest: Path, label: str) -> None:
     free = shutil.disk_usage(dest.parent).free
     if info.file_size > free:
-        raise _err(dest.parent, f"no room to inflate {label}: it needs {info.file_size:,} bytes, "
+        raise input_error(dest.parent, f"no room to inflate {label}: it needs {info.file_size:,} bytes, "
                                 f"{free:,} are free")
     try:
         with zf.open(info) as src, open(dest, "wb") as out:
@@ -66,7 +66,7 @@ def _inflate(zf: zipfile.ZipFile, info: zipfile.ZipInfo, dest: Path, label: str)
                 out.write(block)
     except (zlib.error, EOFError, zipfile.BadZipFile) as e:
         dest.unlink(missing_ok=True)
-        raise _err(label, f"compressed data is truncated or corrupt ({e})") from None
+        raise input_error(label, f"compressed data is truncated or corrupt ({e})") from None
 
 
 def npz_member(npz: Path, name: str, scratch: Path) -> NpyReader:
@@ -79,13 +79,13 @@ def npz_member(npz: Path, name: str, scratch: Path) -> NpyReader:
             info = zf.getinfo(member)
         except KeyError:
             have = sorted(i.filename for i in zf.infolist())
-            raise _err(npz, f"has no array {name!r} (members: {', '.join(have) or 'none'})") \
+            raise input_error(npz, f"has no array {name!r} (members: {', '.join(have) or 'none'})") \
                 from None
         if info.compress_type == zipfile.ZIP_STORED:
             return NpyReader(npz, start=_data_start(npz, info, label), name=label,
                              size=info.file_size)
         if info.compress_type != zipfile.ZIP_DEFLATED:
-            raise _err(label, f"uses zip compression method {info.compress_type}; only stored "
+            raise input_error(label, f"uses zip compression method {info.compress_type}; only stored "
                               f"and deflated members are read")
         scratch.mkdir(parents=True, exist_ok=True)
         dest = scratch / member

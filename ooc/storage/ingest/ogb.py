@@ -33,14 +33,28 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ooc.storage.writer import DatasetWriter, class_ids
 from ooc.storage.ingest import _kernels as K
 from ooc.storage.ingest import limits as L
 from ooc.storage.ingest import npz
-from ooc.storage.ingest.edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, NpyEdges, NpyReader,
-                                         TextEdges, _err, progress_bar, check_input, check_not_empty,
-                                         check_out, count_pass, open_features, scatter_passes,
-                                         write_constant_features, write_features_npy)
+from ooc.storage.ingest.edgelist import (
+    DEFAULT_BUFFER,
+    EdgeSource,
+    FeatureSink,
+    NpyEdges,
+    NpyReader,
+    TextEdges,
+    input_error,
+    check_input,
+    check_not_empty,
+    check_out,
+    count_pass,
+    open_features,
+    progress_bar,
+    scatter_passes,
+    write_constant_features,
+    write_features_npy,
+)
+from ooc.storage.writer import DatasetWriter, class_ids
 
 #: Labels read at a time (float64 and int64 copies of them).
 LABEL_CHUNK = 1 << 22
@@ -101,31 +115,32 @@ def _line_blocks(path: Path, block: int = 8 << 20) -> Iterator[tuple[bytes, int]
                 yield body, line0
                 line0 += body.count(b"\n")
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise _err(path, f"not a valid or a truncated gzip file ({e})") from None
+        raise input_error(path, f"not a valid or a truncated gzip file ({e})") from None
 
 
-def _parse_rows(path: Path, body: bytes, line0: int, ncols: int) -> np.ndarray:
+def parse_rows(path: Path, body: bytes, line0: int, ncols: int) -> np.ndarray:
     arr = np.frombuffer(body, dtype=np.uint8)
     out = np.empty((body.count(b"\n") + 1, ncols), dtype=np.float64)
     rows, status, bad = K.parse_floats_rows(arr, out, ncols)
     if status:
-        raise _err(path, f"line {line0 + bad + 1}: malformed (expected {ncols} comma-separated numbers)")
+        raise input_error(path, f"line {line0 + bad + 1}: malformed "
+                                f"(expected {ncols} comma-separated numbers)")
     return out[:rows]
 
 
 def _read_column(path: Path) -> np.ndarray:
-    parts = [_parse_rows(path, body, l0, 1)[:, 0] for body, l0 in _line_blocks(path)]
+    parts = [parse_rows(path, body, l0, 1)[:, 0] for body, l0 in _line_blocks(path)]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def _read_ids(path: Path, n: int) -> np.ndarray:
     a = _read_column(path)
     if np.any(np.isnan(a)) or np.any(a != np.round(a)):
-        raise _err(path, "node ids must be integers")
+        raise input_error(path, "node ids must be integers")
     a = a.astype(np.int64)
     if a.size and (a.min() < 0 or a.max() >= n):
         v = int(a.min()) if a.min() < 0 else int(a.max())
-        raise _err(path, f"node id {v} out of range [0, {n})")
+        raise input_error(path, f"node id {v} out of range [0, {n})")
     return a
 
 
@@ -134,7 +149,7 @@ def _feature_dim(path: Path) -> int:
         first = body.split(b"\n", 1)[0].strip()
         if first:
             return first.count(b",") + 1
-    raise _err(path, "is empty")
+    raise input_error(path, "is empty")
 
 
 def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, dedup: bool = False,
@@ -154,9 +169,9 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
     root = Path(root)
     out = check_out(out, overwrite, (root,))
     if not root.is_dir():
-        raise _err(root, "not found (expected an OGB dataset folder with raw/ and split/)")
+        raise input_error(root, "not found (expected an OGB dataset folder with raw/ and split/)")
     if root.name == "raw" and not (root / "raw").is_dir():
-        raise _err(root, f"is the raw/ folder itself: pass its parent ({root.parent}), which "
+        raise input_error(root, f"is the raw/ folder itself: pass its parent ({root.parent}), which "
                          f"holds raw/ and split/")
     split, split_files = _split_files(root, split)
     scratch = out.parent / f".{out.name}.inflate-{os.getpid()}"
@@ -175,12 +190,12 @@ def _split_files(root: Path, split: str | None) -> tuple[str | None, list[Path] 
     split_dir = root / "split"
     if not split_dir.is_dir():
         if split is not None:
-            raise _err(split_dir, "not found")
+            raise input_error(split_dir, "not found")
         return None, None
     names = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
     if split is None:
         if len(names) > 1:
-            raise _err(split_dir, f"holds several splits {names}; pick one with --split")
+            raise input_error(split_dir, f"holds several splits {names}; pick one with --split")
         split = names[0] if names else None
     if split is None:
         return None, None
@@ -213,9 +228,10 @@ def _csv_inputs(raw: Path) -> _Inputs:
     if nn_path.exists():
         nn = _read_column(nn_path)
         if nn.size != 1:
-            raise _err(nn_path, f"holds {nn.size} graphs; only single-graph node datasets are supported")
+            raise input_error(nn_path, f"holds {nn.size} graphs; "
+                                       "only single-graph node datasets are supported")
         if nn[0] != round(nn[0]) or nn[0] < 1:
-            raise _err(nn_path, f"node count {nn[0]} is not a positive integer")
+            raise input_error(nn_path, f"node count {nn[0]} is not a positive integer")
         n = int(nn[0])
         L.check_node_count(n, f"{nn_path} ({n} nodes)")
     elif labels is not None:
@@ -249,7 +265,7 @@ def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
         r = npz.npz_member(data, "num_nodes_list", scratch)
         nn = r.read_all().reshape(-1)
         if nn.size != 1 or r.dtype.kind not in "iu" or nn[0] < 1:
-            raise _err(r.path, f"holds {nn.tolist()[:4]}; expected one positive node count (only "
+            raise input_error(r.path, f"holds {nn.tolist()[:4]}; expected one positive node count (only "
                                f"single-graph node datasets are supported)")
         n = int(nn[0])
         L.check_node_count(n, f"{r.path} ({n} nodes)")
@@ -259,17 +275,17 @@ def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
         if n < 0:
             n = feat.shape[0]
         elif feat.shape[0] != n:
-            raise _err(feat.path, f"features have {feat.shape[0]} rows, num_nodes_list says {n}")
+            raise input_error(feat.path, f"features have {feat.shape[0]} rows, num_nodes_list says {n}")
     labels, label_path = None, raw / "node-label.npz"
     if label_path.exists():
         r = npz.npz_member(label_path, "node_label", scratch)
         shape = r.shape
         if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)) \
                 or (n >= 0 and shape[0] != n):
-            raise _err(r.path, f"labels have shape {r.shape}; expected [{n if n >= 0 else 'N'}] "
+            raise input_error(r.path, f"labels have shape {r.shape}; expected [{n if n >= 0 else 'N'}] "
                                f"or [N, 1]")
         if r.dtype.kind not in "fiub":
-            raise _err(r.path, f"labels have dtype {r.dtype}; expected numbers")
+            raise input_error(r.path, f"labels have dtype {r.dtype}; expected numbers")
         labels = _Labels(r.path, int(shape[0]), reader=r)
         n = labels.length if n < 0 else n
 
@@ -293,7 +309,7 @@ def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected:
     labels = src.labels
     if labels is not None:
         if labels.length != n:
-            raise _err(labels.path, f"has {labels.length} rows, the graph has {n} nodes")
+            raise input_error(labels.path, f"has {labels.length} rows, the graph has {n} nodes")
         top = -1
         for part in labels.class_ids():  # checked before the passes, written after them
             top = max(top, int(part.max()) if part.size else -1)
@@ -331,9 +347,9 @@ def _stream_features(path: Path, sink: FeatureSink, n: int, dim: int, buffer_byt
     block = int(min(64 << 20, max(1 << 20, buffer_bytes // 16)))
     with progress_bar(n, "features", progress, unit="rows") as bar:
         for body, line0 in _line_blocks(path, block):
-            rows = _parse_rows(path, body, line0, dim).astype(np.float32)
+            rows = parse_rows(path, body, line0, dim).astype(np.float32)
             if written + have + rows.shape[0] > n:
-                raise _err(path, f"has more than {n} rows (the graph has {n} nodes)")
+                raise input_error(path, f"has more than {n} rows (the graph has {n} nodes)")
             pending.append(rows)
             have += rows.shape[0]
             if have >= step:
@@ -348,4 +364,4 @@ def _stream_features(path: Path, sink: FeatureSink, n: int, dim: int, buffer_byt
             written += have
             bar.update(have)
     if written != n:
-        raise _err(path, f"has {written} rows, the graph has {n} nodes")
+        raise input_error(path, f"has {written} rows, the graph has {n} nodes")

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.core.errors import OocError
-from ooc.storage.writer import DatasetWriter, csc_from_edges
+from ooc.core.errors import InvalidValue, NotFound, OocError
 from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, check_out
-from ooc.core.errors import InvalidValue, NotFound
+from ooc.storage.writer import DatasetWriter, csc_from_edges
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 SUFFIXES = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")

@@ -20,6 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ooc.core.jit import compile_in_child
+from ooc.storage.ingest import generate_synthetic, ingest_edgelist
+from ooc.storage.ingest.ogb import parse_rows
+
 #: An ingest buffer small enough for the child's graphs to be cut into windows whose
 #: entries are routed (:mod:`.edge_buckets`), as large graphs are.
 ROUTED_BUFFER = 8 << 10
@@ -30,7 +34,6 @@ def compile_ingest_kernels(command: str, *, undirected: bool = True, dedup: bool
                            reorder: str = "auto") -> str:
     """Compile (or find in numba's cache) the kernels ``python -m ooc.prepare command``
     runs with these options, in a child process; returns how it went, in words."""
-    from ooc.core.jit import compile_in_child
 
     options = {"undirected": bool(undirected), "dedup": bool(dedup),
                "remove_self_loops": bool(remove_self_loops), "dtype": dtype or "float32",
@@ -43,8 +46,6 @@ def compile_ingest_kernels(command: str, *, undirected: bool = True, dedup: bool
 
 def _child_main(argv: list[str]) -> None:
     """``compile_ingest_kernels``'s child: KIND (``synthetic`` or ``files``) OPTIONS (JSON)."""
-    from ooc.storage.ingest import generate_synthetic, ingest_edgelist
-    from ooc.storage.ingest.ogb import _parse_rows
 
     kind, options = argv
     o = json.loads(options)
@@ -71,7 +72,7 @@ def _child_main(argv: list[str]) -> None:
                         **{**opts, "buffer_bytes": ROUTED_BUFFER})
         (tmp / "edges.csv").write_text("".join(f"{i % n},{(7 * i) % n}\n" for i in range(e)))
         ingest_edgelist(tmp / "edges.csv", tmp / "t", num_nodes=n, **opts)
-        _parse_rows(tmp / "x.csv", b"0.5,1\n2,3e-1\n", 0, 2)
+        parse_rows(tmp / "x.csv", b"0.5,1\n2,3e-1\n", 0, 2)
 
 
 if __name__ == "__main__":

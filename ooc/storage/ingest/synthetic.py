@@ -31,15 +31,23 @@ from pathlib import Path
 
 import numpy as np
 
+from ooc.core.errors import InvalidValue, IOFailure, setting
+from ooc.core.sizes import format_size
 from ooc.storage.dataset import MAX_CLASSES, MAX_FEATURE_DIM
+from ooc.storage.ingest import _kernels as K
+from ooc.storage.ingest import limits as L
+from ooc.storage.ingest.edgelist import (
+    DEFAULT_BUFFER,
+    EdgeSource,
+    FeatureSink,
+    check_out,
+    count_pass,
+    progress_bar,
+    scatter_passes,
+)
 from ooc.storage.layout import FEATURE_DTYPES, FeatureLayout, index_dtype, padded_bytes
 from ooc.storage.reserve import free_bytes
 from ooc.storage.writer import DatasetWriter
-from ooc.storage.ingest import _kernels as K
-from ooc.storage.ingest import limits as L
-from ooc.storage.ingest.edgelist import (DEFAULT_BUFFER, EdgeSource, FeatureSink, progress_bar,
-                                         check_out, count_pass, scatter_passes)
-from ooc.core.errors import InvalidValue, IOFailure, setting
 
 #: Nodes per chunk when the labels and the splits are made.
 LABEL_STEP = 1 << 22
@@ -174,7 +182,6 @@ def least_bytes(nodes: int, feature_dim: int, dtype: str) -> int:
 def check_room(out: Path, nodes: int, feature_dim: int, dtype: str) -> None:
     """Refuse, before the first pass, an output whose disk cannot hold even
     :func:`least_bytes`."""
-    from ooc.core.sizes import format_size
 
     need, free = least_bytes(nodes, feature_dim, dtype), free_bytes(out)
     if free is not None and need > free:
