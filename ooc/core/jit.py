@@ -56,7 +56,7 @@ def clear_kernel_cache() -> int:
     folders); returns how many files went. numba compiles them again on their next call."""
     import hashlib
 
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the ooc package
     custom = os.environ.get("NUMBA_CACHE_DIR")
     if custom:  # numba keeps a source folder's kernels in <name>_<sha1 of its path>
         folders = [Path(custom) / f"{d.name}_{hashlib.sha1(str(d).encode()).hexdigest()}"
@@ -96,7 +96,7 @@ def kernels_stamp(key: str) -> Path | None:
     import llvmlite.binding as ll
     import numba
 
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # the ooc package
     cpu = f"{ll.get_host_cpu_name()}|{ll.get_host_cpu_features().flatten()}"
     h = hashlib.sha1(f"{numba.__version__}|{cpu}|{key}".encode())
     try:
