@@ -172,6 +172,17 @@ class DirectReader:
         """The backend in words, e.g. ``preadv threads (O_DIRECT)``."""
         return self._io.describe()
 
+    def engine_stats(self) -> dict[str, float]:
+        """The native io_uring engine's counters since the reader opened: runs read
+        (``engine_runs``; ``engine_reads_plain`` of them into unregistered buffers), seconds
+        spent in the engine (``engine_busy_s``) and buffer registrations
+        (``engine_registrations``); empty for the other backends."""
+        io = self._io
+        if not hasattr(io, "busy_s"):
+            return {}
+        return {"engine_runs": io.reads_fixed + io.reads_plain, "engine_busy_s": io.busy_s,
+                "engine_reads_plain": io.reads_plain, "engine_registrations": io.registrations}
+
     # ------------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Release the file descriptor, ring and threads (idempotent).
