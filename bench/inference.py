@@ -1,6 +1,6 @@
 """Benchmark: layer-wise vs sample-wise full-neighbour inference, and cache orders.
 
-    python tools/bench_inference.py [--nodes 100000] [--avg-degree 10] [--dim 64]
+    python -m bench inference [--nodes 100000] [--avg-degree 10] [--dim 64]
         [--layers 2 3] [--out bench_out/inference.json]
 
 Graph: a synthetic power-law-ish graph with community structure and shuffled
@@ -43,13 +43,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ooc.executor.inference._kernels import access_plan  # noqa: E402
-from ooc.executor.cache.chunk_cache import simulate  # noqa: E402
-from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings  # noqa: E402
-from ooc.executor.training.models import build_model  # noqa: E402
-from ooc.storage import csc_from_edges, open_dataset, write_dataset  # noqa: E402
+from ooc.executor.inference._kernels import access_plan
+from ooc.executor.cache.chunk_cache import simulate
+from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings
+from ooc.executor.training.models import build_model
+from ooc.storage import csc_from_edges, open_dataset, write_dataset
+
+from . import harness as H
 
 
 def make_graph(n: int, avg_degree: float, dim: int, comm_size: int, p_in: float = 0.9,
@@ -233,8 +234,9 @@ def cache_study(ds, perms, chunk_rows, block_rows, cache_frac):
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench inference",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=100_000)
     p.add_argument("--avg-degree", type=float, default=10.0)
     p.add_argument("--dim", type=int, default=64)
@@ -293,8 +295,7 @@ def main(argv=None) -> int:
         res = compare_trees(args, dpath, work / "owner.npy", work)
         res["partition"] = part_src
         print(res["table"])
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=2, default=str))
+        H.write_report(args.out, "inference", res, args=args)
         return 0
 
     res = {"graph": {"nodes": ds.num_nodes, "edges": ds.num_edges, "dim": args.dim,
@@ -358,9 +359,7 @@ def main(argv=None) -> int:
     table = "\n".join(lines)
     print(table)
     res["table"] = table
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    H.write_report(args.out, "inference", res, args=args)
     return 0
 
 

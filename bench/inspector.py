@@ -1,6 +1,6 @@
 """What changeset precomputation adds to superbatch sampling when pipelined (issue 3).
 
-    python tools/bench_inspector.py --data bench_out/cache_policies/synthetic_1000000_10 \
+    python -m bench inspector --data bench_out/cache_policies/synthetic_1000000_10 \
         --report bench_out/inspector.json
 
 Runs the inspector (``ooc.inspector.pipeline.Inspector``) over the same
@@ -12,19 +12,15 @@ median wall time of each and the added fraction (Ginex: under 20%).
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ooc import open_dataset
+from ooc.inspector import NeighborSampler, precompute_changesets
+from ooc.inspector.pipeline import Inspector
 
-from ooc.inspector import (NeighborSampler, derive_seed, epoch_batches,  # noqa: E402
-                           precompute_changesets)
-from ooc.inspector.pipeline import Inspector  # noqa: E402
-from ooc.storage import open_dataset  # noqa: E402
-from ooc.storage.atomic import write_json  # noqa: E402
+from . import harness as H
 
 
 def run(inspector: Inspector, seeds, bseeds) -> float:
@@ -35,22 +31,22 @@ def run(inspector: Inspector, seeds, bseeds) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench inspector",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="dataset folder (e.g. from bench_cache_policies)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--fanouts", default="10,10,10")
     ap.add_argument("--batches", type=int, default=600)
     ap.add_argument("--superbatch-size", type=int, default=100)
     ap.add_argument("--cache-fraction", type=float, default=0.1)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="measured rounds (after a warm-up)")
     ap.add_argument("--report")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     ds = open_dataset(a.data)
     fan = [int(f) for f in a.fanouts.split(",")]
     sampler = NeighborSampler(ds.indptr, ds.indices, fan)
-    seeds = epoch_batches(ds.train_idx, a.batch_size, 0, 0)[: a.batches]
-    bseeds = [derive_seed(0, 0, i) for i in range(len(seeds))]
+    seeds, bseeds = (x[:a.batches] for x in H.epoch_plan(ds.train_idx, a.batch_size, 0, 0))
     cap = int(a.cache_fraction * ds.num_nodes)
     cs_time = [0.0]
 
@@ -61,27 +57,39 @@ def main() -> None:
         return out
     # JIT warm-up of both paths
     precompute_changesets([sampler.sample(seeds[0], bseeds[0]).node_ids], ds.num_nodes, cap)
-    plain, piped, cs_secs = [], [], []
-    cs_time[0] = 0.0
     with tempfile.TemporaryDirectory(dir=Path(a.data).parent) as rt:
-        for r in range(a.rounds):
-            plain.append(run(Inspector(sampler, Path(rt) / "a", a.superbatch_size), seeds, bseeds))
-            piped.append(run(Inspector(sampler, Path(rt) / "b", a.superbatch_size, changesets=cs),
-                             seeds, bseeds))
-            print(f"round {r}: sample only {plain[-1]:.2f}s, sample + changesets {piped[-1]:.2f}s "
-                  f"(precompute_changesets calls: {cs_time[0]:.2f}s)")
-            cs_secs.append(cs_time[0])
+        def sample_only() -> float:
+            return run(Inspector(sampler, Path(rt) / "a", a.superbatch_size), seeds, bseeds)
+
+        def pipelined() -> dict[str, float]:
             cs_time[0] = 0.0
-    mp, mq = statistics.median(plain), statistics.median(piped)
+            t = run(Inspector(sampler, Path(rt) / "b", a.superbatch_size, changesets=cs),
+                    seeds, bseeds)
+            return {"s": t, "changeset_call_s": cs_time[0]}
+
+        rounds = H.run_rounds({"sample_only": sample_only, "pipelined": pipelined}, a.rounds,
+                              on_sample=lambda x: print(f"round {x.round}: {x.case} {x.values}"))
+    med = H.medians(rounds)
+    mp, mq = med["sample_only"]["s"], med["pipelined"]["s"]
     out = {"batches": len(seeds), "superbatch_size": a.superbatch_size, "capacity": cap,
-           "sample_only_s": plain, "sample_and_changesets_s": piped,
+           "sample_only_s": rounds.values("sample_only", "s"),
+           "sample_and_changesets_s": rounds.values("pipelined", "s"),
            "median_sample_only_s": mp, "median_pipelined_s": mq, "added_fraction": mq / mp - 1,
-           "changeset_call_s": cs_secs, "median_changeset_call_s": statistics.median(cs_secs)}
-    print(f"\n| batches | S | sample only (median) | sample + changesets, pipelined | added |\n"
-          f"|---|---|---|---|---|\n| {len(seeds)} | {a.superbatch_size} | {mp:.2f} s | {mq:.2f} s | "
-          f"{100 * (mq / mp - 1):+.0f}% |")
+           "changeset_call_s": rounds.values("pipelined", "changeset_call_s"),
+           "median_changeset_call_s": med["pipelined"]["changeset_call_s"]}
+    print(table(out))
     if a.report:
-        write_json(a.report, out)
+        H.write_report(a.report, "inspector", out, spec={"data": a.data}, samples=rounds,
+                       data_path=ds.path, args=a)
+
+
+def table(rep: dict) -> str:
+    """Batches, superbatch size, the two medians and the time the changesets add."""
+    mp, mq = rep["median_sample_only_s"], rep["median_pipelined_s"]
+    return H.markdown(["batches", "S", "sample only (median)", "sample + changesets, pipelined",
+                       "added"], [[rep["batches"], rep["superbatch_size"], f"{mp:.2f} s",
+                                   f"{mq:.2f} s", f"{100 * (mq / mp - 1):+.0f}%"]],
+                      ["l"] * 5)
 
 
 if __name__ == "__main__":
