@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 
-from . import memcg
+from ooc.executor.sizing import memcg
 
 from ooc.cli import format_size, parse_size
 from .system import drop_page_cache

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .memcg import log
+from ooc.executor.sizing.memcg import log
 
 STAMP = "bench_spec.json"
 

@@ -52,7 +52,9 @@ from pathlib import Path
 
 from ooc.cli import format_size, parse_size
 
-from . import fio, memcg
+from ooc.executor.sizing import memcg
+
+from . import fio
 from . import harness as H
 from .modes import add_run_args, open_bench_dataset
 from .system import drop_page_cache, peak_rss_bytes

@@ -66,7 +66,9 @@ from pathlib import Path
 from ooc.cli import format_size, parse_size
 
 from . import data as D
-from . import fio, memcg
+from ooc.executor.sizing import memcg
+
+from . import fio
 from . import harness as H
 from .system import drop_page_cache
 

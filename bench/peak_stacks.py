@@ -21,7 +21,7 @@ import psutil
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: peak_stacks.py [--keep K] MODULE THRESHOLD_MIB ARGS..."
+    usage = "usage: python -m bench peak_stacks [--keep K] MODULE THRESHOLD_MIB ARGS..."
     try:
         keep = 4
         if argv[:1] == ["--keep"]:

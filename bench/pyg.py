@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 
-from . import memcg
+from ooc.executor.sizing import memcg
 from . import data as D
 from .modes import add_run_args, open_bench_dataset
 

@@ -44,7 +44,7 @@ from ooc.cli import format_size, parse_size
 from ooc.executor.inference.store import partial_path
 
 from . import harness as H
-from . import memcg
+from ooc.executor.sizing import memcg
 from . import scale_graph as sg
 
 STAGES = ("ingest", "train", "infer", "partition")

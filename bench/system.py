@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ooc.storage.pagecache import drop_page_cache, release_mapped
 
-from . import memcg
+from ooc.executor.sizing import memcg
 
 __all__ = ["drop_page_cache", "drop_all_caches", "release_mapped", "peak_rss_bytes",
            "children_peak_rss_bytes"]

@@ -1,4 +1,4 @@
-"""tools/size_caches.py (ooc.executor.sizing.profiler): report fields, plot, bad input, --sizes."""
+"""python -m ooc.size (ooc.executor.sizing.profiler): report fields, plot, bad input, --sizes."""
 import json
 import os
 import re
@@ -34,7 +34,7 @@ def data(tmp_path_factory):
 def profiled(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("r")
     rep, png = out / "sizes.json", out / "curve.png"
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                       "--runtime-disk-budget", "2MiB", "--mode", "ooc", *OPTS,
                       "--report", str(rep), "--plot", str(png))
     assert rc == 0, so + se
@@ -109,7 +109,7 @@ def test_presets_compared_and_fastest_recommended(data, tmp_path):
     """Without --mode the presets are profiled under one budget; the recommendation is the
     one whose own expected epoch is shortest, and its sizes name it for ooc.train."""
     rep = tmp_path / "cmp.json"
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                       "--runtime-disk-budget", "2MiB", "--presets", "ooc,static", *OPTS,
                       "--report", str(rep))
     assert rc == 0, so + se
@@ -130,16 +130,16 @@ def test_presets_compared_and_fastest_recommended(data, tmp_path):
 
 
 def test_mode_and_presets_exclusive(data):
-    rc, _, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, _, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                      "--mode", "ooc", "--presets", "ooc,static")
     assert rc == 2 and "not both" in se.strip().splitlines()[-1]
-    rc, _, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, _, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                      "--presets", "ooc,fast")
     assert rc == 2 and "--presets" in se.strip().splitlines()[-1]
 
 
 def test_budget_too_small(data):
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "8MiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "8MiB",
                       *OPTS)
     assert rc == 2
     last = se.strip().splitlines()[-1]
@@ -147,7 +147,7 @@ def test_budget_too_small(data):
 
 
 def test_bad_inputs(data, tmp_path):
-    rc, _, se = _run("tools/size_caches.py", "--data", str(tmp_path / "nope"),
+    rc, _, se = _run("-m", "ooc.size", "--data", str(tmp_path / "nope"),
                      "--memory-budget", "1GiB")
     assert rc == 2 and "nope" in se
     bad = tmp_path / "bad.json"
@@ -240,7 +240,7 @@ def test_simulate_epoch_against_references():
 
 
 def _suggested(data, *opts):
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "32MiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "32MiB",
                       *opts)
     assert rc == 2, so + se
     return int(re.search(r"works is (\d+)MiB", se).group(1))
@@ -280,7 +280,7 @@ def test_predicted_miss_ratio_matches_training(graph, fanouts, batch, extra_mib,
             "--device", "cpu", "--mode", "ooc", "--read-gap", "8KiB"]
     budget = _suggested(data, *opts) + extra_mib
     rep = tmp_path / "sizes.json"
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget",
                       f"{budget}MiB", *opts, "--report", str(rep), "--verify")
     assert rc == 0, so + se
     assert "predicted" in so and "measured" in so
