@@ -387,3 +387,20 @@ def test_rehearsal_shape():
     assert rehearsal_shape(100, 50) == (16, 8)
     assert rehearsal_shape(18, 7) == (18, 7)  # the whole epoch
     assert rehearsal_shape(6, 6) == (6, 3)  # at least half of it after the first superbatch
+
+
+def test_size_on_a_missing_dataset_is_one_line_and_exit_2(tmp_path):
+    """``python -m ooc.size`` is a CLI as ``ooc.train`` is: a missing dataset is one line
+    naming it, exit 2, and no report is written."""
+    from conftest import assert_one_line_error
+
+    rep = tmp_path / "sizes.json"
+    rc, so, se = _run("-m", "ooc.size", "--data", str(tmp_path / "nope"), "--memory-budget",
+                      "64MiB", "--report", str(rep), *OPTS)
+    assert rc == 2
+    assert_one_line_error(se, str(tmp_path / "nope"))
+    assert not rep.exists()
+    rc, _, se = _run("-m", "ooc.size", "--data", str(tmp_path), "--memory-budget", "64MiB",
+                     "--mode", "ooc", "--presets", "ooc,static")
+    assert rc == 2
+    assert_one_line_error(se, "--mode", "--presets")

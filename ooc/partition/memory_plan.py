@@ -72,7 +72,7 @@ heap after the merge (47 MiB at 5.55M nodes).
 
 What the plan does not know without running, it bounds or assumes: ``q`` defaults to
 ``N`` (a partition never holds more; measured: 65-69% of N at P = 8 on the OGB-shaped
-graphs of ``tools/bench_scale.py``), ``o`` to SPRING's node cap
+graphs of ``python -m bench scale``), ``o`` to SPRING's node cap
 ``max(floor(beta N / p), ceil(N / p))`` (``q`` for the edge partitioners), ``c`` to
 ``N / 8`` (measured 10-11% of N on those graphs), the degrees to fit int32. Pass the
 counts to plan for a known partition.
