@@ -110,7 +110,7 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
     import json
     import subprocess
 
-    import scale_plan
+    from bench import scale_plan
     from ooc.executor.sizing.budget import plan_memory
     from ooc.executor.training.config import TrainConfig
     from ooc.storage import open_dataset
@@ -153,7 +153,7 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
 
 
 def test_plan_only_a_failed_baseline_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
-    import scale_plan
+    from bench import scale_plan
 
     def fail(*a, **k):
         raise RuntimeError("measuring the ingest baseline failed: boom")

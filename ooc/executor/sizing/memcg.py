@@ -220,7 +220,8 @@ def run(tag: str, python_argv: list[str], limit: int | None,
     was made), "lines" (the output), "stopped" (whether the time limit killed it)}``.
     """
     cg = None if limit is None else make_cgroup(f"ooc-bench-{os.getpid()}-{tag}", limit)
-    where = f"cgroup {cg.name}, limit {limit >> 20} MiB" if cg is not None else "no cgroup"
+    where = f"cgroup {cg.name}, limit {limit >> 20} MiB" if cg is not None and limit else \
+        "no cgroup"
     log(f"{tag}: {' '.join(python_argv)}  [{where}]")
     t0 = time.perf_counter()
     proc = subprocess.Popen(in_cgroup(cg, python_argv), stdout=subprocess.PIPE,
