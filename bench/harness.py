@@ -99,10 +99,15 @@ def timed(fn: Callable[[], Any]) -> Callable[[], float]:
     return run
 
 
-def median(xs: Iterable[Any]) -> float | None:
-    """The median of the numbers in ``xs`` (None skipped); None when there are none."""
-    v = [float(x) for x in xs if x is not None]
-    return float(np.median(v)) if v else None
+def median(xs: Iterable[Any]) -> float | int | None:
+    """The median of the numbers in ``xs`` (None skipped); None when there are none. Counts
+    stay whole where their median is (a median of ints between two values is a float)."""
+    v = [x for x in xs if x is not None]
+    if not v:
+        return None
+    m = float(np.median([float(x) for x in v]))
+    whole = all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v)
+    return int(m) if whole and m.is_integer() else m
 
 
 def medians(rounds: Rounds, metrics: Sequence[str] | None = None) -> dict[str, dict[str, float]]:

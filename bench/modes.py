@@ -488,7 +488,8 @@ def table(rep: dict) -> str:
     IOPS, gather and compute seconds, cache rows, peak RSS and epoch / in-RAM epoch."""
     f = H.fmt
     rows = []
-    for m, s in rep["modes"].items():
+    for m in (x for x in (*MODES, IN_RAM) if x in rep["modes"]):
+        s = rep["modes"][m]
         if "error" in s:
             rows.append([LABELS.get(m, m), "failed", *[""] * 8])
             continue
