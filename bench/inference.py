@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -150,11 +151,10 @@ def run_samplewise(ds, model, L, batch, budget_s, reader):
 
 
 # ------------------------------------------------------------------ two trees
-#: run in a child process with a checkout's root on sys.path: one layer-wise run
+#: run in a child process whose PYTHONPATH is a checkout's root: one layer-wise run of its code
 CHILD = r"""
 import json, sys, time
-root, data, owner, out, L, dim, classes, chunk_rows, budget = sys.argv[1:]
-sys.path.insert(0, root)
+data, owner, out, L, dim, classes, chunk_rows, budget = sys.argv[1:]
 import numpy as np, torch
 torch.set_num_threads(1)
 from ooc.executor.inference.layerwise import layerwise_inference
@@ -178,11 +178,12 @@ def compare_trees(args, dpath: Path, owner_path: Path, work: Path) -> dict:
         for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
             for L in args.layers:
                 out = work / f"cmp_{name}_L{L}.zarr"
-                p = subprocess.run([sys.executable, "-c", CHILD, trees[name], str(dpath),
+                p = subprocess.run([sys.executable, "-c", CHILD, str(dpath),
                                     str(owner_path), str(out), str(L), str(args.dim),
                                     str(args.classes), str(args.chunk_rows),
                                     str(args.memory_budget)],
-                                   capture_output=True, text=True, check=True)
+                                   capture_output=True, text=True, check=True,
+                                   env=dict(os.environ, PYTHONPATH=trees[name]))
                 res = json.loads(p.stdout.strip().splitlines()[-1])
                 if r >= 0:
                     rows.append({"round": r, "tree": name, "L": L, **res})
