@@ -28,13 +28,16 @@ from ooc.cli import ArgumentParser, add_report_arg, check_report_path, main_wrap
 from ooc.core.errors import DatasetError, InvalidValue, IOFailure, OocError
 from ooc.core.jit import note_if_cold
 from ooc.core.notes import note
-from ooc.core.sizes import check_range
 from ooc.executor.distributed.environment import in_worker
-from ooc.executor.loader.stack import ModeOptions
-from ooc.executor.settings import MODE, RUN, TRAIN, add_arguments, parse_fanouts
+from ooc.executor.settings import MODE, RUN, TRAIN, add_arguments
 from ooc.executor.sizing.budget import compile_kernels
+
+# the settings' resolution is shared with ooc.size; the private names are ooc.train's own use
+from ooc.executor.sizing.options import DEFAULTS
+from ooc.executor.sizing.options import check_options as _check_options
+from ooc.executor.sizing.options import mode_options as _mode_options
+from ooc.executor.sizing.options import resolve as _settings
 from ooc.executor.sizing.profiler import load_sizes
-from ooc.executor.training.config import TrainConfig
 from ooc.storage import open_dataset
 from ooc.storage.ingest import generate_synthetic
 from ooc.storage.locks import exclusive
@@ -48,20 +51,10 @@ DEFAULT_DATASET: dict[str, Any] = dict(nodes=100_000, avg_degree=10, feature_dim
                        train_fraction=0.1, val_fraction=0.05, test_fraction=0.1, seed=0)
 DEFAULT_NAME = "default-v1"
 
-#: Option defaults, keyed as the parsed command line and a checkpoint's ``args``: the
-#: declared settings (:mod:`ooc.executor.settings`) plus ``data`` and ``layers``
-#: (derived from ``fanouts`` when None).
-DEFAULTS: dict[str, Any] = {"data": None, "layers": None,
-                            **{st.dest: st.cli_default() for st in TRAIN + MODE + RUN}}
 #: Kernel modules a training run compiles on its first run on a machine.
 TRAIN_KERNELS = ("ooc.sampling._sampler_kernels", "ooc.caches._changeset_kernels",
                  "ooc.caches._cache_kernels", "ooc.storage._direct_kernels",
                  "ooc.executor.training._activation_kernels")
-#: The most layers ``--layers`` takes (each layer multiplies a batch's sampled nodes).
-MAX_LAYERS = 64
-#: Settings that must not change when resuming (they define the model or the math).
-FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
-                   "lr", "weight_decay")
 
 
 def default_dataset(log=print) -> Path:
@@ -114,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "alone, fanouts default to 10 per layer)")
     add_arguments(p, MODE)
     p.add_argument("--sizes", metavar="JSON", help="cache and superbatch sizes recommended by "
-                   "tools/size_caches.py (its --report); explicit size options win")
+                   "python -m ooc.size (its --report); explicit size options win")
     add_arguments(p, RUN)
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="save epoch_NNNN.pt here after every --checkpoint-every epochs (a "
@@ -126,45 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_report_arg(p)
     return p
-
-
-def _settings(given: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, Any]:
-    """Explicit options > the checkpoint's settings (on resume) > defaults."""
-    s = dict(DEFAULTS)
-    if saved:
-        s.update({k: v for k, v in saved.items() if k in DEFAULTS})
-        for k in FIXED_ON_RESUME:
-            if k in given and str(given[k]) != str(saved.get(k)):
-                raise InvalidValue(f"--resume: --{k.replace('_', '-')} {given[k]} differs from the "
-                               f"checkpoint's {saved.get(k)} (resuming needs the same settings)")
-    s.update({k: v for k, v in given.items() if k in DEFAULTS})
-    check_range("--layers", s.get("layers"), 1, MAX_LAYERS, integer=True)
-    if "fanouts" not in given and "layers" in given and not saved:
-        s["fanouts"] = ",".join(["10"] * int(given["layers"]))
-    fanouts = parse_fanouts(s["fanouts"])
-    if s.get("layers") is not None and int(s["layers"]) != len(fanouts):
-        raise InvalidValue(f"--layers {s['layers']} does not match --fanouts {s['fanouts']} "
-                       f"({len(fanouts)} layers)")
-    s["fanouts"] = ",".join(str(v) for v in fanouts)
-    s["layers"] = len(fanouts)
-    return s
-
-
-def _check_options(s: dict[str, Any], progress: bool):
-    """Check every setting; returns the run's ``TrainConfig``.
-
-    Runs before the dataset is opened or created, so bad input touches no file.
-    """
-    for st in RUN + MODE:
-        st.check(st.from_cli(s.get(st.dest)))
-
-    config = TrainConfig(progress=progress,
-                         **{st.name: st.from_cli(s[st.dest]) for st in TRAIN})
-    config.validate()
-    if s["no_eval"]:
-        config.eval_every = 10**9
-        config.eval_final = False
-    return config
 
 
 @main_wrapper
@@ -281,12 +235,6 @@ def _apply_sizes(sizes_path: str, dataset, given: dict, s: dict, config) -> None
             s[key] = sizes[key]
     if "mode" not in given and sizes.get("mode"):
         s["mode"] = config.mode = sizes["mode"]
-
-
-def _mode_options(s: dict):
-    """The loader stack's options from the settings."""
-
-    return ModeOptions(**{st.name: st.from_cli(s[st.dest]) for st in MODE})
 
 
 def _train(dataset, config, options, s: dict, ckdir, ck_path,

@@ -1,18 +1,13 @@
-"""tools/bench.py's bound: the fewest reads a cache of a mode's size could make in the last
+"""python -m bench modes' bound: the fewest reads a cache of a mode's size could make in the last
 epoch, over the batches the trainer trains on, and the epoch those reads take."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import bench  # noqa: E402  (tools/bench.py)
 from conftest import brute_belady_steps  # noqa: E402
 
 import ooc  # noqa: E402
+from bench import modes as bench
 from ooc.storage.ingest import generate_synthetic  # noqa: E402
 
 

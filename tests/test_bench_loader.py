@@ -1,11 +1,7 @@
-"""tools/bench_loader.py's preset names."""
+"""python -m bench loader's preset names."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import bench_loader  # noqa: E402  (tools/bench_loader.py)
+from bench import loader as bench_loader
 
 
 def test_bench_loader_names_a_read_gap_variant_by_its_kib():

@@ -1,5 +1,5 @@
-"""tools/scale_graph.py writes OGB's binary raw layout that numpy reads back as written;
-tools/bench_scale.py refuses, before writing anything, a disk too small for the run."""
+"""bench/scale_graph.py writes OGB's binary raw layout that numpy reads back as written;
+python -m bench scale refuses, before writing anything, a disk too small for the run."""
 import gzip
 import sys
 from pathlib import Path
@@ -7,9 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import bench_scale  # noqa: E402
-import scale_graph as sg  # noqa: E402
+from bench import scale as bench_scale
+from bench import scale_graph as sg
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +96,7 @@ def test_later_stages_need_room_for_their_outputs_only(tmp_path, monkeypatch):
 
 
 def test_a_stage_over_its_time_limit_is_stopped_and_says_so():
-    import memcg
+    from ooc.executor.sizing import memcg
 
     r = memcg.run("sleeper", ["-c", "import time; time.sleep(60)"], None, seconds=0.5)
     assert r["stopped"] and r["rc"] == -9
@@ -111,8 +110,7 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
     import json
     import subprocess
 
-    import scale_plan
-
+    from bench import scale_plan
     from ooc.executor.sizing.budget import plan_memory
     from ooc.executor.training.config import TrainConfig
     from ooc.storage import open_dataset
@@ -155,7 +153,7 @@ def test_plan_only_samples_the_graph_ingest_stores_and_writes_nothing(tiny, tmp_
 
 
 def test_plan_only_a_failed_baseline_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
-    import scale_plan
+    from bench import scale_plan
 
     def fail(*a, **k):
         raise RuntimeError("measuring the ingest baseline failed: boom")

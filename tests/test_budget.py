@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+# memcg: the cgroup helpers of ooc.size --verify and the benchmarks
+from ooc.executor.sizing import memcg
 from ooc.executor.sizing.budget import STABILITY, default_reserve, smallest_budget, suggest_budget
 from ooc.storage.ingest import generate_synthetic
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-import memcg  # noqa: E402  (tools/memcg.py: the benchmarks' cgroup helpers)
 
 MiB = 1 << 20
 TRAIN = ["--epochs", "2", "--fanouts", "5,5", "--batch-size", "128", "--hidden", "16",

@@ -477,10 +477,11 @@ def test_bench_changesets_runs_and_checks_the_methods_agree(tmp_path):
     import sys
     from pathlib import Path
 
-    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_changesets.py"
-    r = subprocess.run([sys.executable, str(tool), "--nodes", "20000", "--batch-size", "64",
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "bench", "changesets", "--nodes", "20000", "--batch-size", "64",
                         "--superbatches", "2,5", "--rounds", "1", "--report",
-                        str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300)
+                        str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300,
+                       cwd=repo)
     assert r.returncode == 0, r.stderr
     rep = json.loads((tmp_path / "r.json").read_text())
     assert [row["superbatch"] for row in rep["rows"]] == [2, 5]

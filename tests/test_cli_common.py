@@ -32,7 +32,7 @@ def test_format_size():
     ["-m", "ooc.prepare", "synthetic", "--nodes", "x", "--out", "unused"],
     ["-m", "ooc.partition", "--data", "d"],
     ["-m", "ooc.infer", "--data", "d"],
-    ["tools/size_caches.py", "--bogus"],
+    ["-m", "ooc.size", "--bogus"],
 ])
 def test_argument_errors_are_one_line(argv):
     """argparse's own errors (a bad type, a missing option) are one line too, exit 2."""

@@ -1,12 +1,9 @@
-"""tools/memcg.py reads cgroup v2's files under v1's names (a v2 group faked in a temp folder:
+"""ooc.executor.sizing.memcg reads cgroup v2's files under v1's names (a v2 group faked in a temp folder:
 this machine's memory controller may sit on v1), and on the machine it has a group run a child."""
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import memcg  # noqa: E402
+from ooc.executor.sizing import memcg
 
 
 def test_v2_files_read_under_v1_names(tmp_path):

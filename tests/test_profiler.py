@@ -1,4 +1,4 @@
-"""tools/size_caches.py (ooc.executor.sizing.profiler): report fields, plot, bad input, --sizes."""
+"""python -m ooc.size (ooc.executor.sizing.profiler): report fields, plot, bad input, --sizes."""
 import json
 import os
 import re
@@ -39,7 +39,7 @@ def data(tmp_path_factory):
 def profiled(data, tmp_path_factory):
     out = tmp_path_factory.mktemp("r")
     rep, png = out / "sizes.json", out / "curve.png"
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                       "--runtime-disk-budget", "2MiB", "--mode", "ooc", *OPTS,
                       "--report", str(rep), "--plot", str(png))
     assert rc == 0, so + se
@@ -114,7 +114,7 @@ def test_presets_compared_and_fastest_recommended(data, tmp_path):
     """Without --mode the presets are profiled under one budget; the recommendation is the
     one whose own expected epoch is shortest, and its sizes name it for ooc.train."""
     rep = tmp_path / "cmp.json"
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                       "--runtime-disk-budget", "2MiB", "--presets", "ooc,static", *OPTS,
                       "--report", str(rep))
     assert rc == 0, so + se
@@ -135,16 +135,16 @@ def test_presets_compared_and_fastest_recommended(data, tmp_path):
 
 
 def test_mode_and_presets_exclusive(data):
-    rc, _, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, _, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                      "--mode", "ooc", "--presets", "ooc,static")
     assert rc == 2 and "not both" in se.strip().splitlines()[-1]
-    rc, _, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "1GiB",
+    rc, _, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "1GiB",
                      "--presets", "ooc,fast")
     assert rc == 2 and "--presets" in se.strip().splitlines()[-1]
 
 
 def test_budget_too_small(data):
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "8MiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "8MiB",
                       *OPTS)
     assert rc == 2
     last = se.strip().splitlines()[-1]
@@ -152,7 +152,7 @@ def test_budget_too_small(data):
 
 
 def test_bad_inputs(data, tmp_path):
-    rc, _, se = _run("tools/size_caches.py", "--data", str(tmp_path / "nope"),
+    rc, _, se = _run("-m", "ooc.size", "--data", str(tmp_path / "nope"),
                      "--memory-budget", "1GiB")
     assert rc == 2 and "nope" in se
     bad = tmp_path / "bad.json"
@@ -245,7 +245,7 @@ def test_simulate_epoch_against_references():
 
 
 def _suggested(data, *opts):
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget", "32MiB",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget", "32MiB",
                       *opts)
     assert rc == 2, so + se
     return int(re.search(r"works is (\d+)MiB", se).group(1))
@@ -285,7 +285,7 @@ def test_predicted_miss_ratio_matches_training(graph, fanouts, batch, extra_mib,
             "--device", "cpu", "--mode", "ooc", "--read-gap", "8KiB"]
     budget = _suggested(data, *opts) + extra_mib
     rep = tmp_path / "sizes.json"
-    rc, so, se = _run("tools/size_caches.py", "--data", str(data), "--memory-budget",
+    rc, so, se = _run("-m", "ooc.size", "--data", str(data), "--memory-budget",
                       f"{budget}MiB", *opts, "--report", str(rep), "--verify")
     assert rc == 0, so + se
     assert "predicted" in so and "measured" in so
@@ -392,3 +392,20 @@ def test_rehearsal_shape():
     assert rehearsal_shape(100, 50) == (16, 8)
     assert rehearsal_shape(18, 7) == (18, 7)  # the whole epoch
     assert rehearsal_shape(6, 6) == (6, 3)  # at least half of it after the first superbatch
+
+
+def test_size_on_a_missing_dataset_is_one_line_and_exit_2(tmp_path):
+    """``python -m ooc.size`` is a CLI as ``ooc.train`` is: a missing dataset is one line
+    naming it, exit 2, and no report is written."""
+    from conftest import assert_one_line_error
+
+    rep = tmp_path / "sizes.json"
+    rc, so, se = _run("-m", "ooc.size", "--data", str(tmp_path / "nope"), "--memory-budget",
+                      "64MiB", "--report", str(rep), *OPTS)
+    assert rc == 2
+    assert_one_line_error(se, str(tmp_path / "nope"))
+    assert not rep.exists()
+    rc, _, se = _run("-m", "ooc.size", "--data", str(tmp_path), "--memory-budget", "64MiB",
+                     "--mode", "ooc", "--presets", "ooc,static")
+    assert rc == 2
+    assert_one_line_error(se, "--mode", "--presets")

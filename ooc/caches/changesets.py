@@ -50,7 +50,7 @@ in id order, at ``in_positions`` ``|ids_i|, |ids_i| + 1, ...``: the executor rea
 them with the batch's misses into a buffer of their own. This is no longer an
 optimum (Belady with free prefetch is a heuristic); on papers100M's shape at scale
 0.05, superbatches of 16, it reads 21-33% fewer pages at caches of 5-20% of the rows
-(``tools/bench_page_cache.py``).
+(``python -m bench page_cache``).
 
 Algorithm (three passes over the trace, as in Ginex):
 

@@ -11,7 +11,7 @@ such a launch ("The workqueue threading layer is not threadsafe ..."). Each of o
 goes straight to the numba dispatcher; on another, calls take one process-wide lock, so
 launches run one at a time (each still on every thread of the layer), and a note says
 how to get the fast layer: ``workqueue`` also costs ~80 us a launch against omp's ~3 us
-(a training epoch of ``tools/bench.py``'s dataset took 3.9x as long).
+(a training epoch of ``python -m bench modes``' dataset took 3.9x as long).
 
 This module imports nothing of ooc: kernel modules of every package use it.
 """

@@ -40,6 +40,7 @@ from ooc.core.sizes import check_range
 from ooc.partition.base import ALGORITHMS, Assignment, warm_up
 from ooc.partition.baselines import edge_partition
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES, EdgeStream
+from ooc.partition.memory_plan import plan_for
 from ooc.partition.metrics import compute_metrics
 from ooc.partition.precompile import compile_partition_kernels
 from ooc.partition.refine import refine
@@ -262,7 +263,6 @@ def _add_plan(report: dict, dataset: Dataset, a: Assignment, chunk_edges: int,
     shape and the options the algorithm ran with, bytes above that RSS per phase),
     ``planned_peak_phase``, ``planned_peak_bytes`` (their sum at the largest phase) and
     ``planned_assumed`` (the sizes the plan bounded or assumed: partition, clusters)."""
-    from ooc.partition.memory_plan import plan_for  # not at import: ``python -m`` runs that module too
 
     pr = a.params
     plan = plan_for(dataset, report["p"], algo=report["algo"], chunk_edges=chunk_edges,

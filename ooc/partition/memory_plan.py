@@ -72,7 +72,7 @@ heap after the merge (47 MiB at 5.55M nodes).
 
 What the plan does not know without running, it bounds or assumes: ``q`` defaults to
 ``N`` (a partition never holds more; measured: 65-69% of N at P = 8 on the OGB-shaped
-graphs of ``tools/bench_scale.py``), ``o`` to SPRING's node cap
+graphs of ``python -m bench scale``), ``o`` to SPRING's node cap
 ``max(floor(beta N / p), ceil(N / p))`` (``q`` for the edge partitioners), ``c`` to
 ``N / 8`` (measured 10-11% of N on those graphs), the degrees to fit int32. Pass the
 counts to plan for a known partition.
@@ -97,8 +97,8 @@ import numpy as np
 
 from ooc.cli import main_wrapper
 from ooc.core.errors import InvalidValue
-from ooc.partition.base import ALGORITHMS as ALGOS
 from ooc.partition._spring_kernels import state_dtype
+from ooc.partition.base import ALGORITHMS as ALGOS
 from ooc.partition.edges import DEFAULT_CHUNK_EDGES
 from ooc.partition.split import FEATURE_CHUNK_BYTES, ID_PIECE, LABEL_CHUNK
 from ooc.storage import Dataset

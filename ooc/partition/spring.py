@@ -32,7 +32,7 @@ Three steps, then the replication pass shared with every partitioner
       on power-law graphs hubs bridge communities -- the top richest
       neighbour of a large cluster is then a hub of another community. With
       the plurality the cluster goes where most of its members' richest
-      neighbours are. Measured (``tools/bench_partition.py``): see the README
+      neighbours are. Measured (``python -m bench partition``): see the README
       table; on Cora the replication factor drops by 7-10% against
       ``"richest"``, on the 500K-node synthetic graph by 1.5-8%.
 (c) **Assignment** (lines 26-30): clusters sorted by size, largest first,
@@ -66,7 +66,7 @@ Choices the paper leaves open (all parameters of :func:`spring`):
   neighbours left by pass ``k - 1`` and re-applies lines 3-17 to every edge
   (chunk order re-shuffled per pass with seed ``[seed, k]``); nodes in
   clusters whose volume is still ``<= tau_vol`` can move again, clusters
-  above it stay frozen. Measured (``tools/bench_partition.py --spring-args
+  above it stay frozen. Measured (``python -m bench partition --spring-args
   '--stream-iters K'``, 500K-node R-MAT graph with 64 planted communities
   and Cora, P in {4, 8, 16}): 2-4 passes change the replication factor by
   -1.1% .. +3.7% (at most 1.1% better on the synthetic graph, 3.7% worse on

@@ -19,7 +19,7 @@ superbatch is the same information with far fewer files):
 The inspector's own threads write them, so writing overlaps training; each file
 goes to a temp name and is renamed. Plain writes: aiofiles from an event loop per
 superbatch measured 3x slower on a 3 MiB superbatch and 7% faster (1.4 ms of a
-background thread) on an 85 MiB one (``tools/bench_runtime_writes.py``).
+background thread) on an 85 MiB one (``python -m bench runtime_writes``).
 """
 from __future__ import annotations
 

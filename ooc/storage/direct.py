@@ -30,6 +30,7 @@ import threading
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from ooc.core.errors import IdOutOfRange, InvalidValue, IOFailure
 from ooc.storage import _direct_kernels as K
 from ooc.storage.features import check_out
 from ooc.storage.io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
-from ooc.storage.layout import PAGE, FeatureLayout, RowTable, aligned_part, aligned_empty
+from ooc.storage.layout import PAGE, FeatureLayout, RowTable, aligned_empty, aligned_part
 
 __all__ = [
     "AUTO_ORDER", "CHOICES", "DirectFeatures", "DirectReader", "ReadStats", "aligned_empty",
@@ -171,6 +172,17 @@ class DirectReader:
     def backend_label(self) -> str:
         """The backend in words, e.g. ``preadv threads (O_DIRECT)``."""
         return self._io.describe()
+
+    def engine_stats(self) -> dict[str, float]:
+        """The native io_uring engine's counters since the reader opened: runs read
+        (``engine_runs``; ``engine_reads_plain`` of them into unregistered buffers), seconds
+        spent in the engine (``engine_busy_s``) and buffer registrations
+        (``engine_registrations``); empty for the other backends."""
+        io: Any = self._io   # the counters are the native engine's own (io_uring.py)
+        if not hasattr(io, "busy_s"):
+            return {}
+        return {"engine_runs": io.reads_fixed + io.reads_plain, "engine_busy_s": io.busy_s,
+                "engine_reads_plain": io.reads_plain, "engine_registrations": io.registrations}
 
     # ------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -37,8 +37,8 @@ import numpy as np
 from ooc.core.errors import InvalidValue, IOFailure, OocError
 from ooc.core.notes import note
 from ooc.storage import probe
-from ooc.storage.probe import load_class
 from ooc.storage.layout import PAGE, SECTOR, aligned_empty
+from ooc.storage.probe import load_class
 
 #: name -> "module:Class" (imported on first use, so a broken binding is never
 #: imported by a process that does not read with it).

@@ -42,7 +42,7 @@
   neighbourhoods in training and evaluation are those of the whole graph.
   With ``--halo-hops 1`` (SDT-GNN's full in-neighbour lists only) the second
   hop is cut at partition borders; measured on the 20K-node synthetic graph
-  of ``tools/bench_averaging.py`` that cost ~2 points of validation accuracy
+  of ``python -m bench averaging`` that cost ~2 points of validation accuracy
   in evaluation alone.
 * **Memory.** With ``--memory-budget`` and several partitions per worker,
   only one local pipeline is open at a time: the others are kept as their

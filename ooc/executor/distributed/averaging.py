@@ -23,7 +23,7 @@ Pure functions, no process group:
   them; ``reset`` restarts each local Adam from zero, as federated-averaging
   clients do. Restarting Adam every epoch makes each step a fresh
   ``lr * sign(g)``-like step and the averaged model learns slowly (measured
-  with ``tools/bench_averaging.py``).
+  with ``python -m bench averaging``).
 """
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
 """Sizing: the memory planner (``--memory-budget``) and the offline profiler
-(``tools/size_caches.py``)."""
+(``python -m ooc.size``)."""

@@ -148,7 +148,7 @@ def load_sizes(path: str | os.PathLike, dataset=None) -> dict[str, Any]:
         raise InvalidValue(f"{p}: nested too deeply to be a sizes file") from None
     s = doc.get("sizes", doc) if isinstance(doc, dict) else None
     if not isinstance(s, dict) or s.get("version") != SIZES_VERSION:
-        raise InvalidValue(f"{p}: not a sizes file of tools/size_caches.py (no 'sizes' block of "
+        raise InvalidValue(f"{p}: not a sizes file of python -m ooc.size (no 'sizes' block of "
                        f"version {SIZES_VERSION})")
     for key in ("feature_cache_size", "neighbor_cache_size", "read_gap"):
         v = s.get(key)
@@ -492,7 +492,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
     preset = resolve_preset(config.mode)
     model, optimizer, device = _model_for(dataset, config)
     reserve = default_reserve(int(budget)) if reserve is None else int(reserve)
-    log(f"size_caches: memory plan (the same code as ooc.train --memory-budget) under "
+    log(f"ooc.size: memory plan (the same code as ooc.train --memory-budget) under "
         f"{_fmt(budget)}")
     plan = plan_memory(dataset, config, int(budget), options, model=model, reserve=reserve,
                        preset=preset)
@@ -504,7 +504,7 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
                  (model, optimizer, device, compute_steps), log)
     reh = _rehearse(dataset, config, options, plan, preset, shape, seed_batches,
                     (model, optimizer, device), log)
-    log(f"size_caches: simulating the {preset.name} schedule over {shape.T} batches (cache "
+    log(f"ooc.size: simulating the {preset.name} schedule over {shape.T} batches (cache "
         f"carried across superbatches of {shape.S}) and the miss-ratio curves")
     sim, curves, sim_hot = _simulate(dataset, preset, plan, shape, m, gpu)
     rates = _rates(m, sim, shape, preset)
@@ -557,13 +557,13 @@ def compare_presets(dataset, config, options, budget: int, presets, reserve: int
     reports: dict[str, dict[str, Any]] = {}
     errors: dict[str, OocError] = {}
     for name in presets:
-        log(f"size_caches: profiling preset {name}")
+        log(f"ooc.size: profiling preset {name}")
         try:
             reports[name] = profile(dataset, replace(config, mode=name), options, budget,
                                     reserve=reserve, trace_batches=trace_batches, log=log)
         except OocError as e:
             errors[name] = e
-            log(f"size_caches: preset {name} does not fit: {e}")
+            log(f"ooc.size: preset {name} does not fit: {e}")
     if not reports:
         raise errors[next(iter(presets))]
     best = min(reports, key=lambda k: reports[k]["recommendation"]["expected_run_s"])
@@ -618,7 +618,7 @@ def _rehearse(dataset, config, options, plan, preset, shape: _Shape, seed_batche
     recommended sizes."""
 
     k, s_r = rehearsal_shape(shape.nb, plan.superbatch_size)
-    log(f"size_caches: rehearsing the first {k} batches as training runs them"
+    log(f"ooc.size: rehearsing the first {k} batches as training runs them"
         + (f" (superbatches of {s_r})" if s_r else ""))
     model, optimizer, device = training
     return rehearse(dataset, config, _recommended_options(options, plan), preset,
@@ -631,7 +631,7 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
     stages on the first ``shape.T`` batches of epoch 1."""
 
     rec = _recommended_options(options, plan)
-    log(f"size_caches: building the {preset.name} mode with the recommended sizes "
+    log(f"ooc.size: building the {preset.name} mode with the recommended sizes "
         f"(feature cache {_fmt(plan.feature_cache_bytes)}, neighbor cache "
         f"{_fmt(plan.neighbor_cache_bytes)}, superbatch {plan.superbatch_size})")
     stages = {k: _Stage() for k in ("sample", "write", "changesets", "load", "switch", "gather",
@@ -642,7 +642,7 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
         stack = build_stack(dataset, config, rec, preset=preset)
     try:
         pipe = stack.train
-        log(f"size_caches: sampling {shape.T} batches (superbatch sampling stage)")
+        log(f"ooc.size: sampling {shape.T} batches (superbatch sampling stage)")
         with stages["sample"]:
             batches = pipe.sampler.sample_many(
                 seed_batches[:shape.T], [derive_seed(config.seed, 1, b) for b in range(shape.T)])
@@ -655,7 +655,7 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
         if not gpu["available"]:
             gpu["note"] = "no CUDA device: the changeset pass runs on the CPU (numba)"
         m.gpu = gpu
-        log("size_caches: main loop stage (gather with the feature cache, training steps)")
+        log("ooc.size: main loop stage (gather with the feature cache, training steps)")
         _main_loop(stack, cs, shape, m, dataset, training)
     finally:
         stack.close()

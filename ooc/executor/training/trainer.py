@@ -250,11 +250,11 @@ class Trainer:
         producer = self.train_producer
         self._watch.start()
         t_start = time.perf_counter()
-        io0 = _io_counters(producer)
+        io0 = io_counters(producer)
         sums = self._train_batches(epoch, timers)
         self._add_stage_times(timers, sums.wait)
         train_time = time.perf_counter() - t_start
-        io = _io_delta(io0, _io_counters(producer))
+        io = io_delta(io0, io_counters(producer))
         if "feature_read_s" in io:
             timers.add("read", io.pop("feature_read_s"))
         self.nodes_seen += sums.nodes
@@ -397,6 +397,11 @@ class Trainer:
                     self.save(checkpoint_dir, args=args)
         return self.history
 
+    def io_counters(self) -> dict[str, Any]:
+        """The training loader's and this process's I/O counters so far
+        (:func:`io_counters`); :func:`io_delta` of two gives what happened between them."""
+        return io_counters(self.train_producer)
+
     def close(self) -> None:
         """Release the mode's readers, thread pools and runtime folder (idempotent)."""
         self._closed = True
@@ -498,13 +503,16 @@ def _proc_io() -> dict[str, int]:
     return out
 
 
-def _io_counters(producer) -> dict[str, Any]:
+def io_counters(producer) -> dict[str, Any]:
+    """The I/O counters so far of ``producer`` (its loader's ``io_stats()``, when it has
+    one) and of this process (``/proc/self/io`` bytes and read calls, major faults);
+    :func:`io_delta` of two is an epoch's."""
     st = dict(producer.io_stats()) if hasattr(producer, "io_stats") else {}
     st.update(_proc_io())
     return st
 
 
-def _io_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def io_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Counters of one epoch (numeric differences); the hit ratio of the epoch."""
     out: dict[str, Any] = {}
     for k, v in b.items():

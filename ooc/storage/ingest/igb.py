@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, input_error, ingest_edgelist
+from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, ingest_edgelist, input_error
 
 
 def _find(root: Path, name: str) -> Path:

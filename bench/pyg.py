@@ -1,9 +1,9 @@
 """PyG's own loader over ``ooc.pyg`` against ``ooc.NodeLoader``: the data path alone.
 
-    python tools/bench_pyg.py --report bench_out/pyg.json          # bench.py's dataset, 1 GiB
-    python tools/bench_pyg.py --topology --report bench_out/pyg_topology.json
+    python -m bench pyg --report bench_out/pyg.json          # bench.py's dataset, 1 GiB
+    python -m bench pyg --topology --report bench_out/pyg_topology.json
 
-Default: on ``tools/bench.py``'s dataset and budget, one child process per
+Default: on ``python -m bench modes``'s dataset and budget, one child process per
 loader, each in its own memory cgroup of the budget with the dataset dropped
 from the page cache first, ``--rounds`` rounds interleaved (order rotated),
 ``--epochs`` loader-only epochs (every ``Data`` built, no model); the table
@@ -29,13 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import memcg  # noqa: E402  (tools/memcg.py)
-from bench import add_run_args, ensure_dataset, open_bench_dataset  # noqa: E402
-
 from ooc.core.sizes import format_size
-from ooc.storage.pagecache import drop_page_cache  # noqa: E402
+from ooc.executor.sizing import memcg
+
+from . import data as D
+from . import harness as H
+from .modes import add_run_args, open_bench_dataset
+from .system import drop_page_cache
 
 LOADERS = ("pyg+ooc.pyg", "ooc.NodeLoader", "baseline")
 log = memcg.log
@@ -151,14 +151,11 @@ def side_by_side(a) -> dict:
 
 
 def _topology_dataset(a) -> Path | None:
-    import os
-
     nodes = a.topology_nodes
     degree = max(1.0, 1.1 * a.min_indices / 4 / nodes)  # 10% margin for deduplicated edges
     spec = dict(nodes=nodes, avg_degree=degree, feature_dim=16, classes=8,
                 train_fraction=0.01, val_fraction=0.0, test_fraction=0.0, seed=0)
-    root = Path(os.environ.get("OOC_CACHE", Path.home() / ".cache" / "ooc"))
-    return ensure_dataset(a.data or root / f"bench-topology-{nodes}-{int(degree)}", spec)
+    return D.synthetic(spec, a.data or D.cache_root() / f"bench-topology-{nodes}-{int(degree)}")
 
 
 def topology(a) -> dict:
@@ -181,8 +178,8 @@ def topology(a) -> dict:
     return res
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench pyg", description=__doc__.split("\n")[0])
     add_run_args(p)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
@@ -214,8 +211,7 @@ def main(argv=None) -> int:
                   f"{format_size(r['peak_rss_bytes'])} | "
                   f"{format_size(cg) if cg else 'n/a'} |")
     if a.report:
-        a.report.parent.mkdir(parents=True, exist_ok=True)
-        a.report.write_text(json.dumps(out, indent=1, default=str))
+        H.write_report(a.report, "pyg", out, args=a)
     return 0
 
 

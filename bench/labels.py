@@ -1,7 +1,7 @@
 """Reading a batch's labels: by page through the page cache (``Dataset.read_labels``, an
 ``EntryReader``) against indexing the ``labels.npy`` memmap, side by side.
 
-    python tools/bench_labels.py DATA [DATA ...] [--batch 1024] [--batches 50] [--rounds 5]
+    python -m bench labels DATA [DATA ...] [--batch 1024] [--batches 50] [--rounds 5]
 
 Per dataset: milliseconds per read of ``--batch`` labels at random (median of the rounds,
 the two ways alternating in order, page cache warm), and the RSS a memmap read mapped at
@@ -19,13 +19,13 @@ from ooc.core.memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from ooc.storage.pagecache import release_mapped
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench labels", description=__doc__.splitlines()[0])
     ap.add_argument("data", nargs="+")
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--batches", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     for path in a.data:
         ds = ooc.open_dataset(path)
         rng = np.random.default_rng(0)

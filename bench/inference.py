@@ -1,6 +1,6 @@
 """Benchmark: layer-wise vs sample-wise full-neighbour inference, and cache orders.
 
-    python tools/bench_inference.py [--nodes 100000] [--avg-degree 10] [--dim 64]
+    python -m bench inference [--nodes 100000] [--avg-degree 10] [--dim 64]
         [--layers 2 3] [--out bench_out/inference.json]
 
 Graph: a synthetic power-law-ish graph with community structure and shuffled
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -43,13 +44,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ooc.caches.chunk_cache import simulate
+from ooc.executor.inference._kernels import access_plan
+from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings
+from ooc.executor.training.models import build_model
+from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
-from ooc.caches.chunk_cache import simulate  # noqa: E402
-from ooc.executor.inference._kernels import access_plan  # noqa: E402
-from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings  # noqa: E402
-from ooc.executor.training.models import build_model  # noqa: E402
-from ooc.storage import csc_from_edges, open_dataset, write_dataset  # noqa: E402
+from . import harness as H
 
 
 def make_graph(n: int, avg_degree: float, dim: int, comm_size: int, p_in: float = 0.9,
@@ -149,11 +150,10 @@ def run_samplewise(ds, model, L, batch, budget_s, reader):
 
 
 # ------------------------------------------------------------------ two trees
-#: run in a child process with a checkout's root on sys.path: one layer-wise run
+#: run in a child process whose PYTHONPATH is a checkout's root: one layer-wise run of its code
 CHILD = r"""
 import json, sys, time
-root, data, owner, out, L, dim, classes, chunk_rows, budget = sys.argv[1:]
-sys.path.insert(0, root)
+data, owner, out, L, dim, classes, chunk_rows, budget = sys.argv[1:]
 import numpy as np, torch
 torch.set_num_threads(1)
 from ooc.executor.inference.layerwise import layerwise_inference
@@ -177,11 +177,12 @@ def compare_trees(args, dpath: Path, owner_path: Path, work: Path) -> dict:
         for name in (("this", "other") if r % 2 == 0 else ("other", "this")):
             for L in args.layers:
                 out = work / f"cmp_{name}_L{L}.zarr"
-                p = subprocess.run([sys.executable, "-c", CHILD, trees[name], str(dpath),
+                p = subprocess.run([sys.executable, "-c", CHILD, str(dpath),
                                     str(owner_path), str(out), str(L), str(args.dim),
                                     str(args.classes), str(args.chunk_rows),
                                     str(args.memory_budget)],
-                                   capture_output=True, text=True, check=True)
+                                   capture_output=True, text=True, check=True,
+                                   env=dict(os.environ, PYTHONPATH=trees[name]))
                 res = json.loads(p.stdout.strip().splitlines()[-1])
                 if r >= 0:
                     rows.append({"round": r, "tree": name, "L": L, **res})
@@ -233,8 +234,9 @@ def cache_study(ds, perms, chunk_rows, block_rows, cache_frac):
     return rows
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench inference",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=100_000)
     p.add_argument("--avg-degree", type=float, default=10.0)
     p.add_argument("--dim", type=int, default=64)
@@ -293,8 +295,7 @@ def main(argv=None) -> int:
         res = compare_trees(args, dpath, work / "owner.npy", work)
         res["partition"] = part_src
         print(res["table"])
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=2, default=str))
+        H.write_report(args.out, "inference", res, args=args)
         return 0
 
     res = {"graph": {"nodes": ds.num_nodes, "edges": ds.num_edges, "dim": args.dim,
@@ -358,9 +359,7 @@ def main(argv=None) -> int:
     table = "\n".join(lines)
     print(table)
     res["table"] = table
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    H.write_report(args.out, "inference", res, args=args)
     return 0
 
 

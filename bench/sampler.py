@@ -1,7 +1,7 @@
 """Sampling throughput with the neighbor cache at 0%, 25% and 100% of the
 adjacency, the rest read with O_DIRECT (issue 3), beside an in-memory array.
 
-    python tools/bench_sampler.py --nodes 4000000 --edges 60000000 --report bench_out/sampler.json
+    python -m bench sampler --nodes 4000000 --edges 60000000 --report bench_out/sampler.json
 
 Builds (once, under --work) a power-law graph, samples the same batches from
 every source, checks they are bit-identical, and prints batches/s and edges/s.
@@ -12,7 +12,6 @@ works) is printed and reported.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -20,19 +19,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ooc import open_dataset, write_dataset
+from ooc.caches.neighbor_cache import full_cache_bytes
+from ooc.sampling import CachedNeighbors, DirectNeighbors, NeighborSampler, build_neighbor_cache
+from ooc.storage import csc_from_edges
+from ooc.storage.direct import DirectReader
 
-from ooc.caches.neighbor_cache import (
-    CachedNeighbors,  # noqa: E402
-    build_neighbor_cache,
-    full_cache_bytes,  # noqa: E402
-)
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-from ooc.storage import csc_from_edges, open_dataset, write_dataset  # noqa: E402
-from ooc.storage.atomic import write_json  # noqa: E402
-from ooc.storage.direct import DirectReader  # noqa: E402
-from ooc.storage.neighbors import DirectNeighbors
-from ooc.storage.pagecache import drop_page_cache  # noqa: E402
+from . import harness as H
+from .system import drop_page_cache
 
 
 def power_law_graph(path: Path, n: int, e: int, seed: int = 0) -> None:
@@ -48,8 +42,9 @@ def power_law_graph(path: Path, n: int, e: int, seed: int = 0) -> None:
                   train_idx=rng.choice(n, n // 10, replace=False))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench sampler",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=4_000_000)
     ap.add_argument("--edges", type=int, default=60_000_000)
     ap.add_argument("--batch-size", type=int, default=256)
@@ -58,7 +53,7 @@ def main() -> None:
     ap.add_argument("--queue-depth", type=int, default=64)
     ap.add_argument("--work", default="bench_out/sampler")
     ap.add_argument("--report")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     path = Path(a.work) / f"pl_{a.nodes}_{a.edges}"
     if not path.exists():
         t = time.time()
@@ -66,8 +61,7 @@ def main() -> None:
         print(f"generated {path} in {time.time() - t:.1f}s")
     ds = open_dataset(path)
     fanouts = [int(f) for f in a.fanouts.split(",")]
-    batches = epoch_batches(ds.train_idx, a.batch_size, 0, 0)[: a.batches]
-    seeds = [derive_seed(0, 0, i) for i in range(len(batches))]
+    batches, seeds = (x[:a.batches] for x in H.epoch_plan(ds.train_idx, a.batch_size, 0, 0))
     indices_mem = np.fromfile(ds.file("indices.bin"), dtype=ds.index_dtype, count=ds.num_edges)
     NeighborSampler(ds.indptr, indices_mem, fanouts).sample_many(batches[:2], seeds[:2])  # JIT
     outdeg = np.bincount(indices_mem, minlength=ds.num_nodes)
@@ -108,14 +102,19 @@ def main() -> None:
                            "cache_mib": round(cache.nbytes / 2**20, 1)})
         assert all(x.equals(y) for x, y in zip(got, ref)), "sources disagree: a bug"
     print("all sources gave bit-identical batches")
-    print("\n| source | batches/s | M edges/s | hit ratio |\n|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['source']} | {r['batches_per_s']:.1f} | {r['edges_per_s'] / 1e6:.2f} | "
-              f"{r.get('hit_ratio', '')} |")
+    rep = {"threads": numba.get_num_threads(), "reader_backend": reader.backend,
+           "dataset": {"nodes": ds.num_nodes, "edges": ds.num_edges}, "rows": rows}
+    print("\n" + table(rep))
     if a.report:
-        write_json(a.report, {"config": vars(a), "threads": numba.get_num_threads(),
-                              "reader_backend": reader.backend,
-                              "dataset": {"nodes": ds.num_nodes, "edges": ds.num_edges}, "rows": rows})
+        H.write_report(a.report, "sampler", rep, spec={"nodes": a.nodes, "edges": a.edges},
+                       data_path=path, args=a)
+
+
+def table(rep: dict) -> str:
+    """Per neighbour source: batches and edges a second, the neighbor cache's hit ratio."""
+    return H.markdown(["source", "batches/s", "M edges/s", "hit ratio"],
+                      [[r["source"], f"{r['batches_per_s']:.1f}", f"{r['edges_per_s'] / 1e6:.2f}",
+                        r.get("hit_ratio", "")] for r in rep["rows"]], ["l"] * 4)
 
 
 if __name__ == "__main__":

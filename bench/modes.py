@@ -2,8 +2,8 @@
 
 One invocation, the same seeds for every mode::
 
-    python tools/bench.py --report bench.json            # default config (~10 min here)
-    python tools/bench.py --nodes 200000 --budget 256MiB --report small.json   # quick
+    python -m bench modes --report bench.json            # default config (~10 min here)
+    python -m bench modes --nodes 200000 --budget 256MiB --report small.json   # quick
 
 What it does:
 
@@ -41,10 +41,12 @@ What it does:
    the disk's IOPS (``disk_bound``: at least the in-RAM epoch): the higher of fio's
    and the fastest a mode read at in this run (a shared disk's fio sample can be
    below what the modes got).
-6. Writes ``--report`` (JSON) with per-mode epoch times, stage breakdowns,
+6. Writes ``--report`` (JSON, :func:`bench.harness.write_report`) with per-mode epoch times, stage breakdowns,
    miss ratio, read ops, bytes read, achieved gather IOPS, speedups,
    ``gather_iops_vs_fio`` and ``ooc_over_in_ram`` (ooc epoch / in-RAM epoch;
-   every mode's in ``over_in_ram``), and a PNG chart of the time breakdown.
+   every mode's in ``over_in_ram``), every run (``samples``; ``--rounds`` alternating
+   rounds, medians), and a PNG chart of the time breakdown. ``python -m bench table
+   REPORT`` prints the README's table.
 
 The headline epoch is the last one (``--epochs``, default 2): epoch 1 also
 pays one-off costs (JIT compilation, the first superbatch's sampling before
@@ -54,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import signal
 import sys
@@ -62,13 +63,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import fio  # noqa: E402  (tools/fio.py)
-import memcg  # noqa: E402  (tools/memcg.py)
-
 from ooc.core.sizes import format_size, parse_size
-from ooc.storage.pagecache import drop_page_cache  # noqa: E402
+from ooc.executor.sizing import memcg
+
+from . import data as D
+from . import fio
+from . import harness as H
+from .system import drop_page_cache
 
 MODES = ("baseline", "static", "ooc")
 #: The in-RAM reference run: the baseline loop with every file in the page cache, no budget.
@@ -84,53 +85,15 @@ log = memcg.log
 # -- dataset ---------------------------------------------------------------------------------
 
 
-def ensure_dataset(path: Path, spec: dict) -> Path | None:
-    """The benchmark dataset at ``path``: reused when this tool made it with ``spec``
-    (``bench_spec.json``), generated (again) when absent or made by this tool with other
-    options. A dataset this tool did not make is used as it is (the generation options do
-    not apply) and never overwritten; any other folder there is refused (logged, None)."""
-    from ooc.core.errors import OocError
-    from ooc.storage import open_dataset
-    from ooc.storage.ingest import generate_synthetic
-
-    stamp = path / "bench_spec.json"
-    if path.exists() and not stamp.exists():
-        if not (path / "meta.json").exists() and any(path.iterdir()):
-            log(f"{path}: not an ooc dataset and not empty; not generating over it")
-            return None
-        if (path / "meta.json").exists():
-            try:
-                open_dataset(path)
-            except OocError as e:
-                log(f"{path}: {e}; not generating over a dataset this tool did not make")
-                return None
-            log(f"using {path} as it is (not made by this tool: --nodes, --feature-dim and the "
-                f"other generation options do not apply)")
-            return path
-    if path.exists() and stamp.exists() and json.loads(stamp.read_text()) == spec:
-        try:
-            open_dataset(path)
-            log(f"reusing {path}")
-            return path
-        except Exception as e:  # noqa: BLE001
-            log(f"{path} unusable ({e}); generating again")
-    log(f"generating {path}: {spec}")
-    t0 = time.perf_counter()
-    generate_synthetic(path, **spec, overwrite=True, progress=False)
-    stamp.write_text(json.dumps(spec))
-    log(f"generated in {time.perf_counter() - t0:.0f}s")
-    return path
-
-
 def batch_fraction(path: Path, batch_size: int, fanouts: list[int], probes: int = 4) -> float:
     """Mean fraction of the nodes one batch touches (sampled with the memmap)."""
-    from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-    from ooc.storage import open_dataset
+    import ooc
+    from ooc.sampling import NeighborSampler
 
-    d = open_dataset(path)
+    d = ooc.open_dataset(path)
     s = NeighborSampler(d.indptr, d.indices, fanouts)
-    sb = epoch_batches(d.train_idx, batch_size, 0, 1)
-    bs = s.sample_many(sb[:probes], [derive_seed(0, 1, b) for b in range(min(probes, len(sb)))])
+    sb, seeds = H.epoch_plan(d.train_idx, batch_size, 0, 1)
+    bs = s.sample_many(sb[:probes], seeds[:probes])
     return sum(b.num_nodes for b in bs) / len(bs) / d.num_nodes
 
 
@@ -140,17 +103,16 @@ def fewest_reads(path: Path, batch_size: int, fanouts: list[int], seed: int, epo
     read in the last of ``epochs``: Belady over the run's own batches (the trainer's seeds)
     with every batch of every epoch known in advance, the cache changing between batches
     (:func:`ooc.caches.miss_curves.belady_batch_misses`). No policy reads fewer."""
+    import ooc
     from ooc.caches.miss_curves import belady_batch_misses
-    from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-    from ooc.storage import open_dataset
+    from ooc.sampling import NeighborSampler
 
-    d = open_dataset(path)
+    d = ooc.open_dataset(path)
     sampler = NeighborSampler(d.indptr, d.indices, fanouts)
     trace: list = []
     last = 0
     for e in range(1, epochs + 1):
-        sb = epoch_batches(d.train_idx, batch_size, seed, e)
-        bs = sampler.sample_many(sb, [derive_seed(seed, e, b) for b in range(len(sb))])
+        bs = sampler.sample_many(*H.epoch_plan(d.train_idx, batch_size, seed, e))
         trace += [b.node_ids for b in bs]
         last = len(bs)
     lookups = int(sum(ids.shape[0] for ids in trace[len(trace) - last:]))
@@ -331,7 +293,7 @@ def chart(summary: dict, path: Path) -> None:
 
 
 def add_run_args(p: argparse.ArgumentParser) -> None:
-    """The dataset, budget and sampling options (shared with ``tools/bench_loader.py``)."""
+    """The dataset, budget and sampling options (shared with ``python -m bench loader``)."""
     p.add_argument("--data", type=Path, default=None,
                    help="dataset folder (generated there if absent; default "
                         "$OOC_CACHE/bench-<nodes>-<dim>)")
@@ -358,16 +320,15 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
 def open_bench_dataset(args) -> tuple[Path, dict, int, float] | None:
     """Generate or reuse the dataset of ``args``: ``(folder, spec, disk bytes, disk / budget)``,
     or None (logged) when it is under 4x the budget without ``--allow-small``."""
-    from ooc.storage import open_dataset
+    import ooc
 
     spec = dict(DEFAULT_DATASET, nodes=args.nodes, feature_dim=args.feature_dim,
                 avg_degree=args.avg_degree, train_fraction=args.train_fraction,
                 community_size=args.community_size, reorder=args.reorder)
-    root = Path(os.environ.get("OOC_CACHE", Path.home() / ".cache" / "ooc"))
-    data = ensure_dataset(args.data or root / f"bench-{args.nodes}-{args.feature_dim}", spec)
+    data = D.synthetic(spec, args.data or D.cache_root() / f"bench-{args.nodes}-{args.feature_dim}")
     if data is None:
         return None
-    d = open_dataset(data)
+    d = ooc.open_dataset(data)
     disk = d.disk_bytes()
     ratio = disk / args.budget
     log(f"dataset {data}: {d.num_nodes:,} nodes, {d.num_edges:,} edges, {d.feature_dim} x "
@@ -379,8 +340,8 @@ def open_bench_dataset(args) -> tuple[Path, dict, int, float] | None:
     return data, spec, disk, ratio
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench modes", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_run_args(p)
     p.add_argument("--epochs", type=int, default=2)
@@ -388,6 +349,9 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=",".join((*MODES, IN_RAM)),
                    help=f"modes to run; {IN_RAM}: the whole graph in the process's caches, from "
                         f"a copy of the dataset on tmpfs, no budget (the compute floor)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="alternating rounds of the modes (each a fresh process whose first "
+                        "epoch is its warm-up); the medians are reported")
     p.add_argument("--fio-seconds", type=int, default=15)
     p.add_argument("--in-ram-dir", type=Path, default=Path("/dev/shm"),
                    help=f"tmpfs folder for the {IN_RAM} run's copy of the dataset")
@@ -426,27 +390,28 @@ def main(argv=None) -> int:
             "the budget is enforced only by the trainer's own plan")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ooc-bench-", dir=data.parent))
     workdir.mkdir(parents=True, exist_ok=True)
-    results = {}
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    fio_iops = fio_res.get("iops")
+
+    def case(m: str):
+        return lambda: summarize(run_mode(m, args, data, workdir), fio_iops)
+
     try:
-        for m in modes:
-            results[m] = run_mode(m, args, data, workdir)
+        rounds = H.run_rounds({m: case(m) for m in modes}, args.rounds, warmup=0)
     except BaseException:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
-    fio_iops = fio_res.get("iops")
-    summary = {m: summarize(results[m], fio_iops) for m in modes}
-    sp = {}
+    meds = H.medians(rounds)
+    # the last run of each mode, its numbers the medians over the rounds
+    summary = {m: {**rounds.measured(m)[-1].values, **meds[m]} for m in modes}
+    sp = H.ratios(summary, (("ooc", "baseline"), ("ooc", "static"), ("static", "baseline")),
+                  "epoch_time_s")
 
     def et(m):
         return summary.get(m, {}).get("epoch_time_s")
 
-    if et("ooc") and et("baseline"):
-        sp["ooc_vs_baseline"] = et("baseline") / et("ooc")
-    if et("ooc") and et("static"):
-        sp["ooc_vs_static"] = et("static") / et("ooc")
-    if et("static") and et("baseline"):
-        sp["static_vs_baseline"] = et("baseline") / et("static")
     over_ram = {f"{m}_over_in_ram": et(m) / et(IN_RAM) for m in MODES if et(m) and et(IN_RAM)}
     summary["speedup"] = sp
     caps = {m: summary[m]["mode_info"]["feature_cache_rows"] for m in ("static", "ooc")
@@ -456,9 +421,9 @@ def main(argv=None) -> int:
     if caps:
         fewest = fewest_reads(data, args.batch_size, [int(f) for f in args.fanouts.split(",")],
                               args.seed, args.epochs, caps)
-        from ooc.storage import open_dataset
+        import ooc
 
-        row_bytes = open_dataset(data).layout.row_bytes
+        row_bytes = ooc.open_dataset(data).layout.row_bytes
         rate = disk_iops(fio_iops, {m: summary[m] for m in modes})
         for m, f in fewest.items():
             summary[m]["fewest_reads"] = f
@@ -466,17 +431,15 @@ def main(argv=None) -> int:
                 f["measured_over_fewest"] = summary[m]["read_ops"] / max(f["rows"], 1)
             bound[m] = disk_bound(f, row_bytes, rate, et(IN_RAM))
     report = {
-        "command": " ".join([sys.executable, *sys.argv]),
         "dataset": {"path": str(data), "spec": spec, "disk_bytes": disk,
                     "disk_vs_budget": ratio, "batch_node_fraction": frac},
         "budget_bytes": args.budget, "cgroup": cg_ok, "fio": fio_res,
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "modes": summary, "speedup": sp, "over_in_ram": over_ram,
         "ooc_over_in_ram": over_ram.get("ooc_over_in_ram"), "disk_bound": bound,
         "gather_iops_vs_fio": summary.get("ooc", {}).get("gather_iops_vs_fio"),
-        "machine": {"cpus": os.cpu_count()},
     }
-    args.report.write_text(json.dumps(report, indent=2, default=str))
+    H.write_report(args.report, "modes", report, spec=spec, samples=rounds, data_path=data,
+                   args=args)
     png = args.chart or args.report.with_suffix(".png")
     chart(summary, png)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -510,6 +473,36 @@ def main(argv=None) -> int:
         print(line)
     print(f"report {args.report}, chart {png}")
     return 0
+
+
+#: The README's row labels of the modes.
+LABELS = {"baseline": "baseline (memmap, 16 I/O threads)",
+          "static": "static (neighbor cache + degree-ordered feature cache)",
+          "ooc": "ooc (neighbor cache + Belady feature cache)",
+          IN_RAM: "in_ram (every row and list in the process)"}
+
+
+def table(rep: dict) -> str:
+    """The README's table of a report: per mode its last epoch, miss ratio, reads, read
+    IOPS, gather and compute seconds, cache rows, peak RSS and epoch / in-RAM epoch."""
+    f = H.fmt
+    rows = []
+    for m in (x for x in (*MODES, IN_RAM) if x in rep["modes"]):
+        s = rep["modes"][m]
+        if "error" in s:
+            rows.append([LABELS.get(m, m), "failed", *[""] * 8])
+            continue
+        st = s.get("stages_s") or {}
+        cache = (s.get("mode_info") or {}).get("feature_cache_rows")
+        rows.append([LABELS.get(m, m), f(s["epoch_time_s"], ".2f"), f(s.get("miss_ratio"), ".3f"),
+                     f(s.get("read_ops"), ","), f(s.get("gather_iops"), ",.0f"),
+                     f(st.get("gather"), ".2f"), f(st.get("compute"), ".2f"),
+                     f(cache, ",") if isinstance(cache, int) else "page cache",
+                     format_size(s.get("child_peak_rss_bytes") or 0),
+                     f(rep.get("over_in_ram", {}).get(f"{m}_over_in_ram",
+                                                      1.0 if m == IN_RAM else None), ".2f")])
+    return H.markdown(["mode", "epoch s", "miss ratio", "reads", "read IOPS", "gather s",
+                       "compute s", "cache rows", "peak RSS", "epoch / in-RAM"], rows)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ Graphs:
 
 Usage::
 
-    python tools/bench_partition.py --work bench_out/partition --report bench_out/partition.json
+    python -m bench partition --work bench_out/partition --report bench_out/partition.json
 
 Rows: ``spring`` is SPRING as ``python -m ooc.partition`` runs it (members'
 richest neighbours vote for the merge target), ``spring-richest`` is
@@ -50,8 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
+from . import harness as H
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 ALGOS = ("spring", "spring-richest", "hash", "greedy", "dbh", "hdrf", "metis")
 BASELINES = ("hash", "greedy", "dbh", "hdrf")
@@ -347,8 +348,9 @@ def readme_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench partition",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="bench_out/partition", help="datasets and scratch")
     ap.add_argument("--nodes", type=int, default=500_000)
     ap.add_argument("--avg-degree", type=float, default=21.0,
@@ -420,9 +422,8 @@ def main(argv=None) -> int:
     print()
     print(summary)
     if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(json.dumps({"rows": rows, "summary": summary, "table": condensed,
-                                                 "command": " ".join(sys.argv)}, indent=2))
+        H.write_report(args.report, "partition", {"rows": rows, "summary": summary,
+                                                  "table": condensed}, args=args)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The data path alone: sample, gather and build the ``Data`` of every batch, no model.
 
-    python tools/bench_loader.py --report bench_out/loader.json   # bench.py's dataset, 1 GiB
+    python -m bench loader --report bench_out/loader.json   # the modes benchmark's dataset, 1 GiB
 
 What a GPU user's loader costs, without the model's compute on the same two
 cores hiding it. For each preset (``baseline``: memmaps with 16 copy threads,
@@ -14,7 +14,7 @@ runs in its own memory cgroup of the budget with the dataset dropped from
 the page cache first; ``--rounds`` rounds run the presets interleaved (the
 order rotated each round), and the table gives medians of the last epoch.
 fio (4 KiB random reads of ``features.bin`` at the same queue depth, see
-``tools/fio.py``) runs before and after.
+``bench/fio.py``) runs before and after.
 
 Columns: epoch seconds; batches/s; device MiB (bytes the process read from the disk,
 ``/proc/self/io``: every file, io_uring workers included) and MB/s over the epoch; read
@@ -32,15 +32,17 @@ what is read to the page cache, so it has none),
 O_DIRECT presets; ``read_iops_vs_fio`` is the ooc one), ``engine_vs_fio.<preset>``,
 the per-preset medians (with the seconds in the feature source's ``read`` and
 in the engine, and the rows read straight into the batch vs copied out of a
-page buffer) and every run.
+page buffer) and every run (``samples``); ``python -m bench table REPORT`` prints the
+README's table from it. Each child is its own warm-up (its first epoch; the last is
+measured), so no round is dropped.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import sys
@@ -48,15 +50,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fio  # noqa: E402  (tools/fio.py)
-import memcg  # noqa: E402  (tools/memcg.py)
-from bench import add_run_args, open_bench_dataset  # noqa: E402  (tools/bench.py)
-
 from ooc.core.sizes import format_size, parse_size
-from ooc.storage.pagecache import drop_page_cache  # noqa: E402
+from ooc.executor.sizing import memcg
+
+from . import fio
+from . import harness as H
+from .modes import add_run_args, open_bench_dataset
+from .system import drop_page_cache, peak_rss_bytes
 
 PRESETS = ("baseline", "static", "ooc")
 #: Variants for A/B runs: a name -> (the preset it changes, its cache policy's fields,
@@ -94,25 +94,22 @@ log = memcg.log
 
 def engine_counters(trainer) -> dict:
     """Runs read and seconds spent by the native io_uring engine of the feature reader
-    (empty for other readers)."""
+    (``DirectReader.engine_stats``; empty for other readers)."""
     src = getattr(trainer.features, "inner", trainer.features)
-    io = getattr(getattr(src, "reader", None), "_io", None)
-    if io is None or not hasattr(io, "busy_s"):
-        return {}
-    return {"engine_runs": io.reads_fixed + io.reads_plain, "engine_busy_s": io.busy_s,
-            "engine_reads_plain": io.reads_plain, "engine_registrations": io.registrations}
+    reader = getattr(src, "reader", None)
+    return reader.engine_stats() if hasattr(reader, "engine_stats") else {}
 
 
 def child(spec: dict) -> int:
     """Run ``spec["epochs"]`` data-path epochs of one preset; write the JSON report."""
     from dataclasses import replace
 
+    import ooc
     from ooc.executor.loader.presets import resolve_preset
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.training.trainer import TrainConfig, Trainer, _io_counters, _io_delta
-    from ooc.storage import open_dataset
+    from ooc.executor.training.trainer import TrainConfig, Trainer, io_delta
 
-    d = open_dataset(spec["data"])
+    d = ooc.open_dataset(spec["data"])
     found = variant(spec["preset"])
     assert found is not None, spec["preset"]
     mode, fields, options = found
@@ -130,7 +127,7 @@ def child(spec: dict) -> int:
     try:
         for e in range(1, spec["epochs"] + 1):
             prod = t.train_producer
-            io0 = _io_counters(prod)
+            io0 = t.io_counters()
             io0.update(engine_counters(t))
             c0 = time.process_time()
             w0 = time.perf_counter()
@@ -140,9 +137,9 @@ def child(spec: dict) -> int:
                 nodes += int(data.num_nodes)
             wall = time.perf_counter() - w0
             cpu = time.process_time() - c0
-            io1 = _io_counters(prod)
+            io1 = t.io_counters()
             io1.update(engine_counters(t))
-            io = _io_delta(io0, io1)
+            io = io_delta(io0, io1)
             rec = {"epoch": e, "time_s": wall, "cpu_s": cpu, "batches": nb, "nodes": nodes,
                    "stages_s": prod.stage_times(), "io": io}
             epochs.append(rec)
@@ -153,7 +150,7 @@ def child(spec: dict) -> int:
     rep = {"preset": spec["preset"], "mode_info": t.mode_info, "row_bytes": d.layout.row_bytes,
            "memory_plan": t.memory_plan.as_dict() if t.memory_plan else None,
            "epochs": epochs,
-           "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+           "peak_rss_bytes": peak_rss_bytes()}
     tmp = Path(spec["report"] + ".tmp")
     tmp.write_text(json.dumps(rep, default=str))
     os.replace(tmp, spec["report"])
@@ -174,8 +171,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
             "feature_cache_size": args.feature_cache_size,
             "neighbor_cache_size": args.neighbor_cache_size, "report": str(report)}
     limit = None if args.no_cgroup else args.budget
-    run = memcg.run(f"{preset}-{rnd}", [str(Path(__file__).resolve()), "--child",
-                                         json.dumps(spec)], limit)
+    run = memcg.run(f"{preset}-{rnd}", ["-m", "bench.loader", "--child", json.dumps(spec)],
+                    limit)
     res = {"preset": preset, "round": rnd, "rc": run["rc"], "wall_s": run["wall_s"],
            "child_peak_rss_bytes": run["child_peak_rss_bytes"], "cgroup": run.get("cgroup")}
     if run["rc"] != 0 or not report.exists():
@@ -216,15 +213,11 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
     return res
 
 
-def median(xs) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return float(np.median(xs)) if xs else None
-
-
-def main(argv=None) -> int:
-    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--child":
-        return child(json.loads(sys.argv[2]))
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--child":
+        return child(json.loads(argv[1]))
+    p = argparse.ArgumentParser(prog="python -m bench loader", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_run_args(p)
     p.add_argument("--epochs", type=int, default=2, help="per child; the last is reported")
@@ -253,7 +246,7 @@ def main(argv=None) -> int:
     opened = open_bench_dataset(args)
     if opened is None:
         return 2
-    data, _, disk, _ = opened
+    data, spec, disk, _ = opened
     feats = data / "features.bin"
 
     def run_fio(when: str) -> dict | None:
@@ -267,48 +260,42 @@ def main(argv=None) -> int:
 
     fio_before = run_fio("before")
     workdir = Path(tempfile.mkdtemp(prefix="ooc-bench-loader-", dir=data.parent))
-    runs: list[dict] = []
+    count = itertools.count()
+
+    def case(preset: str):
+        return lambda: run_preset(preset, next(count) // len(presets), args, data, workdir)
+
     try:
-        for rnd in range(args.rounds):
-            k = rnd % len(presets)
-            for preset in presets[k:] + presets[:k]:
-                runs.append(run_preset(preset, rnd, args, data, workdir))
+        rounds = H.run_rounds({m: case(m) for m in presets}, args.rounds, warmup=0)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     fio_after = run_fio("after")
-    fio_iops = median([f["iops"] for f in (fio_before, fio_after) if f])
+    fio_iops = H.median([f["iops"] for f in (fio_before, fio_after) if f])
 
     keys = ("epoch_s", "batches_per_s", "device_bytes", "device_mb_s", "read_iops",
             "engine_iops", "cpu_s", "cpu_us_per_row", "feature_hit_ratio", "read_efficiency",
             "peak_rss_bytes",
             "feature_read_s", "engine_busy_s", "feature_rows_direct", "feature_rows_copied",
             "feature_page_mates_read")
+    meds = H.medians(rounds, keys)
     summary: dict[str, dict] = {}
     for m in presets:
-        ok = [r for r in runs if r["preset"] == m and "error" not in r]
+        ok = [s.values for s in rounds.measured(m) if "error" not in s.values]
         if not ok:
-            summary[m] = {"error": next(r["error"] for r in runs if r["preset"] == m)}
+            summary[m] = {"error": rounds.measured(m)[0].values["error"]}
             continue
-        summary[m] = {k: median([r[k] for r in ok]) for k in keys}
+        summary[m] = {k: meds[m].get(k) for k in keys}
         summary[m]["rounds"] = len(ok)
+        summary[m]["read_gap"] = variant(m)[2].get("read_gap")   # None: the default
         summary[m]["reader"] = ok[0]["mode_info"].get("reader_backend", "mmap")
         summary[m]["read_align"] = ok[0]["mode_info"].get("read_align")
         for k in ("read_iops", "engine_iops"):
             if summary[m][k] and fio_iops:
                 summary[m][f"{k}_vs_fio"] = summary[m][k] / fio_iops
 
-    def et(m):
-        return summary.get(m, {}).get("epoch_s")
-
-    sp = {}
-    for a, b in (("ooc", "baseline"), ("ooc", "static"), ("static", "baseline"),
-                 ("ooc-mates", "ooc")):
-        if et(a) and et(b):
-            sp[f"{a}_vs_{b}"] = et(b) / et(a)
-    report = {"command": " ".join([sys.executable, *sys.argv]), "dataset": str(data),
-              "disk_bytes": disk, "budget_bytes": args.budget,
-              "settings": {k: (str(v) if isinstance(v, Path) else v)
-                           for k, v in vars(args).items()},
+    sp = H.ratios(summary, (("ooc", "baseline"), ("ooc", "static"), ("static", "baseline"),
+                            ("ooc-mates", "ooc")), "epoch_s")
+    report = {"dataset": str(data), "disk_bytes": disk, "budget_bytes": args.budget,
               "fio": {"before": fio_before, "after": fio_after, "iops": fio_iops},
               "presets": summary, "speedup": sp,
               "read_efficiency": {m: s["read_efficiency"] for m, s in summary.items()
@@ -318,15 +305,10 @@ def main(argv=None) -> int:
               "engine_vs_fio": {m: s["engine_iops_vs_fio"] for m, s in summary.items()
                                 if s.get("engine_iops_vs_fio") is not None},
               "read_iops_vs_fio": summary.get("ooc", {}).get("read_iops_vs_fio"),
-              "engine_iops_vs_fio": summary.get("ooc", {}).get("engine_iops_vs_fio"),
-              "runs": runs}
-    args.report.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.report.with_name(f".{args.report.name}.tmp")
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    os.replace(tmp, args.report)
-
-    def f(x, fmt):
-        return format(x, fmt) if x is not None else "–"
+              "engine_iops_vs_fio": summary.get("ooc", {}).get("engine_iops_vs_fio")}
+    H.write_report(args.report, "loader", report, spec=spec, samples=rounds, data_path=data,
+                   args=args)
+    f = H.fmt
 
     print(f"\nData path alone (sample, gather, to_data; no model), last of {args.epochs} "
           f"epochs, medians of {args.rounds} interleaved rounds, {format_size(args.budget)} "
@@ -360,6 +342,27 @@ def main(argv=None) -> int:
                   f"{f(s['feature_rows_copied'], ',.0f')}")
     print(f"report {args.report}")
     return 0
+
+
+def table(rep: dict) -> str:
+    """The README's table of a report: per preset its read gap, epoch, device MiB, read
+    efficiency, feature hit ratio, peak RSS and speed against the baseline."""
+    f = H.fmt
+    presets = rep["presets"]
+    base = presets.get("baseline", {}).get("epoch_s")
+    rows = []
+    for m, s in presets.items():
+        if "error" in s:
+            rows.append([m, "failed", "", "", "", "", "", ""])
+            continue
+        gap = "–" if s.get("reader") == "mmap" else (
+            "default" if s.get("read_gap") is None else format_size(s["read_gap"]))
+        rows.append([m, gap, f(s["epoch_s"], ".2f"), f(s["device_bytes"] / 2**20, ",.0f"),
+                     f(s.get("read_efficiency"), ".3f"), f(s.get("feature_hit_ratio"), ".3f"),
+                     format_size(s.get("peak_rss_bytes") or 0),
+                     f(H.ratio(base, s["epoch_s"]), ".2f")])
+    return H.markdown(["preset", "read gap", "epoch s", "device MiB", "read efficiency",
+                       "feature hit", "peak RSS", "vs baseline"], rows)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """Belady changesets of one superbatch: numba on the CPU, torch on the CPU, torch on CUDA.
 
-    python tools/bench_changesets.py --nodes 2000000 --superbatches 16,64 \
+    python -m bench changesets --nodes 2000000 --superbatches 16,64 \
         --report bench_out/changesets.json
 
 Samples the largest superbatch's batches once with ooc's sampler (batch 1024,
 fanouts 15,10,5 by default: papers100M's recipe) from the synthetic generator's
-graph at papers100M's average degree (``tools/bench_scale.py``'s), then computes
+graph at papers100M's average degree (``python -m bench scale``'s), then computes
 the changesets of the first S batches for each S, at a cache of
 ``--cache-fraction`` of the nodes and with ``keep_unused`` (the training
 pipeline's call), every method side by side, ``--rounds`` times. Every method's
@@ -18,27 +18,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ooc.sampling import NeighborSampler, derive_seed, precompute_changesets
+from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of
 
-from scale_graph import PAPERS100M_EDGES, PAPERS100M_NODES  # noqa: E402  (tools/scale_graph.py)
-
-from ooc.caches.changesets import precompute_changesets  # noqa: E402
-from ooc.sampling.sampler import NeighborSampler, derive_seed  # noqa: E402
-from ooc.storage.atomic import write_json  # noqa: E402
-from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of  # noqa: E402
+from . import harness as H
+from .scale_graph import PAPERS100M_EDGES, PAPERS100M_NODES
 
 
 def papers_like_csc(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """In-neighbour CSC (``indptr`` int64 [n + 1], ``indices`` int64 [2E]) of the synthetic
     generator's graph at papers100M's average degree (R-MAT power-law degrees, communities of
-    128 hidden by an id permutation: ``tools/bench_scale.py``'s graph), stored both ways."""
+    128 hidden by an id permutation: ``python -m bench scale``'s graph), stored both ways."""
     e = int(round(n * PAPERS100M_EDGES / PAPERS100M_NODES))
     source = SyntheticEdges(n, e, 172, 0.7, seed, communities=communities_of(n, 172, 128))
     src, dst = (np.concatenate(x) for x in zip(*((s, d) for s, d, _, _ in source.chunks(1 << 22, n))))
@@ -67,8 +62,8 @@ def timed(batches, n: int, cap: int, kw: dict):
     return time.perf_counter() - t, cs
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench changesets", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2_000_000)
     ap.add_argument("--batch-size", type=int, default=1024)
@@ -78,7 +73,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--report")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     try:
         sizes = sorted(int(s) for s in a.superbatches.split(","))
         fanouts = [int(f) for f in a.fanouts.split(",")]
@@ -103,39 +98,50 @@ def main() -> None:
         precompute_changesets([np.array([0, 1]), np.array([1, 2])], 4, 1, **kw)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     rows = []
+    samples = []
     for S in sizes:
         batches = ids[:S]
-        secs: dict[str, list[float]] = {m: [] for m in ms}
-        misses = None
-        for r in range(a.rounds):
-            ref = None
-            for m, kw in ms.items():
+        got: dict = {}
+
+        def case(m: str, kw: dict):
+            def run() -> float:
                 s, cs = timed(batches, a.nodes, cap, kw)
-                secs[m].append(s)
-                if ref is None:
-                    ref, misses = cs, cs.num_misses
-                elif not cs.equals(ref):
-                    raise SystemExit(f"bench_changesets: {m}'s changesets differ from numba's at S={S}")
+                ref = got.setdefault("ref", cs)
+                if not cs.equals(ref):
+                    raise SystemExit(f"bench changesets: {m}'s changesets differ from "
+                                     f"{next(iter(ms))}'s at S={S}")
+                return s
+            return run
+
+        rounds = H.run_rounds({m: case(m, kw) for m, kw in ms.items()}, a.rounds, warmup=0)
+        samples += [dict(x, superbatch=S) for x in rounds.as_list()]
+        misses = got["ref"].num_misses
         accesses = int(sum(len(b) for b in batches))
-        med = {m: statistics.median(v) for m, v in secs.items()}
+        med = {m: v["s"] for m, v in H.medians(rounds).items()}
         row = {"superbatch": S, "accesses": accesses, "capacity": cap, "misses": int(misses),
-               "seconds": secs, "median_s": med,
+               "seconds": {m: rounds.values(m, "s") for m in ms}, "median_s": med,
                "accesses_per_s": {m: accesses / v for m, v in med.items()},
                "speed_vs_numba": {m: med["numba"] / v for m, v in med.items()}}
         rows.append(row)
         print(f"S={S}: {accesses:,} accesses, misses {misses:,}; " + ", ".join(
             f"{m} {v:.3f} s ({row['speed_vs_numba'][m]:.2f}x)" for m, v in med.items()))
-    cols = list(ms) + (["torch-cuda"] if "torch-cuda" not in ms else [])
-    print("\n| S | accesses | " + " | ".join(cols) + " |\n|---|---|" + "---|" * len(cols))
-    for row in rows:
-        cells = [f"{row['median_s'][m]:.3f} s ({row['speed_vs_numba'][m]:.2f}x)"
-                 if m in row["median_s"] else "absent" for m in cols]
-        print(f"| {row['superbatch']} | {row['accesses']:,} | " + " | ".join(cells) + " |")
+    rep = {"nodes": a.nodes, "edges": int(indices.shape[0]), "batch_size": a.batch_size,
+           "fanouts": a.fanouts, "cache_fraction": a.cache_fraction, "cuda_device": device,
+           "cpu_threads": torch.get_num_threads(), "methods": list(ms), "rows": rows}
+    print("\n" + table(rep))
     if a.report:
-        write_json(a.report, {"nodes": a.nodes, "edges": int(indices.shape[0]),
-                              "batch_size": a.batch_size, "fanouts": a.fanouts,
-                              "cache_fraction": a.cache_fraction, "cuda_device": device,
-                              "cpu_threads": torch.get_num_threads(), "rows": rows})
+        H.write_report(a.report, "changesets", rep, spec={"nodes": a.nodes, "seed": a.seed},
+                       samples=samples, args=a)
+
+
+def table(rep: dict) -> str:
+    """Per superbatch size: each method's median seconds and its speed against numba's."""
+    ms = rep.get("methods") or list(rep["rows"][0]["median_s"])
+    cols = ms + (["torch-cuda"] if "torch-cuda" not in ms else [])
+    rows = [[row["superbatch"], f"{row['accesses']:,}",
+             *(f"{row['median_s'][m]:.3f} s ({row['speed_vs_numba'][m]:.2f}x)"
+               if m in row["median_s"] else "absent" for m in cols)] for row in rep["rows"]]
+    return H.markdown(["S", "accesses", *cols], rows, ["l"] * (2 + len(cols)))
 
 
 if __name__ == "__main__":

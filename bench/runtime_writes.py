@@ -1,6 +1,6 @@
 """Runtime files of one superbatch: plain writes against aiofiles, side by side.
 
-    python tools/bench_runtime_writes.py --rounds 7
+    python -m bench runtime_writes --rounds 7
 
 The inspector writes each superbatch's sampled batches (``ooc.sampling.runtime``)
 from its own thread. This times ``write_samples`` (plain writes, what ooc does)
@@ -17,15 +17,12 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from ooc.sampling import runtime as R  # noqa: E402
+from ooc.sampling import runtime as R
 
 
 def aiofiles_write(folder: Path, samples: R.SuperbatchSamples) -> None:
@@ -49,12 +46,12 @@ def aiofiles_write(folder: Path, samples: R.SuperbatchSamples) -> None:
     asyncio.run(all_files())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench runtime_writes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--work", default="bench_out/runtime_writes")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     variants = {"plain": R.write_samples}
     try:
         import aiofiles  # noqa: F401

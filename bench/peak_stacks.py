@@ -1,7 +1,7 @@
 """Where a command's memory peaks: run a module's ``main`` in this process and record the main
 thread's stack each time the RSS passes a threshold and its previous high.
 
-    python tools/peak_stacks.py ooc.train 2600 --data D --device cuda --memory-budget 4GiB
+    python -m bench peak_stacks ooc.train 2600 --data D --device cuda --memory-budget 4GiB
 
 prints the last ``--keep`` stacks (newest last) with the time and RSS of each, after the
 command returns. The RSS is sampled every 3 ms by a thread, so a high shorter than that can
@@ -21,7 +21,7 @@ import psutil
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: peak_stacks.py [--keep K] MODULE THRESHOLD_MIB ARGS..."
+    usage = "usage: python -m bench peak_stacks [--keep K] MODULE THRESHOLD_MIB ARGS..."
     try:
         keep = 4
         if argv[:1] == ["--keep"]:

@@ -1,6 +1,6 @@
 """Size the caches and the superbatch from a short profile (Ginex §3.5).
 
-    python tools/size_caches.py --data DIR --memory-budget 600MiB --runtime-disk-budget 1GiB \\
+    python -m ooc.size --data DIR --memory-budget 600MiB --runtime-disk-budget 1GiB \\
         --fanouts 10,5 --batch-size 256 --report sizes.json --plot curve.png
     python -m ooc.train --data DIR --sizes sizes.json            # train with the recommendation
 
@@ -19,7 +19,7 @@ epoch, in which the ``ooc`` cache fills, and the later ones). The logic is
 :mod:`ooc.executor.sizing.profiler`.
 
 ``--verify`` then trains one epoch with the recommendation in a subprocess
-inside a cgroup-v1 memory cgroup limited to the budget (tools/memcg.py) and
+inside a memory cgroup limited to the budget (:mod:`ooc.executor.sizing.memcg`) and
 prints predicted vs measured miss ratio, epoch time and peak memory side by
 side (also in the report, ``verification``).
 """
@@ -30,15 +30,22 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ooc.cli import ArgumentParser, add_report_arg, main_wrapper, write_report
+from ooc.core.errors import InvalidValue
+from ooc.core.memory import tune_malloc
+from ooc.core.sizes import format_size, parse_size
+from ooc.executor.loader.presets import PRESET_NAMES
+from ooc.executor.settings import BY_NAME, add_arguments
+from ooc.executor.sizing import memcg
+from ooc.executor.sizing.options import check_options, mode_options, resolve
+from ooc.executor.sizing.plot import plot_curves
+from ooc.executor.sizing.profiler import compare_presets, profile
+from ooc.storage import open_dataset
+from ooc.storage.pagecache import drop_page_cache
+from ooc.storage.read_cost import measure_read_cost
 
-from ooc.cli import ArgumentParser, add_report_arg, main_wrapper  # noqa: E402
-from ooc.core.errors import OocError  # noqa: E402
-from ooc.core.sizes import format_size, parse_size  # noqa: E402
-from ooc.executor.settings import BY_NAME, add_arguments  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 #: The training settings the profile depends on (as ``python -m ooc.train`` takes them).
 TRAINING = ("model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_decay", "dropout",
             "seed", "epochs", "device", "num_threads", "queue_depth", "io_backend",
@@ -46,12 +53,11 @@ TRAINING = ("model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_d
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python tools/size_caches.py", description=__doc__.split("\n")[0],
+    p = ArgumentParser(prog="python -m ooc.size", description=__doc__.split("\n")[0],
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--data", metavar="DIR", required=True, help="dataset folder")
     p.add_argument("--memory-budget", metavar="SIZE", required=True,
                    help="memory the training process may use")
-    from ooc.executor.loader.presets import PRESET_NAMES
 
     p.add_argument("--mode", choices=PRESET_NAMES, help="profile this preset only (default: "
                    "every preset of --presets, recommending the fastest)")
@@ -75,34 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _presets(text: str | None, mode: str | None) -> list[str]:
     """The presets to profile: ``--mode`` alone, else ``--presets`` (default all)."""
-    from ooc.executor.loader.presets import PRESET_NAMES
 
     if mode is not None:
         if text is not None:
-            raise OocError("give --mode (one preset) or --presets (a comparison), not both")
+            raise InvalidValue("give --mode (one preset) or --presets (a comparison), not both")
         return [mode]
     names = list(PRESET_NAMES) if text is None else [t.strip() for t in text.split(",")]
     bad = [n for n in names if n not in PRESET_NAMES]
     if bad or not names:
-        raise OocError(f"--presets {text!r}: choose from {','.join(PRESET_NAMES)}")
+        raise InvalidValue(f"--presets {text!r}: choose from {','.join(PRESET_NAMES)}")
     return list(dict.fromkeys(names))
 
 
 def verify(report_path: Path, rep: dict, epochs: int, settings: dict) -> dict:
     """Train ``epochs`` epochs with ``--sizes`` in a memory cgroup limited to the budget
-    (tools/memcg.py); the first epoch's measured miss ratio and time against the
+    (:mod:`ooc.executor.sizing.memcg`); the first epoch's measured miss ratio and time against the
     predicted ones. ``rep`` is one preset's report (its ``sizes`` and ``recommendation``);
     the sizes are written beside ``report_path`` for the run and removed after."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import memcg  # tools/memcg.py
-
-    from ooc.storage.pagecache import drop_page_cache
 
     budget = rep["budget_bytes"]
     data = rep["dataset"]["path"]
     drop_page_cache(data)
     mode = rep["sizes"]["mode"]
-    report_path = report_path.resolve()  # the run's working folder is the checkout
+    report_path = report_path.resolve()
     out = report_path.with_name(f"{report_path.stem}.{mode}.train.json")
     sizes_file = report_path.with_name(f"{report_path.stem}.{mode}.sizes.json")
     sizes_file.write_text(json.dumps({"sizes": rep["sizes"]}))
@@ -159,14 +160,14 @@ def print_verification(v: dict, budget: int) -> None:
             ("cgroup max usage", f"<= {format_size(budget)}",
              format_size(cg["max_usage_in_bytes"]) if "max_usage_in_bytes" in cg
              else "no cgroup")]
-    print(f"size_caches: verified {v.get('mode', '')} (one training run with these sizes):")
+    print(f"ooc.size: verified {v.get('mode', '')} (one training run with these sizes):")
     print(f"  {'':22} {'predicted':>14} {'measured':>14}")
     for name, p, m in rows:
         print(f"  {name:22} {p:>14} {m:>14}")
 
 
 @main_wrapper
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     given = vars(build_parser().parse_args(argv))
     report_path = given.pop("report", None)
     plot_path = given.pop("plot", None)
@@ -179,22 +180,18 @@ def main(argv=None) -> int:
     reserve = given.pop("reserve", None)
     reserve = None if reserve is None else parse_size(reserve)
     if trace is not None and trace < 1:
-        raise OocError(f"--trace-batches must be >= 1, got {trace}")
+        raise InvalidValue(f"--trace-batches must be >= 1, got {trace}")
     if verify_epochs is not None and (verify_epochs < 1 or report_path is None):
-        raise OocError("--verify needs --report (ooc.train reads its sizes), and "
+        raise InvalidValue("--verify needs --report (ooc.train reads its sizes), and "
                        "--verify-epochs N >= 1")
 
-    from ooc.storage import open_dataset
-    from ooc.train import _check_options, _mode_options, _settings
 
-    s = _settings(given, None)
-    config = _check_options(s, progress=False)
+    s = resolve(given)
+    config = check_options(s, progress=False)
     config.mode = presets[0]
-    options = _mode_options(s)
+    options = mode_options(s)
     dataset = open_dataset(s["data"])  # bad input fails here, before torch is loaded
 
-    from ooc.core.memory import tune_malloc
-    from ooc.executor.sizing.profiler import compare_presets, profile
 
     tune_malloc()
     options.validate()
@@ -207,21 +204,18 @@ def main(argv=None) -> int:
         _print_comparison(rep)
     rep["read_cost"] = None if read_cost is None else read_cost.as_dict()
     rep["command"] = " ".join([sys.executable, *sys.argv]) if argv is None else \
-        " ".join(["tools/size_caches.py", *argv])
+        " ".join(["python -m ooc.size", *argv])
     r = rep["recommendation"]
-    print("size_caches: " + "\n  ".join(["recommendation (arithmetic):", *rep["arithmetic"]]))
-    print(f"size_caches: feature cache {format_size(r['feature_cache_bytes'])} "
+    print("ooc.size: " + "\n  ".join(["recommendation (arithmetic):", *rep["arithmetic"]]))
+    print(f"ooc.size: feature cache {format_size(r['feature_cache_bytes'])} "
           f"({r['feature_cache_rows']:,} rows, {r['feature_cache_fraction']:.1%}), neighbor cache "
           f"{format_size(r['neighbor_cache_bytes'])}, superbatch {r['superbatch_size']}, "
           f"predicted miss ratio {r['predicted_miss_ratio']:.3f}, expected epoch "
           f"{r['expected_epoch_s']:.2f}s; train with: python -m ooc.train --data {s['data']} "
           f"--sizes {report_path or 'sizes.json'}")
     if plot_path:
-        from ooc.executor.sizing.plot import plot_curves
-
         plot_curves(rep, plot_path)
         rep["plot"] = str(plot_path)
-    from ooc.cli import write_report
 
     if report_path:
         write_report(report_path, rep)
@@ -232,7 +226,7 @@ def main(argv=None) -> int:
             rep.setdefault("verification", {})[name] = v
             write_report(report_path, rep)
             if "error" in v:
-                print(f"size_caches: verification run of {name} failed ({v['error']})")
+                print(f"ooc.size: verification run of {name} failed ({v['error']})")
                 failed = True
                 continue
             print_verification(v, rep["budget_bytes"])
@@ -248,17 +242,16 @@ def _measured_read_gap(dataset, options, given: bool):
     reader does not bypass the page cache)."""
     from dataclasses import replace
 
-    from ooc.storage.read_cost import measure_read_cost
 
     if given:
         return options, None
     cost = measure_read_cost(dataset.features_file, queue_depth=options.queue_depth,
                              backend=options.io_backend)
     if cost is None:
-        print(f"size_caches: reads of {dataset.features_file} go through the page cache: "
+        print(f"ooc.size: reads of {dataset.features_file} go through the page cache: "
               f"--read-gap stays {format_size(options.read_gap)}")
         return options, None
-    print(f"size_caches: a read of {dataset.features_file} costs the disk "
+    print(f"ooc.size: a read of {dataset.features_file} costs the disk "
           f"{cost.op_s * 1e6:.1f} us + {cost.page_s * 1e6:.2f} us a page (QD "
           f"{options.queue_depth}): gaps of up to {cost.gap_pages} pages are read through "
           f"(--read-gap {format_size(cost.gap_bytes)})")
@@ -277,7 +270,7 @@ def _per_preset(rep: dict) -> dict[str, dict]:
 def _print_comparison(rep: dict) -> None:
     """The presets side by side, and which one the measurements favour."""
     epochs = rep["recommendation"]["run"]["epochs"]
-    print("size_caches: presets under the same budget (expected seconds from each one's "
+    print("ooc.size: presets under the same budget (expected seconds from each one's "
           "rehearsal):")
     print(f"  {'preset':10} {'build':>7} {'epoch 1':>8} {'later':>7} {f'{epochs} epochs':>10} "
           f"{'miss ratio':>11} {'feature cache rows':>19} {'superbatch':>10}")
@@ -289,7 +282,7 @@ def _print_comparison(rep: dict) -> None:
               f"{p['expected_later_epoch_s']:7.2f} {p['expected_run_s']:10.2f} "
               f"{p['predicted_miss_ratio']:11.3f} {p['feature_cache_rows']:19,} "
               f"{str(p['superbatch_size'] or '-'):>10}")
-    print(f"size_caches: recommended preset: {rep['recommended_preset']} (shortest expected "
+    print(f"ooc.size: recommended preset: {rep['recommended_preset']} (shortest expected "
           f"run of {epochs} epochs)")
 
 

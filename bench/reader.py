@@ -1,6 +1,6 @@
 """Benchmark the direct reader's backends against fio: 4 KiB random reads, and feature gather.
 
-    python tools/bench_reader.py --file /var/tmp/ooc_bench_reader.bin --size 2GiB \
+    python -m bench reader --file /var/tmp/ooc_bench_reader.bin --size 2GiB \
         --depths 1,16,64,128 --seconds 3 --repeat 3 --report bench_out/reader.json
 
 Two files: ``--file`` on the disk, and ``--tmpfs-file`` on tmpfs (RAM; a read
@@ -8,7 +8,7 @@ there costs CPU and no device time, so it measures what a backend costs per
 read). Both are created when missing (random bytes; the tmpfs one is removed
 at the end when this run created it). For every file and queue depth,
 ``--repeat`` interleaved rounds each run fio (``--direct=1``, io_uring
-engine; see ``tools/fio.py``) and every backend (``DirectReader.read_pages``
+engine; see ``bench/fio.py``) and every backend (``DirectReader.read_pages``
 on batches of ``--batch`` random unique pages, the file dropped from the page
 cache first), the order rotated each round; the table gives medians, and the
 ratio is the median of the per-round ratios (the disk's speed drifts). CPU
@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import fio  # noqa: E402  (tools/fio.py)
-
 from ooc.core.sizes import parse_size
-from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, aligned_empty, io_backends, probe  # noqa: E402  # noqa: E402
-from ooc.storage.pagecache import drop_page_cache  # noqa: E402
+from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, aligned_empty, io_backends, probe
+
+from . import fio
+from . import harness as H
+from .system import drop_page_cache
 
 
 def make_file(path: Path, size: int) -> None:
@@ -201,8 +201,9 @@ def by_depth(rows: list[dict], where: str, key: str) -> dict[str, float]:
             if r["file"] == where and r["backend"] == "io_uring" and r[key] is not None}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench reader",
+                                 description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--file", default="/var/tmp/ooc_bench_reader.bin", type=Path,
                     help="benchmark file on the disk (created when missing; default %(default)s)")
@@ -314,10 +315,8 @@ def main(argv=None) -> int:
     print("\nnative_vs_fio (disk): " + json.dumps(report["native_vs_fio"]))
     print("native_cpu_vs_fio_tmpfs: " + json.dumps(report["native_cpu_vs_fio_tmpfs"]))
     if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.report.with_name(f".{args.report.name}.tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        os.replace(tmp, args.report)
+        H.write_report(args.report, "reader", report, spec={"file": args.file, "size": args.size},
+                       data_path=args.file, args=args)
     return 0
 
 

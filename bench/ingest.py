@@ -7,7 +7,7 @@ bin32`` in a subprocess for each ``--buffer`` size and records its peak RSS
 anonymous resident memory), wall time and passes. Prints a markdown table,
 writes JSON, and deletes the big files unless ``--keep``.
 
-    python tools/bench_ingest.py --edges 50000000,100000000 --nodes 1000000 \
+    python -m bench ingest --edges 50000000,100000000 --nodes 1000000 \
         --buffers 64MiB,256MiB --json bench_out/ingest.json
 """
 from __future__ import annotations
@@ -26,9 +26,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from ooc.core.sizes import format_size, parse_size  # noqa: E402
+from ooc.core.sizes import format_size, parse_size
+
+from . import harness as H
+
+REPO = H.REPO
 
 
 def write_edges(path: Path, edges: int, nodes: int, seed: int = 0, chunk: int = 5_000_000) -> None:
@@ -85,8 +87,9 @@ def run_one(cmd: list[str]) -> dict:
             "polled_rss_bytes": peak["rss"], "polled_anon_bytes": peak["anon"]}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench ingest",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--edges", default="50000000,100000000",
                     help="comma-separated edge counts (one edge file each)")
     ap.add_argument("--nodes", type=int, default=2_000_000)
@@ -142,9 +145,8 @@ def main(argv=None) -> int:
               f"| {r['buffer']} | {r['passes']} | {r['time_s']:.1f} | {format_size(r['ru_maxrss_bytes'])} "
               f"| {format_size(r['polled_anon_bytes'])} "
               f"| {r['ru_maxrss_bytes'] / r['edge_file_bytes']:.2f} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"rows": rows, "python": sys.version.split()[0],
-                                     "cpus": os.cpu_count()}, indent=2) + "\n")
+    H.write_report(args.json, "ingest", {"rows": rows},
+                   spec={"edges": args.edges, "nodes": args.nodes}, args=args)
     print(f"\nJSON: {args.json}")
     return 0
 

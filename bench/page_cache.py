@@ -1,6 +1,6 @@
 """Pages read for small rows: row- vs page-granular Belady, and the node order, side by side.
 
-    python tools/bench_page_cache.py --nodes 3000000 --feature-dim 128 --community-size 128 \\
+    python -m bench page_cache --nodes 3000000 --feature-dim 128 --community-size 128 \\
         --report bench_out/page_cache.json
 
 Rows smaller than a page (128 float32 = 512 B: 8 rows a page) are read a page at a time, so
@@ -25,21 +25,20 @@ small communities hidden by an id permutation is generated (``--nodes`` etc.).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from ooc import open_dataset
+from ooc.caches.changesets import MATE_FRACTION, precompute_changesets
+from ooc.sampling import NeighborSampler
+from ooc.storage.layout import PAGE
+from ooc.storage.reorder import OrderStats, locality_order
 
-from ooc.caches.changesets import MATE_FRACTION, precompute_changesets  # noqa: E402
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches  # noqa: E402
-from ooc.storage import open_dataset  # noqa: E402
-from ooc.storage.layout import PAGE  # noqa: E402
-from ooc.storage.reorder import OrderStats, locality_order  # noqa: E402
+from . import data as D
+from . import harness as H
 
 
 def _rows_read_pages(trace: list[np.ndarray], rank: np.ndarray, rpp: int, cached) -> tuple[int, int]:
@@ -106,23 +105,26 @@ def static_rows(trace, n, capacity_rows, rank, rpp, hot):
     return _rows_read_pages(trace, rank, rpp, lambda i, t: incache[t])
 
 
+def _spec(args) -> dict:
+    return dict(nodes=args.nodes, avg_degree=args.avg_degree, feature_dim=args.feature_dim,
+                classes=32, community_size=args.community_size,
+                train_fraction=args.train_fraction)
+
+
 def _dataset(args) -> Path:
     if args.data:
         return Path(args.data)
-    from ooc.storage.ingest import generate_synthetic
-
-    out = REPO / "bench_tmp" / (f"page-cache-{args.nodes}-{args.feature_dim}-"
-                                f"{args.community_size}-{args.avg_degree:g}")
-    if not (out / "meta.json").exists():
-        generate_synthetic(out, nodes=args.nodes, avg_degree=args.avg_degree,
-                           feature_dim=args.feature_dim, classes=32,
-                           community_size=args.community_size, train_fraction=args.train_fraction,
-                           progress=False)
-    return out
+    out = H.REPO / "bench_tmp" / (f"page-cache-{args.nodes}-{args.feature_dim}-"
+                                  f"{args.community_size}-{args.avg_degree:g}")
+    path = D.synthetic(_spec(args), out)
+    if path is None:
+        raise SystemExit(2)
+    return path
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench page_cache",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", help="an existing dataset (default: generate one)")
     ap.add_argument("--nodes", type=int, default=3_000_000)
     ap.add_argument("--avg-degree", type=float, default=10)
@@ -145,9 +147,9 @@ def main(argv=None) -> int:
     indptr = np.asarray(ds.indptr)
     indices = np.fromfile(ds.file("indices.bin"), dtype=ds.index_dtype, count=ds.num_edges)
     fanouts = [int(f) for f in args.fanouts.split(",")]
-    seeds = epoch_batches(ds.train_idx, args.batch_size, 0, 1, shuffle=True)[:args.batches]
+    seeds, bseeds = H.epoch_plan(ds.train_idx, args.batch_size, 0, 1)
     batches = NeighborSampler(indptr, indices, fanouts).sample_many(
-        seeds, [derive_seed(0, 1, b) for b in range(len(seeds))])
+        seeds[:args.batches], bseeds[:args.batches])
     trace = [np.asarray(b.node_ids, np.int64) for b in batches]
     rows = sum(len(t) for t in trace)
     t0 = time.perf_counter()
@@ -192,8 +194,9 @@ def main(argv=None) -> int:
                 print(f"| {oname} | {frac:.0%} | {policy} | {miss:,} | {pages:,} | "
                       f"{pages / max(miss, 1):.3f} | {eff:.3f} |")
     if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report, indent=1))
+        H.write_report(args.report, "page_cache", report,
+                       spec=_spec(args) if not args.data else {"data": args.data},
+                       data_path=ds.path, args=args)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The memory budget as a bound: refusal, suggestion and measured peaks, per mode.
 
-    python tools/bench_budget.py --data ~/.cache/ooc/bench-1100000-1024 --budget 1GiB \\
+    python -m bench budget --data ~/.cache/ooc/bench-1100000-1024 --budget 1GiB \\
         --too-small 256MiB --report bench_out/budget.json
 
 For each mode, in one invocation:
@@ -8,12 +8,12 @@ For each mode, in one invocation:
 1. ``ooc.train --memory-budget TOO_SMALL`` (no cgroup): refused; the budget it
    suggests is read from its one-line error.
 2. ``ooc.train --memory-budget BUDGET`` and ``--memory-budget SUGGESTED``, each
-   inside a cgroup-v1 memory cgroup limited to that budget (tools/memcg.py):
+   inside a cgroup-v1 memory cgroup limited to that budget (bench/memcg.py):
    the peak RSS the trainer reports (``VmHWM``), the child's ``ru_maxrss``,
    and the cgroup's ``max_usage_in_bytes`` and ``failcnt``.
 
 Prints the README's table (markdown). Training options are the benchmark's
-(``tools/bench.py``): batch 256, fanouts 10,5, hidden 64, no evaluation.
+(``python -m bench modes``): batch 256, fanouts 10,5, hidden 64, no evaluation.
 """
 from __future__ import annotations
 
@@ -24,13 +24,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import memcg  # noqa: E402  (tools/memcg.py)
-
 from ooc.core.sizes import format_size, parse_size
-from ooc.storage.pagecache import drop_page_cache  # noqa: E402
+from ooc.executor.sizing import memcg
+
+from . import harness as H
+from .system import drop_page_cache
 
 MODES = ("baseline", "static", "ooc")
 
@@ -102,8 +100,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python tools/bench_budget.py", description=__doc__)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench budget", description=__doc__)
     p.add_argument("--data", type=Path, required=True, help="dataset folder")
     p.add_argument("--budget", type=parse_size, default=parse_size("1GiB"))
     p.add_argument("--too-small", type=parse_size, default=parse_size("256MiB"),
@@ -135,8 +133,8 @@ def main(argv=None) -> int:
     print(f"bench_budget: {format_size(args.budget)} and the suggested budgets; "
           + (f"OVER the budget: {over}" if over else "every peak within its budget"))
     if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(rows, indent=1))
+        H.write_report(args.report, "budget", {"rows": rows}, spec={"data": args.data},
+                       data_path=args.data, args=args)
     return 0
 
 

@@ -10,7 +10,7 @@ and prints a markdown table of validation accuracy per epoch and wall time per
 epoch (mean over epochs 2.., the first one includes JIT and cache warm-up),
 and writes everything to ``--out`` (JSON).
 
-    python tools/bench_averaging.py --epochs 20 --out bench_out/averaging.json
+    python -m bench averaging --epochs 20 --out bench_out/averaging.json
 """
 from __future__ import annotations
 
@@ -23,8 +23,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from . import harness as H
+
+REPO = H.REPO
 SHARED = REPO.parent / "shared"
+
+
+#: The synthetic dataset's ``generate_synthetic`` arguments.
+SYNTHETIC = dict(nodes=20_000, avg_degree=10, feature_dim=64, classes=8, train_fraction=0.1,
+                 val_fraction=0.05, test_fraction=0.1, seed=0)
 
 
 def prepare(work: Path, which: str) -> Path:
@@ -36,12 +43,9 @@ def prepare(work: Path, which: str) -> Path:
                str(SHARED / "data" / "planetoid"), "--name", "Cora", "--out", str(out)]
         subprocess.run(cmd, check=True, cwd=REPO, capture_output=True)
     else:
-        sys.path.insert(0, str(REPO))
         from ooc.storage.ingest import generate_synthetic
 
-        generate_synthetic(out, nodes=20_000, avg_degree=10, feature_dim=64, classes=8,
-                           train_fraction=0.1, val_fraction=0.05, test_fraction=0.1, seed=0,
-                           progress=False)
+        generate_synthetic(out, **SYNTHETIC, progress=False)
     return out
 
 
@@ -66,8 +70,9 @@ def per_epoch(rep: dict) -> tuple[list, list]:
     return acc, t
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench averaging",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--mode", default="ooc")
     ap.add_argument("--datasets", default="cora,synthetic")
@@ -75,7 +80,7 @@ def main() -> int:
                     help="extra ooc.train options for every run")
     ap.add_argument("--work", help="dataset/partition folder (default: a temp folder)")
     ap.add_argument("--out", default="bench_out/averaging.json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_avg_"))
     work.mkdir(parents=True, exist_ok=True)
     results = {"epochs": args.epochs, "mode": args.mode, "train_args": args.train_args,
@@ -98,8 +103,8 @@ def main() -> int:
             print(f"{which} {name}: final val {acc[-1]:.4f} test {rep.get('test_acc') or 0:.4f} "
                   f"wall {rep['wall_s']:.1f}s", file=sys.stderr)
         results["datasets"][which] = res
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    H.write_report(args.out, "averaging", results, spec={"synthetic": SYNTHETIC}, args=args,
+                   data_path=work)
     print(table(results))
     return 0
 

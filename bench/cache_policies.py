@@ -21,14 +21,12 @@ to sample that superbatch.
 
 Usage::
 
-    python tools/bench_cache_policies.py --work bench_out/cache_policies \\
+    python -m bench cache_policies --work bench_out/cache_policies \\
         --report bench_out/cache_policies.json
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,13 +34,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ooc import open_dataset
+from ooc.cli import main_wrapper
+from ooc.sampling import (
+    NeighborSampler,
+    degree_order,
+    miss_curve_belady,
+    miss_curve_lru,
+    miss_curve_static,
+    precompute_changesets,
+)
 
-from ooc.caches.changesets import precompute_changesets
-from ooc.caches.miss_curves import degree_order, miss_curve_belady, miss_curve_lru, miss_curve_static
-from ooc.cli import main_wrapper  # noqa: E402
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
-from ooc.storage import open_dataset  # noqa: E402
+from . import data as D
+from . import harness as H
 
 FRACTIONS = (0.05, 0.10, 0.20, 0.40)
 
@@ -50,15 +54,15 @@ FRACTIONS = (0.05, 0.10, 0.20, 0.40)
 def _dataset(args) -> Path:
     if args.data:
         return Path(args.data)
-    from ooc.storage.ingest import generate_synthetic
-    path = Path(args.work) / f"synthetic_{args.nodes}_{args.avg_degree:g}"
-    if not (path / "meta.json").exists():
-        t = time.perf_counter()
-        generate_synthetic(path, nodes=args.nodes, avg_degree=args.avg_degree, feature_dim=4,
-                           train_fraction=args.train_fraction, seed=args.seed, overwrite=True,
-                           progress=False)
-        print(f"generated {path} in {time.perf_counter() - t:.1f}s")
+    path = D.synthetic(_spec(args), Path(args.work) / f"synthetic_{args.nodes}_{args.avg_degree:g}")
+    if path is None:
+        raise SystemExit(2)
     return path
+
+
+def _spec(args) -> dict:
+    return dict(nodes=args.nodes, avg_degree=args.avg_degree, feature_dim=4,
+                train_fraction=args.train_fraction, seed=args.seed)
 
 
 def _best_of(fn, repeat: int) -> float:
@@ -71,8 +75,9 @@ def _best_of(fn, repeat: int) -> float:
 
 
 @main_wrapper
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench cache_policies",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--data", help="an existing dataset folder (default: generate one)")
     ap.add_argument("--work", default="bench_out/cache_policies")
     ap.add_argument("--nodes", type=int, default=1_000_000)
@@ -92,8 +97,8 @@ def main(argv=None) -> int:
     d = open_dataset(_dataset(args))
     N = d.num_nodes
     sampler = NeighborSampler(d.indptr, np.asarray(d.indices), fanouts)
-    seeds = epoch_batches(d.train_idx, args.batch_size, args.seed, 0)[:args.batches]
-    bseeds = [derive_seed(args.seed, 0, i) for i in range(len(seeds))]
+    seeds, bseeds = (x[:args.batches] for x in H.epoch_plan(d.train_idx, args.batch_size,
+                                                               args.seed, 0))
     sampler.sample_many(seeds[:2], bseeds[:2])  # JIT warm-up
     t = time.perf_counter()
     batches = [b.node_ids for b in sampler.sample_many(seeds, bseeds)]
@@ -161,10 +166,9 @@ def main(argv=None) -> int:
                "superbatch_distinct_fraction": distinct / N, "sample_s": sample_s,
                "misses": rows, "changesets": {"batches": len(tb), "ids": tT, "capacity": cap, **tput},
                "belady_optimal": not bad}
-        tmp = Path(args.report).with_suffix(".tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(rep, indent=2))
-        os.replace(tmp, args.report)
+        H.write_report(args.report, "cache_policies", rep,
+                       spec=_spec(args) if not args.data else {"data": args.data},
+                       data_path=d.path, args=args)
     if bad:
         print(f"BUG: Belady has more misses than another policy: {bad}")
         return 1

@@ -1,4 +1,5 @@
-"""Memory cgroups (v1 or v2) for benchmark children: a budget the page cache counts against.
+"""Memory cgroups (v1 or v2) for measured children (``python -m ooc.size --verify``, the
+benchmarks): a budget the page cache counts against.
 
 ``run(tag, python_argv, limit)`` runs ``python *python_argv`` in a new cgroup
 ``ooc-bench-<pid>-<tag>`` limited to ``limit`` bytes (the child joins it before it execs, so
@@ -20,8 +21,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 V1_ROOT = Path("/sys/fs/cgroup/memory")
 # join the cgroup (argv[1] is its cgroup.procs), then exec the rest of argv
@@ -221,10 +220,11 @@ def run(tag: str, python_argv: list[str], limit: int | None,
     was made), "lines" (the output), "stopped" (whether the time limit killed it)}``.
     """
     cg = None if limit is None else make_cgroup(f"ooc-bench-{os.getpid()}-{tag}", limit)
-    where = f"cgroup {cg.name}, limit {limit >> 20} MiB" if cg is not None else "no cgroup"
+    where = f"cgroup {cg.name}, limit {limit >> 20} MiB" if cg is not None and limit else \
+        "no cgroup"
     log(f"{tag}: {' '.join(python_argv)}  [{where}]")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(in_cgroup(cg, python_argv), cwd=str(REPO), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(in_cgroup(cg, python_argv), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = []
     assert proc.stdout is not None

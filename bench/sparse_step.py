@@ -1,7 +1,7 @@
 """A built-in model's training step on sampled batches: CSR spmm against scatter, and
 against stock PyG's model of the same kind on the same batches.
 
-    python tools/bench_sparse_step.py --data D [--model sage|gcn] [--fanouts 15,10,5]
+    python -m bench sparse_step --data D [--model sage|gcn] [--fanouts 15,10,5]
         [--batch-size 1024] [--hidden 256] [--batches 8] [--rounds 3] [--dropout 0.5]
 
 Takes ``--batches`` batches of ``ooc.NodeLoader`` (baseline preset: the batches are the
@@ -38,16 +38,13 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import ooc  # noqa: E402
-from ooc.cli import main_wrapper  # noqa: E402
-from ooc.executor.settings import parse_fanouts  # noqa: E402
-from ooc.executor.training import models as M  # noqa: E402
+import ooc
+from ooc.cli import main_wrapper
+from ooc.executor.settings import parse_fanouts
+from ooc.executor.training import models as M
 
 
 def stock_model(kind: str, model: M.GNN):
@@ -112,8 +109,9 @@ def run(net, step, batches: list) -> tuple[float, list]:
 
 
 @main_wrapper
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench sparse_step",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--model", choices=("sage", "gcn"), default="sage")
     ap.add_argument("--fanouts", default="15,10,5")

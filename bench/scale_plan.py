@@ -1,5 +1,5 @@
 """Each stage's memory plan for a graph of papers100M's shape scaled by S, from the planners'
-own formulas, without writing data (``python tools/bench_scale.py --scale 1 --plan-only``).
+own formulas, without writing data (``python -m bench scale --scale 1 --plan-only``).
 
 Every stage's plan is its planner's function evaluated for the shape:
 
@@ -33,9 +33,11 @@ import sys
 from types import SimpleNamespace
 
 import numpy as np
-import scale_graph as sg  # tools/scale_graph.py
 
 from ooc.core.sizes import format_size
+
+from . import scale_graph as sg
+from .harness import epoch_plan
 
 #: Scale of the generator's graph the batches are sampled from when S is larger: a batch's
 #: sampled nodes stop growing from about here (331k at 0.05, 333k at 0.1).
@@ -110,15 +112,15 @@ def sample_batches(shape: sg.Shape, fanouts: list[int], batch_size: int, count: 
     ``--seed``), sampled from :func:`in_memory_graph` of ``shape``; their sizes."""
     from ooc.executor.training.config import TrainConfig
     from ooc.sampling.pipeline import bytes_per_batch
-    from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+    from ooc.sampling.sampler import NeighborSampler
     from ooc.storage.neighbors import InMemoryNeighbors
 
     indptr, indices = in_memory_graph(shape)
     train = sg.split_ids(shape)[0]
     seed = TrainConfig().seed
-    seeds = epoch_batches(train, batch_size, seed, 1, shuffle=True)[:count]
+    seeds, bseeds = epoch_plan(train, batch_size, seed, 1)
     sampler = NeighborSampler(indptr, InMemoryNeighbors(indices), fanouts)
-    batches = sampler.sample_many(seeds, [derive_seed(seed, 1, b) for b in range(len(seeds))])
+    batches = sampler.sample_many(seeds[:count], bseeds[:count])
     big = max(batches, key=lambda b: b.num_nodes)
     return {"scale": shape.scale, "nodes": [b.num_nodes for b in batches],
             "arrays_bytes": [int(b.node_ids.nbytes + b.edge_index.nbytes) for b in batches],

@@ -1,6 +1,6 @@
 """``NodeLoader(num_workers=...)``: epochs with 0, 1 and 2 gather threads, side by side.
 
-    python tools/bench_workers.py --nodes 1000000 --feature-dim 128 --rounds 3 \\
+    python -m bench workers --nodes 1000000 --feature-dim 128 --rounds 3 \\
         --step-ms 50 --report bench_out/workers.json
 
 Builds (once, under ``--work``) a synthetic graph with ``ooc.prepare synthetic``'s
@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import ooc
 
-import ooc  # noqa: E402
-from ooc.storage.atomic import write_json  # noqa: E402
+from . import harness as H
 
 
 def _step(ms: float):
@@ -47,8 +45,8 @@ def _step(ms: float):
     return step
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench workers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1_000_000)
     ap.add_argument("--avg-degree", type=float, default=15)
@@ -60,7 +58,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=0.0)
     ap.add_argument("--work", default="bench_out/workers")
     ap.add_argument("--report")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     ooc.configure_process()
     from ooc.storage.ingest.synthetic import generate_synthetic
 
@@ -98,8 +96,9 @@ def main() -> None:
             table[f"{preset}.{w}"] = {"epoch_s": med, "vs_one_worker": ratio, "runs": ts}
             print(f"| {preset} | {w} | {med:.2f} | {ratio:.2f} |")
     if a.report:
-        write_json(Path(a.report), {"nodes": ds.num_nodes, "feature_dim": ds.feature_dim,
-                                    "step_ms": a.step_ms, "rounds": a.rounds, "table": table})
+        H.write_report(a.report, "workers", {"nodes": ds.num_nodes, "feature_dim": ds.feature_dim,
+                                             "step_ms": a.step_ms, "rounds": a.rounds,
+                                             "table": table}, data_path=ds.path, args=a)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """Every stage of ooc on a graph of papers100M's shape, scaled, as a user runs them.
 
-    python tools/bench_scale.py --scale 0.01 --memory-budget 2GiB --report bench_out/scale.json
+    python -m bench scale --scale 0.01 --memory-budget 2GiB --report bench_out/scale.json
 
 writes a graph of papers100M's shape scaled by S (111,059,956·S nodes, 1,615,685,872·S
 directed edges that ingest stores both ways, 128-dim float32 features, 172 classes, train /
 val / test 1.09% / 0.11% / 0.19% of the nodes, power-law degrees, many small communities
-hidden by a random permutation of the ids: ``tools/scale_graph.py``) in OGB's binary raw
+hidden by a random permutation of the ids: ``bench/scale_graph.py``) in OGB's binary raw
 layout, then runs each stage as its own process in a memory cgroup of the budget (v1 or v2,
-``tools/memcg.py``), with the page cache dropped first:
+``bench/memcg.py``), with the page cache dropped first:
 
 - ingest: ``ooc.prepare ogb --undirected``
 - train: ``ooc.train`` (2 epochs, GraphSAGE, fanouts 15,10,5, batch 1024, hidden 256;
@@ -28,7 +28,7 @@ stage's output is removed after it is measured unless ``--keep``, except what la
 read (the dataset, the checkpoint).
 
 ``--plan-only`` writes nothing: it prints each stage's memory plan for the shape from the
-planners' own formulas (``tools/scale_plan.py``), e.g. ``--scale 1 --memory-budget 4GiB``
+planners' own formulas (``bench/scale_plan.py``), e.g. ``--scale 1 --memory-budget 4GiB``
 for papers100M's full shape, and exits 1 when a stage does not fit the budget.
 """
 from __future__ import annotations
@@ -40,15 +40,12 @@ import sys
 import time
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS))
-sys.path.insert(0, str(TOOLS.parent))
+from ooc.core.sizes import format_size, parse_size
+from ooc.executor.inference.store import partial_path
+from ooc.executor.sizing import memcg
 
-import memcg  # noqa: E402  (tools/memcg.py)
-import scale_graph as sg  # noqa: E402  (tools/scale_graph.py)
-
-from ooc.core.sizes import format_size, parse_size  # noqa: E402
-from ooc.executor.inference.store import partial_path  # noqa: E402
+from . import harness as H
+from . import scale_graph as sg
 
 STAGES = ("ingest", "train", "infer", "partition")
 HIDDEN = 256
@@ -204,7 +201,7 @@ def _table(rep: dict) -> str:
 def plan_only(args: argparse.Namespace, shape: sg.Shape, stages: list[str]) -> int:
     """``--plan-only``: every stage's plan for the shape (:mod:`scale_plan`); exit 1 when
     one does not fit the budget."""
-    import scale_plan
+    from . import scale_plan
 
     budget = args.memory_budget
     log(f"plan for scale {args.scale:g}: {shape.nodes:,} nodes, {shape.edges:,} directed "
@@ -221,17 +218,17 @@ def plan_only(args: argparse.Namespace, shape: sg.Shape, stages: list[str]) -> i
     print(table)
     fits = {s: scale_plan.fits(p, budget, s) for s, p in plans.items()}
     if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(
-            {"graph": {"nodes": shape.nodes, "edges": shape.edges, "feature_dim": shape.feature_dim,
-                       "classes": shape.classes},
-             "budget_bytes": budget, "plan_only": True, "fits": fits, "stages": plans,
-             "table": table}, indent=1, default=str))
+        H.write_report(args.report, "scale",
+                       {"graph": {"nodes": shape.nodes, "edges": shape.edges,
+                                  "feature_dim": shape.feature_dim, "classes": shape.classes},
+                        "budget_bytes": budget, "plan_only": True, "fits": fits,
+                        "stages": plans, "table": table},
+                       spec={"scale": args.scale}, args=args)
     return 0 if all(fits.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", type=float, required=True, help="share of papers100M's size")
     ap.add_argument("--memory-budget", type=parse_size, required=True, metavar="SIZE",
                     help="memory cgroup of every stage, e.g. 4GiB")
@@ -247,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, help="write the JSON report here")
     ap.add_argument("--plan-only", action="store_true",
                     help="print each stage's memory plan for the shape from the planners' "
-                         "formulas (tools/scale_plan.py) and write nothing but --report")
+                         "formulas (bench/scale_plan.py) and write nothing but --report")
     ap.add_argument("--stage-limit", type=float, default=None, metavar="SECONDS",
                     help="stop a stage after this long (reported as stopped, its peak and "
                          "bytes so far kept)")
@@ -260,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = sg.Shape.of(args.scale)
     if args.plan_only:
         return plan_only(args, shape, stages)
-    wd = args.workdir or TOOLS.parent / "bench_tmp" / f"scale-{args.scale:g}"
+    wd = args.workdir or H.REPO / "bench_tmp" / f"scale-{args.scale:g}"
     w = {"raw": wd / "ogb", "data": wd / "data", "ckpt": wd / "ckpt", "runtime": wd / "runtime",
          "emb": wd / "emb.zarr", "parts": wd / "parts", "reports": wd / "reports"}
     facts = sg.written(w["raw"], shape, args.compress)
@@ -312,9 +309,21 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     rep["table"] = table
     if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(rep, indent=1, default=str))
+        H.write_report(args.report, "scale", rep, spec={"scale": args.scale, **shape_spec(shape)},
+                       data_path=wd, args=args)
     return 0 if all(s["rc"] == 0 for s in rep["stages"].values()) else 1
+
+
+def shape_spec(shape: sg.Shape) -> dict:
+    """The generated graph's shape as the report's data spec."""
+    from dataclasses import asdict
+
+    return asdict(shape)
+
+
+def table(rep: dict) -> str:
+    """The README's table of a report (the plans' table with ``--plan-only``)."""
+    return rep["table"] if rep.get("plan_only") else _table(rep)
 
 
 if __name__ == "__main__":
