@@ -5,7 +5,8 @@ Every stage's plan is its planner's function evaluated for the shape:
 
 - ingest: :func:`ooc.storage.ingest.limits.planned_peak` (16 B a node, the buffer's phases,
   the locality reorder of the features) with ``bench_scale``'s ``--buffer``;
-- train: the terms of :func:`ooc.executor.sizing.budget.plan_memory`. Those that grow with N
+- train: :func:`ooc.executor.sizing.plan.compose_plan`, as `plan_memory` composes it, over a
+  :class:`~ooc.executor.sizing.plan.DatasetShape` of the shape. The terms that grow with N
   are computed (the node -> row map, 4 B a node, in ``setup_rss``; the sampler's compact
   ``indptr``, :class:`~ooc.storage.offsets.NodeOffsets`; the neighbour cache's build
   transient, :func:`~ooc.caches.neighbor_cache.build_bytes`; the superbatch's id table).
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -154,68 +154,65 @@ def ingest_plan(shape: sg.Shape, budget: int, base: int, buffer: int) -> dict:
 
 def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: int,
                fanouts: list[int], batch_size: int) -> dict:
-    """The training plan's terms (:func:`~ooc.executor.sizing.budget.plan_memory`) for the
-    shape, preset ``ooc`` with its defaults, one gather thread."""
-    from ooc.caches.neighbor_cache import build_bytes, full_bytes
+    """The training plan (:func:`~ooc.executor.sizing.plan.compose_plan`, as
+    :func:`~ooc.executor.sizing.budget.plan_memory` composes it) for the shape, preset
+    ``ooc`` with its defaults, one gather thread; the working memory the planner measures
+    is computed here (:func:`train_working`)."""
+    from ooc.caches.neighbor_cache import full_bytes
     from ooc.executor.loader.presets import resolve_preset
     from ooc.executor.loader.stack import ModeOptions
-    from ooc.executor.sizing.budget import (
-        NEIGHBOR_FRACTION,
-        SuperbatchPlan,
-        cache_bytes,
-        default_reserve,
-        suggest_budget,
-    )
-    from ooc.executor.sizing.step_memory import step_bytes
-    from ooc.executor.training.config import TrainConfig
-    from ooc.executor.training.models import build_model
-    from ooc.storage.layout import FeatureLayout
-    from ooc.storage.offsets import NodeOffsets
+    from ooc.executor.sizing.plan import DatasetShape, build_transient, compose_plan
 
     n, e = shape.nodes, 2 * shape.edges
-    row = 4 * shape.feature_dim
+    listed = int(batches["nonempty_fraction"] * n)   # a full neighbour cache: every list
+    ds = DatasetShape(num_nodes=n, num_edges=e, feature_dim=shape.feature_dim,
+                      feature_itemsize=4, index_itemsize=4,
+                      train_count=len(sg.split_ids(shape)[0]),
+                      full_neighbor_cache_bytes=full_bytes(n, listed, e, 4))
     preset, opts = resolve_preset("ooc"), ModeOptions()
-    reserve = default_reserve(budget)
-    offsets = NodeOffsets.bytes_for(n)                          # 4.125 B a node
-    setup = base + 4 * n                                        # the row map, faulted in
-    rpp = FeatureLayout(n, shape.feature_dim, "float32").rows_per_page
+    working, terms = train_working(ds, preset, base, batches, hidden, len(fanouts),
+                                   shape.classes)
+    plan = compose_plan(ds, working, budget, preset, opts, batch_size=batch_size)
+    return {"planned_peak_bytes": plan.planned_peak_bytes, "min_budget": plan.min_budget,
+            "reserve": plan.reserve, "working": plan.working,
+            "stages": {"setup_rss": working.setup_rss, "row_map": 4 * n, "base": base,
+                       "loop_peak": working.loop_peak, **terms,
+                       "build_transient": build_transient(ds, preset, opts),
+                       "superbatch": plan.stages["superbatch"]},
+            "superbatch_size": plan.superbatch_size,
+            "feature_cache_rows": plan.feature_cache_rows,
+            "feature_cache_bytes": plan.feature_cache_bytes,
+            "neighbor_cache_bytes": plan.neighbor_cache_bytes, "batches": batches}
 
-    def row_pages():
-        return (lambda ids: ids // rpp) if rpp >= 2 else None
-    mates = preset.policy.mate_fraction(row_pages())  # page-mate rows, one buffer at a time
+
+def train_working(ds, preset, base: int, batches: dict, hidden: int, layers: int,
+                  classes: int) -> tuple:
+    """What :func:`~ooc.executor.sizing.budget.measure_working` would measure for a dataset
+    of shape ``ds`` (a :class:`~ooc.executor.sizing.plan.DatasetShape`): ``setup_rss`` is
+    the base and the node -> row map (4 B a node, faulted in); the loop holds the sampler's
+    compact ``indptr`` (:class:`~ooc.storage.offsets.NodeOffsets`), the batches in flight
+    with their gathered rows (and the page-mate rows of one) and one training step's
+    computed estimate (a SAGE model of ``hidden``, ``layers`` and ``classes``). Returns
+    the :class:`~ooc.executor.sizing.plan.Working` and the loop's terms by name."""
+    from ooc.executor.sizing.plan import Working
+    from ooc.executor.sizing.step_memory import step_bytes
+    from ooc.executor.training.models import build_model
+    from ooc.storage.offsets import NodeOffsets
+
+    n, row = ds.num_nodes, ds.row_bytes
+    offsets = NodeOffsets.bytes_for(n)                          # 4.125 B a node
+    mates = preset.policy.mate_fraction(ds.row_pages())  # page-mate rows, one buffer at a time
     held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"])) \
         + int(mates * max(batches["nodes"])) * row
-    model = build_model("sage", shape.feature_dim, hidden, shape.classes, len(fanouts))
+    model = build_model("sage", ds.feature_dim, hidden, classes, layers)
     big = batches["largest"]
     step = step_bytes(model, big["hop_nodes"], big["hop_edges"], big["seeds"])
     assert step is not None
-    loop = offsets + held + step.total
-    build = build_bytes(n, e, 4)
-    fixed = setup + max(loop, build)
-    ids = float(np.mean(batches["nodes"]))
-    config = TrainConfig(batch_size=batch_size)
-    train_count = len(sg.split_ids(shape)[0])
-    sb = SuperbatchPlan(SimpleNamespace(num_nodes=n, train_idx=np.arange(train_count),
-                                        row_pages=row_pages), config,
-                         opts, {"bytes_per_batch": batches["runtime_bytes_per_batch"],
-                                "ids_per_batch": ids}, preset, fixed - setup)
-    superbatch = sb.size_within(budget - reserve - fixed)
-    working = fixed + superbatch
-    free = budget - working - reserve
-    listed = int(batches["nonempty_fraction"] * n)   # a full neighbour cache: every list
-    nbytes, fbytes = cache_bytes(n, row, lambda: full_bytes(n, listed, e, 4), preset, opts,
-                                 max(free, 0), NEIGHBOR_FRACTION)
-    rows = fbytes // row
-    return {"planned_peak_bytes": working + rows * row + nbytes if free >= 0 else working,
-            "min_budget": suggest_budget(fixed + sb.smallest()),
-            "reserve": reserve, "working": working,
-            "stages": {"setup_rss": setup, "row_map": 4 * n, "base": base,
-                       "loop_peak": loop, "sampler_offsets": offsets,
-                       "batches_in_flight": held, "step_estimate": step.total,
-                       "build_transient": build, "superbatch": superbatch},
-            "superbatch_size": sb.size, "feature_cache_rows": rows,
-            "feature_cache_bytes": rows * row, "neighbor_cache_bytes": nbytes,
-            "batches": batches}
+    working = Working(setup_rss=base + 4 * n, loop_peak=offsets + held + step.total,
+                      bytes_per_batch=batches["runtime_bytes_per_batch"],
+                      ids_per_batch=float(np.mean(batches["nodes"])))
+    return working, {"sampler_offsets": offsets, "batches_in_flight": held,
+                     "step_estimate": step.total}
 
 
 def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int) -> dict:

@@ -91,6 +91,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -168,6 +169,166 @@ def _feature_copy_bytes(rows: int, dim: int, itemsize: int, source_rows: int) ->
     return out + buf + max(written, masks, index)
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes every phase's terms are made of (bytes, or counts where named so)."""
+
+    #: nodes ``N``, stored edges ``E``, partitions ``p`` (counts)
+    n: int
+    e: int
+    p: int
+    #: the dataset's index itemsize ``x``
+    x: int
+    #: uint64 words of a node's replica bits, ``ceil(p / 64)`` (a count)
+    words: int
+    #: one chunk of the edge stream's ids (``x C``)
+    chunk: int
+    #: the pages of ``indptr.npy`` one chunk spans
+    indptr: int
+    #: nodes of the largest partition with its halo ``q``, and its owned nodes ``o`` (counts)
+    q: int
+    o: int
+
+    @property
+    def owner(self) -> int:
+        """The int32 owner of every node."""
+        return 4 * self.n
+
+    @property
+    def bits(self) -> int:
+        """The replica bitmap (uint64 [N, W])."""
+        return 8 * self.words * self.n
+
+    @property
+    def bincount(self) -> int:
+        """``np.bincount(owner)``'s int64 copy of the owner."""
+        return 8 * self.n
+
+    @property
+    def degrees(self) -> int:
+        """The ``degrees`` phase: int64 in- and out-degrees (their sum reuses the
+        in-degrees' buffer: numpy elides the temporary), one chunk."""
+        return self.indptr + 2 * 8 * self.n + self.chunk
+
+
+def sizes_of(n: int, e: int, p: int, x: int, chunk_edges: int, algo: str, beta: float,
+             part_nodes: int | None, part_owned: int | None) -> Sizes:
+    """The :class:`Sizes` of a run; ``q`` defaults to ``N``, ``o`` to SPRING's node cap
+    (``q`` for the edge partitioners)."""
+    # the pages of indptr.npy one chunk spans (a chunk's edges' worth of entries and 1 MiB:
+    # nodes without in-edges widen it): the stream drops them after each chunk
+    indptr = 8 * min(n + 1, min(max(1, int(chunk_edges)), max(e, 1)) + (1 << 17))
+    q = n if part_nodes is None else min(n, int(part_nodes))
+    cap = max(math.floor(beta * n / p), -(-n // p))
+    if part_owned is not None:
+        o = min(q, int(part_owned))
+    else:
+        o = min(q, cap) if algo == "spring" else q
+    return Sizes(n=n, e=e, p=p, x=x, words=-(-p // 64),
+                 chunk=min(max(1, int(chunk_edges)), e) * x, indptr=indptr, q=q, o=o)
+
+
+def spring_phases(t: Sizes, s: int, c: int, merge: str, tie_break: str) -> dict[str, int]:
+    """SPRING's ``degrees``, ``clustering`` and ``merge`` (``s``: its state itemsize,
+    ``c``: live clusters after the stream)."""
+    n = t.n
+    held = t.indptr + 4 * s * n + s * n + t.chunk     # st, prio, the destinations' buffer
+    prio_tmp = s * n if tie_break == "id" else 8 * n   # -arange / a permutation
+    vote = 2 * s * c if merge == "vote" else 0
+    return {
+        "degrees": t.degrees,
+        # new_state (deg beside st), then the stream (st, int64 volumes, chunk + dst)
+        "clustering": t.indptr + 4 * s * n + max(8 * n, 8 * (n + 1) + 2 * t.chunk),
+        "merge": held + max(
+            prio_tmp,
+            s * (n + 1),                                                   # renumbering
+            s * n + (5 * s + HEAP_ENTRY_BYTES) * c + vote,                 # merging
+            s * n + 5 * s * c + (20 + 2 * s) * c + t.owner),               # assignment
+    }
+
+
+def edge_phases(t: Sizes, algo: str, ownership: str) -> dict[str, int]:
+    """An edge partitioner's ``degrees`` (``dbh``, ``greedy``) and ``assign``."""
+    n = t.n
+    # int64 degrees (hash never writes its zeros: no page of them is resident), the
+    # remaining degrees (greedy), the bitmap, int32 votes (4 arrays), the last edge
+    assign = (t.indptr + (0 if algo == "hash" else 8 * n) + (8 * n if algo == "greedy" else 0)
+              + t.bits + 16 * n + (4 * n if ownership == "last" else 0))
+    out = {"degrees": t.degrees} if algo in ("dbh", "greedy") else {}
+    out["assign"] = assign + max(t.chunk, t.owner + (1 + t.words) * n)
+    return out
+
+
+def refine_phase(t: Sizes, vertex_cut: int) -> int:
+    """``refine``: the owner, an edge partitioner's bitmap, the bincount or a chunk."""
+    return t.indptr + t.owner + vertex_cut + max(t.bincount, t.chunk)
+
+
+def metrics_phase(t: Sizes) -> int:
+    """``metrics``: the owner, the replica bitmap, the bincount or a chunk."""
+    return t.indptr + t.owner + t.bits + max(t.bincount, t.chunk)
+
+
+def split_moments(t: Sizes, *, halo_hops: int, row_map: bool, row_map_itemsize: int,
+                  feature_dim: int, feature_itemsize: int, link: bool) -> dict[str, int]:
+    """The split's moments for the largest partition, besides what the split holds
+    throughout (see the module docstring)."""
+    n, x, q, o, chunk = t.n, t.x, t.q, t.o, t.chunk
+    r = int(row_map_itemsize) if row_map else 0
+    y = np.dtype(index_dtype(q)).itemsize       # the partition's sort order, its row map
+    # the row map the writer holds: the partition's (sorted rows) or the source rows
+    w = (r or x) if link else (y if row_map else 0)
+    inner = o if halo_hops == 1 else q                  # nodes with full in-lists
+    if row_map and not link:  # the source rows read by piece; the int32 order (and its
+        # scratch), the sorted source rows, the order's inverse
+        sort = x * o + x * q + max(r * q + (r + 8) * min(ID_PIECE, q)
+                                   + entry_read(q, r * n), (r + 2 * y) * q, (2 * r + y) * q)
+    else:         # rows in node order or linked: nothing sorted
+        sort = x * o + x * q
+    return {
+        # owner == q and its int64 positions, then owned, replicas and the ids
+        "owned": n + (8 + x) * o,
+        "halo": 2 * x * q + (chunk if halo_hops > 1 else 0),
+        # owned, ids, the int64 local offsets; a piece's source offsets [P, 2] read
+        "indptr": x * o + (x + 8) * q + 16 * min(ID_PIECE, inner)
+        + entry_read(inner, 8 * (n + 1)),
+        "edges": x * o + (x + 8) * q + 2 * chunk,
+        "sort": sort,
+        # a chunk of labels, the owned nodes' labels in it read by page
+        "labels": x * o + (x + w) * q + 8 * min(q, LABEL_CHUNK)
+        + entry_read(min(o, LABEL_CHUNK), 8 * n),
+        "features": (x * o + (x + w) * q + (r + 8) * min(ID_PIECE, q)
+                     + entry_read(q, (r or x) * n)
+                     if link else x * o + (x + r + w) * q
+                     + _feature_copy_bytes(q, feature_dim, feature_itemsize, n)),
+        # global_ids.npy's int64 copy
+        "ids": x * o + (x + 8 + w) * q,
+    }
+
+
+def split_phase(t: Sizes, moments: dict[str, int] | None) -> int:
+    """``split``: the owner, the bitmap and the global-to-local scratch beside the
+    largest moment (``moments`` None: no split, only ``owner.npy``'s int32 copy)."""
+    held = t.indptr + t.owner + t.bits
+    if moments is None:
+        return held + t.owner
+    return held + t.x * t.n + max(moments.values())
+
+
+def _check(n: int, e: int, p: int, feature_dim: int, halo_hops: int, algo: str,
+           feature_dtype) -> np.dtype:
+    """Refuse a shape or options no run has; the feature dtype."""
+    if algo not in ALGOS:
+        raise InvalidValue(f"unknown algorithm {algo!r} (choose from {', '.join(ALGOS)})")
+    if n < 1 or e < 0 or p < 1 or feature_dim < 1 or halo_hops < 1:
+        raise InvalidValue(f"need nodes >= 1, edges >= 0, parts >= 1, dim >= 1 and halo hops "
+                           f">= 1, got {n}, {e}, {p}, {feature_dim}, {halo_hops}")
+    try:
+        return np.dtype(feature_dtype)
+    except TypeError:
+        raise InvalidValue(f"unknown feature dtype {feature_dtype!r}") from None
+
+
 def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: int = 4,
                  feature_dim: int = 128, feature_dtype: str | np.dtype = "float32",
                  chunk_edges: int = DEFAULT_CHUNK_EDGES, split: bool = True,
@@ -199,102 +360,28 @@ def planned_peak(num_nodes: int, num_edges: int, *, parts: int, index_itemsize: 
         ``{"phases": {phase: bytes}, "peak_phase": name, "peak_bytes": max,
         "per_node": {phase: bytes / N}, "assumed": {...}}`` (ints; phases in run order).
     """
-    if algo not in ALGOS:
-        raise InvalidValue(f"unknown algorithm {algo!r} (choose from {', '.join(ALGOS)})")
     n, e, p = int(num_nodes), int(num_edges), int(parts)
-    if n < 1 or e < 0 or p < 1 or feature_dim < 1 or halo_hops < 1:
-        raise InvalidValue(f"need nodes >= 1, edges >= 0, parts >= 1, dim >= 1 and halo hops "
-                           f">= 1, got {n}, {e}, {p}, {feature_dim}, {halo_hops}")
-    x = int(index_itemsize)
-    try:
-        fdt = np.dtype(feature_dtype)
-    except TypeError:
-        raise InvalidValue(f"unknown feature dtype {feature_dtype!r}") from None
-    words = -(-p // 64)
-    chunk = min(max(1, int(chunk_edges)), e) * x
-    # the pages of indptr.npy one chunk spans (a chunk's edges' worth of entries and 1 MiB:
-    # nodes without in-edges widen it): the stream drops them after each chunk
-    indptr = 8 * min(n + 1, min(max(1, int(chunk_edges)), max(e, 1)) + (1 << 17))
-    owner = 4 * n
-    bits = 8 * words * n
-    q = n if part_nodes is None else min(n, int(part_nodes))
-    cap = max(math.floor(beta * n / p), -(-n // p))
-    if part_owned is not None:
-        o = min(q, int(part_owned))
-    else:
-        o = min(q, cap) if algo == "spring" else q
-    phases: dict[str, int] = {}
-    assumed: dict = {"part_nodes": q, "part_owned": o}
-
-    # degrees: int64 in- and out-degrees (their sum reuses the in-degrees' buffer: numpy
-    # elides the temporary), one chunk
-    degrees = indptr + 2 * 8 * n + chunk
-    bincount = 8 * n                       # np.bincount(owner) casts owner to int64 first
+    fdt = _check(n, e, p, feature_dim, halo_hops, algo, feature_dtype)
+    t = sizes_of(n, e, p, int(index_itemsize), chunk_edges, algo, beta, part_nodes, part_owned)
+    assumed: dict = {"part_nodes": t.q, "part_owned": t.o}
     if algo == "spring":
         s = state_itemsize(n, max_degree)
         c = max(1, int(n * CLUSTER_FRACTION) if clusters is None else int(clusters))
         assumed.update(state_itemsize=s, clusters=c)
-        phases["degrees"] = degrees
-        # new_state (deg beside st), then the stream (st, int64 volumes, chunk + dst)
-        phases["clustering"] = indptr + 4 * s * n + max(8 * n, 8 * (n + 1) + 2 * chunk)
-        held = indptr + 4 * s * n + s * n + chunk     # st, prio, the destinations' buffer
-        prio_tmp = s * n if tie_break == "id" else 8 * n   # -arange / a permutation
-        vote = 2 * s * c if merge == "vote" else 0
-        phases["merge"] = held + max(
-            prio_tmp,
-            s * (n + 1),                                                   # renumbering
-            s * n + (5 * s + HEAP_ENTRY_BYTES) * c + vote,                 # merging
-            s * n + 5 * s * c + (20 + 2 * s) * c + owner)                  # assignment
+        phases = spring_phases(t, s, c, merge, tie_break)
         vertex_cut = 0
     else:
-        with_deg = algo in ("dbh", "greedy")
-        # int64 degrees (hash never writes its zeros: no page of them is resident), the
-        # remaining degrees (greedy), the bitmap, int32 votes (4 arrays), the last edge
-        assign = (indptr + (0 if algo == "hash" else 8 * n) + (8 * n if algo == "greedy" else 0)
-                  + bits + 16 * n + (4 * n if ownership == "last" else 0))
-        if with_deg:
-            phases["degrees"] = degrees
-        phases["assign"] = assign + max(chunk, owner + (1 + words) * n)
-        vertex_cut = bits
+        phases = edge_phases(t, algo, ownership)
+        vertex_cut = t.bits   # an edge partitioner's bitmap is still held while refining
     if refine_passes:
-        phases["refine"] = indptr + owner + vertex_cut + max(bincount, chunk)
-    phases["metrics"] = indptr + owner + bits + max(bincount, chunk)
-    held = indptr + owner + bits
-    if not split:
-        phases["split"] = held + owner                     # owner.npy's int32 copy
-    else:
-        link = features == "link"
-        r = int(row_map_itemsize) if row_map else 0
-        y = np.dtype(index_dtype(q)).itemsize       # the partition's sort order, its row map
-        # the row map the writer holds: the partition's (sorted rows) or the source rows
-        w = (r or x) if link else (y if row_map else 0)
-        inner = o if halo_hops == 1 else q                  # nodes with full in-lists
-        if row_map and not link:  # the source rows read by piece; the int32 order (and its
-            # scratch), the sorted source rows, the order's inverse
-            sort = x * o + x * q + max(r * q + (r + 8) * min(ID_PIECE, q)
-                                       + entry_read(q, r * n), (r + 2 * y) * q, (2 * r + y) * q)
-        else:         # rows in node order or linked: nothing sorted
-            sort = x * o + x * q
-        moments = {
-            # owner == q and its int64 positions, then owned, replicas and the ids
-            "owned": n + (8 + x) * o,
-            "halo": 2 * x * q + (chunk if halo_hops > 1 else 0),
-            # owned, ids, the int64 local offsets; a piece's source offsets [P, 2] read
-            "indptr": x * o + (x + 8) * q + 16 * min(ID_PIECE, inner)
-            + entry_read(inner, 8 * (n + 1)),
-            "edges": x * o + (x + 8) * q + 2 * chunk,
-            "sort": sort,
-            # a chunk of labels, the owned nodes' labels in it read by page
-            "labels": x * o + (x + w) * q + 8 * min(q, LABEL_CHUNK)
-            + entry_read(min(o, LABEL_CHUNK), 8 * n),
-            "features": (x * o + (x + w) * q + (r + 8) * min(ID_PIECE, q)
-                         + entry_read(q, (r or x) * n)
-                         if link else x * o + (x + r + w) * q
-                         + _feature_copy_bytes(q, feature_dim, fdt.itemsize, n)),
-            # global_ids.npy's int64 copy
-            "ids": x * o + (x + 8 + w) * q,
-        }
-        phases["split"] = held + x * n + max(moments.values())
+        phases["refine"] = refine_phase(t, vertex_cut)
+    phases["metrics"] = metrics_phase(t)
+    moments = split_moments(t, halo_hops=halo_hops, row_map=row_map,
+                            row_map_itemsize=row_map_itemsize, feature_dim=feature_dim,
+                            feature_itemsize=fdt.itemsize, link=features == "link") \
+        if split else None
+    phases["split"] = split_phase(t, moments)
+    if moments is not None:
         assumed["split_moment"] = max(moments, key=lambda k: moments[k])
     peak_phase = max(phases, key=lambda k: phases[k])
     return {"phases": {k: int(v) for k, v in phases.items()}, "peak_phase": peak_phase,

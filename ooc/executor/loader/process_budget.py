@@ -31,7 +31,8 @@ process already holds, the loaders' caches included).
 - **The split.** A group's caches are sized when the first epoch of one of its
   loaders starts: the budget less its reserve, the largest working memory of its
   loaders (loaders take turns, one epoch at a time) and the caches of groups
-  already built, shared evenly by the groups not yet built. A loader made after
+  already built, shared evenly by the groups not yet built
+  (:func:`~ooc.executor.sizing.plan.compose_plan`, as a single loader's plan). A loader made after
   its group was built runs beside the caches built, or is refused: make every
   loader before the first epoch and the budget is split among them.
 - **Taking turns.** An epoch started while another loader's epoch of the same
@@ -41,7 +42,6 @@ process already holds, the loaders' caches included).
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import threading
 import warnings
@@ -53,7 +53,14 @@ import numpy as np
 from ooc.core.errors import InvalidValue
 from ooc.core.sizes import SizeError, parse_size
 from ooc.executor.loader.stack import build_stack
-from ooc.executor.sizing.budget import NEIGHBOR_FRACTION, default_reserve, plan_memory, split_free
+from ooc.executor.sizing.budget import plan_memory
+from ooc.executor.sizing.plan import (
+    NEIGHBOR_FRACTION,
+    DatasetShape,
+    compose_plan,
+    default_reserve,
+    explicit_neighbor_bytes,
+)
 from ooc.storage import open_dataset
 
 _LOCK = threading.RLock()
@@ -177,14 +184,13 @@ class MemoryBudget:
         working = max(m.plan.working for g in self._groups.values() for m in g.members)
         built = sum(g.cache_bytes for g in self._groups.values() if g.stack is not None)
         pending = sum(1 for g in self._groups.values() if g.stack is None and g.members)
-        free = max(0, (self.total - self.reserve - working - built) // max(1, pending))
-        plan = copy.copy(owner.plan)
-        plan.working = working
-        if group.preset.caches:
-            split_free(plan, group.dataset, group.preset, group.opts, free, NEIGHBOR_FRACTION)
-        plan.planned_peak_bytes = (working + built + plan.feature_cache_bytes
-                                   + plan.neighbor_cache_bytes)
-        group.plan = plan
+        shape = DatasetShape.of(group.dataset, full_neighbor_cache=explicit_neighbor_bytes(
+            group.preset, group.opts) is None)
+        plan = group.plan = compose_plan(
+            shape, owner.plan.measured, self.total, group.preset, group.opts,
+            batch_size=owner.config.batch_size, reserve=self.reserve,
+            neighbor_fraction=NEIGHBOR_FRACTION, built=built, shares=pending,
+            others_working=working)
         group.stack = build_stack(group.dataset, owner.config, group.opts, plan=plan,
                                   seeds=owner.seeds, shuffle=owner.shuffle, preset=group.preset)
         group.stack.info.update(budget_bytes=self.total, budget_loaders=len(group.members))

@@ -42,7 +42,9 @@ file pages this process maps):
    the superbatch's accesses; where an epoch is one superbatch, the loaded one beside
    the loop, its sampling and changesets happening before the loop starts).
 
-``free = budget - working - reserve`` with ``reserve = max(48 MiB, budget/10)``
+Steps 1 and 2 are :func:`measure_working`; the plan is composed from it, the dataset's
+shape and the budget by :func:`~ooc.executor.sizing.plan.compose_plan` (step 3 and what
+follows). ``free = budget - working - reserve`` with ``reserve = max(48 MiB, budget/10)``
 (:func:`default_reserve`). The neighbor cache (``static`` and ``ooc``; its
 map of cached nodes counts in it) takes ``neighbor_fraction`` of
 ``free`` (capped at the full cache; sampling runs while training, so both
@@ -68,18 +70,15 @@ memory cgroup where one is used).
 from __future__ import annotations
 
 import gc
-import math
 import os
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 
-from ooc.caches.feature_cache import FeatureCache, row_cost
+from ooc.caches.feature_cache import FeatureCache
 from ooc.caches.neighbor_cache import (
-    MIN_CACHE_BYTES,
     CachedNeighbors,
-    build_bytes,
     build_neighbor_cache,
     compute_out_degrees,
     degree_dtype,
@@ -97,80 +96,33 @@ from ooc.executor.loader.pipelines import batches_in_flight, gather_threads
 from ooc.executor.loader.presets import Preset, resolve_preset
 from ooc.executor.loader.readers import READERS
 from ooc.executor.loader.stack import EVAL_SEED_OFFSET, ModeOptions, open_sources
+from ooc.executor.sizing.plan import (
+    NEIGHBOR_FRACTION,
+    STABILITY,
+    DatasetShape,
+    MemoryPlan,
+    Working,
+    compose_plan,
+    default_reserve,
+    explicit_neighbor_bytes,
+    fits,
+    requested_cache_bytes,
+    smallest_budget,
+    suggest_budget,
+)
 from ooc.executor.sizing.step_memory import step_bytes
-from ooc.sampling.pipeline import bytes_per_batch, superbatch_size_for_budget
+from ooc.sampling.pipeline import bytes_per_batch
 from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.storage import open_dataset
 from ooc.storage.neighbors import InMemoryNeighbors
 from ooc.storage.pagecache import touch_pages
 
 MiB = 1 << 20
-#: Relative run-to-run spread of the measured working memory that a suggested
-#: budget allows for (measured: under 1% on Cora and on the bench dataset).
-STABILITY = 0.02
 #: A step too large to run is charged its estimate times this (the estimate's low end
 #: is 0.8x the measured step) plus torch's first-call allocations, so that the
 #: budget a refusal suggests runs.
 SKIPPED_STEP_FACTOR = 1.25
 SKIPPED_STEP_EXTRA = 16 * MiB
-#: Share of the free memory the neighbor cache takes by default (the feature cache the rest).
-NEIGHBOR_FRACTION = 0.25
-
-
-@dataclass
-class MemoryPlan:
-    """Cache sizes under a memory budget and how they were derived (bytes)."""
-
-    budget: int
-    reserve: int
-    working: int
-    stages: dict[str, int] = field(default_factory=dict)
-    feature_cache_rows: int = 0
-    feature_cache_bytes: int = 0
-    neighbor_cache_bytes: int = 0
-    superbatch_size: int | None = None
-    #: the smallest budget that works with these options (what a refusal suggests)
-    min_budget: int = 0
-    #: peak RSS (absolute, bytes) of the probe: ``sample`` (sampling the batches in
-    #: flight), ``train_loop`` (their rows gathered + one training step), ``eval_loop``
-    stage_peaks: dict[str, int] = field(default_factory=dict)
-    runtime_bytes_per_batch: float = 0.0
-    ids_per_batch: float = 0.0
-    #: superbatch size the runtime disk budget alone allows (before the memory cap)
-    superbatch_size_disk: int | None = None
-    #: how the numba kernels were made ready before ``setup_rss`` was measured
-    kernels: str = ""
-    #: the peak RSS the run should reach: working memory and the caches (bytes)
-    planned_peak_bytes: int = 0
-    #: the computed estimate of the probed training step (:mod:`.step_memory`), by part
-    step_estimate: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def default_reserve(budget: int) -> int:
-    """Headroom for what the probe cannot see (allocator slack, the order in
-    which the pipeline's threads allocate): 10% of the budget, at least 48 MiB."""
-    return max(48 * MiB, int(budget) // 10)
-
-
-def smallest_budget(need: int) -> int:
-    """The smallest whole-MiB budget ``B`` with ``B - default_reserve(B) >= need``."""
-    need = int(need)
-    b = max(need + 48 * MiB, math.ceil(need * 10 / 9))
-    b = -(-b // MiB) * MiB
-    while b - MiB >= 0 and (b - MiB) - default_reserve(b - MiB) >= need:
-        b -= MiB
-    while b - default_reserve(b) < need:
-        b += MiB
-    return b
-
-
-def suggest_budget(need: int) -> int:
-    """The budget a refusal names: :func:`smallest_budget` of ``need`` plus the
-    measurement's run-to-run spread (:data:`STABILITY`)."""
-    return smallest_budget(math.ceil(int(need) * (1 + STABILITY)))
 
 
 # -- the kernels, compiled before anything is measured ------------------------------------------
@@ -314,44 +266,27 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     opts = options or _default_options()
     budget = int(budget)
     reserve = default_reserve(budget) if reserve is None else int(reserve)
-    stages: dict[str, int] = {}
-    explicit_n = opts.neighbor_cache_size if preset.neighbor_cache else 0
-    kernels, probe, fixed = _measure_fixed(dataset, config, opts, model, preset,
-                                           budget - reserve, workers, explicit_n, stages)
-    sb = SuperbatchPlan(dataset, config, opts, probe, preset, fixed - stages["setup_rss"]) \
-        if preset.policy.schedule == "superbatch" else None
-    if sb is not None:
-        stages["superbatch"] = sb.size_within(budget - reserve - fixed)
-    working = fixed + stages.get("superbatch", 0)
-    extra = (opts.feature_cache_size or 0) + (explicit_n or 0)
-    smallest = fixed + (sb.smallest() if sb is not None else 0)
-    plan = MemoryPlan(budget=budget, reserve=reserve, working=working, stages=stages,
-                      superbatch_size=sb.size if sb else None,
-                      min_budget=suggest_budget(smallest + extra),
-                      stage_peaks={k: int(v) for k, v in probe["peaks"].items()},
-                      runtime_bytes_per_batch=float(probe["bytes_per_batch"]),
-                      ids_per_batch=probe["ids_per_batch"],
-                      superbatch_size_disk=sb.size_disk if sb else None, kernels=kernels,
-                      step_estimate=probe["step_estimate"])
-    free = budget - working - reserve
-    if free < extra:
-        raise _refusal(plan, preset, extra, probe["too_large"])
-    if preset.caches:
-        split_free(plan, dataset, preset, opts, free, neighbor_fraction)
-    plan.planned_peak_bytes = working + plan.feature_cache_bytes + plan.neighbor_cache_bytes
+    working = measure_working(dataset, config, opts, model, preset, budget - reserve, workers)
+    shape = DatasetShape.of(dataset, full_neighbor_cache=explicit_neighbor_bytes(preset, opts)
+                            is None)
+    plan = compose_plan(shape, working, budget, preset, opts, batch_size=config.batch_size,
+                        reserve=reserve, neighbor_fraction=neighbor_fraction)
+    if not fits(plan, preset, opts):
+        raise _refusal(plan, preset, requested_cache_bytes(preset, opts), working.too_large)
     return plan
 
 
-def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: int,
-                   explicit_n: int | None, stages: dict[str, int]
-                   ) -> tuple[str, dict[str, Any], int]:
-    """The working memory besides the superbatch in flight: ``setup_rss`` (kernels
-    loaded), the probed loop's peak above it plus the computed parts, or the build
-    transient where that is larger; each added to ``stages``.
+def measure_working(dataset, config, opts, model, preset, limit: int,
+                    workers: int = 1) -> Working:
+    """The preset's working memory, measured in this process: ``setup_rss`` (kernels
+    loaded, the row map resident), the probed loop's peak above it (:func:`_probe`) and
+    the file pages its readers may keep mapped beside it (computed: the probe cannot
+    see them). (The node -> feature row map of a dataset stored in a locality order,
+    4 bytes a node that an epoch's reads make resident, is made resident before
+    ``setup_rss`` is measured, so it is in that.)
 
     ``limit``: the absolute RSS a probed step must fit under (budget - reserve);
-    ``explicit_n``: the neighbor cache size the options set (None: automatic).
-    Returns how the kernels were made ready, the probe (:func:`_probe`) and the bytes.
+    ``workers``: the training pipeline's gather threads.
     """
     kernels = compile_kernels(dataset, config, opts, preset=preset)
     warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype,  # loads them here
@@ -360,17 +295,16 @@ def _measure_fixed(dataset, config, opts, model, preset, limit: int, workers: in
         touch_pages(dataset.row_of)
     gc.collect()
     trim_malloc()
-    setup = stages["setup_rss"] = rss_bytes()
+    setup = rss_bytes()
     probe = _probe(dataset, config, opts, model, preset, limit=limit,
                    in_flight=batches_in_flight(gather_threads(preset.policy.schedule, workers)))
-    loop = stages["loop_peak"] = max(0, max(probe["peaks"].values()) - setup)
-    loop_parts = loop + _computed_parts(dataset, preset, opts, probe["max_edges"], stages)
-    # building the neighbor cache or the static order happens before the feature cache
-    # is filled: it needs room beside the neighbor cache, not beside the loop
-    build = _build_transient(dataset, preset, explicit_n)
-    if build > loop_parts:
-        stages["build_transient_above_loop"] = build - loop_parts
-    return kernels, probe, setup + max(loop_parts, build)
+    return Working(setup_rss=setup, loop_peak=max(0, max(probe["peaks"].values()) - setup),
+                   mapped_file_pages=preset.readers.mapped_bytes_bound(dataset, opts,
+                                                                       probe["max_edges"]),
+                   bytes_per_batch=probe["bytes_per_batch"], ids_per_batch=probe["ids_per_batch"],
+                   stage_peaks={k: int(v) for k, v in probe["peaks"].items()},
+                   step_estimate=probe["step_estimate"], too_large=probe["too_large"],
+                   kernels=kernels)
 
 
 def _refusal(plan: MemoryPlan, preset, extra: int, too_large: str) -> BudgetError:
@@ -382,126 +316,6 @@ def _refusal(plan: MemoryPlan, preset, extra: int, too_large: str) -> BudgetErro
                        + (f" + {_fmt(extra)} of requested caches" if extra else "")
                        + f" + {_fmt(plan.reserve)} reserve; {too_large}the smallest budget "
                        f"that works is {plan.min_budget // MiB}MiB")
-
-
-def _computed_parts(dataset, preset, opts, max_edges: int, stages: dict[str, int]) -> int:
-    """What the probe cannot measure, added to ``stages``: the file pages the readers may
-    keep mapped (``mapped_file_pages``). Returns their sum. (The node -> feature row map
-    of a dataset stored in a locality order, 4 bytes a node that an epoch's reads make
-    resident, is made resident before ``setup_rss`` is measured, so it is in that.)"""
-    mapped = preset.readers.mapped_bytes_bound(dataset, opts, max_edges)
-    if mapped:
-        stages["mapped_file_pages"] = mapped
-    return mapped
-
-
-class SuperbatchPlan:
-    """The superbatch in flight: runtime samples of up to three superbatches (being
-    sampled, loaded, being consumed) and the changeset pass's arrays over N and over the
-    superbatch's accesses (:meth:`bytes`)."""
-
-    def __init__(self, dataset, config, opts, probe: dict[str, Any], preset, beside: int = 0):
-        self.n, self.beside = dataset.num_nodes, int(beside)
-        self.bpb, self.ids = probe["bytes_per_batch"], probe["ids_per_batch"]
-        self.mates = preset.policy.mate_fraction(dataset.row_pages()) > 0
-        self.explicit = getattr(preset.policy, "superbatch_size", None) or opts.superbatch_size
-        self.size_disk = None if self.explicit else \
-            superbatch_size_for_budget(opts.runtime_disk_budget, self.bpb, ahead=1)
-        self.batches = len(epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1,
-                                         shuffle=True))
-        size = self.explicit or self.size_disk
-        assert size is not None  # size_disk is computed when no size is explicit
-        self.size = max(1, min(int(size), self.batches))
-
-    def bytes(self, size: int) -> int:
-        """What the superbatches hold beside the training loop (whose peak is
-        ``beside`` bytes): runtime samples of three superbatches (the one consumed, the
-        next loaded, the one after while it is sampled: its batches and their flat copy),
-        ~40 B per access of the changeset pass, and its id table: 5 B per node (next use
-        int32 and state uint8 over N) when it addresses ids directly, else compact ranks
-        of the accesses (16 B each); see :func:`ooc.caches.changesets.local_ids`. With
-        page-mates, 8 B more per id of the table (group and next use, int32 each) and 32 B
-        per access for the page groups (:func:`ooc.caches.changesets.page_groups`: the
-        page keys while they are made, the groups, the candidates and the larger insert
-        arrays after; measured 39 B an access above the plain pass at scale 0.05, 5.3M
-        accesses).
-
-        An epoch of one superbatch is sampled and its changesets computed before its first
-        batch, while no batch is in flight (epochs do not overlap): beside the loop it holds
-        the loaded superbatch alone, and that transient counts where it exceeds the loop."""
-        accesses = size * self.ids
-        direct = self.n <= max(2 * accesses, 1 << 22) and self.n <= 1 << 28
-        table = 5 * self.n if direct else 16 * accesses
-        if self.mates:
-            table += 8 * (self.n if direct else accesses) + 32 * accesses
-        unit = size * self.bpb
-        arrays = table + 40 * accesses
-        if -(-self.batches // max(1, size)) == 1:
-            return int(max(unit, 2 * unit + arrays - self.beside))
-        return int(3 * unit + arrays)
-
-    def size_within(self, room: int) -> int:
-        """Halve an automatic size until the superbatch takes at most a quarter of
-        ``room`` (what the rest of the working memory leaves); its bytes."""
-        while not self.explicit and self.size > 1 and self.bytes(self.size) > room // 4:
-            self.size = max(1, self.size // 2)
-        return self.bytes(self.size)
-
-    def smallest(self) -> int:
-        """Bytes of the smallest superbatch the options allow (1 batch when automatic)."""
-        return self.bytes(self.size if self.explicit else 1)
-
-
-def split_free(plan: MemoryPlan, dataset, preset, opts, free: int,
-                neighbor_fraction: float) -> None:
-    """The free memory to the caches (:func:`cache_bytes`), in ``plan``."""
-
-    n, row_bytes = dataset.num_nodes, dataset.layout.row_bytes
-    nbytes, fbytes = cache_bytes(
-        n, row_bytes, lambda: full_cache_bytes(dataset.indptr, dataset.index_dtype.itemsize),
-        preset, opts, free, neighbor_fraction)
-    plan.neighbor_cache_bytes = nbytes
-    plan.feature_cache_bytes = fbytes
-    plan.feature_cache_rows = int(min(n, fbytes // row_bytes))
-
-
-def cache_bytes(n: int, row_bytes: int, full_neighbor_bytes: Callable[[], int], preset, opts,
-                free: int, neighbor_fraction: float) -> tuple[int, int]:
-    """``(neighbor cache bytes, feature cache bytes)`` out of ``free``: the neighbor cache
-    ``neighbor_fraction`` of it (capped at the full cache, ``full_neighbor_bytes()``; none
-    below :data:`~ooc.caches.neighbor_cache.MIN_CACHE_BYTES`), the feature cache the
-    rest at :func:`row_cost` per row of ``row_bytes`` (the row and its bookkeeping), for
-    ``n`` nodes; sizes the options set are kept."""
-
-    nbytes = 0
-    if preset.neighbor_cache:
-        if opts.neighbor_cache_size is not None:
-            nbytes = int(opts.neighbor_cache_size)
-        else:
-            nbytes = int(min(full_neighbor_bytes(), neighbor_fraction * free))
-            if nbytes < MIN_CACHE_BYTES:
-                nbytes = 0
-    fbytes = 0
-    if preset.policy.caches:
-        if opts.feature_cache_size is not None:
-            fbytes = int(opts.feature_cache_size)
-        else:
-            fbytes = int(min(n, max(0, free - nbytes) // row_cost(row_bytes, n))) * row_bytes
-    return nbytes, fbytes
-
-
-def _build_transient(dataset, preset, explicit_n: int | None) -> int:
-    """Bytes above ``setup_rss`` (besides the neighbor cache itself) while the
-    stack is built: the policy's fill (``static`` orders the nodes by degree),
-    and a neighbor cache not yet on disk
-    (:func:`~ooc.caches.neighbor_cache.build_bytes`: its degrees and one
-    range of lists at a time)."""
-
-    out = preset.policy.build_bytes(dataset) if preset.policy.caches else 0
-    if preset.neighbor_cache and (explicit_n is None or explicit_n >= MIN_CACHE_BYTES):
-        out = max(out, build_bytes(dataset.num_nodes, dataset.num_edges,
-                                   dataset.index_dtype.itemsize))
-    return out
 
 
 def _probe(dataset, config, opts, model, preset, limit: int | None = None,
@@ -710,9 +524,9 @@ def child_peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
-__all__ = ["MemoryPlan", "STABILITY", "anon_rss_bytes", "child_peak_rss", "compile_kernels",
-           "default_reserve", "hwm_bytes", "plan_memory", "reset_hwm", "rss_bytes",
-           "smallest_budget", "suggest_budget"]
+__all__ = ["MemoryPlan", "NEIGHBOR_FRACTION", "STABILITY", "anon_rss_bytes", "child_peak_rss",
+           "compile_kernels", "default_reserve", "hwm_bytes", "measure_working", "plan_memory",
+           "reset_hwm", "rss_bytes", "smallest_budget", "suggest_budget"]
 
 if os.name != "posix":  # pragma: no cover
     raise ImportError("ooc.executor.sizing.budget needs /proc (Linux)")
