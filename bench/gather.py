@@ -7,8 +7,8 @@ Writes (once, under ``--work``) a ``features.bin`` of N x D float32, fills a
 cache with a random 10% of the rows, then gathers batches of ``--batch`` distinct
 random ids through ``FeatureCache.gather`` both ways, in alternating rounds, the
 misses read with O_DIRECT from the disk: ``read_into`` over the reader itself,
-``scatter`` over the same reader seen through ``read`` only (what the cache does
-with a source that cannot read into the batch). Prints the medians (the warm-up
+``scatter`` over the same reader wrapped so that its rows are read into a row buffer
+of their own and then scattered into the batch. Prints the medians (the warm-up
 round dropped) and their ratio; ``--report`` writes them.
 """
 from __future__ import annotations
@@ -20,19 +20,21 @@ import numpy as np
 
 from ooc.executor import FeatureCache
 from ooc.storage import DirectFeatures, FeatureLayout
+from ooc.storage.features import FeatureWrapper
 
 from . import harness as H
 
 
-class ReadOnly:
-    """A row source with ``read`` only: the cache reads its misses into a row buffer and
-    scatters them into the batch."""
+class ReadOnly(FeatureWrapper):
+    """A row source that reads rows into a row buffer of their own, then scatters them
+    into the target rows."""
 
-    def __init__(self, inner: DirectFeatures):
-        self.inner = inner
-
-    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return self.inner.read(ids, out)
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
+        got = self.inner.read(ids)
+        if rows is None:
+            out[:] = got
+        else:
+            out[rows] = got
 
 
 def write_features(path: Path, n: int, dim: int) -> None:

@@ -48,6 +48,7 @@ from ooc.caches.chunk_cache import simulate
 from ooc.executor.inference._kernels import access_plan
 from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings
 from ooc.executor.training.models import build_model
+from ooc.storage.features import read_counted
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
 from . import harness as H
@@ -112,12 +113,9 @@ def samplewise_batch(ds, model, reader, targets, L, local):
         ne.append(nbr.shape[0])
     nodes = np.concatenate(hops)
     local[nodes] = -1
-    st = getattr(reader, "stats", None)
-    b0 = st.bytes_read if st is not None else 0
     o = np.argsort(nodes)
     x = np.empty((nodes.shape[0], ds.feature_dim), dtype=np.float32)
-    x[o] = reader.read(nodes[o])
-    nbytes = (st.bytes_read - b0) if st is not None else nodes.shape[0] * ds.layout.row_bytes
+    x[o], nbytes = read_counted(reader, nodes[o], ds.layout.row_bytes)
     ei = torch.from_numpy(np.stack([np.concatenate(srcs), np.concatenate(dsts)]))
     with torch.inference_mode():
         h = model(torch.from_numpy(x), ei, [len(h_) for h_ in hops], ne)

@@ -109,7 +109,7 @@ def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
         shift = 0 if aligned else 64
         out = aligned_empty(rows * row_bytes + shift)[shift:].view(np.float32).reshape(rows, dim)
         f.read(rng.integers(0, lay.num_rows, 16))
-        f.stats.reset()
+        f.reader.stats.reset()
         t0 = time.perf_counter()
         t_gen = 0.0
         n = 0
@@ -122,7 +122,7 @@ def bench_features(path: Path, qd: int, seconds: float, rows: int, dim: int,
             if time.perf_counter() - t0 >= seconds:
                 break
         dt = time.perf_counter() - t0 - t_gen
-        s = f.stats
+        s = f.reader.stats
         return {"backend": f.backend, "queue_depth": qd, "batch_rows": rows, "dim": dim,
                 "target": "rows" if s.rows_direct else "page buffer + copy",
                 "rows_per_s": n / dt, "row_mb_per_s": n * dim * 4 / dt / 1e6,

@@ -377,9 +377,9 @@ def test_features_match_numpy(tmp_path, backend, dim, dtype):
         assert f.read(ids, out=out) is out
         np.testing.assert_array_equal(out, rows[ids])
         # pages are read once per request even when rows share them
-        before = f.stats.pages
+        before = f.reader.stats.pages
         f.read(np.arange(500)[::-1])
-        assert f.stats.pages - before == lay.num_pages
+        assert f.reader.stats.pages - before == lay.num_pages
         with pytest.raises(IndexError):
             f.read(np.array([500]))
         with pytest.raises(IndexError):
@@ -401,12 +401,12 @@ def test_large_requests_read_in_pieces_of_a_bounded_buffer(tmp_path, backend, di
         for n in (1, 9, 300, 2000):
             ids = rng.integers(0, 700, n)
             ids[: n // 3] = ids[n // 3]  # repeats
-            before = f.stats.pages
+            before = f.reader.stats.pages
             np.testing.assert_array_equal(f.read(ids), rows[ids])
             pages = np.unique(lay.row_offsets(np.unique(ids)) // PAGE)
             if lay.pages_per_row > 1:  # a padded row spans its pages
                 pages = (pages[:, None] + np.arange(lay.pages_per_row)).ravel()
-            assert f.stats.pages - before == pages.shape[0]
+            assert f.reader.stats.pages - before == pages.shape[0]
             out = np.full((n + 5, dim), 3, dtype)
             dst = rng.permutation(n + 5)[:n]
             f.read_into(ids, out, dst)
@@ -414,10 +414,10 @@ def test_large_requests_read_in_pieces_of_a_bounded_buffer(tmp_path, backend, di
             want[dst] = rows[ids]
             np.testing.assert_array_equal(out, want)
         assert f.reader._scratch.size <= max_pages * PAGE
-        before = f.stats.pages
+        before = f.reader.stats.pages
         with pytest.raises(IndexError, match="row id 700 out of range"):
             f.read(np.concatenate([np.arange(600), [700]]))
-        assert f.stats.pages == before
+        assert f.reader.stats.pages == before
 
 
 def _whole_rows_direct(backend) -> bool:
@@ -442,23 +442,23 @@ def test_feature_rows_take_the_direct_path_where_they_can(tmp_path, backend, dim
         ids = rng.integers(0, 400, 300)
         got = f.read(ids)
         np.testing.assert_array_equal(got, rows[ids])
-        assert (f.stats.rows_direct, f.stats.rows_copied) == ((300, 0) if direct else (0, 300))
+        assert (f.reader.stats.rows_direct, f.reader.stats.rows_copied) == ((300, 0) if direct else (0, 300))
         if direct:
             assert got.ctypes.data % PAGE == 0
         # a caller's page-aligned array
         out = aligned_empty(300 * lay.row_bytes).view(dtype).reshape(300, dim)
-        f.stats.reset()
+        f.reader.stats.reset()
         assert f.read(ids, out=out) is out
         np.testing.assert_array_equal(out, rows[ids])
-        assert f.stats.rows_direct == (300 if direct else 0)
+        assert f.reader.stats.rows_direct == (300 if direct else 0)
         # a caller's array off a page boundary
         raw = aligned_empty(300 * lay.row_bytes + PAGE)
         off = raw[64:64 + 300 * lay.row_bytes].view(dtype).reshape(300, dim)
-        f.stats.reset()
+        f.reader.stats.reset()
         assert f.read(ids, out=off) is off
         np.testing.assert_array_equal(off, rows[ids])
         aligned_only = f.reader.o_direct or not direct
-        assert f.stats.rows_copied == (300 if aligned_only else 0)
+        assert f.reader.stats.rows_copied == (300 if aligned_only else 0)
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if _whole_rows_direct(b)])
@@ -477,9 +477,9 @@ def test_whole_rows_merge_into_runs_only_where_the_target_is_contiguous(tmp_path
             (np.array([3, 4, 5, 5, 6]), 2, 8),      # the repeat splits the target run
         ]
         for ids, ops, pages in cases:
-            f.stats.reset()
+            f.reader.stats.reset()
             np.testing.assert_array_equal(f.read(ids), rows[ids])
-            assert (f.stats.read_ops, f.stats.pages) == (ops, pages), ids
+            assert (f.reader.stats.read_ops, f.reader.stats.pages) == (ops, pages), ids
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -524,14 +524,14 @@ def test_read_into_a_second_array_in_the_same_request(tmp_path, backend, dim, dt
         out = np.zeros((80, dim), dtype)
         out2 = np.zeros((len(ids2) + 5, dim), dtype)
         dst, dst2 = rng.choice(80, 60, replace=False), rng.permutation(len(ids2)) + 5
-        f.stats.reset()
+        f.reader.stats.reset()
         assert f.read_into(ids, out, dst, (ids2, out2, dst2)) is out
         np.testing.assert_array_equal(out[dst], rows[ids])
         np.testing.assert_array_equal(out2[dst2], rows[ids2])
         assert not out2[:5].any() and np.count_nonzero(out.any(axis=1)) <= 60
         rpp = max(lay.rows_per_page, 1)
         if lay.rows_per_page:
-            assert f.stats.pages == len(np.unique(np.concatenate((ids, ids2)) // rpp))
+            assert f.reader.stats.pages == len(np.unique(np.concatenate((ids, ids2)) // rpp))
         with pytest.raises(ValueError, match="target row 99 out of range"):
             f.read_into(ids[:1], out, dst[:1], (ids2[:1], out2, np.array([99])))
 
@@ -570,7 +570,7 @@ def test_feature_read_refuses_a_wrong_out(tmp_path):
         empty = np.empty((0, 1024), np.float32)
         assert f.read(np.array([], np.int64), out=empty) is empty
         assert f.read(np.array([], np.int64)).shape == (0, 1024)
-        assert f.stats.requests == 0
+        assert f.reader.stats.requests == 0
 
 
 def test_features_truncated(tmp_path):

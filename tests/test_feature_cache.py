@@ -3,16 +3,15 @@ import numpy as np
 import pytest
 
 from ooc.caches.feature_cache import FeatureCache
+from ooc.storage.features import InMemoryFeatures
 
 
-class ArraySource:
-    def __init__(self, x):
-        self.x = x
-        self.reads = 0
+class ArraySource(InMemoryFeatures):
+    """Rows of ``x``, counting the rows read (``reads``)."""
 
-    def read(self, ids):
-        self.reads += len(ids)
-        return self.x[ids]
+    @property
+    def reads(self) -> int:
+        return self.rows
 
 
 def _random_changeset(rng, cached, batch, capacity):
@@ -105,36 +104,31 @@ def test_cached_feature_follows_the_feature_protocol(tmp_path):
         assert st["hits"] == hits and st["misses"] == 300 - hits and st["lookups"] == 300
 
 
-def test_misses_are_read_straight_into_the_batch_when_the_source_can():
-    """A source with ``read_into`` (DirectFeatures) gets the misses read into the batch's
-    rows, through the loader's timing wrapper too; a source without it is read and
-    scattered. Both give numpy's rows."""
+def test_misses_are_read_straight_into_the_batch_through_any_wrapper():
+    """The cache reads a gather's misses with the source's ``read_into`` into the batch's
+    rows (one path), through the loader's timing wrapper and the node-order wrapper too:
+    numpy's rows, the misses the only rows read."""
     from ooc.executor.loader.readers import TimedFeature
+    from ooc.storage.features import NodeRows
 
     rng = np.random.default_rng(4)
     table = rng.standard_normal((300, 5)).astype(np.float32)
-    calls: list[str] = []
+    calls: list[int] = []
 
-    class Plain:
-        def read(self, ids, out=None):
-            calls.append("read")
-            return table[ids]
-
-    class Into(Plain):
-        def read_into(self, ids, out, rows):
-            calls.append("read_into")
-            out[rows] = table[ids]
-            return out
+    class Into(InMemoryFeatures):
+        def _read_into(self, ids, out, rows):
+            calls.append(len(ids))
+            super()._read_into(ids, out, rows)
 
     ids = rng.permutation(300)[:120]
-    for source, want in [(Plain(), "read"), (Into(), "read_into"),
-                         (TimedFeature(Into()), "read_into"), (TimedFeature(Plain()), "read")]:
+    identity = np.arange(300)
+    for source in [Into(table), TimedFeature(Into(table)), NodeRows(Into(table), identity, "f")]:
         cache = FeatureCache(300, 50, 5, np.float32)
-        cache.switch(np.arange(50), Plain())
+        cache.switch(np.arange(50), ArraySource(table))
         calls.clear()
         out, nmiss = cache.gather(ids, source)
         np.testing.assert_array_equal(out, table[ids])
-        assert calls == [want] and nmiss == int((ids >= 50).sum())
+        assert calls == [nmiss] and nmiss == int((ids >= 50).sum())
 
 
 def _direct_table(tmp_path, n: int, dim: int, seed: int):
@@ -171,15 +165,15 @@ def test_a_switch_reads_rows_straight_into_the_cache(tmp_path, row_dim):
         second = np.concatenate([first[:300], rng.permutation(3000)[:400]])
         second = np.unique(second)[:700]
         cache.switch(second, src)
-        before = src.stats.rows_direct + src.stats.rows_copied
+        before = src.reader.stats.rows_direct + src.reader.stats.rows_copied
 
-        class Refuse:
-            def read(self, ids, out=None):
+        class Refuse(InMemoryFeatures):
+            def _read_into(self, ids, out, rows):
                 raise AssertionError("a hit was read")
 
-        out, misses = cache.gather(second, Refuse())
+        out, misses = cache.gather(second, Refuse(x))
         np.testing.assert_array_equal(out, x[second])
-        assert misses == 0 and src.stats.rows_direct + src.stats.rows_copied == before
+        assert misses == 0 and src.reader.stats.rows_direct + src.reader.stats.rows_copied == before
 
 
 @pytest.mark.parametrize("row_dim", [32, 1024])
@@ -215,12 +209,12 @@ def test_misses_read_on_another_thread_while_the_hits_are_copied(tmp_path, row_d
         mates = np.setdiff1d(np.arange(need + 500, n), ids)[:300]
         mates_out = np.empty((len(mates), row_dim), np.float32)
         threads.clear()
-        before = src.stats.rows_direct + src.stats.rows_copied
+        before = src.reader.stats.rows_direct + src.reader.stats.rows_copied
         out, misses = cache.gather(ids, src, mates=mates, mates_out=mates_out)
         np.testing.assert_array_equal(out, x[ids])
         np.testing.assert_array_equal(mates_out, x[mates])
         assert misses == len(ids) - hits
-        assert src.stats.rows_direct + src.stats.rows_copied - before == misses + len(mates)
+        assert src.reader.stats.rows_direct + src.reader.stats.rows_copied - before == misses + len(mates)
         assert threads == ["ooc-miss-read"]
         threads.clear()
         few = np.concatenate([np.arange(10), np.arange(n - 10, n)])  # 10 hits
@@ -238,15 +232,12 @@ def test_a_failed_miss_read_on_the_reading_thread_reaches_the_caller():
     n = 3 * need
     table = np.arange(n * 4, dtype=np.float32).reshape(n, 4)
 
-    class Failing:
-        def read(self, ids, out=None):
-            return table[ids]
-
-        def read_into(self, ids, out, rows):
+    class Failing(InMemoryFeatures):
+        def _read_into(self, ids, out, rows):
             raise OSError(5, "Input/output error: f.bin")
 
     cache = FeatureCache(n, 2 * need, 4, np.float32)
     cache.switch(np.arange(2 * need), ArraySource(table))
     with pytest.raises(OSError, match="Input/output error"):
-        cache.gather(np.arange(n), Failing())
+        cache.gather(np.arange(n), Failing(table))
     assert cache.lookups == 0 and cache.hits == 0

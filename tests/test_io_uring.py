@@ -162,15 +162,15 @@ def test_rows_read_once_are_not_registered(tmp_path):
             kept.append(f.read(ids))  # held
             np.testing.assert_array_equal(kept[-1], x[ids])
         assert io.registrations == 0 and io.reads_fixed == 0
-        assert io.reads_plain == f.stats.read_ops and f.stats.rows_direct == 2500
+        assert io.reads_plain == f.reader.stats.read_ops and f.reader.stats.rows_direct == 2500
         del kept
         # dropped each time: still new memory, read with plain reads
-        plain, ops = io.reads_plain, f.stats.read_ops
+        plain, ops = io.reads_plain, f.reader.stats.read_ops
         for k in range(5):
             ids = rng.integers(0, 700, 500 - 10 * k)
             np.testing.assert_array_equal(f.read(ids), x[ids])
         assert io.registrations == 0 and io.reads_fixed == 0
-        assert io.reads_plain - plain == f.stats.read_ops - ops
+        assert io.reads_plain - plain == f.reader.stats.read_ops - ops
     small = FeatureLayout(7000, 100, "float32")  # the same file as 10 rows per page
     y = x[:, :1000].reshape(7000, 100)
     with DirectFeatures(path, small, queue_depth=16, backend="io_uring") as f:
@@ -179,7 +179,7 @@ def test_rows_read_once_are_not_registered(tmp_path):
         for _ in range(5):
             ids = rng.integers(0, small.num_rows, 500)
             np.testing.assert_array_equal(f.read(ids), y[ids])
-        assert io.registrations == 1 and io.reads_plain == 0 and f.stats.rows_copied == 2500
+        assert io.registrations == 1 and io.reads_plain == 0 and f.reader.stats.rows_copied == 2500
 
 
 def test_scratch_buffer_is_registered_once_per_growth(data_file):

@@ -212,6 +212,7 @@ from ooc.storage import open_dataset, write_dataset  # noqa: E402
 from ooc.storage.dataset import ROW_MAP_FILE  # noqa: E402
 from ooc.storage.layout import FeatureLayout  # noqa: E402
 from ooc.storage.reorder import permute_rows, rows_of  # noqa: E402
+from ooc.storage.features import FeatureWrapper  # noqa: E402
 
 
 def _layout_file(path, x: np.ndarray) -> FeatureLayout:
@@ -331,9 +332,9 @@ def test_a_community_is_read_in_few_pages_from_a_reordered_dataset(stored):
         total = 0
         for c in range(40):
             ids = np.flatnonzero(comm == c)
-            before = f.stats.pages
+            before = f.reader.stats.pages
             np.testing.assert_array_equal(reader.read(ids), x[ids])
-            total += f.stats.pages - before
+            total += f.reader.stats.pages - before
         f.close()
         pages[name] = total / 40
     assert pages["plain"] > 15, pages
@@ -441,18 +442,18 @@ def test_a_cache_fill_reads_each_page_once_in_chunks(stored):
     cache.switch(ids, local.by_node(f))
     pages = len(np.unique(np.asarray(local.row_of)[ids] // local.layout.rows_per_page))
     chunks = -(-len(ids) // 50)
-    assert pages <= f.stats.pages <= pages + chunks - 1
+    assert pages <= f.reader.stats.pages <= pages + chunks - 1
     np.testing.assert_array_equal(cache.gather(ids, local.by_node(f))[0], x[ids])
 
-    class NodeOrder:  # the same rows without storage_order: chunks in node id order
-        def __init__(self, inner):
-            self.read = inner.read
+    class NodeOrder(FeatureWrapper):  # the same rows, chunks in node id order
+        def storage_order(self, ids):
+            return np.arange(len(ids))
 
     g = DirectFeatures(local.file("features.bin"), local.layout, max_gap_bytes=0)
     other = FeatureCache(len(x), len(ids), 32, np.float32)
     other.switch_chunk = 50
     other.switch(ids, NodeOrder(local.by_node(g)))
-    assert g.stats.pages > 1.5 * f.stats.pages, (g.stats.pages, f.stats.pages)
+    assert g.reader.stats.pages > 1.5 * f.reader.stats.pages, (g.reader.stats.pages, f.reader.stats.pages)
     f.close()
     g.close()
 

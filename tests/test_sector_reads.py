@@ -180,19 +180,19 @@ def test_sector_reads_count_what_the_plan_reads(tmp_path, dim, dtype, gap):
             page_bytes, page_reads, _ = _row_plan(starts, lay.row_bytes, PAGE,
                                                   g.reader.max_run_pages, gap, g.max_pages)
             for r, (b, k) in ((f, (want_bytes, want_reads)), (g, (page_bytes, page_reads))):
-                before = r.stats.as_dict()
+                before = r.reader.stats.as_dict()
                 np.testing.assert_array_equal(r.read(ids), rows[ids])
-                assert r.stats.bytes_read - before["bytes_read"] == b
-                assert r.stats.read_ops - before["read_ops"] == k
+                assert r.reader.stats.bytes_read - before["bytes_read"] == b
+                assert r.reader.stats.read_ops - before["read_ops"] == k
             assert want_reads >= page_reads
             assert want_bytes <= page_bytes
         # one row alone on its page costs the sectors it spans, not the page
         one = np.array([lay.rows_per_page * 3 + 1])
         o = int(lay.row_offsets(one)[0])
-        before = f.stats.bytes_read
+        before = f.reader.stats.bytes_read
         f.read(one)
         spanned = (-(-(o + lay.row_bytes) // SECTOR) - o // SECTOR) * SECTOR
-        assert f.stats.bytes_read - before == spanned < PAGE
+        assert f.reader.stats.bytes_read - before == spanned < PAGE
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -260,7 +260,7 @@ def test_a_device_that_refuses_sector_reads_gets_pages(tmp_path, monkeypatch):
         ids = np.array([5, 900, 1999, 6])
         _poison(f.reader, lay.num_pages)
         np.testing.assert_array_equal(f.read(ids), rows[ids])
-        assert f.stats.bytes_read == f.stats.pages * PAGE
+        assert f.reader.stats.bytes_read == f.reader.stats.pages * PAGE
 
 
 def test_the_loader_readers_read_sectors_unless_told_pages(small_dataset):
@@ -285,9 +285,9 @@ def test_the_loader_readers_read_sectors_unless_told_pages(small_dataset):
             assert (src.info["read_align"], src.info["neighbor_read_align"]) == (want, want)
             feats = src.features  # node order: the reader itself
             assert isinstance(feats, DirectFeatures)
-            before = feats.stats.bytes_read
+            before = feats.reader.stats.bytes_read
             np.testing.assert_array_equal(feats.read(ids), arrays["features"][ids])
-            got[pages] = feats.stats.bytes_read - before
+            got[pages] = feats.reader.stats.bytes_read - before
         finally:
             src.close()
     assert got[False] < got[True]

@@ -21,26 +21,14 @@ on a thread of its own while it copies the hits, so the disk is busy through the
 from __future__ import annotations
 
 import threading
-from typing import Protocol, cast
 
 import numpy as np
 
 from ooc.caches import _cache_kernels as K
 from ooc.core.errors import InvalidValue
 from ooc.core.worker import Worker
-from ooc.storage.features import Feature
+from ooc.storage.features import Also, Feature, FeatureWrapper
 from ooc.storage.id_map import IdMap
-
-
-class RowSource(Protocol):
-    """What the cache reads missing rows from: the ``read`` of a
-    :class:`~ooc.storage.features.Feature` (any Feature will do). A source that also
-    has ``read_into(ids, out, rows)`` (:class:`~ooc.storage.direct.DirectFeatures`)
-    gets a gather's misses read straight into the batch's rows; a gather with page-mates
-    calls ``read_into(ids, out, rows, (ids2, out2, rows2))`` to read them in the same
-    request."""
-
-    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -61,15 +49,12 @@ def row_cost(row_bytes: int, num_nodes: int) -> int:
 OVERLAP_MIN_BYTES = 1 << 20
 
 
-def _read_misses(read_into, ids: np.ndarray, miss_pos: np.ndarray, out: np.ndarray,
+def _read_misses(source: Feature, ids: np.ndarray, miss_pos: np.ndarray, out: np.ndarray,
                  mates: np.ndarray, mates_out: np.ndarray | None) -> None:
     """Read the rows of ``ids[miss_pos]`` into ``out[miss_pos]`` through the source's
     ``read_into``, with the page-mates ``mates`` into ``mates_out`` in the same request."""
-    if len(mates):
-        read_into(ids[miss_pos], out, miss_pos,
-                  (mates, mates_out, np.arange(len(mates), dtype=np.int64)))
-    else:
-        read_into(ids[miss_pos], out, miss_pos)
+    also = (mates, mates_out, None) if len(mates) else None
+    source.read_into(ids[miss_pos], out, miss_pos, also)  # type: ignore[arg-type]
 
 
 class FeatureCache:
@@ -109,7 +94,7 @@ class FeatureCache:
         """int64 ids currently cached (sorted)."""
         return self.slots.ids()
 
-    def switch(self, init_ids: np.ndarray, source: RowSource) -> int:
+    def switch(self, init_ids: np.ndarray, source: Feature) -> int:
         """Make the cache hold exactly ``init_ids`` (≤ capacity).
 
         Rows already cached stay where they are; others are evicted and the
@@ -128,29 +113,22 @@ class FeatureCache:
             evict = held[~stay[rows]]
             new = init_ids[at < 0]
             slots = self._assign(new, evict)
-            storage_order = getattr(source, "storage_order", None)
-            if storage_order is not None and len(new) > self.switch_chunk:
-                by = storage_order(new)   # each chunk a stretch of the file (rows reordered)
+            if len(new) > self.switch_chunk:
+                by = source.storage_order(new)  # each chunk a stretch of the file
                 new, slots = new[by], slots[by]
             # in chunks, so a read's buffers stay the size of a batch, not of the cache;
-            # straight into the slots when the source can
-            read_into = getattr(source, "read_into", None)
+            # straight into the slots
             for a in range(0, len(new), self.switch_chunk):
                 b = min(len(new), a + self.switch_chunk)
-                if read_into is not None:
-                    read_into(new[a:b], self.cache, slots[a:b])
-                    continue
-                rows = source.read(new[a:b])
-                K.copy_rows_to_slots(_bits(np.ascontiguousarray(rows, dtype=self.cache.dtype)),
-                                     np.arange(b - a, dtype=np.int64), _bits(self.cache), slots[a:b])
+                source.read_into(new[a:b], self.cache, slots[a:b])
             return len(new)
 
-    def gather(self, ids: np.ndarray, source: RowSource, out: np.ndarray | None = None,
+    def gather(self, ids: np.ndarray, source: Feature, out: np.ndarray | None = None,
                mates: np.ndarray | None = None, mates_out: np.ndarray | None = None
                ) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]) into ``out`` ([n, D]): hits from the
-        cache, misses in one batched read from ``source`` (into ``out``'s rows when
-        the source can: 24% faster at 128 dims, ``python -m bench gather``).
+        cache, misses in one batched read from ``source`` straight into their rows of
+        ``out`` (``source.read_into``: no row buffer, no scatter).
 
         ``mates`` (int64 [k], not cached): rows the changeset inserts after this batch
         that share pages with its misses; read into ``mates_out`` ([k, D]) in the same
@@ -166,34 +144,24 @@ class FeatureCache:
         k = len(mates)
         if k:
             assert mates_out is not None and len(mates_out) == k
-        read_into = getattr(source, "read_into", None)
-        # no row buffer, no scatter: the misses go straight into their rows of ``out``
-        direct = read_into is not None and out.flags.c_contiguous
         reading: Worker | None = None
         with self._lock:
             slots = self.slots.get(ids)
             miss_pos = np.flatnonzero(slots < 0)
             nhit = n - len(miss_pos)
-            if direct and (len(miss_pos) or k) and \
+            if (len(miss_pos) or k) and \
                     nhit * self.cache.itemsize * self.cache.shape[1] >= OVERLAP_MIN_BYTES:
                 # the misses are read on another thread while this one copies the hits
                 # (other rows of the same array): the disk works through the copy
                 reading = Worker(lambda put, stopped: _read_misses(
-                    read_into, ids, miss_pos, out, mates, mates_out), 1, "ooc-miss-read").start()
+                    source, ids, miss_pos, out, mates, mates_out), 1, "ooc-miss-read").start()
             if nhit:
                 K.copy_slot_rows(slots, _bits(self.cache), _bits(out))
         if reading is not None:
             for _ in reading:  # waits for the read; raises what it raised
                 pass
-        elif direct and (len(miss_pos) or k):
-            _read_misses(read_into, ids, miss_pos, out, mates, mates_out)
         elif len(miss_pos) or k:
-            rows = source.read(np.concatenate((ids[miss_pos], mates)) if k else ids[miss_pos])
-            rows = np.ascontiguousarray(rows, dtype=out.dtype)
-            K.scatter_rows(_bits(rows[:len(miss_pos)]), miss_pos, _bits(out))
-            if k:
-                assert mates_out is not None
-                mates_out[:] = rows[len(miss_pos):]
+            _read_misses(source, ids, miss_pos, out, mates, mates_out)
         with self._lock:
             self.hits += int(nhit)
             self.lookups += n
@@ -238,47 +206,68 @@ class FeatureCache:
         self.slots.put(in_ids, slots)
         return slots
 
-    def fill_static(self, ids: np.ndarray, source: RowSource) -> None:
+    def fill_static(self, ids: np.ndarray, source: Feature) -> None:
         """Fill once with ``ids`` (the static PaGraph policy)."""
         self.switch(np.asarray(ids, dtype=np.int64)[: self.capacity], source)
 
 
-class CachedFeature:
+class CachedFeature(FeatureWrapper):
     """A :class:`~ooc.storage.features.Feature` served through a :class:`FeatureCache`:
-    hits from the cache, misses from ``fallback`` (GraphBolt's cached feature over a
-    disk feature). The cache's content is its policy's business; this only reads.
+    hits from the cache, misses from ``fallback`` (its ``inner``; GraphBolt's cached
+    feature over a disk feature). The cache's content is its policy's business; this only
+    reads.
     """
 
     def __init__(self, cache: FeatureCache, fallback: Feature):
+        super().__init__(fallback)
         self.cache = cache
-        self.fallback = fallback
         #: rows read from ``fallback`` by this object (several may share one cache)
         self.misses = 0
         self._lock = threading.Lock()
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return cast("tuple[int, int]", tuple(self.fallback.shape))  # a Feature's shape: [rows, dim]
+    def fallback(self) -> Feature:
+        """The feature the misses are read from."""
+        return self.inner
 
-    @property
-    def dtype(self) -> np.dtype:
-        return self.fallback.dtype
+    def _new_out(self, n: int) -> np.ndarray:
+        return np.empty((n, self.shape[1]), dtype=self.dtype)
 
     def read(self, ids: np.ndarray, out: np.ndarray | None = None,
              mates: np.ndarray | None = None, mates_out: np.ndarray | None = None
              ) -> np.ndarray:
         """Rows of ``ids`` (int64 [n]) as [n, dim]; with ``mates`` (int64 [k]), the
         page-mates' rows into ``mates_out`` [k, dim] (:meth:`FeatureCache.gather`)."""
-        rows, miss = self.cache.gather(ids, self.fallback, out, mates, mates_out)
+        if mates is None:
+            return super().read(ids, out)
+        assert mates_out is not None
+        if out is None:
+            out = self._new_out(len(ids))
+        return self.read_into(ids, out, None, (mates, mates_out, None))
+
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
+        self._gather(ids, out, rows)
+
+    def _read_also(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None,
+                   also: Also) -> None:
+        if also[2] is not None:  # the cache reads page-mates into rows of their own
+            super()._read_also(ids, out, rows, also)
+            return
+        self._gather(ids, out, rows, also[0], also[1])
+
+    def _gather(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None,
+                mates: np.ndarray | None = None, mates_out: np.ndarray | None = None) -> None:
+        """:meth:`FeatureCache.gather` into ``out`` (``rows`` None), or into rows of their
+        own then ``out[rows]``."""
+        got, miss = self.cache.gather(ids, self.inner, out if rows is None else None, mates,
+                                      mates_out)
+        if rows is not None:
+            out[rows] = got
         with self._lock:
             self.misses += miss
-        return rows
 
     def stats(self) -> dict:
         c = self.cache
         return {"lookups": c.lookups, "hits": c.hits, "misses": self.misses,
                 "hit_ratio": c.hits / c.lookups if c.lookups else 0.0,
                 "page_mates_read": c.mates_read}
-
-    def close(self) -> None:
-        self.fallback.close()

@@ -507,7 +507,11 @@ class CachedNeighbors(NeighborSource):
         self.hits = 0
         self.misses = 0
 
-    def gather(self, req: NeighborRequest) -> np.ndarray:
+    @property
+    def num_edges(self) -> int:
+        return self.fallback.num_edges
+
+    def _gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
         miss = np.zeros(req.nodes.shape[0], dtype=np.bool_)
         keys, vals, shift = self.cache.slots.table
@@ -516,11 +520,12 @@ class CachedNeighbors(NeighborSource):
         self.hits += int(hits)
         self.misses += int(misses)
         if misses and not hits:
-            return self.fallback.gather(req)
+            return self.fallback._gather(req)
         if misses:
             which = np.flatnonzero(miss).astype(np.int64)
             sub, sel = req.subset(which)
-            out[sel] = self.fallback.gather(sub)
+            if sub.size:
+                out[sel] = self.fallback._gather(sub)
         return out
 
     def stats(self) -> dict:

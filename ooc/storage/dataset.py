@@ -16,7 +16,7 @@ from ooc.core.errors import DatasetError
 from ooc.storage._reorder_kernels import first_repeat
 from ooc.storage.bus_guard import check_size, watch
 from ooc.storage.entries import EntryReader
-from ooc.storage.features import NodeRows, check_out
+from ooc.storage.features import Feature, NodeRows
 from ooc.storage.layout import (
     FEATURE_DTYPES,
     PAGE,
@@ -170,7 +170,7 @@ def scan_index_range(path: Path, dtype: np.dtype, num_edges: int,
     return lo, hi, crcs
 
 
-class MmapFeatures(RowTable):
+class MmapFeatures(RowTable, Feature):
     """Disk-backed feature table read through a memory map (page cache).
 
     ``read(ids)`` returns float rows of shape [len(ids), dim] in the file's
@@ -182,6 +182,7 @@ class MmapFeatures(RowTable):
 
     def __init__(self, path: Path, layout: FeatureLayout):
         self.path = Path(path)
+        self.what = str(self.path)
         self.layout = layout
         self._mm: np.ndarray | None = None   # a memmap, or an empty array for an empty file
         self._view: RowView | None = None
@@ -198,18 +199,15 @@ class MmapFeatures(RowTable):
             self._view = self.layout.view(self._mm)
         return self._view
 
-    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows ``ids`` (int64 [n]) as an array [n, dim] of the file's dtype (into ``out``
-        when given: the :class:`~ooc.storage.features.Feature` protocol)."""
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
         view = self._open()
         check_size(self._mm, self.path, self.layout.file_bytes)
-        rows = view[np.asarray(ids, dtype=np.int64)]
+        if rows is None:
+            out[:] = view[ids]
+        else:
+            out[rows] = view[ids]
         self.requests += 1
-        self.rows += len(rows)
-        if out is None:
-            return rows
-        check_out(out, len(rows), self.layout.dim, self.layout.dtype, str(self.path))[:] = rows
-        return out
+        self.rows += ids.shape[0]
 
     def stats(self) -> dict:
         return {"requests": self.requests, "rows": self.rows,

@@ -36,7 +36,7 @@ import numpy as np
 
 from ooc.core.errors import IdOutOfRange, InvalidValue, IOFailure
 from ooc.storage import _direct_kernels as K
-from ooc.storage.features import check_out
+from ooc.storage.features import Also, Feature
 from ooc.storage.io_backends import AUTO_ORDER, CHOICES, ReadBackend, check_choice, open_backend
 from ooc.storage.layout import PAGE, FeatureLayout, RowTable, aligned_empty, aligned_part
 
@@ -343,7 +343,7 @@ def read_index_ranges(reader: DirectReader, starts: np.ndarray, ends: np.ndarray
     return buf.view(dt), off // dt.itemsize
 
 
-class DirectFeatures(RowTable):
+class DirectFeatures(RowTable, Feature):
     """Feature rows of ``features.bin`` read with a :class:`DirectReader`.
 
     ``read(ids)`` returns ``[len(ids), dim]`` rows in the file's dtype, in the
@@ -365,7 +365,8 @@ class DirectFeatures(RowTable):
       rows in file order go in one read when at most ``max_gap_bytes`` lie between
       them, on one page or across pages (0: only the rows' own sectors are read).
 
-    ``stats.rows_direct`` / ``stats.rows_copied`` count the rows of each way.
+    ``stats()["rows_direct"]`` / ``stats()["rows_copied"]`` count the rows of each way
+    (``reader.stats``, a :class:`ReadStats`, holds them).
 
     ``read_into(ids, out, rows)`` reads into chosen rows of a larger array (a
     batch's misses into the batch's rows) the same two ways.
@@ -376,6 +377,7 @@ class DirectFeatures(RowTable):
                  max_pages: int = DEFAULT_MAX_BUFFER_PAGES, page_reads: bool = False,
                  max_gap_bytes: int = DEFAULT_MAX_GAP_BYTES):
         self.path = Path(path)
+        self.what = str(self.path)
         self.layout = layout
         self.max_pages = max(1, int(max_pages), layout.pages_per_row)
         self._scratch_lock = threading.Lock()  # the page buffer: filled, then copied out
@@ -392,65 +394,36 @@ class DirectFeatures(RowTable):
     def backend(self) -> str:
         return self.reader.backend
 
-    @property
-    def stats(self) -> ReadStats:
-        return self.reader.stats
+    def stats(self) -> dict:
+        """The reader's counters (:class:`ReadStats`) as a dict."""
+        return self.reader.stats.as_dict()
 
-    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Rows ``ids`` as ``[len(ids), dim]`` in the file's dtype (into ``out`` if given)."""
+    def _new_out(self, n: int) -> np.ndarray:
+        """Rows of whole pages: a page-aligned array, so they are read straight into it."""
         lay = self.layout
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        n = ids.shape[0]
-        if out is None and n and lay.row_bytes % PAGE == 0:
-            # page-aligned, so the rows are read straight into it
-            out = aligned_part(np.empty(n * lay.row_bytes + PAGE, np.uint8), n * lay.row_bytes
+        if n and lay.row_bytes % PAGE == 0:
+            return aligned_part(np.empty(n * lay.row_bytes + PAGE, np.uint8), n * lay.row_bytes
                                 ).view(lay.dtype).reshape(n, lay.dim)
-        elif out is None:
-            out = np.empty((n, lay.dim), dtype=lay.dtype)
-        else:
-            check_out(out, n, lay.dim, lay.dtype, str(self.path))
-        if n:
-            self._read(ids, np.arange(n, dtype=np.int64), out)
-        return out
+        return np.empty((n, lay.dim), dtype=lay.dtype)
 
-    def read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray,
-                  also: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-        """Rows ``ids`` into ``out[rows]`` (``rows`` int64 [len(ids)], distinct rows of
-        ``out``; ``out`` C-contiguous ``[m, dim]`` of the file's dtype); returns ``out``.
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
+        """The misses of a batch straight into the batch's row array: whole-page rows
+        land there with no copy when ``out`` is page-aligned (see the class docstring)."""
+        self._read(ids, np.arange(ids.shape[0], dtype=np.int64) if rows is None else rows, out)
 
-        The misses of a batch straight into the batch's row array: whole-page rows
-        land there with no copy when ``out`` is page-aligned (see the class docstring).
-        ``also = (ids2, out2, rows2)``: more rows into a second array in the same request,
-        so a page that holds rows of both is read once (rows smaller than a page).
-        """
-        ids, dst = self._targets(ids, out, rows)
-        out2 = None
-        if also is not None:
-            ids2, dst2 = self._targets(*also)
-            if self.layout.row_bytes % PAGE == 0:  # whole-page rows share no page
-                if ids2.shape[0]:
-                    self._read(ids2, dst2, also[1])
-            else:  # one request; a negative target -1 - j is row j of out2
-                ids, dst = np.concatenate((ids, ids2)), np.concatenate((dst, -1 - dst2))
-                out2 = also[1]
-        if ids.shape[0]:
-            self._read(ids, dst, out, out2)
-        return out
-
-    def _targets(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, rows)`` as int64 after checking ``out`` and the target rows."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-        dst = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
-        if dst.shape != ids.shape:
-            raise InvalidValue(f"{self.path}: {ids.shape[0]} ids but {dst.shape[0]} target rows")
-        check_out(out, out.shape[0] if out.ndim else 0, self.layout.dim, self.layout.dtype,
-                  str(self.path))
-        bad, why = K.check_targets(dst, out.shape[0])
-        if bad >= 0:
-            raise InvalidValue(f"{self.path}: target row {dst[bad]} " + (
-                f"out of range [0, {out.shape[0]})" if why == 1 else "given twice"))
-        return ids, dst
+    def _read_also(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None,
+                   also: Also) -> None:
+        """Both reads in one request, so a page that holds rows of both is read once (rows
+        smaller than a page; whole-page rows share no page and are read one after the
+        other)."""
+        if self.layout.row_bytes % PAGE == 0:
+            super()._read_also(ids, out, rows, also)
+            return
+        ids2, out2, rows2 = also
+        dst = np.arange(ids.shape[0], dtype=np.int64) if rows is None else rows
+        dst2 = np.arange(ids2.shape[0], dtype=np.int64) if rows2 is None else rows2
+        # one request; a negative target -1 - j is row j of out2
+        self._read(np.concatenate((ids, ids2)), np.concatenate((dst, -1 - dst2)), out, out2)
 
     def _read(self, ids: np.ndarray, dst: np.ndarray, out: np.ndarray,
               out2: np.ndarray | None = None) -> None:

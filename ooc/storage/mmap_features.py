@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.core.errors import IdOutOfRange
 from ooc.storage import _mmap_kernels as MK
 from ooc.storage.bus_guard import check_size, watch
-from ooc.storage.features import check_out
+from ooc.storage.features import Feature
 from ooc.storage.layout import FeatureLayout, RowTable
 from ooc.storage.pagecache import advise
 
@@ -26,16 +25,17 @@ MMAP_CHUNK_ROWS = 32
 FAULT_AROUND_BYTES = 64 << 10
 
 
-class ThreadedMmapFeatures(RowTable):
+class ThreadedMmapFeatures(RowTable, Feature):
     """Rows of ``features.bin`` copied out of a memmap by ``threads`` threads.
 
-    ``read(ids, out=None)`` → [len(ids), dim] in the file dtype (the
-    :class:`~ooc.storage.features.Feature` protocol). ``stats()`` gives requests
+    ``read(ids, out=None)`` → [len(ids), dim] in the file dtype (a
+    :class:`~ooc.storage.features.Feature`). ``stats()`` gives requests
     and rows; the bytes the kernel read show in the process's ``/proc/self/io``.
     """
 
     def __init__(self, path: str | Path, layout: FeatureLayout, threads: int = 16):
         self.path = Path(path)
+        self.what = str(self.path)
         self.layout = layout
         self.threads = int(threads)
         self.buf = np.memmap(self.path, dtype=np.uint8, mode="r", shape=(layout.file_bytes,))
@@ -45,15 +45,12 @@ class ThreadedMmapFeatures(RowTable):
         self.requests = 0
         self.rows = 0
 
-    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
+        if rows is not None:  # into chosen rows: copied into rows of their own first
+            out[rows] = self.read(ids)
+            return
         lay = self.layout
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.shape[0]
-        out = check_out(out, n, lay.dim, lay.dtype, str(self.path))
-        if n == 0:
-            return out
-        if ids.min() < 0 or ids.max() >= lay.num_rows:
-            raise IdOutOfRange(f"{self.path}: row id out of range [0, {lay.num_rows})")
         check_size(self.buf, self.path, lay.file_bytes)  # shrunk: an error, not SIGBUS
         offs = lay.row_offsets(ids)
         order = np.argsort(offs, kind="stable")
@@ -64,7 +61,6 @@ class ThreadedMmapFeatures(RowTable):
             f.result()
         self.requests += 1
         self.rows += n
-        return out
 
     def _copy(self, offs, order, ob, a: int, b: int) -> None:
         """Copy rows ``order[a:b]`` (one region of the file), then drop the region's

@@ -20,13 +20,14 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numba
 import numpy as np
 
-from ooc.core.errors import DatasetError, InvalidValue
+from ooc.core.errors import DatasetError, IdOutOfRange, InvalidValue
 from ooc.storage import _neighbors_kernels as NK
 from ooc.storage._direct_kernels import fill_gaps
 from ooc.storage.bus_guard import check_size
@@ -75,17 +76,42 @@ class NeighborRequest:
         return NeighborRequest(self.nodes[which], offs, self.rel_pos[sel], self.edge_pos[sel]), sel
 
 
-class NeighborSource:
-    """Interface: ``gather(req)`` returns int64 [req.size], the ids at the wanted positions."""
+class NeighborSource(ABC):
+    """Where the sampler gets neighbour ids from (an abstract class with a template method).
 
-    def gather(self, req: NeighborRequest) -> np.ndarray:  # pragma: no cover - interface
-        raise NotImplementedError
+    :meth:`gather` checks the request's positions once, then calls the one hook a source
+    implements, :meth:`_gather`.
+    """
+
+    @property
+    @abstractmethod
+    def num_edges(self) -> int:
+        """Positions of ``indices`` this source reads: ``[0, num_edges)``."""
+
+    @abstractmethod
+    def _gather(self, req: NeighborRequest) -> np.ndarray:
+        """int64 [req.size], the ids at ``req.edge_pos`` (checked: in range, size > 0)."""
+
+    def gather(self, req: NeighborRequest) -> np.ndarray:
+        """int64 [req.size], the ids stored at the request's positions.
+
+        Raises:
+            IdOutOfRange: a position outside ``[0, num_edges)``, named with the file.
+        """
+        if req.size == 0:
+            return np.empty(0, dtype=np.int64)
+        lo, hi = int(req.edge_pos.min()), int(req.edge_pos.max())
+        if lo < 0 or hi >= self.num_edges:
+            raise IdOutOfRange(f"{source_path(self)}: edge position {lo if lo < 0 else hi} "
+                               f"out of range [0, {self.num_edges})")
+        return self._gather(req)
 
     def stats(self) -> dict:
+        """Counters of the reads so far."""
         return {}
 
     def close(self) -> None:
-        pass
+        """Release what the source holds; closing twice is fine."""
 
 
 class InMemoryNeighbors(NeighborSource):
@@ -97,6 +123,10 @@ class InMemoryNeighbors(NeighborSource):
             raise InvalidValue("indices must be a 1-D int32 or int64 array")
         self.indices = indices
 
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
     def check_length(self, num_edges: int) -> None:
         """Refuse an indices array shorter than ``indptr[-1]`` (the gather kernel
         indexes it with positions up to there)."""
@@ -104,7 +134,7 @@ class InMemoryNeighbors(NeighborSource):
             raise DatasetError(source_path(self), f"holds {self.indices.shape[0]} ids, but indptr "
                                                   f"has {num_edges} edges")
 
-    def gather(self, req: NeighborRequest) -> np.ndarray:
+    def _gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
         NK.gather_in_memory(req.edge_pos, self.indices, out)
         return out
@@ -142,7 +172,7 @@ class DirectNeighbors(NeighborSource):
         n = int(np.asarray(indptr).shape[0]) - 1
         self.dtype = np.dtype(dtype) if dtype is not None else (
             np.dtype(np.int32) if n < 2**31 else np.dtype(np.int64))
-        self.num_edges = int(indptr[-1])
+        self._num_edges = int(indptr[-1])
         self._own = reader is None if owns_reader is None else bool(owns_reader)
         if reader is None:
             reader = DirectReader(self.path)
@@ -166,14 +196,16 @@ class DirectNeighbors(NeighborSource):
         self.submissions = 0
         self.pages_read = 0
 
+    @property
+    def num_edges(self) -> int:
+        return self._num_edges
+
     def _buffer(self, npages: int) -> np.ndarray:
         self._buf = grown(self._buf, npages * PAGE, self.max_pages * PAGE)
         return self._buf[:npages * PAGE]
 
-    def gather(self, req: NeighborRequest) -> np.ndarray:
+    def _gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
-        if req.size == 0:
-            return out
         mark = np.zeros(-(-self.num_edges // self._per_page), dtype=np.uint8)
         NK.mark_sectors(req.edge_pos, self._shift, self._piece_shift, mark)
         pages = np.flatnonzero(mark).astype(np.int64)   # sorted, unique
@@ -221,10 +253,12 @@ class MmapNeighbors(NeighborSource):
         advise(indices, mmap.MADV_RANDOM)
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ooc-mmap-nbr")
 
-    def gather(self, req: NeighborRequest) -> np.ndarray:
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.shape[0])
+
+    def _gather(self, req: NeighborRequest) -> np.ndarray:
         out = np.empty(req.size, dtype=np.int64)
-        if req.size == 0:
-            return out
         ind = self.indices
         if isinstance(ind, np.memmap):  # shrunk since it was mapped: an error, not SIGBUS
             check_size(ind, source_path(self), ind.offset + ind.nbytes)

@@ -26,14 +26,16 @@ import numpy as np
 from ooc.core.errors import DatasetError, OocError
 from ooc.executor.inference import _kernels as K
 from ooc.storage.direct import DirectReader, aligned_empty, grown, read_ranges
+from ooc.storage.features import Feature
 from ooc.storage.layout import PAGE
 
 #: Pages read in one batched request (the page buffer's size): 8 MiB.
 READ_PAGES = 2048
 
 
-class ChunkFileRows:
-    """Rows of one finished layer array, read from its chunk files.
+class ChunkFileRows(Feature):
+    """Rows of one finished layer array, read from its chunk files, as float32 (a
+    :class:`~ooc.storage.features.Feature`).
 
     Args:
         array_dir: the array's folder (``<group>/h{l}``).
@@ -49,9 +51,11 @@ class ChunkFileRows:
     def __init__(self, array_dir: Path, num_rows: int, chunk_rows: int, dim: int, dtype,
                  backend: str = "auto", queue_depth: int = 64):
         self.dir = Path(array_dir)
+        self.what = str(self.dir)
         self.num_rows, self.chunk_rows, self.dim = int(num_rows), int(chunk_rows), int(dim)
-        self.dtype = np.dtype(dtype).newbyteorder("<")
-        self.row_bytes = self.dim * self.dtype.itemsize
+        #: the dtype of the chunk files (rows are read as float32)
+        self.stored_dtype = np.dtype(dtype).newbyteorder("<")
+        self.row_bytes = self.dim * self.stored_dtype.itemsize
         self.backend, self.queue_depth = backend, int(queue_depth)
         #: pages read (each from the device unless the backend reads through the page cache)
         self.pages = 0
@@ -62,14 +66,22 @@ class ChunkFileRows:
     def chunk_file(self, c: int) -> Path:
         return self.dir / "c" / str(int(c)) / "0"
 
-    def read(self, rows: np.ndarray, out: np.ndarray) -> None:
-        """``out[i] = row rows[i]`` (rows [k] integers in ``[0, num_rows)``; out float32
-        [k, dim]), one chunk file at a time in ascending row order."""
-        if rows.shape[0] == 0:
-            return
-        rows = np.asarray(rows, dtype=np.int64)  # byte offsets below are products of rows
-        order = np.argsort(rows, kind="stable")
-        srows = rows[order]
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.num_rows, self.dim)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    def stats(self) -> dict:
+        return {"pages": self.pages}
+
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
+        """``out[rows[i]] = row ids[i]``, one chunk file at a time in ascending row order."""
+        order = np.argsort(ids, kind="stable")
+        at = order if rows is None else rows[order]
+        srows = ids[order]
         chunk = srows // self.chunk_rows
         bounds = np.flatnonzero(np.diff(chunk)) + 1
         starts = np.concatenate(([0], bounds))
@@ -77,7 +89,7 @@ class ChunkFileRows:
         for a, z in zip(starts.tolist(), ends.tolist()):
             c = int(chunk[a])
             local = srows[a:z] - c * self.chunk_rows
-            self._read_chunk(c, local, order[a:z], out)
+            self._read_chunk(c, local, at[a:z], out)
 
     def _read_chunk(self, c: int, local: np.ndarray, at: np.ndarray, out: np.ndarray) -> None:
         """Rows ``local`` (int64, ascending, within chunk ``c``) into ``out[at]``."""
@@ -93,7 +105,7 @@ class ChunkFileRows:
                                      f"({e.strerror})") from None
         if size < need:
             raise DatasetError(path, f"{size} bytes, a chunk of {self.chunk_rows} rows x "
-                                     f"{self.dim} {self.dtype.name} needs {need} "
+                                     f"{self.dim} {self.stored_dtype.name} needs {need} "
                                      f"(truncated?)")
         rb = self.row_bytes
         first = local * rb // PAGE
@@ -129,16 +141,16 @@ class ChunkFileRows:
                   out: np.ndarray) -> None:
         """Rows at byte offsets ``offs`` (int64 [m]) of uint8 ``buf`` into ``out[at]``
         (float32 rows straight there; float16 rows through their bits, then cast)."""
-        size = self.dtype.itemsize
+        size = self.stored_dtype.itemsize
         eoffs = offs // size
-        if self.dtype == np.float32:
+        if self.stored_dtype == np.float32:
             K.gather_rows(buf[:buf.size - buf.size % 4].view(np.float32), eoffs, at, out)
             return
         bits = np.dtype(f"<u{size}")                  # numba has no float16: move the bits
         rows = np.empty((offs.shape[0], self.dim), bits)
         K.gather_rows(buf[:buf.size - buf.size % size].view(bits), eoffs,
                       np.arange(offs.shape[0], dtype=np.int64), rows)
-        out[at] = rows.view(self.dtype)
+        out[at] = rows.view(self.stored_dtype)
 
 
 def _groups(fresh: np.ndarray, new_pages: np.ndarray, limit: int) -> list[tuple[int, int]]:

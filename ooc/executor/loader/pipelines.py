@@ -29,7 +29,7 @@ from ooc.caches.feature_cache import CachedFeature, FeatureCache
 from ooc.core.worker import Worker
 from ooc.sampling.pipeline import Inspector
 from ooc.sampling.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
-from ooc.storage.features import Feature, counters
+from ooc.storage.features import Feature
 
 #: Gathered batches queued ahead of the training step. One is enough to overlap gather
 #: with compute; each more costs a batch of rows of the memory budget (the planner counts
@@ -184,11 +184,11 @@ class BatchPipeline:
         st: dict[str, Any] = {"feature_lookups": self.lookups, "feature_misses": self.misses,
                               "feature_hit_ratio": 1 - self.misses / self.lookups
                               if self.lookups else 0.0}
-        st.update({f"feature_{k}": v for k, v in counters(self.source).items()})
+        st.update({f"feature_{k}": v for k, v in self.source.stats().items()})
         if self.cache is not None:
             st["feature_page_mates_read"] = self.cache.mates_read
         nsrc = getattr(getattr(self, "sampler", None), "source", None)
-        if nsrc is not None and hasattr(nsrc, "stats"):
+        if nsrc is not None:
             st.update(nsrc.stats())
         return st
 

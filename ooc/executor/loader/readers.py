@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from ooc.storage.direct import DirectFeatures, DirectReader
-from ooc.storage.features import Feature, counters
+from ooc.storage.features import Also, Feature, FeatureWrapper
 from ooc.storage.mmap_features import FAULT_AROUND_BYTES, ThreadedMmapFeatures, mapped_bytes_bound
 from ooc.storage.neighbors import DirectNeighbors, MmapNeighbors, NeighborSource
 from ooc.storage.pagecache import drop_page_cache, release_mapped
@@ -133,35 +133,28 @@ class DirectReaders(Readers):
 READERS: dict[str, type[Readers]] = {r.name: r for r in (MmapReaders, DirectReaders)}
 
 
-class TimedFeature:
-    """A feature that counts the seconds spent in ``read`` (``read_s``); the rest
-    of the :class:`~ooc.storage.features.Feature` protocol passes through."""
+class TimedFeature(FeatureWrapper):
+    """A feature that counts the seconds spent in its reads (``read_s``, also in
+    :meth:`stats`); the rest is the inner feature's."""
 
     def __init__(self, inner: Feature):
-        self.inner = inner
+        super().__init__(inner)
         self.read_s = 0.0
-        if hasattr(inner, "read_into"):  # a source that reads into given rows stays one
-            self.read_into = self._read_into
 
-    def read(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
         t0 = time.perf_counter()
         try:
-            return self.inner.read(ids, out)
+            self.inner._read_into(ids, out, rows)
         finally:
             self.read_s += time.perf_counter() - t0
 
-    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray,
-                   also: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    def _read_also(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None,
+                   also: Also) -> None:
         t0 = time.perf_counter()
         try:
-            if also is None:
-                return self.inner.read_into(ids, out, rows)  # type: ignore[attr-defined]
-            return self.inner.read_into(ids, out, rows, also)  # type: ignore[attr-defined]
+            self.inner._read_also(ids, out, rows, also)
         finally:
             self.read_s += time.perf_counter() - t0
 
     def stats(self) -> dict:
-        return {**counters(self.inner), "read_s": self.read_s}
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+        return {**self.inner.stats(), "read_s": self.read_s}

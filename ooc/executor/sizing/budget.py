@@ -114,6 +114,7 @@ from ooc.executor.sizing.step_memory import step_bytes
 from ooc.sampling.pipeline import bytes_per_batch
 from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.storage import open_dataset
+from ooc.storage.features import InMemoryFeatures
 from ooc.storage.neighbors import InMemoryNeighbors
 from ooc.storage.pagecache import touch_pages
 
@@ -174,9 +175,8 @@ def _child_main(argv: list[str]) -> None:
             ds.read_labels(seeds)  # the label reader's page kernels
             b = sampler.sample_many([seeds, seeds], [1, 2])[0]
             rows = src.features.read(b.node_ids)
-            if hasattr(src.features, "read_into"):  # a batch's misses into its rows
-                k = b.node_ids.shape[0]
-                src.features.read_into(b.node_ids, rows, np.arange(k, dtype=np.int64))
+            k = b.node_ids.shape[0]  # a batch's misses into its rows
+            src.features.read_into(b.node_ids, rows, np.arange(k, dtype=np.int64))
     finally:
         src.close()
 
@@ -220,16 +220,10 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
         NeighborSampler(indptr, source, [3, 2]).sample_many(
             [np.arange(4, dtype=np.int64), np.arange(4, 8, dtype=np.int64)], [1, 2])
     if preset.policy.caches:
-        x = np.zeros((n, dim), dtype=np.dtype(dtype))
-
-        class _Rows:
-            @staticmethod
-            def read(ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-                return x[ids]
-
-        fc = FeatureCache(n, 4, dim, x.dtype)
-        fc.switch(np.array([0, 1]), _Rows)
-        rows, _ = fc.gather(np.array([0, 2, 3]), _Rows)
+        rows_of = InMemoryFeatures(np.zeros((n, dim), dtype=np.dtype(dtype)), "warm-up")
+        fc = FeatureCache(n, 4, dim, rows_of.dtype)
+        fc.switch(np.array([0, 1]), rows_of)
+        rows, _ = fc.gather(np.array([0, 2, 3]), rows_of)
         fc.update(np.array([2]), np.array([0]), np.array([1]), rows)
     preset.policy.warm_up(n, device)
     warm_up_activation()

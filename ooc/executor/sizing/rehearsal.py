@@ -164,7 +164,7 @@ def _train(dataset, config, stack, seeds, model, optimizer, device, warm: int, m
             st = pipe.stage_times()
             marks.append((time.perf_counter() - t0, sum(st.get(s, 0.0) for s in
                                                         pipe.producer_stages),
-                          float(getattr(stack.features, "read_s", 0.0))))
+                          float(stack.features.read_s)))
             if marks[-1][0] > max_s and len(marks) > warm + MIN_STEADY:
                 break
     finally:
