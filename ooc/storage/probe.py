@@ -25,6 +25,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ooc.core.version import __version__
 
@@ -110,8 +111,9 @@ def _run_child(target: str, path: str, label: str) -> Verdict:
     return Verdict(False, f"{label} {verb}: {why}")
 
 
-def load_class(target: str) -> type:
-    """The backend class named by ``"module:Class"``."""
+def load_class(target: str) -> Any:
+    """The backend class named by ``"module:Class"`` (a :class:`~ooc.storage.io_backends.ReadBackend`
+    subclass; typed loosely here, below the module that defines it)."""
     mod, cls = target.split(":")
     return getattr(importlib.import_module(mod), cls)
 
