@@ -183,7 +183,7 @@ def train_plan(shape: sg.Shape, budget: int, base: int, batches: dict, hidden: i
     def row_pages():
         return (lambda ids: ids // rpp) if rpp >= 2 else None
     mates = preset.policy.mate_fraction(row_pages())  # page-mate rows, one buffer at a time
-    held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"])) \
+    held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"], strict=True)) \
         + int(mates * max(batches["nodes"])) * row
     model = build_model("sage", shape.feature_dim, hidden, shape.classes, len(fanouts))
     big = batches["largest"]

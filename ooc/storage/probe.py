@@ -25,6 +25,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ooc.core.version import __version__
 
@@ -110,7 +111,7 @@ def _run_child(target: str, path: str, label: str) -> Verdict:
     return Verdict(False, f"{label} {verb}: {why}")
 
 
-def load_class(target: str) -> type:
+def load_class(target: str) -> type[Any]:
     """The backend class named by ``"module:Class"``."""
     mod, cls = target.split(":")
     return getattr(importlib.import_module(mod), cls)
