@@ -150,7 +150,7 @@ class FeatureCache:
                ) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]) into ``out`` ([n, D]): hits from the
         cache, misses in one batched read from ``source`` (into ``out``'s rows when
-        the source can: 24% faster at 128 dims, ``python -m bench gather``).
+        the source can; ``python -m bench gather`` compares the two).
 
         ``mates`` (int64 [k], not cached): rows the changeset inserts after this batch
         that share pages with its misses; read into ``mates_out`` ([k, D]) in the same

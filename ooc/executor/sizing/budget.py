@@ -106,10 +106,10 @@ from ooc.storage.pagecache import touch_pages
 
 MiB = 1 << 20
 #: Relative run-to-run spread of the measured working memory that a suggested
-#: budget allows for (measured: under 1% on Cora and on the bench dataset).
+#: budget allows for (more than the spread seen on Cora and the bench dataset).
 STABILITY = 0.02
-#: A step too large to run is charged its estimate times this (the estimate's low end
-#: is 0.8x the measured step) plus torch's first-call allocations, so that the
+#: A step too large to run is charged its estimate times this (the estimate can fall
+#: below the step it estimates) plus torch's first-call allocations, so that the
 #: budget a refusal suggests runs.
 SKIPPED_STEP_FACTOR = 1.25
 SKIPPED_STEP_EXTRA = 16 * MiB
@@ -240,7 +240,7 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
     part of it (the selection's tie-break runs) and is checked as a loaded one is.
 
     On a first run (cold cache) numba compiles a kernel the first time it is
-    called; LLVM then needs ~100 MB for a moment. A kernel first called
+    called; LLVM then needs memory for a moment. A kernel first called
     mid-epoch, with the caches already full, would push the peak past the
     budget; compiled here, that transient happens while nothing else is held.
     The probe below covers the sampler and the readers; this covers the
@@ -423,8 +423,7 @@ class SuperbatchPlan:
         page-mates, 8 B more per id of the table (group and next use, int32 each) and 32 B
         per access for the page groups (:func:`ooc.caches.changesets.page_groups`: the
         page keys while they are made, the groups, the candidates and the larger insert
-        arrays after; measured 39 B an access above the plain pass at scale 0.05, 5.3M
-        accesses).
+        arrays after).
 
         An epoch of one superbatch is sampled and its changesets computed before its first
         batch, while no batch is in flight (epochs do not overlap): beside the loop it holds
@@ -691,7 +690,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
         del data, call
     finally:
         with torch.no_grad():
-            for p, g in zip(params, grads):
+            for p, g in zip(params, grads, strict=True):
                 p.grad = g
             for k, b in model.named_buffers():
                 b.copy_(buffers[k])
