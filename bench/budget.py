@@ -8,7 +8,7 @@ For each mode, in one invocation:
 1. ``ooc.train --memory-budget TOO_SMALL`` (no cgroup): refused; the budget it
    suggests is read from its one-line error.
 2. ``ooc.train --memory-budget BUDGET`` and ``--memory-budget SUGGESTED``, each
-   inside a cgroup-v1 memory cgroup limited to that budget (bench/memcg.py):
+   inside a cgroup-v1 memory cgroup limited to that budget (``ooc.executor.sizing.memcg``):
    the peak RSS the trainer reports (``VmHWM``), the child's ``ru_maxrss``,
    and the cgroup's ``max_usage_in_bytes`` and ``failcnt``.
 

@@ -7,7 +7,7 @@ superbatch of mini-batches with fanouts 10,10,10 (``NeighborSampler``), and
 prints, for cache sizes of 5/10/20/40% of the nodes, the misses and miss
 ratios of
 
-* Belady (Ginex; ``ooc.sampling.precompute_changesets`` semantics),
+* Belady (Ginex; ``ooc.caches.changesets.precompute_changesets`` semantics),
 * LRU at batch granularity (``ooc.caches.miss_curves``),
 * static: PaGraph's highest-out-degree nodes.
 
@@ -36,14 +36,9 @@ import torch
 
 from ooc import open_dataset
 from ooc.cli import main_wrapper
-from ooc.sampling import (
-    NeighborSampler,
-    degree_order,
-    miss_curve_belady,
-    miss_curve_lru,
-    miss_curve_static,
-    precompute_changesets,
-)
+from ooc.caches.changesets import precompute_changesets
+from ooc.caches.miss_curves import miss_curve_belady, miss_curve_lru, miss_curve_static, order_by_degree
+from ooc.sampling import NeighborSampler
 
 from . import data as D
 from . import harness as H
@@ -121,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     lru = miss_curve_lru(batches, caps)
     t_l = time.perf_counter() - t
-    order = degree_order(d.out_degrees())
+    order = order_by_degree(d.out_degrees())
     static = miss_curve_static(batches, order, caps)
     print(f"\n(curves: belady {t_b:.2f}s for {len(caps)} sizes, lru {t_l:.2f}s for all sizes)")
     print("\n| cache | entries | Belady misses | LRU misses | static (PaGraph) misses | "
           "Belady ratio | LRU ratio | static ratio |")
     print("|---|---|---|---|---|---|---|---|")
     rows = []
-    for f, c, b, lr, s in zip(FRACTIONS, caps, belady, lru, static):
+    for f, c, b, lr, s in zip(FRACTIONS, caps, belady, lru, static, strict=True):
         rows.append({"fraction": f, "capacity": c, "belady": int(b), "lru": int(lr), "static": int(s),
                      "belady_ratio": b / T, "lru_ratio": lr / T, "static_ratio": s / T})
         print(f"| {100 * f:.0f}% | {c:,} | {b:,} | {lr:,} | {s:,} | {b / T:.3f} | {lr / T:.3f} | "
@@ -147,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     tput = {}
     for m in ("numba", "torch"):
-        s = _best_of(lambda: precompute_changesets(tb, N, cap, method=m), args.repeat)
+        s = _best_of(lambda m=m: precompute_changesets(tb, N, cap, method=m), args.repeat)
         tput[m] = {"seconds": s, "ids_per_s": tT / s,
                    "fraction_of_sample_time": s / (sample_s * len(tb) / S)}
     print(f"\nchangeset precomputation, {len(tb)} batches ({tT:,} ids), capacity {cap:,}, "

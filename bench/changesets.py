@@ -23,7 +23,8 @@ import time
 import numpy as np
 import torch
 
-from ooc.sampling import NeighborSampler, derive_seed, precompute_changesets
+from ooc.caches.changesets import precompute_changesets
+from ooc.sampling import NeighborSampler, derive_seed
 from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of
 
 from . import harness as H
@@ -36,7 +37,8 @@ def papers_like_csc(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     128 hidden by an id permutation: ``python -m bench scale``'s graph), stored both ways."""
     e = int(round(n * PAPERS100M_EDGES / PAPERS100M_NODES))
     source = SyntheticEdges(n, e, 172, 0.7, seed, communities=communities_of(n, 172, 128))
-    src, dst = (np.concatenate(x) for x in zip(*((s, d) for s, d, _, _ in source.chunks(1 << 22, n))))
+    src, dst = (np.concatenate(x)
+                for x in zip(*((s, d) for s, d, _, _ in source.chunks(1 << 22, n)), strict=True))
     src, dst = np.concatenate((src, dst)), np.concatenate((dst, src))
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(n + 1, np.int64)
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         batches = ids[:S]
         got: dict = {}
 
-        def case(m: str, kw: dict):
+        def case(m: str, kw: dict, batches: list, got: dict, S: int):
             def run() -> float:
                 s, cs = timed(batches, a.nodes, cap, kw)
                 ref = got.setdefault("ref", cs)
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
                 return s
             return run
 
-        rounds = H.run_rounds({m: case(m, kw) for m, kw in ms.items()}, a.rounds, warmup=0)
+        rounds = H.run_rounds({m: case(m, kw, batches, got, S) for m, kw in ms.items()}, a.rounds, warmup=0)
         samples += [dict(x, superbatch=S) for x in rounds.as_list()]
         misses = got["ref"].num_misses
         accesses = int(sum(len(b) for b in batches))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.executor import FeatureCache
+from ooc.caches.feature_cache import FeatureCache
 from ooc.storage import DirectFeatures, FeatureLayout
 from ooc.storage.features import FeatureWrapper
 

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from ooc import open_dataset
-from ooc.sampling import NeighborSampler, precompute_changesets
+from ooc.caches.changesets import precompute_changesets
+from ooc.sampling import NeighborSampler
 from ooc.sampling.pipeline import Inspector
 
 from . import harness as H

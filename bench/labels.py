@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                    for _ in range(a.batches)]
         mapped = [0]
 
-        def memmap(ids: np.ndarray) -> np.ndarray:
+        def memmap(ids: np.ndarray, ds=ds, mapped=mapped) -> np.ndarray:
             ok = reset_peak_rss()
             r0 = current_rss_bytes()
             out = np.asarray(ds.labels[ids], dtype=np.int64)

@@ -30,10 +30,9 @@ What it does:
    (filled before the first epoch), so a batch's gather is the cache's
    in-memory copy and no I/O competes with the model for the cores. (The
    page cache is not enough on a shared machine: other processes' reclaim
-   and cache drops took 0.9 GiB of a warmed 4.5 GiB dataset back during one
-   epoch; and a memmap gather on tmpfs still takes a page fault per row,
-   ~54 µs of CPU each with 16 threads, which made the "floor" slower than
-   the O_DIRECT presets on 2 cores.)
+   and cache drops take part of a warmed dataset back during an epoch; and a
+   memmap gather on tmpfs still takes a page fault per row, which made the
+   "floor" slower than the O_DIRECT presets on 2 cores: ``docs/benchmarks.md``.)
 5. The disk's bound: for each mode with a feature cache, the fewest rows any
    cache of its size could read in the last epoch (``fewest_reads``: Belady with
    every batch of the run known in advance, the run's own batches) and, where a

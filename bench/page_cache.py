@@ -88,7 +88,7 @@ def page_belady(trace, n, capacity_pages, rank, rpp, superbatch):
                                    keep_unused=True)
         incache = np.zeros(npages, dtype=bool)
         incache[cs.init_ids] = True
-        for i, (pt, t) in enumerate(zip(part, trace[s:s + superbatch])):
+        for i, (pt, t) in enumerate(zip(part, trace[s:s + superbatch], strict=True)):
             hit = incache[pt]
             pages += int((~hit).sum())
             miss_rows += int((~incache[rank[t] // rpp]).sum())

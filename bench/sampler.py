@@ -21,9 +21,11 @@ import numpy as np
 
 from ooc import open_dataset, write_dataset
 from ooc.caches.neighbor_cache import full_cache_bytes
-from ooc.sampling import CachedNeighbors, DirectNeighbors, NeighborSampler, build_neighbor_cache
+from ooc.caches.neighbor_cache import CachedNeighbors, build_neighbor_cache
+from ooc.sampling import NeighborSampler
 from ooc.storage import csc_from_edges
 from ooc.storage.direct import DirectReader
+from ooc.storage.neighbors import DirectNeighbors
 
 from . import harness as H
 from .system import drop_page_cache
@@ -97,10 +99,10 @@ def main(argv: list[str] | None = None) -> None:
         d = DirectNeighbors(ds.file("indices.bin"), ds.indptr, reader=reader)
         c = CachedNeighbors(cache, d)
         got = run(f"cache {frac:.0%} + O_DIRECT", c,
-                  lambda: {"hit_ratio": round(c.stats()["neighbor_cache_hit_ratio"], 3),
+                  lambda c=c, d=d, cache=cache: {"hit_ratio": round(c.stats()["neighbor_cache_hit_ratio"], 3),
                            "pages_read": int(d.pages_read), "submissions": int(d.submissions),
                            "cache_mib": round(cache.nbytes / 2**20, 1)})
-        assert all(x.equals(y) for x, y in zip(got, ref)), "sources disagree: a bug"
+        assert all(x.equals(y) for x, y in zip(got, ref, strict=True)), "sources disagree: a bug"
     print("all sources gave bit-identical batches")
     rep = {"threads": numba.get_num_threads(), "reader_backend": reader.backend,
            "dataset": {"nodes": ds.num_nodes, "edges": ds.num_edges}, "rows": rows}

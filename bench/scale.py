@@ -7,7 +7,7 @@ directed edges that ingest stores both ways, 128-dim float32 features, 172 class
 val / test 1.09% / 0.11% / 0.19% of the nodes, power-law degrees, many small communities
 hidden by a random permutation of the ids: ``bench/scale_graph.py``) in OGB's binary raw
 layout, then runs each stage as its own process in a memory cgroup of the budget (v1 or v2,
-``bench/memcg.py``), with the page cache dropped first:
+``ooc.executor.sizing.memcg``), with the page cache dropped first:
 
 - ingest: ``ooc.prepare ogb --undirected``
 - train: ``ooc.train`` (2 epochs, GraphSAGE, fanouts 15,10,5, batch 1024, hidden 256;

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = statistics.median(times["ooc csr"])
     for name in ways:
         t = statistics.median(times[name])
-        diff = max(float((x - y).abs().max()) for x, y in zip(outs[name], outs["ooc csr"]))
+        diff = max(float((x - y).abs().max()) for x, y in zip(outs[name], outs["ooc csr"], strict=True))
         print(f"  {name:14} {t:7.3f} s  {t / ref:5.2f}x ooc csr  max |seed out diff| {diff:.1e}")
     return 0
 

@@ -1,9 +1,10 @@
 """ooc: out-of-core training of graph neural networks on one workstation.
 
-The pieces, upstream to downstream: :mod:`ooc.storage` (dataset format,
-ingest, direct readers), :mod:`ooc.partition`, :mod:`ooc.sampling`
-(superbatch sampling, Belady changesets), :mod:`ooc.executor` (feature
-cache, gather, training, inference).
+The pieces, bottom to top: :mod:`ooc.core` (errors, sizes, worker threads, JIT),
+:mod:`ooc.storage` (dataset format, ingest, readers), :mod:`ooc.caches` (feature,
+neighbour and chunk caches, Belady changesets) and :mod:`ooc.partition`,
+:mod:`ooc.sampling` (sampler, superbatch inspector), :mod:`ooc.executor` (loader,
+training, inference, sizing); CONTRIBUTING.md draws the layers.
 
 Importing ooc changes nothing process-wide; :func:`configure_process` applies the
 settings ooc's own commands run with (call it first thing in a training script). The one

@@ -198,6 +198,7 @@ def check_report_path(report: str | None,
 
 
 def add_report_arg(p: argparse.ArgumentParser) -> None:
+    """Add the ``--report PATH`` option (a JSON summary of the run) to ``p``."""
     p.add_argument("--report", metavar="PATH", help="write a JSON summary here (replaces only "
                    "a report ooc wrote)")
 

@@ -28,6 +28,7 @@ from ooc.storage import open_dataset
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m ooc.infer``."""
     p = ArgumentParser(
         prog="python -m ooc.infer",
         description="Layer-wise full-graph inference, out of core: computes every layer's "
@@ -122,6 +123,7 @@ def _summary(rep: dict, args: argparse.Namespace) -> str:
 
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m ooc.infer`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     args = build_parser().parse_args(argv)
     check_report_path(args.report, {"the dataset --data": args.data, "--out": args.out,
                                     "--checkpoint": args.checkpoint})

@@ -184,6 +184,7 @@ def verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m ooc.prepare`` and its subcommands."""
     ap = ArgumentParser(prog="python -m ooc.prepare", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True,
@@ -236,6 +237,7 @@ def _compile_kernels(args: argparse.Namespace) -> None:
 
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m ooc.prepare`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     args = build_parser().parse_args(argv)
     if args.command == "verify":
         return verify(args)

@@ -49,6 +49,7 @@ from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
 from ooc.core.errors import IdOutOfRange, InvalidValue, OocError
 from ooc.executor.loader.node_loader import NodeLoader, check_loader_args, resolve_input_nodes
 from ooc.executor.loader.presets import resolve_preset
+from ooc.executor.loader.readers import Sources
 from ooc.executor.loader.stack import ModeOptions, cache_sizes, open_sources
 from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
 from ooc.storage import open_dataset
@@ -155,12 +156,12 @@ class _Backend:
         self.plan.epoch = plan_epoch
         self.main = main and settings["plan_ahead"]
         self.lock = threading.Lock()
-        self._loader = None      # ooc.NodeLoader serving planned batches (loading process)
+        self._loader: NodeLoader | None = None  # serving planned batches (loading process)
         self._ahead: Generator | None = None
         self._ahead_epoch = 0
         self._ahead_next = 0
-        self._sampler = None     # on-demand sampler
-        self._sources = None     # on-demand readers (ooc.executor.loader.readers.Sources)
+        self._sampler: NeighborSampler | None = None  # on-demand sampler
+        self._sources: Sources | None = None          # on-demand readers
         # x of planned batches by the id of their SamplerOutput's ``node`` tensor, which PyG
         # hands the feature store as the index; an entry goes when that tensor does
         self._planned_x: dict[int, torch.Tensor] = {}

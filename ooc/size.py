@@ -53,6 +53,7 @@ TRAINING = ("model", "fanouts", "batch_size", "hidden", "heads", "lr", "weight_d
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m ooc.size``."""
     p = ArgumentParser(prog="python -m ooc.size", description=__doc__.split("\n")[0],
                        argument_default=argparse.SUPPRESS)
     p.add_argument("--data", metavar="DIR", required=True, help="dataset folder")
@@ -168,6 +169,7 @@ def print_verification(v: dict, budget: int) -> None:
 
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m ooc.size`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     given = vars(build_parser().parse_args(argv))
     report_path = given.pop("report", None)
     plot_path = given.pop("plot", None)

@@ -94,6 +94,7 @@ def default_dataset(log=print) -> Path:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m ooc.train``."""
     p = ArgumentParser(
         prog="python -m ooc.train",
         description="Train a GNN (GraphSAGE, GCN, GAT) on an on-disk ooc dataset. "
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m ooc.train`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     given = vars(build_parser().parse_args(argv))
     resume = bool(given.pop("resume", False))
     overwrite = bool(given.pop("overwrite", False))

@@ -224,7 +224,7 @@ def assert_same_batches(epochs_a: list, epochs_b: list, x_of) -> None:
     ``y`` and edges alike, and ``x`` the rows ``x_of(n_id)`` (int64 [n] -> [n, dim])."""
     for ea, eb in zip(epochs_a, epochs_b, strict=True):
         assert len(ea) == len(eb) > 0
-        for a, b in zip(ea, eb):
+        for a, b in zip(ea, eb, strict=True):
             np.testing.assert_array_equal(a.n_id.numpy(), b.n_id.numpy())
             np.testing.assert_array_equal(b.x.numpy(), x_of(b.n_id.numpy()))
             np.testing.assert_array_equal(a.x.numpy(), b.x.numpy())

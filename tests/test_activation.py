@@ -190,9 +190,9 @@ def test_model_training_step_is_stock_dropout_with_the_drawn_masks(kind, monkeyp
     (la, ga), (lb, gb) = results
     if kind == "gat":
         assert torch.allclose(la, lb, rtol=1e-12)
-        assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-12) for a, b in zip(ga, gb))
+        assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-12) for a, b in zip(ga, gb, strict=True))
     else:
-        assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(ga, gb))
+        assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(ga, gb, strict=True))
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 3 * (1 << 15) + 1])

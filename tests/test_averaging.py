@@ -80,7 +80,7 @@ def average(states, weights):
 
 def numpy_average(states, weights, key):
     return sum(np.float64(w) * s[key].numpy().astype(np.float64)
-               for s, w in zip(states, weights)) / float(sum(weights))
+               for s, w in zip(states, weights, strict=True)) / float(sum(weights))
 
 
 def test_weighted_average_against_numpy():

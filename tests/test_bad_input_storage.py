@@ -506,7 +506,7 @@ def results(tmp_path_factory):
             except Unavailable as e:
                 skipped[c.id] = str(e)
                 continue
-            fmt = lambda s: s.replace("{d}", str(d))  # noqa: E731
+            fmt = lambda s, d=d: s.replace("{d}", str(d))  # noqa: E731
             env = {"OOC_CACHE": str(root / "user-cache")}
             env.update({k: fmt(v) for k, v in c.env.items()})
             specs.append({"id": c.id, "module": c.module, "argv": [fmt(a) for a in c.argv],

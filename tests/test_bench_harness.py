@@ -69,7 +69,7 @@ def test_epoch_plan_is_the_samplers():
     batches, seeds = H.epoch_plan(train, 32, 7, 3)
     want = epoch_batches(train, 32, 7, 3)
     assert len(batches) == len(want) == 4
-    assert all(np.array_equal(a, b) for a, b in zip(batches, want))
+    assert all(np.array_equal(a, b) for a, b in zip(batches, want, strict=True))
     assert seeds == [derive_seed(7, 3, b) for b in range(4)]
 
 

@@ -44,7 +44,7 @@ def test_layout_and_content(tiny):
     splits = [_ids(folder / "split" / "time" / f"{n}.csv.gz") for n in ("train", "valid", "test")]
     labelled = np.flatnonzero(~np.isnan(y[:, 0]))
     np.testing.assert_array_equal(np.sort(np.concatenate(splits)), labelled)   # disjoint, all labelled
-    for ids, frac in zip(splits, shape.fractions):
+    for ids, frac in zip(splits, shape.fractions, strict=True):
         assert abs(len(ids) / shape.nodes - frac) < 0.004
     assert set(np.unique(y[labelled, 0])) <= set(range(shape.classes))
     deg = np.bincount(ei.ravel(), minlength=shape.nodes)

@@ -104,7 +104,7 @@ def _replay(cs, batches, capacity):
     assert len(c) == len(cs.init_ids) <= capacity
     states, misses = [set(c)], []
     assert len(cs.steps) == len(batches)
-    for i, (b, st_) in enumerate(zip(batches, cs.steps)):
+    for b, st_ in zip(batches, cs.steps, strict=True):
         b = np.asarray(b, dtype=np.int64)
         bset = set(b.tolist())
         misses.append(len(bset - c))
@@ -358,7 +358,7 @@ def test_keep_unused_and_cached_carry_the_cache_between_superbatches(method):
         assert np.array_equal(a.misses, plain.misses) and np.array_equal(a.in_ids, plain.in_ids)
         states, misses = _replay(a, prev, cap)
         assert misses == ref_misses
-        for i, (c, ref) in enumerate(zip(states, ref_states)):
+        for i, (c, ref) in enumerate(zip(states, ref_states, strict=True)):
             assert ref <= c
             assert all(not _later(prev, x, i - 1) for x in c - ref)  # extras: never used again
         # the cache ends as full as it can be: min(capacity, distinct ids ever cached)
@@ -370,7 +370,7 @@ def test_keep_unused_and_cached_carry_the_cache_between_superbatches(method):
         states_b, misses_b = _replay(b, nxt, cap)
         ref_b, ref_mb = _brute_states([cached, *nxt], cap)
         assert misses_b == ref_mb[1:]
-        for i, (c, ref) in enumerate(zip(states_b, ref_b[1:])):
+        for c, ref in zip(states_b, ref_b[1:], strict=True):
             assert ref <= c
         cset = set(cached.tolist())
         assert cset <= set(b.init_ids.tolist())  # nothing cached is thrown away at the switch
@@ -451,7 +451,7 @@ def test_keep_unused_equals_a_fifo_of_dropped_entries(method):
             assert np.array_equal(kept.in_ids, plain.in_ids)
             assert np.array_equal(kept.out_later, np.zeros(0, bool))
             assert all(bool(lt) == _later(batches, int(x), i) for i, s in enumerate(plain.steps)
-                       for x, lt in zip(s.out_ids, plain.out_later[plain.out_ptr[i]:]))
+                       for x, lt in zip(s.out_ids, plain.out_later[plain.out_ptr[i]:], strict=False))
             cached = final_state(kept)
             full = [cached, *batches]
             carried = precompute_changesets(batches, n, cap, method=method, cached=cached,

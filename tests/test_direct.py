@@ -65,7 +65,7 @@ def test_random_pages(raw_file, backend, qd):
     rng = np.random.default_rng(qd)
     with DirectReader(path, queue_depth=qd, backend=backend, max_read_bytes=3 * PAGE) as r:
         assert r.backend == backend
-        for trial in range(6):
+        for _ in range(6):
             k = int(rng.integers(1, 301))
             pages = np.sort(rng.choice(301, size=k, replace=False)).astype(np.int64)
             out = aligned_empty(k * PAGE + PAGE)

@@ -60,7 +60,7 @@ def test_appends_of_taken_rows_make_the_file_numpy_writes(direct_dir, monkeypatc
     f = D.DirectAppender(direct_dir / "out.bin", stage)
     assert f.direct is (not refused)
     want = []
-    for k in range(9):
+    for _ in range(9):
         src = rng.standard_normal((int(rng.integers(1, 3000)),) + shape).astype(dtype)
         idx = rng.permutation(src.shape[0])[:int(rng.integers(0, src.shape[0] + 1))]
         f.append_take(src, idx.astype(np.int64))

@@ -61,7 +61,7 @@ def weighted_mean(states, weights):
     """``sum_j w_j states[j] / sum_j w_j`` per entry, in float64, in the entries' dtype (the
     averaging rule written out independently of ooc's code)."""
     total = float(sum(weights))
-    return {k: (sum(s[k].double() * w for s, w in zip(states, weights)) / total).to(v.dtype)
+    return {k: (sum(s[k].double() * w for s, w in zip(states, weights, strict=True)) / total).to(v.dtype)
             for k, v in states[0].items()}
 
 

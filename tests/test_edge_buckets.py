@@ -14,7 +14,7 @@ from ooc.storage.read_ahead import read_ahead
 def _reference(src, dst, ends, undirected, drop_self):
     """Per window: its (target, source) entries in input order."""
     out: list[list] = [[] for _ in ends]
-    for s, d in zip(src.tolist(), dst.tolist()):
+    for s, d in zip(src.tolist(), dst.tolist(), strict=True):
         if s == d and drop_self:
             continue
         for t, u in ([(d, s), (s, d)] if undirected and s != d else [(d, s)]):
@@ -103,9 +103,9 @@ def test_range_ends_cut_each_window_apart(monkeypatch, range_bytes, max_files):
     assert ends[-1] == 1000 and np.all(np.diff(ends) > 0)
     starts = np.concatenate([[0], ends[:-1]])
     cap = max(range_bytes, -(-int(counts.sum()) * 4 // max_files)) // 4
-    for (lo, hi), (r0, r1) in zip(windows, files):
+    for (lo, hi), (r0, r1) in zip(windows, files, strict=True):
         assert starts[r0] == lo and ends[r1 - 1] == hi
-    for a, z in zip(starts, ends):
+    for a, z in zip(starts, ends, strict=True):
         assert z - a <= 50 and (counts[a:z].sum() <= cap or z - a == 1)
     if range_bytes == 1 << 30:
         assert len(ends) == 1000 // 50 + 2  # only RANGE_NODES cuts (and the windows)

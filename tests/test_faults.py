@@ -154,7 +154,7 @@ def test_kill9_during_inference_leaves_no_store_and_resumes(graph, tmp_path):
     r = killed(tmp_path, "infer", k, base + ["--out", out])
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert not out.exists()
-    with pytest.raises(Exception):
+    with pytest.raises(FileNotFoundError):
         zarr.open_group(str(out), mode="r")
     assert partial_path(out).is_dir()
     assert infer_main([str(a) for a in base + ["--out", out, "--report", tmp_path / "r.json"]]) == 0

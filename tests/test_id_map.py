@@ -14,7 +14,7 @@ def _check(m: IdMap, ref: dict, universe: np.ndarray) -> None:
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(m.ids(), np.array(sorted(ref), np.int64))
     ids, vals = m.items()
-    assert dict(zip(ids.tolist(), vals.tolist())) == ref and len(ids) == len(ref)
+    assert dict(zip(ids.tolist(), vals.tolist(), strict=True)) == ref and len(ids) == len(ref)
     assert len(m) == len(ref)
 
 
@@ -43,7 +43,7 @@ def test_matches_a_dict_under_churn(max_key, direct):
         ins = rng.choice(free, k, replace=False)
         v = rng.integers(0, cap, k)
         m.put(ins, v)
-        ref.update(zip(ins.tolist(), v.tolist()))
+        ref.update(zip(ins.tolist(), v.tolist(), strict=True))
         _check(m, ref, universe)
 
 

@@ -405,7 +405,7 @@ def test_one_block_reads_rows_and_each_page_once(synth, tmp_path):
     torch.manual_seed(7)
     model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
     rep, _ = _check(ds, x, model, tmp_path / "one.zarr", chunk_rows=128)
-    for la, width in zip(rep["layers"], (ds.layout.row_bytes, 16 * 4)):
+    for la, width in zip(rep["layers"], (ds.layout.row_bytes, 16 * 4), strict=True):
         assert la["blocks"] == 1 and la["reads"]["mode"] == "rows"
         assert la["reads"]["planned_chunk_bytes"] is None
         table = ds.layout.file_bytes if la["layer"] == 1 else -(-ds.num_nodes * width // 4096) * 4096

@@ -48,7 +48,7 @@ def test_plan_blocks_is_greedy_on_exact_local_nodes(seed, phases, max_t):
     starts = plan_blocks(indptr, indices, perm, max_t, costs, limits, stamp)
     assert starts[0] == 0 and starts[-1] == n and (np.diff(starts) > 0).all()
     assert (stamp == -1).all()
-    for s, e in zip(starts[:-1], starts[1:]):
+    for s, e in zip(starts[:-1], starts[1:], strict=True):
         assert e - s <= max_t
         assert all(_cost(indptr, indices, perm[s:e], c) <= w for c, w in phases) or e - s == 1
         if e < n and e - s < max_t:
@@ -114,7 +114,7 @@ def test_plan_sub_blocks_bounds_each_sub_block():
     g = LocalGraph(np.arange(120, dtype=np.int64), src, eptr, None, None, 40)
     starts = g.sub_blocks(*costs, 900)
     assert starts[0] == 0 and starts[-1] == 40 and (np.diff(starts) > 0).all()
-    for a, z in zip(starts[:-1], starts[1:]):
+    for a, z in zip(starts[:-1], starts[1:], strict=True):
         nodes, ei, _ = g.sub(a, z)
         cost = (z - a) * costs[0] + nodes.shape[0] * costs[1] + ei.shape[1] * costs[2]
         assert cost <= 900 or z - a == 1

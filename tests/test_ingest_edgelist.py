@@ -46,7 +46,7 @@ def _write_text(p, s, d, sep=" ", comment=True):
     with open(p, "w") as f:
         if comment:
             f.write("# an edge list\n\n")
-        for a, b in zip(s, d):
+        for a, b in zip(s, d, strict=True):
             f.write(f"{a}{sep}{b}\n")
 
 
@@ -64,7 +64,7 @@ def test_formats_round_trip(tmp_path, kind):
         import gzip
         p = tmp_path / "e.csv.gz"
         with gzip.open(p, "wt") as f:
-            f.write("".join(f"{a},{b}\n" for a, b in zip(s, d)))
+            f.write("".join(f"{a},{b}\n" for a, b in zip(s, d, strict=True)))
     elif kind == "npy2E":
         p = tmp_path / "e.npy"
         np.save(p, np.stack([s, d]))

@@ -24,7 +24,7 @@ def ogb(tmp_path):
     x = rng.standard_normal((N, D)).astype(np.float32)
     y = rng.integers(0, 3, N).astype(float)
     y[:4] = np.nan
-    _gz(root / "raw" / "edge.csv.gz", [f"{a},{b}" for a, b in zip(s, d)])
+    _gz(root / "raw" / "edge.csv.gz", [f"{a},{b}" for a, b in zip(s, d, strict=True)])
     _gz(root / "raw" / "node-feat.csv.gz", [",".join(repr(float(v)) for v in row) for row in x])
     _gz(root / "raw" / "node-label.csv.gz", ["nan" if np.isnan(v) else str(int(v)) for v in y])
     _gz(root / "raw" / "num-node-list.csv.gz", [str(N)])

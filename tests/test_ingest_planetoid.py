@@ -35,8 +35,8 @@ def test_cora_identical_to_pyg(tmp_path):
         theirs = np.sort(ei[0][ei[1] == v])
         np.testing.assert_array_equal(mine, theirs)
     dst = np.repeat(np.arange(n), ds.in_degrees())
-    mine = set(zip(np.asarray(ds.indices).tolist(), dst.tolist()))
-    assert mine == set(zip(ei[0].tolist(), ei[1].tolist()))
+    mine = set(zip(np.asarray(ds.indices).tolist(), dst.tolist(), strict=True))
+    assert mine == set(zip(ei[0].tolist(), ei[1].tolist(), strict=True))
     assert ds.meta["directed"] is False
     x = ds.features.read(np.arange(n))
     assert x.dtype == np.float32

@@ -118,7 +118,7 @@ def test_pipeline_error_and_early_close_clean_up(tmp_path):
         raise RuntimeError("changeset pass failed")
 
     with pytest.raises(RuntimeError, match="changeset pass failed"):
-        for sb in Inspector(sampler, tmp_path / "rt", 4, changesets=broken).epoch(seeds, bseeds):
+        for _sb in Inspector(sampler, tmp_path / "rt", 4, changesets=broken).epoch(seeds, bseeds):
             pass
     gen = Inspector(sampler, tmp_path / "rt2", 2).epoch(seeds, bseeds)
     next(gen)  # the sampler now waits for disk room the consumer never gives back

@@ -53,22 +53,22 @@ def test_batches_follow_the_graph(graph):
             np.testing.assert_array_equal(d.x.numpy(), feats[n_id])
             np.testing.assert_array_equal(d.y.numpy(), np.asarray(graph.labels)[n_id])  # PyG's y
             src, dst = n_id[d.edge_index[0].numpy()], n_id[d.edge_index[1].numpy()]
-            for s, t in zip(src, dst):
+            for s, t in zip(src, dst, strict=True):
                 assert s in indices[indptr[t]:indptr[t + 1]]
             assert sum(d.num_sampled_nodes) == len(n_id)
             assert sum(d.num_sampled_edges) == d.edge_index.shape[1]
             assert d.num_sampled_nodes[0] == d.batch_size
     # the two epochs differ (a new shuffle each iter())
-    assert not all(torch.equal(a.n_id, b.n_id) for a, b in zip(*epochs))
+    assert not all(torch.equal(a.n_id, b.n_id) for a, b in zip(*epochs, strict=True))
 
 
 def test_presets_yield_identical_batches(graph):
     ref, _ = _batches(graph, "baseline")
     for preset in ("static", "ooc"):
         got, _ = _batches(graph, preset)
-        for ea, eb in zip(ref, got):
+        for ea, eb in zip(ref, got, strict=True):
             assert len(ea) == len(eb)
-            for a, b in zip(ea, eb):
+            for a, b in zip(ea, eb, strict=True):
                 for key in ("n_id", "edge_index", "x", "y"):
                     assert torch.equal(a[key], b[key]), (preset, key)
 
@@ -82,7 +82,7 @@ def test_set_epoch_and_len(graph):
         assert loader.epoch == 4
         loader.set_epoch(3)
         b = [d.n_id for d in loader]
-        assert len(a) == len(loader) and all(torch.equal(x, y) for x, y in zip(a, b))
+        assert len(a) == len(loader) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("preset", ["baseline", "ooc"])
@@ -108,9 +108,9 @@ def test_a_second_iterator_while_one_runs_is_refused(graph, preset):
         again.close()
         loader.set_epoch(2)
         epoch2 = list(loader)
-    for mine, theirs in zip((got, epoch2), ref):
+    for mine, theirs in zip((got, epoch2), ref, strict=True):
         assert len(mine) == len(theirs)
-        assert all(torch.equal(a.n_id, b.n_id) for a, b in zip(mine, theirs))
+        assert all(torch.equal(a.n_id, b.n_id) for a, b in zip(mine, theirs, strict=True))
 
 
 def test_input_nodes_kinds(graph):
@@ -245,7 +245,7 @@ def test_trainer_batches_are_the_loaders(graph):
         theirs = list(loader)
     assert len(mine) == len(theirs) == -(-len(graph.train_idx) // 64)
     labels = np.asarray(graph.labels)
-    for a, b in zip(mine, theirs):
+    for a, b in zip(mine, theirs, strict=True):
         for key in ("x", "edge_index", "n_id", "y", "input_id"):
             assert torch.equal(a[key], b[key]), key
         seeds = a.n_id[:a.batch_size].numpy()

@@ -49,7 +49,7 @@ def test_gcn_explicit_weights_equal_default_normalisation():
     model = build_model("gcn", 12, 16, 5, 2).eval()
     x, ei = _graph()
     ei2, w = gcn_norm(ei, None, num_nodes=x.size(0), add_self_loops=True)
-    for l, d_in in ((0, 12), (1, 16)):
+    for l, _d_in in ((0, 12), (1, 16)):
         xi = x if l == 0 else torch.randn(40, 16)
         assert torch.allclose(model.layer(l, xi, ei), model.layer(l, xi, ei2, w))
     # weights are used as given: doubling them doubles the linear part
@@ -173,7 +173,7 @@ def test_sage_sparse_path_equals_the_scatter_path(monkeypatch, layers):
     monkeypatch.setattr(M, "target_csr", lambda *a: None)
     slow, slow_grads = step()
     assert torch.allclose(fast, slow, atol=1e-5)
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fast_grads, slow_grads))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fast_grads, slow_grads, strict=True))
 
 
 def test_with_self_loops_keeps_targets_sorted():
@@ -186,9 +186,9 @@ def test_with_self_loops_keeps_targets_sorted():
     # brute force: each target's edges in order, then its loop
     want = []
     for t in range(5):
-        want += [(int(s), t, float(x)) for s, d, x in zip(ei[0], ei[1], w) if int(d) == t]
+        want += [(int(s), t, float(x)) for s, d, x in zip(ei[0], ei[1], w, strict=True) if int(d) == t]
         want.append((t, t, float(loop_w[t])))
-    assert list(zip(got_ei[0].tolist(), got_ei[1].tolist(), got_w.tolist())) == want
+    assert list(zip(got_ei[0].tolist(), got_ei[1].tolist(), got_w.tolist(), strict=True)) == want
     # unsorted targets: the loops are appended
     got_ei, got_w = with_self_loops(ei.flip(1), 5, w.flip(0), loop_w)
     assert torch.equal(got_ei[:, 5:], torch.arange(5).repeat(2, 1))
@@ -291,7 +291,7 @@ def test_targets_gradient_added_in_place_equals_the_slices(kind, monkeypatch):
     assert len(calls) == 3
     monkeypatch.setattr(M, "sources_and_targets", lambda x, k: (x, x[:k]))
     sliced = step()
-    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(fused, sliced))
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(fused, sliced, strict=True))
 
 
 @pytest.mark.parametrize("use", ["both", "sources", "targets"])
@@ -342,7 +342,7 @@ def test_sage_conv_with_the_fused_root_term_is_stock_sageconv(graph):
         out.sin().sum().backward()
         results.append([out.detach(), x.grad] + [p.grad.clone() for p in conv.parameters()])
     assert len(results[0]) == 5
-    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(*results))
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(*results, strict=True))
 
 
 @pytest.mark.parametrize("n_dst,d_in,d_out", [(6, 4, 9), (40, 9, 3)])
@@ -374,4 +374,4 @@ def test_gcn_conv_in_either_order_is_stock_gcnconv(n_dst, d_in, d_out, monkeypat
         out.sin().sum().backward()
         results.append([out.detach(), x.grad] + [p.grad.clone() for p in conv.parameters()])
     assert len(stock_calls) == (1 if n_dst == 6 else 2)  # the first case aggregated first
-    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(*results))
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(*results, strict=True))

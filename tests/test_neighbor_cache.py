@@ -403,7 +403,7 @@ def test_identical_batches_from_every_source(dataset, tmp_path, index_dtype):
         raw.tofile(path)
     ref = sample_all(dataset, InMemoryNeighbors(np.asarray(indices)))
     assert sum(b.num_edges for b in ref) > 1000
-    same = lambda got: all(a.equals(b) for a, b in zip(got, ref)) and len(got) == len(ref)  # noqa: E731
+    same = lambda got: all(a.equals(b) for a, b in zip(got, ref, strict=False)) and len(got) == len(ref)  # noqa: E731
 
     assert same(sample_all(dataset, indices))                       # memmap, wrapped
     reader = PreadReader(path)
@@ -459,7 +459,7 @@ def test_real_direct_reader(dataset):
             for src in [DirectNeighbors(path, dataset.indptr, reader=reader, max_pages=5),
                         CachedNeighbors(cache, DirectNeighbors(path, dataset.indptr, reader=reader))]:
                 got = sample_all(dataset, src)
-                assert len(got) == len(ref) and all(a.equals(b) for a, b in zip(got, ref))
+                assert len(got) == len(ref) and all(a.equals(b) for a, b in zip(got, ref, strict=True))
         finally:
             reader.close()
     assert used, "no direct reader backend could be opened"
@@ -468,7 +468,7 @@ def test_real_direct_reader(dataset):
         warnings.simplefilter("ignore")
         own = DirectNeighbors(path, dataset.indptr)
     try:
-        assert all(a.equals(b) for a, b in zip(sample_all(dataset, own), ref))
+        assert all(a.equals(b) for a, b in zip(sample_all(dataset, own), ref, strict=True))
     finally:
         own.close()
 
@@ -490,7 +490,7 @@ def test_open_sources_of_each_preset(dataset):
                 warnings.simplefilter("ignore")
                 src = open_sources(dataset, preset, ModeOptions(io_threads=4), cb)
             try:
-                assert all(a.equals(b) for a, b in zip(sample_all(dataset, src.neighbors), ref))
+                assert all(a.equals(b) for a, b in zip(sample_all(dataset, src.neighbors), ref, strict=True))
                 assert src.info["neighbor_cache_bytes"] == (0 if not (cb and preset.neighbor_cache)
                                                             else src.neighbors.cache.nbytes)
             finally:

@@ -317,7 +317,7 @@ def test_spring_restream_pass_matches_reference():
     rich = [-1] * n
     kk = 1
     for _ in range(2):
-        for u, w in zip(src.tolist(), dst.tolist()):
+        for u, w in zip(src.tolist(), dst.tolist(), strict=True):
             for x in (u, w):
                 if c[x] == 0:
                     c[x] = kk

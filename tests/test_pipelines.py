@@ -66,7 +66,7 @@ def test_superbatch_pipeline_heavy_churn(ds, tmp_path, capacity, superbatch):
     _check(pipe, sampler, x, 3)
     # the misses equal an independent Belady count per superbatch
     seed_batches, bseeds = pipe.plan(3)
-    ids = [sampler.sample(s, b).node_ids for s, b in zip(seed_batches, bseeds)]
+    ids = [sampler.sample(s, b).node_ids for s, b in zip(seed_batches, bseeds, strict=True)]
     expected = 0
     for a in range(0, len(ids), superbatch):
         expected += _belady_misses(ids[a:a + superbatch], capacity)
@@ -116,7 +116,7 @@ def test_superbatch_pipeline_page_mates(ds, tmp_path):
     pipe = SuperbatchPipeline(insp, d.train_idx, 64, 7, d.features, cache)
     _check(pipe, sampler, x, 3)
     seed_batches, bseeds = pipe.plan(3)
-    ids = [sampler.sample(s, b).node_ids for s, b in zip(seed_batches, bseeds)]
+    ids = [sampler.sample(s, b).node_ids for s, b in zip(seed_batches, bseeds, strict=True)]
     parts = [ids[a:a + superbatch] for a in range(0, len(ids), superbatch)]
     assert pipe.misses == sum(cs_fn(p).num_misses for p in parts)
     assert pipe.misses < sum(_belady_misses(p, capacity) for p in parts)

@@ -12,11 +12,11 @@ from ooc.caches.miss_curves import (
     count_misses_belady,
     count_misses_lru,
     count_misses_static,
-    degree_order,
     lru_stack_distances,
     miss_curve_belady,
     miss_curve_lru,
     miss_curve_static,
+    order_by_degree,
 )
 from ooc.core.errors import OocError
 
@@ -85,7 +85,7 @@ def test_static_matches_brute_force():
     rng = np.random.default_rng(1)
     batches = _zipf_trace(rng, 30, 200, 25)
     deg = rng.integers(0, 50, size=200)
-    order = degree_order(deg)
+    order = order_by_degree(deg)
     assert order[0] == int(np.argmax(deg))
     caps = [0, 1, 10, 50, 199, 200, 500]
     curve = miss_curve_static(batches, order, caps)
@@ -93,18 +93,18 @@ def test_static_matches_brute_force():
     assert [count_misses_static(batches, order[:c]) for c in caps] == curve.tolist()
 
 
-def test_degree_order_ties():
-    assert degree_order(np.array([3, 5, 5, 0, 3])).tolist() == [1, 2, 0, 4, 3]
+def test_order_by_degree_ties():
+    assert order_by_degree(np.array([3, 5, 5, 0, 3])).tolist() == [1, 2, 0, 4, 3]
 
 
 @pytest.mark.parametrize("dtype", [np.uint32, np.int64])
-def test_hottest_is_the_head_of_the_degree_order(dtype):
+def test_hottest_is_the_head_of_the_order_by_degree(dtype):
     """The static cache's nodes without the sort: the k first of the order, ties by id."""
     from ooc.caches.miss_curves import hottest
 
     rng = np.random.default_rng(4)
     deg = rng.integers(0, 6, size=500).astype(dtype)   # many ties at every degree
-    order = degree_order(deg)
+    order = order_by_degree(deg)
     for k in [0, 1, 7, 99, 100, 101, 250, 499, 500, 600]:
         got = hottest(deg, k)
         assert got.dtype == np.int64 and (np.diff(got) > 0).all()
@@ -147,9 +147,9 @@ def test_belady_never_worse(seed):
     rng = np.random.default_rng(seed)
     N = 400
     batches = _zipf_trace(rng, 60, N, 40)
-    order = degree_order(rng.integers(0, 100, N))
+    order = order_by_degree(rng.integers(0, 100, N))
     # the frequency order is the best static choice in hindsight
-    freq_order = degree_order(np.bincount(np.concatenate(batches), minlength=N))
+    freq_order = order_by_degree(np.bincount(np.concatenate(batches), minlength=N))
     caps = [0, 5, 20, 40, 80, 160, 400]
     b = miss_curve_belady(batches, caps)
     lru = miss_curve_lru(batches, caps)

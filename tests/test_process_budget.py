@@ -40,10 +40,10 @@ def _epochs(loader, n=2):
 
 def _same(a, b):
     assert len(a) == len(b)
-    for ea, eb in zip(a, b):
+    for ea, eb in zip(a, b, strict=True):
         assert len(ea) == len(eb)
-        for x, y in zip(ea, eb):
-            assert all(torch.equal(p, q) for p, q in zip(x, y))
+        for x, y in zip(ea, eb, strict=True):
+            assert all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
 
 
 KW = dict(num_neighbors=[4, 3], seed=3, superbatch_size=2)

@@ -78,8 +78,8 @@ def test_report_fields_and_plot(profiled):
     for key in ("ooc", "ooc_with_switch", "static_degree", "lru"):
         v = mc[key]
         assert len(v) == n and all(0.0 <= x <= 1.0 for x in v)
-        assert all(a >= b - 1e-12 for a, b in zip(v, v[1:])), key
-    for o, s, ow in zip(mc["ooc"], mc["static_degree"], mc["ooc_with_switch"]):
+        assert all(a >= b - 1e-12 for a, b in zip(v, v[1:], strict=False)), key
+    for o, s, ow in zip(mc["ooc"], mc["static_degree"], mc["ooc_with_switch"], strict=True):
         assert o <= s + 1e-12 and o <= ow
     assert mc["ooc"][-1] == 0.0 and mc["static_degree"][-1] == 0.0
     i = mc["capacity_rows"].index(rec["feature_cache_rows"])

@@ -60,7 +60,7 @@ def test_pyg_node_loader_equals_ooc_loader(graph, preset, plan_ahead):
         for epoch in ref:
             got = list(loader)
             assert len(got) == len(epoch)
-            for a, b in zip(got, epoch):
+            for a, b in zip(got, epoch, strict=True):
                 _same(a, b)
         st = sampler.stats()
         if plan_ahead:  # every batch came from the pipeline (under ooc: the Belady cache)
@@ -88,7 +88,7 @@ def test_unforeseen_requests_are_still_correct(graph):
             n_id = d.n_id.numpy()
             np.testing.assert_array_equal(d.x.numpy(), feats[n_id])
             np.testing.assert_array_equal(d.y.numpy(), np.asarray(graph.labels)[n_id])
-            for s, t in zip(n_id[d.edge_index[0].numpy()], n_id[d.edge_index[1].numpy()]):
+            for s, t in zip(n_id[d.edge_index[0].numpy()], n_id[d.edge_index[1].numpy()], strict=True):
                 assert s in indices[indptr[t]:indptr[t + 1]]
             n += d.batch_size
         assert n == len(graph.train_idx)
@@ -112,7 +112,7 @@ def test_neighbor_loader_and_workers(graph):
                                 neighbor_sampler=sampler, **sampler.loader_kwargs(num_workers=2))
         got = list(loader)
         assert len(got) == len(ref)
-        for a, b in zip(got, ref):
+        for a, b in zip(got, ref, strict=True):
             _same(a, b)
     finally:
         sampler.close()

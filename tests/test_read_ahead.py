@@ -73,7 +73,7 @@ def test_at_most_chunks_held_items_alive():
         for _ in range(50):
             yield Chunk()
 
-    for chunk in read_ahead(items()):  # the loop variable holds the last until rebound
+    for chunk in read_ahead(items()):  # noqa: B007 (the loop variable holds the last until rebound)
         pass
     del chunk
     assert 2 <= most[0] <= CHUNKS_HELD

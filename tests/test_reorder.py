@@ -54,11 +54,11 @@ def test_planted_communities_become_contiguous():
     # the entries counted (at most VOTES a list), and not before
     n, e = len(comm), int(np.minimum(np.diff(indptr), VOTES).sum())
     assert len(st.moved) == len(st.gained) == st.sweeps
-    for m, g in zip(st.moved[:-1], st.gained[:-1]):
+    for m, g in zip(st.moved[:-1], st.gained[:-1], strict=True):
         assert m >= n // 100 and g >= e // 100
     if st.sweeps < 5:
         assert st.moved[-1] < n // 100 or st.gained[-1] < e // 100
-    assert all(g >= m for m, g in zip(st.moved, st.gained))  # a move gains a vote at least
+    assert all(g >= m for m, g in zip(st.moved, st.gained, strict=True))  # a move gains a vote at least
 
 
 def test_long_lists_vote_through_spaced_entries():
@@ -127,12 +127,12 @@ def _sweep_reference(indptr, indices, label, size, cap, block=1, votes=0) -> tup
                 nbrs = nbrs[[j * len(nbrs) // votes for j in range(votes)]]
             cur = int(label[v])
             labs, counts = np.unique(label[nbrs], return_counts=True)
-            ok = [(int(c), int(lab) == cur, -int(lab)) for lab, c in zip(labs, counts)
+            ok = [(int(c), int(lab) == cur, -int(lab)) for lab, c in zip(labs, counts, strict=True)
                   if lab == cur or size[lab] < cap]
             best = -max(ok)[2] if ok else cur
-            tally = dict(zip(labs.tolist(), counts.tolist()))
+            tally = dict(zip(labs.tolist(), counts.tolist(), strict=True))
             picks.append((best, tally.get(best, 0) - tally.get(cur, 0)))
-        for v, (best, g) in zip(range(b0, min(n, b0 + block)), picks):
+        for v, (best, g) in zip(range(b0, min(n, b0 + block)), picks, strict=True):
             cur = int(label[v])
             if best != cur and size[best] < cap:
                 size[cur] -= 1
@@ -169,7 +169,7 @@ def test_a_sweep_matches_a_plain_reference(cap, block, threads, votes):
     cuts = [0, 5, 6, 100, 257, n]
     for _ in range(4):
         moved = gain = 0
-        for v0, v1 in zip(cuts[:-1], cuts[1:]):
+        for v0, v1 in zip(cuts[:-1], cuts[1:], strict=True):
             ptr = np.ascontiguousarray(indptr[v0:v1 + 1])
             window = np.ascontiguousarray(indices[ptr[0]:ptr[-1]])
             m, g = K.propagate_window(ptr, window, v0, label, size, cap, block, prop, gains,

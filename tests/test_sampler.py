@@ -112,7 +112,8 @@ def test_matches_reference_and_properties(graph, fanouts):
 def test_edges_map_to_real_edges(graph):
     indptr, indices = graph
     b = NeighborSampler(indptr, indices, [4, 4]).sample(np.arange(0, 40, 3), 5)
-    edges = set(zip(indices.tolist(), np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr)).tolist()))
+    edges = set(zip(indices.tolist(), np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr)).tolist(),
+                    strict=True))
     g = b.node_ids[b.edge_index]
     assert all((int(u), int(v)) in edges for u, v in g.T)
 
@@ -150,11 +151,11 @@ def test_sample_many_equals_sample_any_threads_and_grouping(graph):
     batches = epoch_batches(np.arange(indptr.shape[0] - 1), 37, seed=3, epoch=2)
     seeds = [derive_seed(3, 2, i) for i in range(len(batches))]
     one = [NeighborSampler(indptr, indices, [6, 3], num_threads=1).sample(b, s)
-           for b, s in zip(batches, seeds)]
+           for b, s in zip(batches, seeds, strict=True)]
     for nt, group in [(None, 64), (numba.config.NUMBA_NUM_THREADS, 5), (1, 1)]:
         many = NeighborSampler(indptr, indices, [6, 3], num_threads=nt,
                                group_size=group).sample_many(batches, seeds)
-        assert len(many) == len(one) and all(x.equals(y) for x, y in zip(many, one))
+        assert len(many) == len(one) and all(x.equals(y) for x, y in zip(many, one, strict=True))
 
 
 def test_epoch_batches():
@@ -164,9 +165,9 @@ def test_epoch_batches():
     np.testing.assert_array_equal(np.sort(np.concatenate(b)), idx)
     assert all(x.dtype == np.int64 for x in b)
     again = epoch_batches(idx, 10, seed=1, epoch=0)
-    assert all(np.array_equal(x, y) for x, y in zip(b, again))
+    assert all(np.array_equal(x, y) for x, y in zip(b, again, strict=True))
     other = epoch_batches(idx, 10, seed=1, epoch=1)
-    assert not all(np.array_equal(x, y) for x, y in zip(b, other))
+    assert not all(np.array_equal(x, y) for x, y in zip(b, other, strict=True))
     np.testing.assert_array_equal(np.concatenate(epoch_batches(idx, 10, 1, 0, shuffle=False)), idx)
 
 

@@ -42,7 +42,7 @@ def _plan(ranges: list[tuple[int, int]], align: int, max_run_pages: int, max_gap
             spans[p] = (min(lo, a), max(hi, b))
     wanted = sorted(spans)
     total_pages = len(wanted)
-    for p, q in zip(wanted, wanted[1:]):
+    for p, q in zip(wanted, wanted[1:], strict=False):
         if 0 < q - p - 1 <= max_gap and total_pages + q - p - 1 <= limit:
             total_pages += q - p - 1
             spans.update({g: (0, PAGE) for g in range(p + 1, q)})
@@ -106,12 +106,12 @@ def test_rows_merge_across_gaps_of_at_most_the_gap_bytes():
                     assert int(lens.sum()) == nbytes and (np.diff(offs) > 0).all()
                     # a run lands at its first page's slot, every id's page has one slot
                     page_slot = {}
-                    for o, ln, b in zip(offs.tolist(), lens.tolist(), bufs.tolist()):
+                    for o, ln, b in zip(offs.tolist(), lens.tolist(), bufs.tolist(), strict=True):
                         assert o % PAGE == b % PAGE
                         for k in range(o // PAGE, (o + ln - 1) // PAGE + 1):
                             sl = b // PAGE + k - o // PAGE
                             assert page_slot.setdefault(k, sl) == sl
-                    for i, sl in zip(ids.tolist(), slot.tolist()):
+                    for i, sl in zip(ids.tolist(), slot.tolist(), strict=True):
                         assert page_slot[i // rpp] == sl
     bad = K.plan_sector_reads(np.array([3, 300]), 8, 512, 300, 64, SECTOR, 0, 100)[-1]
     assert bad == 1
@@ -214,7 +214,7 @@ def test_byte_ranges_read_as_sectors(tmp_path, backend, max_read, gap):
         [(100, 9000)],  # three pages
         [(7, 7), (8192 + 600, 8192 + 700), (8192 + 3000, 8192 + 3100), (3 * PAGE, 5 * PAGE)],
         [(int(s), int(s) + int(n)) for s, n in zip(rng.integers(0, 39 * PAGE, 200),
-                                                   rng.integers(0, 300, 200))],
+                                                   rng.integers(0, 300, 200), strict=True)],
     ]
     with DirectReader(path, backend=backend, queue_depth=8, max_read_bytes=max_read,
                       max_gap_bytes=gap) as r:
@@ -315,6 +315,6 @@ def test_byte_ranges_read_through_gaps_within_out(tmp_path, backend):
             for i in range(2):
                 np.testing.assert_array_equal(buf[off[i]:off[i] + 40], data[s[i]:e[i]])
             assert r.stats.read_ops - before["read_ops"] == reads
-            want = _plan([(int(a), int(b)) for a, b in zip(s, e)], r.read_align,
+            want = _plan([(int(a), int(b)) for a, b in zip(s, e, strict=True)], r.read_align,
                          r.max_run_pages, 3, pages)[0]
             assert r.stats.bytes_read - before["bytes_read"] == want

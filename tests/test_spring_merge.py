@@ -217,7 +217,7 @@ def test_hash_ownership_and_vertex_cut_match_reference(small_dataset, ownership)
     checked = 0
     for v in range(n):
         qs = [_hash_edge(int(u), v, seed, p) for u in indices[indptr[v]:indptr[v + 1]]]
-        for u, q in zip(indices[indptr[v]:indptr[v + 1]], qs):
+        for u, q in zip(indices[indptr[v]:indptr[v + 1]], qs, strict=True):
             sets[v].add(q)
             sets[int(u)].add(q)
         if not qs:

@@ -80,7 +80,7 @@ def test_resume_equals_uninterrupted(graph, tmp_path, kind):
     assert second.epoch == 2
     second.fit(checkpoint_dir=tmp_path / "part")
     assert [r["loss"] for r in second.history] == [r["loss"] for r in full.history]
-    for p, q in zip(full.model.parameters(), second.model.parameters()):
+    for p, q in zip(full.model.parameters(), second.model.parameters(), strict=True):
         assert torch.equal(p, q)
     assert second.evaluate(graph.test_idx) == full.evaluate(graph.test_idx)
 

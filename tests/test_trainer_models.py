@@ -70,7 +70,7 @@ def test_user_optimizer_and_loss(ds):
     n_batches = -(-len(ds.train_idx) // 64)
     assert len(seen) == n_batches and sum(seen) == len(ds.train_idx)
     assert t.optimizer is opt
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 def _fresh(ds):
@@ -89,7 +89,7 @@ def test_user_model_checkpoint_resumes_exactly(ds, tmp_path):
         assert second.epoch == 2
         second.fit()
     assert [r["loss"] for r in second.history] == [r["loss"] for r in straight.history]
-    for a, b in zip(second.model.state_dict().values(), straight.model.state_dict().values()):
+    for a, b in zip(second.model.state_dict().values(), straight.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     # another model is refused in one line; load_model says how to load a user model
     other = GCN(ds.feature_dim, 16, num_layers=2, out_channels=ds.num_classes)

@@ -48,9 +48,8 @@ ids that share a page with one of its misses, are not cached, are not in batch
 those used soonest); the ones Belady's rule keeps are inserted after the batch,
 in id order, at ``in_positions`` ``|ids_i|, |ids_i| + 1, ...``: the executor reads
 them with the batch's misses into a buffer of their own. This is no longer an
-optimum (Belady with free prefetch is a heuristic); on papers100M's shape at scale
-0.05, superbatches of 16, it reads 21-33% fewer pages at caches of 5-20% of the rows
-(``python -m bench page_cache``).
+optimum (Belady with free prefetch is a heuristic); on small rows it reads fewer pages
+(``python -m bench page_cache``; ``docs/benchmarks.md``).
 
 Algorithm (three passes over the trace, as in Ginex):
 
@@ -210,9 +209,9 @@ class Changesets(FlatChangesets):
 
 def unique_sorted(x: np.ndarray) -> np.ndarray:
     """The distinct values of 1-D ``x``, sorted: a sort and a mask (numpy 2.4's
-    ``np.unique`` takes its hash path here, measured 12x slower on 300k int64 ids). An
-    ``x`` already strictly increasing (a cache's ids, carried from one superbatch to the
-    next) comes back as a copy, unsorted: 2 ms instead of 166 for 2.5M ids."""
+    ``np.unique`` takes its slower hash path here). An ``x`` already strictly increasing
+    (a cache's ids, carried from one superbatch to the next) comes back as a copy, without
+    a sort."""
     if x.shape[0] > 1 and bool(np.all(x[1:] > x[:-1])):
         return x.copy()
     s = np.sort(x)
@@ -452,7 +451,7 @@ def page_groups(node_ids: np.ndarray, local: np.ndarray, M: int, pages: PageOf
     U = pg.shape[0]
     if U < (1 << 31) and (U == 0 or 0 <= int(pg.min()) and int(pg.max()) < (1 << 31)):
         # one int64 key (page, index) sorted in place: a stable argsort by page at the
-        # price of a plain sort (4x faster than numpy's stable int64 argsort at 3M ids)
+        # price of a plain sort, which is faster than numpy's stable int64 argsort
         key = pg << 32
         key |= np.arange(U, dtype=np.int64)
         key.sort()

@@ -14,7 +14,7 @@ and the cache changes only between batches.
   accessed before batch ``i``, so one pass of stack distances gives every
   capacity at once.
 * **static** (PaGraph, AliGraph): a fixed set, the ``capacity`` first ids
-  of an order (highest out-degree first: :func:`degree_order`).
+  of an order (highest out-degree first: :func:`order_by_degree`).
 
 ``miss_curve_*`` return int64 miss counts for many capacities; LRU and static
 cost one pass whatever the number of capacities, Belady one simulation per
@@ -32,7 +32,7 @@ from ooc.caches.changesets import flatten_batches, local_ids
 from ooc.core.errors import IdOutOfRange, InvalidValue
 
 __all__ = ["belady_batch_misses", "count_misses_belady", "count_misses_lru", "count_misses_static",
-           "degree_order", "hottest", "miss_curve_belady", "miss_curve_lru", "miss_curve_static"]
+           "hottest", "order_by_degree", "miss_curve_belady", "miss_curve_lru", "miss_curve_static"]
 
 
 def _trace(batches: Sequence, num_nodes: int | None = None):
@@ -55,13 +55,13 @@ def _capacities(capacities) -> np.ndarray:
     return caps
 
 
-def degree_order(degrees: np.ndarray) -> np.ndarray:
+def order_by_degree(degrees: np.ndarray) -> np.ndarray:
     """Node ids by decreasing degree (ties: smaller id first); int64 [N]."""
     return np.argsort(-np.asarray(degrees, dtype=np.int64), kind="stable").astype(np.int64)
 
 
 def hottest(degrees: np.ndarray, k: int) -> np.ndarray:
-    """The first ``k`` of :func:`degree_order` as a set: int64 [min(k, N)], sorted by id.
+    """The first ``k`` of :func:`order_by_degree` as a set: int64 [min(k, N)], sorted by id.
 
     No sort over N: the k-th largest degree is found by a partition of a copy of
     ``degrees`` (its itemsize per node), then the nodes above it and the first of those

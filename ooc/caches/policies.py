@@ -33,8 +33,7 @@ import numpy as np
 from ooc.caches import changesets as C
 from ooc.caches.changesets import PageOf
 from ooc.caches.feature_cache import FeatureCache
-from ooc.caches.miss_curves import degree_order as order_of
-from ooc.caches.miss_curves import hottest
+from ooc.caches.miss_curves import hottest, order_by_degree
 from ooc.caches.neighbor_cache import compute_out_degrees, degree_dtype
 from ooc.core.errors import InvalidValue
 
@@ -123,7 +122,7 @@ def out_degrees(dataset) -> np.ndarray:
 def degree_order(dataset) -> np.ndarray:
     """int64 [N]: node ids by decreasing out-degree, ties by id (the static order)."""
 
-    return order_of(out_degrees(dataset))
+    return order_by_degree(out_degrees(dataset))
 
 
 def hottest_nodes(dataset, k: int) -> np.ndarray:
@@ -176,9 +175,9 @@ class BeladyCache(CachePolicy):
 
     With ``page_mates`` > 0 and rows that share pages, a step also inserts page-mates:
     ids used later in the superbatch whose rows lie on the pages the batch's misses read,
-    up to ``page_mates`` times the batch's ids (:mod:`ooc.caches.changesets`). At
-    papers100M's shape (scale 0.05, 4 GiB) ``page_mates=0.25`` read 7% fewer pages and
-    made a loader-only epoch 3% faster for 25% more CPU, so it is off by default.
+    up to ``page_mates`` times the batch's ids (:mod:`ooc.caches.changesets`). It is off
+    by default: at papers100M's shape it saves few pages for much more CPU
+    (``python -m bench loader --presets ooc,ooc-mates``; ``docs/benchmarks.md``).
 
     Attributes:
         superbatch_size: batches per superbatch; None: from the memory plan or

@@ -116,7 +116,7 @@ def compile_in_child(key: str, entry: str, args: list[str], timeout: float = 600
     unless :func:`kernels_stamp` of ``key`` says an earlier child did.
 
     A kernel compiled in the calling process leaves LLVM's compile-time memory behind
-    (100-150 MiB measured on a cold cache, which ``malloc_trim`` does not return): a first
+    (which ``malloc_trim`` does not return): a first
     run would peak higher than later runs and than its memory plan. The child runs
     ``entry`` (``"package.module:function"``, called with ``args``), which calls the stage's
     kernels with the argument types the real run gives them, on tiny data. Returns how it

@@ -63,8 +63,8 @@ def tune_malloc(arenas: int = 2, mmap_threshold: int = MMAP_THRESHOLD) -> bool:
       threshold to the size of the largest block it has freed (up to 32 MiB),
       after which batch-sized arrays (rows, reader buffers) come from the heap
       and their memory stays resident after they are freed; a fixed threshold
-      keeps every such array in its own mapping, returned at ``free``
-      (measured on a 50k x 1024 graph, static mode: epoch peak RSS 687 -> 641 MiB).
+      keeps every such array in its own mapping, returned at ``free``, which lowers
+      an epoch's peak RSS (``docs/benchmarks.md``, the memory budget).
 
     Call before threads start. Settings given in the environment
     (``MALLOC_ARENA_MAX``, ``MALLOC_MMAP_THRESHOLD_``) win. False where

@@ -41,8 +41,8 @@ def configure_process(omp_passive: bool = True, malloc: bool = True,
     Args:
         omp_passive: set ``OMP_WAIT_POLICY=PASSIVE`` unless the environment already sets it.
             numba's and torch's OpenMP pools busy-wait between parallel regions by default;
-            interleaved (sample, then compute) on a few cores they starve each other
-            (measured: forward+backward 3-4x slower on 2 cores). Effective only before torch
+            interleaved (sample, then compute) on a few cores they starve each other.
+            Effective only before torch
             and numba start their pools: ``torch_loaded`` in the result says whether torch
             was imported already.
         malloc: two malloc arenas and a fixed mmap threshold (:func:`ooc.core.memory.tune_malloc`),
@@ -52,9 +52,8 @@ def configure_process(omp_passive: bool = True, malloc: bool = True,
             torch's CPU allocator then asks the kernel for transparent huge pages for each
             allocation of 2 MiB or more (``madvise(MADV_HUGEPAGE)``; a kernel set to
             ``never`` ignores it). With the fixed mmap threshold every large tensor is a
-            fresh mapping, first touched page by page: a training step of papers100M's
-            recipe at scale 0.05 took 183k page faults, with huge pages 15k, and 1.05 ->
-            0.84 s. Effective before torch's first allocation of 2 MiB or more.
+            fresh mapping, first touched page by page; huge pages take a training step far
+            fewer page faults. Effective before torch's first allocation of 2 MiB or more.
     """
     done: dict[str, object] = {"torch_loaded": "torch" in sys.modules}
     if omp_passive:

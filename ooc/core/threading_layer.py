@@ -10,8 +10,8 @@ such a launch ("The workqueue threading layer is not threadsafe ..."). Each of o
 ``parallel=True`` kernels is a :class:`ParallelKernel`: on a thread-safe layer a call
 goes straight to the numba dispatcher; on another, calls take one process-wide lock, so
 launches run one at a time (each still on every thread of the layer), and a note says
-how to get the fast layer: ``workqueue`` also costs ~80 us a launch against omp's ~3 us
-(a training epoch of ``python -m bench modes``' dataset took 3.9x as long).
+how to get the fast layer: a launch on ``workqueue`` also costs far more than on omp
+(a training epoch of ``python -m bench modes``' dataset takes several times as long).
 
 This module imports nothing of ooc: kernel modules of every package use it.
 """

@@ -1,8 +1,8 @@
-"""Executor: the loader, caches, training, distributed training, inference and sizing.
+"""Executor: the settings, loader, training, distributed training, inference and sizing.
 
 The names below load their module (and torch / PyG with it) on first use, so
 that code needing only the executor's numba parts (the kernel compile child
-of the memory planner, the feature cache) does not pay for torch.
+of the memory planner) does not pay for torch.
 """
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ _NB = dict(nogil=True, cache=True)
 
 #: Columns of the per-node state array ``st`` ([N, 4], int32 below 2^31 nodes and
 #: degrees, else int64). Packing the four per-node fields into one 16- or 32-byte
-#: record makes an edge cost one cache miss per endpoint instead of four (about 5x
-#: faster on a 10M-edge graph).
+#: record makes an edge cost one cache miss per endpoint instead of four.
 DEG, CLUSTER, RICH, RICH_DEG = 0, 1, 2, 3
 
 
@@ -184,7 +183,7 @@ def merge_and_assign(st, k_next, prio, cap, p, rule):
 def _renumber_clusters(c, k):
     """Renumber the clusters of ``c`` that hold a node ``1 .. m`` in id order, in place;
     returns ``m + 1``. Every node opens a cluster when the stream first meets it and most
-    are left empty by later moves (about 90% at papers100M's shape), so the merge's
+    are left empty by later moves, so the merge's
     per-cluster arrays shrink from one entry per node to one per live cluster; the order
     of the live ones, which breaks ties, is kept."""
     new_id = np.zeros(k, dtype=c.dtype)

@@ -403,6 +403,7 @@ def plan_for(dataset: Dataset, parts: int, **options) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m ooc.partition.memory_plan``."""
     ap = argparse.ArgumentParser(
         prog="python -m ooc.partition.memory_plan",
         description="Planned peak memory of python -m ooc.partition for a graph's shape "
@@ -430,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @main_wrapper
 def main(argv: Sequence[str] | None = None) -> int:
+    """Print the planned peak of ``python -m ooc.partition`` for the shape in ``argv``; the
+    exit status."""
     a = build_parser().parse_args(argv)
     plan = planned_peak(a.nodes, a.edges, parts=a.parts, algo=a.algo, feature_dim=a.dim,
                         feature_dtype=a.dtype, halo_hops=a.halo_hops, row_map=not a.no_row_map,

@@ -15,11 +15,8 @@ This is *not* part of SDT-GNN's Algorithm 1; it is a separate, cheap stage
 that applies to every algorithm the same way (``refine_passes`` of
 :func:`ooc.partition.partition`). Placing a node with most of its
 in-neighbours means those neighbours need no replica in its partition, which
-is what the replication factor counts. Measured (``python -m bench partition``,
-500K-node synthetic graph and Cora, P in {4, 8, 16}): one pass lowers
-SPRING's replication factor by 8-39% (synthetic) and 3-5% (Cora) with the
-default vote merge, by 12-32% and 5-6% with Algorithm 1's merge, the
-baselines' by 8-30% and 5-41%.
+is what the replication factor counts: one pass lowers every partitioner's
+replication factor (``python -m bench partition``; ``docs/benchmarks.md``).
 
 Memory: ``O(p)`` counters plus the ``owner`` array and one chunk of edges.
 Time: one sequential pass over the edges per refinement pass.

@@ -69,6 +69,7 @@ ID_PIECE = IDS_PER_READ
 
 
 def part_name(q: int) -> str:
+    """The folder name of partition ``q``: ``part_NNN``."""
     return f"part_{q:03d}"
 
 
@@ -243,9 +244,9 @@ def _copy_features(dataset: Dataset, w: DatasetWriter, gids: np.ndarray) -> None
     the writer's feature file, :data:`FEATURE_CHUNK_BYTES` of rows at a time, read by a
     :class:`~ooc.storage.direct.DirectFeatures` (O_DIRECT where the file system allows it:
     each page holding a row of the chunk is read once, and none stays in the page cache or
-    in this process). Reading through the page cache instead (readahead off) read a source
-    the cache holds once for all partitions (scale 0.01: 0.8 GiB instead of 4.5) in the
-    same time, and took 15-18% longer where it does not fit (scale 0.05 and 0.1).
+    in this process). Reading through the page cache instead (readahead off) took as long
+    where the cache holds the source once for all partitions, and longer where it does
+    not fit (``docs/benchmarks.md``, partitioning).
 
     A source stored in a locality order (``feature_rows.npy``) lends it to the partition:
     the partition's rows are stored in the order of their source rows, so the copy reads

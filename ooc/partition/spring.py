@@ -26,15 +26,14 @@ Three steps, then the replication pass shared with every partitioner
       cluster that fits under the cap (ties: the one reached first in
       member order). Same per-node information (``n_v``); a visit walks
       the cluster's members (a linked list), so merging costs
-      ``O(sum of visited cluster sizes)`` instead of ``O(1)`` per visit
-      (0.2 s for 500K nodes). Why: with ``"richest"``
+      ``O(sum of visited cluster sizes)`` instead of ``O(1)`` per visit.
+      Why: with ``"richest"``
       one member adjacent to a global hub decides for the whole cluster, and
       on power-law graphs hubs bridge communities -- the top richest
       neighbour of a large cluster is then a hub of another community. With
       the plurality the cluster goes where most of its members' richest
-      neighbours are. Measured (``python -m bench partition``): see the README
-      table; on Cora the replication factor drops by 7-10% against
-      ``"richest"``, on the 500K-node synthetic graph by 1.5-8%.
+      neighbours are: a lower replication factor than ``"richest"`` on Cora and
+      the synthetic graph (``python -m bench partition``; ``docs/benchmarks.md``).
 (c) **Assignment** (lines 26-30): clusters sorted by size, largest first,
     each to the currently least loaded partition (by owned nodes). A cluster
     that would take that partition past ``max(floor(beta * |V| / p),
@@ -42,8 +41,8 @@ Three steps, then the replication pass shared with every partitioner
     sub-clusters merged into it stay together) and the rest goes on to the
     next least loaded partition, so node balance never exceeds ``beta`` (up
     to rounding). Algorithm 1 does not split; without the split a few large
-    merged clusters can leave a partition 20-40% over (measured with
-    ``"vote"`` at P = 8 and 16); ``info["split_clusters"]`` counts splits.
+    merged clusters can leave a partition well over the cap;
+    ``info["split_clusters"]`` counts splits.
 
 Choices the paper leaves open (all parameters of :func:`spring`):
 
@@ -66,12 +65,10 @@ Choices the paper leaves open (all parameters of :func:`spring`):
   neighbours left by pass ``k - 1`` and re-applies lines 3-17 to every edge
   (chunk order re-shuffled per pass with seed ``[seed, k]``); nodes in
   clusters whose volume is still ``<= tau_vol`` can move again, clusters
-  above it stay frozen. Measured (``python -m bench partition --spring-args
-  '--stream-iters K'``, 500K-node R-MAT graph with 64 planted communities
-  and Cora, P in {4, 8, 16}): 2-4 passes change the replication factor by
-  -1.1% .. +3.7% (at most 1.1% better on the synthetic graph, 3.7% worse on
-  Cora at P = 4, equal elsewhere) while each pass adds a full edge pass, so
-  the default stays one pass as in Algorithm 1. Most of the first pass's
+  above it stay frozen. More passes barely change the replication factor
+  (``python -m bench partition --spring-args '--stream-iters K'``;
+  ``docs/benchmarks.md``) while each adds a full edge pass, so the default
+  stays one pass as in Algorithm 1. Most of the first pass's
   volume ends in clusters above ``tau_vol``, which no later pass can change.
 * Isolated nodes (never in the stream) are singleton clusters; they cannot
   merge and fill the least loaded partitions at the end of (c).

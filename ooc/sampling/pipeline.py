@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from ooc.caches.policies import ChangesetFn
 from ooc.core.errors import BudgetError, InvalidValue
 from ooc.core.worker import Worker
 from ooc.sampling.runtime import (
@@ -75,9 +76,6 @@ class InspectorStats:
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
-
-
-ChangesetFn = Callable[[list[np.ndarray]], object]
 
 
 class Inspector:

@@ -18,8 +18,8 @@ superbatch is the same information with far fewer files):
 
 The inspector's own threads write them, so writing overlaps training; each file
 goes to a temp name and is renamed. Plain writes: aiofiles from an event loop per
-superbatch measured 3x slower on a 3 MiB superbatch and 7% faster (1.4 ms of a
-background thread) on an 85 MiB one (``python -m bench runtime_writes``).
+superbatch were slower on small superbatches and gained little on large ones
+(``python -m bench runtime_writes``; ``docs/benchmarks.md``).
 """
 from __future__ import annotations
 
@@ -122,6 +122,7 @@ def write_arrays(folder: Path, arrays: dict[str, np.ndarray], mark: str) -> None
 
 
 def superbatch_dir(runtime_dir: str | os.PathLike, k: int) -> Path:
+    """The folder of superbatch ``k``'s runtime files under ``runtime_dir``: ``sb_NNNNNN``."""
     return Path(runtime_dir) / f"sb_{k:06d}"
 
 
@@ -155,13 +156,16 @@ def _read_arrays(folder: Path, mark: str) -> dict[str, np.ndarray]:
 
 
 def read_samples(folder: Path) -> SuperbatchSamples:
+    """The sampled batches of one superbatch, as :func:`write_samples` wrote them."""
     return SuperbatchSamples(**_read_arrays(folder, SAMPLE_MARK))
 
 
 def read_changesets(folder: Path) -> FlatChangesets:
+    """The changesets of one superbatch, as :func:`write_changesets` wrote them."""
     a = _read_arrays(folder, CHANGESET_MARK)
     return FlatChangesets(**{k[3:]: v for k, v in a.items()})
 
 
 def remove_superbatch(folder: Path) -> None:
+    """Delete a superbatch's folder and its files (nothing when it is gone)."""
     shutil.rmtree(folder, ignore_errors=True)

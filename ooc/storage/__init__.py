@@ -1,6 +1,6 @@
 """Storage: the on-disk dataset format, writers, ingest and direct readers.
 
-This package imports nothing else of ooc.
+This package imports nothing of ooc above :mod:`ooc.core`.
 """
 from ooc.core.errors import (
                              BudgetError,

@@ -69,6 +69,7 @@ FEATURE_LINK = "features_link"
 
 
 def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file's bytes, as hex, read a MiB at a time."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -363,8 +364,8 @@ class Dataset:
         """Labels of ``ids`` (int64 [n]; -1 unlabeled), read from ``labels.npy`` by page
         through the page cache (:meth:`entries`): nothing of the file is mapped into the
         process. Indexing the memmap instead maps what the kernel faults in around each
-        id (737 MiB for 1,024 ids at random out of 111M, with large page-cache folios),
-        and over an epoch every page (888 MiB at 111M nodes).
+        id (hundreds of MiB for a thousand ids at random at papers100M's size, with large
+        page-cache folios), and over an epoch every page (8 bytes a node).
 
         Raises:
             IdOutOfRange: an id outside ``[0, N)``.

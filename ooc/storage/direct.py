@@ -49,9 +49,9 @@ __all__ = [
 DEFAULT_MAX_READ_BYTES = 256 << 10
 #: Gaps of a request read through, at most: one read of both sides and the gap instead of
 #: two reads (bytes between small feature rows; whole pages between pages). An SSD's read
-#: has a fixed cost of several times a page's transfer at a deep queue (this machine's
-#: disk, fio at QD 64: 83.6k reads/s of 4 KiB, 73.5k of 8 KiB, 49.6k of 16 KiB: ~9 us a
-#: read and ~0.7 ns a byte), so a gap of up to ~13 KB costs less than a read.
+#: has a fixed cost of several times a page's transfer at a deep queue (fio's rates by
+#: read size: ``docs/benchmarks.md``, reading through short gaps), so a gap of up to about
+#: three pages costs less than a read.
 DEFAULT_MAX_GAP_BYTES = 12 << 10
 #: Pages of a page buffer (64 MiB): a larger request is read in pieces of at most this many
 #: pages, so a batch of scattered small rows (a 4 KiB page for each 512 B row) does not hold
@@ -488,7 +488,7 @@ class DirectFeatures(RowTable, Feature):
         piece = np.cumsum(fresh) // per
         cuts = np.flatnonzero(piece[1:] != piece[:-1]) + 1
         bounds = np.concatenate([[0], cuts, [n]])
-        for a, z in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        for a, z in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             yield sids[a:z], dst[o[a:z]]
 
     def _check_ids(self, ids: np.ndarray, bad: int) -> None:

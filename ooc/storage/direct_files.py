@@ -3,9 +3,8 @@
 Bytes that pass through a file once (ingest's bucket files, the feature file the buckets
 are placed into) gain nothing from the page cache, and going through it costs: each page
 is allocated, copied into, written back and reclaimed, and writers are throttled to the
-writeback rate once the dirty pages pile up. Eleven 2.8 GB bucket files appended 23 MiB
-at a time measured 1.4 GB/s and 1.3 s of system time buffered (fsync included) against
-2.8 GB/s and 0.07 s with ``O_DIRECT`` on this project's machines.
+writeback rate once the dirty pages pile up: bucket files written with ``O_DIRECT``
+write faster for a fraction of the system time (``docs/benchmarks.md``).
 
 ``O_DIRECT`` wants offsets, sizes and buffer addresses aligned to the device's logical
 block; everything here aligns to :data:`~ooc.storage.layout.PAGE`, which every device
@@ -299,8 +298,8 @@ def read_range(path: str | os.PathLike, pos: int, count: int, dtype: DTypeLike
     refuses ``O_DIRECT`` (the caller reads through the page cache).
 
     An input read once gains nothing from the page cache, and going through it while
-    ingest writes its outputs measured 300-450 MB/s with a core in the kernel (3.1 GB/s
-    when reading alone).
+    ingest writes its outputs reads several times slower than reading alone, with a core
+    busy in the kernel.
     """
     dt = np.dtype(dtype)
     fd, direct = open_direct(path, os.O_RDONLY)

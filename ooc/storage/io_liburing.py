@@ -7,8 +7,8 @@ probed in a child process before a process first imports it
 later, checked on 2026.3.30); 2024.x has no ``Ring`` and is refused with
 that reason.
 
-Cost model: about 9 µs of Python per read (one SQE and one CQE through the
-binding); adjacent pages are coalesced into one read upstream. Completions
+Cost model: some Python per read (one SQE and one CQE through the binding);
+adjacent pages are coalesced into one read upstream. Completions
 are waited for on an eventfd, which releases the GIL (the binding's
 ``io_uring_submit_and_wait`` holds it, freezing every other thread).
 """
@@ -49,7 +49,7 @@ def _pow2(n: int) -> int:
 # liburing's ``Iovec`` keeps a reference to, and a buffer export of, every
 # memoryview it is given and never gives them back (checked on liburing
 # 2026.3.30: a fresh slice per read leaked the slice and pinned its buffer,
-# RSS grew ~30 MB per epoch). So each page of a buffer gets one memoryview,
+# RSS grew every epoch). So each page of a buffer gets one memoryview,
 # made once and reused by every read into that page: the leaked references
 # then cost nothing. Single-page reads (most reads of random rows) also reuse
 # one ``Iovec`` per page, built on first use. Buffers read into stay allocated

@@ -124,9 +124,8 @@ def locality_order(indptr: np.ndarray, indices: np.ndarray, cap: int = 1024,
             seeing the moves before it. The result depends on it, not on the cores.
         votes: a node with a longer in-neighbour list counts the labels of this many of
             its entries, evenly spaced along the list (sorted by id, so a spread of them);
-            0: every entry. On papers100M's shape at scale 0.05 (29 entries a list on
-            average, 60% of them counted at 32) a sweep takes about half the time and a
-            mini-batch's rows fall on 0.4% more pages.
+            0: every entry. Fewer votes make a sweep faster for slightly more pages a
+            mini-batch's rows fall on (``docs/benchmarks.md``).
     """
     n = int(indptr.shape[0]) - 1
     dt = index_dtype(n)
@@ -433,7 +432,8 @@ def _buckets(layout: FeatureLayout, buffer_bytes: int) -> tuple[int, int]:
     part = max(unit, (max(1, int(buffer_bytes) // 4) // rb) // unit * unit)
     buckets = -(-n // part) if n else 1
     if buckets > MAX_BUCKETS:  # few enough files open at once; each bucket a little larger
-        part = -(-(-(-n // MAX_BUCKETS)) // unit) * unit
+        per_bucket = -(-n // MAX_BUCKETS)
+        part = -(-per_bucket // unit) * unit
         buckets = -(-n // part)
     return part, buckets
 

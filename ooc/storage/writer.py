@@ -196,6 +196,17 @@ class DatasetWriter:
                                             padded_bytes(e * dt.itemsize))
         return self._indices
 
+    def shrink_indices(self, num_edges: int) -> None:
+        """Cut ``indices.bin`` to its first ``num_edges`` ids (after deduplication removed
+        edges) and map it again at that length; :meth:`indices` then returns the new map."""
+        idt = index_dtype(self.num_nodes)
+        self._indices = None
+        path = self._dir / "indices.bin"
+        # shortened, the file keeps the blocks reserved for its first bytes: no new room needed
+        os.truncate(path, padded_bytes(num_edges * idt.itemsize))
+        self._indices = (np.memmap(path, dtype=idt, mode="r+", shape=(num_edges,)) if num_edges
+                         else np.zeros(0, dtype=idt))
+
     def features(self) -> RowView:
         """Writable row view of ``features.bin``: ``w.features()[a:b] = rows``."""
         if self._features is None:
@@ -257,7 +268,7 @@ class DatasetWriter:
             OocError: an id out of range, listed twice in a split, or in two splits.
         """
         splits = []
-        for name, ids in zip(names, (train, val, test)):
+        for name, ids in zip(names, (train, val, test), strict=True):
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             if ids.size and (ids.min() < 0 or ids.max() >= self.num_nodes):
                 v = int(ids.min()) if ids.min() < 0 else int(ids.max())
@@ -268,7 +279,7 @@ class DatasetWriter:
             i, j, v = clash
             what = f"lists node {v} twice" if i == j else f"and {names[i]} both list node {v}"
             raise InvalidValue(f"{names[j]}: {what} (each node may be in at most one split, once)")
-        for key, ids in zip(("train_idx", "val_idx", "test_idx"), splits):
+        for key, ids in zip(("train_idx", "val_idx", "test_idx"), splits, strict=True):
             np.save(self._dir / f"{key}.npy", ids)
 
     # -- finish ------------------------------------------------------------

@@ -41,9 +41,8 @@
   in-neighbourhood up to ``L`` hops is in its partition, so sampled
   neighbourhoods in training and evaluation are those of the whole graph.
   With ``--halo-hops 1`` (SDT-GNN's full in-neighbour lists only) the second
-  hop is cut at partition borders; measured on the 20K-node synthetic graph
-  of ``python -m bench averaging`` that cost ~2 points of validation accuracy
-  in evaluation alone.
+  hop is cut at partition borders, which costs validation accuracy in
+  evaluation (``python -m bench averaging``).
 * **Memory.** With ``--memory-budget`` and several partitions per worker,
   only one local pipeline is open at a time: the others are kept as their
   model and optimizer states and reopened when their turn comes.

@@ -151,7 +151,7 @@ def weighted_sum(states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence
     if len(states) != len(weights):
         raise InvalidValue(f"{len(states)} states but {len(weights)} weights")
     out: dict[str, torch.Tensor] = {}
-    for state, w in zip(states, weights):
+    for state, w in zip(states, weights, strict=True):
         for k, v in state.items():
             if not averageable(v):
                 continue

@@ -71,7 +71,7 @@ class Liveness:
             after = [store.add(_key(r), 0) for r in others]
         except Exception:  # DistStoreError, a refused or closed connection
             return None
-        return [r for r, b, a in zip(others, before, after) if a == b]
+        return [r for r, b, a in zip(others, before, after, strict=True) if a == b]
 
     def close(self) -> None:
         self._stop.set()

@@ -266,7 +266,7 @@ def accumulate_rows(acc, x, pairs, use_max):
     ``pairs`` (int32 [m, 2]); ``acc`` float32 [targets, d], ``x`` float32 [sources, d].
 
     One thread: splitting the row's columns between two threads (no two writing one
-    value) ran 1.4x faster alone but 2.4-2.8x slower inside ``ooc.infer`` at scale 0.05."""
+    value) ran faster alone but slower inside ``ooc.infer`` (``docs/benchmarks.md``)."""
     d = acc.shape[1]
     for i in range(pairs.shape[0]):
         s = pairs[i, 0]

@@ -11,8 +11,8 @@ pages of those rows with the storage's batched page reader
 reads in flight, adjacent pages coalesced, each page once) into one reused page buffer
 and copies the rows out. The reads go through the page cache, readahead off: the file
 was written by this run a layer ago, and whatever of it the kernel still holds is a
-copy rather than a disk read (``O_DIRECT`` reads it all from the device: 5x slower for
-a 1M-node layer the cache held, 1.3x faster for one it did not; ``docs/benchmarks.md``).
+copy rather than a disk read (``O_DIRECT`` reads it all from the device: slower where
+the cache held the layer, a little faster where it did not; ``docs/benchmarks.md``).
 A chunk file whose size is not a whole number of pages has its partial last page read
 with one ``pread``.
 """
@@ -86,7 +86,7 @@ class ChunkFileRows(Feature):
         bounds = np.flatnonzero(np.diff(chunk)) + 1
         starts = np.concatenate(([0], bounds))
         ends = np.concatenate((bounds, [srows.shape[0]]))
-        for a, z in zip(starts.tolist(), ends.tolist()):
+        for a, z in zip(starts.tolist(), ends.tolist(), strict=True):
             c = int(chunk[a])
             local = srows[a:z] - c * self.chunk_rows
             self._read_chunk(c, local, at[a:z], out)

@@ -323,7 +323,7 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     _check_features(features)
     if stream_rows is not None:
         for what, v in zip(("stream_rows[0] (group rows)", "stream_rows[1] (source rows)"),
-                           stream_rows):
+                           stream_rows, strict=False):
             check_range(what, v, 1, None, integer=True)
     chunking = Chunking(int(chunk_rows), 0, block_rows)
     job = _resolve(dataset, model, out, budget, chunking, CacheSettings(policy, cache_chunks),

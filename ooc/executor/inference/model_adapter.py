@@ -128,9 +128,9 @@ def as_layerwise(model: torch.nn.Module) -> LayerwiseModel:
     if hasattr(model, "layer") and hasattr(model, "num_layers"):
         model.eval()
         gcn = getattr(model, "kind", None) == "gcn" or bool(getattr(model, "gcn_norm", False))
-        # the model's own attributes: read with getattr, as mypy would type ``model.layer``
-        # by nn.Module.__getattr__ (Tensor | Module), which they never go through
-        num_layers, layer = getattr(model, "num_layers"), getattr(model, "layer")
+        # the model's own attributes, typed Any: mypy would type ``model.layer`` by
+        # nn.Module.__getattr__ (Tensor | Module), which they never go through
+        num_layers, layer = getattr(model, "num_layers"), getattr(model, "layer")  # noqa: B009
         convs = getattr(model, "convs", None) if isinstance(model, GNN) else None
         return LayerwiseModel(model, int(num_layers), layer, gcn,
                               str(getattr(model, "kind", type(model).__name__)),

@@ -314,8 +314,8 @@ def run_layer(run: Run, l: int) -> dict:
     each input page once, at most the table, where streaming reads it at least twice plus
     the edge buckets), else block after block; ``run.aggregate`` may force either. With
     at most :data:`COMPARE_EDGES` edges the blocks are planned too and run where they
-    read fewer bytes; above, planning them (walking the edges three or four times: 20 s a
-    layer at 162M edges) would cost more than it could save, so the layer streams: its
+    read fewer bytes; above, planning them (walking the edges three or four times) would
+    cost more than it could save, so the layer streams: its
     reads are sequential, the blocks' pages at random."""
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
     run.dataset.check_mapped()  # before the plan walks the whole graph

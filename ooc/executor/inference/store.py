@@ -319,7 +319,7 @@ def disk_bytes(n: int, dims: list[int], itemsizes: list[int], keep_layers: bool,
     group's metadata and the progress file a block each."""
     rows = n if chunk_rows is None else chunk_rows
     size = [0] + [array_disk_bytes(n, rows, d * b, block)
-                  for d, b in zip(dims[1:], itemsizes)]  # size[0]: the features
+                  for d, b in zip(dims[1:], itemsizes, strict=True)]  # size[0]: the features
     pred = array_disk_bytes(n, rows, 8, block)
     rowof = array_disk_bytes(n, row_map_chunk(n, rows), 8, block) if row_of_node else 0
     base = 2 * block + rowof

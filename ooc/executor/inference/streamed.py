@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 #: :data:`SOURCE_MAX_BYTES`; the accumulators take what the chunk and the sub-blocks leave.
 SOURCE_SHARE = 0.1
 #: Read in order, a source chunk of a few of the input's chunk files reads at the disk's
-#: speed (Zarr reads the files of one request concurrently; one 32 MiB file at a time read
-#: a layer 1.4x slower); more only takes memory from the accumulators.
+#: speed (Zarr reads the files of one request concurrently; one file at a time read a
+#: layer slower); more only takes memory from the accumulators.
 SOURCE_MAX_BYTES = 128 << 20
 #: Most targets a sub-block runs through the layer at once (their rows, the reduced rows
 #: and the layer's temporaries), within :data:`SUB_SHARE` of the free memory: more only

@@ -1,5 +1,5 @@
 """The loader: presets, the I/O stack they assemble, batch pipelines and :class:`NodeLoader`.
 
-Upstream of it: :mod:`ooc.storage` (readers), :mod:`ooc.sampling` (sampler,
-neighbor cache, superbatches) and :mod:`ooc.caches` (feature caches).
+Below it: :mod:`ooc.storage` (readers), :mod:`ooc.caches` (feature and neighbour
+caches) and :mod:`ooc.sampling` (sampler, superbatches).
 """

@@ -26,6 +26,7 @@ from typing import Any, Generator, Iterator
 import numpy as np
 
 from ooc.caches.feature_cache import CachedFeature, FeatureCache
+from ooc.core.timers import Timers
 from ooc.core.worker import Worker
 from ooc.sampling.pipeline import Inspector
 from ooc.sampling.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
@@ -35,21 +36,6 @@ from ooc.storage.features import Feature
 #: with compute; each more costs a batch of rows of the memory budget (the planner counts
 #: ``PREFETCH + 2``: the queue, the one being gathered, the one training).
 PREFETCH = 1
-
-class _Times:
-    def __init__(self) -> None:
-        self.s: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def add(self, stage: str, seconds: float) -> None:
-        with self._lock:  # several gather threads add to one stage
-            self.s[stage] = self.s.get(stage, 0.0) + seconds
-
-    def snapshot(self) -> dict[str, float]:
-        """The seconds so far, copied while no thread adds."""
-        with self._lock:
-            return dict(self.s)
-
 
 #: The most gather threads a schedule can use: the superbatch schedule applies each
 #: batch's changeset before the next batch's gather, so its gathers run in order on one.
@@ -95,7 +81,7 @@ class BatchPipeline:
         self.reader: Feature = CachedFeature(cache, source) if cache is not None else source
         self.prefetch = prefetch
         self.workers = int(workers)
-        self.times = _Times()
+        self.times = Timers()
         self.lookups = 0
         self._count_lock = threading.Lock()
         self._live: set[Worker] = set()  # the threads of epochs being iterated
@@ -141,7 +127,7 @@ class BatchPipeline:
     def batches(self, epoch: int) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         """``(batch, rows)`` of every batch of ``epoch`` in order; ``rows`` is
         [n, dim] in the file dtype, row k for ``batch.node_ids[k]``."""
-        self.times = _Times()
+        self.times = Timers()
         if self.gather_threads < 1:
             yield from self._items(epoch, lambda: False)
         else:
@@ -223,7 +209,7 @@ class OnDemandPipeline(BatchPipeline):
 
     def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         seed_batches, bseeds = self.plan(epoch)
-        for ids, bs in zip(seed_batches, bseeds):
+        for ids, bs in zip(seed_batches, bseeds, strict=True):
             if stopped():
                 return
             yield self._make(ids, bs)

@@ -71,6 +71,7 @@ class Readers:
 
 
 class MmapReaders(Readers):
+    """Features and neighbour lists read through memory maps (the page cache holds what is read)."""
     name: ClassVar[str] = "mmap"
     page_cache: ClassVar[bool] = True
 
@@ -106,6 +107,8 @@ class MmapReaders(Readers):
 
 
 class DirectReaders(Readers):
+    """Features and neighbour lists read with O_DIRECT through the chosen I/O backend, around
+    the page cache; a neighbour cache may sit in front of the neighbour reads."""
     name: ClassVar[str] = "direct"
     neighbor_cache: ClassVar[bool] = True
 

@@ -29,6 +29,7 @@ _JOIN = ("import os,sys; open(sys.argv[1],'w').write(str(os.getpid())); "
 
 
 def log(msg: str) -> None:
+    """Print ``msg`` as a ``bench:`` line, flushed at once."""
     print(f"bench: {msg}", flush=True)
 
 
@@ -180,6 +181,8 @@ def cgroup_stats(cg: Path) -> dict:
 
 
 def remove_cgroup(cg: Path) -> None:
+    """Stop watching ``cg``'s peak and remove the cgroup, retrying while its processes exit
+    (logs a line when it stays)."""
     _PeakWatch.stop(cg)
     for _ in range(50):
         try:

@@ -126,7 +126,7 @@ def rehearse(dataset, config, options, preset, seeds: np.ndarray, superbatch_siz
         stages = stack.train.stage_times()
     finally:
         stack.close()
-    ends, busy, read = (np.array(v) for v in zip(*marks))
+    ends, busy, read = (np.array(v) for v in zip(*marks, strict=True))
     k = len(ends)
     w = min(warm, k)
     span = ends[-1] - ends[w - 1]

@@ -23,10 +23,8 @@ would. It charges, in float32:
   product, messages for GAT);
 * the loss over the seeds (log-softmax, its gradient, one temporary).
 
-Measured against the real step's RSS peak above the batch's rows (fanouts 15,10,5,
-hidden 256; batches of 512 and 1024 seeds on papers100M's shape at scale 0.05, 128 dims,
-and on a random 200k-node graph, 64 dims; GAT at 128 seeds) it is 1.38-1.43x for SAGE,
-1.59-1.64x for GCN and 1.33-1.38x for GAT: an upper bound, which is what the gate needs
+Against the real step's RSS peak above the batch's rows it is an upper bound (the
+ratios are in ``docs/benchmarks.md``, the memory budget), which is what the gate needs
 (the planner runs and measures every step that this bound lets fit), and not much more,
 since a looser one refuses batches that fit.
 """

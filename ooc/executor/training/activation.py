@@ -3,9 +3,9 @@ element.
 
 ``F.dropout(F.relu(h), p)`` on the CPU keeps three float tensors of ``h``'s shape for
 the backward pass (the ReLU's output, dropout's float noise and the result) and draws its
-noise with ``bernoulli_``, one element at a time from torch's generator: ~13 ns an element
-here, 0.3 s for the first layer's output of papers100M's recipe (fanouts 15,10,5 and 1024
-seeds: ~90k rows x 256), 40% of a training step on two cores. :func:`relu_dropout`
+noise with ``bernoulli_``, one element at a time from torch's generator: a large share of
+a training step on a few cores for the first layer's output of papers100M's recipe
+(fanouts 15,10,5 and 1024 seeds: ~90k rows x 256). :func:`relu_dropout`
 computes ``relu(h) * noise`` in one parallel pass whose noise is counter-based
 (splitmix64 of the element's position and a seed, :mod:`._activation_kernels`), the seed
 drawn from torch's default generator, so ``torch.manual_seed`` reproduces a run; it keeps

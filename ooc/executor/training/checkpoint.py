@@ -55,6 +55,7 @@ class CheckpointError(OocError, ValueError):
 
 
 def checkpoint_path(directory: str | os.PathLike, epoch: int) -> Path:
+    """The checkpoint file of epoch ``epoch`` in ``directory``: ``epoch_NNNN.pt``."""
     return Path(directory) / f"epoch_{int(epoch):04d}.pt"
 
 

@@ -200,8 +200,7 @@ def sage_conv(conv: SAGEConv, x: tuple[Tensor, Tensor], graph: Tensor,
     """``conv(x, graph, size)`` for a SAGEConv as :class:`GNN` builds it (mean
     aggregation, root weight, no projection or normalisation), its root term fused into
     a GEMM: ``addmm(lin_l(mean), x_dst, W_r^T)``. Stock ``lin_l(mean) + lin_r(x_dst)``
-    writes and reads one more [n_dst, d_out] tensor (8% of a training step of
-    papers100M's recipe).
+    writes and reads one more [n_dst, d_out] tensor.
 
     Args:
         x: ([n_src, d_in] sources, [n_dst, d_in] targets).
@@ -250,8 +249,7 @@ class _SourcesAndTargets(torch.autograd.Function):
     """``(x, x[:n])`` as one autograd node. Its backward adds the targets' gradient into
     the first ``n`` rows of the sources' gradient in place; autograd would give ``x[:n]``
     the gradient of a slice, a zero-filled copy of all of ``x`` added to the sources'
-    one (a tenth of a training step at papers100M's recipe: layer 1 reads ~88k rows of
-    256 for ~12k targets)."""
+    one (at papers100M's recipe layer 1 reads ~88k rows of 256 for ~12k targets)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, n: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]

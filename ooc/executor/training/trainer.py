@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from ooc.core.errors import InvalidValue, setting
 from ooc.core.memory import peak_rss_bytes
+from ooc.core.timers import Timers
 from ooc.executor.loader.node_loader import NodeLoader
 from ooc.executor.loader.presets import resolve_preset
 from ooc.executor.loader.process_budget import process_total
@@ -77,29 +78,6 @@ def epoch_torch_seed(seed: int, epoch: int) -> int:
     x = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
     x ^= x >> 31
     return x & ((1 << 63) - 1)
-
-
-class Timers:
-    """Accumulated seconds per stage."""
-
-    def __init__(self, stages=STAGES):
-        self.s: dict[str, float] = {k: 0.0 for k in stages}
-
-    @contextlib.contextmanager
-    def __call__(self, stage: str, sync: torch.device | None = None) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            if sync is not None and sync.type == "cuda":
-                torch.cuda.synchronize(sync)
-            self.add(stage, time.perf_counter() - t0)
-
-    def add(self, stage: str, seconds: float) -> None:
-        self.s[stage] = self.s.get(stage, 0.0) + seconds
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: round(v, 6) for k, v in self.s.items()}
 
 
 @dataclasses.dataclass
@@ -227,7 +205,7 @@ class Trainer:
         self.labels = dataset.labels
         self.epoch = 0  # the last completed epoch
         self.history: list[dict[str, Any]] = []
-        self.timers = Timers()
+        self.timers = Timers(STAGES)
         #: called after every training and evaluation batch (a worker's heartbeat)
         self.on_batch: Callable[[], None] | None = None
         self.nodes_seen = 0
@@ -246,7 +224,7 @@ class Trainer:
         epoch = self.epoch + 1
         torch.manual_seed(epoch_torch_seed(cfg.seed, epoch))
         self.model.train()
-        timers = Timers()
+        timers = Timers(STAGES)
         producer = self.train_producer
         self._watch.start()
         t_start = time.perf_counter()

@@ -414,10 +414,10 @@ def rmat_edges(seed, start, n, levels, pa, pab, pabc, classes, p_in, cover,
         st = _stream(seed, 1, g)
         s = np.int64(0)
         d = np.int64(0)
-        for attempt in range(64):
+        for _attempt in range(64):
             s = np.int64(0)
             d = np.int64(0)
-            for lv in range(levels):
+            for _level in range(levels):
                 st, z = _next(st)
                 u = _uniform(z)
                 s <<= 1

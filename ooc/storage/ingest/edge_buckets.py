@@ -11,8 +11,7 @@ disk while they last, and each is removed once read.
 A window's entries go to several files, each for a range of its targets whose lists take
 about :data:`RANGE_BYTES` (:func:`range_ends`): placing one file's entries then touches
 only that range's cursors and lists, which stay in cache, where a window's entries in
-input order would miss it on almost every entry (at scale 0.2, 646M entries in 4 windows,
-were placed in 11.4 s from one file a window and in 2.5 s from 158 files of ranges).
+input order would miss it on almost every entry (``docs/benchmarks.md``, ingest).
 """
 from __future__ import annotations
 

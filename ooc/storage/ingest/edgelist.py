@@ -36,7 +36,7 @@ from ooc.storage.direct_files import read_range, write_all
 from ooc.storage.ingest import _kernels as K
 from ooc.storage.ingest import limits as L
 from ooc.storage.ingest.edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
-from ooc.storage.layout import PAGE, FeatureLayout, index_dtype, padded_bytes
+from ooc.storage.layout import PAGE, FeatureLayout, index_dtype
 from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead
 from ooc.storage.reorder import STAGING_BYTES
 from ooc.storage.writer import DatasetWriter, class_ids
@@ -76,6 +76,8 @@ def check_out(out, overwrite: bool, inputs=()) -> Path:
 
 
 def check_input(path) -> Path:
+    """``path`` as a :class:`~pathlib.Path` once it is an existing, readable file; else a
+    one-line input error."""
     path = Path(path)
     if not path.exists():
         raise input_error(path, "not found")
@@ -440,7 +442,7 @@ def _windows(counts: np.ndarray, cap: int, max_nodes: int) -> list[tuple[int, in
     ends = np.empty(2 * total // max(1, cap) + counts.shape[0] // max_nodes + 2, dtype=np.int64)
     k = int(K.window_ends(counts, cap, max_nodes, ends)) if counts.shape[0] else 0
     starts = np.concatenate([[0], ends[:k - 1]]) if k else ends[:0]
-    return list(zip(starts.tolist(), ends[:k].tolist()))
+    return list(zip(starts.tolist(), ends[:k].tolist(), strict=True))
 
 
 def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, undirected: bool,
@@ -514,7 +516,8 @@ def scatter_passes(w: DatasetWriter, source: EdgeSource, counts: np.ndarray, und
             buckets.close()
     indptr.close()
     assert w.num_edges == out_pos
-    _shrink_indices(w, out_pos, e_alloc)
+    if out_pos != e_alloc:  # deduplication removed edges
+        w.shrink_indices(out_pos)
     return {"windows": len(windows), "passes": 2 if buckets is not None else 1 + len(windows),
             "routed": buckets is not None, "edges_before_dedup": e_alloc}
 
@@ -541,21 +544,6 @@ def route_pass(w: DatasetWriter, source: EdgeSource, ends: np.ndarray, undirecte
         buckets.close()
         raise
     return buckets
-
-
-def _shrink_indices(w: DatasetWriter, e: int, e_alloc: int) -> None:
-    """Shrink ``indices.bin`` to ``e`` ids when dedup removed edges."""
-    if e == e_alloc:
-        return
-    # The writer mapped indices.bin at its allocated length; re-map it at the
-    # deduplicated length (DatasetWriter has no public shrink yet).
-    idt = index_dtype(w.num_nodes)
-    w._indices = None
-    assert w.tmp is not None  # inside the writer's with block
-    path = w.tmp / "indices.bin"
-    # shortened, the file keeps the blocks reserved for its first bytes: no new room needed
-    os.truncate(path, padded_bytes(e * idt.itemsize))
-    w._indices = np.memmap(path, dtype=idt, mode="r+", shape=(e,)) if e else np.zeros(0, dtype=idt)
 
 
 # -- features, labels, splits --------------------------------------------------
@@ -623,6 +611,8 @@ class FeatureSink:
 
 
 def write_features_npy(w: DatasetWriter, reader: NpyReader, buffer_bytes: int, progress: bool) -> None:
+    """Copy the feature rows of ``reader`` (a ``.npy`` file) into the writer's ``features.bin``,
+    in pieces read ahead of the writes."""
     sink = FeatureSink(w)
     n = w.num_nodes
     step = sink.chunk_rows(max(1 << 20, buffer_bytes // (4 * CHUNKS_HELD)))
@@ -635,6 +625,7 @@ def write_features_npy(w: DatasetWriter, reader: NpyReader, buffer_bytes: int, p
 
 
 def write_constant_features(w: DatasetWriter, value: float = 1.0) -> None:
+    """Fill the writer's ``features.bin`` with ``value`` in every column (float32)."""
     sink = FeatureSink(w)
     n = w.num_nodes
     step = sink.chunk_rows(16 << 20)
@@ -646,6 +637,9 @@ def write_constant_features(w: DatasetWriter, value: float = 1.0) -> None:
 
 def open_features(path, num_nodes: int | None = None, reader: NpyReader | None = None
                   ) -> NpyReader:
+    """Open a ``.npy`` feature file (or check ``reader``): two dimensions, numbers, between 1
+    and ``MAX_FEATURE_DIM`` columns, ``num_nodes`` rows when given; else a one-line input
+    error."""
     r = reader if reader is not None else NpyReader(path)
     if len(r.shape) != 2:
         raise input_error(r.path, f"features have shape {r.shape}; expected [num_nodes, dim]")

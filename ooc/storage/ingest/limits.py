@@ -115,7 +115,7 @@ def id_node_limit(max_edges: int | None) -> int:
 def load_kernels() -> None:
     """Load numba's runtime and the count pass's kernel (from numba's cache, or compiled
     here), as every ingest does in its first pass: an RSS measured after this is the base
-    :func:`planned_peak` adds to (the first kernel loaded costs ~57 MiB)."""
+    :func:`planned_peak` adds to (the first kernel loaded costs tens of MiB)."""
     import numpy as np
 
 

@@ -119,6 +119,8 @@ def _line_blocks(path: Path, block: int = 8 << 20) -> Iterator[tuple[bytes, int]
 
 
 def parse_rows(path: Path, body: bytes, line0: int, ncols: int) -> np.ndarray:
+    """Rows of ``ncols`` comma-separated numbers in ``body`` (lines of ``path`` from line
+    ``line0``, 0-based) as float64 [rows, ncols]; a malformed line is a one-line input error."""
     arr = np.frombuffer(body, dtype=np.uint8)
     out = np.empty((body.count(b"\n") + 1, ncols), dtype=np.float64)
     rows, status, bad = K.parse_floats_rows(arr, out, ncols)
