@@ -202,7 +202,7 @@ def train_working(ds, preset, base: int, batches: dict, hidden: int, layers: int
     n, row = ds.num_nodes, ds.row_bytes
     offsets = NodeOffsets.bytes_for(n)                          # 4.125 B a node
     mates = preset.policy.mate_fraction(ds.row_pages())  # page-mate rows, one buffer at a time
-    held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"])) \
+    held = sum(k * row + b for k, b in zip(batches["nodes"], batches["arrays_bytes"], strict=True)) \
         + int(mates * max(batches["nodes"])) * row
     model = build_model("sage", ds.feature_dim, hidden, classes, layers)
     big = batches["largest"]

@@ -130,6 +130,7 @@ class Feature(ABC):
 
     def close(self) -> None:
         """Release what the reader holds (files, threads); closing twice is fine."""
+        return None  # a reader holding nothing has nothing to release
 
     def _checked_ids(self, ids) -> np.ndarray:
         """``ids`` as C-contiguous int64 [n], every one in ``[0, shape[0])``."""

@@ -112,6 +112,7 @@ class NeighborSource(ABC):
 
     def close(self) -> None:
         """Release what the source holds; closing twice is fine."""
+        return None  # a reader holding nothing has nothing to release
 
 
 class InMemoryNeighbors(NeighborSource):

@@ -499,7 +499,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
         del data, call
     finally:
         with torch.no_grad():
-            for p, g in zip(params, grads):
+            for p, g in zip(params, grads, strict=True):
                 p.grad = g
             for k, b in model.named_buffers():
                 b.copy_(buffers[k])
