@@ -528,8 +528,8 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None,
         max_edges = max(int(sum(b.num_sampled_edges)) for b in batches)
         ids_per_batch = float(np.mean([b.num_nodes for b in batches]))
         del batches
-        evaluates = config.eval_final or config.eval_every <= config.epochs
-        if model is not None and evaluates:
+        # a loader's settings (no model) have no evaluation
+        if model is not None and (config.eval_final or config.eval_every <= config.epochs):
             split = max((dataset.val_idx, dataset.test_idx), key=len)
             if len(split):
                 hold(split, config.eval_batch_size or config.batch_size,
