@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from ooc import open_dataset
-from ooc.cli import main_wrapper
 from ooc.caches.changesets import precompute_changesets
 from ooc.caches.miss_curves import miss_curve_belady, miss_curve_lru, miss_curve_static, order_by_degree
+from ooc.cli import main_wrapper
 from ooc.sampling import NeighborSampler
 
 from . import data as D

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ooc.caches.changesets import precompute_changesets
-from ooc.sampling import NeighborSampler, derive_seed
+from ooc.sampling import EpochPlan, NeighborSampler
 from ooc.storage.ingest.synthetic import SyntheticEdges, communities_of
 
 from . import harness as H
@@ -90,8 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     sampler = NeighborSampler(indptr, indices, fanouts)
     rng = np.random.default_rng(a.seed + 1)
     seeds = [rng.choice(a.nodes, a.batch_size, replace=False) for _ in range(sizes[-1])]
-    ids = [b.node_ids for b in sampler.sample_many(seeds, [derive_seed(a.seed, 0, i)
-                                                            for i in range(len(seeds))])]
+    # in order, one batch of the plan per draw: its batches are ``seeds``
+    plan = EpochPlan(np.concatenate(seeds), a.batch_size, a.seed, 0, shuffle=False)
+    ids = [b.node_ids for b in sampler.sample_many(*plan.first())]
     print(f"graph {a.nodes:,} nodes, {indices.shape[0]:,} edges; {len(ids)} batches of "
           f"{statistics.mean(len(b) for b in ids):,.0f} ids sampled in {time.perf_counter() - t0:.1f} s")
     cap = int(a.cache_fraction * a.nodes)

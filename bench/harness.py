@@ -156,10 +156,9 @@ def round_ratios(rounds: Rounds, num: str, den: str, metric: str = "s") -> float
 def epoch_plan(train_idx: np.ndarray, batch_size: int, seed: int, epoch: int,
                shuffle: bool = True) -> tuple[list[np.ndarray], list[int]]:
     """The loader's plan of one epoch: its seed batches and each batch's sampling seed."""
-    from ooc.sampling import derive_seed, epoch_batches
+    from ooc.sampling import EpochPlan
 
-    batches = epoch_batches(train_idx, batch_size, seed, epoch, shuffle=shuffle)
-    return batches, [derive_seed(seed, epoch, b) for b in range(len(batches))]
+    return EpochPlan(train_idx, batch_size, seed, epoch, shuffle).first()
 
 
 # -- the report -------------------------------------------------------------------------------

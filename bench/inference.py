@@ -48,8 +48,8 @@ from ooc.caches.chunk_cache import simulate
 from ooc.executor.inference._kernels import access_plan
 from ooc.executor.inference.layerwise import _feature_reader, layerwise_inference, read_embeddings
 from ooc.executor.training.models import build_model
-from ooc.storage.features import read_counted
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
+from ooc.storage.features import read_counted
 
 from . import harness as H
 

@@ -20,8 +20,7 @@ import numba
 import numpy as np
 
 from ooc import open_dataset, write_dataset
-from ooc.caches.neighbor_cache import full_cache_bytes
-from ooc.caches.neighbor_cache import CachedNeighbors, build_neighbor_cache
+from ooc.caches.neighbor_cache import CachedNeighbors, build_neighbor_cache, full_cache_bytes
 from ooc.sampling import NeighborSampler
 from ooc.storage import csc_from_edges
 from ooc.storage.direct import DirectReader

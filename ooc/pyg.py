@@ -37,7 +37,6 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-import zlib
 from pathlib import Path
 from typing import Any, Generator, Iterator, Sequence
 
@@ -50,8 +49,9 @@ from ooc.core.errors import IdOutOfRange, InvalidValue, OocError
 from ooc.executor.loader.node_loader import NodeLoader, check_loader_args, resolve_input_nodes
 from ooc.executor.loader.presets import resolve_preset
 from ooc.executor.loader.readers import Sources
-from ooc.executor.loader.stack import ModeOptions, cache_sizes, open_sources
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.executor.loader.stack import ModeOptions, cache_sizes, open_sampler
+from ooc.sampling.epoch_plan import EpochPlan, unplanned_seed
+from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import open_dataset
 from ooc.storage.finite import check_finite_rows
 
@@ -65,8 +65,9 @@ _READ_ONLY = ("ooc.pyg: {what} is read-only: it serves the ooc dataset in {path}
 class TensorNotStored(OocError, KeyError):
     """PyG asked the feature store for a tensor it does not hold (only ``x`` and ``y``)."""
 
-class EpochPlan:
-    """ooc's seeded order of seed batches per epoch (that of :class:`ooc.NodeLoader`).
+class BatchOrder:
+    """ooc's seeded order of seed batches per epoch (that of :class:`ooc.NodeLoader`:
+    the :class:`~ooc.sampling.epoch_plan.EpochPlan` of each epoch).
 
     ``positions(e)`` are index positions into ``seeds`` (int64 arrays), the
     batches PyG's ``DataLoader`` gets from :attr:`OocSampler.batch_sampler`;
@@ -83,10 +84,14 @@ class EpochPlan:
         self.epoch = 0
         self._cached: tuple[int, list[np.ndarray], np.ndarray] | None = None
 
+    def plan(self, epoch: int) -> EpochPlan:
+        """The epoch plan of ``epoch`` over the seeds' positions."""
+        return EpochPlan(np.arange(len(self.seeds), dtype=np.int64), self.batch_size,
+                         self.seed, epoch, self.shuffle)
+
     def _epoch(self, epoch: int) -> tuple[list[np.ndarray], np.ndarray]:
         if self._cached is None or self._cached[0] != epoch:
-            pos = epoch_batches(np.arange(len(self.seeds), dtype=np.int64), self.batch_size,
-                                self.seed, epoch, shuffle=self.shuffle)
+            pos = self.plan(epoch).batches
             batch_of = np.empty(len(self.seeds), dtype=np.int64)  # position -> its batch
             for b, p in enumerate(pos):
                 batch_of[p] = b
@@ -112,7 +117,7 @@ class EpochPlan:
 class PlannedBatches(torch.utils.data.Sampler):
     """The batch sampler for PyG's loader: each ``iter()`` is the plan's next epoch."""
 
-    def __init__(self, plan: EpochPlan):
+    def __init__(self, plan: BatchOrder):
         self.plan = plan
         self._unstarted = False  # an iterator was made and no batch drawn from it yet
 
@@ -151,8 +156,8 @@ class _Backend:
         self.settings = settings
         self.dataset = open_dataset(settings["path"])
         ds = self.dataset
-        self.plan = EpochPlan(resolve_input_nodes(ds, settings["input_nodes"]),
-                              settings["batch_size"], settings["shuffle"], settings["seed"])
+        self.plan = BatchOrder(resolve_input_nodes(ds, settings["input_nodes"]),
+                               settings["batch_size"], settings["shuffle"], settings["seed"])
         self.plan.epoch = plan_epoch
         self.main = main and settings["plan_ahead"]
         self.lock = threading.Lock()
@@ -225,21 +230,19 @@ class _Backend:
 
     # -- on demand -----------------------------------------------------------------------
     def sources(self):
-        """The preset's uncached readers with its neighbor cache
-        (:func:`ooc.executor.loader.stack.open_sources`), opened on first use."""
+        """The preset's uncached readers with its neighbor cache, and their sampler
+        (:func:`ooc.executor.loader.stack.open_sampler`), opened on first use."""
         if self._sources is None:
             s = self.settings
             opts = ModeOptions(io_backend=s["io_backend"], **s["options"])
-            preset = resolve_preset(s["preset"])
-            self._sources = open_sources(self.dataset, preset, opts,
-                                         cache_sizes(self.dataset, opts)[1])
+            self._sources, self._sampler = open_sampler(
+                self.dataset, resolve_preset(s["preset"]), opts, s["num_neighbors"],
+                s["num_threads"], cache_sizes(self.dataset, opts)[1])
         return self._sources
 
     def sampler(self):
-        if self._sampler is None:
-            s = self.settings
-            self._sampler = NeighborSampler(self.dataset.node_offsets(), self.sources().neighbors,
-                                            s["num_neighbors"], num_threads=s["num_threads"])
+        """The on-demand requests' sampler, over :meth:`sources`."""
+        self.sources()
         return self._sampler
 
     def read_rows(self, ids: np.ndarray) -> np.ndarray:
@@ -456,8 +459,8 @@ class OocSampler(BaseSampler):
                 b.counts["planned_batches"] += 1
                 return out
         # a request the plan did not foresee: a seed drawn from its node ids
-        bseed = derive_seed(b.plan.seed, max(epoch, 1), k) if k is not None else \
-            derive_seed(b.plan.seed, 0, zlib.crc32(np.ascontiguousarray(seeds).tobytes()))
+        bseed = b.plan.plan(max(epoch, 1)).batch_seed(k) if k is not None else \
+            unplanned_seed(b.plan.seed, seeds)
         b.counts["on_demand_batches"] += 1
         return self._output(b.sampler().sample(seeds, bseed), inputs)
 

@@ -210,9 +210,9 @@ def test_isolated_nodes_and_empty_graph():
 from ooc.core.errors import DatasetError, IdOutOfRange  # noqa: E402
 from ooc.storage import open_dataset, write_dataset  # noqa: E402
 from ooc.storage.dataset import ROW_MAP_FILE  # noqa: E402
+from ooc.storage.features import FeatureWrapper  # noqa: E402
 from ooc.storage.layout import FeatureLayout  # noqa: E402
 from ooc.storage.reorder import permute_rows, rows_of  # noqa: E402
-from ooc.storage.features import FeatureWrapper  # noqa: E402
 
 
 def _layout_file(path, x: np.ndarray) -> FeatureLayout:

@@ -5,8 +5,9 @@ Each :class:`Setting` gives a name (the Python keyword and the field of
 :class:`~ooc.executor.loader.stack.ModeOptions`), its default, limits and help. From
 these declarations come:
 
-* the fields and defaults of ``TrainConfig`` (:data:`TRAIN`) and ``ModeOptions``
-  (:data:`MODE`), and their ``validate()``;
+* the fields and defaults of ``TrainConfig`` (:data:`TRAIN`), ``ModeOptions``
+  (:data:`MODE`) and the loader's ``SamplingSettings`` (:data:`SAMPLING`, which
+  ``TrainConfig`` has too), and their ``validate()``;
 * the options of ``python -m ooc.train`` (:func:`add_arguments`), with :data:`RUN`,
   the settings only the command line has (checkpoints, workers and partitions);
 * the keyword defaults of :class:`ooc.NodeLoader` (:func:`default`).
@@ -203,13 +204,24 @@ _PRESET_HELP = ("preset: baseline = memmaps and the page cache, no app caches (P
                 "= neighbor cache + static degree-ordered feature cache, O_DIRECT (Ali+PG); ooc "
                 "= neighbor cache + superbatch inspector + Belady feature cache, O_DIRECT (Ginex)")
 
-#: The model and the optimisation (fields of ``TrainConfig``).
-TRAIN: tuple[Setting, ...] = (
-    Setting("mode", "ooc", _PRESET_HELP, "choice", choices=_presets),
-    Setting("model", "sage", "GNN: GraphSAGE, GCN or GAT", "choice", choices=("sage", "gcn", "gat")),
+#: How batches are sampled (fields of ``SamplingSettings``, the loader's; ``TrainConfig``
+#: has them too, in :data:`TRAIN`).
+SAMPLING: tuple[Setting, ...] = (
     Setting("fanouts", (10, 10), "neighbours sampled per layer, -1 = all; sets the number of "
             "layers", "fanouts", metavar="F1,F2,.."),
     Setting("batch_size", 1024, "seeds per batch", lo=1, hi=1 << 30),
+    Setting("seed", 0, "random seed", lo=0, hi=(1 << 63) - 1),
+    Setting("num_threads", None, "sampler threads (default: all cores)", lo=1, hi=4096,
+            flag="--threads"),
+)
+_SAMPLING = {s.name: s for s in SAMPLING}
+
+#: The model, the optimisation and the sampling (fields of ``TrainConfig``).
+TRAIN: tuple[Setting, ...] = (
+    Setting("mode", "ooc", _PRESET_HELP, "choice", choices=_presets),
+    Setting("model", "sage", "GNN: GraphSAGE, GCN or GAT", "choice", choices=("sage", "gcn", "gat")),
+    _SAMPLING["fanouts"],
+    _SAMPLING["batch_size"],
     Setting("eval_batch_size", None, "seeds per evaluation batch (default: --batch-size)",
             lo=1, hi=1 << 30),
     Setting("hidden", 128, "hidden width", lo=1, hi=1 << 16),
@@ -221,12 +233,11 @@ TRAIN: tuple[Setting, ...] = (
             "times (an exploding update; normal steps stay within a few percent)", "float",
             lo=1, lo_open=True, metavar="X"),
     Setting("epochs", 3, "train until this epoch", lo=1, hi=10**9),
-    Setting("seed", 0, "random seed", lo=0, hi=(1 << 63) - 1),
+    _SAMPLING["seed"],
     Setting("device", "auto", "auto: CUDA when available", "choice",
             choices=("auto", "cpu", "cuda")),
     Setting("eval_every", 1, "evaluate on the validation split every N epochs", lo=1),
-    Setting("num_threads", None, "sampler threads (default: all cores)", lo=1, hi=4096,
-            flag="--threads"),
+    _SAMPLING["num_threads"],
 )
 
 #: The caches and the I/O (fields of ``ModeOptions``; keywords of ``NodeLoader``).

@@ -27,7 +27,7 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Generator, Iterator, Sequence
+from typing import Any, ContextManager, Generator, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -36,10 +36,9 @@ from ooc.core.errors import IdOutOfRange, InvalidValue
 from ooc.executor.loader.batch import to_data
 from ooc.executor.loader.presets import resolve_preset
 from ooc.executor.loader.process_budget import current_budget, parse_budget
-from ooc.executor.loader.stack import ModeOptions, build_stack
+from ooc.executor.loader.stack import ModeOptions, SamplingSettings, build_stack
 from ooc.executor.settings import BY_NAME, MODE, check_fanouts, check_keywords, default
 from ooc.executor.sizing.budget import plan_memory
-from ooc.executor.training.config import TrainConfig
 from ooc.storage import open_dataset
 from ooc.storage.finite import check_finite_rows
 
@@ -96,7 +95,31 @@ def _keywords() -> list[str]:
     return own + [s.name for s in MODE if s.name not in own]
 
 
-class _OwnStack:
+class BatchSource(Protocol):
+    """Where a :class:`NodeLoader`'s batches come from: its own stack
+    (:class:`OwnStack`), its share of a budget group
+    (:class:`~ooc.executor.loader.process_budget.Membership`), or a pipeline its caller
+    built and owns (:class:`GivenPipeline`: the trainer's)."""
+
+    @property
+    def plan(self) -> Any:
+        """The memory plan the caches were sized by (None: no budget)."""
+
+    @property
+    def info(self) -> dict:
+        """What was built (sizes, readers, superbatch size)."""
+
+    def pipeline(self) -> Any:
+        """The :class:`~ooc.executor.loader.pipelines.BatchPipeline` of the loader's seeds."""
+
+    def epoch(self) -> ContextManager[Any]:
+        """A context held while one of the loader's epochs runs."""
+
+    def close(self) -> None:
+        """Release what the source holds for the loader (idempotent)."""
+
+
+class OwnStack:
     """A loader's own stack (no shared budget): built when made, closed with the loader."""
 
     def __init__(self, stack, plan, workers: int):
@@ -122,9 +145,10 @@ class _OwnStack:
             stack.close()
 
 
-class _GivenPipeline:
-    """A pipeline its caller built and owns (:meth:`NodeLoader.over_pipeline`): the loader
-    reads batches from it and leaves closing it to the caller."""
+class GivenPipeline:
+    """A pipeline its caller built with :func:`~ooc.executor.loader.stack.build_stack` and
+    owns (the trainer's training and evaluation pipelines): the loader reads batches from
+    it and leaves closing it to the caller."""
 
     plan = None
 
@@ -208,6 +232,10 @@ class NodeLoader:
             one label read per seed instead of per node: what the trainer uses);
             ``False``: no ``data.y``. A loss takes ``data.y[:data.batch_size]`` in
             either form.
+        source: a :class:`BatchSource` the batches come from instead of the loader's
+            own stack: a :class:`GivenPipeline` over a pipeline built with
+            :func:`~ooc.executor.loader.stack.build_stack` for ``input_nodes`` with these
+            sampling settings (what the trainer runs), which the loader does not close.
         **options: cache and I/O settings of :class:`~ooc.executor.loader.stack.ModeOptions`
             (``feature_cache_size``, ``neighbor_cache_size``, ``superbatch_size``,
             ``runtime_dir``, ``runtime_disk_budget``, ``queue_depth``, ``io_threads``).
@@ -229,80 +257,43 @@ class NodeLoader:
                  pin_memory: bool = False, preset: Any = default("mode"),
                  memory_budget: int | str | None = None, seed: int = default("seed"),
                  io_backend: str = default("io_backend"), num_threads: int | None = None,
-                 labels: bool | str = True,
+                 labels: bool | str = True, source: BatchSource | None = None,
                  **options: Any):
         workers = _check_workers(num_workers, persistent_workers)
-        shared = current_budget() if memory_budget is None else None
+        shared = current_budget() if memory_budget is None and source is None else None
         if isinstance(dataset, (str, Path)):
             dataset = shared.dataset(dataset) if shared is not None else open_dataset(dataset)
         fanouts = check_loader_args(num_neighbors, batch_size, preset)
         own_budget = parse_budget(memory_budget) if memory_budget is not None else None
         check_keywords("NodeLoader", options, _keywords())
         opts = ModeOptions(io_backend=io_backend, memory_budget=own_budget, **options)
-        seeds = resolve_input_nodes(dataset, input_nodes)
+        self.seeds = seeds = resolve_input_nodes(dataset, input_nodes)
         self.preset = resolve_preset(preset)
         self.num_workers = workers
         self.persistent_workers = bool(persistent_workers)
-        config = TrainConfig(fanouts=fanouts, batch_size=int(batch_size), seed=int(seed),
-                             num_threads=num_threads, progress=False)
-        config.validate()
+        self.sampling = SamplingSettings(fanouts=fanouts, batch_size=int(batch_size),
+                                         seed=int(seed), num_threads=num_threads)
+        self.sampling.validate()
         opts.validate()
         label_mode = _check_labels(labels)
-        if shared is not None:
-            source: Any = shared.join(dataset, self.preset, opts, config, seeds, shuffle, workers)
-        else:
-            plan = None
-            if own_budget:
-                plan = plan_memory(dataset, config, own_budget, opts, preset=self.preset,
-                                   workers=workers)
-            stack = build_stack(dataset, config, opts, plan=plan, seeds=seeds, shuffle=shuffle,
-                                preset=self.preset)
-            source = _OwnStack(stack, plan, workers)
-        self._setup(dataset, seeds, config, source, label_mode, pin_memory)
-
-    @classmethod
-    def over_pipeline(cls, dataset, pipeline, seeds: np.ndarray, config, *,
-                      labels: bool | str = True, pin_memory: bool = False,
-                      preset=None) -> "NodeLoader":
-        """A loader over a pipeline its caller built with
-        :func:`~ooc.executor.loader.stack.build_stack` (the trainer's training and
-        evaluation pipelines): the same ``Data`` as any loader, and closing it leaves the
-        pipeline to its owner.
-
-        Args:
-            dataset: the opened dataset the pipeline reads.
-            pipeline: a :class:`~ooc.executor.loader.pipelines.BatchPipeline` over ``seeds``.
-            seeds: the pipeline's seed ids (int64 [n]), for ``data.input_id``.
-            config: the :class:`~ooc.executor.training.config.TrainConfig` it was built with.
-            labels, pin_memory: as for :class:`NodeLoader`.
-            preset: the preset the pipeline was built with (default ``config.mode``).
-        """
-
-        self = cls.__new__(cls)
-        self.preset = resolve_preset(config.mode if preset is None else preset)
-        self.num_workers = int(getattr(pipeline, "workers", 0))
-        self.persistent_workers = False
-        self._setup(dataset, np.asarray(seeds, dtype=np.int64), config,
-                    _GivenPipeline(pipeline), _check_labels(labels), pin_memory)
-        return self
-
-    def _setup(self, dataset, seeds: np.ndarray, config, source, label_mode: str | None,
-               pin_memory: bool) -> None:
+        if source is not None and (own_budget is not None or options):
+            raise InvalidValue("NodeLoader: source= brings its own readers and caches; give "
+                               "it without memory_budget or cache options")
+        if source is None:
+            source = self._source_of(dataset, seeds, shuffle, workers, opts, shared)
         self.dataset = dataset
-        self.seeds = seeds
-        self.config = config
-        self.batch_size = int(config.batch_size)
+        self.batch_size = int(batch_size)
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         if pin_memory and not self.pin_memory:
             warnings.warn("NodeLoader: pin_memory=True but no CUDA device is available; "
-                          "batches are not pinned", UserWarning, stacklevel=3)
+                          "batches are not pinned", UserWarning, stacklevel=2)
         self._labels = label_mode
         # input_id of a seed: its position in ``seeds`` (PyG's NeighborLoader gives it)
         self._seed_order = np.argsort(seeds, kind="stable")
         self._seeds_sorted = seeds[self._seed_order]
         #: seconds spent turning batches into ``Data`` during the last epoch
         self.convert_seconds = 0.0
-        self._source = source
+        self._source: BatchSource = source
         self._finalizer = weakref.finalize(self, source.close)
         self._next_epoch = 1
         # every batch's rows are checked finite unless the dataset was written keeping
@@ -311,6 +302,21 @@ class NodeLoader:
                              else dataset.features_file)
         #: the epoch an unfinished iterator runs (None: none)
         self._running: int | None = None
+
+    def _source_of(self, dataset, seeds: np.ndarray, shuffle: bool, workers: int,
+                   opts: ModeOptions, shared) -> BatchSource:
+        """The loader's share of the process's budget group (``shared``), else its own
+        stack, sized by its own budget's plan when it has one."""
+        if shared is not None:
+            return shared.join(dataset, self.preset, opts, self.sampling, seeds, shuffle,
+                               workers)
+        plan = None
+        if opts.memory_budget:
+            plan = plan_memory(dataset, self.sampling, opts.memory_budget, opts,
+                               preset=self.preset, workers=workers)
+        stack = build_stack(dataset, self.sampling, opts, plan=plan, seeds=seeds,
+                            shuffle=shuffle, preset=self.preset)
+        return OwnStack(stack, plan, workers)
 
     @property
     def memory_plan(self):
@@ -445,5 +451,5 @@ class NodeLoader:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"NodeLoader({self.dataset.path}, num_neighbors={self.config.fanouts}, "
+        return (f"NodeLoader({self.dataset.path}, num_neighbors={self.sampling.fanouts}, "
                 f"batch_size={self.batch_size}, seeds={len(self.seeds)}, preset={self.preset.name!r})")

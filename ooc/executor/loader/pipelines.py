@@ -28,8 +28,9 @@ import numpy as np
 from ooc.caches.feature_cache import CachedFeature, FeatureCache
 from ooc.core.timers import Timers
 from ooc.core.worker import Worker
+from ooc.sampling.epoch_plan import EpochPlan
 from ooc.sampling.pipeline import Inspector
-from ooc.sampling.sampler import NeighborSampler, SampledBatch, derive_seed, epoch_batches
+from ooc.sampling.sampler import NeighborSampler, SampledBatch
 from ooc.storage.features import Feature
 
 #: Gathered batches queued ahead of the training step. One is enough to overlap gather
@@ -121,8 +122,7 @@ class BatchPipeline:
 
     def plan(self, epoch: int) -> tuple[list[np.ndarray], list[int]]:
         """Seed batches of ``epoch`` and their sampling seeds."""
-        sb = epoch_batches(self.seeds, self.batch_size, self.seed, epoch, shuffle=self.shuffle)
-        return sb, [derive_seed(self.seed, epoch, b) for b in range(len(sb))]
+        return EpochPlan(self.seeds, self.batch_size, self.seed, epoch, self.shuffle).first()
 
     def batches(self, epoch: int) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         """``(batch, rows)`` of every batch of ``epoch`` in order; ``rows`` is

@@ -50,9 +50,10 @@ from ooc.executor.loader.pipelines import BatchPipeline, OnDemandPipeline, Super
 from ooc.executor.loader.presets import Preset, resolve_preset
 from ooc.executor.loader.readers import Sources, TimedFeature
 from ooc.executor.settings import BY_NAME as _S
-from ooc.executor.settings import MODE, check_all, keywords_checked
+from ooc.executor.settings import MODE, SAMPLING, check_all, keywords_checked
+from ooc.sampling.epoch_plan import EpochPlan
 from ooc.sampling.pipeline import Inspector, measure_bytes_per_batch, superbatch_size_for_budget
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.sampling.sampler import NeighborSampler
 from ooc.storage.atomic import pid_alive
 from ooc.storage.ownership import made_by_ooc, mark
 from ooc.storage.pagecache import release_mapped
@@ -105,6 +106,36 @@ class ModeOptions:
         """Check every setting (one-line :class:`InvalidValue` naming it as the caller
         wrote it); sizes given as text become bytes."""
         check_all(self, MODE)
+
+
+@keywords_checked
+@dataclass
+class SamplingSettings:
+    """How a loader samples its batches: each field is the setting of the same name in
+    :data:`ooc.executor.settings.SAMPLING` (default, limits, help); a
+    :class:`~ooc.executor.training.config.TrainConfig` has the same fields, and
+    :func:`build_stack` and the memory planner take either.
+
+    Attributes:
+        fanouts: neighbours sampled per layer (``-1``: all).
+        batch_size: seeds per batch.
+        seed: the sampling seed (:class:`~ooc.sampling.epoch_plan.EpochPlan`).
+        num_threads: sampler threads (None: all cores).
+        device: where the ``ooc`` preset computes its changesets (``auto``: CUDA when
+            available), the declared default of a training run's ``device``.
+        eval_batch_size: seeds per evaluation batch (None: ``batch_size``).
+    """
+
+    fanouts: list[int] = _S["fanouts"].field()
+    batch_size: int = _S["batch_size"].field()
+    seed: int = _S["seed"].field()
+    num_threads: int | None = _S["num_threads"].field()
+    device: str = _S["device"].field()
+    eval_batch_size: int | None = _S["eval_batch_size"].field()
+
+    def validate(self) -> None:
+        """Check every setting (one-line :class:`InvalidValue` naming it)."""
+        check_all(self, SAMPLING)
 
 
 @dataclass
@@ -186,6 +217,23 @@ def open_sources(dataset, preset: Preset, opts: ModeOptions,
     return src
 
 
+def open_sampler(dataset, preset: Preset, opts: ModeOptions, fanouts, num_threads=None,
+                 neighbor_cache_bytes: int = 0) -> tuple[Sources, NeighborSampler]:
+    """The preset's readers (:func:`open_sources`) and a sampler of ``fanouts`` over their
+    neighbour source with ``num_threads`` threads (None: numba's setting): what every
+    consumer samples with (the stack, the memory planner's probe and kernel warm-up,
+    :mod:`ooc.pyg`'s on-demand requests). Closing the sources releases both."""
+
+    src = open_sources(dataset, preset, opts, neighbor_cache_bytes)
+    try:
+        sampler = NeighborSampler(dataset.node_offsets(), src.neighbors, list(fanouts),
+                                  num_threads=num_threads)
+    except BaseException:
+        src.close()
+        raise
+    return src, sampler
+
+
 @dataclass
 class _Parts:
     """What a schedule builds its training pipeline from."""
@@ -219,8 +267,7 @@ def superbatch_size(p: _Parts) -> int:
     if s is None and p.plan is not None and p.plan.superbatch_size:
         s = p.plan.superbatch_size
     if s is None:
-        sb = epoch_batches(p.seeds, cfg.batch_size, cfg.seed, 1, shuffle=p.shuffle)
-        bseeds = [derive_seed(cfg.seed, 1, b) for b in range(len(sb))]
+        sb, bseeds = EpochPlan(p.seeds, cfg.batch_size, cfg.seed, 1, p.shuffle).first()
         bpb = measure_bytes_per_batch(p.sampler, sb, bseeds, with_changesets=True, probes=2)
         s = superbatch_size_for_budget(p.opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
         p.info["runtime_bytes_per_batch"] = int(bpb)
@@ -264,8 +311,8 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
 
     Args:
         dataset: an opened :class:`ooc.storage.Dataset`.
-        config: a :class:`~ooc.executor.training.config.TrainConfig` (mode, fanouts,
-            batch sizes, seed, threads, device).
+        config: the sampling settings: a :class:`SamplingSettings`, or a
+            :class:`~ooc.executor.training.config.TrainConfig` (which has them and a mode).
         options: cache and I/O settings (defaults: :class:`ModeOptions`).
         plan: a :class:`~ooc.executor.sizing.budget.MemoryPlan` giving cache sizes and
             the superbatch size where ``options`` leaves them open.
@@ -281,14 +328,13 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
     preset = resolve_preset(config.mode if preset is None else preset)
     seeds = np.asarray(dataset.train_idx if seeds is None else seeds, dtype=np.int64)
     feat_bytes, nbr_bytes = cache_sizes(dataset, opts, plan)
-    src = open_sources(dataset, preset, opts, nbr_bytes if preset.neighbor_cache else 0)
+    src, sampler = open_sampler(dataset, preset, opts, config.fanouts, config.num_threads,
+                                nbr_bytes if preset.neighbor_cache else 0)
     info: dict[str, Any] = {"mode": preset.name, "readers": preset.readers.name,
                             "cache_policy": preset.policy.name, **src.info}
     closers = list(src.closers)
     try:
         features = TimedFeature(src.features)
-        sampler = NeighborSampler(dataset.node_offsets(), src.neighbors, list(config.fanouts),
-                                  num_threads=config.num_threads)
         cache = _feature_cache(dataset, preset, feat_bytes, info)
         if cache is not None:
             preset.policy.fill(cache, dataset, features)

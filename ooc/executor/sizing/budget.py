@@ -95,7 +95,7 @@ from ooc.core.sizes import format_size
 from ooc.executor.loader.pipelines import batches_in_flight, gather_threads
 from ooc.executor.loader.presets import Preset, resolve_preset
 from ooc.executor.loader.readers import READERS
-from ooc.executor.loader.stack import EVAL_SEED_OFFSET, ModeOptions, open_sources
+from ooc.executor.loader.stack import EVAL_SEED_OFFSET, ModeOptions, open_sampler
 from ooc.executor.sizing.plan import (
     NEIGHBOR_FRACTION,
     STABILITY,
@@ -111,8 +111,9 @@ from ooc.executor.sizing.plan import (
     suggest_budget,
 )
 from ooc.executor.sizing.step_memory import step_bytes
+from ooc.sampling.epoch_plan import EpochPlan
 from ooc.sampling.pipeline import bytes_per_batch
-from ooc.sampling.sampler import NeighborSampler, derive_seed, epoch_batches
+from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import open_dataset
 from ooc.storage.features import InMemoryFeatures
 from ooc.storage.neighbors import InMemoryNeighbors
@@ -166,10 +167,9 @@ def _child_main(argv: list[str]) -> None:
     warm_up_kernels(preset, ds.feature_dim, ds.feature_dtype, ds.index_dtype, ds.num_edges)
     opts = _default_options()
     opts.queue_depth, opts.io_threads, opts.io_backend = int(qd), int(io_threads), backend
-    src = open_sources(ds, preset, opts)
+    src, sampler = open_sampler(ds, preset, opts, [int(f) for f in fanouts.split(",")],
+                                int(threads) or None)
     try:
-        sampler = NeighborSampler(ds.node_offsets(), src.neighbors, [int(f) for f in fanouts.split(",")],
-                                  num_threads=int(threads) or None)
         seeds = np.asarray(ds.train_idx[:8], dtype=np.int64)
         if len(seeds):
             ds.read_labels(seeds)  # the label reader's page kernels
@@ -326,11 +326,9 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None,
     """
 
     preset.readers.before_probe(dataset)
-    src = open_sources(dataset, preset, opts)
+    src, sampler = open_sampler(dataset, preset, opts, config.fanouts, config.num_threads)
     peaks: dict[str, int] = {}
     try:
-        sampler = NeighborSampler(dataset.node_offsets(), src.neighbors, list(config.fanouts),
-                                  num_threads=config.num_threads)
         hold = _Holder(sampler, src.features, model, dataset, peaks, limit, in_flight,
                        preset.policy.mate_fraction(dataset.row_pages()))
         batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
@@ -339,8 +337,8 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None,
         max_edges = max(int(sum(b.num_sampled_edges)) for b in batches)
         ids_per_batch = float(np.mean([b.num_nodes for b in batches]))
         del batches
-        evaluates = config.eval_final or config.eval_every <= config.epochs
-        if model is not None and evaluates:
+        # a loader's settings (no model) have no evaluation
+        if model is not None and (config.eval_final or config.eval_every <= config.epochs):
             split = max((dataset.val_idx, dataset.test_idx), key=len)
             if len(split):
                 hold(split, config.eval_batch_size or config.batch_size,
@@ -377,9 +375,8 @@ class _Holder:
     def sample(self, ids, bs: int, seed: int, epoch: int, shuffle: bool) -> list:
         """The first ``in_flight`` sampled batches of ``bs`` seeds of that epoch."""
 
-        seed_batches = epoch_batches(ids, bs, seed, epoch, shuffle=shuffle)[:self.in_flight]
-        return self.sampler.sample_many(seed_batches, [derive_seed(seed, epoch, b)
-                                                       for b in range(len(seed_batches))])
+        return self.sampler.sample_many(*EpochPlan(ids, bs, seed, epoch, shuffle)
+                                        .first(self.in_flight))
 
     def __call__(self, ids, bs: int, seed: int, epoch: int, shuffle: bool,
                  key_sample: str | None, key_loop: str, option: str) -> list:

@@ -66,6 +66,7 @@ from ooc.executor.loader.presets import resolve_preset
 from ooc.executor.loader.stack import build_stack
 from ooc.executor.sizing.budget import default_reserve, hwm_bytes, plan_memory, reset_hwm, rss_bytes
 from ooc.executor.sizing.rehearsal import rehearsal_shape, rehearse, warm_batches
+from ooc.sampling.epoch_plan import EpochPlan
 from ooc.sampling.runtime import (
     FlatChangesets,
     SuperbatchSamples,
@@ -75,7 +76,6 @@ from ooc.sampling.runtime import (
     write_changesets,
     write_samples,
 )
-from ooc.sampling.sampler import derive_seed, epoch_batches
 from ooc.storage.layout import PAGE
 from ooc.storage.pagecache import drop_page_cache
 
@@ -496,13 +496,12 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
         f"{_fmt(budget)}")
     plan = plan_memory(dataset, config, int(budget), options, model=model, reserve=reserve,
                        preset=preset)
-    seed_batches = epoch_batches(dataset.train_idx, config.batch_size, config.seed, 1,
-                                 shuffle=True)
-    shape = _Shape.of(len(seed_batches), plan, trace_batches)
+    epoch1 = EpochPlan(dataset.train_idx, config.batch_size, config.seed, 1)
+    shape = _Shape.of(len(epoch1), plan, trace_batches)
     gpu = {"available": bool(torch.cuda.is_available())}
-    m = _measure(dataset, config, options, plan, preset, shape, seed_batches, gpu,
+    m = _measure(dataset, config, options, plan, preset, shape, epoch1, gpu,
                  (model, optimizer, device, compute_steps), log)
-    reh = _rehearse(dataset, config, options, plan, preset, shape, seed_batches,
+    reh = _rehearse(dataset, config, options, plan, preset, shape, epoch1,
                     (model, optimizer, device), log)
     log(f"ooc.size: simulating the {preset.name} schedule over {shape.T} batches (cache "
         f"carried across superbatches of {shape.S}) and the miss-ratio curves")
@@ -612,8 +611,8 @@ def _recommended_options(options, plan):
                    superbatch_size=plan.superbatch_size, memory_budget=None)
 
 
-def _rehearse(dataset, config, options, plan, preset, shape: _Shape, seed_batches, training,
-              log):
+def _rehearse(dataset, config, options, plan, preset, shape: _Shape, epoch1: EpochPlan,
+              training, log):
     """:func:`~ooc.executor.sizing.rehearsal.rehearse` the epoch's first batches with the
     recommended sizes."""
 
@@ -622,10 +621,10 @@ def _rehearse(dataset, config, options, plan, preset, shape: _Shape, seed_batche
         + (f" (superbatches of {s_r})" if s_r else ""))
     model, optimizer, device = training
     return rehearse(dataset, config, _recommended_options(options, plan), preset,
-                    np.concatenate(seed_batches[:k]), s_r, model, optimizer, device)
+                    np.concatenate(epoch1.batches[:k]), s_r, model, optimizer, device)
 
 
-def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches, gpu,
+def _measure(dataset, config, options, plan, preset, shape: _Shape, epoch1: EpochPlan, gpu,
              training, log) -> _Measured:
     """Build the stack with the recommended sizes, as training builds it, and time its
     stages on the first ``shape.T`` batches of epoch 1."""
@@ -644,8 +643,7 @@ def _measure(dataset, config, options, plan, preset, shape: _Shape, seed_batches
         pipe = stack.train
         log(f"ooc.size: sampling {shape.T} batches (superbatch sampling stage)")
         with stages["sample"]:
-            batches = pipe.sampler.sample_many(
-                seed_batches[:shape.T], [derive_seed(config.seed, 1, b) for b in range(shape.T)])
+            batches = pipe.sampler.sample_many(*epoch1.first(shape.T))
         trace = [np.asarray(b.node_ids, dtype=np.int64) for b in batches]
         m = _Measured(stages, build_st, stack.info.get("reader_backend"), trace, batches,
                       float(np.mean([len(t) for t in trace])))

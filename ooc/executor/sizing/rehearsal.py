@@ -146,11 +146,14 @@ def _train(dataset, config, stack, seeds, model, optimizer, device, warm: int, m
     producing thread has been busy, seconds the feature source has read)."""
     import torch
 
-    from ooc.executor.loader.node_loader import NodeLoader
+    from ooc.executor.loader.node_loader import GivenPipeline, NodeLoader
     from ooc.executor.training.step import default_loss, model_call, train_step
 
     pipe = stack.train
-    loader = NodeLoader.over_pipeline(dataset, pipe, seeds, config, labels="seeds")
+    loader = NodeLoader(dataset, config.fanouts, seeds, batch_size=config.batch_size,
+                        num_workers=pipe.workers, preset=config.mode, seed=config.seed,
+                        num_threads=config.num_threads, labels="seeds",
+                        source=GivenPipeline(pipe))
     call = model_call(model)
     model.train()
     marks: list[tuple[float, float, float]] = []

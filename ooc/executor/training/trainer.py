@@ -2,14 +2,15 @@
 
 One code path for every mode. A :class:`Trainer` owns the model, the
 optimizer and the mode's pipelines (:func:`ooc.executor.loader.stack.build_stack`):
-a training pipeline and a factory of evaluation pipelines, read through
-:class:`~ooc.executor.loader.node_loader.NodeLoader` (``over_pipeline``), so the
-trainer, the CLI and a user's own loop get the same ``Data`` from the same code
-(the trainer asks for the seeds' labels only).
+a training pipeline and a factory of evaluation pipelines, each read through a
+:class:`~ooc.executor.loader.node_loader.NodeLoader` made over it (its source a
+:class:`~ooc.executor.loader.node_loader.GivenPipeline`), so the trainer, the CLI and
+a user's own loop get the same ``Data`` from the same code (the trainer asks for the
+seeds' labels only).
 
 Determinism: the model is initialised after ``torch.manual_seed(seed)``; the
 batch order and sampled batches of epoch ``e`` come from ``(seed, e)``
-(``epoch_batches``, ``derive_seed``); dropout draws from the torch RNG
+(:class:`~ooc.sampling.epoch_plan.EpochPlan`); dropout draws from the torch RNG
 re-seeded from ``(seed, e)`` at the start of every epoch. So epoch ``e`` does
 the same thing whether the run started at epoch 1 or resumed from a
 checkpoint of epoch ``e - 1``.
@@ -33,10 +34,10 @@ from tqdm.auto import tqdm
 from ooc.core.errors import InvalidValue, setting
 from ooc.core.memory import peak_rss_bytes
 from ooc.core.timers import Timers
-from ooc.executor.loader.node_loader import NodeLoader
+from ooc.executor.loader.node_loader import GivenPipeline, NodeLoader
 from ooc.executor.loader.presets import resolve_preset
 from ooc.executor.loader.process_budget import process_total
-from ooc.executor.loader.stack import ModeOptions, build_stack
+from ooc.executor.loader.stack import EVAL_SEED_OFFSET, ModeOptions, build_stack
 from ooc.executor.sizing.budget import plan_memory
 from ooc.executor.training.checkpoint import (
     check_dataset,
@@ -199,9 +200,8 @@ class Trainer:
             self.mode_info = dict(pipeline.info)
         self.train_producer, self.eval_producer_factory, self.features = pipeline
         #: the training batches as ``Data`` (seeds' labels only): the loader code users run
-        self.train_loader = NodeLoader.over_pipeline(dataset, self.train_producer,
-                                                     dataset.train_idx, config, labels="seeds",
-                                                     preset=preset)
+        self.train_loader = self._loader(self.train_producer, dataset.train_idx,
+                                         config.batch_size, config.seed)
         self.labels = dataset.labels
         self.epoch = 0  # the last completed epoch
         self.history: list[dict[str, Any]] = []
@@ -210,6 +210,15 @@ class Trainer:
         self.on_batch: Callable[[], None] | None = None
         self.nodes_seen = 0
         self.batches_seen = 0
+
+    def _loader(self, pipeline, seeds: np.ndarray, batch_size: int, seed: int) -> NodeLoader:
+        """A :class:`NodeLoader` over ``pipeline`` (built for ``seeds`` in batches of
+        ``batch_size`` sampled from ``seed``), which this trainer owns: the seeds' labels only."""
+        cfg = self.config
+        return NodeLoader(self.dataset, cfg.fanouts, seeds, batch_size=batch_size,
+                          num_workers=int(getattr(pipeline, "workers", 0)), preset=self.preset,
+                          seed=seed, num_threads=cfg.num_threads, labels="seeds",
+                          source=GivenPipeline(pipeline))
 
     # -- epochs --------------------------------------------------------------
     def _check_open(self) -> None:
@@ -286,14 +295,13 @@ class Trainer:
 
     def _add_stage_times(self, timers: Timers, wait: float) -> None:
         """The loader's stage seconds of the epoch, its conversion, and the stall: time
-        the loop waited (``wait``) beyond what a synchronous loader spent inside."""
+        the loop waited (``wait``) for a batch beyond its conversion."""
         producer, loader = self.train_producer, self.train_loader
         stages = dict(producer.stage_times()) if hasattr(producer, "stage_times") else {}
         for stage, seconds in stages.items():
             timers.add(stage, seconds)
         timers.add("convert", loader.convert_seconds)
-        inside = sum(stages.values()) if getattr(producer, "synchronous", False) else 0.0
-        timers.add("stall", max(0.0, wait - inside - loader.convert_seconds))
+        timers.add("stall", max(0.0, wait - loader.convert_seconds))
 
     def _step(self, data, epoch: int, step: int, steps: int) -> tuple[float, float, int, int]:
         """One training step and its checks: ``(loss, weight growth, labeled seeds,
@@ -344,8 +352,9 @@ class Trainer:
         if ids.size == 0:
             return 0, 0
         self.model.eval()
-        loader = NodeLoader.over_pipeline(self.dataset, self.eval_producer_factory(ids), ids,
-                                          self.config, labels="seeds", preset=self.preset)
+        cfg = self.config
+        loader = self._loader(self.eval_producer_factory(ids), ids,
+                              cfg.eval_batch_size or cfg.batch_size, cfg.seed + EVAL_SEED_OFFSET)
         correct, count = 0, 0
         for data in loader.batches(0):
             data = data.to(self.device)
