@@ -67,24 +67,14 @@ bitmap is still held during ``refine``.
 No phase keeps what an earlier one freed: :func:`~ooc.partition.partition_dataset` fixes
 glibc's mmap threshold (:func:`ooc.core.memory.tune_malloc`), so an array of 256 KiB or more
 goes back to the OS when it is freed. Left to raise its threshold to the largest array it
-had freed (up to 32 MiB), glibc kept up to twice that of SPRING's per-cluster arrays in its
-heap after the merge (47 MiB at 5.55M nodes).
+had freed, glibc would keep up to twice that of SPRING's per-cluster arrays in its heap
+after the merge.
 
 What the plan does not know without running, it bounds or assumes: ``q`` defaults to
-``N`` (a partition never holds more; measured: 65-69% of N at P = 8 on the OGB-shaped
-graphs of ``python -m bench scale``), ``o`` to SPRING's node cap
+``N`` (a partition never holds more), ``o`` to SPRING's node cap
 ``max(floor(beta N / p), ceil(N / p))`` (``q`` for the edge partitioners), ``c`` to
-``N / 8`` (measured 10-11% of N on those graphs), the degrees to fit int32. Pass the
-counts to plan for a known partition.
-
-Measured (``python -m ooc.partition --parts 8``, ``VmHWM``) against this plan from the
-shape alone (the RSS after opening, 157-165 MiB, included), feature rows copied / linked:
-384 / 211 MiB at 1.1M nodes and 13.5M stored edges (planned 396 / 231: 1.03x / 1.10x), 481 /
-330 at 5.55M and 162M (planned 510 / 356: 1.06x / 1.08x); the partitions hold 61-69% of
-N. The split is the largest phase at these sizes, its copy's fixed buffers weighing most.
-At papers100M's shape (111M nodes, 3.2B stored edges, 8 parts) the merge is: 3.53 GiB
-above the opened dataset (34.1 B a node), the split 3.37 GiB with partitions bounded by N
-(32.6 B a node). A 111M-node graph of average degree 2 measured 3.31 GiB.
+``N / 8``, the degrees to fit int32. Pass the counts to plan for a known partition.
+How the plan compares with measured peaks is in docs/benchmarks.md (Partitioning).
 """
 from __future__ import annotations
 

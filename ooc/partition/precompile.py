@@ -1,8 +1,8 @@
 """The partitioning kernels compiled in a child process before a partition run.
 
 See :func:`ooc.core.jit.compile_in_child`: on a cold numba cache, kernels compiled in the
-partitioning process would leave LLVM's compile-time memory there (measured: 82 MiB over
-the memory plan on a 222k-node graph), so the first run would peak above later runs and
+partitioning process would leave LLVM's compile-time memory there (tens of MiB over the
+memory plan), so the first run would peak above later runs and
 above ``planned_peak_bytes``. The child partitions a tiny graph of the dataset's dtypes
 with the run's options, which calls every kernel of the assignment, the refinement, the
 metrics and the split with the argument types the real run gives them.

@@ -1,8 +1,8 @@
 """The ingest kernels compiled in a child process before an ingest.
 
 See :func:`ooc.core.jit.compile_in_child`: on a cold numba cache, kernels compiled in the
-ingesting process would leave LLVM's compile-time memory there (measured: 63 MiB above a
-warm run on a 222k-node graph), so a first ingest would peak above later ones and its
+ingesting process would leave LLVM's compile-time memory there (tens of MiB above a warm
+run), so a first ingest would peak above later ones and its
 memory plan. The child ingests a tiny graph with the run's options: an edge list of
 ``.npy`` files (edges reach every ingest's passes as int64 chunks, whatever their file:
 the count, scatter, sort and compaction kernels, the locality order and the row placement,
