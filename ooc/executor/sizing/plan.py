@@ -29,6 +29,7 @@ import numpy as np
 
 from ooc.caches.feature_cache import row_cost
 from ooc.caches.neighbor_cache import MIN_CACHE_BYTES, build_bytes, full_cache_bytes
+from ooc.core.errors import InvalidValue
 from ooc.sampling.pipeline import superbatch_size_for_budget
 from ooc.storage.layout import PAGE
 
@@ -297,7 +298,7 @@ def cache_bytes(n: int, row_bytes: int, full_neighbor_bytes: Callable[[], int], 
 
 def _full_neighbor_bytes(shape: DatasetShape) -> int:
     if shape.full_neighbor_cache_bytes is None:
-        raise ValueError("the plan sizes a neighbor cache automatically: its DatasetShape "
+        raise InvalidValue("the plan sizes a neighbor cache automatically: its DatasetShape "
                          "needs full_neighbor_cache_bytes")
     return shape.full_neighbor_cache_bytes
 
