@@ -26,9 +26,9 @@ from pathlib import Path
 
 from ooc.core.sizes import format_size, parse_size
 from ooc.executor.sizing import memcg
+from ooc.storage.pagecache import drop_page_cache
 
 from . import harness as H
-from .system import drop_page_cache
 
 MODES = ("baseline", "static", "ooc")
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ooc.sampling import EpochPlan
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: A case returns its metrics (name -> number), or one number: its seconds (``"s"``).
@@ -156,8 +158,6 @@ def round_ratios(rounds: Rounds, num: str, den: str, metric: str = "s") -> float
 def epoch_plan(train_idx: np.ndarray, batch_size: int, seed: int, epoch: int,
                shuffle: bool = True) -> tuple[list[np.ndarray], list[int]]:
     """The loader's plan of one epoch: its seed batches and each batch's sampling seed."""
-    from ooc.sampling import EpochPlan
-
     return EpochPlan(train_idx, batch_size, seed, epoch, shuffle).first()
 
 

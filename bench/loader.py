@@ -50,13 +50,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from ooc.core.memory import peak_rss_bytes
 from ooc.core.sizes import format_size, parse_size
 from ooc.executor.sizing import memcg
+from ooc.storage.pagecache import drop_page_cache
 
 from . import fio
 from . import harness as H
 from .modes import add_run_args, open_bench_dataset
-from .system import drop_page_cache, peak_rss_bytes
 
 PRESETS = ("baseline", "static", "ooc")
 #: Variants for A/B runs: a name -> (the preset it changes, its cache policy's fields,

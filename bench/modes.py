@@ -64,11 +64,11 @@ from pathlib import Path
 
 from ooc.core.sizes import format_size, parse_size
 from ooc.executor.sizing import memcg
+from ooc.storage.pagecache import drop_page_cache
 
 from . import data as D
 from . import fio
 from . import harness as H
-from .system import drop_page_cache
 
 MODES = ("baseline", "static", "ooc")
 #: The in-RAM reference run: the baseline loop with every file in the page cache, no budget.

@@ -31,11 +31,11 @@ from pathlib import Path
 
 from ooc.core.sizes import format_size
 from ooc.executor.sizing import memcg
+from ooc.storage.pagecache import drop_page_cache
 
 from . import data as D
 from . import harness as H
 from .modes import add_run_args, open_bench_dataset
-from .system import drop_page_cache
 
 LOADERS = ("pyg+ooc.pyg", "ooc.NodeLoader", "baseline")
 log = memcg.log

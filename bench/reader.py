@@ -39,10 +39,10 @@ import numpy as np
 
 from ooc.core.sizes import parse_size
 from ooc.storage import PAGE, DirectFeatures, DirectReader, FeatureLayout, aligned_empty, io_backends, probe
+from ooc.storage.pagecache import drop_page_cache
 
 from . import fio
 from . import harness as H
-from .system import drop_page_cache
 
 
 def make_file(path: Path, size: int) -> None:

@@ -25,9 +25,9 @@ from ooc.sampling import NeighborSampler
 from ooc.storage import csc_from_edges
 from ooc.storage.direct import DirectReader
 from ooc.storage.neighbors import DirectNeighbors
+from ooc.storage.pagecache import drop_page_cache
 
 from . import harness as H
-from .system import drop_page_cache
 
 
 def power_law_graph(path: Path, n: int, e: int, seed: int = 0) -> None:
