@@ -210,12 +210,13 @@ def hold_out(folder: Path, indices: np.ndarray, num_nodes: int, directed: bool,
     os.replace(tmp_ptr, folder / "indptr.npy")
     info: dict[str, Any] = {"method": "given" if spec.given else "random", "seed": int(spec.seed),
                             "edges_removed": e0 - w, "directed": bool(directed)}
+    parts: dict[str, np.ndarray | None]
     if spec.given:
         parts = {"val": spec.val_edges, "test": spec.test_edges}
         info["files"] = dict(spec.names)
     else:
         info.update(val_fraction=float(spec.val), test_fraction=float(spec.test))
-        parts = _drawn_pairs(found, n)
+        parts = dict(_drawn_pairs(found, n))
     for stream, part in enumerate(("val", "test")):
         edges = parts[part]
         edges = np.zeros((2, 0), np.int64) if edges is None else edges
@@ -309,8 +310,8 @@ def load_link_split(path: Path, meta: dict) -> LinkSplit | None:
             raise DatasetError(p, f"node id out of range [0, {n})")
         arrays[name[:-4]] = a
     for part in ("val", "test"):
-        e, g = arrays[f"{part}_edges"], arrays[f"{part}_neg"]
-        if e.shape[0] != 2 or g.shape[0] != e.shape[1]:
-            raise DatasetError(path / f"{part}_neg.npy", f"shape {g.shape} does not match "
-                                                        f"{part}_edges.npy's {e.shape}")
+        pos, neg = arrays[f"{part}_edges"], arrays[f"{part}_neg"]
+        if pos.shape[0] != 2 or neg.shape[0] != pos.shape[1]:
+            raise DatasetError(path / f"{part}_neg.npy", f"shape {neg.shape} does not match "
+                                                        f"{part}_edges.npy's {pos.shape}")
     return LinkSplit(info=info, **arrays)

@@ -47,6 +47,7 @@ from ooc.storage.ingest.edgelist import (
 )
 from ooc.storage.layout import FEATURE_DTYPES, FeatureLayout, index_dtype, padded_bytes
 from ooc.storage.reserve import free_bytes
+from ooc.storage.link_split import LinkSplitSpec
 from ooc.storage.writer import DatasetWriter
 
 #: Nodes per chunk when the labels and the splits are made.
