@@ -24,8 +24,8 @@ DEFAULTS: dict[str, Any] = {"data": None, "layers": None,
 #: The most layers ``--layers`` takes (each layer multiplies a batch's sampled nodes).
 MAX_LAYERS = 64
 #: Settings that must not change when resuming (they define the model or the math).
-FIXED_ON_RESUME = ("model", "fanouts", "hidden", "heads", "dropout", "seed", "batch_size",
-                   "lr", "weight_decay")
+FIXED_ON_RESUME = ("model", "task", "decoder", "fanouts", "hidden", "heads", "dropout",
+                   "seed", "batch_size", "lr", "weight_decay")
 
 
 def resolve(given: dict[str, Any], saved: dict[str, Any] | None = None) -> dict[str, Any]:
