@@ -98,18 +98,12 @@ def _load_checked_model(args: argparse.Namespace, ds):
     """The checkpoint's model; its input width must be the dataset's feature width, and
     its output (ooc.train's: one logit a class) the dataset's classes where it has labels,
     unless it is a link-prediction encoder (``--task link``: its output is the embedding)."""
-    from pathlib import Path
-
-    from ooc.executor.training.checkpoint import (
-        latest_checkpoint,
-        load_checkpoint,
-        model_from_checkpoint,
-    )
+    from ooc.executor.training import checkpoint as ck
 
     path = Path(args.checkpoint)
-    path = latest_checkpoint(path) if path.is_dir() else path
-    state = load_checkpoint(path)
-    model = model_from_checkpoint(state, path)
+    path = ck.latest_checkpoint(path) if path.is_dir() else path
+    state = ck.load_checkpoint(path)
+    model = ck.model_from_checkpoint(state, path)
     model.eval()
     link = (state.get("extra") or {}).get("task") == "link"
     in_dim, out_dim = model.config["in_dim"], model.config["out_dim"]

@@ -296,20 +296,20 @@ def _link_results(trainer, last: dict | None) -> dict[str, Any]:
     return trainer.link_metrics(("val", "test"))
 
 
-def _trainer_class(task: str):
-    def make():
-        if task == "link":
-            from ooc.executor.training.link import LinkTrainer
+def _link_trainer():
+    from ooc.executor.training.link import LinkTrainer
 
-            return LinkTrainer
-        from ooc.executor.training.trainer import Trainer
+    return LinkTrainer
 
-        return Trainer
-    return make
+
+def _node_trainer():
+    from ooc.executor.training.trainer import Trainer
+
+    return Trainer
 
 
 #: The trainer of each ``--task`` (imported when asked for: torch loads late).
-TRAINERS = {task: _trainer_class(task) for task in ("node", "link")}
+TRAINERS = {"node": _node_trainer, "link": _link_trainer}
 #: The final metrics of each ``--task``.
 FINAL = {"node": _node_results, "link": _link_results}
 

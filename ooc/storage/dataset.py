@@ -270,7 +270,7 @@ class Dataset:
         validation and test edges and their negatives), loaded and checked on first use;
         None when the dataset was written without one (``ooc.prepare --link-split``)."""
         if self._link_split is None and LINK_SPLIT_KEY in self.meta:
-            self._link_split = load_link_split(self.path, self.meta)
+            self._link_split = load_link_split(self.path, self.meta, sha256_file)
         return self._link_split
 
     @property

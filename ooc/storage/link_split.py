@@ -26,11 +26,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ooc.core.errors import DatasetError, IdOutOfRange, InvalidValue
+from ooc.core.errors import DatasetError, IdOutOfRange, InvalidValue, NotFound
 from ooc.storage._link_split_kernels import hold_out_chunk
 from ooc.storage.pagecache import release_mapped
 
@@ -115,8 +115,6 @@ class LinkSplitSpec:
 def load_int_array(path: Path) -> np.ndarray:
     """An integer ``.npy`` file (edges or negatives) loaded whole; a one-line error naming
     the file when it is missing, unreadable or not integer."""
-    from ooc.core.errors import NotFound
-
     path = Path(path)
     if not path.is_file():
         raise NotFound(f"{path}: not found")
@@ -271,16 +269,15 @@ class LinkSplit:
         return getattr(self, f"{part}_edges"), getattr(self, f"{part}_neg")
 
 
-def load_link_split(path: Path, meta: dict) -> LinkSplit | None:
+def load_link_split(path: Path, meta: dict, sha256_file: Callable[[Path], str]
+                    ) -> LinkSplit | None:
     """The link split of the dataset folder ``path`` (None when it has none), every file
-    checked against ``meta`` (listed, its size, its sha256 when recorded) and its shape
-    and id range.
+    checked against ``meta`` (listed, its size, its ``sha256_file`` digest when recorded)
+    and its shape and id range.
 
     Raises:
         DatasetError: naming the file and the problem.
     """
-    from ooc.storage.dataset import sha256_file
-
     info = meta.get(META_KEY)
     if info is None:
         return None

@@ -15,6 +15,7 @@ as OGB does).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import tempfile
@@ -24,8 +25,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+import zarr
 
 from ooc.core.errors import InvalidValue
+from ooc.executor.inference.layerwise import layerwise_inference
+from ooc.executor.inference.store import read_embeddings
+from ooc.executor.loader.link_loader import LinkLoader, edge_seeds
+from ooc.executor.loader.node_loader import GivenPipeline
+from ooc.executor.loader.process_budget import process_total
+from ooc.executor.training.checkpoint import save_checkpoint
+from ooc.executor.training.finite import check_step
+from ooc.executor.training.models import build_model
 from ooc.executor.training.trainer import Trainer
 
 #: The K of the reported Hits@K.
@@ -126,8 +136,6 @@ class RankSums:
 
 def _read(out: Path, layer: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct ``ids`` and their embedding rows (float32)."""
-    from ooc.executor.inference.store import read_embeddings
-
     uniq = np.unique(ids)
     return uniq, np.asarray(read_embeddings(out, layer, uniq), dtype=np.float32)
 
@@ -147,8 +155,8 @@ def score_pairs(out: str | Path, src, dst, decoder: torch.nn.Module | None = Non
     fs, fd, fr = src.reshape(-1), dst.reshape(-1), res.reshape(-1)
     for a in range(0, fs.size, SCORE_ROWS):
         s, d = fs[a:a + SCORE_ROWS], fd[a:a + SCORE_ROWS]
-        uniq, h = _read(Path(out), layer, np.concatenate([s, d]))
-        h = torch.from_numpy(h)
+        uniq, rows = _read(Path(out), layer, np.concatenate([s, d]))
+        h = torch.from_numpy(rows)
         fr[a:a + s.size] = decoder(h[np.searchsorted(uniq, s)],
                                    h[np.searchsorted(uniq, d)]).numpy()
     return res
@@ -156,8 +164,6 @@ def score_pairs(out: str | Path, src, dst, decoder: torch.nn.Module | None = Non
 
 def last_layer(out: str | Path) -> str:
     """The name of the last layer (``hL``) of the finished ``ooc.infer`` output ``out``."""
-    import zarr
-
     names = [k for k in zarr.open_group(str(out), mode="r").array_keys()
              if k.startswith("h") and k[1:].isdigit()]
     if not names:
@@ -179,8 +185,8 @@ def split_metrics(out: str | Path, pos: np.ndarray, neg: np.ndarray,
     for a in range(0, pos.shape[1], step):
         s, d = np.asarray(pos[0, a:a + step]), np.asarray(pos[1, a:a + step])
         g = np.asarray(neg[a:a + step])
-        uniq, h = _read(Path(out), layer, np.concatenate([s, d, g.reshape(-1)]))
-        h = torch.from_numpy(h)
+        uniq, rows = _read(Path(out), layer, np.concatenate([s, d, g.reshape(-1)]))
+        h = torch.from_numpy(rows)
         hs = h[np.searchsorted(uniq, s)]
         ps = decoder(hs, h[np.searchsorted(uniq, d)])
         ns = decoder(hs.unsqueeze(1).expand(-1, g.shape[1], -1), h[np.searchsorted(uniq, g)])
@@ -208,8 +214,6 @@ class LinkTrainer(Trainer):
 
     def _build_model(self) -> torch.nn.Module:
         cfg, ds = self.config, self.dataset
-        from ooc.executor.training.models import build_model
-
         self.decoder = build_decoder(cfg.decoder, cfg.hidden).to(self.device)
         return build_model(cfg.model, ds.feature_dim, cfg.hidden, cfg.hidden, cfg.num_layers,
                            dropout=cfg.dropout, heads=cfg.heads)
@@ -221,22 +225,15 @@ class LinkTrainer(Trainer):
         return list(self.model.parameters()) + list(self.decoder.parameters())
 
     def _edges(self):
-        from ooc.executor.loader.link_loader import edge_seeds
-
         return edge_seeds(self.dataset, None, None, "binary", 1.0)
 
     def _train_seeds(self) -> Any:
         return self._edges()
 
     def _planned_config(self):
-        import dataclasses
-
         return dataclasses.replace(self.config, batch_size=4 * self.config.batch_size)
 
     def _train_loader(self):
-        from ooc.executor.loader.link_loader import LinkLoader
-        from ooc.executor.loader.node_loader import GivenPipeline
-
         cfg, pipe = self.config, self.train_producer
         return LinkLoader(self.dataset, cfg.fanouts, neg_sampling="binary",
                           batch_size=cfg.batch_size,
@@ -245,8 +242,6 @@ class LinkTrainer(Trainer):
                           source=GivenPipeline(pipe))
 
     def _step(self, data, epoch: int, step: int, steps: int) -> tuple[float, float, int, int]:
-        from ooc.executor.training.finite import check_step
-
         self.optimizer.zero_grad(set_to_none=True)
         h = self._call(data)[:data.batch_size]
         s, d = data.edge_label_index
@@ -271,9 +266,6 @@ class LinkTrainer(Trainer):
     def embed(self, out: str | Path, **kw: Any) -> dict:
         """Every node's embedding by layer-wise inference into ``out`` (a Zarr group, as
         ``ooc.infer`` writes); its report."""
-        from ooc.executor.inference.layerwise import layerwise_inference
-        from ooc.executor.loader.process_budget import process_total
-
         self.model.eval()
         try:
             return layerwise_inference(self.dataset, self.model, out,
@@ -313,11 +305,7 @@ class LinkTrainer(Trainer):
 
     # -- checkpoints -----------------------------------------------------------------
     def save(self, checkpoint_dir: str | Path, args: dict[str, Any] | None = None) -> Path:
-        from dataclasses import asdict
-
-        from ooc.executor.training.checkpoint import save_checkpoint
-
-        cfg = asdict(self.config)
+        cfg = dataclasses.asdict(self.config)
         return save_checkpoint(checkpoint_dir, self.epoch, self.model, self.optimizer,
                                args=args if args is not None else cfg, history=self.history,
                                extra={"config": cfg, "dataset": str(self.dataset.path),
