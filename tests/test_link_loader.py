@@ -112,3 +112,48 @@ def test_bad_arguments(graph):
     with pytest.raises(OocError, match="one per pair"):
         ooc.LinkLoader(graph, [2], edge_label_index=np.zeros((2, 4), np.int64),
                        edge_label=np.zeros(3))
+
+
+@pytest.mark.parametrize("neg", ["binary", "triplet", None])
+def test_pyg_link_neighbor_loader_over_ooc_pyg(graph, neg):
+    """PyG's own LinkNeighborLoader over ooc.pyg's stores and sampler: every batch against
+    the dataset (its edges, the features, the labels PyG's conventions give)."""
+    import ooc.pyg
+    from torch_geometric.loader import LinkNeighborLoader
+
+    indptr, indices = np.asarray(graph.indptr), np.asarray(graph.indices)
+    feats = np.asarray(graph.features.read(np.arange(graph.num_nodes)), dtype=np.float32)
+    rng = np.random.default_rng(1)
+    pairs = torch.from_numpy(rng.integers(0, graph.num_nodes, (2, 130)))
+    fs, gs, sampler = ooc.pyg.remote_backend(graph, num_neighbors=[3, 2], plan_ahead=False)
+    try:
+        loader = LinkNeighborLoader((fs, gs), num_neighbors=[3, 2], edge_label_index=(None, pairs),
+                                    neg_sampling=neg,
+                                    batch_size=50, neighbor_sampler=sampler)
+        seen = []
+        for d in loader:
+            n_id = d.n_id.numpy()
+            np.testing.assert_array_equal(d.x.numpy(), feats[n_id])
+            src, dst = n_id[d.edge_index[0].numpy()], n_id[d.edge_index[1].numpy()]
+            for s, t in zip(src, dst, strict=True):
+                assert s in indices[indptr[t]:indptr[t + 1]]
+            ids = d.input_id.numpy()
+            seen.append(ids)
+            b = len(ids)
+            if neg == "triplet":
+                np.testing.assert_array_equal(n_id[d.src_index.numpy()], pairs[0, ids].numpy())
+                np.testing.assert_array_equal(n_id[d.dst_pos_index.numpy()],
+                                              pairs[1, ids].numpy())
+                assert d.dst_neg_index.shape == (b,)
+            else:
+                eli = n_id[d.edge_label_index.numpy()]
+                np.testing.assert_array_equal(eli[:, :b], pairs[:, ids].numpy())
+                want = np.r_[np.ones(b), np.zeros(b)] if neg else np.ones(b)
+                if neg is None:
+                    assert "edge_label" not in d or d.edge_label is None
+                else:
+                    np.testing.assert_array_equal(d.edge_label.numpy(), want)
+        assert sorted(np.concatenate(seen).tolist()) == list(range(130))
+        assert sampler.stats()["on_demand_batches"] == 3
+    finally:
+        sampler.close()

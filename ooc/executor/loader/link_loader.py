@@ -93,7 +93,8 @@ class LinkLoader(NodeLoader):
         edge_label_index: the positive edges, int [2, m]; ``"val"``/``"test"``: the
             dataset's held-out ones; None: every edge of the stored adjacency.
         edge_label: labels of ``edge_label_index`` ([m]); with binary negative sampling
-            positives get ``edge_label + 1`` and negatives 0, as PyG.
+            negatives get 0 and positives ``edge_label + 1`` when the labels hold a 0, as
+            PyG.
         neg_sampling: ``"binary"`` (``ceil(ratio * b)`` negative pairs per batch of b,
             both ends uniform over the nodes), ``"triplet"`` (``ceil(ratio)`` negative
             targets per positive's source) or None; drawn from the batch's own seed, so
@@ -119,6 +120,9 @@ class LinkLoader(NodeLoader):
         self._plans: dict[int, LinkEpochPlan] = {}
         super().__init__(data, num_neighbors, None, batch_size=batch_size, labels=False,
                          **kwargs)
+        label = self.seeds.label
+        #: as PyG: given labels that hold 0 move up by one, 0 being the negatives' label
+        self._shift_labels = bool(label is not None and label.size and label.min() == 0)
 
     def _resolve_seeds(self, dataset, input_nodes) -> EdgeSeeds:
         return edge_seeds(dataset, *self._link_args)
@@ -167,7 +171,7 @@ class LinkLoader(NodeLoader):
             assert lb.neg_src is not None and lb.neg_dst is not None
             index_ = np.concatenate([index_, np.stack([lb.local(lb.neg_src),
                                                        lb.local(lb.neg_dst)])], axis=1)
-            if lb.label is not None:
+            if lb.label is not None and self._shift_labels:
                 label = label + 1
             label = torch.cat([label, torch.zeros(len(lb.neg_src), dtype=label.dtype)])
         data.edge_label_index = torch.from_numpy(index_)
