@@ -200,10 +200,14 @@ class LinkTrainer(Trainer):
     (:attr:`ooc.storage.Dataset.link_split`) from layer-wise embeddings.
 
     ``model`` (the encoder) is what checkpoints hold as their model (so ``ooc.infer`` on
-    one writes the embeddings); the decoder travels in their ``extra``."""
+    one writes the embeddings); the decoder travels in their ``extra``. ``edge_label_index``
+    (int [2, m]) trains on these positives instead of every stored edge; ``work_dir``: where
+    evaluation writes the embeddings (default: the system's temporary folder)."""
 
-    def __init__(self, dataset, config=None, *, work_dir: str | Path | None = None, **kw):
+    def __init__(self, dataset, config=None, *, edge_label_index=None,
+                 work_dir: str | Path | None = None, **kw):
         self._work_dir = work_dir
+        self._positives = edge_label_index
         options = kw.get("options")
         self._budget = getattr(options, "memory_budget", None)
         super().__init__(dataset, config, **kw)
@@ -225,7 +229,7 @@ class LinkTrainer(Trainer):
         return list(self.model.parameters()) + list(self.decoder.parameters())
 
     def _edges(self):
-        return edge_seeds(self.dataset, None, None, "binary", 1.0)
+        return edge_seeds(self.dataset, self._positives, None, "binary", 1.0)
 
     def _train_seeds(self) -> Any:
         return self._edges()
@@ -235,7 +239,7 @@ class LinkTrainer(Trainer):
 
     def _train_loader(self):
         cfg, pipe = self.config, self.train_producer
-        return LinkLoader(self.dataset, cfg.fanouts, neg_sampling="binary",
+        return LinkLoader(self.dataset, cfg.fanouts, self._positives, neg_sampling="binary",
                           batch_size=cfg.batch_size,
                           num_workers=int(getattr(pipe, "workers", 0)), preset=self.preset,
                           seed=cfg.seed, num_threads=cfg.num_threads,
