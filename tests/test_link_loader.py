@@ -157,3 +157,22 @@ def test_pyg_link_neighbor_loader_over_ooc_pyg(graph, neg):
         assert sampler.stats()["on_demand_batches"] == 3
     finally:
         sampler.close()
+
+
+def test_memory_budget_plans_link_batches(graph):
+    """Under a budget the plan probes the loader's own link batches; the batches stay the
+    unbudgeted loader's, alone or in a budget shared with a node loader."""
+    ref, _ = _epochs(graph, "ooc", epochs=1)
+    got, _ = _epochs(graph, "ooc", epochs=1, memory_budget="768MiB")
+    for a, b in zip(ref[0], got[0], strict=True):
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_label_index, b.edge_label_index)
+    with ooc.memory_budget("1GiB"):
+        link = ooc.LinkLoader(graph, [3, 2], neg_sampling="binary", batch_size=200, shuffle=True,
+                              seed=5, superbatch_size=3)
+        node = ooc.NodeLoader(graph, [3, 2], input_nodes="train", batch_size=64)
+    with link, node:
+        shared = list(link)
+        assert len(list(node)) == len(node)
+        assert link.memory_plan is not None
+    for a, b in zip(ref[0], shared, strict=True):
+        assert torch.equal(a.n_id, b.n_id) and torch.equal(a.x, b.x)

@@ -24,7 +24,6 @@ import torch
 
 from ooc.core.errors import IdOutOfRange, InvalidValue
 from ooc.executor.loader.node_loader import NodeLoader
-from ooc.executor.loader.stack import SamplingSettings
 from ooc.executor.settings import default
 from ooc.sampling.link_plan import EdgeSeeds, LinkEpochPlan
 
@@ -129,17 +128,6 @@ class LinkLoader(NodeLoader):
 
     def _index_seeds(self, seeds) -> None:
         """``input_id`` is the plan's edge positions: nothing to index."""
-
-    def _planned_settings(self) -> SamplingSettings:
-        """The loader's settings with as many seed nodes per batch as a batch of edges
-        and its negatives has ends (what the memory plan measures)."""
-        import dataclasses
-        import math
-
-        e = self.seeds
-        ends = {"binary": 2 + 2 * math.ceil(e.amount), "triplet": 2 + math.ceil(e.amount),
-                None: 2}[e.neg_sampling]
-        return dataclasses.replace(self.sampling, batch_size=self.sampling.batch_size * ends)
 
     def _plan(self, epoch: int) -> LinkEpochPlan:
         plan = self._plans.get(epoch)

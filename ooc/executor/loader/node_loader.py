@@ -310,10 +310,6 @@ class NodeLoader:
         self._seed_order = np.argsort(seeds, kind="stable")
         self._seeds_sorted = seeds[self._seed_order]
 
-    def _planned_settings(self) -> SamplingSettings:
-        """The sampling settings the memory plan measures batches of (the loader's)."""
-        return self.sampling
-
     def _source_of(self, dataset, seeds: np.ndarray, shuffle: bool, workers: int,
                    opts: ModeOptions, shared) -> BatchSource:
         """The loader's share of the process's budget group (``shared``), else its own
@@ -323,7 +319,7 @@ class NodeLoader:
                                workers)
         plan = None
         if opts.memory_budget:
-            plan = plan_memory(dataset, self._planned_settings(), opts.memory_budget, opts,
+            plan = plan_memory(dataset, self.sampling, opts.memory_budget, opts, seeds=seeds,
                                preset=self.preset, workers=workers)
         stack = build_stack(dataset, self.sampling, opts, plan=plan, seeds=seeds,
                             shuffle=shuffle, preset=self.preset)

@@ -234,9 +234,6 @@ class LinkTrainer(Trainer):
     def _train_seeds(self) -> Any:
         return self._edges()
 
-    def _planned_config(self):
-        return dataclasses.replace(self.config, batch_size=4 * self.config.batch_size)
-
     def _train_loader(self):
         cfg, pipe = self.config, self.train_producer
         return LinkLoader(self.dataset, cfg.fanouts, self._positives, neg_sampling="binary",

@@ -187,8 +187,9 @@ class Trainer:
             options = options or ModeOptions()
             budget = options.memory_budget or process_total()
             if budget:
-                self.memory_plan = plan_memory(dataset, self._planned_config(), budget,
-                                               options, model=self.model, preset=preset)
+                self.memory_plan = plan_memory(dataset, config, budget, options,
+                                               model=self.model, preset=preset,
+                                               seeds=self._train_seeds())
             pipeline = build_stack(dataset, config, options, plan=self.memory_plan,
                                    seeds=self._train_seeds(), preset=preset)
             self._pipeline = pipeline
@@ -222,10 +223,6 @@ class Trainer:
     def _parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer trains."""
         return list(self.model.parameters())
-
-    def _planned_config(self) -> TrainConfig:
-        """The settings the memory plan measures batches of."""
-        return self.config
 
     def _train_seeds(self) -> Any:
         """The training pipeline's seeds (None: the dataset's training nodes)."""
