@@ -24,6 +24,7 @@ import numpy as np
 
 from ooc.core.errors import InvalidValue
 from ooc.sampling.epoch_plan import EpochPlan
+from ooc.storage.pagecache import release_mapped
 
 __all__ = ["EdgeSeeds", "LinkBatch", "LinkEpochPlan", "NEG_SAMPLING", "as_seeds", "epoch_plan"]
 
@@ -98,16 +99,20 @@ class EdgeSeeds:
         return int(self.indptr[-1])  # type: ignore[index]
 
     def ends(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(src, dst)`` (int64) of the edges at positions ``pos``."""
+        """``(src, dst)`` (int64) of the edges at positions ``pos``. From the adjacency,
+        the pages of ``indices``/``indptr`` the lookup touched leave the RSS after it
+        (a binary search per edge over an ``indptr`` map would otherwise keep ~10 pages
+        an edge mapped: all of ``indptr`` over an epoch)."""
         if self.pairs is not None:
             return self.pairs[0, pos], self.pairs[1, pos]
         assert self.indptr is not None and self.indices is not None
-        src = np.asarray(self.indices[np.sort(pos)], dtype=np.int64)
         order = np.argsort(pos, kind="stable")
-        out = np.empty_like(src)
-        out[order] = src
+        src = np.empty(len(pos), np.int64)
+        src[order] = self.indices[pos[order]]
         dst = np.searchsorted(self.indptr, pos, side="right") - 1
-        return out, dst.astype(np.int64)
+        release_mapped(self.indices)
+        release_mapped(self.indptr)
+        return src, dst.astype(np.int64)
 
     def plan(self, batch_size: int, seed: int, epoch: int, shuffle: bool) -> "LinkEpochPlan":
         """The :class:`LinkEpochPlan` of ``epoch``."""
