@@ -147,3 +147,18 @@ def test_ogb_link_layout_replica(tmp_path):
     assert not any((min(a, b), max(a, b)) in held for a, b in zip(src.tolist(), dst.tolist(),
                                                                    strict=True))
     assert len(ds.train_idx) == 0
+
+
+def test_a_corrupted_split_file_is_one_line(tmp_path):
+    from ooc.storage import DatasetError
+
+    rng = np.random.default_rng(5)
+    f, _, _ = _edges(tmp_path, rng)
+    out = ingest_edgelist(f, tmp_path / "ds", undirected=True, progress=False,
+                          link_split=LinkSplitSpec(val=0.1, test=0.1))
+    p = out / "test_edges.npy"
+    raw = bytearray(p.read_bytes())
+    raw[-1] ^= 0xFF
+    p.write_bytes(bytes(raw))
+    with pytest.raises(DatasetError, match="test_edges.npy: checksum does not match"):
+        open_dataset(out).link_split  # noqa: B018 - the property loads and checks
