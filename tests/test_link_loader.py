@@ -176,3 +176,24 @@ def test_memory_budget_plans_link_batches(graph):
         assert link.memory_plan is not None
     for a, b in zip(ref[0], shared, strict=True):
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.x, b.x)
+
+
+def test_degree_biased_negatives(graph):
+    """neg_distribution="degree": a negative's node drawn in proportion to its in-degree."""
+    deg = np.diff(np.asarray(graph.indptr))
+    from ooc.executor.loader.link_loader import edge_seeds
+
+    seeds = edge_seeds(graph, None, None, "binary", 1.0, "degree")
+    drawn = seeds.draw(np.random.default_rng(0), 200_000)
+    counts = np.bincount(drawn, minlength=graph.num_nodes)
+    assert counts[deg == 0].sum() == 0
+    expected = 200_000 * deg / deg.sum()
+    big = expected > 200
+    assert np.all(np.abs(counts[big] - expected[big]) < 5 * np.sqrt(expected[big]))
+    (batches,), _ = _epochs(graph, "static", epochs=1, neg_distribution="degree")
+    for d in batches:
+        b = len(d.input_id)
+        neg = d.n_id.numpy()[d.edge_label_index.numpy()[:, b:]]
+        assert (deg[neg] > 0).all()
+    with pytest.raises(OocError, match="neg_distribution"):
+        ooc.LinkLoader(graph, [2], neg_sampling="binary", neg_distribution="popular")

@@ -30,6 +30,8 @@ __all__ = ["EdgeSeeds", "LinkBatch", "LinkEpochPlan", "NEG_SAMPLING", "as_seeds"
 
 #: ``neg_sampling`` values, as PyG's (None: positives only).
 NEG_SAMPLING = ("binary", "triplet", None)
+#: How negatives are drawn (:attr:`EdgeSeeds.negatives`).
+NEGATIVES = ("uniform", "degree")
 #: Edges an epoch's order is a stored permutation of (8 B each); more: an affine bijection.
 PERMUTE_LIMIT = 1 << 22
 _M63 = (1 << 63) - 1
@@ -74,6 +76,10 @@ class EdgeSeeds:
         neg_sampling: ``"binary"``, ``"triplet"`` or None.
         amount: negatives per positive (binary: ``ceil(amount * b)`` per batch; triplet:
             ``ceil(amount)`` per positive).
+        negatives: how a negative's node is drawn: ``"uniform"`` over the nodes, or
+            ``"degree"``: in proportion to its in-degree (a uniform position of
+            ``indices`` and the node whose list holds it: nothing per node in memory;
+            needs ``indptr``).
     """
 
     num_nodes: int
@@ -83,8 +89,14 @@ class EdgeSeeds:
     amount: float = 1.0
     indptr: np.ndarray | None = field(default=None, repr=False)
     indices: np.ndarray | None = field(default=None, repr=False)
+    negatives: str = "uniform"
 
     def __post_init__(self) -> None:
+        if self.negatives not in NEGATIVES:
+            raise InvalidValue(f"neg_distribution {self.negatives!r}: expected one of "
+                               f"{', '.join(NEGATIVES)}")
+        if self.negatives == "degree" and (self.indptr is None or not int(self.indptr[-1])):
+            raise InvalidValue("neg_distribution 'degree' needs the graph's edges")
         if self.neg_sampling not in NEG_SAMPLING:
             raise InvalidValue(f"neg_sampling {self.neg_sampling!r}: expected 'binary', "
                                f"'triplet' or None")
@@ -113,6 +125,16 @@ class EdgeSeeds:
         release_mapped(self.indices)
         release_mapped(self.indptr)
         return src, dst.astype(np.int64)
+
+    def draw(self, rng: np.random.Generator, shape) -> np.ndarray:
+        """Negative nodes (int64 of ``shape``) drawn from ``rng`` as :attr:`negatives` says."""
+        if self.negatives == "uniform":
+            return rng.integers(0, self.num_nodes, shape)
+        assert self.indptr is not None
+        pos = rng.integers(0, int(self.indptr[-1]), shape)
+        nodes = np.searchsorted(self.indptr, pos, side="right") - 1
+        release_mapped(self.indptr)
+        return nodes.astype(np.int64)
 
     def plan(self, batch_size: int, seed: int, epoch: int, shuffle: bool) -> "LinkEpochPlan":
         """The :class:`LinkEpochPlan` of ``epoch``."""
@@ -174,14 +196,13 @@ class LinkEpochPlan(EpochPlan):
         src, dst = e.ends(pos)
         label = e.label[pos] if e.label is not None else None
         rng = np.random.default_rng([self.batch_seed(b), 0x4E4547])
-        n = e.num_nodes
         neg_src = neg_dst = None
         if e.neg_sampling == "binary":
             k = math.ceil(e.amount * len(pos))
-            neg_src, neg_dst = rng.integers(0, n, k), rng.integers(0, n, k)
+            neg_src, neg_dst = e.draw(rng, k), e.draw(rng, k)
             ends = [src, dst, neg_src, neg_dst]
         elif e.neg_sampling == "triplet":
-            neg_dst = rng.integers(0, n, (len(pos), math.ceil(e.amount)))
+            neg_dst = e.draw(rng, (len(pos), math.ceil(e.amount)))
             ends = [src, dst, neg_dst.reshape(-1)]
         else:
             ends = [src, dst]

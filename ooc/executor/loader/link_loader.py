@@ -33,14 +33,16 @@ def _as_numpy(a) -> np.ndarray:
 
 
 def edge_seeds(dataset, edge_label_index=None, edge_label=None, neg_sampling=None,
-               neg_sampling_ratio: float | None = None) -> EdgeSeeds:
+               neg_sampling_ratio: float | None = None,
+               neg_distribution: str = "uniform") -> EdgeSeeds:
     """The :class:`EdgeSeeds` of a link loader's arguments.
 
     ``edge_label_index``: int [2, m] pairs, ``"val"``/``"test"`` (the dataset's held-out
     positives, :attr:`ooc.storage.Dataset.link_split`), or None: every edge of the stored
     adjacency (the training edges of a split dataset; both directions of an undirected
     one, as PyG's loader over ``data.edge_index``). ``neg_sampling``: ``"binary"``,
-    ``"triplet"`` or None; ``neg_sampling_ratio`` alone means binary (as PyG)."""
+    ``"triplet"`` or None; ``neg_sampling_ratio`` alone means binary (as PyG);
+    ``neg_distribution``: ``"uniform"`` or ``"degree"`` (:class:`EdgeSeeds`)."""
     n = dataset.num_nodes
     amount = 1.0 if neg_sampling_ratio is None else float(neg_sampling_ratio)
     if isinstance(neg_sampling, dict):  # PyG's NegativeSampling given as its fields
@@ -58,7 +60,7 @@ def edge_seeds(dataset, edge_label_index=None, edge_label=None, neg_sampling=Non
         if edge_label is not None:
             raise InvalidValue("edge_label needs edge_label_index (labels of given pairs)")
         return EdgeSeeds(n, None, None, neg_sampling, amount, indptr=dataset.indptr,
-                         indices=dataset.indices)
+                         indices=dataset.indices, negatives=neg_distribution)
     pairs = _as_numpy(edge_label_index)
     if pairs.ndim != 2 or pairs.shape[0] != 2 or (pairs.size and not np.issubdtype(
             pairs.dtype, np.integer)):
@@ -74,7 +76,8 @@ def edge_seeds(dataset, edge_label_index=None, edge_label=None, neg_sampling=Non
         if label.shape[:1] != (pairs.shape[1],):
             raise InvalidValue(f"edge_label: expected {pairs.shape[1]} labels (one per pair), "
                                f"got shape {label.shape}")
-    return EdgeSeeds(n, pairs, label, neg_sampling, amount)
+    return EdgeSeeds(n, pairs, label, neg_sampling, amount, indptr=dataset.indptr,
+                     negatives=neg_distribution)
 
 
 class LinkLoader(NodeLoader):
@@ -99,6 +102,8 @@ class LinkLoader(NodeLoader):
             targets per positive's source) or None; drawn from the batch's own seed, so
             every preset gives the same batches.
         neg_sampling_ratio: negatives per positive (default 1); given alone, binary.
+        neg_distribution: ``"uniform"`` over the nodes (default, as PyG) or ``"degree"``
+            (in proportion to each node's in-degree: harder negatives).
 
     Each ``Data`` has ``x``, ``edge_index``, ``n_id`` (the distinct ends of the batch's
     edges first, sorted), ``num_sampled_nodes``, ``num_sampled_edges``, ``input_id``
@@ -110,12 +115,13 @@ class LinkLoader(NodeLoader):
 
     def __init__(self, data, num_neighbors: Sequence[int] = default("fanouts"),
                  edge_label_index=None, edge_label=None, *, neg_sampling=None,
-                 neg_sampling_ratio: float | None = None,
+                 neg_sampling_ratio: float | None = None, neg_distribution: str = "uniform",
                  batch_size: int = default("batch_size"), **kwargs: Any):
         if "labels" in kwargs or "input_nodes" in kwargs:
             raise InvalidValue("LinkLoader: give edge_label_index/edge_label, not "
                                "input_nodes/labels")
-        self._link_args = (edge_label_index, edge_label, neg_sampling, neg_sampling_ratio)
+        self._link_args = (edge_label_index, edge_label, neg_sampling, neg_sampling_ratio,
+                           neg_distribution)
         self._plans: dict[int, LinkEpochPlan] = {}
         super().__init__(data, num_neighbors, None, batch_size=batch_size, labels=False,
                          **kwargs)
