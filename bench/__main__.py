@@ -18,6 +18,7 @@ BENCHMARKS = {
     "workers": "gather threads of ooc.NodeLoader",
     "runtime_writes": "runtime files: plain writes or aiofiles",
     "pyg": "PyG's loaders over ooc.pyg",
+    "link_parity": "link prediction: a PyG model over ooc.LinkLoader against full-batch PyG",
     "sampler": "sampling with the neighbor cache",
     "cache_policies": "feature-cache policies' miss ratios",
     "inspector": "the inspector's changesets beside sampling",

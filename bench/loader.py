@@ -108,6 +108,7 @@ def child(spec: dict) -> int:
     import ooc
     from ooc.executor.loader.presets import resolve_preset
     from ooc.executor.loader.stack import ModeOptions
+    from ooc.executor.training.link import LinkTrainer
     from ooc.executor.training.trainer import TrainConfig, Trainer, io_delta
 
     d = ooc.open_dataset(spec["data"])
@@ -116,14 +117,18 @@ def child(spec: dict) -> int:
     mode, fields, options = found
     preset = resolve_preset(mode)
     preset = replace(preset, policy=replace(preset.policy, **fields))  # a variant's policy
-    cfg = TrainConfig(mode=mode, fanouts=spec["fanouts"], batch_size=spec["batch_size"],
+    cfg = TrainConfig(mode=mode, task=spec["task"], fanouts=spec["fanouts"], batch_size=spec["batch_size"],
                       hidden=spec["hidden"], seed=spec["seed"], epochs=spec["epochs"],
                       device="cpu", progress=False, eval_final=False)
     opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
                        runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"],
                        feature_cache_size=spec.get("feature_cache_size"),
                        neighbor_cache_size=spec.get("neighbor_cache_size"), **options)
-    t = Trainer(d, cfg, options=opts, log=lambda m: None, preset=preset)
+    extra = {}
+    if spec["task"] == "link":  # --link-edges stored edges, drawn once with the seed
+        extra["edge_label_index"] = link_edges(d, spec["link_edges"], spec["seed"])
+    t = (LinkTrainer if spec["task"] == "link" else Trainer)(
+        d, cfg, options=opts, log=lambda m: None, preset=preset, **extra)
     epochs = []
     try:
         for e in range(1, spec["epochs"] + 1):
@@ -158,6 +163,17 @@ def child(spec: dict) -> int:
     return 0
 
 
+def link_edges(dataset, count: int, seed: int):
+    """``count`` stored edges of ``dataset`` drawn with ``seed`` (int64 [2, count])."""
+    import numpy as np
+
+    from ooc.sampling.link_plan import EdgeSeeds
+
+    pos = np.random.default_rng(seed).integers(0, dataset.num_edges, count)
+    return np.stack(EdgeSeeds(dataset.num_nodes, indptr=dataset.indptr,
+                              indices=dataset.indices).ends(pos))
+
+
 # -- the parent ------------------------------------------------------------------------------
 
 
@@ -170,7 +186,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
             "queue_depth": args.queue_depth, "budget": args.budget,
             "io_backend": args.io_backend, "runtime_dir": str(workdir / "runtime"),
             "feature_cache_size": args.feature_cache_size,
-            "neighbor_cache_size": args.neighbor_cache_size, "report": str(report)}
+            "neighbor_cache_size": args.neighbor_cache_size, "report": str(report),
+            "task": args.task, "link_edges": args.link_edges}
     limit = None if args.no_cgroup else args.budget
     run = memcg.run(f"{preset}-{rnd}", ["-m", "bench.loader", "--child", json.dumps(spec)],
                     limit)
@@ -233,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                         "of two readers at the same caches")
     p.add_argument("--neighbor-cache-size", type=parse_size, default=None, metavar="SIZE",
                    help="every preset's neighbor cache (default: the memory plan's)")
+    p.add_argument("--task", choices=("node", "link"), default="node",
+                   help="link: the link loader's batches (ooc.LinkLoader, one uniform negative "
+                        "pair per positive; --batch-size positives a batch) over "
+                        "--link-edges stored edges")
+    p.add_argument("--link-edges", type=int, default=20000,
+                   help="--task link: positives per epoch, stored edges drawn with --seed")
     p.add_argument("--fio-seconds", type=int, default=10)
     p.add_argument("--report", type=Path, default=Path("loader.json"))
     args = p.parse_args(argv)

@@ -50,6 +50,10 @@ def __getattr__(name: str):
         from ooc.executor.loader.node_loader import NodeLoader
 
         return NodeLoader
+    if name == "LinkLoader":
+        from ooc.executor.loader.link_loader import LinkLoader
+
+        return LinkLoader
     if name in ("memory_budget", "set_memory_budget", "MemoryBudget"):
         from ooc.executor.loader import process_budget
 
@@ -68,6 +72,6 @@ def __getattr__(name: str):
 from ooc.core.version import __version__  # noqa: E402
 
 __all__ = ["BudgetError", "Dataset", "DatasetError", "IOFailure", "IdOutOfRange", "InvalidValue",
-           "MemoryBudget", "NodeLoader", "NotFound", "OocError", "OutputBusy", "OutputExists",
+           "LinkLoader", "MemoryBudget", "NodeLoader", "NotFound", "OocError", "OutputBusy", "OutputExists",
            "TimedOut", "TrainConfig", "Trainer", "build_model", "configure_process", "load_model",
            "memory_budget", "open_dataset", "set_memory_budget", "write_dataset", "__version__"]

@@ -96,15 +96,21 @@ def _feature_reader_choice(args: argparse.Namespace) -> str:
 
 def _load_checked_model(args: argparse.Namespace, ds):
     """The checkpoint's model; its input width must be the dataset's feature width, and
-    its output (ooc.train's: one logit a class) the dataset's classes where it has labels."""
-    from ooc.executor.training.checkpoint import load_model
+    its output (ooc.train's: one logit a class) the dataset's classes where it has labels,
+    unless it is a link-prediction encoder (``--task link``: its output is the embedding)."""
+    from ooc.executor.training import checkpoint as ck
 
-    model = load_model(args.checkpoint)
+    path = Path(args.checkpoint)
+    path = ck.latest_checkpoint(path) if path.is_dir() else path
+    state = ck.load_checkpoint(path)
+    model = ck.model_from_checkpoint(state, path)
+    model.eval()
+    link = (state.get("extra") or {}).get("task") == "link"
     in_dim, out_dim = model.config["in_dim"], model.config["out_dim"]
     if in_dim != ds.feature_dim:
         raise InvalidValue(f"{args.checkpoint}: model expects {in_dim}-dim features, "
                            f"{args.data} has {ds.feature_dim} (a checkpoint of another dataset?)")
-    if ds.num_classes and out_dim != ds.num_classes:
+    if ds.num_classes and out_dim != ds.num_classes and not link:
         raise InvalidValue(f"{args.checkpoint}: model predicts {out_dim} classes, {args.data} "
                            f"has {ds.num_classes} (a checkpoint of another dataset?)")
     return model

@@ -9,6 +9,10 @@ Sub-commands::
     python -m ooc.prepare synthetic --nodes 1000000 --avg-degree 20 --out D
     python -m ooc.prepare verify D      # every page against its checksum, every row finite
 
+Every source takes a link-prediction split: ``--link-split 0.05,0.1`` (seeded fractions
+of the edge pairs) or ``--val-edges/--test-edges F.npy`` with optional ``--val-neg/
+--test-neg``; held-out edges leave the adjacency and are stored with their negatives.
+
 Every sub-command streams its input with O(N) memory plus ``--buffer``,
 writes into a temporary folder renamed into place when complete, and exits
 with code 2 and a one-line reason on bad input. ``--overwrite`` replaces
@@ -34,6 +38,7 @@ from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, EDGE_FORMATS
 from ooc.storage.ingest.limits import available_memory, load_kernels, planned_peak
 from ooc.storage.ingest.precompile import compile_ingest_kernels
 from ooc.storage.layout import FeatureLayout
+from ooc.storage.link_split import LinkSplitSpec, load_int_array
 from ooc.storage.verify import verify_dataset
 from ooc.storage.writer import REORDERS
 
@@ -51,10 +56,51 @@ def _common(p: argparse.ArgumentParser, name: bool = True) -> None:
                    help="store the feature rows in a locality order so that neighbours share "
                         "pages (node ids stay yours): auto = when rows are smaller than a page "
                         "(default), locality = always, none = node order")
+    _link_opts(p)
     if name:
         p.add_argument("--name", default="", help="dataset name stored in meta.json")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_report_arg(p)
+
+
+def _fractions(text: str) -> tuple[float, float]:
+    try:
+        val, test = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected VAL,TEST fractions such as 0.05,0.1, got "
+                                         f"{text!r}") from None
+    return val, test
+
+
+def _link_opts(p: argparse.ArgumentParser) -> None:
+    """Options of an edge split for link prediction (:mod:`ooc.storage.link_split`)."""
+    g = p.add_argument_group("link prediction split (held-out edges leave the adjacency "
+                             "in both directions)")
+    g.add_argument("--link-split", type=_fractions, metavar="VAL,TEST",
+                   help="hold out these fractions of the edge pairs for validation and test, "
+                        "seeded by --link-seed")
+    g.add_argument("--val-edges", type=Path, metavar="F.npy",
+                   help="given validation edges: int array [2, k] of source and target ids")
+    g.add_argument("--test-edges", type=Path, metavar="F.npy", help="given test edges [2, k]")
+    g.add_argument("--val-neg", type=Path, metavar="F.npy",
+                   help="negatives of --val-edges: int array [k, K], K targets per positive")
+    g.add_argument("--test-neg", type=Path, metavar="F.npy", help="negatives of --test-edges")
+    g.add_argument("--num-neg", type=int, default=1, metavar="K",
+                   help="negatives drawn per held-out edge where none are given (default 1; "
+                        "1000 for ranking as ogbl-citation2)")
+    g.add_argument("--link-seed", type=int, default=0,
+                   help="seed of the held-out edges and drawn negatives (default 0)")
+
+
+def link_split_spec(args: argparse.Namespace) -> LinkSplitSpec | None:
+    """The link split the options ask for (None: none)."""
+    files = {k: getattr(args, k) for k in ("val_edges", "test_edges", "val_neg", "test_neg")}
+    if args.link_split is None and not any(v is not None for v in files.values()):
+        return None
+    arrays = {k: load_int_array(v) for k, v in files.items() if v is not None}
+    val, test = args.link_split or (0.0, 0.0)
+    return LinkSplitSpec(val=val, test=test, seed=args.link_seed, num_neg=args.num_neg,
+                         names={k: str(v) for k, v in files.items() if v is not None}, **arrays)
 
 
 def _graph_opts(p: argparse.ArgumentParser) -> None:
@@ -257,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats: dict = {}
     progress = not args.no_progress
     common = dict(overwrite=args.overwrite, progress=progress, buffer_bytes=args.buffer, stats=stats,
-                  allow_nonfinite=args.allow_nonfinite, reorder=args.reorder)
+                  allow_nonfinite=args.allow_nonfinite, reorder=args.reorder,
+                  link_split=link_split_spec(args))
     if args.command == "edgelist":
         out = ingest.ingest_edgelist(
             args.edges, args.out, fmt=args.format, header=args.header, num_nodes=args.num_nodes,
@@ -284,6 +331,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
             undirected=args.undirected, p_in=args.p_in, noise=args.noise,
             community_size=args.community_size, **common)
+    if args.command != "verify" and common["link_split"] is not None:  # edges held out
+        import json
+
+        stats["num_edges"] = json.loads((Path(out) / "meta.json").read_text())["num_edges"]
     report = {"command": args.command, "out": str(out), "num_nodes": stats.get("num_nodes"),
               "num_edges": stats.get("num_edges"), "time_s": round(time.perf_counter() - t0, 3),
               "peak_rss_bytes": peak_rss_bytes(), "buffer_bytes": args.buffer,

@@ -28,6 +28,18 @@ sampled on demand with the same sampler and read from disk: still correct,
 only without the cache. Batches are identical to :class:`ooc.NodeLoader`'s
 for the same settings.
 
+**Link prediction.** PyG's ``LinkNeighborLoader`` (or ``LinkLoader``) runs over the
+same three, given ``edge_label_index`` as PyG takes it for a remote backend (``(None,
+pairs)``: an edge type and the pairs; the graph store serves CSC, not COO)::
+
+    loader = torch_geometric.loader.LinkNeighborLoader(
+        (feature_store, graph_store), num_neighbors=[10, 10], edge_label_index=(None, pairs),
+        neg_sampling="binary", batch_size=512, neighbor_sampler=sampler)
+
+Its batches are sampled on demand (PyG's loader decides them; no plan, no Belady
+cache: :class:`ooc.LinkLoader` has both), negatives drawn uniformly from a seed of the
+batch's edges.
+
 The stores and the sampler pickle by their settings and reopen the dataset in
 a worker process: ``sampler.loader_kwargs(num_workers=2)`` asks PyG's loader for
 spawned workers (numba's OpenMP thread pool cannot be forked once it ran).
@@ -43,7 +55,13 @@ from typing import Any, Generator, Iterator, Sequence
 import numpy as np
 import torch
 from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
-from torch_geometric.sampler import BaseSampler, NodeSamplerInput, SamplerOutput
+from torch_geometric.sampler import (
+    BaseSampler,
+    EdgeSamplerInput,
+    NegativeSampling,
+    NodeSamplerInput,
+    SamplerOutput,
+)
 
 from ooc.core.errors import IdOutOfRange, InvalidValue, OocError
 from ooc.executor.loader.node_loader import NodeLoader, check_loader_args, resolve_input_nodes
@@ -51,6 +69,7 @@ from ooc.executor.loader.presets import resolve_preset
 from ooc.executor.loader.readers import Sources
 from ooc.executor.loader.stack import ModeOptions, cache_sizes, open_sampler
 from ooc.sampling.epoch_plan import EpochPlan, unplanned_seed
+from ooc.sampling.link_plan import EdgeSeeds
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import open_dataset
 from ooc.storage.finite import check_finite_rows
@@ -464,9 +483,44 @@ class OocSampler(BaseSampler):
         b.counts["on_demand_batches"] += 1
         return self._output(b.sampler().sample(seeds, bseed), inputs)
 
-    def sample_from_edges(self, inputs, neg_sampling=None):
-        raise InvalidValue("ooc.pyg: edge-level sampling (link prediction) is not supported; "
-                       "use node-level loaders")
+    def sample_from_edges(self, inputs: EdgeSamplerInput,
+                          neg_sampling: NegativeSampling | None = None) -> SamplerOutput:
+        """A link batch for PyG's ``LinkLoader``/``LinkNeighborLoader``: the batch's
+        negatives drawn uniformly (binary: ``ceil(amount * b)`` pairs; triplet:
+        ``ceil(amount)`` targets per positive) from a seed drawn from its edges, its seed
+        nodes the distinct ends (sorted, as PyG's non-disjoint sampling), sampled with
+        ooc's sampler on demand; ``metadata`` as PyG's ``NeighborSampler``'s."""
+        b = self._b
+        src = inputs.row.cpu().numpy().astype(np.int64, copy=False)
+        dst = inputs.col.cpu().numpy().astype(np.int64, copy=False)
+        mode = None if neg_sampling is None else str(neg_sampling.mode.value)
+        if neg_sampling is not None and getattr(neg_sampling, "weight", None) is not None:
+            raise InvalidValue("ooc.pyg: weighted negative sampling is not supported "
+                               "(negatives are uniform over the nodes)")
+        edges = EdgeSeeds(b.dataset.num_nodes, np.stack([src, dst]),
+                          None if inputs.label is None else inputs.label.cpu().numpy(), mode,
+                          float(neg_sampling.amount) if neg_sampling is not None else 1.0)
+        bseed = unplanned_seed(b.plan.seed, np.concatenate([src, dst]))
+        lb = edges.plan(max(1, len(src)), bseed, 0, False).link_batch(0)
+        b.counts["on_demand_batches"] += 1
+        out = self._output(b.sampler().sample(lb.nodes, bseed), NodeSamplerInput(
+            input_id=inputs.input_id, node=torch.from_numpy(lb.nodes)))
+        loc = lambda a: torch.from_numpy(lb.local(a))  # noqa: E731
+        label = inputs.label
+        if mode == "triplet":
+            assert lb.neg_dst is not None
+            neg = lb.local(lb.neg_dst)
+            out.metadata = (inputs.input_id, loc(src), loc(dst),
+                            torch.from_numpy(neg).view(len(src), -1).squeeze(-1), None)
+            return out
+        index = torch.stack([loc(src), loc(dst)])
+        if mode == "binary":
+            assert lb.neg_src is not None and lb.neg_dst is not None
+            index = torch.cat([index, torch.stack([loc(lb.neg_src), loc(lb.neg_dst)])], 1)
+            label = torch.ones(len(src)) if label is None else label
+            label = torch.cat([label, label.new_zeros((len(lb.neg_src),) + label.shape[1:])])
+        out.metadata = (inputs.input_id, index, label, None)
+        return out
 
     @staticmethod
     def _output(batch, inputs: NodeSamplerInput) -> SamplerOutput:
@@ -497,33 +551,35 @@ class OocSampler(BaseSampler):
 
 
 def _check_neighbor_loaders() -> None:
-    """Make PyG's ``NeighborLoader`` check its ``num_neighbors`` against an ooc sampler
+    """Make PyG's ``NeighborLoader`` and ``LinkNeighborLoader`` check their
+    ``num_neighbors`` against an ooc sampler
     given as its ``neighbor_sampler`` (:meth:`OocSampler.check_num_neighbors`): PyG keeps
     the value only to build a sampler of its own, so nothing later can see it. Calls with
     any other sampler, or none, run PyG's code unchanged. Idempotent."""
     import functools
     import inspect
 
-    from torch_geometric.loader import NeighborLoader
+    from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 
-    init = NeighborLoader.__init__
-    if getattr(init, "_ooc_checks", False):
-        return
-    signature = inspect.signature(init)
+    for cls in (NeighborLoader, LinkNeighborLoader):
+        init = cls.__init__
+        if getattr(init, "_ooc_checks", False):
+            continue
+        signature = inspect.signature(init)
 
-    @functools.wraps(init)
-    def checked(self, *args: Any, **kwargs: Any) -> None:
-        try:
-            bound = signature.bind(self, *args, **kwargs).arguments
-        except TypeError:  # PyG's own error for a bad call
-            bound = {}
-        sampler = bound.get("neighbor_sampler")
-        if isinstance(sampler, OocSampler):
-            sampler.check_num_neighbors(bound.get("num_neighbors"))
-        init(self, *args, **kwargs)
+        def checked(self, *args: Any, _init=init, _signature=signature, **kwargs: Any) -> None:
+            try:
+                bound = _signature.bind(self, *args, **kwargs).arguments
+            except TypeError:  # PyG's own error for a bad call
+                bound = {}
+            sampler = bound.get("neighbor_sampler")
+            if isinstance(sampler, OocSampler):
+                sampler.check_num_neighbors(bound.get("num_neighbors"))
+            _init(self, *args, **kwargs)
 
-    checked._ooc_checks = True  # type: ignore[attr-defined]
-    NeighborLoader.__init__ = checked  # type: ignore[method-assign]
+        checked = functools.wraps(init)(checked)
+        checked._ooc_checks = True  # type: ignore[attr-defined]
+        cls.__init__ = checked  # type: ignore[method-assign]
 
 
 _check_neighbor_loaders()

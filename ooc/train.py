@@ -191,6 +191,8 @@ def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir
         compile_kernels(dataset, config, options)
     from ooc.executor.distributed.cli import run_cli, wants_averaging
     if wants_averaging(s):
+        if config.task == "link":
+            raise InvalidValue("--task link trains in one process: drop --workers/--partitions")
         return run_cli(dataset, config, options, s, argv, ckdir, ck_path, report_path,
                        list(DEFAULTS))
     remove_checkpoints(replaced)  # every check passed: this run replaces them
@@ -203,13 +205,14 @@ def _run(given: dict, how: tuple[bool, bool], progress: bool, report_path, ckdir
             complete=False, total_time_s=round(time.perf_counter() - t0, 3), **run_facts),
             command="ooc.train")
 
-    trainer, val_acc, test_acc = _train(dataset, config, options, s, ckdir, ck_path,
-                                        epoch_report if report_path else None)
+    trainer, results = _train(dataset, config, options, s, ckdir, ck_path,
+                              epoch_report if report_path else None)
     total = time.perf_counter() - t0
-    rep = trainer.report(val_acc=val_acc, test_acc=test_acc, complete=True,
-                         total_time_s=round(total, 3), **run_facts)
+    rep = trainer.report(**results, complete=True, total_time_s=round(total, 3), **run_facts)
     fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
-    print(f"ooc.train: done in {total:.1f}s: val_acc {fmt(val_acc)}  test_acc {fmt(test_acc)}  "
+    shown = "  ".join(f"{k} {fmt(v)}" for k, v in results.items()
+                      if "@" not in k or k.endswith("@50"))
+    print(f"ooc.train: done in {total:.1f}s: {shown}  "
           f"peak RSS {rep['peak_rss_bytes'] / 2**20:.0f} MiB"
           + (f"  report {report_path}" if report_path else ""))
     if report_path:
@@ -243,10 +246,9 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path,
            after_epoch: Callable[[Any], None] | None = None):
     """Train in this process (resuming from ``ck_path``), checkpointing into ``ckdir`` and
     calling ``after_epoch(trainer)`` after each epoch; returns the closed trainer and the
-    validation and test accuracies."""
-    from ooc.executor.training.trainer import Trainer
-
-    trainer = Trainer(dataset, config, options=options)
+    final metrics (node task: ``val_acc``, ``test_acc``; link task: ``val_auc``,
+    ``test_auc``, ``test_mrr``, ``test_hits@K``, ...)."""
+    trainer = TRAINERS[config.task]()(dataset, config, options=options)
     try:
         if ck_path is not None:
             trainer.resume(ck_path)
@@ -270,17 +272,46 @@ def _train(dataset, config, options, s: dict, ckdir, ck_path,
                 trainer.save(ckdir, args=args)
             if after_epoch is not None:
                 after_epoch(trainer)
-        no_eval = bool(s["no_eval"])
-        if no_eval:
-            val_acc = None
-        elif last is not None and last["val_acc"] is not None:
-            val_acc = last["val_acc"]  # these weights, evaluated with the fixed eval seed
-        else:
-            val_acc = trainer.evaluate(dataset.val_idx)
-        test_acc = None if no_eval else trainer.evaluate(dataset.test_idx)
+        results = {} if s["no_eval"] else FINAL[config.task](trainer, last)
     finally:
         trainer.close()
-    return trainer, val_acc, test_acc
+    return trainer, results
+
+
+def _node_results(trainer, last: dict | None) -> dict[str, Any]:
+    """The final validation and test accuracies of a node classifier."""
+    ds = trainer.dataset
+    if last is not None and last["val_acc"] is not None:
+        val_acc = last["val_acc"]  # these weights, evaluated with the fixed eval seed
+    else:
+        val_acc = trainer.evaluate(ds.val_idx)
+    return {"val_acc": val_acc, "test_acc": trainer.evaluate(ds.test_idx)}
+
+
+def _link_results(trainer, last: dict | None) -> dict[str, Any]:
+    """The final link metrics on the dataset's link split (from layer-wise embeddings)."""
+    if trainer.dataset.link_split is None:
+        note(f"{trainer.dataset.path} has no link split (ooc.prepare --link-split): no "
+             f"validation or test metrics")
+    return trainer.link_metrics(("val", "test"))
+
+
+def _link_trainer():
+    from ooc.executor.training.link import LinkTrainer
+
+    return LinkTrainer
+
+
+def _node_trainer():
+    from ooc.executor.training.trainer import Trainer
+
+    return Trainer
+
+
+#: The trainer of each ``--task`` (imported when asked for: torch loads late).
+TRAINERS = {"node": _node_trainer, "link": _link_trainer}
+#: The final metrics of each ``--task``.
+FINAL = {"node": _node_results, "link": _link_results}
 
 
 if __name__ == "__main__":

@@ -220,6 +220,12 @@ _SAMPLING = {s.name: s for s in SAMPLING}
 TRAIN: tuple[Setting, ...] = (
     Setting("mode", "ooc", _PRESET_HELP, "choice", choices=_presets),
     Setting("model", "sage", "GNN: GraphSAGE, GCN or GAT", "choice", choices=("sage", "gcn", "gat")),
+    Setting("task", "node", "node: classify nodes; link: predict edges (the dataset's link "
+            "split from ooc.prepare --link-split; the GNN encodes, --decoder scores pairs; "
+            "--model defaults to gcn)",
+            "choice", choices=("node", "link")),
+    Setting("decoder", "dot", "link task: score of a pair from its ends' embeddings, dot "
+            "product or an MLP of their elementwise product", "choice", choices=("dot", "mlp")),
     _SAMPLING["fanouts"],
     _SAMPLING["batch_size"],
     Setting("eval_batch_size", None, "seeds per evaluation batch (default: --batch-size)",

@@ -26,6 +26,8 @@ from ooc.storage.layout import (
     index_dtype,
     padded_bytes,
 )
+from ooc.storage.link_split import META_KEY as LINK_SPLIT_KEY
+from ooc.storage.link_split import load_link_split
 from ooc.storage.offsets import NodeOffsets
 from ooc.storage.reorder import rows_of
 
@@ -260,6 +262,16 @@ class Dataset:
     _indices_checked: bool = field(default=False, repr=False, compare=False)
     _offsets: Any = field(default=None, repr=False, compare=False)
     _entry_readers: dict = field(default_factory=dict, repr=False, compare=False)
+    _link_split: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def link_split(self):
+        """The stored link split (:class:`~ooc.storage.link_split.LinkSplit`: held-out
+        validation and test edges and their negatives), loaded and checked on first use;
+        None when the dataset was written without one (``ooc.prepare --link-split``)."""
+        if self._link_split is None and LINK_SPLIT_KEY in self.meta:
+            self._link_split = load_link_split(self.path, self.meta, sha256_file)
+        return self._link_split
 
     @property
     def num_nodes(self) -> int:

@@ -27,6 +27,9 @@ from ooc.storage.dataset import (
     sha256_file,
     split_overlap,
 )
+from ooc.storage.link_split import META_KEY as LINK_SPLIT_KEY
+from ooc.storage.link_split import SPLIT_FILES as LINK_SPLIT_FILES
+from ooc.storage.link_split import LinkSplitSpec, hold_out
 from ooc.storage.layout import (
     FEATURE_DTYPES,
     PAGE,
@@ -77,13 +80,18 @@ class DatasetWriter:
     splits and the adjacency stay as given. ``auto`` does so when rows are smaller than
     a page (larger rows are read a row at a time, so their order changes nothing);
     ``none`` keeps node order. ``buffer_bytes`` bounds the memory the reorder uses.
+
+    ``link_split``: a :class:`~ooc.storage.link_split.LinkSplitSpec`; the held-out edges
+    leave the adjacency once it is written, before anything reads it (the reorder, the
+    checksums), and are stored with their negatives (:mod:`ooc.storage.link_split`).
     """
 
     def __init__(self, out: str | os.PathLike, num_nodes: int, feature_dim: int,
                  feature_dtype: str = "float32", name: str = "", directed: bool = True,
                  overwrite: bool = False, source: dict[str, Any] | None = None,
                  allow_nonfinite: bool = False, features_name: str = "features",
-                 reorder: str = "none", buffer_bytes: int = 256 << 20):
+                 reorder: str = "none", buffer_bytes: int = 256 << 20,
+                 link_split: LinkSplitSpec | None = None):
         if reorder not in REORDERS:
             raise InvalidValue(f"reorder must be one of {', '.join(REORDERS)}, got {reorder!r}")
         if feature_dtype not in FEATURE_DTYPES:
@@ -117,6 +125,9 @@ class DatasetWriter:
         self._placed = 0                            # buckets of the rows placed as streamed
         self._given_order: dict[str, Any] | None = None  # meta of a row order set by the caller
         self._link: dict[str, Any] | None = None    # the feature file linked instead of written
+        self.link_split = link_split
+        if link_split is not None:
+            link_split.check(self.num_nodes)
 
     # -- context -----------------------------------------------------------
     def __enter__(self) -> "DatasetWriter":
@@ -287,6 +298,8 @@ class DatasetWriter:
         if self.num_edges is None:
             raise InvalidValue("dataset has no adjacency (write_indptr was not called)")
         self.indices()
+        if self.link_split is not None:
+            self._hold_out(self.link_split)
         if self._placer is not None:
             raise InvalidValue("feature rows were placed but not finished (FeatureSink.sync)")
         if not self._placed and self._link is None:
@@ -316,7 +329,8 @@ class DatasetWriter:
                 "path": os.path.relpath(link["file"], self.out.resolve()),
                 "abs_path": str(link["file"]), "num_rows": link["num_rows"]}
         for name in REQUIRED_FILES + ((ROW_MAP_FILE,) if "feature_order" in self.extra_meta
-                                      else ()):
+                                      else ()) + (LINK_SPLIT_FILES if LINK_SPLIT_KEY in
+                                                  self.extra_meta else ()):
             if name == "features.bin" and link is not None:
                 files[name] = dict(link["entry"])
                 continue
@@ -353,6 +367,18 @@ class DatasetWriter:
             open_dataset(self._dir)
         except DatasetError as e:
             raise InvalidValue(f"{self.out}: the written dataset is invalid: {e.problem}") from None
+
+    def _hold_out(self, spec: LinkSplitSpec) -> None:
+        """Take the link split's held-out edges out of the written adjacency and store
+        them (:func:`~ooc.storage.link_split.hold_out`)."""
+        assert self.num_edges is not None  # _finish checked
+        kept, info = hold_out(self._dir, self.indices(), self.num_nodes, self.directed, spec,
+                              self.buffer_bytes)
+        if isinstance(self._indices, np.memmap):
+            self._indices.flush()
+        self.shrink_indices(kept)
+        self.num_edges = kept
+        self.extra_meta[LINK_SPLIT_KEY] = info
 
     def _reorders(self) -> bool:
         lay, n = self.layout, self.num_nodes

@@ -345,8 +345,8 @@ def _split_codes(dataset: Dataset, n: int) -> np.ndarray:
 
 def predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows: int,
                 num_chunks: int, write: bool = True) -> dict:
-    """Write ``pred`` (argmax of the last layer, processing order) and accuracies
-    (``write=False``: read ``pred`` as it is)."""
+    """Write ``pred`` (argmax of the last layer, processing order) and accuracies when
+    the last layer has one column a class (``write=False``: read ``pred`` as it is)."""
     n = perm.shape[0]
     arr = group[name]
     if write:
@@ -354,7 +354,8 @@ def predictions(dataset: Dataset, group, name: str, perm: np.ndarray, chunk_rows
                                       compressors=None, fill_value=-1, overwrite=True)
     else:
         pred_arr = group["pred"]
-    has_labels = dataset.num_classes > 0
+    # an output of another width than the classes (a link model's embeddings) predicts none
+    has_labels = dataset.num_classes > 0 and int(arr.shape[1]) == dataset.num_classes
     split_of = _split_codes(dataset, n) if has_labels else None
     correct = np.zeros(4, dtype=np.int64)
     total = np.zeros(4, dtype=np.int64)

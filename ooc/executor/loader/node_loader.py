@@ -267,7 +267,7 @@ class NodeLoader:
         own_budget = parse_budget(memory_budget) if memory_budget is not None else None
         check_keywords("NodeLoader", options, _keywords())
         opts = ModeOptions(io_backend=io_backend, memory_budget=own_budget, **options)
-        self.seeds = seeds = resolve_input_nodes(dataset, input_nodes)
+        self.seeds = seeds = self._resolve_seeds(dataset, input_nodes)
         self.preset = resolve_preset(preset)
         self.num_workers = workers
         self.persistent_workers = bool(persistent_workers)
@@ -288,9 +288,7 @@ class NodeLoader:
             warnings.warn("NodeLoader: pin_memory=True but no CUDA device is available; "
                           "batches are not pinned", UserWarning, stacklevel=2)
         self._labels = label_mode
-        # input_id of a seed: its position in ``seeds`` (PyG's NeighborLoader gives it)
-        self._seed_order = np.argsort(seeds, kind="stable")
-        self._seeds_sorted = seeds[self._seed_order]
+        self._index_seeds(seeds)
         #: seconds spent turning batches into ``Data`` during the last epoch
         self.convert_seconds = 0.0
         self._source: BatchSource = source
@@ -303,6 +301,15 @@ class NodeLoader:
         #: the epoch an unfinished iterator runs (None: none)
         self._running: int | None = None
 
+    def _resolve_seeds(self, dataset, input_nodes) -> Any:
+        """What the pipeline's epoch plans split into batches: seed node ids."""
+        return resolve_input_nodes(dataset, input_nodes)
+
+    def _index_seeds(self, seeds: np.ndarray) -> None:
+        """Index ``seeds`` for ``input_id`` (a seed's position in them, as PyG gives it)."""
+        self._seed_order = np.argsort(seeds, kind="stable")
+        self._seeds_sorted = seeds[self._seed_order]
+
     def _source_of(self, dataset, seeds: np.ndarray, shuffle: bool, workers: int,
                    opts: ModeOptions, shared) -> BatchSource:
         """The loader's share of the process's budget group (``shared``), else its own
@@ -312,7 +319,7 @@ class NodeLoader:
                                workers)
         plan = None
         if opts.memory_budget:
-            plan = plan_memory(dataset, self.sampling, opts.memory_budget, opts,
+            plan = plan_memory(dataset, self.sampling, opts.memory_budget, opts, seeds=seeds,
                                preset=self.preset, workers=workers)
         stack = build_stack(dataset, self.sampling, opts, plan=plan, seeds=seeds,
                             shuffle=shuffle, preset=self.preset)
@@ -374,6 +381,7 @@ class NodeLoader:
         self.convert_seconds = 0.0
         with self._source.epoch():
             batches = self._checked(self._source.pipeline().batches(epoch))
+            i = 0
             while True:
                 if not self._finalizer.alive:  # an iterator kept past close()
                     raise InvalidValue("NodeLoader is closed")
@@ -382,23 +390,30 @@ class NodeLoader:
                 except StopIteration:
                     return
                 t0 = time.perf_counter()
-                data = self._data(batch, rows)
+                data = self._data(batch, rows, epoch, i)
+                i += 1
                 self.convert_seconds += time.perf_counter() - t0
                 yield data
 
-    def _data(self, batch, rows):
-        """The one conversion of a sampled batch and its rows into PyG ``Data``."""
+    def _data(self, batch, rows, epoch: int = 0, index: int = 0):
+        """The one conversion of a sampled batch and its rows into PyG ``Data`` (batch
+        ``index`` of ``epoch``)."""
         seeds = np.asarray(batch.node_ids[:int(batch.num_seeds)], dtype=np.int64)
         y = None
         if self._labels == "all":  # every node's, as PyG's loaders give them
             y = self.dataset.read_labels(batch.node_ids)
         elif self._labels == "seeds":
             y = self.dataset.read_labels(seeds)
-        data = to_data(batch, rows, y)
-        data.input_id = torch.as_tensor(
-            self._seed_order[np.searchsorted(self._seeds_sorted, seeds)])
+        data = self._complete(to_data(batch, rows, y), seeds, epoch, index)
         if self.pin_memory:
             data = data.pin_memory()
+        return data
+
+    def _complete(self, data, seeds: np.ndarray, epoch: int, index: int):
+        """``data`` with what the loader's seeds add: ``input_id``, each seed's position
+        in them."""
+        data.input_id = torch.as_tensor(
+            self._seed_order[np.searchsorted(self._seeds_sorted, seeds)])
         return data
 
     def sampled(self, epoch: int) -> Iterator[tuple[Any, np.ndarray]]:

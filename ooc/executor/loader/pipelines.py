@@ -28,7 +28,7 @@ import numpy as np
 from ooc.caches.feature_cache import CachedFeature, FeatureCache
 from ooc.core.timers import Timers
 from ooc.core.worker import Worker
-from ooc.sampling.epoch_plan import EpochPlan
+from ooc.sampling.link_plan import EdgeSeeds, as_seeds, epoch_plan
 from ooc.sampling.pipeline import Inspector
 from ooc.sampling.sampler import NeighborSampler, SampledBatch
 from ooc.storage.features import Feature
@@ -69,10 +69,10 @@ class BatchPipeline:
     #: the stages (of :meth:`stage_times`) run on the thread that makes the batches
     producer_stages: tuple[str, ...] = ("gather",)
 
-    def __init__(self, seeds: np.ndarray, batch_size: int, seed: int, shuffle: bool,
-                 source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH,
+    def __init__(self, seeds: np.ndarray | EdgeSeeds, batch_size: int, seed: int,
+                 shuffle: bool, source: Feature, cache: FeatureCache | None = None, prefetch: int = PREFETCH,
                  workers: int = 1):
-        self.seeds = np.asarray(seeds, dtype=np.int64)
+        self.seeds = as_seeds(seeds)
         self.batch_size = int(batch_size)
         self.seed = int(seed)
         self.shuffle = shuffle
@@ -121,8 +121,9 @@ class BatchPipeline:
         return -(-len(self.seeds) // self.batch_size) if len(self.seeds) else 0
 
     def plan(self, epoch: int) -> tuple[list[np.ndarray], list[int]]:
-        """Seed batches of ``epoch`` and their sampling seeds."""
-        return EpochPlan(self.seeds, self.batch_size, self.seed, epoch, self.shuffle).first()
+        """Seed batches of ``epoch`` and their sampling seeds (of node ids, or of the
+        :class:`~ooc.sampling.link_plan.EdgeSeeds` of a link loader)."""
+        return epoch_plan(self.seeds, self.batch_size, self.seed, epoch, self.shuffle).first()
 
     def batches(self, epoch: int) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         """``(batch, rows)`` of every batch of ``epoch`` in order; ``rows`` is
@@ -195,8 +196,9 @@ class OnDemandPipeline(BatchPipeline):
     schedule = "on_demand"
     producer_stages = ("sample", "gather")
 
-    def __init__(self, sampler: NeighborSampler, seeds: np.ndarray, batch_size: int, seed: int,
-                 source: Feature, shuffle: bool = True, cache: FeatureCache | None = None,
+    def __init__(self, sampler: NeighborSampler, seeds: np.ndarray | EdgeSeeds, batch_size: int,
+                 seed: int, source: Feature, shuffle: bool = True,
+                 cache: FeatureCache | None = None,
                  prefetch: int = PREFETCH, workers: int = 1):
         super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch, workers)
         self.sampler = sampler
@@ -260,8 +262,8 @@ class SuperbatchPipeline(BatchPipeline):
     schedule = "superbatch"
     producer_stages = ("switch", "gather", "update")
 
-    def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
-                 source: Feature, cache: FeatureCache, shuffle: bool = True,
+    def __init__(self, inspector: Inspector, seeds: np.ndarray | EdgeSeeds, batch_size: int,
+                 seed: int, source: Feature, cache: FeatureCache, shuffle: bool = True,
                  prefetch: int = PREFETCH, workers: int = 1):
         super().__init__(seeds, batch_size, seed, shuffle, source, cache, prefetch, workers)
         self.inspector = inspector

@@ -148,7 +148,8 @@ class MemoryBudget:
             BudgetError: the loader alone does not fit beside what the process holds.
         """
 
-        plan = plan_memory(dataset, config, self.total, opts, preset=preset, workers=workers)
+        plan = plan_memory(dataset, config, self.total, opts, preset=preset, workers=workers,
+                           seeds=seeds)
         key = (os.path.realpath(dataset.path), preset.name, preset.readers.name,
                id(preset.policy), _options_key(opts))
         member = _Member(config, seeds, bool(shuffle), int(workers), plan)

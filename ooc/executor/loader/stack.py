@@ -51,7 +51,7 @@ from ooc.executor.loader.presets import Preset, resolve_preset
 from ooc.executor.loader.readers import Sources, TimedFeature
 from ooc.executor.settings import BY_NAME as _S
 from ooc.executor.settings import MODE, SAMPLING, check_all, keywords_checked
-from ooc.sampling.epoch_plan import EpochPlan
+from ooc.sampling.link_plan import EdgeSeeds, as_seeds, epoch_plan
 from ooc.sampling.pipeline import Inspector, measure_bytes_per_batch, superbatch_size_for_budget
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage.atomic import pid_alive
@@ -246,7 +246,7 @@ class _Parts:
     sampler: NeighborSampler
     features: Any
     cache: FeatureCache | None
-    seeds: np.ndarray
+    seeds: np.ndarray | EdgeSeeds
     shuffle: bool
     info: dict
     closers: list
@@ -267,7 +267,7 @@ def superbatch_size(p: _Parts) -> int:
     if s is None and p.plan is not None and p.plan.superbatch_size:
         s = p.plan.superbatch_size
     if s is None:
-        sb, bseeds = EpochPlan(p.seeds, cfg.batch_size, cfg.seed, 1, p.shuffle).first()
+        sb, bseeds = epoch_plan(p.seeds, cfg.batch_size, cfg.seed, 1, p.shuffle).first()
         bpb = measure_bytes_per_batch(p.sampler, sb, bseeds, with_changesets=True, probes=2)
         s = superbatch_size_for_budget(p.opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
         p.info["runtime_bytes_per_batch"] = int(bpb)
@@ -305,7 +305,7 @@ def _feature_cache(dataset, preset: Preset, nbytes: int, info: dict) -> FeatureC
 
 
 def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
-                seeds: np.ndarray | None = None, shuffle: bool = True,
+                seeds: np.ndarray | EdgeSeeds | None = None, shuffle: bool = True,
                 preset: "str | Preset | Any | None" = None) -> Stack:
     """The loader stack of ``preset`` (default ``config.mode``) over ``dataset``.
 
@@ -318,7 +318,8 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
             the superbatch size where ``options`` leaves them open.
         seeds: the training pipeline's seed nodes (int64 [n]; default the
             dataset's ``train_idx``), split into batches of ``config.batch_size``
-            in a per-epoch seeded shuffle when ``shuffle``.
+            in a per-epoch seeded shuffle when ``shuffle``; or a link loader's
+            :class:`~ooc.sampling.link_plan.EdgeSeeds` (batches of edges).
         preset: a preset name, a :class:`~ooc.executor.loader.presets.Preset` or a
             :class:`~ooc.caches.policies.CachePolicy`.
     """
@@ -326,7 +327,7 @@ def build_stack(dataset, config, options: ModeOptions | None = None, plan=None,
     opts.validate()
     dataset.check_indices()  # once per opened dataset: ids in range, every block's CRC
     preset = resolve_preset(config.mode if preset is None else preset)
-    seeds = np.asarray(dataset.train_idx if seeds is None else seeds, dtype=np.int64)
+    seeds = as_seeds(dataset.train_idx if seeds is None else seeds)
     feat_bytes, nbr_bytes = cache_sizes(dataset, opts, plan)
     src, sampler = open_sampler(dataset, preset, opts, config.fanouts, config.num_threads,
                                 nbr_bytes if preset.neighbor_cache else 0)

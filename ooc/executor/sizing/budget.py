@@ -111,7 +111,7 @@ from ooc.executor.sizing.plan import (
     suggest_budget,
 )
 from ooc.executor.sizing.step_memory import step_bytes
-from ooc.sampling.epoch_plan import EpochPlan
+from ooc.sampling.link_plan import epoch_plan
 from ooc.sampling.pipeline import bytes_per_batch
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import open_dataset
@@ -231,7 +231,7 @@ def warm_up_kernels(preset, dim: int, dtype, index_dtype=np.int32, num_edges: in
 
 def plan_memory(dataset, config, budget: int, options=None, model=None,
                 neighbor_fraction: float = NEIGHBOR_FRACTION, reserve: int | None = None,
-                preset=None, workers: int = 1) -> MemoryPlan:
+                preset=None, workers: int = 1, seeds=None) -> MemoryPlan:
     """Measure the working memory of the preset and size its caches.
 
     Args:
@@ -249,6 +249,9 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
             policy (default ``config.mode``).
         workers: the training pipeline's gather threads (each holds its queue and the
             batch it makes: :func:`~ooc.executor.loader.pipelines.batches_in_flight`).
+        seeds: what the training pipeline's batches are made of (node ids or a link
+            loader's :class:`~ooc.sampling.link_plan.EdgeSeeds`; default the dataset's
+            training nodes): the probe samples its first batches.
 
     Raises:
         OocError: the budget is below what the preset needs (the message gives
@@ -260,7 +263,8 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
     opts = options or _default_options()
     budget = int(budget)
     reserve = default_reserve(budget) if reserve is None else int(reserve)
-    working = measure_working(dataset, config, opts, model, preset, budget - reserve, workers)
+    working = measure_working(dataset, config, opts, model, preset, budget - reserve, workers,
+                              seeds)
     shape = DatasetShape.of(dataset, full_neighbor_cache=explicit_neighbor_bytes(preset, opts)
                             is None)
     plan = compose_plan(shape, working, budget, preset, opts, batch_size=config.batch_size,
@@ -271,7 +275,7 @@ def plan_memory(dataset, config, budget: int, options=None, model=None,
 
 
 def measure_working(dataset, config, opts, model, preset, limit: int,
-                    workers: int = 1) -> Working:
+                    workers: int = 1, seeds=None) -> Working:
     """The preset's working memory, measured in this process: ``setup_rss`` (kernels
     loaded, the row map resident), the probed loop's peak above it (:func:`_probe`) and
     the file pages its readers may keep mapped beside it (computed: the probe cannot
@@ -280,7 +284,8 @@ def measure_working(dataset, config, opts, model, preset, limit: int,
     ``setup_rss`` is measured, so it is in that.)
 
     ``limit``: the absolute RSS a probed step must fit under (budget - reserve);
-    ``workers``: the training pipeline's gather threads.
+    ``workers``: the training pipeline's gather threads; ``seeds``: as
+    :func:`plan_memory`'s.
     """
     kernels = compile_kernels(dataset, config, opts, preset=preset)
     warm_up_kernels(preset, dataset.feature_dim, dataset.feature_dtype,  # loads them here
@@ -291,7 +296,8 @@ def measure_working(dataset, config, opts, model, preset, limit: int,
     trim_malloc()
     setup = rss_bytes()
     probe = _probe(dataset, config, opts, model, preset, limit=limit,
-                   in_flight=batches_in_flight(gather_threads(preset.policy.schedule, workers)))
+                   in_flight=batches_in_flight(gather_threads(preset.policy.schedule, workers)),
+                   seeds=seeds)
     return Working(setup_rss=setup, loop_peak=max(0, max(probe["peaks"].values()) - setup),
                    mapped_file_pages=preset.readers.mapped_bytes_bound(dataset, opts,
                                                                        probe["max_edges"]),
@@ -313,7 +319,7 @@ def _refusal(plan: MemoryPlan, preset, extra: int, too_large: str) -> BudgetErro
 
 
 def _probe(dataset, config, opts, model, preset, limit: int | None = None,
-           in_flight: int = batches_in_flight(1)) -> dict[str, Any]:
+           in_flight: int = batches_in_flight(1), seeds=None) -> dict[str, Any]:
     """Reproduce the loop's fullest moment and measure its peak RSS (absolute).
 
     Returns ``peaks`` (``sample``, ``train_loop``, ``eval_loop`` when the
@@ -331,7 +337,8 @@ def _probe(dataset, config, opts, model, preset, limit: int | None = None,
     try:
         hold = _Holder(sampler, src.features, model, dataset, peaks, limit, in_flight,
                        preset.policy.mate_fraction(dataset.row_pages()))
-        batches = hold(dataset.train_idx, config.batch_size, config.seed, 1, True,
+        batches = hold(dataset.train_idx if seeds is None else seeds, config.batch_size,
+                       config.seed, 1, True,
                        "sample", "train_loop", "--batch-size")
         bpb = bytes_per_batch(batches, len(config.fanouts), with_changesets=True)
         max_edges = max(int(sum(b.num_sampled_edges)) for b in batches)
@@ -375,7 +382,7 @@ class _Holder:
     def sample(self, ids, bs: int, seed: int, epoch: int, shuffle: bool) -> list:
         """The first ``in_flight`` sampled batches of ``bs`` seeds of that epoch."""
 
-        return self.sampler.sample_many(*EpochPlan(ids, bs, seed, epoch, shuffle)
+        return self.sampler.sample_many(*epoch_plan(ids, bs, seed, epoch, shuffle)
                                         .first(self.in_flight))
 
     def __call__(self, ids, bs: int, seed: int, epoch: int, shuffle: bool,
@@ -471,7 +478,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
     import torch
 
     from ooc.executor.loader.batch import to_data
-    from ooc.executor.training.step import default_loss, eval_forward, model_call, train_step
+    from ooc.executor.training.step import eval_forward, model_call, train_step
 
     state = torch.get_rng_state()
     params = list(model.parameters())
@@ -488,7 +495,7 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
         if train:
             model.train()
             opt = torch.optim.Adam([p for p in params if p.requires_grad], lr=0.0)
-            train_step(call, opt, default_loss, data)
+            train_step(call, opt, _probe_loss, data)
             del opt
         else:
             model.eval()
@@ -502,6 +509,18 @@ def _probe_step(model, batch, rows, dataset, train: bool = True) -> None:
                 b.copy_(buffers[k])
         model.train(was_training)
         torch.set_rng_state(state)
+
+
+def _probe_loss(out, y):
+    """The probe step's loss: cross-entropy over the labels within the output's width; a
+    zero-weighted sum when there are none (a link encoder's embeddings, unlabelled seeds),
+    so that the backward pass runs, and is measured, either way."""
+    import torch
+
+    from ooc.executor.training.step import default_loss
+
+    y = torch.where(y < out.shape[-1], y, torch.full_like(y, -1))
+    return default_loss(out, y) if bool((y >= 0).any()) else out.sum() * 0.0
 
 
 def _fmt(nbytes: float) -> str:

@@ -22,6 +22,8 @@ class TrainConfig:
     (progress bars) and ``eval_final`` (evaluate after the last epoch)."""
 
     model: str = _S["model"].field()
+    task: str = _S["task"].field()
+    decoder: str = _S["decoder"].field()
     fanouts: list[int] = _S["fanouts"].field()
     batch_size: int = _S["batch_size"].field()
     eval_batch_size: int | None = _S["eval_batch_size"].field()

@@ -164,21 +164,16 @@ class Trainer:
         self.config = config
         self.device = resolve_device(config.device)
         self.log = log or (lambda msg: tqdm.write(msg, file=sys.stdout))
-        if dataset.num_classes < 1:
-            raise InvalidValue(f"{dataset.path}: dataset has no labels (num_classes is 0)")
-        if not allow_empty_train:
-            check_labelled_training(dataset)
+        self._check_dataset(dataset, allow_empty_train)
         torch.manual_seed(config.seed)
         if model is None:
-            model = build_model(config.model, dataset.feature_dim, config.hidden,
-                                dataset.num_classes, config.num_layers,
-                                dropout=config.dropout, heads=config.heads)
+            model = self._build_model()
         elif not isinstance(model, torch.nn.Module):
             raise InvalidValue(f"model must be a torch.nn.Module, not {type(model).__name__}")
         self.model: torch.nn.Module = model.to(self.device)
         self._call = model_call(self.model)
         self.optimizer = optimizer if optimizer is not None else torch.optim.Adam(
-            self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+            self._parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.loss = loss if loss is not None else default_loss
         self._watch = UpdateWatch(list(self.model.parameters()))
         self.memory_plan = None
@@ -193,15 +188,15 @@ class Trainer:
             budget = options.memory_budget or process_total()
             if budget:
                 self.memory_plan = plan_memory(dataset, config, budget, options,
-                                               model=self.model, preset=preset)
+                                               model=self.model, preset=preset,
+                                               seeds=self._train_seeds())
             pipeline = build_stack(dataset, config, options, plan=self.memory_plan,
-                                   preset=preset)
+                                   seeds=self._train_seeds(), preset=preset)
             self._pipeline = pipeline
             self.mode_info = dict(pipeline.info)
         self.train_producer, self.eval_producer_factory, self.features = pipeline
         #: the training batches as ``Data`` (seeds' labels only): the loader code users run
-        self.train_loader = self._loader(self.train_producer, dataset.train_idx,
-                                         config.batch_size, config.seed)
+        self.train_loader = self._train_loader()
         self.labels = dataset.labels
         self.epoch = 0  # the last completed epoch
         self.history: list[dict[str, Any]] = []
@@ -210,6 +205,37 @@ class Trainer:
         self.on_batch: Callable[[], None] | None = None
         self.nodes_seen = 0
         self.batches_seen = 0
+
+    # -- what a task decides (:class:`~ooc.executor.training.link.LinkTrainer` differs) ----
+    def _check_dataset(self, dataset, allow_empty_train: bool) -> None:
+        """Refuse a dataset this task cannot train on."""
+        if dataset.num_classes < 1:
+            raise InvalidValue(f"{dataset.path}: dataset has no labels (num_classes is 0)")
+        if not allow_empty_train:
+            check_labelled_training(dataset)
+
+    def _build_model(self) -> torch.nn.Module:
+        """The built-in model of ``config``: a classifier of the dataset's classes."""
+        cfg, ds = self.config, self.dataset
+        return build_model(cfg.model, ds.feature_dim, cfg.hidden, ds.num_classes,
+                           cfg.num_layers, dropout=cfg.dropout, heads=cfg.heads)
+
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer trains."""
+        return list(self.model.parameters())
+
+    def _train_seeds(self) -> Any:
+        """The training pipeline's seeds (None: the dataset's training nodes)."""
+        return None
+
+    def _train_loader(self) -> NodeLoader:
+        """The training batches as ``Data`` (the seeds' labels only)."""
+        return self._loader(self.train_producer, self.dataset.train_idx,
+                            self.config.batch_size, self.config.seed)
+
+    def _validate(self) -> dict[str, Any]:
+        """The validation metrics of an epoch's record."""
+        return {"val_acc": self.evaluate(self.dataset.val_idx)}
 
     def _loader(self, pipeline, seeds: np.ndarray, batch_size: int, seed: int) -> NodeLoader:
         """A :class:`NodeLoader` over ``pipeline`` (built for ``seeds`` in batches of
@@ -259,7 +285,7 @@ class Trainer:
             self.timers.add(k, v)
         if epoch % cfg.eval_every == 0 or (epoch == cfg.epochs and cfg.eval_final):
             t0 = time.perf_counter()
-            rec["val_acc"] = self.evaluate(self.dataset.val_idx)
+            rec.update(self._validate())
             rec["eval_time_s"] = round(time.perf_counter() - t0, 6)
         self.epoch = epoch
         self.history.append(rec)
@@ -328,8 +354,8 @@ class Trainer:
         t = rec["timers"]
         parts = [f"epoch {rec['epoch']:>3}/{self.config.epochs}",
                  f"loss {rec['loss']:.4f}", f"train_acc {rec['train_acc']:.4f}"]
-        if rec.get("val_acc") is not None:
-            parts.append(f"val_acc {rec['val_acc']:.4f}")
+        parts += [f"{k} {v:.4f}" for k, v in rec.items()
+                  if k.startswith("val_") and isinstance(v, float)]
         stages = " ".join(f"{k} {t[k]:.2f}" for k in REPORT_STAGES if k in t)
         parts.append(f"{rec['time_s']:.2f}s ({stages})")
         io = rec.get("io") or {}

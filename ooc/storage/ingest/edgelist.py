@@ -39,6 +39,7 @@ from ooc.storage.ingest.edge_buckets import MIN_WINDOWS, EdgeBuckets, range_ends
 from ooc.storage.layout import PAGE, FeatureLayout, index_dtype
 from ooc.storage.read_ahead import CHUNKS_HELD, read_ahead
 from ooc.storage.reorder import STAGING_BYTES
+from ooc.storage.link_split import LinkSplitSpec
 from ooc.storage.writer import DatasetWriter, class_ids
 
 DEFAULT_BUFFER = 512 << 20
@@ -759,7 +760,7 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
                     progress: bool = True, stats: dict | None = None,
                     allow_nonfinite: bool = False,
                     random_split: tuple[float, float, int] | None = None,
-                    reorder: str = "auto") -> Path:
+                    reorder: str = "auto", link_split: LinkSplitSpec | None = None) -> Path:
     """Convert an edge list (text/CSV, ``.npy`` [2,E] or [E,2], raw int32/int64
     pairs) to a dataset folder at ``out`` and return its path.
 
@@ -771,7 +772,8 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
     NaN/inf features unless ``allow_nonfinite``. Memory: O(N) plus
     ``buffer_bytes``. ``random_split=(train, val, seed)`` (with labels, without
     split files) splits the labelled nodes at random: those shares to train and
-    validation, the rest to test.
+    validation, the rest to test. ``link_split`` holds edges out for link prediction
+    (:mod:`ooc.storage.link_split`).
     """
     t0 = time.perf_counter()
     split_files = (train_idx, val_idx, test_idx)
@@ -797,7 +799,7 @@ def ingest_edgelist(edges, out, *, fmt: str = "auto", header: bool = False,
     with DatasetWriter(out, n, dim, feature_dtype, name=name, directed=not undirected,
                        overwrite=overwrite, source=meta_src, allow_nonfinite=allow_nonfinite,
                        features_name=str(features), reorder=reorder,
-                       buffer_bytes=buffer_bytes) as w:
+                       buffer_bytes=buffer_bytes, link_split=link_split) as w:
         st = scatter_passes(w, source, counts, undirected, dedup, remove_self_loops,
                             buffer_bytes, progress)
         _write_nodes(w, feat, lab, splits, split_files, buffer_bytes, progress)

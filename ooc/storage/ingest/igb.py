@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, ingest_edgelist, input_error
+from ooc.storage.link_split import LinkSplitSpec
 
 
 def _find(root: Path, name: str) -> Path:
@@ -31,7 +32,8 @@ def ingest_igb(root, out, label: str = "19", train_fraction: float = 0.6,
                feature_dtype: str | None = None, name: str = "",
                buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False,
                progress: bool = True, stats: dict | None = None,
-               allow_nonfinite: bool = False, reorder: str = "auto") -> Path:
+               allow_nonfinite: bool = False, reorder: str = "auto",
+               link_split: LinkSplitSpec | None = None) -> Path:
     """Convert the IGB graph under ``root`` to a dataset folder ``out`` and return its path.
 
     ``label`` picks ``node_label_<label>.npy`` (``19`` or ``2K``)."""
@@ -44,4 +46,5 @@ def ingest_igb(root, out, label: str = "19", train_fraction: float = 0.6,
         feature_dtype=feature_dtype, labels=_find(root, f"node_label_{label}.npy"),
         name=name or root.name, buffer_bytes=buffer_bytes, overwrite=overwrite,
         progress=progress, stats=stats, allow_nonfinite=allow_nonfinite,
-        random_split=(train_fraction, val_fraction, seed), reorder=reorder)
+        random_split=(train_fraction, val_fraction, seed), reorder=reorder,
+        link_split=link_split)

@@ -36,6 +36,8 @@ import numpy as np
 from ooc.storage.ingest import _kernels as K
 from ooc.storage.ingest import limits as L
 from ooc.storage.ingest import npz
+from ooc.storage.ingest.ogb_link import is_link_split, ogb_link_split
+from ooc.storage.link_split import LinkSplitSpec
 from ooc.storage.ingest.edgelist import (
     DEFAULT_BUFFER,
     EdgeSource,
@@ -158,15 +160,17 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
                remove_self_loops: bool = False, feature_dtype: str = "float32", name: str = "",
                buffer_bytes: int = DEFAULT_BUFFER, overwrite: bool = False, progress: bool = True,
                stats: dict | None = None, allow_nonfinite: bool = False,
-               reorder: str = "auto") -> Path:
-    """Convert an OGB node-property dataset folder ``root`` (holding ``raw/``
+               reorder: str = "auto", link_split: LinkSplitSpec | None = None) -> Path:
+    """Convert an OGB node-property or link-property dataset folder ``root`` (holding ``raw/``
     and ``split/``) to a dataset folder ``out`` and return its path.
 
     ``raw/`` is read in either layout OGB ships: gzipped CSVs (``edge.csv.gz``,
     ``node-feat.csv.gz``, ...) or binary ``.npz`` (``data.npz`` with ``edge_index``
     [2, E] and ``node_feat`` [N, D], ``node-label.npz``), as papers100M comes.
     Refused like :func:`~.edgelist.ingest_edgelist`: no edges, a node in two
-    splits, NaN/inf features unless ``allow_nonfinite``."""
+    splits, NaN/inf features unless ``allow_nonfinite``. A link-property split
+    (``split/<name>/{valid,test}.pt``, :mod:`.ogb_link`) becomes the dataset's link
+    split; ``link_split`` (fractions or given pairs) is the alternative."""
     t0 = time.perf_counter()
     root = Path(root)
     out = check_out(out, overwrite, (root,))
@@ -176,13 +180,16 @@ def ingest_ogb(root, out, split: str | None = None, undirected: bool = False, de
         raise input_error(root, f"is the raw/ folder itself: pass its parent ({root.parent}), which "
                          f"holds raw/ and split/")
     split, split_files = _split_files(root, split)
+    if split_files is None and split is not None:  # a link-property split
+        given = ogb_link_split(root / "split" / split, link_split)
+        link_split = given
     scratch = out.parent / f".{out.name}.inflate-{os.getpid()}"
     try:
         src = (_binary_inputs(root / "raw", scratch) if (root / "raw" / "data.npz").exists()
                else _csv_inputs(root / "raw"))
         return _ingest(root, out, src, split, split_files, undirected, dedup, remove_self_loops,
                        feature_dtype, name, buffer_bytes, overwrite, progress, stats,
-                       allow_nonfinite, t0, reorder)
+                       allow_nonfinite, t0, reorder, link_split)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -201,6 +208,8 @@ def _split_files(root: Path, split: str | None) -> tuple[str | None, list[Path] 
         split = names[0] if names else None
     if split is None:
         return None, None
+    if is_link_split(split_dir / split):
+        return split, None
     return split, [check_input(split_dir / split / f"{k}.csv.gz") for k in ("train", "valid", "test")]
 
 
@@ -304,7 +313,8 @@ def _binary_inputs(raw: Path, scratch: Path) -> _Inputs:
 def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected: bool,
             dedup: bool, remove_self_loops: bool, feature_dtype: str, name: str,
             buffer_bytes: int, overwrite: bool, progress: bool, stats: dict | None,
-            allow_nonfinite: bool, t0: float, reorder: str) -> Path:
+            allow_nonfinite: bool, t0: float, reorder: str,
+            link_split: LinkSplitSpec | None = None) -> Path:
     counts = count_pass(src.source, src.n, undirected, remove_self_loops, buffer_bytes, progress)
     n = counts.shape[0]
     check_not_empty(src.source, counts)
@@ -323,7 +333,7 @@ def _ingest(root: Path, out: Path, src: _Inputs, split, split_files, undirected:
     with DatasetWriter(out, n, src.dim, feature_dtype, name=name or root.name,
                        directed=not undirected, overwrite=overwrite, source=meta_src,
                        allow_nonfinite=allow_nonfinite, features_name=str(src.feature_path),
-                       reorder=reorder, buffer_bytes=buffer_bytes) as w:
+                       reorder=reorder, buffer_bytes=buffer_bytes, link_split=link_split) as w:
         st = scatter_passes(w, src.source, counts, undirected, dedup, remove_self_loops,
                             buffer_bytes, progress)
         src.write_features(w, n, buffer_bytes, progress)

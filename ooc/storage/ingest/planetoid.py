@@ -16,6 +16,7 @@ import numpy as np
 
 from ooc.core.errors import InvalidValue, NotFound, OocError
 from ooc.storage.ingest.edgelist import DEFAULT_BUFFER, check_out
+from ooc.storage.link_split import LinkSplitSpec
 from ooc.storage.writer import DatasetWriter, csc_from_edges
 
 NAMES = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
@@ -33,8 +34,10 @@ def raw_dir(root, name: str) -> Path:
 
 def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bool = True,
                      buffer_bytes: int | None = None, stats: dict | None = None,
-                     allow_nonfinite: bool = False, reorder: str = "auto") -> Path:
-    """Convert Planetoid ``name`` (Cora, CiteSeer, PubMed) under ``root`` to ``out``."""
+                     allow_nonfinite: bool = False, reorder: str = "auto",
+                     link_split: LinkSplitSpec | None = None) -> Path:
+    """Convert Planetoid ``name`` (Cora, CiteSeer, PubMed) under ``root`` to ``out``
+    (``link_split``: edges held out for link prediction, :mod:`ooc.storage.link_split`)."""
     t0 = time.perf_counter()
     out = check_out(out, overwrite, (root,))
     if name.lower() not in NAMES:
@@ -67,7 +70,7 @@ def ingest_planetoid(root, name: str, out, overwrite: bool = False, progress: bo
     with DatasetWriter(out, n, x.shape[1], "float32", name=NAMES[prefix], directed=False,
                        overwrite=overwrite, source=src, allow_nonfinite=allow_nonfinite,
                        features_name=f"{folder}/ind.{prefix}.allx", reorder=reorder,
-                       buffer_bytes=buffer_bytes or DEFAULT_BUFFER) as w:
+                       buffer_bytes=buffer_bytes or DEFAULT_BUFFER, link_split=link_split) as w:
         w.write_indptr(indptr)
         w.indices()[:] = indices
         w.check_features(0, x)

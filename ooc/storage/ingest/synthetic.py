@@ -47,6 +47,7 @@ from ooc.storage.ingest.edgelist import (
 )
 from ooc.storage.layout import FEATURE_DTYPES, FeatureLayout, index_dtype, padded_bytes
 from ooc.storage.reserve import free_bytes
+from ooc.storage.link_split import LinkSplitSpec
 from ooc.storage.writer import DatasetWriter
 
 #: Nodes per chunk when the labels and the splits are made.
@@ -224,7 +225,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
                        p_in: float = 0.85, signal: float = 1.0, noise: float | None = None,
                        buffer_bytes: int = DEFAULT_BUFFER, stats: dict | None = None,
                        allow_nonfinite: bool = False, community_size: int | None = None,
-                       reorder: str = "auto") -> Path:
+                       reorder: str = "auto", link_split: LinkSplitSpec | None = None) -> Path:
     """Generate a synthetic dataset folder at ``out`` and return its path.
 
     ``test_fraction=None`` puts every node outside train/val into test.
@@ -232,7 +233,8 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
     deviation (default chosen so features alone give roughly 50% accuracy
     with 8 classes and 64 dims). ``community_size`` splits the graph into
     ``ceil(nodes / community_size)`` communities (labels: community modulo
-    ``classes``) instead of one per class.
+    ``classes``) instead of one per class. ``link_split`` holds edges out for link
+    prediction (:mod:`ooc.storage.link_split`).
     """
     t0 = time.perf_counter()
     fr = _check_settings(nodes, avg_degree, feature_dim, classes, dtype, train_fraction,
@@ -253,7 +255,7 @@ def generate_synthetic(out, nodes: int = 100_000, avg_degree: float = 10, featur
     with DatasetWriter(out, nodes, feature_dim, dtype, name=Path(out).name, directed=not undirected,
                        overwrite=overwrite, source=params, allow_nonfinite=allow_nonfinite,
                        features_name="synthetic features", reorder=reorder,
-                       buffer_bytes=buffer_bytes) as w:
+                       buffer_bytes=buffer_bytes, link_split=link_split) as w:
         st = scatter_passes(w, source, counts, undirected, True, True, buffer_bytes, progress)
         labels = source.labels()
         _write_features(w, labels, centroids, noise, seed, buffer_bytes, progress)
