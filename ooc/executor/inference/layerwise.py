@@ -174,6 +174,7 @@ from ooc.executor.inference.store import (
     seal,
     swap_in,
 )
+from ooc.executor.inference.sliced import scratch_bytes as sliced_scratch
 from ooc.executor.inference.streamed import BUCKET_BYTES
 from ooc.executor.loader.process_budget import process_total
 from ooc.storage.dataset import Dataset, open_dataset
@@ -252,6 +253,7 @@ class Job:
     keep_layers: bool = False     # keep every layer (else each input goes once used)
     aggregate: str = "auto"       # how layers read their input (runner.AGGREGATIONS)
     stream_rows: tuple[int | None, int | None] = (None, None)
+    slice_cols: int | None = None
     show_bar: bool = False
     on_chunk: Callable[[int, int], None] | None = None
     #: the partition assignment of a ``pds`` order until :func:`_order_job` makes it
@@ -272,7 +274,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
                         on_chunk: Callable[[int, int], None] | None = None,
                         layer_dtype: str = "float32", keep_layers: bool = False,
                         aggregate: str = "auto",
-                        stream_rows: tuple[int | None, int | None] | None = None) -> dict:
+                        stream_rows: tuple[int | None, int | None] | None = None,
+                        slice_cols: int | None = None) -> dict:
     """Compute every layer of ``model`` for every node, layer by layer, out of core.
 
     Args:
@@ -304,12 +307,14 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         keep_layers: keep every layer; by default a layer is deleted once the next one
             is complete, so the run holds at most two layers on disk.
         aggregate: ``auto`` (a layer whose convolution is a plain mean, sum or max of its
-            input rows, as ``SAGEConv``'s, and that one block cannot hold streams its
-            input, :mod:`.streamed`, unless on a graph of at most 2^25 edges the blocks
-            plan to read fewer bytes), ``blocks`` (never) or ``streamed`` (every layer;
-            one line when one cannot).
+            input rows, as ``SAGEConv``'s, and that one block cannot hold runs the way
+            planned to read the fewest bytes: column slices, :mod:`.sliced`, streamed
+            groups, :mod:`.streamed`, or, on a graph of at most 2^25 edges, blocks),
+            ``blocks`` (never), ``streamed`` or ``sliced`` (every layer that way; one
+            line when one cannot).
         stream_rows: force the streamed layers' (group rows, source chunk rows), either
             None for the budget's (tests and benchmarks).
+        slice_cols: force the column-sliced layers' slice width (tests and benchmarks).
 
     Returns:
         The report: per-layer timings, bytes read, cache hit ratios, peak RSS,
@@ -331,6 +336,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     job.features, job.show_bar, job.on_chunk = features, progress, on_chunk
     if stream_rows is not None:
         job.stream_rows = (stream_rows[0], stream_rows[1])
+    check_range("slice_cols", slice_cols, 1, None, integer=True)
+    job.slice_cols = slice_cols
     # the disk check runs before the first pass over the graph, except where ``out``
     # exists: a finished output of this run (known once the order is) needs no disk
     nothing_at_out = not os.path.lexists(job.out)
@@ -454,9 +461,13 @@ def check_disk(job: Job) -> None:
     n, nl = job.dataset.num_nodes, job.num_layers
     sizes = [np.dtype(job.layer_dtype).itemsize] * (nl - 1) + [4]
     need = 0
-    if job.aggregate != "blocks" and any(job.model.aggregation(l) is not None
-                                         for l in range(nl)):
+    reducing = [l for l in range(nl) if job.model.aggregation(l) is not None]
+    if job.aggregate in ("auto", "streamed") and reducing:
         need += BUCKET_BYTES * job.dataset.num_edges  # a streamed layer's edge buckets
+    elif job.aggregate == "sliced" and reducing:  # a sliced layer's scratch at its most
+        e = job.dataset.num_edges
+        need += max(sliced_scratch(n, e, job.dims[l], job.dataset.file_layout.num_rows
+                                   if l == 0 else n) for l in reducing)
     work = partial_path(job.out)
     have = sum(f.stat().st_blocks * 512 for f in work.rglob("*") if f.is_file()) \
         if work.is_dir() and not work.is_symlink() else 0
@@ -595,7 +606,7 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
         else "auto"
     return Run(job.dataset, job.model, group, topo, reader, job.budget, job.chunking, job.cache,
                progress, job.show_bar, job.layer_dtype, backend, job.aggregate,
-               job.stream_rows), reader_name
+               job.stream_rows, job.slice_cols), reader_name
 
 
 def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:
