@@ -12,6 +12,7 @@ from test_inference_streamed import TOL, _graph, _models, _reference, resumes_as
 
 from ooc.executor.inference.layerwise import layerwise_inference, read_embeddings
 from ooc.executor.inference.memory_plan import BlockCosts
+from ooc.executor.inference import sliced
 from ooc.executor.inference.sliced import SLICE_DIR, plan_sliced
 from ooc.executor.inference.streamed import plan_stream
 from ooc.executor.training.models import build_model
@@ -135,3 +136,38 @@ def test_a_layer_that_cannot_slice_is_refused_in_one_line(data, tmp_path):
         layerwise_inference(ds, _models()["pyg-mean"], tmp_path / "h.zarr",
                             aggregate="sliced", slice_cols=0, progress=False)
 
+
+
+@pytest.mark.parametrize("local_rows", [256, 8])
+@pytest.mark.parametrize("name", ["ooc-sage", "pyg-max", "pyg-sum"])
+def test_edges_local_to_a_block_are_reduced_in_the_rows_pass(data, tmp_path, monkeypatch,
+                                                             name, local_rows):
+    """A dataset stored in the order it is processed in: the rows pass goes in blocks of
+    ``local_rows`` rows (monkeypatched small, so that some edges are local and some are
+    not), reduces the edges whose source lies in its block's rows or halo, and combines
+    them with the slices' reduction of the others; every layer equals the forward pass."""
+    ds, x = data
+    if ds.row_of is None:
+        pytest.skip("node id order: the edges are read as indices.bin holds them, unsorted")
+    monkeypatch.setattr(sliced, "LOCAL_ROWS", local_rows)
+    model = _models()[name]
+    out = tmp_path / "l.zarr"
+    rep = layerwise_inference(ds, model, out, chunk_rows=128, aggregate="sliced",
+                              slice_cols=7, keep_layers=True, progress=False)
+    _check_layers(out, _reference(model, x, ds))
+    for la in rep["layers"]:
+        reads = la["reads"]
+        assert reads["local_rows"] == local_rows
+        assert 0 < la["local_edges"] < ds.num_edges
+        assert 0 < reads["planned_local_share"] < 1
+        assert 0 < la["bytes_read"] <= reads["planned_sliced_bytes"]
+
+
+def test_a_crash_resumes_inside_a_block_of_local_edges(data, tmp_path, monkeypatch):
+    """Blocks of 200 rows and output chunks of 128: the resumed rows pass starts inside a
+    block, past its first local edges."""
+    if data[0].row_of is None:
+        pytest.skip("node id order: no local edges")
+    monkeypatch.setattr(sliced, "LOCAL_ROWS", 200)
+    resumes_as_a_whole_run(data, tmp_path, dict(chunk_rows=128, aggregate="sliced",
+                                                slice_cols=5))

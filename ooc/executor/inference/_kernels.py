@@ -315,20 +315,65 @@ def group_edge_counts(indptr, rowof, group_rows, groups):
 
 
 @numba.njit(cache=True)
-def place_by_row(pairs, rows, deg, src):
-    """Counting sort of a group's ``pairs`` (int32 [m, 2]: source key, row in the group)
-    by row, the order of a row's edges kept: ``deg`` int32 [rows] gets each row's edges,
-    ``src`` [m] the source keys row after row."""
+def place_by_row(pairs, r0, local_rows, halo, deg, ldeg, out):
+    """Counting sort of a group's ``pairs`` (int32 [m, 2]: source key, row in the group;
+    the group's first row is ``r0``) by row, the order of a row's edges kept. An edge is
+    *local* when ``local_rows > 0`` and its source key lies within ``halo`` rows of its
+    target's block of ``local_rows`` rows (``[b * local_rows - halo, (b + 1) * local_rows +
+    halo)``, ``b = row // local_rows``). ``deg``, ``ldeg`` (int32 [rows]) get each row's
+    other and local edges; ``out`` (int32 [m]) the others' source keys row after row, then
+    the local ones'. Returns the local edges."""
+    rows = deg.shape[0]
     for i in range(rows):
         deg[i] = 0
-    for i in range(pairs.shape[0]):
-        deg[pairs[i, 1]] += 1
-    pos = np.empty(rows, dtype=np.int64)
-    p = 0
-    for i in range(rows):
-        pos[i] = p
-        p += deg[i]
+        ldeg[i] = 0
+    nloc = 0
     for i in range(pairs.shape[0]):
         t = pairs[i, 1]
-        src[pos[t]] = pairs[i, 0]
-        pos[t] += 1
+        if _is_local(pairs[i, 0], r0 + t, local_rows, halo):
+            ldeg[t] += 1
+            nloc += 1
+        else:
+            deg[t] += 1
+    pos = np.empty(rows, dtype=np.int64)
+    lpos = np.empty(rows, dtype=np.int64)
+    p = 0
+    q = pairs.shape[0] - nloc
+    for i in range(rows):
+        pos[i] = p
+        lpos[i] = q
+        p += deg[i]
+        q += ldeg[i]
+    for i in range(pairs.shape[0]):
+        t = pairs[i, 1]
+        if _is_local(pairs[i, 0], r0 + t, local_rows, halo):
+            out[lpos[t]] = pairs[i, 0]
+            lpos[t] += 1
+        else:
+            out[pos[t]] = pairs[i, 0]
+            pos[t] += 1
+    return nloc
+
+
+@numba.njit(cache=True, inline="always")
+def _is_local(key, row, local_rows, halo):
+    if local_rows <= 0:
+        return False
+    b = row // local_rows
+    return b * local_rows - halo <= key < (b + 1) * local_rows + halo
+
+
+@numba.njit(cache=True)
+def local_share(indptr, indices, perm, key_in, rows, local_rows, halo):
+    """The share of the in-edges of output rows ``rows`` (int64, a sample) whose source's
+    key (``key_in`` node -> input row) is local to the row (see :func:`place_by_row`)."""
+    loc = 0
+    tot = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        v = perm[r]
+        for j in range(indptr[v], indptr[v + 1]):
+            tot += 1
+            if _is_local(key_in[indices[j]], r, local_rows, halo):
+                loc += 1
+    return loc / tot if tot else 0.0

@@ -27,8 +27,15 @@ from ooc.executor.inference.local_graph import LocalGraph, Topology, local_graph
 from ooc.executor.inference.memory_plan import BlockCosts, headroom, measure_costs, rss
 from ooc.executor.inference.model_adapter import LayerwiseModel
 from ooc.executor.inference.store import Progress, layer_array, write_chunk
-from ooc.executor.inference.sliced import SlicePlan, plan_sliced, run_sliced
-from ooc.executor.inference.streamed import StreamPlan, note_stream_reads, plan_stream, run_streamed
+from ooc.executor.inference._kernels import local_share
+from ooc.executor.inference.sliced import LOCAL_SAMPLE, SlicePlan, plan_sliced, run_sliced
+from ooc.executor.inference.streamed import (
+    StreamPlan,
+    input_keys,
+    note_stream_reads,
+    plan_stream,
+    run_streamed,
+)
 from ooc.storage.dataset import Dataset
 from ooc.storage.features import read_counted
 from ooc.storage.finite import first_nonfinite_row
@@ -136,6 +143,8 @@ class LayerStats:
     peak_block_nodes: int = 0
     peak_block_edges: int = 0
     sub_blocks: int = 0
+    #: edges a sliced layer reduced in its rows pass (local to their block), when sorted
+    local_edges: int | None = None
 
 
 def _gather_from_chunks(plan: LayerPlan, cache: ChunkCache, chunk_rows: int, b: int,
@@ -382,7 +391,7 @@ def run_layer(run: Run, l: int) -> dict:
                 "reads": {**reads, "planned_block_bytes": planned.get("blocks"),
                           "planned_stream_bytes": planned.get("streamed"),
                           "planned_sliced_bytes": planned.get("sliced")},
-                "planned_bytes": planned,
+                "planned_bytes": planned, "local_edges": stats.local_edges,
                 "time_s": {k: round(v, 4) for k, v in stats.time_s.items()}}
     if plan is None:
         plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
@@ -415,14 +424,26 @@ def _sliced_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     scratch files do not fit the free disk; one line when ``run.aggregate`` asks for it and
     the layer cannot."""
     ds, topo = run.dataset, run.topo
-    in_row, table, n_in, _, _ = _input_shape(run, prev, d_in, itemsize)
+    in_row, table, n_in, _, align = _input_shape(run, prev, d_in, itemsize)
     n = topo.num_nodes
     natural_keys = topo.natural and (prev is not None or ds.row_of is None)
-    plan = plan_sliced(run.model.aggregation(l), n, int(topo.indptr[-1]), d_in, d_out, in_row,
-                       table, table if prev is None else n * d_in * itemsize, run.budget,
-                       run.chunking.chunk_rows, costs, not natural_keys,
-                       index_bytes=topo.indices.itemsize, slice_cols=run.slice_cols,
-                       n_in=n_in)
+    # the input's rows in the processing order: a layer's array, or a dataset stored so
+    aligned = prev is not None or natural_keys or topo.rowof is ds.row_of
+
+    def replan(share: float) -> SlicePlan | None:
+        return plan_sliced(run.model.aggregation(l), n, int(topo.indptr[-1]), d_in, d_out,
+                           in_row, table, table if prev is None else n * d_in * itemsize,
+                           run.budget, run.chunking.chunk_rows, costs, not natural_keys,
+                           index_bytes=topo.indices.itemsize, slice_cols=run.slice_cols,
+                           n_in=n_in, aligned=aligned, local_share=share, src_align=align)
+
+    plan = replan(0.0)
+    if plan is not None and plan.local_rows:  # the local edges' share, from a sample
+        rows = np.linspace(0, n - 1, min(n, LOCAL_SAMPLE)).astype(np.int64)
+        share = local_share(topo.indptr, topo.indices, topo.perm, input_keys(run, prev), rows,
+                            plan.local_rows, plan.halo)
+        topo.release_pages()
+        plan = replan(share)
     if plan is None and run.aggregate == "sliced":
         why = ("its convolution is not a plain mean, sum or max of its input rows"
                if run.model.aggregation(l) is None else

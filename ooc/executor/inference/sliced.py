@@ -25,12 +25,21 @@ the edges once per slice:
    row (the slices' columns side by side, divided by the in-degree for a mean) run through
    the layer with the reduced row as its one virtual in-neighbour, as :mod:`.streamed` does.
 
+*Local edges.* Where the input's rows are stored in the processing order (a later layer's
+array; ``features.bin`` of a dataset stored in the locality order it is processed in), the
+rows pass goes a block of :data:`LOCAL_ROWS` output rows at a time and reads the input's
+rows of the block and a halo either side (which hold its targets' own rows): an edge whose
+source lies there (in a locality order, most of them) is reduced in that pass, in memory,
+and only the others are walked once a slice. The sort writes the two kinds to files of
+their own (``local.bin``/``ldeg.bin`` beside ``edges.bin``/``deg.bin``); the planner
+estimates their share from a sample of rows.
+
 With one slice (the whole input fits) the columns and aggregate files are skipped: the
 input is read once into memory and the rows run as the targets are reduced.
 
 Bytes read: the input once (and once more for the targets' own rows, plus the column files
 and the aggregate once each, with several slices), the edges once per slice (4 bytes an
-edge and 4 a row; 8 an edge once more to sort them). All scratch files live in
+edge and 4 a row; 8 an edge once more to sort them; the local edges once in all). All scratch files live in
 ``<partial>/column_slices`` and go when the layer ends; :func:`scratch_bytes` is the disk
 they take, which the planner checks before it takes this way.
 """
@@ -74,6 +83,13 @@ SLICE_DIR = "column_slices"
 #: Bytes of an edge, and of an output row, in the row-ordered edge files.
 EDGE_KEY_BYTES = 4
 DEG_BYTES = 4
+#: Output rows of a block of the rows pass, whose input rows and halo it reads (at most;
+#: fewer where the memory is short).
+LOCAL_ROWS = 1 << 15
+#: The halo either side of a block: this share of its rows.
+HALO_SHARE = 1 / 32
+#: Output rows sampled to estimate the local edges' share.
+LOCAL_SAMPLE = 1 << 12
 
 
 @dataclass
@@ -91,6 +107,9 @@ class SlicePlan:
         sort_rows: output rows per group the edges are sorted in (planned from the
             average degree; the run counts each group's edges and halves it until the
             largest fits).
+        local_rows: output rows a block of the rows pass holds where local edges are
+            reduced there (0: none are); ``halo`` the input rows read either side.
+        local_share: the share of the edges planned to be local.
         planned_bytes: what it reads (see the module docstring).
         work: the free memory the plan splits.
         planned_peak_bytes: the RSS the layer is planned to reach.
@@ -108,6 +127,11 @@ class SlicePlan:
     work: int
     planned_peak_bytes: int
     scratch_bytes: int
+    local_rows: int = 0
+    halo: int = 0
+    local_share: float = 0.0
+    #: reads of the input start at a multiple of these rows
+    src_align: int = 1
 
     def bounds(self, d_in: int) -> list[tuple[int, int]]:
         """The columns ``(c0, c1)`` of every slice."""
@@ -118,14 +142,16 @@ class SlicePlan:
                 "slice_cols": self.slice_cols, "sorted_edges": self.sorted_edges,
                 "sub_rows": self.sub_rows, "planned_sliced_bytes": int(self.planned_bytes),
                 "planned_peak_bytes": int(self.planned_peak_bytes),
-                "scratch_bytes": int(self.scratch_bytes)}
+                "scratch_bytes": int(self.scratch_bytes), "local_rows": self.local_rows,
+                "halo": self.halo, "planned_local_share": round(self.local_share, 4)}
 
 
 def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out: int,
                 in_row_bytes: int, table_bytes: int, own_bytes: int, budget: int,
                 chunk_rows: int, costs: BlockCosts, sorted_edges: bool,
                 index_bytes: int = 4, slice_cols: int | None = None, rss0: int | None = None,
-                n_in: int | None = None) -> SlicePlan | None:
+                n_in: int | None = None, aligned: bool = False,
+                local_share: float = 0.0, src_align: int = 1) -> SlicePlan | None:
     """The column-sliced plan of a layer, or None when its convolution is no plain
     reduction or the budget cannot hold one column of every input row.
 
@@ -134,7 +160,10 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     ``sorted_edges``: the edges need sorting into row order (see the module docstring);
     ``index_bytes``: an id of ``indices.bin``; ``slice_cols``: force the slices' width
     (tests); ``rss0``: the RSS the layer starts from (default: now); ``n_in``: the input's
-    rows (default ``n``).
+    rows (default ``n``); ``aligned``: the input's rows are stored in the processing order,
+    so that the rows pass reduces the edges local to its blocks (``local_share`` of them,
+    estimated) with several slices; ``src_align``: reads of the input start at a multiple
+    of these rows (``features.bin``'s rows a page).
     """
     if reduction is None or n == 0:
         return None
@@ -160,15 +189,32 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     slices = -(-d_in // int(slice_cols))
     slice_cols = -(-d_in // slices)  # as even as the width allows
     src_row = in_row_bytes + 2 * acc_row  # as read, as float32, and a slice's copy
-    src_rows = max(1, min(n_in, int(min(free * SUB_SHARE, SOURCE_MAX_BYTES)) // src_row))
+    src_rows = min(n_in, int(min(free * SUB_SHARE, SOURCE_MAX_BYTES)) // src_row)
+    src_rows = max(src_align, src_rows // src_align * src_align)
     sort_edges = max(1, (free // 2) // SORT_EDGE_BYTES)
     sort_rows = max(1, min(n, sort_edges * n // max(2 * num_edges, 1)))
-    e_pass = num_edges * (EDGE_KEY_BYTES if sorted_edges else index_bytes) \
+    local_rows = halo = 0
+    share = 0.0
+    if slices > 1 and sorted_edges and aligned:
+        per_row = in_row_bytes + 4 * acc_row + 4 * DEG_BYTES
+        local_rows = int(min(LOCAL_ROWS, n, int(free * SUB_SHARE) // per_row))
+        halo = int(local_rows * HALO_SHARE) + src_align  # reads start at a page's row
+        share = float(local_share) if local_rows > 0 else 0.0
+    remote = int(round(num_edges * (1.0 - share)))
+    e_pass = remote * (EDGE_KEY_BYTES if sorted_edges else index_bytes) \
         + n * (DEG_BYTES if sorted_edges else 8)
     planned = table_bytes + slices * e_pass + (BUCKET_BYTES * num_edges if sorted_edges else 0)
     held = n_in * slice_cols * 4 + piece
     if slices > 1:  # the column files, the aggregate and the own rows once each
-        planned += n_in * acc_row + n * acc_row + own_bytes
+        planned += n_in * acc_row + n * acc_row
+        if local_rows:  # the blocks' rows and halos, the local edges, both degrees
+            blocks = -(-n // local_rows)
+            planned += (n + 2 * halo * blocks) * in_row_bytes \
+                + (num_edges - remote) * EDGE_KEY_BYTES + 2 * n * DEG_BYTES
+            rows_pass += (local_rows + 2 * halo) * (in_row_bytes + acc_row) \
+                + local_rows * (2 * acc_row + 4 * DEG_BYTES)
+        else:
+            planned += own_bytes
         held = max(held, rows_pass, src_rows * src_row)
     else:
         held += rows_pass
@@ -180,7 +226,7 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     scratch = scratch_bytes(n, num_edges, d_in, n_in, sorted_edges, slices)
     return SlicePlan(reduction, slices, int(slice_cols), n_in, int(src_rows), int(sub_rows),
                      sorted_edges, int(sort_rows), int(planned), int(free), int(peak),
-                     int(scratch))
+                     int(scratch), local_rows, halo, share, src_align)
 
 
 def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bool = True,
@@ -188,7 +234,8 @@ def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bo
     """The disk a sliced layer's scratch files take at their fullest: the sorted edges
     (with their buckets while sorting) and, with several slices, the column and aggregate
     files (float32 [n_in and n, d_in])."""
-    out = (BUCKET_BYTES + EDGE_KEY_BYTES) * num_edges + DEG_BYTES * n if sorted_edges else 0
+    out = (BUCKET_BYTES + EDGE_KEY_BYTES) * num_edges + 2 * DEG_BYTES * n if sorted_edges \
+        else 0
     return out + ((n_in + n) * 4 * d_in if slices > 1 else 0)
 
 
@@ -238,8 +285,9 @@ class _Edges:
 
 def _sort_edges(run: "Run", plan: SlicePlan, key_in: np.ndarray, folder: Path,
                 stats: "LayerStats") -> int:
-    """Write ``edges.bin`` and ``deg.bin`` (see the module docstring); returns the bytes
-    read back from the buckets."""
+    """Write ``edges.bin`` and ``deg.bin``, and where the plan has local blocks
+    ``local.bin`` and ``ldeg.bin`` (see the module docstring); returns the bytes read back
+    from the buckets and the local edges."""
     topo = run.topo
     n = topo.num_nodes
     limit = max(1, (plan.work // 2) // SORT_EDGE_BYTES)
@@ -257,8 +305,9 @@ def _sort_edges(run: "Run", plan: SlicePlan, key_in: np.ndarray, folder: Path,
     sizes = write_buckets(run, key_in, buckets, rows, groups, max(1, plan.in_rows), 1)
     if run.dataset.row_of is not None:
         release_mapped(run.dataset.row_of)
-    read = 0
-    with open(folder / "edges.bin", "wb") as fe, open(folder / "deg.bin", "wb") as fd:
+    read = local = 0
+    with open(folder / "edges.bin", "wb") as fe, open(folder / "deg.bin", "wb") as fd, \
+            open(folder / "local.bin", "wb") as fl, open(folder / "ldeg.bin", "wb") as fdl:
         for g in range(groups):
             r0, r1 = g * rows, min(n, (g + 1) * rows)
             f = buckets / f"{g}.bin"
@@ -268,16 +317,32 @@ def _sort_edges(run: "Run", plan: SlicePlan, key_in: np.ndarray, folder: Path,
             else:
                 pairs = np.empty((0, 2), dtype=np.int32)
             deg = np.empty(r1 - r0, dtype=np.int32)
+            ldeg = np.empty(r1 - r0, dtype=np.int32)
             src = np.empty(pairs.shape[0], dtype=np.int32)
-            place_by_row(pairs, r1 - r0, deg, src)
+            nloc = place_by_row(pairs, r0, plan.local_rows, plan.halo, deg, ldeg, src)
             del pairs
             f.unlink(missing_ok=True)
-            fe.write(src.data)
+            fe.write(src[:src.shape[0] - nloc].data)
+            fl.write(src[src.shape[0] - nloc:].data)
+            local += nloc
             fd.write(deg.data)
-            del src, deg
+            fdl.write(ldeg.data)
+            del src, deg, ldeg
     shutil.rmtree(buckets, ignore_errors=True)
     stats.time_s["bucket"] = stats.time_s.get("bucket", 0.0) + time.perf_counter() - t0
+    stats.local_edges = local
     return read
+
+
+class _Window:
+    """Input rows ``base ..`` in memory, stored in the processing order: a target's own row
+    is the row of its output row."""
+
+    def __init__(self, x: np.ndarray, base: int):
+        self.x, self.base = x, base
+
+    def own_rows(self, nodes: np.ndarray, r0: int, r1: int) -> np.ndarray:
+        return self.x[r0 - self.base:r1 - self.base]
 
 
 class _Held:
@@ -356,7 +421,8 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
             _reduce_slices(plan, d_in, edges, folder, use_max, stats)
             read += plan.in_rows * d_in * 4 + edges.bytes_read
             edges.bytes_read = 0
-            read += _run_rows(run, l, plan, src, d_in, start, folder, writer, stats)
+            rows_pass = _run_blocks if plan.local_rows else _run_rows
+            read += rows_pass(run, l, plan, src, d_in, start, folder, writer, stats)
         read += edges.bytes_read
     finally:
         src.close()
@@ -406,6 +472,84 @@ def _run_rows(run: "Run", l: int, plan: SlicePlan, src: Source, d_in: int, start
             if plan.reduction == "mean":
                 acc /= np.maximum(dg, 1).astype(np.float32)[:, None]
             run_targets(run, l, plan.sub_rows, src, acc, nodes, dg, r0, writer, stats)
+    finally:
+        for f in files:
+            f.close()
+    return read
+
+
+def _local_offset(folder: Path, start: int) -> int:
+    """Local edges of the output rows before ``start`` (from ``ldeg.bin``)."""
+    total = 0
+    with open(folder / "ldeg.bin", "rb") as f:
+        for a in range(0, start, PIECE_ROWS):
+            total += int(np.fromfile(f, dtype=np.int32, count=min(PIECE_ROWS, start - a))
+                         .sum(dtype=np.int64))
+    return total
+
+
+def _combine(lacc: np.ndarray, ldeg: np.ndarray, racc: np.ndarray, rdeg: np.ndarray,
+             reduction: str) -> np.ndarray:
+    """A block's reduced rows from its local part (``lacc``, ``ldeg`` edges a row) and the
+    rest (``racc``, ``rdeg``): float32 [rows, d_in]; a mean divided by the in-degree."""
+    if reduction == "max":  # a part without edges holds zeros, not a maximum
+        both = np.maximum(lacc, racc)
+        return np.where((ldeg == 0)[:, None], racc, np.where((rdeg == 0)[:, None], lacc, both))
+    lacc += racc
+    if reduction == "mean":
+        lacc /= np.maximum(ldeg + rdeg, 1).astype(np.float32)[:, None]
+    return lacc
+
+
+def _run_blocks(run: "Run", l: int, plan: SlicePlan, src: Source, d_in: int, start: int,
+                folder: Path, writer: "_ChunkWriter", stats: "LayerStats") -> int:
+    """The layer on output rows from ``start``, a block of ``plan.local_rows`` at a time:
+    the block's input rows and halo read in one piece (its targets' own rows), its local
+    edges reduced from them, the rest of each reduced row read from the slices' aggregate
+    files; returns the bytes read besides the input's."""
+    n, lr, h = run.topo.num_nodes, plan.local_rows, plan.halo
+    bounds = plan.bounds(d_in)
+    names = ["deg.bin", "ldeg.bin", "local.bin"] + [f"agg{j}.bin" for j in range(plan.slices)]
+    files = [open(folder / name, "rb") for name in names]
+    fd, fdl, fl, aggs = files[0], files[1], files[2], files[3:]
+    read = 0
+    try:
+        fd.seek(start * DEG_BYTES)
+        fdl.seek(start * DEG_BYTES)
+        fl.seek(_local_offset(folder, start) * EDGE_KEY_BYTES)
+        for f, (c0, c1) in zip(aggs, bounds, strict=True):
+            f.seek(start * (c1 - c0) * 4)
+        a = start
+        while a < n:
+            b = a // lr
+            z = min(n, (b + 1) * lr)
+            t0 = time.perf_counter()
+            wa = max(0, b * lr - h) // plan.src_align * plan.src_align
+            wz = min(plan.in_rows, (b + 1) * lr + h)
+            win = src.rows(wa, wz)
+            rdeg = np.fromfile(fd, dtype=np.int32, count=z - a).astype(np.int64)
+            ldeg = np.fromfile(fdl, dtype=np.int32, count=z - a).astype(np.int64)
+            lsrc = np.fromfile(fl, dtype=np.int32, count=int(ldeg.sum())).astype(np.int64)
+            racc = np.empty((z - a, d_in), dtype=np.float32)
+            for f, (c0, c1) in zip(aggs, bounds, strict=True):
+                racc[:, c0:c1] = np.fromfile(f, dtype=np.float32,
+                                             count=(z - a) * (c1 - c0)).reshape(-1, c1 - c0)
+            read += racc.nbytes + (2 * (z - a) + lsrc.shape[0]) * 4
+            t1 = time.perf_counter()
+            lsrc -= wa
+            lacc = np.empty((z - a, d_in), dtype=np.float32)
+            reduce_rows(win, lsrc, ldeg, lacc, plan.reduction == "max")
+            del lsrc
+            acc = _combine(lacc, ldeg, racc, rdeg, plan.reduction)
+            del lacc, racc
+            stats.time_s["read"] += t1 - t0
+            stats.time_s["aggregate"] = stats.time_s.get("aggregate", 0.0) \
+                + time.perf_counter() - t1
+            nodes = np.asarray(run.topo.perm[a:z])
+            run_targets(run, l, plan.sub_rows, _Window(win, wa), acc, nodes, ldeg + rdeg, a,
+                        writer, stats)
+            del win, acc
+            a = z
     finally:
         for f in files:
             f.close()
