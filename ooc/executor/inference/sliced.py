@@ -72,9 +72,9 @@ from ooc.storage.pagecache import release_mapped
 if TYPE_CHECKING:
     from ooc.executor.inference.runner import LayerStats, Run, _ChunkWriter
 
-#: Output rows a reduction piece holds at once (float32 [rows, slice columns]).
+#: Most output rows a reduction piece holds at once (float32 [rows, slice columns]).
 PIECE_ROWS = 1 << 14
-#: In-edges read at once while reducing (int32 source rows, int64 where converted).
+#: Most in-edges read at once while reducing (int32 source rows, int64 where converted).
 EDGE_PIECE = 1 << 21
 #: Bytes an edge takes while its group of output rows is sorted (a pair and its source).
 SORT_EDGE_BYTES = 12
@@ -132,6 +132,9 @@ class SlicePlan:
     local_share: float = 0.0
     #: reads of the input start at a multiple of these rows
     src_align: int = 1
+    #: a reduction's piece: at most these edges (or one row) and rows
+    edge_piece: int = EDGE_PIECE
+    piece_rows: int = PIECE_ROWS
 
     def bounds(self, d_in: int) -> list[tuple[int, int]]:
         """The columns ``(c0, c1)`` of every slice."""
@@ -177,7 +180,12 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     if sub_rows < 1:
         return None
     rows_pass = sub_rows * per_target
-    piece = EDGE_PIECE * 16 + PIECE_ROWS * (acc_row + 16)  # edges as read and as int64
+    # a reduction's piece: its edges as read and as int64, its rows' output and degrees,
+    # within SUB_SHARE of the free memory
+    share = int(free * SUB_SHARE) // 2
+    edge_piece = int(min(EDGE_PIECE, max(1024, share // 16)))
+    piece_rows = int(min(PIECE_ROWS, max(64, share // (acc_row + 16))))
+    piece = edge_piece * 16 + piece_rows * (acc_row + 16)
     whole = n_in * acc_row
     if slice_cols is None:
         if whole + piece + rows_pass <= free:
@@ -194,13 +202,13 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     sort_edges = max(1, (free // 2) // SORT_EDGE_BYTES)
     sort_rows = max(1, min(n, sort_edges * n // max(2 * num_edges, 1)))
     local_rows = halo = 0
-    share = 0.0
+    local = 0.0
     if slices > 1 and sorted_edges and aligned:
         per_row = in_row_bytes + 4 * acc_row + 4 * DEG_BYTES
         local_rows = int(min(LOCAL_ROWS, n, int(free * SUB_SHARE) // per_row))
         halo = int(local_rows * HALO_SHARE) + src_align  # reads start at a page's row
-        share = float(local_share) if local_rows > 0 else 0.0
-    remote = int(round(num_edges * (1.0 - share)))
+        local = float(local_share) if local_rows > 0 else 0.0
+    remote = int(round(num_edges * (1.0 - local)))
     e_pass = remote * (EDGE_KEY_BYTES if sorted_edges else index_bytes) \
         + n * (DEG_BYTES if sorted_edges else 8)
     planned = table_bytes + slices * e_pass + (BUCKET_BYTES * num_edges if sorted_edges else 0)
@@ -226,7 +234,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     scratch = scratch_bytes(n, num_edges, d_in, n_in, sorted_edges, slices)
     return SlicePlan(reduction, slices, int(slice_cols), n_in, int(src_rows), int(sub_rows),
                      sorted_edges, int(sort_rows), int(planned), int(free), int(peak),
-                     int(scratch), local_rows, halo, share, src_align)
+                     int(scratch), local_rows, halo, local, src_align, edge_piece,
+                     piece_rows)
 
 
 def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bool = True,
@@ -243,14 +252,15 @@ class _Edges:
     """Every output row's in-edges in row order, as source rows of the input: read from
     ``indices.bin`` as it is (node id order both sides) or from the sorted files."""
 
-    def __init__(self, run: "Run", folder: Path | None):
+    def __init__(self, run: "Run", folder: Path | None, plan: SlicePlan):
         self.run, self.folder = run, folder
+        self.edge_piece, self.piece_rows = plan.edge_piece, plan.piece_rows
         self.bytes_read = 0
 
     def pieces(self) -> Iterator[tuple[int, int, np.ndarray, np.ndarray]]:
         """``(r0, r1, deg, src)`` for consecutive rows from 0: int64 [r1 - r0] in-degrees
-        and the source rows of their edges, at most :data:`EDGE_PIECE` edges (or one
-        row) and :data:`PIECE_ROWS` rows at a time."""
+        and the source rows of their edges, at most ``edge_piece`` edges (or one
+        row) and ``piece_rows`` rows at a time (the plan's)."""
         topo = self.run.topo
         n = topo.num_nodes
         if self.folder is None:
@@ -258,8 +268,8 @@ class _Edges:
             r0 = 0
             while r0 < n:
                 e0 = int(indptr[r0])
-                cut = int(np.searchsorted(indptr, e0 + EDGE_PIECE, side="right")) - 1
-                r1 = min(n, r0 + PIECE_ROWS, max(r0 + 1, cut))
+                cut = int(np.searchsorted(indptr, e0 + self.edge_piece, side="right")) - 1
+                r1 = min(n, r0 + self.piece_rows, max(r0 + 1, cut))
                 ptr = np.asarray(indptr[r0:r1 + 1])
                 src = np.asarray(topo.indices[ptr[0]:ptr[-1]], dtype=np.int64)
                 self.bytes_read += src.shape[0] * topo.indices.itemsize + 8 * (r1 - r0)
@@ -268,14 +278,15 @@ class _Edges:
                 r0 = r1
             return
         with open(self.folder / "deg.bin", "rb") as fd, open(self.folder / "edges.bin", "rb") as fe:
-            for a in range(0, n, PIECE_ROWS):
-                deg = np.fromfile(fd, dtype=np.int32, count=min(PIECE_ROWS, n - a))
+            for a in range(0, n, self.piece_rows):
+                deg = np.fromfile(fd, dtype=np.int32, count=min(self.piece_rows, n - a))
                 self.bytes_read += deg.nbytes
                 ends = np.cumsum(deg, dtype=np.int64)
                 r = 0
                 while r < deg.shape[0]:
                     base = int(ends[r - 1]) if r else 0
-                    z = max(r + 1, int(np.searchsorted(ends, base + EDGE_PIECE, side="right")))
+                    z = max(r + 1, int(np.searchsorted(ends, base + self.edge_piece,
+                                                       side="right")))
                     z = min(z, deg.shape[0])
                     src = np.fromfile(fe, dtype=np.int32, count=int(ends[z - 1]) - base)
                     self.bytes_read += src.nbytes
@@ -393,7 +404,7 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
     try:
         if plan.sorted_edges:
             read += _sort_edges(run, plan, key_in, folder, stats)
-        edges = _Edges(run, folder if plan.sorted_edges else None)
+        edges = _Edges(run, folder if plan.sorted_edges else None, plan)
         if plan.slices == 1:
             t0 = time.perf_counter()
             x = _load_table(src, plan.in_rows, d_in, plan.src_rows)
