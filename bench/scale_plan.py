@@ -225,7 +225,7 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
     """Every layer's plans (SAGE's mean, float32 layers) from the RSS the run holds before
     its layers: streamed groups and column slices, the one planned to read fewer bytes
     taken, as ``ooc.infer``'s ``auto`` does at this size (the blocks are not planned above
-    2^25 edges)."""
+    2^25 edges); a sliced layer after one with the same blocks reads the edges it sorted."""
     from ooc.executor.inference.memory_plan import BlockCosts
     from ooc.executor.inference.sliced import SlicePlan, plan_sliced
     from ooc.executor.inference.streamed import StreamPlan, plan_stream
@@ -236,6 +236,7 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
     lay = FeatureLayout(n, shape.feature_dim, "float32")
     dims = [shape.feature_dim] + [hidden] * (layers - 1) + [shape.classes]
     out: list[dict | None] = []
+    sorted_by: SlicePlan | None = None  # the layer whose sorted edges the run holds
     for l in range(layers):
         d_in, d_out = dims[l], dims[l + 1]
         if l == 0:
@@ -249,15 +250,22 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
         # the dataset is stored in the locality order it is processed in: the edges are
         # sorted into that order once a layer, and those local to a block of rows are
         # reduced in the rows pass
-        sliced = plan_sliced("mean", n, e, d_in, d_out, in_row, table, table, budget,
-                             INFER_CHUNK_ROWS, costs, True, rss0=rss0, aligned=True,
-                             local_share=INFER_LOCAL_SHARE, src_align=align)
+        args = ("mean", n, e, d_in, d_out, in_row, table, table, budget, INFER_CHUNK_ROWS,
+                costs, True)
+        kw: dict = dict(rss0=rss0, aligned=True, local_share=INFER_LOCAL_SHARE,
+                        src_align=align)
+        sliced = plan_sliced(*args, **kw)
+        if sliced is not None and sorted_by is not None and \
+                (sorted_by.local_rows, sorted_by.halo) == (sliced.local_rows, sliced.halo):
+            sliced = plan_sliced(*args, **kw, edges_sorted=True)  # an earlier layer's
         ways: dict[str, StreamPlan | SlicePlan] = {
             k: p for k, p in (("streamed", stream), ("sliced", sliced)) if p is not None}
         if not ways:
             out.append(None)
             continue
         p = ways[min(ways, key=lambda k: ways[k].planned_bytes)]
+        if isinstance(p, SlicePlan) and p.sorted_edges:
+            sorted_by = p
         out.append({"layer": l + 1, **p.as_dict(), "planned_bytes": p.planned_bytes,
                     "groups": p.groups if isinstance(p, StreamPlan) else p.slices,
                     "ways": {k: q.planned_bytes for k, q in ways.items()},

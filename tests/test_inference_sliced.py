@@ -55,6 +55,9 @@ def test_sliced_layers_equal_the_forward_pass(data, tmp_path, name, slice_cols):
         assert reads["mode"] == "sliced"
         assert reads["slices"] == (1 if slice_cols is None else -(-la["in_dim"] // 7))
         assert reads["sorted_edges"] == (ds.row_of is not None)
+        # a locality-ordered dataset's rows are the processing order's: the later layers
+        # read the edges the first one sorted
+        assert reads["edges_reused"] == (ds.row_of is not None and la["layer"] > 1)
         assert reads["reduction"] == {"pyg-max": "max", "pyg-sum": "sum"}.get(name, "mean")
         assert 0 < la["bytes_read"] <= reads["planned_sliced_bytes"]
     assert not (out / SLICE_DIR).exists()

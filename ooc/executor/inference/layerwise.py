@@ -174,6 +174,7 @@ from ooc.executor.inference.store import (
     seal,
     swap_in,
 )
+from ooc.executor.inference.sliced import SLICE_DIR
 from ooc.executor.inference.sliced import scratch_bytes as sliced_scratch
 from ooc.executor.inference.streamed import BUCKET_BYTES
 from ooc.executor.loader.process_budget import process_total
@@ -674,6 +675,7 @@ def _infer_into(work: Path, job: Job) -> dict:
     finally:
         if reader_name.startswith("direct"):
             run.reader.close()
+    shutil.rmtree(work / SLICE_DIR, ignore_errors=True)  # the sorted edges the layers shared
     run.group.attrs["complete"] = True
     run.progress.finish()
     seal(work, run.group)

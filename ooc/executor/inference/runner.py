@@ -28,7 +28,13 @@ from ooc.executor.inference.memory_plan import BlockCosts, headroom, measure_cos
 from ooc.executor.inference.model_adapter import LayerwiseModel
 from ooc.executor.inference.store import Progress, layer_array, write_chunk
 from ooc.executor.inference._kernels import local_share
-from ooc.executor.inference.sliced import LOCAL_SAMPLE, SlicePlan, plan_sliced, run_sliced
+from ooc.executor.inference.sliced import (
+    LOCAL_SAMPLE,
+    SlicePlan,
+    edges_ready,
+    plan_sliced,
+    run_sliced,
+)
 from ooc.executor.inference.streamed import (
     StreamPlan,
     input_keys,
@@ -430,20 +436,29 @@ def _sliced_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     # the input's rows in the processing order: a layer's array, or a dataset stored so
     aligned = prev is not None or natural_keys or topo.rowof is ds.row_of
 
-    def replan(share: float) -> SlicePlan | None:
-        return plan_sliced(run.model.aggregation(l), n, int(topo.indptr[-1]), d_in, d_out,
-                           in_row, table, table if prev is None else n * d_in * itemsize,
-                           run.budget, run.chunking.chunk_rows, costs, not natural_keys,
-                           index_bytes=topo.indices.itemsize, slice_cols=run.slice_cols,
-                           n_in=n_in, aligned=aligned, local_share=share, src_align=align)
+    def replan(share: float, ready: bool = False) -> SlicePlan | None:
+        p = plan_sliced(run.model.aggregation(l), n, int(topo.indptr[-1]), d_in, d_out,
+                        in_row, table, table if prev is None else n * d_in * itemsize,
+                        run.budget, run.chunking.chunk_rows, costs, not natural_keys,
+                        index_bytes=topo.indices.itemsize, slice_cols=run.slice_cols,
+                        n_in=n_in, aligned=aligned, local_share=share, src_align=align,
+                        edges_sorted=ready)
+        if p is not None:
+            p.keys = "rows" if aligned else "features"
+        return p
 
     plan = replan(0.0)
-    if plan is not None and plan.local_rows:  # the local edges' share, from a sample
-        rows = np.linspace(0, n - 1, min(n, LOCAL_SAMPLE)).astype(np.int64)
-        share = local_share(topo.indptr, topo.indices, topo.perm, input_keys(run, prev), rows,
-                            plan.local_rows, plan.halo)
-        topo.release_pages()
-        plan = replan(share)
+    work = Path(run.group.store.root)
+    if plan is not None and plan.sorted_edges:
+        local = edges_ready(work, plan)
+        if local is not None:  # an earlier layer sorted them: its count, not a sample
+            plan = replan(local / max(int(topo.indptr[-1]), 1), True)
+        elif plan.local_rows:  # the local edges' share, from a sample
+            rows = np.linspace(0, n - 1, min(n, LOCAL_SAMPLE)).astype(np.int64)
+            share = local_share(topo.indptr, topo.indices, topo.perm, input_keys(run, prev),
+                                rows, plan.local_rows, plan.halo)
+            topo.release_pages()
+            plan = replan(share)
     if plan is None and run.aggregate == "sliced":
         why = ("its convolution is not a plain mean, sum or max of its input rows"
                if run.model.aggregation(l) is None else

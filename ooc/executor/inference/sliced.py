@@ -45,6 +45,7 @@ they take, which the planner checks before it takes this way.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -61,7 +62,6 @@ from ooc.executor.inference.streamed import (
     SUB_ROWS,
     SUB_SHARE,
     Source,
-    fresh_folder,
     input_keys,
     row_degrees,
     run_targets,
@@ -78,13 +78,16 @@ PIECE_ROWS = 1 << 14
 EDGE_PIECE = 1 << 21
 #: Bytes an edge takes while its group of output rows is sorted (a pair and its source).
 SORT_EDGE_BYTES = 12
-#: The scratch folder, inside the partial output folder.
+#: The scratch folder, inside the partial output folder; the sorted edges in its
+#: :data:`EDGE_DIR`, kept for the next layer until the run ends.
 SLICE_DIR = "column_slices"
+EDGE_DIR = "edges"
+EDGE_META = "sorted.json"
 #: Bytes of an edge, and of an output row, in the row-ordered edge files.
 EDGE_KEY_BYTES = 4
 DEG_BYTES = 4
-#: Output rows of a block of the rows pass, whose input rows and halo it reads (at most;
-#: fewer where the memory is short).
+#: Output rows of a block of the rows pass, whose input rows and halo it reads (a power of
+#: two less where the memory is short).
 LOCAL_ROWS = 1 << 15
 #: The halo either side of a block: this share of its rows.
 HALO_SHARE = 1 / 32
@@ -135,6 +138,11 @@ class SlicePlan:
     #: a reduction's piece: at most these edges (or one row) and rows
     edge_piece: int = EDGE_PIECE
     piece_rows: int = PIECE_ROWS
+    #: what the sorted edges' source keys are: ``rows`` (the processing order's, as a
+    #: layer's array and a dataset stored in that order have them) or ``features``
+    keys: str = "rows"
+    #: the sorted edges an earlier layer left are read (no sort)
+    edges_sorted: bool = False
 
     def bounds(self, d_in: int) -> list[tuple[int, int]]:
         """The columns ``(c0, c1)`` of every slice."""
@@ -146,7 +154,8 @@ class SlicePlan:
                 "sub_rows": self.sub_rows, "planned_sliced_bytes": int(self.planned_bytes),
                 "planned_peak_bytes": int(self.planned_peak_bytes),
                 "scratch_bytes": int(self.scratch_bytes), "local_rows": self.local_rows,
-                "halo": self.halo, "planned_local_share": round(self.local_share, 4)}
+                "halo": self.halo, "planned_local_share": round(self.local_share, 4),
+                "edges_reused": self.edges_sorted}
 
 
 def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out: int,
@@ -154,7 +163,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
                 chunk_rows: int, costs: BlockCosts, sorted_edges: bool,
                 index_bytes: int = 4, slice_cols: int | None = None, rss0: int | None = None,
                 n_in: int | None = None, aligned: bool = False,
-                local_share: float = 0.0, src_align: int = 1) -> SlicePlan | None:
+                local_share: float = 0.0, src_align: int = 1,
+                edges_sorted: bool = False) -> SlicePlan | None:
     """The column-sliced plan of a layer, or None when its convolution is no plain
     reduction or the budget cannot hold one column of every input row.
 
@@ -166,7 +176,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     rows (default ``n``); ``aligned``: the input's rows are stored in the processing order,
     so that the rows pass reduces the edges local to its blocks (``local_share`` of them,
     estimated) with several slices; ``src_align``: reads of the input start at a multiple
-    of these rows (``features.bin``'s rows a page).
+    of these rows (``features.bin``'s rows a page); ``edges_sorted``: an earlier layer
+    left the sorted edges this plan reads (:func:`edges_ready`), so it does not sort them.
     """
     if reduction is None or n == 0:
         return None
@@ -205,19 +216,26 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     local = 0.0
     if slices > 1 and sorted_edges and aligned:
         per_row = in_row_bytes + 4 * acc_row + 4 * DEG_BYTES
-        local_rows = int(min(LOCAL_ROWS, n, int(free * SUB_SHARE) // per_row))
-        halo = int(local_rows * HALO_SHARE) + src_align  # reads start at a page's row
+        # LOCAL_ROWS where its block fits half the free memory (every layer then has the
+        # same blocks, and reads the edges the first one sorted), else a power of two less
+        local_rows = LOCAL_ROWS
+        while local_rows > 1 and local_rows * per_row > free // 2:
+            local_rows //= 2
+        local_rows = min(local_rows, n)
+        halo = int(local_rows * HALO_SHARE)
         local = float(local_share) if local_rows > 0 else 0.0
     remote = int(round(num_edges * (1.0 - local)))
     e_pass = remote * (EDGE_KEY_BYTES if sorted_edges else index_bytes) \
         + n * (DEG_BYTES if sorted_edges else 8)
-    planned = table_bytes + slices * e_pass + (BUCKET_BYTES * num_edges if sorted_edges else 0)
+    planned = table_bytes + slices * e_pass \
+        + (BUCKET_BYTES * num_edges if sorted_edges and not edges_sorted else 0)
     held = n_in * slice_cols * 4 + piece
     if slices > 1:  # the column files, the aggregate and the own rows once each
         planned += n_in * acc_row + n * acc_row
         if local_rows:  # the blocks' rows and halos, the local edges, both degrees
             blocks = -(-n // local_rows)
-            planned += (n + 2 * halo * blocks) * in_row_bytes \
+            # (a read starts at a page's row: up to src_align - 1 rows more a block)
+            planned += (n + (2 * halo + src_align) * blocks) * in_row_bytes \
                 + (num_edges - remote) * EDGE_KEY_BYTES + 2 * n * DEG_BYTES
             rows_pass += (local_rows + 2 * halo) * (in_row_bytes + acc_row) \
                 + local_rows * (2 * acc_row + 4 * DEG_BYTES)
@@ -226,7 +244,7 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
         held = max(held, rows_pass, src_rows * src_row)
     else:
         held += rows_pass
-    if sorted_edges:  # a group's edges are sorted within half the free memory
+    if sorted_edges and not edges_sorted:  # a group's edges sorted in half the free memory
         held = max(held, min(num_edges, sort_edges) * SORT_EDGE_BYTES)
     peak = rss0 + output_buffers(rows, d_out) + held
     if held > free:
@@ -235,7 +253,7 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     return SlicePlan(reduction, slices, int(slice_cols), n_in, int(src_rows), int(sub_rows),
                      sorted_edges, int(sort_rows), int(planned), int(free), int(peak),
                      int(scratch), local_rows, halo, local, src_align, edge_piece,
-                     piece_rows)
+                     piece_rows, edges_sorted=edges_sorted)
 
 
 def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bool = True,
@@ -342,7 +360,28 @@ def _sort_edges(run: "Run", plan: SlicePlan, key_in: np.ndarray, folder: Path,
     shutil.rmtree(buckets, ignore_errors=True)
     stats.time_s["bucket"] = stats.time_s.get("bucket", 0.0) + time.perf_counter() - t0
     stats.local_edges = local
+    meta = folder / EDGE_META
+    meta.with_suffix(".tmp").write_text(json.dumps({**_edges_key(plan), "local_edges": local}))
+    meta.with_suffix(".tmp").replace(meta)  # written last: the files before it are whole
     return read
+
+
+def _edges_key(plan: SlicePlan) -> dict:
+    """What sorted edges hold: their keys and the blocks that decide which are local."""
+    return {"keys": plan.keys, "local_rows": plan.local_rows, "halo": plan.halo}
+
+
+def edges_ready(work: Path, plan: SlicePlan) -> int | None:
+    """The local edges of the sorted edges an earlier layer (or a run resumed) left in
+    ``work`` when they are what ``plan`` reads, else None."""
+    try:
+        meta = json.loads((work / SLICE_DIR / EDGE_DIR / EDGE_META).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or {k: meta.get(k) for k in _edges_key(plan)} != \
+            _edges_key(plan) or not isinstance(meta.get("local_edges"), int):
+        return None
+    return int(meta["local_edges"])
 
 
 class _Window:
@@ -396,15 +435,22 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
     topo, ch = run.topo, run.chunking
     row_of = run.dataset.row_of
     key_in = input_keys(run, prev)
-    folder = fresh_folder(work / SLICE_DIR)
+    folder = work / SLICE_DIR
+    local = edges_ready(work, plan) if plan.edges_sorted else None
+    _clear(folder, keep=EDGE_DIR if local is not None else None)  # a killed run's scratch
+    folder.mkdir(exist_ok=True)
+    edir = folder / EDGE_DIR
     src = Source(run, prev)
     use_max = plan.reduction == "max"
     start = first_chunk * ch.chunk_rows
     read = 0
     try:
-        if plan.sorted_edges:
-            read += _sort_edges(run, plan, key_in, folder, stats)
-        edges = _Edges(run, folder if plan.sorted_edges else None, plan)
+        if plan.sorted_edges and local is None:
+            edir.mkdir()
+            read += _sort_edges(run, plan, key_in, edir, stats)
+        elif plan.sorted_edges:
+            stats.local_edges = local
+        edges = _Edges(run, edir if plan.sorted_edges else None, plan)
         if plan.slices == 1:
             t0 = time.perf_counter()
             x = _load_table(src, plan.in_rows, d_in, plan.src_rows)
@@ -437,8 +483,21 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
         read += edges.bytes_read
     finally:
         src.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        _clear(folder, keep=EDGE_DIR)  # the sorted edges stay for the next layer
     return read + src.bytes_read
+
+
+def _clear(folder: Path, keep: str | None) -> None:
+    """Remove what ``folder`` holds but its entry ``keep``."""
+    if not folder.is_dir():
+        return
+    for p in folder.iterdir():
+        if p.name == keep:
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _reduce_slices(plan: SlicePlan, d_in: int, edges: _Edges, folder: Path, use_max: bool,
@@ -520,14 +579,15 @@ def _run_blocks(run: "Run", l: int, plan: SlicePlan, src: Source, d_in: int, sta
     files; returns the bytes read besides the input's."""
     n, lr, h = run.topo.num_nodes, plan.local_rows, plan.halo
     bounds = plan.bounds(d_in)
-    names = ["deg.bin", "ldeg.bin", "local.bin"] + [f"agg{j}.bin" for j in range(plan.slices)]
+    names = [f"{EDGE_DIR}/{name}" for name in ("deg.bin", "ldeg.bin", "local.bin")] \
+        + [f"agg{j}.bin" for j in range(plan.slices)]
     files = [open(folder / name, "rb") for name in names]
     fd, fdl, fl, aggs = files[0], files[1], files[2], files[3:]
     read = 0
     try:
         fd.seek(start * DEG_BYTES)
         fdl.seek(start * DEG_BYTES)
-        fl.seek(_local_offset(folder, start) * EDGE_KEY_BYTES)
+        fl.seek(_local_offset(folder / EDGE_DIR, start) * EDGE_KEY_BYTES)
         for f, (c0, c1) in zip(aggs, bounds, strict=True):
             f.seek(start * (c1 - c0) * 4)
         a = start
