@@ -174,3 +174,29 @@ def test_a_crash_resumes_inside_a_block_of_local_edges(data, tmp_path, monkeypat
     monkeypatch.setattr(sliced, "LOCAL_ROWS", 200)
     resumes_as_a_whole_run(data, tmp_path, dict(chunk_rows=128, aggregate="sliced",
                                                 slice_cols=5))
+
+
+def test_forced_slices_check_the_disk_before_anything_is_written(data, tmp_path, monkeypatch):
+    """``aggregate="sliced"`` adds the sliced scratch (sorted edges, column files and
+    aggregates) to what the run needs before it starts, one line where the disk has not
+    that much free, nothing written; ``auto`` needs only a streamed layer's buckets (it
+    takes slices only where their scratch fits)."""
+    import re
+    import shutil as sh
+    from collections import namedtuple
+
+    from ooc.core.sizes import parse_size
+
+    ds, _ = data
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(sh, "disk_usage", lambda p: usage(1 << 40, 1 << 40, 0))
+    need = {}
+    for way in ("sliced", "auto"):
+        out = tmp_path / f"{way}.zarr"
+        with pytest.raises(OocError, match="of disk") as e:
+            layerwise_inference(ds, _models()["pyg-mean"], out, aggregate=way, progress=False)
+        assert not out.exists() and not (tmp_path / f".{way}.zarr.partial").exists()
+        need[way] = parse_size(re.search(r"needs ([0-9.]+ ?[KMG]iB)", str(e.value))
+                               .group(1).replace(" ", ""))
+    e, n = ds.num_edges, ds.num_nodes
+    assert need["sliced"] - need["auto"] >= 4 * e + 8 * n + 4 * 20 * n

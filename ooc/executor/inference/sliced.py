@@ -249,7 +249,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     peak = rss0 + output_buffers(rows, d_out) + held
     if held > free:
         return None
-    scratch = scratch_bytes(n, num_edges, d_in, n_in, sorted_edges, slices)
+    scratch = scratch_bytes(n, num_edges, d_in, n_in, sorted_edges,
+                            slice_cols if slices > 1 else 0)
     return SlicePlan(reduction, slices, int(slice_cols), n_in, int(src_rows), int(sub_rows),
                      sorted_edges, int(sort_rows), int(planned), int(free), int(peak),
                      int(scratch), local_rows, halo, local, src_align, edge_piece,
@@ -257,13 +258,15 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
 
 
 def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bool = True,
-                  slices: int = 2) -> int:
+                  slice_cols: int = 1) -> int:
     """The disk a sliced layer's scratch files take at their fullest: the sorted edges
-    (with their buckets while sorting) and, with several slices, the column and aggregate
-    files (float32 [n_in and n, d_in])."""
+    (with their buckets while sorting) and, with slices of ``slice_cols`` columns (0: one
+    slice, none of these), the column files and the aggregates (float32 [n_in, d_in] and
+    [n, d_in]): each slice's column file goes once it is loaded, so at most one slice's
+    aggregate more than the columns."""
     out = (BUCKET_BYTES + EDGE_KEY_BYTES) * num_edges + 2 * DEG_BYTES * n if sorted_edges \
         else 0
-    return out + ((n_in + n) * 4 * d_in if slices > 1 else 0)
+    return out + ((max(n_in, n) * d_in + n * slice_cols) * 4 if slice_cols else 0)
 
 
 class _Edges:
