@@ -223,9 +223,10 @@ def train_working(ds, preset, base: int, batches: dict, hidden: int, layers: int
 
 def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int) -> dict:
     """Every layer's plans (SAGE's mean, float32 layers) from the RSS the run holds before
-    its layers: streamed groups and column slices, the one planned to read fewer bytes
-    taken, as ``ooc.infer``'s ``auto`` does at this size (the blocks are not planned above
-    2^25 edges); a sliced layer after one with the same blocks reads the edges it sorted."""
+    its layers: streamed groups and column slices, the one planned to move fewer bytes
+    (read, and scratch written) taken, as ``ooc.infer``'s ``auto`` does at this size (the
+    blocks are not planned above 2^25 edges); a sliced layer after one with the same blocks
+    reads the edges it sorted."""
     from ooc.executor.inference.memory_plan import BlockCosts
     from ooc.executor.inference.sliced import SlicePlan, plan_sliced
     from ooc.executor.inference.streamed import StreamPlan, plan_stream
@@ -263,12 +264,14 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
         if not ways:
             out.append(None)
             continue
-        p = ways[min(ways, key=lambda k: ways[k].planned_bytes)]
+        # the fewest bytes moved (scratch files are written and read again), as ooc.infer
+        p = ways[min(ways, key=lambda k: ways[k].planned_bytes + ways[k].write_bytes)]
         if isinstance(p, SlicePlan) and p.sorted_edges:
             sorted_by = p
         out.append({"layer": l + 1, **p.as_dict(), "planned_bytes": p.planned_bytes,
                     "groups": p.groups if isinstance(p, StreamPlan) else p.slices,
                     "ways": {k: q.planned_bytes for k, q in ways.items()},
+                    "ways_written": {k: q.write_bytes for k, q in ways.items()},
                     "input_bytes": table, "output_bytes": 4 * n * d_out})
     fits = all(p is not None for p in out)
     return {"planned_peak_bytes": max(p["planned_peak_bytes"] for p in out if p) if fits

@@ -68,10 +68,24 @@ float32 accumulator per target for a group of output rows, streams its input tab
 stored order adding each edge's source row in, and runs the layer on each target with
 its reduced row as a single virtual neighbour. Reads are sequential: the table once per
 group and once for the targets' own rows, plus the edges bucketed by (group, source
-chunk), 8 bytes an edge. Up to :data:`.runner.COMPARE_EDGES` edges the blocks are
-planned too and run where they read fewer bytes. ``aggregate="blocks"`` / ``"streamed"``
-forces either way. Each layer's report gives the peak its plan allows for
-(``planned_peak_bytes``), the run's report the largest of them.
+chunk), 8 bytes an edge.
+
+Column slices (:mod:`.sliced`): the same reduction is independent per column, so a layer
+may instead hold a slice of the columns of *every* input row (float32 [input rows, slice
+columns]) and walk every target's in-edges once a slice, writing each target's reduced
+values of those columns; a rows pass then runs the layer on each target's own row and
+its reduced row. The input is read about once however small the budget (once into
+per-slice column files, once from them, once for the targets' own rows, plus the reduced
+rows once), the edges once a slice (sorted into row order once per run, 4 bytes an edge);
+edges whose source lies in the rows pass's block of rows and halo (in a locality order,
+most of them) are reduced there instead, from rows it reads anyway.
+
+Which way: a reducing layer that one block cannot hold is planned in column slices and in
+streamed groups (and, up to :data:`.runner.COMPARE_EDGES` edges, in blocks), and the way
+planned to read the fewest bytes runs; each layer's report names it (``reads.mode``) and
+gives every way's planned bytes (``planned_bytes``). ``aggregate="blocks"`` /
+``"streamed"`` / ``"sliced"`` forces one. Each layer's report gives the peak its plan
+allows for (``planned_peak_bytes``), the run's report the largest of them.
 
 Atomic output: everything is written into ``.<name>.partial`` beside
 ``out`` (:func:`partial_path`) and renamed to ``out`` when every array is
@@ -120,7 +134,8 @@ its ``convs``, norms and activation (see
 
 Modules: :mod:`.order` (processing order), :mod:`.memory_plan` (budget split,
 RSS), :mod:`.blocks` (blocks and chunk access plan per layer),
-:mod:`.local_graph` (a block's local graph), :mod:`.runner` (one layer),
+:mod:`.local_graph` (a block's local graph), :mod:`.streamed` and :mod:`.sliced` (a
+reducing layer's two ways), :mod:`.runner` (one layer, the way chosen),
 :mod:`.store` (the Zarr output, progress, atomic rename), this module (the
 entry point).
 """

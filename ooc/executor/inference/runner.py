@@ -335,8 +335,9 @@ def run_layer(run: Run, l: int) -> dict:
     block of every node (which reads each input page once) is planned in column slices
     (:mod:`.sliced`) and by streamed groups (:mod:`.streamed`); with at most
     :data:`COMPARE_EDGES` edges the blocks are planned too (above, planning them walks
-    the edges three or four times, more than it could save). The way planned to read the
-    fewest bytes runs; ``run.aggregate`` may force one. Other layers run in blocks."""
+    the edges three or four times, more than it could save). The way planned to move the
+    fewest bytes (read, and written besides the output: scratch files are written and read
+    again) runs; ``run.aggregate`` may force one. Other layers run in blocks."""
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
     run.dataset.check_mapped()  # before the plan walks the whole graph
     prev = None if l == 0 else run.group[f"h{l}"]
@@ -351,11 +352,12 @@ def run_layer(run: Run, l: int) -> dict:
     sliced = _sliced_plan(run, l, prev, d_in, d_out, itemsize, costs) \
         if run.aggregate in ("auto", "sliced") else None
     plan = None
-    planned: dict[str, int] = {}
+    planned: dict[str, int] = {}   # bytes read
+    written: dict[str, int] = {}   # bytes written besides the output
     if stream is not None:
-        planned["streamed"] = stream.planned_bytes
+        planned["streamed"], written["streamed"] = stream.planned_bytes, stream.write_bytes
     if sliced is not None:
-        planned["sliced"] = sliced.planned_bytes
+        planned["sliced"], written["sliced"] = sliced.planned_bytes, sliced.write_bytes
     if planned and run.aggregate == "auto":
         run.topo.make_scratch()  # the blocks' node map, in the memory their plans measure
         if fits_one_block(run.topo, d_in, d_out, run.budget, ch, run.cache.policy, itemsize):
@@ -363,8 +365,9 @@ def run_layer(run: Run, l: int) -> dict:
         else:
             if int(run.topo.indptr[-1]) <= COMPARE_EDGES:
                 plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
-                planned["blocks"] = plan.planned_bytes
-            way = min(planned, key=lambda k: (planned[k], k != "blocks"))
+                planned["blocks"], written["blocks"] = plan.planned_bytes, 0
+            # the fewest bytes moved: a way's scratch files are written and read again
+            way = min(planned, key=lambda k: (planned[k] + written[k], k != "blocks"))
             stream = stream if way == "streamed" else None
             sliced = sliced if way == "sliced" else None
         if stream is not None or sliced is not None:  # planned without it
@@ -397,7 +400,8 @@ def run_layer(run: Run, l: int) -> dict:
                 "reads": {**reads, "planned_block_bytes": planned.get("blocks"),
                           "planned_stream_bytes": planned.get("streamed"),
                           "planned_sliced_bytes": planned.get("sliced")},
-                "planned_bytes": planned, "local_edges": stats.local_edges,
+                "planned_bytes": planned, "planned_written": written,
+                "local_edges": stats.local_edges,
                 "time_s": {k: round(v, 4) for k, v in stats.time_s.items()}}
     if plan is None:
         plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
@@ -406,6 +410,7 @@ def run_layer(run: Run, l: int) -> dict:
     arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
     rep = _run_blocks(run, plan, prev, arr, name, first_chunk, plan.plan_s + probe_s)
     rep["planned_bytes"] = {**planned, "blocks": plan.planned_bytes}
+    rep["planned_written"] = {**written, "blocks": 0}
     return rep
 
 

@@ -143,6 +143,9 @@ class SlicePlan:
     keys: str = "rows"
     #: the sorted edges an earlier layer left are read (no sort)
     edges_sorted: bool = False
+    #: what it writes besides the layer's output: the sorted edges (where it sorts them),
+    #: the column files and the aggregates (with several slices)
+    write_bytes: int = 0
 
     def bounds(self, d_in: int) -> list[tuple[int, int]]:
         """The columns ``(c0, c1)`` of every slice."""
@@ -152,6 +155,7 @@ class SlicePlan:
         return {"mode": "sliced", "reduction": self.reduction, "slices": self.slices,
                 "slice_cols": self.slice_cols, "sorted_edges": self.sorted_edges,
                 "sub_rows": self.sub_rows, "planned_sliced_bytes": int(self.planned_bytes),
+                "planned_write_bytes": int(self.write_bytes),
                 "planned_peak_bytes": int(self.planned_peak_bytes),
                 "scratch_bytes": int(self.scratch_bytes), "local_rows": self.local_rows,
                 "halo": self.halo, "planned_local_share": round(self.local_share, 4),
@@ -249,12 +253,16 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     peak = rss0 + output_buffers(rows, d_out) + held
     if held > free:
         return None
+    written = (n_in + n) * acc_row if slices > 1 else 0
+    if sorted_edges and not edges_sorted:
+        written += (BUCKET_BYTES + EDGE_KEY_BYTES) * num_edges + 2 * DEG_BYTES * n
     scratch = scratch_bytes(n, num_edges, d_in, n_in, sorted_edges,
                             slice_cols if slices > 1 else 0)
     return SlicePlan(reduction, slices, int(slice_cols), n_in, int(src_rows), int(sub_rows),
                      sorted_edges, int(sort_rows), int(planned), int(free), int(peak),
                      int(scratch), local_rows, halo, local, src_align, edge_piece,
-                     piece_rows, edges_sorted=edges_sorted)
+                     piece_rows, edges_sorted=edges_sorted,
+                     write_bytes=int(written))
 
 
 def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bool = True,

@@ -106,6 +106,8 @@ class StreamPlan:
     work: int
     planned_peak_bytes: int = 0
     in_rows: int = 0
+    #: what it writes besides the layer's output: the edge buckets
+    write_bytes: int = 0
     #: says, once, when the budget makes the layer read its input many times over (the
     #: runner sets it: :func:`note_stream_reads` with the layer's own re-planning)
     note_reads: Callable[[], None] = lambda: None
@@ -115,6 +117,7 @@ class StreamPlan:
                 "group_rows": self.group_rows, "source_chunks": self.src_chunks,
                 "source_rows": self.src_rows, "sub_rows": self.sub_rows,
                 "planned_stream_bytes": int(self.planned_bytes),
+                "planned_write_bytes": int(self.write_bytes),
                 "planned_peak_bytes": int(self.planned_peak_bytes)}
 
 
@@ -174,7 +177,8 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     peak = rss0 + output_buffers(rows, d_out) + group_rows * (acc_row + GROUP_ROW_EXTRA) \
         + source_bytes + sub_rows * per_target
     return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
-                      int(sub_rows), pair_piece, planned, int(free), int(peak), n_in)
+                      int(sub_rows), pair_piece, planned, int(free), int(peak), n_in,
+                      BUCKET_BYTES * num_edges)
 
 
 def one_pass_budget(plan: StreamPlan, budget: int, n: int, d_in: int,
