@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the edges once a slice; streamed = groups of targets' "
                         "accumulators, the input streamed once a group; blocks = each "
                         "block of targets reads its neighbours' rows; auto = the way "
-                        "planned to read the fewest bytes (blocks planned up to 2^25 "
+                        "planned to move the fewest bytes (blocks planned up to 2^25 "
                         "edges)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out when it holds another run (same run: resumed)")

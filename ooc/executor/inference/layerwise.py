@@ -82,8 +82,9 @@ most of them) are reduced there instead, from rows it reads anyway.
 
 Which way: a reducing layer that one block cannot hold is planned in column slices and in
 streamed groups (and, up to :data:`.runner.COMPARE_EDGES` edges, in blocks), and the way
-planned to read the fewest bytes runs; each layer's report names it (``reads.mode``) and
-gives every way's planned bytes (``planned_bytes``). ``aggregate="blocks"`` /
+planned to move the fewest bytes runs (read, and scratch written besides the output);
+each layer's report names it (``reads.mode``) and gives every way's planned bytes read
+(``planned_bytes``) and written (``planned_written``). ``aggregate="blocks"`` /
 ``"streamed"`` / ``"sliced"`` forces one. Each layer's report gives the peak its plan
 allows for (``planned_peak_bytes``), the run's report the largest of them.
 
@@ -324,7 +325,7 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
             is complete, so the run holds at most two layers on disk.
         aggregate: ``auto`` (a layer whose convolution is a plain mean, sum or max of its
             input rows, as ``SAGEConv``'s, and that one block cannot hold runs the way
-            planned to read the fewest bytes: column slices, :mod:`.sliced`, streamed
+            planned to move the fewest bytes: column slices, :mod:`.sliced`, streamed
             groups, :mod:`.streamed`, or, on a graph of at most 2^25 edges, blocks),
             ``blocks`` (never), ``streamed`` or ``sliced`` (every layer that way; one
             line when one cannot).

@@ -503,7 +503,7 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
 
 
 #: ``aggregate="auto"`` plans the blocks beside a streamed layer, to take the way that
-#: reads fewer bytes, up to this many edges.
+#: moves fewer bytes, up to this many edges.
 COMPARE_EDGES = 1 << 25
 
 
