@@ -127,7 +127,7 @@ def ingest_buffer(budget: int) -> int:
 
 
 def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
-               batch_size: int = 1024) -> list[str]:
+               batch_size: int = 1024, aggregate: str = "auto") -> list[str]:
     b = f"{budget >> 20}MiB"
     if stage == "ingest":
         return ["-m", "ooc.prepare", "ogb", "--root", str(w["raw"]), "--out", str(w["data"]),
@@ -142,7 +142,7 @@ def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
     if stage == "infer":
         return ["-m", "ooc.infer", "--data", str(w["data"]), "--checkpoint", str(w["ckpt"]),
                 "--out", str(w["emb"]), "--memory-budget", b, "--no-progress",
-                "--report", str(w["reports"] / "infer.json")]
+                "--aggregate", aggregate, "--report", str(w["reports"] / "infer.json")]
     return ["-m", "ooc.partition", "--data", str(w["data"]), "--parts", "8",
             "--features", "link", "--out",
             str(w["parts"]), "--quiet", "--report", str(w["reports"] / "partition.json")]
@@ -160,11 +160,12 @@ def _planned(rep: dict) -> int | None:
 
 
 def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int, batch_size: int,
-              seconds: float | None = None) -> dict:
+              seconds: float | None = None, aggregate: str = "auto") -> dict:
     rep_path = w["reports"] / f"{stage}.json"
     rep_path.unlink(missing_ok=True)  # an earlier run's: what this one writes, or nothing
     dropped = memcg.drop_page_cache()
-    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size), budget, seconds)
+    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size, aggregate), budget,
+                  seconds)
     try:
         rep = json.loads(rep_path.read_text())
     except (OSError, ValueError):
@@ -241,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--compress", action="store_true", help="deflate the raw npz members")
     ap.add_argument("--keep", action="store_true", help="keep every stage's output")
+    ap.add_argument("--aggregate", default="auto",
+                    help="ooc.infer's --aggregate; several, comma-separated (e.g. "
+                         "auto,streamed), run the infer stage once each, in that order")
     ap.add_argument("--report", type=Path, help="write the JSON report here")
     ap.add_argument("--plan-only", action="store_true",
                     help="print each stage's memory plan for the shape from the planners' "
@@ -254,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--stage-limit must be a positive number of seconds, got {args.stage_limit}")
     if not 0 < args.scale <= 1 or any(s not in STAGES for s in stages):
         ap.error(f"--scale must be in (0, 1] and --stages a subset of {STAGES}")
+    from ooc.executor.inference.runner import AGGREGATIONS
+
+    if not args.aggregate or any(a not in AGGREGATIONS for a in args.aggregate.split(",")):
+        ap.error(f"--aggregate: comma-separated of {', '.join(AGGREGATIONS)}")
     shape = sg.Shape.of(args.scale)
     if args.plan_only:
         return plan_only(args, shape, stages)
@@ -284,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
                            "stored_edges": 2 * shape.edges, "feature_dim": shape.feature_dim,
                            "classes": shape.classes, **facts},
                  "budget_bytes": args.memory_budget, "disk": disk, "stages": {}}
-    for stage in stages:
+    ways = [a for a in args.aggregate.split(",") if a]
+    runs = [(s, a) for s in stages for a in (ways if s == "infer" else ["auto"])]
+    for stage, way in runs:
+        name = f"infer ({way})" if stage == "infer" and len(ways) > 1 else stage
         if stage == "ingest":
             shutil.rmtree(w["data"], ignore_errors=True)
         elif stage in ("train", "infer", "partition"):
@@ -292,10 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         if stage == "infer":  # a run stopped at the stage limit leaves one to resume
             shutil.rmtree(partial_path(w["emb"]), ignore_errors=True)
         res = run_stage(stage, w, args.memory_budget, args.epochs, args.batch_size,
-                        args.stage_limit)
+                        args.stage_limit, way)
         res["disk_bytes"] = du(outputs[stage])
-        rep["stages"][stage] = res
-        log(f"{stage}: exit {res['rc']}, {res['wall_s']} s, peak RSS "
+        rep["stages"][name] = res
+        log(f"{name}: exit {res['rc']}, {res['wall_s']} s, peak RSS "
             f"{format_size(res['peak_rss_bytes'])}" + (f": {res['error']}" if "error" in res else ""))
         if stage == "train":
             rep["train"] = {"val_acc": res["report"].get("val_acc",

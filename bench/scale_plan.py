@@ -48,6 +48,12 @@ CALIBRATION_SCALE = 0.05
 #: :mod:`ooc.executor.inference.layerwise`).
 INFER_BYTES_PER_NODE = 4
 INFER_CHUNK_ROWS = 32768
+#: The share of the edges a column-sliced layer finds local to its blocks of rows (see
+#: :mod:`ooc.executor.inference.sliced`) on the generator's graph in its locality order:
+#: 0.706 measured at scale 0.01 (blocks of 32,768 rows, halos of 1,025; the generator puts
+#: ``p_in`` = 0.7 of the edges inside communities of 128 nodes, which the order keeps
+#: together, so the share does not fall with the scale).
+INFER_LOCAL_SHARE = 0.70
 
 _BASE_CODE = {
     "ingest": ("import ooc.prepare, ooc.storage.ingest\n"
@@ -216,17 +222,22 @@ def train_working(ds, preset, base: int, batches: dict, hidden: int, layers: int
 
 
 def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int) -> dict:
-    """Every layer's streamed plan (SAGE's mean, float32 layers) from the RSS the run
-    holds before its layers."""
+    """Every layer's plans (SAGE's mean, float32 layers) from the RSS the run holds before
+    its layers: streamed groups and column slices, the one planned to move fewer bytes
+    (read, and scratch written) taken, as ``ooc.infer``'s ``auto`` does at this size (the
+    blocks are not planned above 2^25 edges); a sliced layer after one with the same blocks
+    reads the edges it sorted."""
     from ooc.executor.inference.memory_plan import BlockCosts
-    from ooc.executor.inference.streamed import plan_stream
+    from ooc.executor.inference.sliced import SlicePlan, plan_sliced
+    from ooc.executor.inference.streamed import StreamPlan, plan_stream
     from ooc.storage.layout import FeatureLayout
 
     n, e = shape.nodes, 2 * shape.edges
     rss0 = base + INFER_BYTES_PER_NODE * n
     lay = FeatureLayout(n, shape.feature_dim, "float32")
     dims = [shape.feature_dim] + [hidden] * (layers - 1) + [shape.classes]
-    out = []
+    out: list[dict | None] = []
+    sorted_by: SlicePlan | None = None  # the layer whose sorted edges the run holds
     for l in range(layers):
         d_in, d_out = dims[l], dims[l + 1]
         if l == 0:
@@ -234,14 +245,39 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
             align = unit
         else:
             in_row, table, unit, align = 4 * d_in, 4 * n * d_in, INFER_CHUNK_ROWS, 1
-        plan = plan_stream("mean", n, e, d_in, d_out, in_row, table, budget, INFER_CHUNK_ROWS,
-                           unit, align, BlockCosts.estimate(d_in, d_out), rss0=rss0)
-        out.append(None if plan is None else
-                   {"layer": l + 1, **plan.as_dict(), "input_bytes": table})
+        costs = BlockCosts.estimate(d_in, d_out)
+        stream = plan_stream("mean", n, e, d_in, d_out, in_row, table, budget,
+                             INFER_CHUNK_ROWS, unit, align, costs, rss0=rss0)
+        # the dataset is stored in the locality order it is processed in: the edges are
+        # sorted into that order once a layer, and those local to a block of rows are
+        # reduced in the rows pass
+        args = ("mean", n, e, d_in, d_out, in_row, table, table, budget, INFER_CHUNK_ROWS,
+                costs, True)
+        kw: dict = dict(rss0=rss0, aligned=True, local_share=INFER_LOCAL_SHARE,
+                        src_align=align)
+        sliced = plan_sliced(*args, **kw)
+        if sliced is not None and sorted_by is not None and \
+                (sorted_by.local_rows, sorted_by.halo) == (sliced.local_rows, sliced.halo):
+            sliced = plan_sliced(*args, **kw, edges_sorted=True)  # an earlier layer's
+        ways: dict[str, StreamPlan | SlicePlan] = {
+            k: p for k, p in (("streamed", stream), ("sliced", sliced)) if p is not None}
+        if not ways:
+            out.append(None)
+            continue
+        # the fewest bytes moved (scratch files are written and read again), as ooc.infer
+        p = ways[min(ways, key=lambda k: ways[k].planned_bytes + ways[k].write_bytes)]
+        if isinstance(p, SlicePlan) and p.sorted_edges:
+            sorted_by = p
+        out.append({"layer": l + 1, **p.as_dict(), "planned_bytes": p.planned_bytes,
+                    "groups": p.groups if isinstance(p, StreamPlan) else p.slices,
+                    "ways": {k: q.planned_bytes for k, q in ways.items()},
+                    "ways_written": {k: q.write_bytes for k, q in ways.items()},
+                    "input_bytes": table, "output_bytes": 4 * n * d_out})
     fits = all(p is not None for p in out)
-    return {"planned_peak_bytes": max(p["planned_peak_bytes"] for p in out) if fits else None,
+    return {"planned_peak_bytes": max(p["planned_peak_bytes"] for p in out if p) if fits
+            else None,
             "start_rss_bytes": rss0, "base_bytes": base, "per_node_bytes": INFER_BYTES_PER_NODE,
-            "bytes_read": sum(p["planned_stream_bytes"] for p in out) if fits else None,
+            "bytes_read": sum(p["planned_bytes"] for p in out if p) if fits else None,
             "layers": out}
 
 
@@ -275,6 +311,17 @@ def plan_all(shape: sg.Shape, budget: int, stages: list[str], hidden: int, fanou
     return out
 
 
+def _infer_layer(i: int, q: dict | None) -> str:
+    """One inference layer's plan in words: the way, its passes, its reads against its
+    input plus output."""
+    if q is None:
+        return f"layer {i + 1}: neither a group of accumulators nor a column fits"
+    unit = "groups" if q["mode"] == "streamed" else "column slices"
+    ratio = q["planned_bytes"] / (q["input_bytes"] + q["output_bytes"])
+    return (f"layer {i + 1}: {q['mode']}, {q['groups']} {unit}, reads "
+            f"{format_size(q['planned_bytes'])} ({ratio:.1f}x input + output)")
+
+
 def fits(plan: dict, budget: int, stage: str) -> bool:
     """Whether the stage's plan holds within ``budget`` (training: its smallest budget)."""
     if stage == "train":
@@ -299,10 +346,7 @@ def plan_table(plans: dict, budget: int) -> str:
                     f"budget {fmt(p['min_budget'])}")
         elif stage == "infer":
             what = (f"start {fmt(p['start_rss_bytes'])} ({p['per_node_bytes']} B a node); "
-                    + ", ".join(f"layer {i + 1}: {q['groups']} groups, reads "
-                                f"{fmt(q['planned_stream_bytes'])}" if q else
-                                f"layer {i + 1}: no group of accumulators fits"
-                                for i, q in enumerate(p["layers"])))
+                    + ", ".join(_infer_layer(i, q) for i, q in enumerate(p["layers"])))
         elif stage == "partition":
             what = f"{p['peak_phase']} ({p['per_node'][p['peak_phase']]} B a node above the base)"
         else:

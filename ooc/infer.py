@@ -63,14 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-layers", action="store_true",
                    help="keep every layer's embeddings (default: a layer is deleted once the "
                         "next is complete, so only the output layer stays)")
-    p.add_argument("--aggregate", default="auto", choices=["auto", "blocks", "streamed"],
-                   help="how a layer reads its input: streamed = a layer whose convolution is "
-                        "a mean, sum or max of its input rows (SAGE) streams the input table "
-                        "in order a few times, adding each row into its targets' "
-                        "accumulators; blocks = each block of targets reads its neighbours' "
-                        "rows; auto = streamed for a layer one block cannot hold, unless "
-                        "(up to 2^25 edges, where planning both is cheap) the blocks plan to "
-                        "read fewer bytes")
+    p.add_argument("--aggregate", default="auto",
+                   choices=["auto", "blocks", "streamed", "sliced"],
+                   help="how a layer reads its input: for a layer whose convolution is a "
+                        "mean, sum or max of its input rows (SAGE), sliced = column slices "
+                        "of every node's row held in turn, the input read about once and "
+                        "the edges once a slice; streamed = groups of targets' "
+                        "accumulators, the input streamed once a group; blocks = each "
+                        "block of targets reads its neighbours' rows; auto = the way "
+                        "planned to move the fewest bytes (blocks planned up to 2^25 "
+                        "edges)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out when it holds another run (same run: resumed)")
     BY_NAME["io_backend"].add_to(p)

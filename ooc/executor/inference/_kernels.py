@@ -267,14 +267,113 @@ def accumulate_rows(acc, x, pairs, use_max):
 
     One thread: splitting the row's columns between two threads (no two writing one
     value) ran faster alone but slower inside ``ooc.infer`` (``docs/benchmarks.md``)."""
-    d = acc.shape[1]
     for i in range(pairs.shape[0]):
-        s = pairs[i, 0]
+        _reduce_into(acc, pairs[i, 1], x, pairs[i, 0], use_max)
+
+
+@numba.njit(cache=True, inline="always")
+def _reduce_into(acc, t, x, s, use_max):
+    """``acc[t] += x[s]``, or the elementwise max with ``use_max``."""
+    if use_max:
+        for j in range(acc.shape[1]):
+            if x[s, j] > acc[t, j]:
+                acc[t, j] = x[s, j]
+    else:
+        for j in range(acc.shape[1]):
+            acc[t, j] += x[s, j]
+
+
+@numba.njit(cache=True)
+def reduce_rows(x, src, deg, out, use_max):
+    """``out[r]`` = the sum (or elementwise max, ``use_max``) of ``x[s]`` over row ``r``'s
+    sources: ``deg`` int [R] edges a row, ``src`` int [sum(deg)] the sources' rows of ``x``
+    (float32 [rows, d]) row after row; ``out`` float32 [R, d]. A row without edges gets 0."""
+    d = x.shape[1]
+    k = 0
+    for r in range(deg.shape[0]):
+        m = deg[r]
+        if m == 0:
+            for j in range(d):
+                out[r, j] = 0.0
+            continue
+        s = src[k]
+        for j in range(d):
+            out[r, j] = x[s, j]
+        for i in range(k + 1, k + m):
+            _reduce_into(out, r, x, src[i], use_max)
+        k += m
+
+
+@numba.njit(cache=True)
+def group_edge_counts(indptr, rowof, group_rows, groups):
+    """int64 [groups]: the in-edges of the targets of each group of ``group_rows``
+    consecutive rows (``rowof`` node -> row)."""
+    out = np.zeros(groups, dtype=np.int64)
+    for v in range(indptr.shape[0] - 1):
+        out[rowof[v] // group_rows] += indptr[v + 1] - indptr[v]
+    return out
+
+
+@numba.njit(cache=True)
+def place_by_row(pairs, r0, local_rows, halo, deg, ldeg, out):
+    """Counting sort of a group's ``pairs`` (int32 [m, 2]: source key, row in the group;
+    the group's first row is ``r0``) by row, the order of a row's edges kept. An edge is
+    *local* when ``local_rows > 0`` and its source key lies within ``halo`` rows of its
+    target's block of ``local_rows`` rows (``[b * local_rows - halo, (b + 1) * local_rows +
+    halo)``, ``b = row // local_rows``). ``deg``, ``ldeg`` (int32 [rows]) get each row's
+    other and local edges; ``out`` (int32 [m]) the others' source keys row after row, then
+    the local ones'. Returns the local edges."""
+    rows = deg.shape[0]
+    for i in range(rows):
+        deg[i] = 0
+        ldeg[i] = 0
+    nloc = 0
+    for i in range(pairs.shape[0]):
         t = pairs[i, 1]
-        if use_max:
-            for j in range(d):
-                if x[s, j] > acc[t, j]:
-                    acc[t, j] = x[s, j]
+        if _is_local(pairs[i, 0], r0 + t, local_rows, halo):
+            ldeg[t] += 1
+            nloc += 1
         else:
-            for j in range(d):
-                acc[t, j] += x[s, j]
+            deg[t] += 1
+    pos = np.empty(rows, dtype=np.int64)
+    lpos = np.empty(rows, dtype=np.int64)
+    p = 0
+    q = pairs.shape[0] - nloc
+    for i in range(rows):
+        pos[i] = p
+        lpos[i] = q
+        p += deg[i]
+        q += ldeg[i]
+    for i in range(pairs.shape[0]):
+        t = pairs[i, 1]
+        if _is_local(pairs[i, 0], r0 + t, local_rows, halo):
+            out[lpos[t]] = pairs[i, 0]
+            lpos[t] += 1
+        else:
+            out[pos[t]] = pairs[i, 0]
+            pos[t] += 1
+    return nloc
+
+
+@numba.njit(cache=True, inline="always")
+def _is_local(key, row, local_rows, halo):
+    if local_rows <= 0:
+        return False
+    b = row // local_rows
+    return b * local_rows - halo <= key < (b + 1) * local_rows + halo
+
+
+@numba.njit(cache=True)
+def local_share(indptr, indices, perm, key_in, rows, local_rows, halo):
+    """The share of the in-edges of output rows ``rows`` (int64, a sample) whose source's
+    key (``key_in`` node -> input row) is local to the row (see :func:`place_by_row`)."""
+    loc = 0
+    tot = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        v = perm[r]
+        for j in range(indptr[v], indptr[v + 1]):
+            tot += 1
+            if _is_local(key_in[indices[j]], r, local_rows, halo):
+                loc += 1
+    return loc / tot if tot else 0.0

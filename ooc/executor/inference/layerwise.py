@@ -68,10 +68,25 @@ float32 accumulator per target for a group of output rows, streams its input tab
 stored order adding each edge's source row in, and runs the layer on each target with
 its reduced row as a single virtual neighbour. Reads are sequential: the table once per
 group and once for the targets' own rows, plus the edges bucketed by (group, source
-chunk), 8 bytes an edge. Up to :data:`.runner.COMPARE_EDGES` edges the blocks are
-planned too and run where they read fewer bytes. ``aggregate="blocks"`` / ``"streamed"``
-forces either way. Each layer's report gives the peak its plan allows for
-(``planned_peak_bytes``), the run's report the largest of them.
+chunk), 8 bytes an edge.
+
+Column slices (:mod:`.sliced`): the same reduction is independent per column, so a layer
+may instead hold a slice of the columns of *every* input row (float32 [input rows, slice
+columns]) and walk every target's in-edges once a slice, writing each target's reduced
+values of those columns; a rows pass then runs the layer on each target's own row and
+its reduced row. The input is read about once however small the budget (once into
+per-slice column files, once from them, once for the targets' own rows, plus the reduced
+rows once), the edges once a slice (sorted into row order once per run, 4 bytes an edge);
+edges whose source lies in the rows pass's block of rows and halo (in a locality order,
+most of them) are reduced there instead, from rows it reads anyway.
+
+Which way: a reducing layer that one block cannot hold is planned in column slices and in
+streamed groups (and, up to :data:`.runner.COMPARE_EDGES` edges, in blocks), and the way
+planned to move the fewest bytes runs (read, and scratch written besides the output);
+each layer's report names it (``reads.mode``) and gives every way's planned bytes read
+(``planned_bytes``) and written (``planned_written``). ``aggregate="blocks"`` /
+``"streamed"`` / ``"sliced"`` forces one. Each layer's report gives the peak its plan
+allows for (``planned_peak_bytes``), the run's report the largest of them.
 
 Atomic output: everything is written into ``.<name>.partial`` beside
 ``out`` (:func:`partial_path`) and renamed to ``out`` when every array is
@@ -120,7 +135,8 @@ its ``convs``, norms and activation (see
 
 Modules: :mod:`.order` (processing order), :mod:`.memory_plan` (budget split,
 RSS), :mod:`.blocks` (blocks and chunk access plan per layer),
-:mod:`.local_graph` (a block's local graph), :mod:`.runner` (one layer),
+:mod:`.local_graph` (a block's local graph), :mod:`.streamed` and :mod:`.sliced` (a
+reducing layer's two ways), :mod:`.runner` (one layer, the way chosen),
 :mod:`.store` (the Zarr output, progress, atomic rename), this module (the
 entry point).
 """
@@ -174,6 +190,8 @@ from ooc.executor.inference.store import (
     seal,
     swap_in,
 )
+from ooc.executor.inference.sliced import SLICE_DIR
+from ooc.executor.inference.sliced import scratch_bytes as sliced_scratch
 from ooc.executor.inference.streamed import BUCKET_BYTES
 from ooc.executor.loader.process_budget import process_total
 from ooc.storage.dataset import Dataset, open_dataset
@@ -252,6 +270,7 @@ class Job:
     keep_layers: bool = False     # keep every layer (else each input goes once used)
     aggregate: str = "auto"       # how layers read their input (runner.AGGREGATIONS)
     stream_rows: tuple[int | None, int | None] = (None, None)
+    slice_cols: int | None = None
     show_bar: bool = False
     on_chunk: Callable[[int, int], None] | None = None
     #: the partition assignment of a ``pds`` order until :func:`_order_job` makes it
@@ -272,7 +291,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
                         on_chunk: Callable[[int, int], None] | None = None,
                         layer_dtype: str = "float32", keep_layers: bool = False,
                         aggregate: str = "auto",
-                        stream_rows: tuple[int | None, int | None] | None = None) -> dict:
+                        stream_rows: tuple[int | None, int | None] | None = None,
+                        slice_cols: int | None = None) -> dict:
     """Compute every layer of ``model`` for every node, layer by layer, out of core.
 
     Args:
@@ -304,12 +324,14 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
         keep_layers: keep every layer; by default a layer is deleted once the next one
             is complete, so the run holds at most two layers on disk.
         aggregate: ``auto`` (a layer whose convolution is a plain mean, sum or max of its
-            input rows, as ``SAGEConv``'s, and that one block cannot hold streams its
-            input, :mod:`.streamed`, unless on a graph of at most 2^25 edges the blocks
-            plan to read fewer bytes), ``blocks`` (never) or ``streamed`` (every layer;
-            one line when one cannot).
+            input rows, as ``SAGEConv``'s, and that one block cannot hold runs the way
+            planned to move the fewest bytes: column slices, :mod:`.sliced`, streamed
+            groups, :mod:`.streamed`, or, on a graph of at most 2^25 edges, blocks),
+            ``blocks`` (never), ``streamed`` or ``sliced`` (every layer that way; one
+            line when one cannot).
         stream_rows: force the streamed layers' (group rows, source chunk rows), either
             None for the budget's (tests and benchmarks).
+        slice_cols: force the column-sliced layers' slice width (tests and benchmarks).
 
     Returns:
         The report: per-layer timings, bytes read, cache hit ratios, peak RSS,
@@ -331,6 +353,8 @@ def layerwise_inference(dataset: Dataset | str | os.PathLike, model: torch.nn.Mo
     job.features, job.show_bar, job.on_chunk = features, progress, on_chunk
     if stream_rows is not None:
         job.stream_rows = (stream_rows[0], stream_rows[1])
+    check_range("slice_cols", slice_cols, 1, None, integer=True)
+    job.slice_cols = slice_cols
     # the disk check runs before the first pass over the graph, except where ``out``
     # exists: a finished output of this run (known once the order is) needs no disk
     nothing_at_out = not os.path.lexists(job.out)
@@ -454,9 +478,13 @@ def check_disk(job: Job) -> None:
     n, nl = job.dataset.num_nodes, job.num_layers
     sizes = [np.dtype(job.layer_dtype).itemsize] * (nl - 1) + [4]
     need = 0
-    if job.aggregate != "blocks" and any(job.model.aggregation(l) is not None
-                                         for l in range(nl)):
+    reducing = [l for l in range(nl) if job.model.aggregation(l) is not None]
+    if job.aggregate in ("auto", "streamed") and reducing:
         need += BUCKET_BYTES * job.dataset.num_edges  # a streamed layer's edge buckets
+    elif job.aggregate == "sliced" and reducing:  # a sliced layer's scratch at its most
+        e = job.dataset.num_edges
+        need += max(sliced_scratch(n, e, job.dims[l], job.dataset.file_layout.num_rows
+                                   if l == 0 else n) for l in reducing)
     work = partial_path(job.out)
     have = sum(f.stat().st_blocks * 512 for f in work.rglob("*") if f.is_file()) \
         if work.is_dir() and not work.is_symlink() else 0
@@ -595,7 +623,7 @@ def _open_run(work: Path, job: Job) -> tuple[Run, str]:
         else "auto"
     return Run(job.dataset, job.model, group, topo, reader, job.budget, job.chunking, job.cache,
                progress, job.show_bar, job.layer_dtype, backend, job.aggregate,
-               job.stream_rows), reader_name
+               job.stream_rows, job.slice_cols), reader_name
 
 
 def _run_layers(run: Run, job: Job, report: dict, peak: PeakRss) -> None:
@@ -663,6 +691,7 @@ def _infer_into(work: Path, job: Job) -> dict:
     finally:
         if reader_name.startswith("direct"):
             run.reader.close()
+    shutil.rmtree(work / SLICE_DIR, ignore_errors=True)  # the sorted edges the layers shared
     run.group.attrs["complete"] = True
     run.progress.finish()
     seal(work, run.group)

@@ -3,6 +3,7 @@ the chunk cache (or feature rows for layer 0), the layer applied, output chunks
 written and recorded in the progress file."""
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +27,21 @@ from ooc.executor.inference.local_graph import LocalGraph, Topology, local_graph
 from ooc.executor.inference.memory_plan import BlockCosts, headroom, measure_costs, rss
 from ooc.executor.inference.model_adapter import LayerwiseModel
 from ooc.executor.inference.store import Progress, layer_array, write_chunk
-from ooc.executor.inference.streamed import StreamPlan, note_stream_reads, plan_stream, run_streamed
+from ooc.executor.inference._kernels import local_share
+from ooc.executor.inference.sliced import (
+    LOCAL_SAMPLE,
+    SlicePlan,
+    edges_ready,
+    plan_sliced,
+    run_sliced,
+)
+from ooc.executor.inference.streamed import (
+    StreamPlan,
+    input_keys,
+    note_stream_reads,
+    plan_stream,
+    run_streamed,
+)
 from ooc.storage.dataset import Dataset
 from ooc.storage.features import read_counted
 from ooc.storage.finite import first_nonfinite_row
@@ -55,12 +70,16 @@ class Run:
     aggregate: str = "auto"
     #: force the streamed plan's group and source chunk rows (tests)
     stream_rows: tuple[int | None, int | None] = (None, None)
+    #: force the column-sliced plan's slice width (tests)
+    slice_cols: int | None = None
 
 
 #: ``aggregate`` values: ``blocks`` (every block reads its targets' in-neighbour rows),
-#: ``streamed`` (:mod:`.streamed`; layers whose convolution is a plain reduction) or
-#: ``auto`` (see :func:`run_layer`).
-AGGREGATIONS = ("auto", "blocks", "streamed")
+#: ``streamed`` (:mod:`.streamed`: groups of targets' accumulators, the input streamed per
+#: group), ``sliced`` (:mod:`.sliced`: column slices of every row, the edges read per
+#: slice) — both for layers whose convolution is a plain reduction — or ``auto`` (see
+#: :func:`run_layer`).
+AGGREGATIONS = ("auto", "blocks", "streamed", "sliced")
 
 
 class NonFiniteOutput(OocError, FloatingPointError):
@@ -130,6 +149,8 @@ class LayerStats:
     peak_block_nodes: int = 0
     peak_block_edges: int = 0
     sub_blocks: int = 0
+    #: edges a sliced layer reduced in its rows pass (local to their block), when sorted
+    local_edges: int | None = None
 
 
 def _gather_from_chunks(plan: LayerPlan, cache: ChunkCache, chunk_rows: int, b: int,
@@ -307,16 +328,16 @@ def layer_costs(run: Run, l: int, d_in: int, d_out: int) -> BlockCosts | None:
 
 def run_layer(run: Run, l: int) -> dict:
     """Compute array ``h{l+1}`` for every node (resuming its written chunks); returns
-    the layer's report (timings, blocks, bytes read, cache statistics).
+    the layer's report (timings, blocks, bytes read, cache statistics, the way taken and
+    every way's planned bytes).
 
-    The layer runs by streamed aggregation (:mod:`.streamed`) when its convolution is a
-    plain reduction and the budget cannot run it as one block of every node (which reads
-    each input page once, at most the table, where streaming reads it at least twice plus
-    the edge buckets), else block after block; ``run.aggregate`` may force either. With
-    at most :data:`COMPARE_EDGES` edges the blocks are planned too and run where they
-    read fewer bytes; above, planning them (walking the edges three or four times) would
-    cost more than it could save, so the layer streams: its
-    reads are sequential, the blocks' pages at random."""
+    A layer whose convolution is a plain reduction and that the budget cannot run as one
+    block of every node (which reads each input page once) is planned in column slices
+    (:mod:`.sliced`) and by streamed groups (:mod:`.streamed`); with at most
+    :data:`COMPARE_EDGES` edges the blocks are planned too (above, planning them walks
+    the edges three or four times, more than it could save). The way planned to move the
+    fewest bytes (read, and written besides the output: scratch files are written and read
+    again) runs; ``run.aggregate`` may force one. Other layers run in blocks."""
     name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
     run.dataset.check_mapped()  # before the plan walks the whole graph
     prev = None if l == 0 else run.group[f"h{l}"]
@@ -326,57 +347,142 @@ def run_layer(run: Run, l: int) -> dict:
     t0 = time.perf_counter()
     costs = layer_costs(run, l, d_in, d_out) or BlockCosts.estimate(d_in, d_out)
     probe_s = time.perf_counter() - t0
-    stream = _stream_plan(run, l, prev, d_in, d_out, itemsize, costs)
+    stream = _stream_plan(run, l, prev, d_in, d_out, itemsize, costs) \
+        if run.aggregate in ("auto", "streamed") else None
+    sliced = _sliced_plan(run, l, prev, d_in, d_out, itemsize, costs) \
+        if run.aggregate in ("auto", "sliced") else None
     plan = None
-    if stream is not None and run.aggregate == "auto":
+    planned: dict[str, int] = {}   # bytes read
+    written: dict[str, int] = {}   # bytes written besides the output
+    if stream is not None:
+        planned["streamed"], written["streamed"] = stream.planned_bytes, stream.write_bytes
+    if sliced is not None:
+        planned["sliced"], written["sliced"] = sliced.planned_bytes, sliced.write_bytes
+    if planned and run.aggregate == "auto":
         run.topo.make_scratch()  # the blocks' node map, in the memory their plans measure
         if fits_one_block(run.topo, d_in, d_out, run.budget, ch, run.cache.policy, itemsize):
-            stream = None
-        elif int(run.topo.indptr[-1]) <= COMPARE_EDGES:
-            plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
-            if plan.planned_bytes <= stream.planned_bytes:
-                stream = None
-        if stream is not None:  # planned without it
+            stream = sliced = None
+        else:
+            if int(run.topo.indptr[-1]) <= COMPARE_EDGES:
+                plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
+                planned["blocks"], written["blocks"] = plan.planned_bytes, 0
+            # the fewest bytes moved: a way's scratch files are written and read again
+            way = min(planned, key=lambda k: (planned[k] + written[k], k != "blocks"))
+            stream = stream if way == "streamed" else None
+            sliced = sliced if way == "sliced" else None
+        if stream is not None or sliced is not None:  # planned without it
             run.topo.drop_scratch()
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     run.progress.state.update(layer=l, chunks_done=first_chunk)
-    if stream is not None:
-        if run.stream_rows == (None, None):  # sizes forced by the caller are not the budget's
-            stream.note_reads()
+    if stream is not None or sliced is not None:
         arr = layer_array(run.group, name, n, d_out, ch.chunk_rows, dtype)
         stats = LayerStats()
         stats.time_s["plan"] = time.perf_counter() - t0
         writer = _ChunkWriter(run, l, arr, name, d_out, first_chunk, stats)
-        read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats,
-                            Path(run.group.store.root))
+        work = Path(run.group.store.root)
+        if sliced is not None:
+            read = run_sliced(run, l, sliced, prev, d_in, first_chunk, writer, stats, work)
+            reads = sliced.as_dict()
+            blocks, peak, wb = sliced.slices, sliced.planned_peak_bytes, sliced.work
+        else:
+            assert stream is not None
+            if run.stream_rows == (None, None):  # forced sizes are not the budget's
+                stream.note_reads()
+            read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats, work)
+            reads = stream.as_dict()
+            blocks, peak, wb = stream.groups, stream.planned_peak_bytes, stream.work
         writer.close()
-        return _streamed_report(l, name, d_in, d_out, stream, plan, first_chunk, read, stats)
+        return {"layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
+                "blocks": blocks, "resumed_chunks": first_chunk,
+                "sub_blocks": stats.sub_blocks, "work_bytes": wb, "planned_peak_bytes": peak,
+                "bytes_read": int(read), "cache": None,
+                "reads": {**reads, "planned_block_bytes": planned.get("blocks"),
+                          "planned_stream_bytes": planned.get("streamed"),
+                          "planned_sliced_bytes": planned.get("sliced")},
+                "planned_bytes": planned, "planned_written": written,
+                "local_edges": stats.local_edges,
+                "time_s": {k: round(v, 4) for k, v in stats.time_s.items()}}
     if plan is None:
         plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
     if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
         note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
     arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
-    return _run_blocks(run, plan, prev, arr, name, first_chunk, plan.plan_s + probe_s)
+    rep = _run_blocks(run, plan, prev, arr, name, first_chunk, plan.plan_s + probe_s)
+    rep["planned_bytes"] = {**planned, "blocks": plan.planned_bytes}
+    rep["planned_written"] = {**written, "blocks": 0}
+    return rep
+
+
+def _input_shape(run: Run, prev: Any, d_in: int, itemsize: int) -> tuple[int, int, int, int, int]:
+    """``(in_row, table, n_in, unit, align)`` of layer input: an input row's bytes as read
+    (a padded layout's rows are read with their padding, then copied out), the whole
+    table's, its rows, and the rows a source chunk is a multiple of (where one fits, and
+    always)."""
+    lay = run.dataset.file_layout
+    if prev is None:
+        in_row = lay.row_bytes if lay.packed else \
+            lay.row_bytes + -(-lay.file_bytes // max(lay.num_rows, 1))
+        unit = max(1, lay.rows_per_page)
+        return in_row, lay.file_bytes, lay.num_rows, unit, unit
+    n = run.topo.num_nodes
+    return d_in * itemsize, n * d_in * itemsize, n, run.chunking.chunk_rows, 1
+
+
+def _sliced_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: int,
+                 costs: BlockCosts) -> SlicePlan | None:
+    """Layer ``l``'s column-sliced plan, None where it cannot run so or (``auto``) its
+    scratch files do not fit the free disk; one line when ``run.aggregate`` asks for it and
+    the layer cannot."""
+    ds, topo = run.dataset, run.topo
+    in_row, table, n_in, _, align = _input_shape(run, prev, d_in, itemsize)
+    n = topo.num_nodes
+    natural_keys = topo.natural and (prev is not None or ds.row_of is None)
+    # the input's rows in the processing order: a layer's array, or a dataset stored so
+    aligned = prev is not None or natural_keys or topo.rowof is ds.row_of
+
+    def replan(share: float, ready: bool = False) -> SlicePlan | None:
+        p = plan_sliced(run.model.aggregation(l), n, int(topo.indptr[-1]), d_in, d_out,
+                        in_row, table, table if prev is None else n * d_in * itemsize,
+                        run.budget, run.chunking.chunk_rows, costs, not natural_keys,
+                        index_bytes=topo.indices.itemsize, slice_cols=run.slice_cols,
+                        n_in=n_in, aligned=aligned, local_share=share, src_align=align,
+                        edges_sorted=ready)
+        if p is not None:
+            p.keys = "rows" if aligned else "features"
+        return p
+
+    plan = replan(0.0)
+    work = Path(run.group.store.root)
+    if plan is not None and plan.sorted_edges:
+        local = edges_ready(work, plan)
+        if local is not None:  # an earlier layer sorted them: its count, not a sample
+            plan = replan(local / max(int(topo.indptr[-1]), 1), True)
+        elif plan.local_rows:  # the local edges' share, from a sample
+            rows = np.linspace(0, n - 1, min(n, LOCAL_SAMPLE)).astype(np.int64)
+            share = local_share(topo.indptr, topo.indices, topo.perm, input_keys(run, prev),
+                                rows, plan.local_rows, plan.halo)
+            topo.release_pages()
+            plan = replan(share)
+    if plan is None and run.aggregate == "sliced":
+        why = ("its convolution is not a plain mean, sum or max of its input rows"
+               if run.model.aggregation(l) is None else
+               "the budget does not hold one column of every input row")
+        raise InvalidValue(f"--aggregate sliced: layer {l + 1} cannot run in column slices "
+                           f"({why}); use --aggregate auto")
+    if plan is not None and run.aggregate == "auto" and \
+            plan.scratch_bytes + n * d_out * 4 > shutil.disk_usage(run.group.store.root).free:
+        return None  # its scratch does not fit beside the layer: the other ways
+    return plan
 
 
 def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: int,
                  costs: BlockCosts) -> StreamPlan | None:
     """Layer ``l``'s streamed plan, None where it does not stream (one line when
     ``run.aggregate`` asks for it and the layer cannot)."""
-    if run.aggregate == "blocks":
-        return None
-    ds, n = run.dataset, run.topo.num_nodes
+    n = run.topo.num_nodes
     reduction = run.model.aggregation(l)
-    lay = ds.file_layout
-    if prev is None:  # a padded layout's rows are read with their padding, then copied out
-        in_row = lay.row_bytes if lay.packed else \
-            lay.row_bytes + -(-lay.file_bytes // max(lay.num_rows, 1))
-        table, n_in = lay.file_bytes, lay.num_rows
-        unit = align = max(1, lay.rows_per_page)
-    else:
-        in_row, table, n_in = d_in * itemsize, n * d_in * itemsize, n
-        unit, align = run.chunking.chunk_rows, 1
+    in_row, table, n_in, unit, align = _input_shape(run, prev, d_in, itemsize)
     rss0 = rss()
 
     def replan(budget: int, forced: tuple = run.stream_rows) -> StreamPlan | None:
@@ -397,7 +503,7 @@ def _stream_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
 
 
 #: ``aggregate="auto"`` plans the blocks beside a streamed layer, to take the way that
-#: reads fewer bytes, up to this many edges.
+#: moves fewer bytes, up to this many edges.
 COMPARE_EDGES = 1 << 25
 
 
@@ -408,20 +514,6 @@ def _block_plan(run: Run, l: int, d_in: int, d_out: int, costs: BlockCosts,
                       run.cache, costs, itemsize)
     run.topo.release_pages()  # the plan walked every edge and node
     return plan
-
-
-def _streamed_report(l: int, name: str, d_in: int, d_out: int, stream: StreamPlan,
-                     plan: LayerPlan | None, first_chunk: int, read: int,
-                     stats: LayerStats) -> dict:
-    return {
-        "layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
-        "blocks": stream.groups, "resumed_chunks": first_chunk, "sub_blocks": stats.sub_blocks,
-        "work_bytes": stream.work, "planned_peak_bytes": stream.planned_peak_bytes,
-        "bytes_read": int(read), "cache": None,
-        "reads": {**stream.as_dict(),
-                  "planned_block_bytes": None if plan is None else plan.planned_bytes},
-        "time_s": {k: round(v, 4) for k, v in stats.time_s.items()},
-    }
 
 
 def _run_blocks(run: Run, plan: LayerPlan, prev: Any, arr: Any, name: str, first_chunk: int,

@@ -106,6 +106,8 @@ class StreamPlan:
     work: int
     planned_peak_bytes: int = 0
     in_rows: int = 0
+    #: what it writes besides the layer's output: the edge buckets
+    write_bytes: int = 0
     #: says, once, when the budget makes the layer read its input many times over (the
     #: runner sets it: :func:`note_stream_reads` with the layer's own re-planning)
     note_reads: Callable[[], None] = lambda: None
@@ -115,6 +117,7 @@ class StreamPlan:
                 "group_rows": self.group_rows, "source_chunks": self.src_chunks,
                 "source_rows": self.src_rows, "sub_rows": self.sub_rows,
                 "planned_stream_bytes": int(self.planned_bytes),
+                "planned_write_bytes": int(self.write_bytes),
                 "planned_peak_bytes": int(self.planned_peak_bytes)}
 
 
@@ -174,7 +177,8 @@ def plan_stream(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     peak = rss0 + output_buffers(rows, d_out) + group_rows * (acc_row + GROUP_ROW_EXTRA) \
         + source_bytes + sub_rows * per_target
     return StreamPlan(reduction, int(group_rows), groups, int(src_rows), chunks,
-                      int(sub_rows), pair_piece, planned, int(free), int(peak), n_in)
+                      int(sub_rows), pair_piece, planned, int(free), int(peak), n_in,
+                      BUCKET_BYTES * num_edges)
 
 
 def one_pass_budget(plan: StreamPlan, budget: int, n: int, d_in: int,
@@ -214,7 +218,7 @@ def note_stream_reads(l: int, plan: StreamPlan, budget: int, n: int, d_in: int,
          f"{enough // MiB}MiB streams it in one pass")
 
 
-class _Source:
+class Source:
     """The input table read in stored order: ``features.bin``'s rows (layer 0) or the
     previous layer's array (rows in processing order); counts the bytes read."""
 
@@ -249,12 +253,14 @@ class _Source:
             self._f.close()
 
 
-def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Path
-                   ) -> np.ndarray:
-    """Bucket every edge (one pass over ``indices.bin``) into ``folder``; returns int64
-    [groups * src_chunks], the pairs in each bucket."""
+def write_buckets(run: "Run", key_in: np.ndarray, folder: Path, group_rows: int, groups: int,
+                  src_rows: int, src_chunks: int) -> np.ndarray:
+    """Bucket every edge (one pass over ``indices.bin``) by (target group of ``group_rows``
+    output rows, source chunk of ``src_rows`` input rows) into ``folder`` (see
+    :func:`._kernels.bucket_edges`); returns int64 [groups * src_chunks], the pairs in
+    each bucket."""
     topo = run.topo
-    nb = plan.groups * plan.src_chunks
+    nb = groups * src_chunks
     sizes = np.zeros(nb, dtype=np.int64)
     e = int(topo.indptr[-1])
     step = min(BUCKET_EDGES, max(e, 1))
@@ -268,7 +274,7 @@ def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Pat
             src = np.asarray(topo.indices[a:b])
             first = int(np.searchsorted(topo.indptr, a, side="right")) - 1
             counts = bucket_edges(topo.indptr, src, a, first, topo.rowof, key_in,
-                                  plan.group_rows, plan.src_rows, plan.src_chunks, nb,
+                                  group_rows, src_rows, src_chunks, nb,
                                   bid[:b - a], pairs[:b - a])
             topo.release_pages()
             for k in np.flatnonzero(np.diff(counts)).tolist():
@@ -287,7 +293,7 @@ def _write_buckets(run: "Run", plan: StreamPlan, key_in: np.ndarray, folder: Pat
     return sizes
 
 
-def _accumulate_group(src: _Source, plan: StreamPlan, g: int, g_rows: int, d_in: int,
+def _accumulate_group(src: Source, plan: StreamPlan, g: int, g_rows: int, d_in: int,
                       sizes: np.ndarray, folder: Path, stats: "LayerStats"
                       ) -> np.ndarray:
     """float32 [g_rows, d_in]: each target's sum (max) of its in-neighbours' rows."""
@@ -320,24 +326,46 @@ def _accumulate_group(src: _Source, plan: StreamPlan, g: int, g_rows: int, d_in:
     return acc
 
 
+def input_keys(run: "Run", prev: Any) -> np.ndarray:
+    """[N] node -> row of the layer's input as stored: the processing order for a layer's
+    array (``prev``), the dataset's row order for ``features.bin``."""
+    row_of = run.dataset.row_of
+    if prev is not None:
+        return run.topo.rowof
+    return np.asarray(row_of) if row_of is not None else \
+        np.arange(run.topo.num_nodes, dtype=run.topo.perm.dtype)
+
+
+def fresh_folder(folder: Path) -> Path:
+    """``folder`` made empty (what a killed run left there removed)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    return folder
+
+
+def row_degrees(run: "Run", r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes of output rows ``r0 .. r1`` and their in-degrees (int64); the pages of
+    ``indptr.npy`` the gather maps (all over it) are dropped."""
+    topo = run.topo
+    nodes = np.asarray(topo.perm[r0:r1])
+    dg = topo.indptr[nodes + 1] - topo.indptr[nodes]
+    topo.release_pages()
+    return nodes, dg
+
+
 def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, first_chunk: int,
                  writer: "_ChunkWriter", stats: "LayerStats", work: Path) -> int:
     """Layer ``l`` by streamed aggregation, output rows from ``first_chunk`` on handed to
     ``writer``; returns the bytes read."""
     topo, ch = run.topo, run.chunking
     n = topo.num_nodes
-    # node -> row of the input as stored: processing order for a layer's array, the
-    # dataset's row order for features.bin
-    row_of = run.dataset.row_of
-    key_in = topo.rowof if prev is not None else (
-        np.asarray(row_of) if row_of is not None else np.arange(n, dtype=topo.perm.dtype))
-    folder = work / BUCKET_DIR
-    shutil.rmtree(folder, ignore_errors=True)  # a killed run's buckets
-    folder.mkdir()
-    src = _Source(run, prev)
+    key_in = input_keys(run, prev)
+    folder = fresh_folder(work / BUCKET_DIR)
+    src = Source(run, prev)
     try:
         t0 = time.perf_counter()
-        sizes = _write_buckets(run, plan, key_in, folder)
+        sizes = write_buckets(run, key_in, folder, plan.group_rows, plan.groups, plan.src_rows,
+                              plan.src_chunks)
         if run.dataset.row_of is not None:
             release_mapped(run.dataset.row_of)
         stats.time_s["bucket"] = time.perf_counter() - t0
@@ -346,12 +374,10 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
             r0, r1 = g * plan.group_rows, min(n, (g + 1) * plan.group_rows)
             run.dataset.check_mapped()
             acc = _accumulate_group(src, plan, g, r1 - r0, d_in, sizes, folder, stats)
-            nodes = topo.perm[r0:r1]
-            dg = topo.indptr[nodes + 1] - topo.indptr[nodes]
-            topo.release_pages()  # a group's gather maps pages all over indptr.npy
+            nodes, dg = row_degrees(run, r0, r1)
             if plan.reduction == "mean":
                 acc /= np.maximum(dg, 1).astype(np.float32)[:, None]
-            _run_group(run, l, plan, src, acc, nodes, dg, r0, writer, stats)
+            run_targets(run, l, plan.sub_rows, src, acc, nodes, dg, r0, writer, stats)
             del acc
     finally:
         src.close()
@@ -359,13 +385,15 @@ def run_streamed(run: "Run", l: int, plan: StreamPlan, prev: Any, d_in: int, fir
     return src.bytes_read
 
 
-def _run_group(run: "Run", l: int, plan: StreamPlan, src: _Source, acc: np.ndarray,
-               nodes: np.ndarray, deg: np.ndarray, r0: int, writer: "_ChunkWriter",
-               stats: "LayerStats") -> None:
-    """The layer on a group's targets (``nodes``, output rows ``r0 ..``), a sub-block at a
-    time: each target's own row and one virtual in-neighbour holding its reduced row."""
-    for a in range(0, nodes.shape[0], plan.sub_rows):
-        z = min(nodes.shape[0], a + plan.sub_rows)
+def run_targets(run: "Run", l: int, sub_rows: int, src: Any, acc: np.ndarray,
+                nodes: np.ndarray, deg: np.ndarray, r0: int, writer: "_ChunkWriter",
+                stats: "LayerStats") -> None:
+    """The layer on consecutive targets (``nodes``, output rows ``r0 ..``; ``acc`` float32
+    [len(nodes), d_in] their reduced rows, ``deg`` their in-degrees), ``sub_rows`` at a
+    time: each target's own row (``src.own_rows``) and one virtual in-neighbour holding its
+    reduced row."""
+    for a in range(0, nodes.shape[0], sub_rows):
+        z = min(nodes.shape[0], a + sub_rows)
         m = z - a
         t0 = time.perf_counter()
         own = src.own_rows(nodes[a:z], r0 + a, r0 + z)
