@@ -59,7 +59,7 @@ from . import fio
 from . import harness as H
 from .modes import add_run_args, open_bench_dataset
 
-PRESETS = ("baseline", "static", "ooc")
+PRESETS = ("baseline", "static", "ooc", "packed")
 #: Variants for A/B runs: a name -> (the preset it changes, its cache policy's fields,
 #: its ``ModeOptions`` fields). ``ooc-mates``: ooc whose changesets also insert page-mates
 #: (rows on the pages a batch's misses read that the superbatch uses later;
@@ -73,7 +73,7 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ooc-pages": ("ooc", {}, {"page_reads": True}),
     "static-pages": ("static", {}, {"page_reads": True}),
 }
-_GAP_VARIANT = re.compile(r"(baseline|static|ooc)-(?:nogap|gap(\d+)k)")
+_GAP_VARIANT = re.compile(r"(baseline|static|ooc|packed)-(?:nogap|gap(\d+)k)")
 
 
 def variant(name: str) -> tuple[str, dict, dict] | None:
@@ -122,7 +122,8 @@ def child(spec: dict) -> int:
     opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
                        runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"],
                        feature_cache_size=spec.get("feature_cache_size"),
-                       neighbor_cache_size=spec.get("neighbor_cache_size"), **options)
+                       neighbor_cache_size=spec.get("neighbor_cache_size"),
+                       runtime_disk_budget=spec["runtime_disk_budget"], **options)
     t = Trainer(d, cfg, options=opts, log=lambda m: None, preset=preset)
     epochs = []
     try:
@@ -170,7 +171,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
             "queue_depth": args.queue_depth, "budget": args.budget,
             "io_backend": args.io_backend, "runtime_dir": str(workdir / "runtime"),
             "feature_cache_size": args.feature_cache_size,
-            "neighbor_cache_size": args.neighbor_cache_size, "report": str(report)}
+            "neighbor_cache_size": args.neighbor_cache_size,
+            "runtime_disk_budget": args.runtime_disk_budget, "report": str(report)}
     limit = None if args.no_cgroup else args.budget
     run = memcg.run(f"{preset}-{rnd}", ["-m", "bench.loader", "--child", json.dumps(spec)],
                     limit)
@@ -233,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                         "of two readers at the same caches")
     p.add_argument("--neighbor-cache-size", type=parse_size, default=None, metavar="SIZE",
                    help="every preset's neighbor cache (default: the memory plan's)")
+    p.add_argument("--runtime-disk-budget", type=parse_size, default=parse_size("1GiB"),
+                   metavar="SIZE", help="every preset's runtime files (packed: its segments too)")
     p.add_argument("--fio-seconds", type=int, default=10)
     p.add_argument("--report", type=Path, default=Path("loader.json"))
     args = p.parse_args(argv)

@@ -57,6 +57,14 @@ class CachePolicy:
     caches: ClassVar[bool] = True
     #: the profiler's miss-ratio curve that shows this policy (None: none)
     curve: ClassVar[str | None] = None
+    #: where a superbatch schedule's misses come from: ``"reads"`` (read from the file
+    #: when the batch is gathered) or ``"packed"`` (swept and packed ahead of the batch)
+    misses_from: ClassVar[str] = "reads"
+
+    @property
+    def runtime_files_share(self) -> float:
+        """Share of the runtime disk budget the inspector's runtime files may take."""
+        return 1.0
 
     def fill(self, cache: FeatureCache, dataset, features) -> None:
         """Fill ``cache`` before the first batch (reading rows from ``features``)."""
@@ -270,5 +278,41 @@ class BeladyCache(CachePolicy):
         return out
 
 
+@dataclass(frozen=True)
+class PackedCache(BeladyCache):
+    """The Belady cache of :class:`BeladyCache` whose misses are packed ahead: for each
+    window of a superbatch's batches the rows the cache will not hold are swept from
+    ``features.bin`` in stored order and written batch by batch into packed segments in
+    the runtime folder, which training reads in a few large reads
+    (:mod:`ooc.executor.loader.packing`). The same batches and rows as ``ooc``.
+
+    Attributes:
+        window_rows: misses a window packs at most (its id arrays cost 32 B a row).
+        disk_share: share of the runtime disk budget the packed segments take (two
+            windows on disk); the superbatch's runtime files get the rest.
+    """
+
+    window_rows: int = 1 << 22
+    disk_share: float = 0.75
+
+    name: ClassVar[str] = "packed"
+    misses_from: ClassVar[str] = "packed"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.page_mates:
+            raise InvalidValue("PackedCache: page-mates are not packed (page_mates must be 0)")
+        wr = self.window_rows
+        if isinstance(wr, bool) or not isinstance(wr, int) or wr < 1:
+            raise InvalidValue(f"PackedCache: window_rows must be a positive integer, got {wr!r}")
+        if not 0 < self.disk_share < 1:
+            raise InvalidValue(f"PackedCache: disk_share must be in (0, 1), got {self.disk_share!r}")
+
+    @property
+    def runtime_files_share(self) -> float:
+        return 1.0 - float(self.disk_share)
+
+
 #: Built-in policies by name.
-POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (NoCache, StaticCache, BeladyCache)}
+POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (NoCache, StaticCache, BeladyCache,
+                                                               PackedCache)}

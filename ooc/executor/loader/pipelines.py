@@ -19,8 +19,10 @@ gather i, so it always precedes gather i+1.
 """
 from __future__ import annotations
 
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any, Generator, Iterator
 
 import numpy as np
@@ -28,6 +30,7 @@ import numpy as np
 from ooc.caches.feature_cache import CachedFeature, FeatureCache
 from ooc.core.timers import Timers
 from ooc.core.worker import Worker
+from ooc.executor.loader.packing import PackedFeature, Packer
 from ooc.sampling.epoch_plan import EpochPlan
 from ooc.sampling.pipeline import Inspector
 from ooc.sampling.sampler import NeighborSampler, SampledBatch
@@ -258,7 +261,7 @@ class SuperbatchPipeline(BatchPipeline):
     """
 
     schedule = "superbatch"
-    producer_stages = ("switch", "gather", "update")
+    producer_stages: tuple[str, ...] = ("switch", "gather", "update")
 
     def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
                  source: Feature, cache: FeatureCache, shuffle: bool = True,
@@ -267,23 +270,41 @@ class SuperbatchPipeline(BatchPipeline):
         self.inspector = inspector
         self.sampler = inspector.sampler
 
+    def _loaded(self, epoch: int, stopped) -> Generator[tuple[Any, Any, Any], None, None]:
+        """The epoch's superbatches with their files loaded, on the loader thread; one
+        that ``stopped`` finds unused is released."""
+        seed_batches, bseeds = self.plan(epoch)
+        for sb in self.inspector.epoch(seed_batches, bseeds, tag=f"e{epoch}"):
+            if stopped():
+                sb.release()
+                return
+            t0 = time.perf_counter()
+            samples, cs = sb.load()
+            self.times.add("load", time.perf_counter() - t0)
+            yield sb, samples, cs
+
     def _superbatches(self, epoch: int) -> Generator[tuple[Any, Any, Any], None, None]:
         """Loader thread: loads the next superbatch's files while the current one trains."""
-        seed_batches, bseeds = self.plan(epoch)
-
         def load(put, stopped) -> None:
-            for sb in self.inspector.epoch(seed_batches, bseeds, tag=f"e{epoch}"):
-                if stopped():
-                    sb.release()
-                    return
-                t0 = time.perf_counter()
-                samples, cs = sb.load()
-                self.times.add("load", time.perf_counter() - t0)
+            for sb, samples, cs in self._loaded(epoch, stopped):
                 if not put((sb, samples, cs)):
                     sb.release()
                     return
 
         return self._run(load, 1, "ooc-loader")
+
+    def _switch(self, cs) -> None:
+        """The cache holds exactly the superbatch's ``init_ids`` (timed as ``switch``)."""
+        assert self.cache is not None
+        t0 = time.perf_counter()
+        self.cache.switch(cs.init_ids, self.source)
+        self.times.add("switch", time.perf_counter() - t0)
+
+    def _add_inspector_times(self) -> None:
+        st = self.inspector.stats
+        self.times.add("inspect_sample", st.sample_s)
+        self.times.add("inspect_changesets", st.changeset_s)
+        self.times.add("inspect_write", st.write_s)
 
     def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         cache = self.cache
@@ -292,9 +313,7 @@ class SuperbatchPipeline(BatchPipeline):
         try:
             for sb, samples, cs in superbatches:
                 try:
-                    t0 = time.perf_counter()
-                    cache.switch(cs.init_ids, self.source)
-                    self.times.add("switch", time.perf_counter() - t0)
+                    self._switch(cs)
                     for j in range(len(samples)):
                         if stopped():
                             return
@@ -316,7 +335,104 @@ class SuperbatchPipeline(BatchPipeline):
                     sb.release()
         finally:
             superbatches.close()
-        st = self.inspector.stats
-        self.times.add("inspect_sample", st.sample_s)
-        self.times.add("inspect_changesets", st.changeset_s)
-        self.times.add("inspect_write", st.write_s)
+        self._add_inspector_times()
+
+
+class PackedPipeline(SuperbatchPipeline):
+    """The superbatch schedule whose misses come packed (:mod:`ooc.executor.loader.packing`).
+
+    Its loader thread loads each superbatch's runtime files and packs its windows, at most
+    two on disk (the one training reads and the next); training reads each batch's misses
+    from its segment through :class:`~ooc.executor.loader.packing.PackedFeature`. The same
+    batches, cache switches and changesets as :class:`SuperbatchPipeline`, so the same rows.
+    Stage ``wait``: seconds training waited for a window (packing that did not hide).
+    """
+
+    producer_stages = ("switch", "gather", "update", "wait")
+
+    def __init__(self, inspector: Inspector, seeds: np.ndarray, batch_size: int, seed: int,
+                 source: Feature, cache: FeatureCache, packer: Packer, folder: Path,
+                 shuffle: bool = True, prefetch: int = PREFETCH, workers: int = 1):
+        super().__init__(inspector, seeds, batch_size, seed, source, cache, shuffle, prefetch,
+                         workers)
+        self.packer = packer
+        self.folder = Path(folder)
+        self.pack_stats = packer.stats
+        self.packed = PackedFeature(source, packer.rows, packer.stats)
+        self.reader = CachedFeature(cache, self.packed)
+
+    def _windows(self, epoch: int) -> Generator[Any, None, None]:
+        """Loader thread: ``(superbatch, samples, changesets, window, last)`` in order."""
+        slots = threading.Semaphore(2)
+        folder = self.folder / f"e{epoch}"
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def load(put, stopped) -> None:
+            for sb, samples, cs in self._loaded(epoch, stopped):
+                self.packer.start(cs.init_ids)
+                j = 0
+                while j < len(samples):
+                    while not slots.acquire(timeout=0.1):
+                        if stopped():
+                            sb.release()
+                            return
+                    win = self.packer.pack(samples.node_ids, samples.node_ptr, cs, j,
+                                           folder / f"sb{sb.index:06d}-{j:06d}.bin",
+                                           slots.release)
+                    j = win.stop
+                    if not put((sb, samples, cs, win, j >= len(samples))):
+                        win.remove()
+                        sb.release()
+                        return
+
+        return self._run(load, 1, "ooc-packer")
+
+    def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
+        cache = self.cache
+        assert cache is not None
+        windows = self._windows(epoch)
+        held = None
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = next(windows, None)
+                dt = time.perf_counter() - t0
+                self.times.add("wait", dt)
+                self.pack_stats.add(wait_s=dt)
+                if item is None:
+                    break
+                sb, samples, cs, win, last = item
+                try:
+                    if sb is not held:
+                        held = sb
+                        self._switch(cs)
+                    for j in range(win.first, win.stop):
+                        if stopped():
+                            return
+                        batch = samples.batch(j)
+                        step = cs.step(j)
+                        self.packed.expect(win, j - win.first)
+                        rows = self._gather(batch)
+                        t0 = time.perf_counter()
+                        cache.update(step.in_ids, step.out_ids, step.in_positions, rows)
+                        self.times.add("update", time.perf_counter() - t0)
+                        yield batch, rows
+                finally:
+                    win.remove()
+                if last:
+                    sb.release()
+                    held = None
+        finally:
+            if held is not None:
+                held.release()
+            windows.close()
+            shutil.rmtree(self.folder / f"e{epoch}", ignore_errors=True)
+        self._add_inspector_times()
+
+    def io_stats(self) -> dict[str, Any]:
+        """The direct path's counters and the packed path's (``packed_*``; ``packed_sweep_*``:
+        the sweep reader's)."""
+        st = super().io_stats()
+        st.update({f"packed_{k}": v for k, v in self.pack_stats.as_dict().items()})
+        st.update({f"packed_sweep_{k}": v for k, v in self.packer.sweep.stats().items()})
+        return st

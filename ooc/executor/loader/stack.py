@@ -46,7 +46,13 @@ from ooc.caches.neighbor_cache import (
     load_or_build_neighbor_cache,
 )
 from ooc.core.errors import InvalidValue, IOFailure, setting
-from ooc.executor.loader.pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
+from ooc.executor.loader.packing import SWEEP_PAGES, Packer, PackStats
+from ooc.executor.loader.pipelines import (
+    BatchPipeline,
+    OnDemandPipeline,
+    PackedPipeline,
+    SuperbatchPipeline,
+)
 from ooc.executor.loader.presets import Preset, resolve_preset
 from ooc.executor.loader.readers import Sources, TimedFeature
 from ooc.executor.settings import BY_NAME as _S
@@ -55,6 +61,7 @@ from ooc.sampling.epoch_plan import EpochPlan
 from ooc.sampling.pipeline import Inspector, measure_bytes_per_batch, superbatch_size_for_budget
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage.atomic import pid_alive
+from ooc.storage.direct import DirectFeatures
 from ooc.storage.ownership import made_by_ooc, mark
 from ooc.storage.pagecache import release_mapped
 
@@ -269,9 +276,45 @@ def superbatch_size(p: _Parts) -> int:
     if s is None:
         sb, bseeds = EpochPlan(p.seeds, cfg.batch_size, cfg.seed, 1, p.shuffle).first()
         bpb = measure_bytes_per_batch(p.sampler, sb, bseeds, with_changesets=True, probes=2)
-        s = superbatch_size_for_budget(p.opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
+        s = superbatch_size_for_budget(runtime_files_budget(p.preset, p.opts), bpb, ahead=1,
+                                       max_size=nb)
         p.info["runtime_bytes_per_batch"] = int(bpb)
     return max(1, min(int(s), nb))
+
+
+def runtime_files_budget(preset: Preset, opts: ModeOptions) -> int:
+    """Bytes of the runtime disk budget the inspector's runtime files may take (the packed
+    segments take the rest, :func:`packed_pipeline`)."""
+    return max(1, int(opts.runtime_disk_budget * preset.policy.runtime_files_share))
+
+
+def packed_pipeline(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
+    """The superbatch schedule whose misses are packed: a :class:`Packer` with its own
+    O_DIRECT reader of ``features.bin`` (the sweep's counters apart from the direct
+    misses'), windows of at most half the packed segments' share of the runtime disk."""
+    policy, opts, d = p.preset.policy, p.opts, p.dataset
+    assert p.cache is not None
+    sweep = DirectFeatures(d.features_file, d.file_layout, queue_depth=opts.queue_depth,
+                           backend=opts.io_backend, page_reads=opts.page_reads,
+                           max_gap_bytes=opts.read_gap, max_pages=SWEEP_PAGES)
+    p.closers.append(sweep.close)
+    disk = opts.runtime_disk_budget - runtime_files_budget(p.preset, opts)
+    packer = Packer(sweep, d.row_of, d.num_nodes, getattr(policy, "window_rows", 1 << 22),
+                    max(1, disk // 2), PackStats())
+    p.info.update(packed_window_rows=packer.window_rows, packed_disk_bytes=int(disk))
+    return PackedPipeline(insp, p.seeds, p.config.batch_size, p.config.seed, p.features,
+                          p.cache, packer, rt / "packed", shuffle=p.shuffle)
+
+
+def _direct_misses(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
+    assert p.cache is not None
+    return SuperbatchPipeline(insp, p.seeds, p.config.batch_size, p.config.seed,
+                              p.features, p.cache, shuffle=p.shuffle)
+
+
+#: The superbatch schedule's pipeline by where a policy's misses come from (``misses_from``).
+MISS_PATHS: dict[str, Callable[[_Parts, Inspector, Path], BatchPipeline]] = {
+    "reads": _direct_misses, "packed": packed_pipeline}
 
 
 def _superbatch(p: _Parts) -> BatchPipeline:
@@ -286,8 +329,7 @@ def _superbatch(p: _Parts) -> BatchPipeline:
                                             p.config.device, p.dataset.row_pages())
     insp = Inspector(p.sampler, rt, s, changesets=changesets)
     p.info.update(superbatch_size=s, runtime_dir=str(rt))
-    return SuperbatchPipeline(insp, p.seeds, p.config.batch_size, p.config.seed,
-                              p.features, p.cache, shuffle=p.shuffle)
+    return MISS_PATHS[p.preset.policy.misses_from](p, insp, rt)
 
 
 #: Training pipelines by a policy's ``schedule``.

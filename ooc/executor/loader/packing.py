@@ -1,0 +1,353 @@
+"""The packed data path: a superbatch's misses swept in stored order, packed batch by batch.
+
+The inspector knows every batch of a superbatch and the Belady changesets say what the
+cache holds when each batch is gathered, so the rows each batch will miss are known
+before the batch runs. :class:`Packer` replays the changesets on a bitset of the
+cache's residency (N/8 bytes) over a *window* of consecutive batches, then
+
+1. sweeps the union of the window's misses from ``features.bin`` in stored order with
+   its own O_DIRECT reader (rows within ``read_gap`` of each other in one read: where the
+   wanted rows are dense the pages are read whole, elsewhere only the rows' sectors), in
+   chunks of :data:`SWEEP_ROWS` rows;
+2. writes each batch's misses, in stored order, as one *segment* of the window's file
+   in the runtime folder (O_DIRECT writes of page-aligned staging blocks, one block per
+   batch).
+
+Training reads a batch's segment in a few large reads (:class:`PackedFeature`, the
+misses' source behind the feature cache) while the next window is packed; hits still
+come from the cache, and the rows of every batch are the ones the direct path reads.
+
+Window file layout: segment t (batch ``first + t``) starts at ``offsets[t]`` (a multiple
+of 4096) and holds ``counts[t]`` rows of ``row_bytes`` bytes, sorted by stored row.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ooc.caches._cache_kernels import scatter_rows
+from ooc.core.errors import IOFailure
+from ooc.executor.loader import _packing_kernels as K
+from ooc.storage.features import Feature, FeatureWrapper
+from ooc.storage.layout import PAGE, aligned_empty
+
+#: Rows swept per read request (their buffer: this many rows).
+SWEEP_ROWS = 1 << 16
+#: Pages of the sweep reader's page buffer.
+SWEEP_PAGES = 8192
+#: Bytes of a batch's staging block (rounded to whole rows and pages).
+STAGE_BYTES = 256 << 10
+#: Bytes of one read of a segment.
+SEGMENT_READ_BYTES = 8 << 20
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-int(n) // to) * to
+
+
+def stage_rows(row_bytes: int) -> int:
+    """Rows of a staging block: a whole number of pages of whole rows, about
+    :data:`STAGE_BYTES`."""
+    unit = PAGE // int(np.gcd(int(row_bytes), PAGE))  # rows whose bytes are whole pages
+    return unit * max(1, STAGE_BYTES // (unit * int(row_bytes)))
+
+
+def working_bytes(row_bytes: int, num_nodes: int, window_rows: int, batches: int) -> int:
+    """Bytes the packed path holds beside the direct one: the sweep's row buffer and its
+    reader's page buffer, a staging block per batch of a window, the segment read buffer,
+    the residency bitset and the window's id arrays (misses, their rows, the union and a
+    sort's copy: 32 B a row)."""
+    return int(SWEEP_ROWS * row_bytes + SWEEP_PAGES * PAGE + batches * stage_rows(row_bytes)
+               * row_bytes + SEGMENT_READ_BYTES + num_nodes // 8 + 32 * window_rows)
+
+
+def _no_bytes(policy, num_nodes: int, row_bytes: int, batches: int) -> int:
+    return 0
+
+
+def _packed_bytes(policy, num_nodes: int, row_bytes: int, batches: int) -> int:
+    return working_bytes(row_bytes, num_nodes, int(policy.window_rows), batches)
+
+
+#: Bytes a superbatch schedule's miss path holds beside the rest of the loop, by the
+#: policy's ``misses_from``: ``(policy, num_nodes, row_bytes, batches a superbatch) -> bytes``
+#: (the memory planner's ``packing`` stage).
+MISS_PATH_BYTES: dict[str, Callable[[Any, int, int, int], int]] = {
+    "reads": _no_bytes, "packed": _packed_bytes}
+
+
+@dataclass
+class PackStats:
+    """Counters of the packed path since it was made.
+
+    ``sweep_*``: the sweep's requests and the reader's reads, bytes and rows;
+    ``segment_*``: reads and bytes of packed segments; ``bytes_written``/``write_ops``:
+    segments written; ``rows_packed``: rows written (a row missed by two batches counts
+    twice); ``fallback_rows``: misses read directly because no segment matched (0 when the
+    replay agrees with the cache); ``pack_s``: seconds of the packer thread;
+    ``wait_s``: seconds training waited for a window.
+    """
+
+    windows: int = 0
+    sweep_rows: int = 0
+    rows_packed: int = 0
+    bytes_written: int = 0
+    write_ops: int = 0
+    segment_reads: int = 0
+    segment_bytes: int = 0
+    fallback_rows: int = 0
+    pack_s: float = 0.0
+    wait_s: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **kw: float) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def as_dict(self) -> dict[str, float]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self)
+                    if not f.name.startswith("_")}
+
+
+def _open(path: Path, flags: int) -> tuple[int, bool]:
+    """``os.open`` with O_DIRECT where the file system takes it; (fd, direct)."""
+    direct = getattr(os, "O_DIRECT", 0)
+    try:
+        if direct:
+            try:
+                return os.open(path, flags | direct, 0o600), True
+            except OSError:
+                pass  # tmpfs and a few others refuse O_DIRECT: the page cache then
+        return os.open(path, flags, 0o600), False
+    except OSError as e:
+        raise IOFailure(f"{path}: {e.strerror or e} (packed segments)") from None
+
+
+class SegmentWriter:
+    """Appends rows to the segments of one window file through page-aligned staging blocks
+    (O_DIRECT where the file system takes it): each block is written when full, the last
+    of a segment padded to a whole page by :meth:`finish`."""
+
+    def __init__(self, path: Path, offsets: np.ndarray, row_bytes: int, stats: PackStats):
+        self.path, self.rb, self.stats = path, int(row_bytes), stats
+        self.fd, _ = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        self.offsets = offsets
+        w = len(offsets) - 1
+        self.cap = stage_rows(row_bytes) * self.rb
+        self.stage = aligned_empty(w * self.cap).reshape(w, self.cap) if w else \
+            aligned_empty(0).reshape(0, 0)
+        self.fill = np.zeros(w, np.int64)
+        self.written = np.zeros(w, np.int64)
+
+    def append(self, t: int, rows: np.ndarray) -> None:
+        """Rows ([m, dim]) to the end of segment ``t``."""
+        data = np.ascontiguousarray(rows).reshape(-1).view(np.uint8)
+        a = 0
+        while a < len(data):
+            f = int(self.fill[t])
+            k = min(self.cap - f, len(data) - a)
+            self.stage[t, f:f + k] = data[a:a + k]
+            a += k
+            self.fill[t] = f + k
+            if f + k == self.cap:
+                self._flush(t, self.cap)
+
+    def _flush(self, t: int, nbytes: int) -> None:
+        n = _round_up(nbytes, PAGE)
+        if n > nbytes:
+            self.stage[t, nbytes:n] = 0
+        off = int(self.offsets[t] + self.written[t])
+        try:
+            # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
+            done = os.pwrite(self.fd, memoryview(self.stage[t, :n]), off)  # type: ignore[arg-type]
+        except OSError as e:
+            raise IOFailure(f"{self.path}: {e.strerror or e} while writing packed rows") from None
+        if done != n:
+            raise IOFailure(f"{self.path}: short write ({done} of {n} bytes; disk full?)")
+        self.written[t] += n
+        self.fill[t] = 0
+        self.stats.add(bytes_written=n, write_ops=1)
+
+    def finish(self) -> None:
+        """Write what the staging blocks hold and close the file."""
+        try:
+            for t in range(len(self.fill)):
+                if self.fill[t]:
+                    self._flush(t, int(self.fill[t]))
+        finally:
+            os.close(self.fd)
+
+
+@dataclass
+class Window:
+    """Packed segments of batches ``first .. stop - 1`` of a superbatch (see the module
+    docstring); :meth:`remove` deletes the file and gives its room back."""
+
+    path: Path
+    first: int
+    stop: int
+    offsets: np.ndarray
+    counts: np.ndarray
+    #: int64 sum of the stored rows of each segment (what a gather's misses must match)
+    checks: np.ndarray
+    _release: Callable[[], None] | None = field(default=None, repr=False)
+
+    def remove(self) -> None:
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
+class Packer:
+    """Packs the windows of superbatches (see the module docstring).
+
+    Args:
+        sweep: a reader of ``features.bin`` by stored row (its own O_DIRECT reader).
+        row_of: node id -> stored row (int [N]), None when rows are in node order.
+        num_nodes: N.
+        window_rows: misses a window holds at most (its first batch always fits).
+        window_bytes: bytes a window's file takes at most (same rule).
+        stats: where the counters go.
+    """
+
+    def __init__(self, sweep: Feature, row_of: np.ndarray | None, num_nodes: int,
+                 window_rows: int, window_bytes: int, stats: PackStats):
+        self.sweep, self.row_of, self.stats = sweep, row_of, stats
+        self.dim = int(sweep.shape[1])
+        self.dtype = sweep.dtype
+        self.row_bytes = self.dim * self.dtype.itemsize
+        self.bits = np.zeros(int(num_nodes) // 8 + 1, np.uint8)
+        self.window_rows = max(1, min(int(window_rows), int(window_bytes) // self.row_bytes))
+        self.chunk = np.empty((SWEEP_ROWS, self.dim), self.dtype)
+
+    def start(self, init_ids: np.ndarray) -> None:
+        """The cache a superbatch starts from: exactly ``init_ids``."""
+        self.bits[:] = 0
+        K.set_bits(self.bits, np.asarray(init_ids, dtype=np.int64), True)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Stored rows (int64) of node ``ids``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return ids if self.row_of is None else np.asarray(self.row_of[ids], dtype=np.int64)
+
+    def pack(self, node_ids: np.ndarray, node_ptr: np.ndarray, cs: Any, j0: int, path: Path,
+             release: Callable[[], None] | None = None) -> Window:
+        """The next window, from batch ``j0`` of the superbatch whose ids are ``node_ids`` /
+        ``node_ptr`` and whose changesets are ``cs`` (a
+        :class:`~ooc.caches.changesets.FlatChangesets`), written to ``path``. Call
+        :meth:`start` before its first window; windows come in order."""
+        t0 = time.perf_counter()
+        try:
+            return self._pack(node_ids, node_ptr, cs, j0, path, release)
+        finally:
+            self.stats.add(pack_s=time.perf_counter() - t0)
+
+    def _pack(self, node_ids, node_ptr, cs, j0: int, path: Path, release) -> Window:
+        j1, misses, ptr = K.window_misses(
+            self.bits, np.asarray(node_ids, np.int64), np.asarray(node_ptr, np.int64),
+            np.asarray(cs.in_ids, np.int64), np.asarray(cs.in_ptr, np.int64),
+            np.asarray(cs.out_ids, np.int64), np.asarray(cs.out_ptr, np.int64), int(j0),
+            self.window_rows)
+        rows = self.rows(misses)
+        del misses
+        w = j1 - j0
+        for t in range(w):
+            rows[ptr[t]:ptr[t + 1]].sort()
+        counts = np.diff(ptr)
+        csum = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(rows, out=csum[1:])
+        checks = csum[ptr[1:]] - csum[ptr[:-1]]
+        del csum
+        offsets = np.zeros(w + 1, np.int64)
+        np.cumsum([_round_up(c * self.row_bytes, PAGE) for c in counts], out=offsets[1:])
+        union = np.unique(rows)
+        writer = SegmentWriter(path, offsets, self.row_bytes, self.stats)
+        try:
+            cursors = ptr[:-1].copy()
+            for a in range(0, len(union), SWEEP_ROWS):
+                cr = union[a:a + SWEEP_ROWS]
+                buf = self.sweep.read(cr, out=self.chunk[:len(cr)])
+                last = cr[-1]
+                for t in range(w):
+                    lo, end = int(cursors[t]), int(ptr[t + 1])
+                    hi = lo + int(np.searchsorted(rows[lo:end], last, side="right"))
+                    if hi > lo:
+                        writer.append(t, buf[np.searchsorted(cr, rows[lo:hi])])
+                        cursors[t] = hi
+        finally:
+            writer.finish()
+        self.stats.add(windows=1, sweep_rows=len(union), rows_packed=len(rows))
+        return Window(path, j0, j1, offsets, counts, checks, release)
+
+
+class PackedFeature(FeatureWrapper):
+    """The misses' source of the packed path: a gather's misses come from the segment
+    :meth:`expect` names (a few large reads, rows scattered to their places); anything
+    else (cache switches, evaluation, a segment that does not match) from ``inner``, the
+    direct reader, counted in ``fallback_rows`` when a segment was expected."""
+
+    def __init__(self, inner: Feature, rows: Callable[[np.ndarray], np.ndarray],
+                 stats: PackStats):
+        super().__init__(inner)
+        self._rows = rows
+        self.counters = stats
+        self._expected: tuple[Window, int] | None = None
+        self._buf = aligned_empty(SEGMENT_READ_BYTES)
+
+    def expect(self, window: Window, t: int) -> None:
+        """The next read is the misses of segment ``t`` of ``window``."""
+        self._expected = (window, t)
+
+    def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
+        got, self._expected = self._expected, None
+        if got is None:
+            self.inner._read_into(ids, out, rows)
+            return
+        win, t = got
+        stored = self._rows(ids)
+        if len(stored) != int(win.counts[t]) or int(stored.sum()) != int(win.checks[t]):
+            self.counters.add(fallback_rows=len(ids))
+            self.inner._read_into(ids, out, rows)
+            return
+        order = np.argsort(stored, kind="stable")
+        dst = order if rows is None else rows[order]
+        self._read_segment(win, t, dst, out)
+
+    def _read_segment(self, win: Window, t: int, dst: np.ndarray, out: np.ndarray) -> None:
+        rb = out.shape[1] * out.dtype.itemsize
+        per = max(1, SEGMENT_READ_BYTES // rb)
+        n = len(dst)
+        fd, _ = _open(win.path, os.O_RDONLY)
+        reads = nbytes = 0
+        try:
+            for a in range(0, n, per):
+                b = min(n, a + per)
+                want = _round_up((b - a) * rb, PAGE)
+                view = self._buf[:want]
+                got = os.preadv(fd, [memoryview(view)],  # type: ignore[arg-type]
+                                int(win.offsets[t]) + a * rb)
+                if got < (b - a) * rb:
+                    raise IOFailure(f"{win.path}: short read of a packed segment "
+                                    f"({got} of {(b - a) * rb} bytes)")
+                reads += 1
+                nbytes += want
+                src = view[:(b - a) * rb].view(out.dtype).reshape(b - a, out.shape[1])
+                scatter_rows(src.view(f"u{out.dtype.itemsize}"), dst[a:b],
+                             out.view(f"u{out.dtype.itemsize}"))
+        except OSError as e:
+            raise IOFailure(f"{win.path}: {e.strerror or e} while reading packed rows") from None
+        finally:
+            os.close(fd)
+        self.counters.add(segment_reads=reads, segment_bytes=nbytes)
