@@ -74,15 +74,20 @@ class CachePolicy:
         return 0
 
     def changesets(self, num_nodes: int, capacity: int, device: str | None,
-                   pages: PageOf | None = None) -> ChangesetFn:
+                   pages: PageOf | None = None, hot: np.ndarray | None = None) -> ChangesetFn:
         """The changeset function of successive superbatches (``pages``: the dataset's
-        :meth:`~ooc.storage.dataset.Dataset.row_pages`, when rows share pages)."""
+        :meth:`~ooc.storage.dataset.Dataset.row_pages`, when rows share pages; ``hot``:
+        ids likely used after each superbatch, see :meth:`BeladyCache.changesets`)."""
         raise InvalidValue(f"cache policy {self.name!r} has no changesets (schedule {self.schedule})")
 
     def mate_fraction(self, pages: PageOf | None) -> float:
         """Page-mates a step reads with a batch's misses at most, as a fraction of the
         batch's ids (their buffer lives until the cache update): none here."""
         return 0.0
+
+    def hot_ids(self, dataset, capacity: int) -> np.ndarray | None:
+        """Ids :meth:`changesets` counts as used after each superbatch (None: none)."""
+        return None
 
     def warm_up(self, num_nodes: int, device: str | None = "cpu") -> None:
         """Compile the policy's kernels on a tiny input (the planner's warm-up), on the
@@ -217,25 +222,46 @@ class BeladyCache(CachePolicy):
         rows do not share pages)."""
         return float(self.page_mates) if pages is not None else 0.0
 
+    def hot_ids(self, dataset, capacity: int) -> np.ndarray:
+        """The ids :meth:`changesets` counts as used after each superbatch: the
+        ``capacity`` highest out-degree nodes (sorted by id; the static policy's)."""
+        return hottest_nodes(dataset, capacity)
+
+    def build_bytes(self, dataset) -> int:
+        """The out-degree pass of :meth:`hot_ids` (the static policy's fill)."""
+        return StaticCache().build_bytes(dataset)
+
     def changesets(self, num_nodes: int, capacity: int, device: str | None,
-                   pages: PageOf | None = None) -> ChangesetFn:
+                   pages: PageOf | None = None, hot: np.ndarray | None = None) -> ChangesetFn:
         """Changesets of successive superbatches, each starting from the cache the
         previous one leaves (``keep_unused`` + ``cached``: a switch reads only new
         entries). Superbatches come in order from the inspector's one changeset
         thread, across epochs; if the executor stops early its cache differs from
-        that state and the switch reads the difference: still exact."""
+        that state and the switch reads the difference: still exact.
+
+        ``hot`` (unique int64 ids, at most ``capacity``; the stack gives the
+        ``capacity`` highest out-degree nodes): ids counted as used once more after the
+        superbatch's last batch, a batch that is never run (its step is dropped). Belady
+        ranks them after every id used again within the superbatch, so the misses within
+        it stay the optimum; the room those leave holds hot ids instead of the ids dropped
+        last. Without it a short superbatch never inserts a miss that it does not use
+        again (with one batch a superbatch, none at all) and the cache stays what the
+        first superbatches filled it with."""
 
         device = self.device or device
         if device in (None, "auto"):
             device = "cuda" if _cuda() else "cpu"
         state: dict[str, Any] = {"cached": None}
+        tail = [] if hot is None or not len(hot) else \
+            [np.asarray(hot, dtype=np.int64)[:int(capacity)]]
 
         def changesets(ids: Sequence[np.ndarray]):
-            cs = C.precompute_changesets(ids, num_nodes, capacity, device=device,
+            cs = C.precompute_changesets([*ids, *tail], num_nodes, capacity, device=device,
                                          cached=state["cached"], keep_unused=True,
                                          pages=pages, mate_fraction=self.mate_fraction(pages))
-            state["cached"] = C.final_state(cs)
-            return cs
+            out = C.FlatChangesets.from_changesets(cs).head(len(ids)) if tail else cs
+            state["cached"] = C.final_state(out)
+            return out
 
         return changesets
 
@@ -257,7 +283,8 @@ class BeladyCache(CachePolicy):
         cap = int(min(capacity, num_nodes))
         if cap <= 0:
             return out
-        fn = self.changesets(num_nodes, cap, device, pages)
+        fn = self.changesets(num_nodes, cap, device, pages,
+                             None if hot_order is None else np.sort(hot_order[:cap]))
         s = max(1, int(superbatch_size or self.superbatch_size or len(trace)))
         cached = np.zeros(num_nodes, dtype=bool)
         misses = switch = mates = 0

@@ -325,8 +325,10 @@ def _superbatch(p: _Parts) -> BatchPipeline:
     if p.cache is None:  # a policy with caches = False
         raise InvalidValue(f"cache policy {p.preset.policy.name!r}: the superbatch schedule needs a "
                        f"feature cache")
-    changesets = p.preset.policy.changesets(p.dataset.num_nodes, p.cache.capacity,
-                                            p.config.device, p.dataset.row_pages())
+    policy = p.preset.policy
+    changesets = policy.changesets(p.dataset.num_nodes, p.cache.capacity, p.config.device,
+                                   p.dataset.row_pages(), policy.hot_ids(p.dataset,
+                                                                         p.cache.capacity))
     insp = Inspector(p.sampler, rt, s, changesets=changesets)
     p.info.update(superbatch_size=s, runtime_dir=str(rt))
     return MISS_PATHS[p.preset.policy.misses_from](p, insp, rt)
