@@ -5,10 +5,10 @@ import pytest
 from test_modes import _cfg
 
 from ooc.caches.changesets import FlatChangesets, precompute_changesets
-from ooc.caches.policies import PackedCache
+from ooc.caches.policies import AutoCache, PackedCache
 from ooc.core.errors import InvalidValue
 from ooc.executor.loader import _packing_kernels as K
-from ooc.executor.loader.packing import Packer, PackStats
+from ooc.executor.loader.packing import DiskRates, Packer, PackStats, choose, read_plan
 from ooc.executor.loader.stack import ModeOptions, build_stack
 from ooc.executor.training.trainer import Trainer
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
@@ -148,3 +148,44 @@ def test_packed_losses_equal_ooc(ds, tmp_path):
 def test_bad_packed_settings_are_one_line(bad):
     with pytest.raises(InvalidValue, match="PackedCache"):
         PackedCache(**bad)
+
+
+def test_read_plan_reads_through_short_gaps():
+    rows = np.array([0, 1, 2, 10, 11, 40], np.int64)          # 512 B rows
+    assert read_plan(rows, 512, 0) == (3, 6 * 512)
+    assert read_plan(rows, 512, 7 * 512) == (2, 12 * 512 + 512)   # 3..9 read through
+    assert read_plan(rows, 512, 1 << 20) == (1, 41 * 512)
+    assert read_plan(np.arange(1024, dtype=np.int64), 512, 0, max_read_bytes=256 << 10) \
+        == (2, 1024 * 512)
+
+
+def test_choose_packs_dense_windows_and_reads_sparse_ones_directly():
+    rates = DiskRates(op_s=1e-5, page_s=4096 / 1.3e9, write_bps=1.5e9)   # ~this disk
+    rng = np.random.default_rng(2)
+
+    def window(n_rows, batches, per_batch):
+        parts = [np.sort(rng.choice(n_rows, per_batch, replace=False)) for _ in range(batches)]
+        rows = np.concatenate(parts).astype(np.int64)
+        ptr = np.concatenate([[0], np.cumsum([len(b) for b in parts])]).astype(np.int64)
+        return rows, ptr, np.unique(rows)
+
+    dense = choose(*window(1 << 20, 20, 100_000), 512, 12 << 10, rates)
+    sparse = choose(*window(1 << 26, 2, 2_000), 512, 12 << 10, rates)
+    assert dense.packed and dense.packed_s < dense.direct_s
+    assert not sparse.packed and sparse.direct_s < sparse.packed_s
+
+
+def test_auto_reads_the_same_rows_packed_or_not(ds, tmp_path):
+    d, x = ds
+    st = build_stack(d, _cfg("auto"), _opts(tmp_path, d.layout.row_bytes),
+                     preset=AutoCache(window_rows=600))
+    try:
+        for batch, rows in st.train.batches(1):
+            np.testing.assert_array_equal(rows, x[batch.node_ids])
+        io = st.train.io_stats()
+    finally:
+        st.close()
+    assert io["packed_fallback_rows"] == 0
+    assert io["packed_windows"] + io["packed_windows_direct"] > 2
+    if st.info["disk_rates"] is not None:    # O_DIRECT here: a prediction for every window
+        assert io["packed_predicted_direct_s"] > 0 and io["packed_predicted_packed_s"] > 0

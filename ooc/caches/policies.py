@@ -324,6 +324,9 @@ class PackedCache(BeladyCache):
 
     name: ClassVar[str] = "packed"
     misses_from: ClassVar[str] = "packed"
+    #: whether each window is packed only where the disk's measured rates make packing
+    #: faster than reading its misses directly (else every window is packed)
+    chooses: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -340,6 +343,17 @@ class PackedCache(BeladyCache):
         return 1.0 - float(self.disk_share)
 
 
+@dataclass(frozen=True)
+class AutoCache(PackedCache):
+    """:class:`PackedCache` that packs a window only where it is faster: the disk's
+    random-read and sequential rates are measured when the loader is built, and each
+    window's misses are packed or read directly, whichever the rates say takes the disk
+    less time (:func:`ooc.executor.loader.packing.choose`)."""
+
+    name: ClassVar[str] = "auto"
+    chooses: ClassVar[bool] = True
+
+
 #: Built-in policies by name.
 POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (NoCache, StaticCache, BeladyCache,
-                                                               PackedCache)}
+                                                               PackedCache, AutoCache)}

@@ -34,6 +34,7 @@ import numpy as np
 from ooc.caches._cache_kernels import scatter_rows
 from ooc.core.errors import IOFailure
 from ooc.executor.loader import _packing_kernels as K
+from ooc.storage.direct import DEFAULT_MAX_READ_BYTES
 from ooc.storage.features import Feature, FeatureWrapper
 from ooc.storage.layout import PAGE, aligned_empty
 
@@ -91,10 +92,14 @@ class PackStats:
     segments written; ``rows_packed``: rows written (a row missed by two batches counts
     twice); ``fallback_rows``: misses read directly because no segment matched (0 when the
     replay agrees with the cache); ``pack_s``: seconds of the packer thread;
-    ``wait_s``: seconds training waited for a window.
+    ``wait_s``: seconds training waited for a window; ``windows_direct``: windows
+    whose misses were read directly (:func:`choose`), ``predicted_*_s``: its predictions.
     """
 
     windows: int = 0
+    windows_direct: int = 0
+    predicted_direct_s: float = 0.0
+    predicted_packed_s: float = 0.0
     sweep_rows: int = 0
     rows_packed: int = 0
     bytes_written: int = 0
@@ -186,6 +191,83 @@ class SegmentWriter:
             os.close(self.fd)
 
 
+@dataclass(frozen=True)
+class DiskRates:
+    """What reads and writes cost the runtime disk: ``op_s`` seconds a read costs beyond
+    its bytes and ``page_s`` a page's transfer, at the readers' queue depth
+    (:class:`~ooc.storage.read_cost.ReadCost`), and ``write_bps`` bytes a second of large
+    sequential writes (:func:`measure_write_rate`)."""
+
+    op_s: float
+    page_s: float
+    write_bps: float
+
+    def read_s(self, reads: int, nbytes: int) -> float:
+        """Device seconds of ``reads`` reads of ``nbytes`` bytes in all."""
+        return reads * self.op_s + nbytes / PAGE * self.page_s
+
+
+def read_plan(rows: np.ndarray, row_bytes: int, gap_bytes: int,
+              max_read_bytes: int = DEFAULT_MAX_READ_BYTES) -> tuple[int, int]:
+    """(reads, bytes) of reading stored ``rows`` (sorted, unique, int64) as the O_DIRECT
+    reader plans it: rows at most ``gap_bytes`` apart in one read through the gap, reads
+    of at most ``max_read_bytes``."""
+    if not len(rows):
+        return 0, 0
+    gaps = (np.diff(rows) - 1) * row_bytes
+    starts = np.concatenate([[0], np.flatnonzero(gaps > gap_bytes) + 1])
+    ends = np.concatenate([starts[1:], [len(rows)]]) - 1
+    span = (rows[ends] - rows[starts] + 1) * row_bytes
+    return int(np.sum(-(-span // max_read_bytes))), int(span.sum())
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A window's predicted device seconds read directly and packed, and which won."""
+
+    packed: bool
+    direct_s: float
+    packed_s: float
+
+
+def choose(rows: np.ndarray, ptr: np.ndarray, union: np.ndarray, row_bytes: int,
+           gap_bytes: int, rates: DiskRates) -> Choice:
+    """Pack a window or read its misses directly, by the disk's time for each: every
+    batch's misses read as the direct reader plans them, against the sweep of the union,
+    the segments written at ``write_bps`` and read back in :data:`SEGMENT_READ_BYTES`
+    reads. ``rows``: each batch's stored rows, sorted within ``ptr``'s slices."""
+    direct = 0.0
+    seg_reads = seg_bytes = 0
+    for t in range(len(ptr) - 1):
+        direct += rates.read_s(*read_plan(rows[ptr[t]:ptr[t + 1]], row_bytes, gap_bytes))
+        nb = _round_up((ptr[t + 1] - ptr[t]) * row_bytes, PAGE)
+        seg_reads += -(-nb // SEGMENT_READ_BYTES)
+        seg_bytes += nb
+    packed = rates.read_s(*read_plan(union, row_bytes, gap_bytes)) + \
+        seg_bytes / rates.write_bps + rates.read_s(seg_reads, seg_bytes)
+    return Choice(packed < direct, direct, packed)
+
+
+def measure_write_rate(folder: Path, nbytes: int = 64 << 20) -> float:
+    """Bytes a second of 4 MiB O_DIRECT sequential writes of a scratch file in ``folder``
+    (removed after), ``nbytes`` in all."""
+    path = Path(folder) / ".write-rate"
+    block = aligned_empty(4 << 20)
+    block[:] = 0
+    fd, _ = _open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        t0 = time.perf_counter()
+        for off in range(0, nbytes, len(block)):
+            os.pwrite(fd, memoryview(block), off)  # type: ignore[arg-type]
+        os.fsync(fd)
+        return nbytes / max(1e-9, time.perf_counter() - t0)
+    except OSError as e:
+        raise IOFailure(f"{path}: {e.strerror or e} while timing writes") from None
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+
+
 @dataclass
 class Window:
     """Packed segments of batches ``first .. stop - 1`` of a superbatch (see the module
@@ -198,6 +280,8 @@ class Window:
     counts: np.ndarray
     #: int64 sum of the stored rows of each segment (what a gather's misses must match)
     checks: np.ndarray
+    #: False: the window's misses are read directly (no file; :func:`choose` said so)
+    packed: bool = True
     _release: Callable[[], None] | None = field(default=None, repr=False)
 
     def remove(self) -> None:
@@ -220,11 +304,16 @@ class Packer:
         window_rows: misses a window holds at most (its first batch always fits).
         window_bytes: bytes a window's file takes at most (same rule).
         stats: where the counters go.
+        rates: the disk's costs: each window is packed only where :func:`choose` finds
+            it faster than direct reads (None: every window is packed).
+        gap_bytes: the direct reader's read gap (what :func:`choose` plans reads with).
     """
 
     def __init__(self, sweep: Feature, row_of: np.ndarray | None, num_nodes: int,
-                 window_rows: int, window_bytes: int, stats: PackStats):
+                 window_rows: int, window_bytes: int, stats: PackStats,
+                 rates: DiskRates | None = None, gap_bytes: int = 0):
         self.sweep, self.row_of, self.stats = sweep, row_of, stats
+        self.rates, self.gap_bytes = rates, int(gap_bytes)
         self.dim = int(sweep.shape[1])
         self.dtype = sweep.dtype
         self.row_bytes = self.dim * self.dtype.itemsize
@@ -273,6 +362,12 @@ class Packer:
         offsets = np.zeros(w + 1, np.int64)
         np.cumsum([_round_up(c * self.row_bytes, PAGE) for c in counts], out=offsets[1:])
         union = np.unique(rows)
+        if self.rates is not None:
+            c = choose(rows, ptr, union, self.row_bytes, self.gap_bytes, self.rates)
+            self.stats.add(predicted_direct_s=c.direct_s, predicted_packed_s=c.packed_s,
+                           windows_direct=0 if c.packed else 1)
+            if not c.packed:
+                return Window(path, j0, j1, offsets, counts, checks, False, release)
         writer = SegmentWriter(path, offsets, self.row_bytes, self.stats)
         try:
             cursors = ptr[:-1].copy()
@@ -289,7 +384,7 @@ class Packer:
         finally:
             writer.finish()
         self.stats.add(windows=1, sweep_rows=len(union), rows_packed=len(rows))
-        return Window(path, j0, j1, offsets, counts, checks, release)
+        return Window(path, j0, j1, offsets, counts, checks, True, release)
 
 
 class PackedFeature(FeatureWrapper):
@@ -307,8 +402,9 @@ class PackedFeature(FeatureWrapper):
         self._buf = aligned_empty(SEGMENT_READ_BYTES)
 
     def expect(self, window: Window, t: int) -> None:
-        """The next read is the misses of segment ``t`` of ``window``."""
-        self._expected = (window, t)
+        """The next read is the misses of segment ``t`` of ``window`` (read directly when
+        the window was not packed)."""
+        self._expected = (window, t) if window.packed else None
 
     def _read_into(self, ids: np.ndarray, out: np.ndarray, rows: np.ndarray | None) -> None:
         got, self._expected = self._expected, None

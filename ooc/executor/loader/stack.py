@@ -46,7 +46,13 @@ from ooc.caches.neighbor_cache import (
     load_or_build_neighbor_cache,
 )
 from ooc.core.errors import InvalidValue, IOFailure, setting
-from ooc.executor.loader.packing import SWEEP_PAGES, Packer, PackStats
+from ooc.executor.loader.packing import (
+    SWEEP_PAGES,
+    DiskRates,
+    Packer,
+    PackStats,
+    measure_write_rate,
+)
 from ooc.executor.loader.pipelines import (
     BatchPipeline,
     OnDemandPipeline,
@@ -62,6 +68,7 @@ from ooc.sampling.pipeline import Inspector, measure_bytes_per_batch, superbatch
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage.atomic import pid_alive
 from ooc.storage.direct import DirectFeatures
+from ooc.storage.read_cost import measure_read_cost
 from ooc.storage.ownership import made_by_ooc, mark
 from ooc.storage.pagecache import release_mapped
 
@@ -288,6 +295,21 @@ def runtime_files_budget(preset: Preset, opts: ModeOptions) -> int:
     return max(1, int(opts.runtime_disk_budget * preset.policy.runtime_files_share))
 
 
+def disk_rates(dataset, opts: ModeOptions, folder: Path, info: dict) -> DiskRates | None:
+    """The disk's read costs (random reads of ``features.bin``, one second) and sequential
+    write rate (in ``folder``), or None where reads do not bypass the page cache (every
+    window is then packed); what was measured goes to ``info``."""
+    cost = measure_read_cost(dataset.features_file, seconds=1.0, queue_depth=opts.queue_depth,
+                             backend=opts.io_backend)
+    if cost is None:
+        info["disk_rates"] = None
+        return None
+    rates = DiskRates(cost.op_s, cost.page_s, measure_write_rate(folder))
+    info["disk_rates"] = {"read_op_s": rates.op_s, "read_page_s": rates.page_s,
+                          "write_bytes_per_s": rates.write_bps}
+    return rates
+
+
 def packed_pipeline(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
     """The superbatch schedule whose misses are packed: a :class:`Packer` with its own
     O_DIRECT reader of ``features.bin`` (the sweep's counters apart from the direct
@@ -299,8 +321,9 @@ def packed_pipeline(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
                            max_gap_bytes=opts.read_gap, max_pages=SWEEP_PAGES)
     p.closers.append(sweep.close)
     disk = opts.runtime_disk_budget - runtime_files_budget(p.preset, opts)
+    rates = disk_rates(d, opts, rt, p.info) if getattr(policy, "chooses", False) else None
     packer = Packer(sweep, d.row_of, d.num_nodes, getattr(policy, "window_rows", 1 << 22),
-                    max(1, disk // 2), PackStats())
+                    max(1, disk // 2), PackStats(), rates, opts.read_gap)
     p.info.update(packed_window_rows=packer.window_rows, packed_disk_bytes=int(disk))
     return PackedPipeline(insp, p.seeds, p.config.batch_size, p.config.seed, p.features,
                           p.cache, packer, rt / "packed", shuffle=p.shuffle)
