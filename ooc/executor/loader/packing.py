@@ -447,3 +447,42 @@ class PackedFeature(FeatureWrapper):
         finally:
             os.close(fd)
         self.counters.add(segment_reads=reads, segment_bytes=nbytes)
+
+
+def predict_packing(trace: list[np.ndarray], changesets: Callable[[list], Any],
+                    superbatch_size: int, rows_of: Callable[[np.ndarray], np.ndarray],
+                    num_nodes: int, row_bytes: int, gap_bytes: int, rates: DiskRates,
+                    window_rows: int) -> dict[str, Any]:
+    """The disk's seconds of an epoch's misses read directly and packed, and what
+    :func:`choose` picks per window, from the epoch's ``trace`` (int64 node ids per batch)
+    and the policy's ``changesets`` function, in superbatches of ``superbatch_size``
+    (the cache sizer's prediction; no I/O)."""
+    bits = np.zeros(int(num_nodes) // 8 + 1, np.uint8)
+    out: dict[str, Any] = {"direct_s": 0.0, "packed_s": 0.0, "auto_s": 0.0, "windows": 0,
+                           "windows_packed": 0, "miss_rows": 0}
+    s = max(1, int(superbatch_size))
+    for a in range(0, len(trace), s):
+        part = trace[a:a + s]
+        cs = changesets(part)
+        flat_ids = np.concatenate(part).astype(np.int64, copy=False)
+        ptr_ids = np.concatenate([[0], np.cumsum([len(t) for t in part])]).astype(np.int64)
+        bits[:] = 0
+        K.set_bits(bits, np.asarray(cs.init_ids, np.int64), True)
+        j = 0
+        while j < len(part):
+            j1, misses, ptr = K.window_misses(
+                bits, flat_ids, ptr_ids, np.asarray(cs.in_ids, np.int64),
+                np.asarray(cs.in_ptr, np.int64), np.asarray(cs.out_ids, np.int64),
+                np.asarray(cs.out_ptr, np.int64), j, int(window_rows))
+            rows = rows_of(misses)
+            for t in range(j1 - j):
+                rows[ptr[t]:ptr[t + 1]].sort()
+            c = choose(rows, ptr, np.unique(rows), row_bytes, gap_bytes, rates)
+            out["direct_s"] += c.direct_s
+            out["packed_s"] += c.packed_s
+            out["auto_s"] += min(c.direct_s, c.packed_s)
+            out["windows"] += 1
+            out["windows_packed"] += int(c.packed)
+            out["miss_rows"] += len(rows)
+            j = j1
+    return out
