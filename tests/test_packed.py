@@ -79,12 +79,14 @@ def test_packer_segments_hold_each_batch_misses_in_stored_order(tmp_path):
     packer = Packer(InMemoryFeatures(stored), row_of, n, window_rows=150, window_bytes=1 << 30,
                     stats=PackStats())
     packer.start(cs.init_ids)
-    j = 0
+    j = k = 0
     while j < len(batches):
-        win = packer.pack(node_ids, node_ptr, cs, j, tmp_path / f"w{j}.bin")
+        j1 = packer.add(node_ids, node_ptr, cs, j)
+        assert j1 > j
+        win = packer.flush(tmp_path / f"w{j}.bin", [("sb", j, j1)])
         data = win.path.read_bytes()
-        for t in range(win.stop - win.first):
-            miss = np.array(want[win.first + t], np.int64)
+        for t in range(j1 - j):
+            miss = np.array(want[j + t], np.int64)
             rows = np.sort(row_of[miss])
             seg = np.frombuffer(data, np.float32, count=len(rows) * dim,
                                 offset=int(win.offsets[t])).reshape(-1, dim)
@@ -92,8 +94,9 @@ def test_packer_segments_hold_each_batch_misses_in_stored_order(tmp_path):
             assert win.offsets[t] % 4096 == 0 and win.counts[t] == len(rows)
         win.remove()
         assert not win.path.exists()
-        j = win.stop
-    assert packer.stats.windows >= 3 and packer.stats.rows_packed == sum(map(len, want))
+        j, k = j1, k + 1
+    assert k >= 3 and packer.stats.windows == k
+    assert packer.stats.rows_packed == sum(map(len, want))
 
 
 def _opts(tmp_path, row_bytes):
@@ -105,7 +108,8 @@ def _opts(tmp_path, row_bytes):
 def test_packed_batches_are_the_direct_paths_every_miss_from_a_segment(ds, tmp_path):
     d, x = ds
     out = {}
-    for name, preset in (("ooc", "ooc"), ("packed", PackedCache(window_rows=600))):
+    for name, preset in (("ooc", "ooc"), ("packed", PackedCache(window_rows=600)),
+                         ("wide", PackedCache(window_rows=1 << 20))):
         st = build_stack(d, _cfg("ooc"), _opts(tmp_path / name, d.layout.row_bytes),
                          preset=preset)
         try:
@@ -120,6 +124,11 @@ def test_packed_batches_are_the_direct_paths_every_miss_from_a_segment(ds, tmp_p
         assert not list((tmp_path / name / "rt").rglob("*.bin"))
     (a, sa), (b, sb) = out["ooc"], out["packed"]
     assert len(a) == len(b) and all(np.array_equal(u, v) for u, v in zip(a, b, strict=True))
+    # windows of several superbatches (the inspector runs ahead): the same batches
+    c, sw = out["wide"]
+    assert all(np.array_equal(u, v) for u, v in zip(a, c, strict=True))
+    assert sw["packed_fallback_rows"] == 0 and sw["packed_rows_packed"] == sa["feature_misses"]
+    assert sw["packed_windows"] < len(a) / 6      # fewer windows than superbatches
     assert sb["feature_misses"] == sa["feature_misses"] > 0
     assert sb["packed_fallback_rows"] == 0
     assert sb["packed_rows_packed"] == sb["feature_misses"]

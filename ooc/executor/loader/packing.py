@@ -270,12 +270,13 @@ def measure_write_rate(folder: Path, nbytes: int = 64 << 20) -> float:
 
 @dataclass
 class Window:
-    """Packed segments of batches ``first .. stop - 1`` of a superbatch (see the module
-    docstring); :meth:`remove` deletes the file and gives its room back."""
+    """Packed segments of consecutive batches, maybe of several superbatches (see the
+    module docstring): ``parts`` are ``(superbatch, first, stop)``, batches ``first ..
+    stop - 1`` of each, segment ``t`` the ``t``-th batch of them in order. :meth:`remove`
+    deletes the file and gives its room back."""
 
     path: Path
-    first: int
-    stop: int
+    parts: list[tuple[Any, int, int]]
     offsets: np.ndarray
     counts: np.ndarray
     #: int64 sum of the stored rows of each segment (what a gather's misses must match)
@@ -295,7 +296,9 @@ class Window:
 
 
 class Packer:
-    """Packs the windows of superbatches (see the module docstring).
+    """Packs windows of consecutive batches (see the module docstring): :meth:`start` at
+    each superbatch, :meth:`add` its batches (their misses replayed from the changesets),
+    :meth:`flush` when :attr:`full` or when the window should end.
 
     Args:
         sweep: a reader of ``features.bin`` by stored row (its own O_DIRECT reader).
@@ -320,6 +323,8 @@ class Packer:
         self.bits = np.zeros(int(num_nodes) // 8 + 1, np.uint8)
         self.window_rows = max(1, min(int(window_rows), int(window_bytes) // self.row_bytes))
         self.chunk = np.empty((SWEEP_ROWS, self.dim), self.dtype)
+        self._rows: list[np.ndarray] = []      # per batch of the window: its sorted rows
+        self._count = 0
 
     def start(self, init_ids: np.ndarray) -> None:
         """The cache a superbatch starts from: exactly ``init_ids``."""
@@ -331,30 +336,55 @@ class Packer:
         ids = np.asarray(ids, dtype=np.int64)
         return ids if self.row_of is None else np.asarray(self.row_of[ids], dtype=np.int64)
 
-    def pack(self, node_ids: np.ndarray, node_ptr: np.ndarray, cs: Any, j0: int, path: Path,
-             release: Callable[[], None] | None = None) -> Window:
-        """The next window, from batch ``j0`` of the superbatch whose ids are ``node_ids`` /
-        ``node_ptr`` and whose changesets are ``cs`` (a
-        :class:`~ooc.caches.changesets.FlatChangesets`), written to ``path``. Call
-        :meth:`start` before its first window; windows come in order."""
-        t0 = time.perf_counter()
-        try:
-            return self._pack(node_ids, node_ptr, cs, j0, path, release)
-        finally:
-            self.stats.add(pack_s=time.perf_counter() - t0)
+    @property
+    def full(self) -> bool:
+        """Whether the window holds its most rows."""
+        return self._count >= self.window_rows
 
-    def _pack(self, node_ids, node_ptr, cs, j0: int, path: Path, release) -> Window:
+    @property
+    def batches(self) -> int:
+        """Batches in the window so far."""
+        return len(self._rows)
+
+    def add(self, node_ids: np.ndarray, node_ptr: np.ndarray, cs: Any, j0: int) -> int:
+        """Batches ``j0, j0+1, ...`` of the superbatch whose ids are ``node_ids`` /
+        ``node_ptr`` and whose changesets are ``cs`` (a
+        :class:`~ooc.caches.changesets.FlatChangesets`) into the window while it has room
+        (one batch at least); returns the first batch not taken. Batches come in order
+        from :meth:`start`."""
+        t0 = time.perf_counter()
         j1, misses, ptr = K.window_misses(
             self.bits, np.asarray(node_ids, np.int64), np.asarray(node_ptr, np.int64),
             np.asarray(cs.in_ids, np.int64), np.asarray(cs.in_ptr, np.int64),
             np.asarray(cs.out_ids, np.int64), np.asarray(cs.out_ptr, np.int64), int(j0),
-            self.window_rows)
+            max(0, self.window_rows - self._count))
         rows = self.rows(misses)
-        del misses
-        w = j1 - j0
-        for t in range(w):
-            rows[ptr[t]:ptr[t + 1]].sort()
-        counts = np.diff(ptr)
+        for t in range(j1 - j0):
+            r = rows[ptr[t]:ptr[t + 1]].copy()
+            r.sort()
+            self._rows.append(r)
+        self._count += len(rows)
+        self.stats.add(pack_s=time.perf_counter() - t0)
+        return int(j1)
+
+    def flush(self, path: Path, parts: list[tuple[Any, int, int]],
+              release: Callable[[], None] | None = None) -> Window:
+        """The window of the batches added since the last flush, written to ``path``
+        (``parts``: which batches they are)."""
+        t0 = time.perf_counter()
+        batches, self._rows, self._count = self._rows, [], 0
+        try:
+            return self._write(batches, path, parts, release)
+        finally:
+            self.stats.add(pack_s=time.perf_counter() - t0)
+
+    def _write(self, batches: list[np.ndarray], path: Path, parts, release) -> Window:
+        w = len(batches)
+        counts = np.array([len(r) for r in batches], np.int64)
+        ptr = np.zeros(w + 1, np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        rows = np.concatenate(batches) if w else np.zeros(0, np.int64)
+        del batches
         csum = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(rows, out=csum[1:])
         checks = csum[ptr[1:]] - csum[ptr[:-1]]
@@ -367,7 +397,7 @@ class Packer:
             self.stats.add(predicted_direct_s=c.direct_s, predicted_packed_s=c.packed_s,
                            windows_direct=0 if c.packed else 1)
             if not c.packed:
-                return Window(path, j0, j1, offsets, counts, checks, False, release)
+                return Window(path, parts, offsets, counts, checks, False, release)
         writer = SegmentWriter(path, offsets, self.row_bytes, self.stats)
         try:
             cursors = ptr[:-1].copy()
@@ -384,7 +414,7 @@ class Packer:
         finally:
             writer.finish()
         self.stats.add(windows=1, sweep_rows=len(union), rows_packed=len(rows))
-        return Window(path, j0, j1, offsets, counts, checks, True, release)
+        return Window(path, parts, offsets, counts, checks, True, release)
 
 
 class PackedFeature(FeatureWrapper):

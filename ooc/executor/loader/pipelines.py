@@ -357,75 +357,116 @@ class PackedPipeline(SuperbatchPipeline):
                          workers)
         self.packer = packer
         self.folder = Path(folder)
+        #: superbatches a window holds at most: half the inspector's slots, less one for a
+        #: superbatch two windows share
+        self.window_superbatches = max(1, (inspector.ahead + 1) // 2 - 1)
         self.pack_stats = packer.stats
         self.packed = PackedFeature(source, packer.rows, packer.stats)
         self.reader = CachedFeature(cache, self.packed)
 
-    def _windows(self, epoch: int) -> Generator[Any, None, None]:
-        """Loader thread: ``(superbatch, samples, changesets, window, last)`` in order."""
+    def _windows(self, epoch: int, superbatches: Generator[Any, None, None], count: int
+                 ) -> Generator[Any, None, None]:
+        """Packer thread: the epoch's windows in order, at most two on disk (the one
+        training reads and the next). A window ends when it holds its most rows or
+        :attr:`window_superbatches` superbatches, so the inspector's slots (``ahead``)
+        hold the superbatches of both windows. ``superbatches``: the inspector's epoch
+        (``count`` superbatches), which the consumer closes."""
         slots = threading.Semaphore(2)
         folder = self.folder / f"e{epoch}"
         folder.mkdir(parents=True, exist_ok=True)
+        packer = self.packer
 
         def load(put, stopped) -> None:
-            for sb, samples, cs in self._loaded(epoch, stopped):
-                self.packer.start(cs.init_ids)
+            parts: list[tuple[Any, int, int]] = []
+
+            def emit() -> bool:
+                while not slots.acquire(timeout=0.1):
+                    if stopped():
+                        return False
+                first = parts[0]
+                win = packer.flush(folder / f"sb{first[0].index:06d}-{first[1]:06d}.bin",
+                                   list(parts), slots.release)
+                parts.clear()
+                if put(win):
+                    return True
+                win.remove()
+                return False
+
+            for _ in range(count):
+                # not past the last: the generator's end removes the epoch's runtime files,
+                # which training still reads (the consumer closes it)
+                sb = next(superbatches, None)
+                if sb is None or stopped():
+                    return
+                t0 = time.perf_counter()
+                ids, ptr, cs = sb.load_ids()
+                self.times.add("load", time.perf_counter() - t0)
+                packer.start(cs.init_ids)
+                n = len(ptr) - 1
                 j = 0
-                while j < len(samples):
-                    while not slots.acquire(timeout=0.1):
-                        if stopped():
-                            sb.release()
-                            return
-                    win = self.packer.pack(samples.node_ids, samples.node_ptr, cs, j,
-                                           folder / f"sb{sb.index:06d}-{j:06d}.bin",
-                                           slots.release)
-                    j = win.stop
-                    if not put((sb, samples, cs, win, j >= len(samples))):
-                        win.remove()
-                        sb.release()
+                while j < n:
+                    j1 = packer.add(ids, ptr, cs, j)
+                    parts.append((sb, j, j1))
+                    j = j1
+                    spanned = len({id(q[0]) for q in parts})
+                    if (packer.full or (j == n and spanned >= self.window_superbatches)) \
+                            and not emit():
                         return
+                del ids, ptr, cs
+            if parts:
+                emit()
 
         return self._run(load, 1, "ooc-packer")
 
     def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         cache = self.cache
         assert cache is not None
-        windows = self._windows(epoch)
-        held = None
+        seed_batches, bseeds = self.plan(epoch)
+        superbatches = self.inspector.epoch(seed_batches, bseeds, tag=f"e{epoch}")
+        count = -(-len(seed_batches) // self.inspector.superbatch_size)
+        windows = self._windows(epoch, superbatches, count)
+        held: tuple[Any, Any, Any] | None = None     # the superbatch being trained
         try:
             while True:
                 t0 = time.perf_counter()
-                item = next(windows, None)
+                win = next(windows, None)
                 dt = time.perf_counter() - t0
                 self.times.add("wait", dt)
                 self.pack_stats.add(wait_s=dt)
-                if item is None:
+                if win is None:
                     break
-                sb, samples, cs, win, last = item
                 try:
-                    if sb is not held:
-                        held = sb
-                        self._switch(cs)
-                    for j in range(win.first, win.stop):
-                        if stopped():
-                            return
-                        batch = samples.batch(j)
-                        step = cs.step(j)
-                        self.packed.expect(win, j - win.first)
-                        rows = self._gather(batch)
-                        t0 = time.perf_counter()
-                        cache.update(step.in_ids, step.out_ids, step.in_positions, rows)
-                        self.times.add("update", time.perf_counter() - t0)
-                        yield batch, rows
+                    t = 0
+                    for sb, first, stop in win.parts:
+                        if held is None or held[0] is not sb:
+                            t0 = time.perf_counter()
+                            samples, cs = sb.load()
+                            self.times.add("load", time.perf_counter() - t0)
+                            held = (sb, samples, cs)
+                            self._switch(cs)
+                        _, samples, cs = held
+                        for j in range(first, stop):
+                            if stopped():
+                                return
+                            batch = samples.batch(j)
+                            step = cs.step(j)
+                            self.packed.expect(win, t)
+                            t += 1
+                            rows = self._gather(batch)
+                            t0 = time.perf_counter()
+                            cache.update(step.in_ids, step.out_ids, step.in_positions, rows)
+                            self.times.add("update", time.perf_counter() - t0)
+                            yield batch, rows
+                        if stop == len(samples):
+                            sb.release()
+                            held = None
                 finally:
                     win.remove()
-                if last:
-                    sb.release()
-                    held = None
         finally:
             if held is not None:
-                held.release()
-            windows.close()
+                held[0].release()
+            windows.close()          # the packer thread ends first
+            superbatches.close()     # then the inspector's threads and files
             shutil.rmtree(self.folder / f"e{epoch}", ignore_errors=True)
         self._add_inspector_times()
 

@@ -289,6 +289,10 @@ def superbatch_size(p: _Parts) -> int:
     return max(1, min(int(s), nb))
 
 
+#: Superbatches the packed path's inspector runs ahead at most.
+MAX_AHEAD = 63
+
+
 def runtime_files_budget(preset: Preset, opts: ModeOptions) -> int:
     """Bytes of the runtime disk budget the inspector's runtime files may take (the packed
     segments take the rest, :func:`packed_pipeline`)."""
@@ -324,7 +328,16 @@ def packed_pipeline(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
     rates = disk_rates(d, opts, rt, p.info) if getattr(policy, "chooses", False) else None
     packer = Packer(sweep, d.row_of, d.num_nodes, getattr(policy, "window_rows", 1 << 22),
                     max(1, disk // 2), PackStats(), rates, opts.read_gap)
-    p.info.update(packed_window_rows=packer.window_rows, packed_disk_bytes=int(disk))
+    # the superbatches two windows span stay on disk: as many as the runtime files' share
+    # holds (at least one a window)
+    bpb = p.info.get("runtime_bytes_per_batch") or (
+        p.plan.runtime_bytes_per_batch if p.plan is not None else 0) or \
+        measure_bytes_per_batch(p.sampler, *EpochPlan(p.seeds, p.config.batch_size, p.config.seed,
+                                                      1, p.shuffle).first(), probes=2)
+    sb_bytes = max(1.0, float(bpb) * insp.superbatch_size)
+    insp.ahead = int(max(1, min(MAX_AHEAD, runtime_files_budget(p.preset, opts) // sb_bytes - 1)))
+    p.info.update(packed_window_rows=packer.window_rows, packed_disk_bytes=int(disk),
+                  inspector_ahead=insp.ahead)
     return PackedPipeline(insp, p.seeds, p.config.batch_size, p.config.seed, p.features,
                           p.cache, packer, rt / "packed", shuffle=p.shuffle)
 
