@@ -198,3 +198,19 @@ def test_auto_reads_the_same_rows_packed_or_not(ds, tmp_path):
     assert io["packed_windows"] + io["packed_windows_direct"] > 2
     if st.info["disk_rates"] is not None:    # O_DIRECT here: a prediction for every window
         assert io["packed_predicted_direct_s"] > 0 and io["packed_predicted_packed_s"] > 0
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="page-locked memory needs a CUDA device")
+def test_rows_gathered_pinned_on_cuda(ds, tmp_path):
+    import torch
+
+    d, x = ds
+    st = build_stack(d, _cfg("packed"), _opts(tmp_path, d.layout.row_bytes))
+    st.train.pin_rows = True
+    try:
+        for batch, rows in st.train.batches(1):
+            np.testing.assert_array_equal(rows, x[batch.node_ids])
+            assert torch.from_numpy(rows).is_pinned()
+    finally:
+        st.close()
