@@ -57,8 +57,8 @@ def test_window_misses_match_a_replay():
         j, got = 0, []
         while j < len(batches):
             j1, m, ptr = K.window_misses(bits, node_ids, node_ptr, cs.in_ids, cs.in_ptr,
-                                         cs.out_ids, cs.out_ptr, j, cap)
-            assert j1 > j and (j1 == j + 1 or ptr[-1] <= cap)
+                                         cs.out_ids, cs.out_ptr, j, cap, 4)
+            assert j + 1 <= j1 <= j + 4 and (j1 == j + 1 or ptr[-1] <= cap)
             got += [m[ptr[t]:ptr[t + 1]].tolist() for t in range(j1 - j)]
             j = j1
         assert got == want

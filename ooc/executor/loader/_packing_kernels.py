@@ -17,14 +17,16 @@ def set_bits(bits, ids, value):
 
 
 @nb.njit(nogil=True, cache=True)
-def window_misses(bits, node_ids, node_ptr, in_ids, in_ptr, out_ids, out_ptr, j0, max_rows):
+def window_misses(bits, node_ids, node_ptr, in_ids, in_ptr, out_ids, out_ptr, j0, max_rows,
+                  max_batches):
     """The misses of batches ``j0, j0+1, ...`` of a superbatch, replaying its changesets on
     the residency bitset ``bits`` (uint8 [N/8+1], the cache before batch ``j0``; updated to
     the cache after the last batch taken).
 
     Batch j's ids are ``node_ids[node_ptr[j]:node_ptr[j+1]]`` (int64); its step inserts
     ``in_ids[in_ptr[j]:in_ptr[j+1]]`` and evicts ``out_ids[out_ptr[j]:out_ptr[j+1]]``. Batches
-    are taken while their misses total at most ``max_rows`` (the first always).
+    are taken while their misses total at most ``max_rows`` (the first always), at most
+    ``max_batches`` of them.
 
     Returns ``(j1, misses int64 [m], miss_ptr int64 [j1 - j0 + 1])``: batch ``j0 + t``
     misses ``misses[miss_ptr[t]:miss_ptr[t+1]]``, in the batch's order.
@@ -35,7 +37,7 @@ def window_misses(bits, node_ids, node_ptr, in_ids, in_ptr, out_ids, out_ptr, j0
     ptr = np.zeros(s - j0 + 1, np.int64)
     k = 0
     j = j0
-    while j < s:
+    while j < s and j - j0 < max_batches:
         a, b = node_ptr[j], node_ptr[j + 1]
         cnt = 0
         for i in range(a, b):

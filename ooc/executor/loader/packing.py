@@ -46,6 +46,8 @@ SWEEP_PAGES = 8192
 STAGE_BYTES = 256 << 10
 #: Bytes of one read of a segment.
 SEGMENT_READ_BYTES = 8 << 20
+#: Batches a window holds at most (a staging block each while it is written).
+WINDOW_BATCHES = 64
 
 
 def _round_up(n: int, to: int) -> int:
@@ -59,13 +61,14 @@ def stage_rows(row_bytes: int) -> int:
     return unit * max(1, STAGE_BYTES // (unit * int(row_bytes)))
 
 
-def working_bytes(row_bytes: int, num_nodes: int, window_rows: int, batches: int) -> int:
+def working_bytes(row_bytes: int, num_nodes: int, window_rows: int) -> int:
     """Bytes the packed path holds beside the direct one: the sweep's row buffer and its
     reader's page buffer, a staging block per batch of a window, the segment read buffer,
     the residency bitset and the window's id arrays (misses, their rows, the union and a
     sort's copy: 32 B a row)."""
-    return int(SWEEP_ROWS * row_bytes + SWEEP_PAGES * PAGE + batches * stage_rows(row_bytes)
-               * row_bytes + SEGMENT_READ_BYTES + num_nodes // 8 + 32 * window_rows)
+    return int(SWEEP_ROWS * row_bytes + SWEEP_PAGES * PAGE + WINDOW_BATCHES
+               * stage_rows(row_bytes) * row_bytes + SEGMENT_READ_BYTES + num_nodes // 8
+               + 32 * window_rows)
 
 
 def _no_bytes(policy, num_nodes: int, row_bytes: int, batches: int) -> int:
@@ -73,7 +76,7 @@ def _no_bytes(policy, num_nodes: int, row_bytes: int, batches: int) -> int:
 
 
 def _packed_bytes(policy, num_nodes: int, row_bytes: int, batches: int) -> int:
-    return working_bytes(row_bytes, num_nodes, int(policy.window_rows), batches)
+    return working_bytes(row_bytes, num_nodes, int(policy.window_rows))
 
 
 #: Bytes a superbatch schedule's miss path holds beside the rest of the loop, by the
@@ -338,8 +341,8 @@ class Packer:
 
     @property
     def full(self) -> bool:
-        """Whether the window holds its most rows."""
-        return self._count >= self.window_rows
+        """Whether the window holds its most rows or batches."""
+        return self._count >= self.window_rows or len(self._rows) >= WINDOW_BATCHES
 
     @property
     def batches(self) -> int:
@@ -357,7 +360,7 @@ class Packer:
             self.bits, np.asarray(node_ids, np.int64), np.asarray(node_ptr, np.int64),
             np.asarray(cs.in_ids, np.int64), np.asarray(cs.in_ptr, np.int64),
             np.asarray(cs.out_ids, np.int64), np.asarray(cs.out_ptr, np.int64), int(j0),
-            max(0, self.window_rows - self._count))
+            max(0, self.window_rows - self._count), max(1, WINDOW_BATCHES - len(self._rows)))
         rows = self.rows(misses)
         for t in range(j1 - j0):
             r = rows[ptr[t]:ptr[t + 1]].copy()
@@ -503,7 +506,7 @@ def predict_packing(trace: list[np.ndarray], changesets: Callable[[list], Any],
             j1, misses, ptr = K.window_misses(
                 bits, flat_ids, ptr_ids, np.asarray(cs.in_ids, np.int64),
                 np.asarray(cs.in_ptr, np.int64), np.asarray(cs.out_ids, np.int64),
-                np.asarray(cs.out_ptr, np.int64), j, int(window_rows))
+                np.asarray(cs.out_ptr, np.int64), j, int(window_rows), WINDOW_BATCHES)
             rows = rows_of(misses)
             for t in range(j1 - j):
                 rows[ptr[t]:ptr[t + 1]].sort()
