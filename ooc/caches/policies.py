@@ -314,12 +314,12 @@ class PackedCache(BeladyCache):
     (:mod:`ooc.executor.loader.packing`). The same batches and rows as ``ooc``.
 
     Attributes:
-        window_rows: misses a window packs at most (its id arrays cost 32 B a row).
+        window_rows: misses a window packs at most (its rows cost 16 B each).
         disk_share: share of the runtime disk budget the packed segments take (two
             windows on disk); the superbatch's runtime files get the rest.
     """
 
-    window_rows: int = 1 << 22
+    window_rows: int = 1 << 23
     disk_share: float = 0.75
 
     name: ClassVar[str] = "packed"

@@ -64,11 +64,11 @@ def stage_rows(row_bytes: int) -> int:
 def working_bytes(row_bytes: int, num_nodes: int, window_rows: int) -> int:
     """Bytes the packed path holds beside the direct one: the sweep's row buffer and its
     reader's page buffer, a staging block per batch of a window, the segment read buffer,
-    the residency bitset and the window's id arrays (misses, their rows, the union and a
-    sort's copy: 32 B a row)."""
+    the residency bitset and the window's rows (int32 below 2^31 rows: each batch's, their
+    concatenation, the union and its sort's copy: 16 B a row)."""
     return int(SWEEP_ROWS * row_bytes + SWEEP_PAGES * PAGE + WINDOW_BATCHES
                * stage_rows(row_bytes) * row_bytes + SEGMENT_READ_BYTES + num_nodes // 8
-               + 32 * window_rows)
+               + 16 * window_rows)
 
 
 def _no_bytes(policy, num_nodes: int, row_bytes: int, batches: int) -> int:
@@ -217,6 +217,7 @@ def read_plan(rows: np.ndarray, row_bytes: int, gap_bytes: int,
     of at most ``max_read_bytes``."""
     if not len(rows):
         return 0, 0
+    rows = np.asarray(rows, dtype=np.int64)
     gaps = (np.diff(rows) - 1) * row_bytes
     starts = np.concatenate([[0], np.flatnonzero(gaps > gap_bytes) + 1])
     ends = np.concatenate([starts[1:], [len(rows)]]) - 1
@@ -326,6 +327,7 @@ class Packer:
         self.bits = np.zeros(int(num_nodes) // 8 + 1, np.uint8)
         self.window_rows = max(1, min(int(window_rows), int(window_bytes) // self.row_bytes))
         self.chunk = np.empty((SWEEP_ROWS, self.dim), self.dtype)
+        self.row_dtype = np.dtype(np.int32 if sweep.shape[0] < 2**31 else np.int64)
         self._rows: list[np.ndarray] = []      # per batch of the window: its sorted rows
         self._count = 0
 
@@ -363,7 +365,7 @@ class Packer:
             max(0, self.window_rows - self._count), max(1, WINDOW_BATCHES - len(self._rows)))
         rows = self.rows(misses)
         for t in range(j1 - j0):
-            r = rows[ptr[t]:ptr[t + 1]].copy()
+            r = rows[ptr[t]:ptr[t + 1]].astype(self.row_dtype)
             r.sort()
             self._rows.append(r)
         self._count += len(rows)
@@ -386,12 +388,9 @@ class Packer:
         counts = np.array([len(r) for r in batches], np.int64)
         ptr = np.zeros(w + 1, np.int64)
         np.cumsum(counts, out=ptr[1:])
-        rows = np.concatenate(batches) if w else np.zeros(0, np.int64)
+        checks = np.array([int(r.sum(dtype=np.int64)) for r in batches], np.int64)
+        rows = np.concatenate(batches) if w else np.zeros(0, self.row_dtype)
         del batches
-        csum = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(rows, out=csum[1:])
-        checks = csum[ptr[1:]] - csum[ptr[:-1]]
-        del csum
         offsets = np.zeros(w + 1, np.int64)
         np.cumsum([_round_up(c * self.row_bytes, PAGE) for c in counts], out=offsets[1:])
         union = np.unique(rows)

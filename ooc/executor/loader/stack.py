@@ -326,7 +326,7 @@ def packed_pipeline(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
     p.closers.append(sweep.close)
     disk = opts.runtime_disk_budget - runtime_files_budget(p.preset, opts)
     rates = disk_rates(d, opts, rt, p.info) if getattr(policy, "chooses", False) else None
-    packer = Packer(sweep, d.row_of, d.num_nodes, getattr(policy, "window_rows", 1 << 22),
+    packer = Packer(sweep, d.row_of, d.num_nodes, getattr(policy, "window_rows", 1 << 23),
                     max(1, disk // 2), PackStats(), rates, opts.read_gap)
     # the superbatches two windows span stay on disk: as many as the runtime files' share
     # holds (at least one a window)

@@ -556,7 +556,7 @@ def _packing(dataset, preset, options, plan, shape: _Shape, m: _Measured, hot: n
 
     out = predict_packing(m.trace, fn, shape.S, rows_of, dataset.num_nodes,
                           dataset.layout.row_bytes, options.read_gap, rates,
-                          getattr(policy, "window_rows", 1 << 22))
+                          getattr(policy, "window_rows", 1 << 23))
     out["rates"] = info["disk_rates"]
     scale = shape.nb / max(1, len(m.trace))
     d, pk = out["direct_s"] * scale, out["packed_s"] * scale
