@@ -23,6 +23,7 @@ of 4096) and holds ``counts[t]`` rows of ``row_bytes`` bytes, sorted by stored r
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass, field, fields
@@ -48,6 +49,8 @@ STAGE_BYTES = 256 << 10
 SEGMENT_READ_BYTES = 8 << 20
 #: Batches a window holds at most (a staging block each while it is written).
 WINDOW_BATCHES = 64
+#: Blocks written behind the sweep at most.
+WRITE_BLOCKS = 32
 
 
 def _round_up(n: int, to: int) -> int:
@@ -63,10 +66,11 @@ def stage_rows(row_bytes: int) -> int:
 
 def working_bytes(row_bytes: int, num_nodes: int, window_rows: int) -> int:
     """Bytes the packed path holds beside the direct one: the sweep's row buffer and its
-    reader's page buffer, a staging block per batch of a window, the segment read buffer,
+    reader's page buffer, a staging block per batch of a window and the blocks written
+    behind, the segment read buffer,
     the residency bitset and the window's rows (int32 below 2^31 rows: each batch's, their
     concatenation, the union and its sort's copy: 16 B a row)."""
-    return int(SWEEP_ROWS * row_bytes + SWEEP_PAGES * PAGE + WINDOW_BATCHES
+    return int(SWEEP_ROWS * row_bytes + SWEEP_PAGES * PAGE + (WINDOW_BATCHES + WRITE_BLOCKS)
                * stage_rows(row_bytes) * row_bytes + SEGMENT_READ_BYTES + num_nodes // 8
                + 16 * window_rows)
 
@@ -141,8 +145,10 @@ def _open(path: Path, flags: int) -> tuple[int, bool]:
 
 class SegmentWriter:
     """Appends rows to the segments of one window file through page-aligned staging blocks
-    (O_DIRECT where the file system takes it): each block is written when full, the last
-    of a segment padded to a whole page by :meth:`finish`."""
+    (O_DIRECT where the file system takes it). A full block is copied to one of
+    :data:`WRITE_BLOCKS` blocks that a writer thread writes behind (the sweep reads on
+    meanwhile); the last block of a segment is padded to a whole page by :meth:`finish`,
+    which waits for every write."""
 
     def __init__(self, path: Path, offsets: np.ndarray, row_bytes: int, stats: PackStats):
         self.path, self.rb, self.stats = path, int(row_bytes), stats
@@ -154,6 +160,15 @@ class SegmentWriter:
             aligned_empty(0).reshape(0, 0)
         self.fill = np.zeros(w, np.int64)
         self.written = np.zeros(w, np.int64)
+        blocks = aligned_empty(WRITE_BLOCKS * self.cap).reshape(WRITE_BLOCKS, self.cap)
+        self._free: queue.Queue = queue.Queue()
+        for k in range(WRITE_BLOCKS):
+            self._free.put(blocks[k])
+        self._todo: queue.Queue = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._write_behind, name="ooc-pack-writer",
+                                        daemon=True)
+        self._thread.start()
 
     def append(self, t: int, rows: np.ndarray) -> None:
         """Rows ([m, dim]) to the end of segment ``t``."""
@@ -169,29 +184,51 @@ class SegmentWriter:
                 self._flush(t, self.cap)
 
     def _flush(self, t: int, nbytes: int) -> None:
+        if self._error is not None:
+            raise self._error
         n = _round_up(nbytes, PAGE)
+        block = self._free.get()
+        block[:nbytes] = self.stage[t, :nbytes]
         if n > nbytes:
-            self.stage[t, nbytes:n] = 0
-        off = int(self.offsets[t] + self.written[t])
-        try:
-            # numpy's stubs give ndarray __buffer__ only for Python >= 3.12 (a buffer at runtime)
-            done = os.pwrite(self.fd, memoryview(self.stage[t, :n]), off)  # type: ignore[arg-type]
-        except OSError as e:
-            raise IOFailure(f"{self.path}: {e.strerror or e} while writing packed rows") from None
-        if done != n:
-            raise IOFailure(f"{self.path}: short write ({done} of {n} bytes; disk full?)")
+            block[nbytes:n] = 0
+        self._todo.put((block, n, int(self.offsets[t] + self.written[t])))
         self.written[t] += n
         self.fill[t] = 0
-        self.stats.add(bytes_written=n, write_ops=1)
+
+    def _write_behind(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            block, n, off = item
+            try:
+                if self._error is None:
+                    # numpy's stubs give ndarray __buffer__ only for Python >= 3.12
+                    done = os.pwrite(self.fd, memoryview(block[:n]), off)  # type: ignore[arg-type]
+                    if done != n:
+                        raise IOFailure(f"{self.path}: short write ({done} of {n} bytes; "
+                                        f"disk full?)")
+                    self.stats.add(bytes_written=n, write_ops=1)
+            except OSError as e:
+                self._error = IOFailure(f"{self.path}: {e.strerror or e} while writing packed "
+                                        f"rows")
+            except IOFailure as e:
+                self._error = e
+            finally:
+                self._free.put(block)
 
     def finish(self) -> None:
-        """Write what the staging blocks hold and close the file."""
+        """Write what the staging blocks hold, wait for every write and close the file."""
         try:
             for t in range(len(self.fill)):
                 if self.fill[t]:
                     self._flush(t, int(self.fill[t]))
         finally:
+            self._todo.put(None)
+            self._thread.join()
             os.close(self.fd)
+        if self._error is not None:
+            raise self._error
 
 
 @dataclass(frozen=True)
