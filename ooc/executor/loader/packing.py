@@ -43,6 +43,8 @@ from ooc.storage.layout import PAGE, aligned_empty
 SWEEP_ROWS = 1 << 16
 #: Pages of the sweep reader's page buffer.
 SWEEP_PAGES = 8192
+#: The sweep reader's largest read (dense ranges of a window's misses are long).
+SWEEP_READ_BYTES = 1 << 20
 #: Bytes of a batch's staging block (rounded to whole rows and pages).
 STAGE_BYTES = 256 << 10
 #: Bytes of one read of a segment.

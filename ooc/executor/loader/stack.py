@@ -48,6 +48,7 @@ from ooc.caches.neighbor_cache import (
 from ooc.core.errors import InvalidValue, IOFailure, setting
 from ooc.executor.loader.packing import (
     SWEEP_PAGES,
+    SWEEP_READ_BYTES,
     DiskRates,
     Packer,
     PackStats,
@@ -322,7 +323,8 @@ def packed_pipeline(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
     assert p.cache is not None
     sweep = DirectFeatures(d.features_file, d.file_layout, queue_depth=opts.queue_depth,
                            backend=opts.io_backend, page_reads=opts.page_reads,
-                           max_gap_bytes=opts.read_gap, max_pages=SWEEP_PAGES)
+                           max_gap_bytes=opts.read_gap, max_pages=SWEEP_PAGES,
+                           max_read_bytes=SWEEP_READ_BYTES)
     p.closers.append(sweep.close)
     disk = opts.runtime_disk_budget - runtime_files_budget(p.preset, opts)
     rates = disk_rates(d, opts, rt, p.info) if getattr(policy, "chooses", False) else None
