@@ -413,10 +413,11 @@ def kinds_table(summary: dict) -> str:
         cell = [f"{k[n]['bytes'] / 2**20:,.0f} / {k[n]['reads']:,}" for n in KINDS]
         pk = s.get("packing") or {}
         rows.append([m, *cell, f(k["written"]["bytes"] / 2**20, ",.0f"),
+                     f(pk.get("pack_s"), ".1f"), f(pk.get("wait_s"), ".1f"),
                      f(pk.get("hidden"), ".2f"), f(s["epoch_s"], ".1f"),
                      f(s.get("disk_bound_s"), ".1f")])
-    return H.markdown(["preset", *KINDS, "written MiB", "packing hidden", "epoch s",
-                       "disk bound s"], rows)
+    return H.markdown(["preset", *KINDS, "written MiB", "packer s", "training waited s",
+                       "packing hidden", "epoch s", "disk bound s"], rows)
 
 
 def table(rep: dict) -> str:

@@ -369,6 +369,11 @@ class Packer:
         self.row_dtype = np.dtype(np.int32 if sweep.shape[0] < 2**31 else np.int64)
         self._rows: list[np.ndarray] = []      # per batch of the window: its sorted rows
         self._count = 0
+        self._limit = self.window_rows
+
+    def limit(self, rows: int) -> None:
+        """The next window holds at most ``rows`` misses (at most :attr:`window_rows`)."""
+        self._limit = max(1, min(self.window_rows, int(rows)))
 
     def start(self, init_ids: np.ndarray) -> None:
         """The cache a superbatch starts from: exactly ``init_ids``."""
@@ -383,7 +388,7 @@ class Packer:
     @property
     def full(self) -> bool:
         """Whether the window holds its most rows or batches."""
-        return self._count >= self.window_rows or len(self._rows) >= WINDOW_BATCHES
+        return self._count >= self._limit or len(self._rows) >= WINDOW_BATCHES
 
     @property
     def batches(self) -> int:
@@ -401,7 +406,7 @@ class Packer:
             self.bits, np.asarray(node_ids, np.int64), np.asarray(node_ptr, np.int64),
             np.asarray(cs.in_ids, np.int64), np.asarray(cs.in_ptr, np.int64),
             np.asarray(cs.out_ids, np.int64), np.asarray(cs.out_ptr, np.int64), int(j0),
-            max(0, self.window_rows - self._count), max(1, WINDOW_BATCHES - len(self._rows)))
+            max(0, self._limit - self._count), max(1, WINDOW_BATCHES - len(self._rows)))
         rows = self.rows(misses)
         for t in range(j1 - j0):
             r = rows[ptr[t]:ptr[t + 1]].astype(self.row_dtype)

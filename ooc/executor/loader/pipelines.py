@@ -353,6 +353,11 @@ class SuperbatchPipeline(BatchPipeline):
         self._add_inspector_times()
 
 
+#: The first window of an epoch holds ``2**-RAMP`` of a window's rows, each next one twice
+#: the last's: training starts once a few batches are sampled and packed, not a whole window.
+RAMP = 3
+
+
 class PackedPipeline(SuperbatchPipeline):
     """The superbatch schedule whose misses come packed (:mod:`ooc.executor.loader.packing`).
 
@@ -393,6 +398,8 @@ class PackedPipeline(SuperbatchPipeline):
 
         def load(put, stopped) -> None:
             parts: list[tuple[Any, int, int]] = []
+            made = [0]
+            packer.limit(packer.window_rows >> RAMP)
 
             def emit() -> bool:
                 while not slots.acquire(timeout=0.1):
@@ -402,6 +409,8 @@ class PackedPipeline(SuperbatchPipeline):
                 win = packer.flush(folder / f"sb{first[0].index:06d}-{first[1]:06d}.bin",
                                    list(parts), slots.release)
                 parts.clear()
+                made[0] += 1
+                packer.limit(packer.window_rows >> max(0, RAMP - made[0]))
                 if put(win):
                     return True
                 win.remove()
