@@ -82,3 +82,29 @@ def run_fio(path: Path, queue_depth: int, seconds: float) -> dict | None:
                 "job_cpu_us_per_op": job_cpu / ios * 1e6, "cmd": " ".join(cmd)}
     print(f"fio failed on {path}: {err}", file=sys.stderr)
     return None
+
+
+def run_fio_seq(path: Path, write: bool, seconds: float, size: int = 1 << 30) -> float | None:
+    """Bytes a second of 4 MiB O_DIRECT sequential reads of ``path`` (``write``: writes of a
+    new file ``path`` of ``size`` bytes, removed after) at queue depth 4 for ``seconds``;
+    None when fio is missing or fails."""
+    if not available():
+        return None
+    rw = "write" if write else "read"
+    cmd = [shutil.which("fio") or "fio", f"--name=seq{rw}", f"--filename={path}",
+           f"--rw={rw}", "--bs=4M", "--direct=1", "--ioengine=psync" if write else
+           "--ioengine=io_uring", "--iodepth=4", "--numjobs=1", "--output-format=json",
+           f"--runtime={seconds:g}", "--time_based"] + ([f"--size={size}"] if write
+                                                         else ["--readonly"])
+    try:
+        r, _ = _run(cmd)
+        if r.returncode != 0:
+            print(f"fio ({rw}) failed on {path}: {r.stderr.strip()[:200]}", file=sys.stderr)
+            return None
+        job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+        return float(job[rw]["bw_bytes"]) or None
+    except ValueError:
+        return None
+    finally:
+        if write:
+            Path(path).unlink(missing_ok=True)

@@ -59,7 +59,7 @@ from . import fio
 from . import harness as H
 from .modes import add_run_args, open_bench_dataset
 
-PRESETS = ("baseline", "static", "ooc")
+PRESETS = ("baseline", "static", "ooc", "packed")
 #: Variants for A/B runs: a name -> (the preset it changes, its cache policy's fields,
 #: its ``ModeOptions`` fields). ``ooc-mates``: ooc whose changesets also insert page-mates
 #: (rows on the pages a batch's misses read that the superbatch uses later;
@@ -73,7 +73,7 @@ VARIANTS: dict[str, tuple[str, dict, dict]] = {
     "ooc-pages": ("ooc", {}, {"page_reads": True}),
     "static-pages": ("static", {}, {"page_reads": True}),
 }
-_GAP_VARIANT = re.compile(r"(baseline|static|ooc)-(?:nogap|gap(\d+)k)")
+_GAP_VARIANT = re.compile(r"(baseline|static|ooc|packed)-(?:nogap|gap(\d+)k)")
 
 
 def variant(name: str) -> tuple[str, dict, dict] | None:
@@ -123,7 +123,8 @@ def child(spec: dict) -> int:
     opts = ModeOptions(queue_depth=spec["queue_depth"], memory_budget=spec["budget"],
                        runtime_dir=spec["runtime_dir"], io_backend=spec["io_backend"],
                        feature_cache_size=spec.get("feature_cache_size"),
-                       neighbor_cache_size=spec.get("neighbor_cache_size"), **options)
+                       neighbor_cache_size=spec.get("neighbor_cache_size"),
+                       runtime_disk_budget=spec["runtime_disk_budget"], **options)
     extra = {}
     if spec["task"] == "link":  # --link-edges stored edges, drawn once with the seed
         extra["edge_label_index"] = link_edges(d, spec["link_edges"], spec["seed"])
@@ -177,6 +178,43 @@ def link_edges(dataset, count: int, seed: int):
 # -- the parent ------------------------------------------------------------------------------
 
 
+#: The device reads of an epoch by kind: (bytes key, reads key) of the child's counters.
+KINDS = {"sweep": ("packed_sweep_bytes_read", "packed_sweep_read_ops"),
+         "packed_segments": ("packed_segment_bytes", "packed_segment_reads"),
+         "direct_misses": ("feature_bytes_read", "feature_read_ops"),
+         "lists": ("direct_bytes_read", "direct_read_ops")}
+
+
+def device_by_kind(io: dict, epoch_s: float) -> dict:
+    """The epoch's device bytes and reads by kind (:data:`KINDS`; ``direct_misses``: the
+    feature reader's, switches included) and the bytes written."""
+    out: dict = {k: {"bytes": int(io.get(b) or 0), "reads": int(io.get(r) or 0)}
+                 for k, (b, r) in KINDS.items()}
+    out["written"] = {"bytes": int(io.get("packed_bytes_written") or 0),
+                      "writes": int(io.get("packed_write_ops") or 0)}
+    return out
+
+
+def disk_bound_s(kinds: dict, seq_read: float | None, seq_write: float | None) -> float | None:
+    """The disk's bound on a packed epoch: its sweep and segment bytes at the sequential
+    read rate plus its bytes written at the sequential write rate (None without packing
+    or rates)."""
+    packed = kinds["sweep"]["bytes"] + kinds["packed_segments"]["bytes"]
+    if not packed or not seq_read or not seq_write:
+        return None
+    return packed / seq_read + kinds["written"]["bytes"] / seq_write
+
+
+def packing_overlap(io: dict, stages: dict) -> dict | None:
+    """Seconds the packer worked in the epoch, seconds training waited for it, and the
+    share hidden behind the rest of the epoch (None without packing)."""
+    pack = io.get("packed_pack_s")
+    if not pack:
+        return None
+    wait = float(io.get("packed_wait_s") or 0.0)
+    return {"pack_s": pack, "wait_s": wait, "hidden": max(0.0, 1 - wait / pack)}
+
+
 def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
     drop_page_cache(data)
     report = workdir / f"{preset}-{rnd}.json"
@@ -186,7 +224,8 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
             "queue_depth": args.queue_depth, "budget": args.budget,
             "io_backend": args.io_backend, "runtime_dir": str(workdir / "runtime"),
             "feature_cache_size": args.feature_cache_size,
-            "neighbor_cache_size": args.neighbor_cache_size, "report": str(report),
+            "neighbor_cache_size": args.neighbor_cache_size,
+            "runtime_disk_budget": args.runtime_disk_budget, "report": str(report),
             "task": args.task, "link_edges": args.link_edges}
     limit = None if args.no_cgroup else args.budget
     run = memcg.run(f"{preset}-{rnd}", ["-m", "bench.loader", "--child", json.dumps(spec)],
@@ -207,7 +246,10 @@ def run_preset(preset: str, rnd: int, args, data: Path, workdir: Path) -> dict:
     feature_dev = io.get("feature_bytes_read")
     fr_ops = io.get("feature_read_ops")
     fr_s = io.get("feature_read_s")
+    kinds = device_by_kind(io, ep)
     res.update({
+        "by_kind": kinds, "bytes_written": io.get("packed_bytes_written", 0),
+        "packing": packing_overlap(io, last["stages_s"]),
         "epoch_s": ep, "epoch_times_s": [e["time_s"] for e in rep["epochs"]],
         "batches_per_s": last["batches"] / ep, "batches": last["batches"],
         "device_bytes": dev_bytes, "device_mb_s": dev_bytes / ep / 1e6,
@@ -256,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                         "--link-edges stored edges")
     p.add_argument("--link-edges", type=int, default=20000,
                    help="--task link: positives per epoch, stored edges drawn with --seed")
+    p.add_argument("--runtime-disk-budget", type=parse_size, default=parse_size("1GiB"),
+                   metavar="SIZE", help="every preset's runtime files (packed: its segments too)")
     p.add_argument("--fio-seconds", type=int, default=10)
     p.add_argument("--report", type=Path, default=Path("loader.json"))
     args = p.parse_args(argv)
@@ -284,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
 
     fio_before = run_fio("before")
     workdir = Path(tempfile.mkdtemp(prefix="ooc-bench-loader-", dir=data.parent))
+    seq_read = fio.run_fio_seq(feats, False, args.fio_seconds)
+    seq_write = fio.run_fio_seq(workdir / "fio-seq-write", True, args.fio_seconds)
+    log(f"fio sequential: read {H.fmt(seq_read and seq_read / 1e6, ',.0f')} MB/s, write "
+        f"{H.fmt(seq_write and seq_write / 1e6, ',.0f')} MB/s (4 MiB, O_DIRECT)")
     count = itertools.count()
 
     def case(preset: str):
@@ -316,11 +364,17 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("read_iops", "engine_iops"):
             if summary[m][k] and fio_iops:
                 summary[m][f"{k}_vs_fio"] = summary[m][k] / fio_iops
+        mid = sorted(ok, key=lambda v: v["epoch_s"])[(len(ok) - 1) // 2]   # the median epoch's
+        summary[m]["by_kind"] = mid["by_kind"]
+        summary[m]["bytes_written"] = mid["bytes_written"]
+        summary[m]["packing"] = mid["packing"]
+        summary[m]["disk_bound_s"] = disk_bound_s(mid["by_kind"], seq_read, seq_write)
 
     sp = H.ratios(summary, (("ooc", "baseline"), ("ooc", "static"), ("static", "baseline"),
-                            ("ooc-mates", "ooc")), "epoch_s")
+                            ("ooc-mates", "ooc"), ("packed", "ooc")), "epoch_s")
     report = {"dataset": str(data), "disk_bytes": disk, "budget_bytes": args.budget,
-              "fio": {"before": fio_before, "after": fio_after, "iops": fio_iops},
+              "fio": {"before": fio_before, "after": fio_after, "iops": fio_iops,
+                      "seq_read_bytes_per_s": seq_read, "seq_write_bytes_per_s": seq_write},
               "presets": summary, "speedup": sp,
               "read_efficiency": {m: s["read_efficiency"] for m, s in summary.items()
                                   if s.get("read_efficiency") is not None},
@@ -364,8 +418,29 @@ def main(argv: list[str] | None = None) -> int:
                   f"of them in the engine; rows read into the batch "
                   f"{f(s['feature_rows_direct'], ',.0f')}, copied from a page buffer "
                   f"{f(s['feature_rows_copied'], ',.0f')}")
+    print("\nDevice reads by kind (MiB / reads) and bytes written, last epoch:\n")
+    print(kinds_table(summary))
     print(f"report {args.report}")
     return 0
+
+
+def kinds_table(summary: dict) -> str:
+    """Per preset: MiB and reads of each kind of device read, MiB written, the packer's
+    share hidden behind the epoch, and the disk's bound beside the epoch."""
+    f = H.fmt
+    rows = []
+    for m, s in summary.items():
+        if "error" in s:
+            continue
+        k = s["by_kind"]
+        cell = [f"{k[n]['bytes'] / 2**20:,.0f} / {k[n]['reads']:,}" for n in KINDS]
+        pk = s.get("packing") or {}
+        rows.append([m, *cell, f(k["written"]["bytes"] / 2**20, ",.0f"),
+                     f(pk.get("pack_s"), ".1f"), f(pk.get("wait_s"), ".1f"),
+                     f(pk.get("hidden"), ".2f"), f(s["epoch_s"], ".1f"),
+                     f(s.get("disk_bound_s"), ".1f")])
+    return H.markdown(["preset", *KINDS, "written MiB", "packer s", "training waited s",
+                       "packing hidden", "epoch s", "disk bound s"], rows)
 
 
 def table(rep: dict) -> str:

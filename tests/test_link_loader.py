@@ -12,7 +12,7 @@ import ooc
 from ooc.sampling import link_plan
 from ooc.storage import OocError
 
-PRESETS = ["baseline", "static", "ooc"]
+PRESETS = ["baseline", "static", "ooc", "packed", "auto"]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
-MODE_PARAMS = ["baseline", "static", "ooc"]
+MODE_PARAMS = ["baseline", "static", "ooc", "packed"]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_same_losses_in_every_mode(ds, tmp_path):
         t.fit()
     losses["ooc-mates"] = [h["loss"] for h in t.history]
     assert t.history[-1]["io"]["feature_page_mates_read"] > 0
-    assert set(losses) == {"baseline", "static", "ooc", "ooc-mates"}
+    assert set(losses) == {"baseline", "static", "ooc", "packed", "auto", "ooc-mates"}
     ref = losses["baseline"]
     for mode, ls in losses.items():
         np.testing.assert_allclose(ls, ref, rtol=1e-6, err_msg=mode)

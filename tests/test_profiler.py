@@ -78,7 +78,10 @@ def test_report_fields_and_plot(profiled):
     for key in ("ooc", "ooc_with_switch", "static_degree", "lru"):
         v = mc[key]
         assert len(v) == n and all(0.0 <= x <= 1.0 for x in v)
-        assert all(a >= b - 1e-12 for a, b in zip(v, v[1:], strict=False)), key
+        # with the switches' reads the curve may rise: a larger cache's first switch reads
+        # more of the hot rows it fills its room with (static's fill, counted)
+        assert key == "ooc_with_switch" or \
+            all(a >= b - 1e-12 for a, b in zip(v, v[1:], strict=False)), key
     for o, s, ow in zip(mc["ooc"], mc["static_degree"], mc["ooc_with_switch"], strict=True):
         assert o <= s + 1e-12 and o <= ow
     assert mc["ooc"][-1] == 0.0 and mc["static_degree"][-1] == 0.0

@@ -141,6 +141,12 @@ class FlatChangesets:
         """One :class:`ChangesetStep` per batch, in order."""
         return [self.step(i) for i in range(len(self))]
 
+    def head(self, steps: int) -> "FlatChangesets":
+        """The first ``steps`` steps (views; the same ``init_ids``)."""
+        a, b = int(self.in_ptr[steps]), int(self.out_ptr[steps])
+        return FlatChangesets(self.init_ids, self.in_ids[:a], self.in_positions[:a],
+                              self.in_ptr[:steps + 1], self.out_ids[:b], self.out_ptr[:steps + 1])
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The flat arrays by runtime-file name."""
         return {"cs_init_ids": self.init_ids, "cs_in_ids": self.in_ids,

@@ -57,6 +57,14 @@ class CachePolicy:
     caches: ClassVar[bool] = True
     #: the profiler's miss-ratio curve that shows this policy (None: none)
     curve: ClassVar[str | None] = None
+    #: where a superbatch schedule's misses come from: ``"reads"`` (read from the file
+    #: when the batch is gathered) or ``"packed"`` (swept and packed ahead of the batch)
+    misses_from: ClassVar[str] = "reads"
+
+    @property
+    def runtime_files_share(self) -> float:
+        """Share of the runtime disk budget the inspector's runtime files may take."""
+        return 1.0
 
     def fill(self, cache: FeatureCache, dataset, features) -> None:
         """Fill ``cache`` before the first batch (reading rows from ``features``)."""
@@ -66,15 +74,20 @@ class CachePolicy:
         return 0
 
     def changesets(self, num_nodes: int, capacity: int, device: str | None,
-                   pages: PageOf | None = None) -> ChangesetFn:
+                   pages: PageOf | None = None, hot: np.ndarray | None = None) -> ChangesetFn:
         """The changeset function of successive superbatches (``pages``: the dataset's
-        :meth:`~ooc.storage.dataset.Dataset.row_pages`, when rows share pages)."""
+        :meth:`~ooc.storage.dataset.Dataset.row_pages`, when rows share pages; ``hot``:
+        ids likely used after each superbatch, see :meth:`BeladyCache.changesets`)."""
         raise InvalidValue(f"cache policy {self.name!r} has no changesets (schedule {self.schedule})")
 
     def mate_fraction(self, pages: PageOf | None) -> float:
         """Page-mates a step reads with a batch's misses at most, as a fraction of the
         batch's ids (their buffer lives until the cache update): none here."""
         return 0.0
+
+    def hot_ids(self, dataset, capacity: int) -> np.ndarray | None:
+        """Ids :meth:`changesets` counts as used after each superbatch (None: none)."""
+        return None
 
     def warm_up(self, num_nodes: int, device: str | None = "cpu") -> None:
         """Compile the policy's kernels on a tiny input (the planner's warm-up), on the
@@ -209,25 +222,46 @@ class BeladyCache(CachePolicy):
         rows do not share pages)."""
         return float(self.page_mates) if pages is not None else 0.0
 
+    def hot_ids(self, dataset, capacity: int) -> np.ndarray:
+        """The ids :meth:`changesets` counts as used after each superbatch: the
+        ``capacity`` highest out-degree nodes (sorted by id; the static policy's)."""
+        return hottest_nodes(dataset, capacity)
+
+    def build_bytes(self, dataset) -> int:
+        """The out-degree pass of :meth:`hot_ids` (the static policy's fill)."""
+        return StaticCache().build_bytes(dataset)
+
     def changesets(self, num_nodes: int, capacity: int, device: str | None,
-                   pages: PageOf | None = None) -> ChangesetFn:
+                   pages: PageOf | None = None, hot: np.ndarray | None = None) -> ChangesetFn:
         """Changesets of successive superbatches, each starting from the cache the
         previous one leaves (``keep_unused`` + ``cached``: a switch reads only new
         entries). Superbatches come in order from the inspector's one changeset
         thread, across epochs; if the executor stops early its cache differs from
-        that state and the switch reads the difference: still exact."""
+        that state and the switch reads the difference: still exact.
+
+        ``hot`` (unique int64 ids, at most ``capacity``; the stack gives the
+        ``capacity`` highest out-degree nodes): ids counted as used once more after the
+        superbatch's last batch, a batch that is never run (its step is dropped). Belady
+        ranks them after every id used again within the superbatch, so the misses within
+        it stay the optimum; the room those leave holds hot ids instead of the ids dropped
+        last. Without it a short superbatch never inserts a miss that it does not use
+        again (with one batch a superbatch, none at all) and the cache stays what the
+        first superbatches filled it with."""
 
         device = self.device or device
         if device in (None, "auto"):
             device = "cuda" if _cuda() else "cpu"
         state: dict[str, Any] = {"cached": None}
+        tail = [] if hot is None or not len(hot) else \
+            [np.asarray(hot, dtype=np.int64)[:int(capacity)]]
 
         def changesets(ids: Sequence[np.ndarray]):
-            cs = C.precompute_changesets(ids, num_nodes, capacity, device=device,
+            cs = C.precompute_changesets([*ids, *tail], num_nodes, capacity, device=device,
                                          cached=state["cached"], keep_unused=True,
                                          pages=pages, mate_fraction=self.mate_fraction(pages))
-            state["cached"] = C.final_state(cs)
-            return cs
+            out = C.FlatChangesets.from_changesets(cs).head(len(ids)) if tail else cs
+            state["cached"] = C.final_state(out)
+            return out
 
         return changesets
 
@@ -249,7 +283,8 @@ class BeladyCache(CachePolicy):
         cap = int(min(capacity, num_nodes))
         if cap <= 0:
             return out
-        fn = self.changesets(num_nodes, cap, device, pages)
+        fn = self.changesets(num_nodes, cap, device, pages,
+                             None if hot_order is None else np.sort(hot_order[:cap]))
         s = max(1, int(superbatch_size or self.superbatch_size or len(trace)))
         cached = np.zeros(num_nodes, dtype=bool)
         misses = switch = mates = 0
@@ -270,5 +305,55 @@ class BeladyCache(CachePolicy):
         return out
 
 
+@dataclass(frozen=True)
+class PackedCache(BeladyCache):
+    """The Belady cache of :class:`BeladyCache` whose misses are packed ahead: for each
+    window of a superbatch's batches the rows the cache will not hold are swept from
+    ``features.bin`` in stored order and written batch by batch into packed segments in
+    the runtime folder, which training reads in a few large reads
+    (:mod:`ooc.executor.loader.packing`). The same batches and rows as ``ooc``.
+
+    Attributes:
+        window_rows: misses a window packs at most (its rows cost 16 B each).
+        disk_share: share of the runtime disk budget the packed segments take (two
+            windows on disk); the superbatch's runtime files get the rest.
+    """
+
+    window_rows: int = 1 << 23
+    disk_share: float = 0.75
+
+    name: ClassVar[str] = "packed"
+    misses_from: ClassVar[str] = "packed"
+    #: whether each window is packed only where the disk's measured rates make packing
+    #: faster than reading its misses directly (else every window is packed)
+    chooses: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.page_mates:
+            raise InvalidValue("PackedCache: page-mates are not packed (page_mates must be 0)")
+        wr = self.window_rows
+        if isinstance(wr, bool) or not isinstance(wr, int) or wr < 1:
+            raise InvalidValue(f"PackedCache: window_rows must be a positive integer, got {wr!r}")
+        if not 0 < self.disk_share < 1:
+            raise InvalidValue(f"PackedCache: disk_share must be in (0, 1), got {self.disk_share!r}")
+
+    @property
+    def runtime_files_share(self) -> float:
+        return 1.0 - float(self.disk_share)
+
+
+@dataclass(frozen=True)
+class AutoCache(PackedCache):
+    """:class:`PackedCache` that packs a window only where it is faster: the disk's
+    random-read and sequential rates are measured when the loader is built, and each
+    window's misses are packed or read directly, whichever the rates say takes the disk
+    less time (:func:`ooc.executor.loader.packing.choose`)."""
+
+    name: ClassVar[str] = "auto"
+    chooses: ClassVar[bool] = True
+
+
 #: Built-in policies by name.
-POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (NoCache, StaticCache, BeladyCache)}
+POLICIES: dict[str, type[CachePolicy]] = {p.name: p for p in (NoCache, StaticCache, BeladyCache,
+                                                               PackedCache, AutoCache)}

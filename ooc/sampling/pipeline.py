@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from ooc.sampling.runtime import (
     FlatChangesets,
     SuperbatchSamples,
     read_changesets,
+    read_sample_ids,
     read_samples,
     remove_superbatch,
     superbatch_dir,
@@ -53,6 +54,11 @@ class Superbatch:
         samples = read_samples(self.folder)
         cs = read_changesets(self.folder) if self.has_changesets else None
         return samples, cs
+
+    def load_ids(self) -> tuple[np.ndarray, np.ndarray, FlatChangesets]:
+        """``(node_ids, node_ptr, changesets)``: what the packer reads (no edges)."""
+        ids, ptr = read_sample_ids(self.folder)
+        return ids, ptr, read_changesets(self.folder)
 
     def release(self) -> None:
         remove_superbatch(self.folder)
@@ -102,7 +108,7 @@ class Inspector:
         self.stats = InspectorStats()
 
     def epoch(self, seed_batches: Sequence[np.ndarray], batch_seeds: Sequence[int],
-              tag: str = "") -> Iterator[Superbatch]:
+              tag: str = "") -> Generator[Superbatch, None, None]:
         """Yield the epoch's superbatches in order as their files complete.
 
         The sampling and changeset threads run while the caller works on the

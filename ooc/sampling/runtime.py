@@ -155,6 +155,22 @@ def _read_arrays(folder: Path, mark: str) -> dict[str, np.ndarray]:
     return out
 
 
+def read_sample_ids(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(node_ids, node_ptr)`` of one superbatch's samples (its edges left on disk)."""
+    mp = folder / SAMPLE_MARK
+    if not mp.is_file():
+        raise NotFound(f"{mp}: missing (runtime files incomplete)")
+    spec = json.loads(mp.read_text())
+    out = []
+    for k in ("node_ids", "node_ptr"):
+        p = folder / f"{k}.bin"
+        a = np.fromfile(p, dtype=spec[k]["dtype"])
+        if a.size != int(np.prod(spec[k]["shape"])):
+            raise InvalidValue(f"{p}: truncated runtime file ({a.size} values)")
+        out.append(a)
+    return out[0], out[1]
+
+
 def read_samples(folder: Path) -> SuperbatchSamples:
     """The sampled batches of one superbatch, as :func:`write_samples` wrote them."""
     return SuperbatchSamples(**_read_arrays(folder, SAMPLE_MARK))

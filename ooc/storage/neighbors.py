@@ -232,7 +232,12 @@ class DirectNeighbors(NeighborSource):
         return out
 
     def stats(self) -> dict:
-        return {"direct_submissions": self.submissions, "direct_pages_read": self.pages_read}
+        """Requests and pages asked for, and the reader's device reads and bytes
+        (``direct_read_ops``, ``direct_bytes_read``; one reader per source)."""
+        st = getattr(self.reader, "stats", None)
+        return {"direct_submissions": self.submissions, "direct_pages_read": self.pages_read,
+                "direct_read_ops": getattr(st, "read_ops", 0),
+                "direct_bytes_read": getattr(st, "bytes_read", 0)}
 
     def close(self) -> None:
         if self._own and self.reader is not None:

@@ -19,8 +19,10 @@ gather i, so it always precedes gather i+1.
 """
 from __future__ import annotations
 
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any, Generator, Iterator
 
 import numpy as np
@@ -28,6 +30,7 @@ import numpy as np
 from ooc.caches.feature_cache import CachedFeature, FeatureCache
 from ooc.core.timers import Timers
 from ooc.core.worker import Worker
+from ooc.executor.loader.packing import PackedFeature, Packer
 from ooc.sampling.link_plan import EdgeSeeds, as_seeds, epoch_plan
 from ooc.sampling.pipeline import Inspector
 from ooc.sampling.sampler import NeighborSampler, SampledBatch
@@ -41,6 +44,16 @@ PREFETCH = 1
 #: The most gather threads a schedule can use: the superbatch schedule applies each
 #: batch's changeset before the next batch's gather, so its gathers run in order on one.
 MAX_WORKERS = {"superbatch": 1}
+
+
+def pinned_rows(n: int, dim: int, dtype: np.dtype) -> np.ndarray:
+    """An [n, dim] array of ``dtype`` in page-locked memory (CUDA's pinned host memory),
+    for a batch's rows to reach the device in one copy."""
+    import torch
+
+    t = torch.empty((n, dim), dtype=torch.from_numpy(np.empty(0, dtype)).dtype,
+                    pin_memory=True)
+    return t.numpy()
 
 
 def gather_threads(schedule: str, workers: int) -> int:
@@ -84,6 +97,9 @@ class BatchPipeline:
         self.workers = int(workers)
         self.times = Timers()
         self.lookups = 0
+        #: gather each batch's rows into page-locked memory (set where the model runs on
+        #: CUDA: the rows then go to the device in one copy, ``non_blocking``)
+        self.pin_rows = False
         self._count_lock = threading.Lock()
         self._live: set[Worker] = set()  # the threads of epochs being iterated
 
@@ -150,11 +166,13 @@ class BatchPipeline:
         it) their rows into ``mates_out``
         (:meth:`~ooc.caches.feature_cache.CachedFeature.read`)."""
         t0 = time.perf_counter()
+        out = pinned_rows(len(batch.node_ids), self.reader.shape[1], self.reader.dtype) \
+            if self.pin_rows else None
         if mates is not None and len(mates):
             assert isinstance(self.reader, CachedFeature)  # changesets come with a cache
-            rows = self.reader.read(batch.node_ids, mates=mates, mates_out=mates_out)
+            rows = self.reader.read(batch.node_ids, out, mates=mates, mates_out=mates_out)
         else:
-            rows = self.reader.read(batch.node_ids)
+            rows = self.reader.read(batch.node_ids, out)
         self.times.add("gather", time.perf_counter() - t0)
         with self._count_lock:
             self.lookups += len(batch.node_ids)
@@ -260,7 +278,7 @@ class SuperbatchPipeline(BatchPipeline):
     """
 
     schedule = "superbatch"
-    producer_stages = ("switch", "gather", "update")
+    producer_stages: tuple[str, ...] = ("switch", "gather", "update")
 
     def __init__(self, inspector: Inspector, seeds: np.ndarray | EdgeSeeds, batch_size: int,
                  seed: int, source: Feature, cache: FeatureCache, shuffle: bool = True,
@@ -269,23 +287,41 @@ class SuperbatchPipeline(BatchPipeline):
         self.inspector = inspector
         self.sampler = inspector.sampler
 
+    def _loaded(self, epoch: int, stopped) -> Generator[tuple[Any, Any, Any], None, None]:
+        """The epoch's superbatches with their files loaded, on the loader thread; one
+        that ``stopped`` finds unused is released."""
+        seed_batches, bseeds = self.plan(epoch)
+        for sb in self.inspector.epoch(seed_batches, bseeds, tag=f"e{epoch}"):
+            if stopped():
+                sb.release()
+                return
+            t0 = time.perf_counter()
+            samples, cs = sb.load()
+            self.times.add("load", time.perf_counter() - t0)
+            yield sb, samples, cs
+
     def _superbatches(self, epoch: int) -> Generator[tuple[Any, Any, Any], None, None]:
         """Loader thread: loads the next superbatch's files while the current one trains."""
-        seed_batches, bseeds = self.plan(epoch)
-
         def load(put, stopped) -> None:
-            for sb in self.inspector.epoch(seed_batches, bseeds, tag=f"e{epoch}"):
-                if stopped():
-                    sb.release()
-                    return
-                t0 = time.perf_counter()
-                samples, cs = sb.load()
-                self.times.add("load", time.perf_counter() - t0)
+            for sb, samples, cs in self._loaded(epoch, stopped):
                 if not put((sb, samples, cs)):
                     sb.release()
                     return
 
         return self._run(load, 1, "ooc-loader")
+
+    def _switch(self, cs) -> None:
+        """The cache holds exactly the superbatch's ``init_ids`` (timed as ``switch``)."""
+        assert self.cache is not None
+        t0 = time.perf_counter()
+        self.cache.switch(cs.init_ids, self.source)
+        self.times.add("switch", time.perf_counter() - t0)
+
+    def _add_inspector_times(self) -> None:
+        st = self.inspector.stats
+        self.times.add("inspect_sample", st.sample_s)
+        self.times.add("inspect_changesets", st.changeset_s)
+        self.times.add("inspect_write", st.write_s)
 
     def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
         cache = self.cache
@@ -294,9 +330,7 @@ class SuperbatchPipeline(BatchPipeline):
         try:
             for sb, samples, cs in superbatches:
                 try:
-                    t0 = time.perf_counter()
-                    cache.switch(cs.init_ids, self.source)
-                    self.times.add("switch", time.perf_counter() - t0)
+                    self._switch(cs)
                     for j in range(len(samples)):
                         if stopped():
                             return
@@ -318,7 +352,154 @@ class SuperbatchPipeline(BatchPipeline):
                     sb.release()
         finally:
             superbatches.close()
-        st = self.inspector.stats
-        self.times.add("inspect_sample", st.sample_s)
-        self.times.add("inspect_changesets", st.changeset_s)
-        self.times.add("inspect_write", st.write_s)
+        self._add_inspector_times()
+
+
+#: The first window of an epoch holds ``2**-RAMP`` of a window's rows, each next one twice
+#: the last's: training starts once a few batches are sampled and packed, not a whole window.
+RAMP = 3
+
+
+class PackedPipeline(SuperbatchPipeline):
+    """The superbatch schedule whose misses come packed (:mod:`ooc.executor.loader.packing`).
+
+    Its loader thread loads each superbatch's runtime files and packs its windows, at most
+    two on disk (the one training reads and the next); training reads each batch's misses
+    from its segment through :class:`~ooc.executor.loader.packing.PackedFeature`. The same
+    batches, cache switches and changesets as :class:`SuperbatchPipeline`, so the same rows.
+    Stage ``wait``: seconds training waited for a window (packing that did not hide).
+    """
+
+    producer_stages = ("switch", "gather", "update", "wait")
+
+    def __init__(self, inspector: Inspector, seeds: np.ndarray | EdgeSeeds, batch_size: int,
+                 seed: int, source: Feature, cache: FeatureCache, packer: Packer, folder: Path,
+                 shuffle: bool = True, prefetch: int = PREFETCH, workers: int = 1):
+        super().__init__(inspector, seeds, batch_size, seed, source, cache, shuffle, prefetch,
+                         workers)
+        self.packer = packer
+        self.folder = Path(folder)
+        #: superbatches a window holds at most: half the inspector's slots, less one for a
+        #: superbatch two windows share
+        self.window_superbatches = max(1, (inspector.ahead + 1) // 2 - 1)
+        self.pack_stats = packer.stats
+        self.packed = PackedFeature(source, packer.rows, packer.stats)
+        self.reader = CachedFeature(cache, self.packed)
+
+    def _windows(self, epoch: int, superbatches: Generator[Any, None, None], count: int
+                 ) -> Generator[Any, None, None]:
+        """Packer thread: the epoch's windows in order, at most two on disk (the one
+        training reads and the next). A window ends when it holds its most rows or
+        :attr:`window_superbatches` superbatches, so the inspector's slots (``ahead``)
+        hold the superbatches of both windows. ``superbatches``: the inspector's epoch
+        (``count`` superbatches), which the consumer closes."""
+        slots = threading.Semaphore(2)
+        folder = self.folder / f"e{epoch}"
+        folder.mkdir(parents=True, exist_ok=True)
+        packer = self.packer
+
+        def load(put, stopped) -> None:
+            parts: list[tuple[Any, int, int]] = []
+            made = [0]
+            packer.limit(packer.window_rows >> RAMP)
+
+            def emit() -> bool:
+                while not slots.acquire(timeout=0.1):
+                    if stopped():
+                        return False
+                first = parts[0]
+                win = packer.flush(folder / f"sb{first[0].index:06d}-{first[1]:06d}.bin",
+                                   list(parts), slots.release)
+                parts.clear()
+                made[0] += 1
+                packer.limit(packer.window_rows >> max(0, RAMP - made[0]))
+                if put(win):
+                    return True
+                win.remove()
+                return False
+
+            for _ in range(count):
+                # not past the last: the generator's end removes the epoch's runtime files,
+                # which training still reads (the consumer closes it)
+                sb = next(superbatches, None)
+                if sb is None or stopped():
+                    return
+                t0 = time.perf_counter()
+                ids, ptr, cs = sb.load_ids()
+                self.times.add("load", time.perf_counter() - t0)
+                packer.start(cs.init_ids)
+                n = len(ptr) - 1
+                j = 0
+                while j < n:
+                    j1 = packer.add(ids, ptr, cs, j)
+                    parts.append((sb, j, j1))
+                    j = j1
+                    spanned = len({id(q[0]) for q in parts})
+                    if (packer.full or (j == n and spanned >= self.window_superbatches)) \
+                            and not emit():
+                        return
+                del ids, ptr, cs
+            if parts:
+                emit()
+
+        return self._run(load, 1, "ooc-packer")
+
+    def _items(self, epoch: int, stopped) -> Generator[tuple[SampledBatch, np.ndarray], None, None]:
+        cache = self.cache
+        assert cache is not None
+        seed_batches, bseeds = self.plan(epoch)
+        superbatches = self.inspector.epoch(seed_batches, bseeds, tag=f"e{epoch}")
+        count = -(-len(seed_batches) // self.inspector.superbatch_size)
+        windows = self._windows(epoch, superbatches, count)
+        held: tuple[Any, Any, Any] | None = None     # the superbatch being trained
+        try:
+            while True:
+                t0 = time.perf_counter()
+                win = next(windows, None)
+                dt = time.perf_counter() - t0
+                self.times.add("wait", dt)
+                self.pack_stats.add(wait_s=dt)
+                if win is None:
+                    break
+                try:
+                    t = 0
+                    for sb, first, stop in win.parts:
+                        if held is None or held[0] is not sb:
+                            t0 = time.perf_counter()
+                            samples, cs = sb.load()
+                            self.times.add("load", time.perf_counter() - t0)
+                            held = (sb, samples, cs)
+                            self._switch(cs)
+                        _, samples, cs = held
+                        for j in range(first, stop):
+                            if stopped():
+                                return
+                            batch = samples.batch(j)
+                            step = cs.step(j)
+                            self.packed.expect(win, t)
+                            t += 1
+                            rows = self._gather(batch)
+                            t0 = time.perf_counter()
+                            cache.update(step.in_ids, step.out_ids, step.in_positions, rows)
+                            self.times.add("update", time.perf_counter() - t0)
+                            yield batch, rows
+                        if stop == len(samples):
+                            sb.release()
+                            held = None
+                finally:
+                    win.remove()
+        finally:
+            if held is not None:
+                held[0].release()
+            windows.close()          # the packer thread ends first
+            superbatches.close()     # then the inspector's threads and files
+            shutil.rmtree(self.folder / f"e{epoch}", ignore_errors=True)
+        self._add_inspector_times()
+
+    def io_stats(self) -> dict[str, Any]:
+        """The direct path's counters and the packed path's (``packed_*``; ``packed_sweep_*``:
+        the sweep reader's)."""
+        st = super().io_stats()
+        st.update({f"packed_{k}": v for k, v in self.pack_stats.as_dict().items()})
+        st.update({f"packed_sweep_{k}": v for k, v in self.packer.sweep.stats().items()})
+        return st

@@ -6,6 +6,8 @@ preset         readers             feature cache policy
 ``baseline``   memmaps + threads   none (the page cache; the papers' PyG+)
 ``static``     O_DIRECT            highest out-degree rows (PaGraph, Ali+PG)
 ``ooc``        O_DIRECT            Belady changesets over superbatches (Ginex)
+``packed``     O_DIRECT            Belady, misses swept and packed per batch
+``auto``       O_DIRECT            Belady, packed where the disk's rates say so
 =============  ==================  ==========================================
 
 The O_DIRECT presets put the Ginex neighbor cache in front of the neighbour
@@ -19,7 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ooc.caches.policies import BeladyCache, CachePolicy, NoCache, StaticCache
+from ooc.caches.policies import (
+    AutoCache,
+    BeladyCache,
+    CachePolicy,
+    NoCache,
+    PackedCache,
+    StaticCache,
+)
 from ooc.core.errors import InvalidValue
 from ooc.executor.loader.readers import DirectReaders, MmapReaders, Readers
 
@@ -48,6 +57,8 @@ PRESETS: dict[str, Preset] = {
     "baseline": Preset("baseline", MmapReaders(), NoCache()),
     "static": Preset("static", DirectReaders(), StaticCache()),
     "ooc": Preset("ooc", DirectReaders(), BeladyCache()),
+    "packed": Preset("packed", DirectReaders(), PackedCache()),
+    "auto": Preset("auto", DirectReaders(), AutoCache()),
 }
 #: The names of :data:`PRESETS`.
 PRESET_NAMES = tuple(PRESETS)

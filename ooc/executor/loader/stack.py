@@ -46,7 +46,20 @@ from ooc.caches.neighbor_cache import (
     load_or_build_neighbor_cache,
 )
 from ooc.core.errors import InvalidValue, IOFailure, setting
-from ooc.executor.loader.pipelines import BatchPipeline, OnDemandPipeline, SuperbatchPipeline
+from ooc.executor.loader.packing import (
+    SWEEP_PAGES,
+    SWEEP_READ_BYTES,
+    DiskRates,
+    Packer,
+    PackStats,
+    measure_write_rate,
+)
+from ooc.executor.loader.pipelines import (
+    BatchPipeline,
+    OnDemandPipeline,
+    PackedPipeline,
+    SuperbatchPipeline,
+)
 from ooc.executor.loader.presets import Preset, resolve_preset
 from ooc.executor.loader.readers import Sources, TimedFeature
 from ooc.executor.settings import BY_NAME as _S
@@ -55,6 +68,8 @@ from ooc.sampling.link_plan import EdgeSeeds, as_seeds, epoch_plan
 from ooc.sampling.pipeline import Inspector, measure_bytes_per_batch, superbatch_size_for_budget
 from ooc.sampling.sampler import NeighborSampler
 from ooc.storage.atomic import pid_alive
+from ooc.storage.direct import DirectFeatures
+from ooc.storage.read_cost import measure_read_cost
 from ooc.storage.ownership import made_by_ooc, mark
 from ooc.storage.pagecache import release_mapped
 
@@ -269,9 +284,75 @@ def superbatch_size(p: _Parts) -> int:
     if s is None:
         sb, bseeds = epoch_plan(p.seeds, cfg.batch_size, cfg.seed, 1, p.shuffle).first()
         bpb = measure_bytes_per_batch(p.sampler, sb, bseeds, with_changesets=True, probes=2)
-        s = superbatch_size_for_budget(p.opts.runtime_disk_budget, bpb, ahead=1, max_size=nb)
+        s = superbatch_size_for_budget(runtime_files_budget(p.preset, p.opts), bpb, ahead=1,
+                                       max_size=nb)
         p.info["runtime_bytes_per_batch"] = int(bpb)
     return max(1, min(int(s), nb))
+
+
+#: Superbatches the packed path's inspector runs ahead at most.
+MAX_AHEAD = 63
+
+
+def runtime_files_budget(preset: Preset, opts: ModeOptions) -> int:
+    """Bytes of the runtime disk budget the inspector's runtime files may take (the packed
+    segments take the rest, :func:`packed_pipeline`)."""
+    return max(1, int(opts.runtime_disk_budget * preset.policy.runtime_files_share))
+
+
+def disk_rates(dataset, opts: ModeOptions, folder: Path, info: dict) -> DiskRates | None:
+    """The disk's read costs (random reads of ``features.bin``, one second) and sequential
+    write rate (in ``folder``), or None where reads do not bypass the page cache (every
+    window is then packed); what was measured goes to ``info``."""
+    cost = measure_read_cost(dataset.features_file, seconds=1.0, queue_depth=opts.queue_depth,
+                             backend=opts.io_backend)
+    if cost is None:
+        info["disk_rates"] = None
+        return None
+    rates = DiskRates(cost.op_s, cost.page_s, measure_write_rate(folder))
+    info["disk_rates"] = {"read_op_s": rates.op_s, "read_page_s": rates.page_s,
+                          "write_bytes_per_s": rates.write_bps}
+    return rates
+
+
+def packed_pipeline(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
+    """The superbatch schedule whose misses are packed: a :class:`Packer` with its own
+    O_DIRECT reader of ``features.bin`` (the sweep's counters apart from the direct
+    misses'), windows of at most half the packed segments' share of the runtime disk."""
+    policy, opts, d = p.preset.policy, p.opts, p.dataset
+    assert p.cache is not None
+    sweep = DirectFeatures(d.features_file, d.file_layout, queue_depth=opts.queue_depth,
+                           backend=opts.io_backend, page_reads=opts.page_reads,
+                           max_gap_bytes=opts.read_gap, max_pages=SWEEP_PAGES,
+                           max_read_bytes=SWEEP_READ_BYTES)
+    p.closers.append(sweep.close)
+    disk = opts.runtime_disk_budget - runtime_files_budget(p.preset, opts)
+    rates = disk_rates(d, opts, rt, p.info) if getattr(policy, "chooses", False) else None
+    packer = Packer(sweep, d.row_of, d.num_nodes, getattr(policy, "window_rows", 1 << 23),
+                    max(1, disk // 2), PackStats(), rates, opts.read_gap)
+    # the superbatches two windows span stay on disk: as many as the runtime files' share
+    # holds (at least one a window)
+    bpb = p.info.get("runtime_bytes_per_batch") or (
+        p.plan.runtime_bytes_per_batch if p.plan is not None else 0) or \
+        measure_bytes_per_batch(p.sampler, *epoch_plan(p.seeds, p.config.batch_size, p.config.seed,
+                                                      1, p.shuffle).first(), probes=2)
+    sb_bytes = max(1.0, float(bpb) * insp.superbatch_size)
+    insp.ahead = int(max(1, min(MAX_AHEAD, runtime_files_budget(p.preset, opts) // sb_bytes - 1)))
+    p.info.update(packed_window_rows=packer.window_rows, packed_disk_bytes=int(disk),
+                  inspector_ahead=insp.ahead)
+    return PackedPipeline(insp, p.seeds, p.config.batch_size, p.config.seed, p.features,
+                          p.cache, packer, rt / "packed", shuffle=p.shuffle)
+
+
+def _direct_misses(p: _Parts, insp: Inspector, rt: Path) -> BatchPipeline:
+    assert p.cache is not None
+    return SuperbatchPipeline(insp, p.seeds, p.config.batch_size, p.config.seed,
+                              p.features, p.cache, shuffle=p.shuffle)
+
+
+#: The superbatch schedule's pipeline by where a policy's misses come from (``misses_from``).
+MISS_PATHS: dict[str, Callable[[_Parts, Inspector, Path], BatchPipeline]] = {
+    "reads": _direct_misses, "packed": packed_pipeline}
 
 
 def _superbatch(p: _Parts) -> BatchPipeline:
@@ -282,12 +363,13 @@ def _superbatch(p: _Parts) -> BatchPipeline:
     if p.cache is None:  # a policy with caches = False
         raise InvalidValue(f"cache policy {p.preset.policy.name!r}: the superbatch schedule needs a "
                        f"feature cache")
-    changesets = p.preset.policy.changesets(p.dataset.num_nodes, p.cache.capacity,
-                                            p.config.device, p.dataset.row_pages())
+    policy = p.preset.policy
+    changesets = policy.changesets(p.dataset.num_nodes, p.cache.capacity, p.config.device,
+                                   p.dataset.row_pages(), policy.hot_ids(p.dataset,
+                                                                         p.cache.capacity))
     insp = Inspector(p.sampler, rt, s, changesets=changesets)
     p.info.update(superbatch_size=s, runtime_dir=str(rt))
-    return SuperbatchPipeline(insp, p.seeds, p.config.batch_size, p.config.seed,
-                              p.features, p.cache, shuffle=p.shuffle)
+    return MISS_PATHS[p.preset.policy.misses_from](p, insp, rt)
 
 
 #: Training pipelines by a policy's ``schedule``.

@@ -9,7 +9,9 @@ What a plan is made of (see :mod:`.budget` for how each part is measured):
   happens before the feature cache is filled;
 - the superbatch in flight for a ``superbatch`` schedule (:class:`SuperbatchPlan`), sized
   within what ``fixed`` leaves of the budget less its reserve;
-- ``working = fixed + superbatch``, or the largest working memory of the loaders this one
+- the packed miss path's buffers and window arrays where the policy packs its misses
+  (``packing``: :data:`~ooc.executor.loader.packing.MISS_PATH_BYTES`);
+- ``working = fixed + superbatch + packing``, or the largest working memory of the loaders this one
   takes turns with where that is larger (a process budget's group);
 - ``free``: the budget less its reserve, the working memory and the caches already made,
   shared evenly by the groups still to be built; the neighbor cache takes
@@ -30,6 +32,7 @@ import numpy as np
 from ooc.caches.feature_cache import row_cost
 from ooc.caches.neighbor_cache import MIN_CACHE_BYTES, build_bytes, full_cache_bytes
 from ooc.core.errors import InvalidValue
+from ooc.executor.loader.packing import MISS_PATH_BYTES
 from ooc.sampling.pipeline import superbatch_size_for_budget
 from ooc.storage.layout import PAGE
 
@@ -226,8 +229,9 @@ class SuperbatchPlan:
         self.bpb, self.ids = working.bytes_per_batch, working.ids_per_batch
         self.mates = preset.policy.mate_fraction(shape.row_pages()) > 0
         self.explicit = getattr(preset.policy, "superbatch_size", None) or opts.superbatch_size
-        self.size_disk = None if self.explicit else \
-            superbatch_size_for_budget(opts.runtime_disk_budget, self.bpb, ahead=1)
+        self.size_disk = None if self.explicit else superbatch_size_for_budget(
+            max(1, int(opts.runtime_disk_budget * preset.policy.runtime_files_share)), self.bpb,
+            ahead=1)
         self.batches = -(-shape.train_count // int(batch_size))
         size = self.explicit or self.size_disk
         assert size is not None  # size_disk is computed when no size is explicit
@@ -334,9 +338,13 @@ def compose_plan(shape: DatasetShape, working: Working, budget: int, preset, opt
     sb = SuperbatchPlan(shape, batch_size, opts, working, preset, fixed - working.setup_rss) \
         if preset.policy.schedule == "superbatch" else None
     if sb is not None:
-        stages["superbatch"] = sb.size_within(budget - reserve - fixed)
-    own = fixed + stages.get("superbatch", 0)
-    smallest = fixed + (sb.smallest() if sb is not None else 0)
+        path = MISS_PATH_BYTES[preset.policy.misses_from](preset.policy, shape.num_nodes,
+                                                          shape.row_bytes, sb.size)
+        if path:
+            stages["packing"] = path
+        stages["superbatch"] = sb.size_within(budget - reserve - fixed - path)
+    own = fixed + stages.get("superbatch", 0) + stages.get("packing", 0)
+    smallest = fixed + (sb.smallest() + stages.get("packing", 0) if sb is not None else 0)
     plan = MemoryPlan(budget=budget, reserve=reserve, working=max(own, int(others_working)),
                       stages=stages, superbatch_size=sb.size if sb else None,
                       min_budget=suggest_budget(smallest + requested_cache_bytes(preset, opts)),

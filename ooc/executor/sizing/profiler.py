@@ -47,6 +47,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -63,7 +64,8 @@ from ooc.core.errors import InvalidValue, IOFailure, NotFound, OocError
 from ooc.core.sizes import format_size
 from ooc.executor.loader.pipelines import PREFETCH
 from ooc.executor.loader.presets import resolve_preset
-from ooc.executor.loader.stack import build_stack
+from ooc.executor.loader.packing import predict_packing
+from ooc.executor.loader.stack import build_stack, disk_rates
 from ooc.executor.sizing.budget import default_reserve, hwm_bytes, plan_memory, reset_hwm, rss_bytes
 from ooc.executor.sizing.rehearsal import rehearsal_shape, rehearse, warm_batches
 from ooc.sampling.epoch_plan import EpochPlan
@@ -400,8 +402,9 @@ def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
                 pages=None) -> dict[str, Any]:
     """Miss ratios of the epoch ``trace`` at each capacity (rows).
 
-    ``ooc``: the Belady schedule at this superbatch size (gather misses, what
-    training reports; ``ooc_with_switch`` adds the switches' reads);
+    ``ooc``: the Belady schedule at this superbatch size with the hot ids counted as used
+    after each superbatch, as training runs it (gather misses, what training reports;
+    ``ooc_with_switch`` adds the switches' reads);
     ``static_degree``: the degree-ordered static cache; ``lru``: LRU from a cold
     start over the whole trace, for reference.
     """
@@ -411,8 +414,8 @@ def miss_curves(trace: list[np.ndarray], num_nodes: int, superbatch_size: int,
     belady, static = BeladyCache(), StaticCache()
     ooc, ooc_sw, stat = [], [], []
     for c in caps:
-        r = belady.simulate(trace, num_nodes, int(c), superbatch_size, device=device,
-                            pages=pages)
+        r = belady.simulate(trace, num_nodes, int(c), superbatch_size, hot_order=hot_order,
+                            device=device, pages=pages)
         ooc.append(r["misses"] / acc)
         ooc_sw.append((r["misses"] + r["switch_reads"]) / acc)
         stat.append(static.simulate(trace, num_nodes, int(c), hot_order=hot_order)["misses"] / acc)
@@ -513,14 +516,59 @@ def profile(dataset, config, options, budget: int, reserve: int | None = None,
                          int(plan.feature_cache_rows), int(budget) - plan.working,
                          hot_order=sim_hot, device="cuda" if gpu["available"] else "cpu",
                          epoch_reads=sim["misses"] + sim["switch_reads"])
+    packing = _packing(dataset, preset, options, plan, shape, m, sim_hot, log) \
+        if preset.policy.schedule == "superbatch" and plan.feature_cache_rows else None
     del sim_hot  # 8 bytes per node
     epoch = _expected_times(plan, shape, rates, reh, reads, config.epochs)
     epoch["stage_model"] = staged
     arith = _arithmetic(dataset, preset, options, plan, budget, reserve, shape, m, rates, epoch)
     report = _report(dataset, config, preset, options, plan, budget, reserve, shape, m, sim,
                      curves, rates, epoch, arith, device)
+    report["packing"] = packing
     report["profile_s"] = time.perf_counter() - t_start
     return report
+
+
+def _packing(dataset, preset, options, plan, shape: _Shape, m: _Measured, hot: np.ndarray,
+             log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The disk's seconds of the traced epoch's misses read directly and packed
+    (:func:`~ooc.executor.loader.packing.predict_packing` at the disk's measured rates),
+    which the ``auto`` preset would pick per window and why; None where reads do not
+    bypass the page cache (nothing to measure)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="rates-", dir=Path(options.runtime_dir)
+                                   if options.runtime_dir else Path(dataset.path)))
+    try:
+        info: dict[str, Any] = {}
+        rates = disk_rates(dataset, options, folder, info)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if rates is None:
+        return None
+    cap = int(plan.feature_cache_rows)
+    policy = preset.policy
+    fn = policy.changesets(dataset.num_nodes, cap, "cpu", None, np.sort(hot[:cap]))
+    row_of = dataset.row_of
+
+    def rows_of(ids: np.ndarray) -> np.ndarray:
+        return ids if row_of is None else np.asarray(row_of[ids], dtype=np.int64)
+
+    out = predict_packing(m.trace, fn, shape.S, rows_of, dataset.num_nodes,
+                          dataset.layout.row_bytes, options.read_gap, rates,
+                          getattr(policy, "window_rows", 1 << 23))
+    out["rates"] = info["disk_rates"]
+    scale = shape.nb / max(1, len(m.trace))
+    d, pk = out["direct_s"] * scale, out["packed_s"] * scale
+    pick = "packed" if pk < d else "direct"
+    log(f"ooc.size: the epoch's {out['miss_rows'] * scale:,.0f} missed rows cost the disk "
+        f"{d:.1f} s read directly (random reads at {1 / rates.op_s:,.0f} a second) and "
+        f"{pk:.1f} s packed (sweeps at {PAGE / rates.page_s / 1e6:,.0f} MB/s, segments written "
+        f"at {rates.write_bps / 1e6:,.0f} MB/s and read back): {pick} is faster; per window, "
+        f"auto packs {out['windows_packed']} of {out['windows']}")
+    out.update(direct_epoch_s=d, packed_epoch_s=pk, auto_epoch_s=out["auto_s"] * scale,
+               pick=pick)
+    return out
 
 
 def _expected_times(plan, shape: _Shape, rates: dict, reh, reads: dict, epochs: int

@@ -195,6 +195,8 @@ class Trainer:
             self._pipeline = pipeline
             self.mode_info = dict(pipeline.info)
         self.train_producer, self.eval_producer_factory, self.features = pipeline
+        # on CUDA the gathered rows are page-locked: one copy a batch to the device
+        self.train_producer.pin_rows = self.device.type == "cuda"
         #: the training batches as ``Data`` (seeds' labels only): the loader code users run
         self.train_loader = self._train_loader()
         self.labels = dataset.labels
