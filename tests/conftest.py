@@ -58,6 +58,14 @@ def assert_one_line_error(stderr: str, *needles: str) -> str:
     return last
 
 
+def budget_above(extra: int) -> int:
+    """A memory budget of ``extra`` bytes above what this process holds now (a test process
+    that has run many tests holds more than a fresh script)."""
+    from ooc.core.memory import current_rss_bytes
+
+    return current_rss_bytes() + extra
+
+
 def backend_or_skip(backend: str, path) -> None:
     """Skip unless ``backend`` can read ``path`` here: the probe's verdict, taken in a child
     process for a native binding, so a wheel built for another CPU (SIGILL) is never

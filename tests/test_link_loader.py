@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import community_graph
+from conftest import budget_above, community_graph
 
 import ooc
 from ooc.sampling import link_plan
@@ -163,10 +163,10 @@ def test_memory_budget_plans_link_batches(graph):
     """Under a budget the plan probes the loader's own link batches; the batches stay the
     unbudgeted loader's, alone or in a budget shared with a node loader."""
     ref, _ = _epochs(graph, "ooc", epochs=1)
-    got, _ = _epochs(graph, "ooc", epochs=1, memory_budget="768MiB")
+    got, _ = _epochs(graph, "ooc", epochs=1, memory_budget=budget_above(768 << 20))
     for a, b in zip(ref[0], got[0], strict=True):
         assert torch.equal(a.n_id, b.n_id) and torch.equal(a.edge_label_index, b.edge_label_index)
-    with ooc.memory_budget("1GiB"):
+    with ooc.memory_budget(budget_above(1 << 30)):
         link = ooc.LinkLoader(graph, [3, 2], neg_sampling="binary", batch_size=200, shuffle=True,
                               seed=5, superbatch_size=3)
         node = ooc.NodeLoader(graph, [3, 2], input_nodes="train", batch_size=64)

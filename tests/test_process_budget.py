@@ -11,20 +11,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import community_graph, require_cora
+from conftest import budget_above, community_graph, require_cora
 
 import ooc
 from ooc.storage import BudgetError, OocError
 
 MiB = 1 << 20
-
-
-def _room(extra: int) -> int:
-    """A budget of ``extra`` bytes above what this process holds now (a test process that
-    has run many tests holds more than a fresh script)."""
-    from ooc.core.memory import current_rss_bytes
-
-    return current_rss_bytes() + extra
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +51,7 @@ def test_loaders_under_one_budget_share_one_stack_and_give_their_own_batches(gra
         with ooc.NodeLoader(graph, input_nodes=split, batch_size=bs, shuffle=shuffle,
                             preset=preset, **KW) as loader:
             alone[split] = _epochs(loader)
-    with ooc.memory_budget(_room(1 << 30)) as budget:
+    with ooc.memory_budget(budget_above(1 << 30)) as budget:
         val = ooc.NodeLoader(graph, input_nodes="val", batch_size=200, preset=preset, **KW)
         train = ooc.NodeLoader(graph, input_nodes="train", batch_size=64, shuffle=True,
                                preset=preset, **KW)
@@ -105,7 +97,7 @@ def test_the_budget_is_split_not_refused(wide_graph):
     that budget on its own would plan a cache of the same room for itself alone."""
     graph = wide_graph
     with ooc.NodeLoader(graph, input_nodes="train", batch_size=64, preset="static",
-                        memory_budget=_room(2 << 30), **KW) as probe:
+                        memory_budget=budget_above(2 << 30), **KW) as probe:
         working = probe.memory_plan.working
     from ooc.executor.sizing.budget import default_reserve
 
@@ -141,7 +133,7 @@ def test_epochs_at_once_warn_and_stay_correct(graph):
     batches are still exactly their own."""
     with ooc.NodeLoader(graph, input_nodes="val", batch_size=50, preset="ooc", **KW) as lone:
         ref_val = _epochs(lone, 1)[0]
-    with ooc.memory_budget(_room(2 << 30)):
+    with ooc.memory_budget(budget_above(2 << 30)):
         train = ooc.NodeLoader(graph, input_nodes="train", batch_size=32, shuffle=True,
                                preset="ooc", **KW)
         val = ooc.NodeLoader(graph, input_nodes="val", batch_size=50, preset="ooc", **KW)
@@ -209,9 +201,9 @@ def test_worker_arguments_as_pyg_checks_them(graph):
 def test_set_memory_budget_applies_until_removed(graph):
     try:
         assert ooc.set_memory_budget("1GiB").total == 1 << 30
-        b = ooc.set_memory_budget(_room(1 << 30))
+        b = ooc.set_memory_budget(budget_above(1 << 30))
         assert b is not None and ooc.executor.loader.process_budget.current_budget() is b
-        with ooc.memory_budget(_room(2 << 30)) as inner:
+        with ooc.memory_budget(budget_above(2 << 30)) as inner:
             loader = ooc.NodeLoader(graph, input_nodes="val", preset="baseline", **KW)
         assert loader._source.budget is inner
         loader.close()
