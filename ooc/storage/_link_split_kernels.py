@@ -4,21 +4,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
+from ooc.core._random_kernels import GOLDEN as _GOLDEN
+from ooc.core._random_kernels import mix64 as _mix
+
 _S11 = np.uint64(11)
 _INV53 = 1.0 / 9007199254740992.0
-
-
-@njit(inline="always")
-def _mix(z):
-    z = (z ^ (z >> _S30)) * _M1
-    z = (z ^ (z >> _S27)) * _M2
-    return z ^ (z >> _S31)
 
 
 @njit(inline="always")
