@@ -198,6 +198,22 @@ def community_graph(out: Path, n: int = 400, classes: int = 3, seed: int = 0,
                          num_classes=classes)
 
 
+def skewed_dataset(out: Path, seed: int, dim: int, dtype: str, n: int = 3000):
+    """A dataset of ``n`` nodes with Pareto-skewed (hot) sources, 30,000 edges, features
+    ``[n, dim]`` of ``dtype``, 3 classes and a 1500/300/rest split. Returns
+    ``(Dataset, x)``."""
+    rng = np.random.default_rng(seed)
+    src = (rng.pareto(1.2, 30000) * 50).astype(np.int64) % n   # hot sources
+    dst = rng.integers(0, n, 30000)
+    indptr, indices = csc_from_edges(src, dst, n)
+    x = rng.standard_normal((n, dim)).astype(dtype)
+    perm = rng.permutation(n)
+    p = write_dataset(out, indptr, indices, x, labels=rng.integers(0, 3, n),
+                      train_idx=np.sort(perm[:1500]), val_idx=np.sort(perm[1500:1800]),
+                      test_idx=np.sort(perm[1800:]), num_classes=3)
+    return ooc.open_dataset(p), x
+
+
 @pytest.fixture
 def small_dataset(tmp_path: Path):
     """A 500-node random graph with 64-dim float32 features and 4 classes.

@@ -4,31 +4,19 @@ import json
 
 import numpy as np
 import pytest
-from conftest import CORA_RAW
+from conftest import CORA_RAW, skewed_dataset
 
 from ooc.executor.loader.presets import PRESET_NAMES as MODES
 from ooc.executor.loader.stack import ModeOptions, build_stack
 from ooc.executor.training.trainer import TrainConfig, Trainer
 from ooc.sampling.sampler import NeighborSampler
-from ooc.storage import csc_from_edges, open_dataset, write_dataset
 
 MODE_PARAMS = ["baseline", "static", "ooc", "packed"]
 
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    n = 3000
-    rng = np.random.default_rng(11)
-    src = (rng.pareto(1.2, 30000) * 50).astype(np.int64) % n   # hot sources
-    dst = rng.integers(0, n, 30000)
-    indptr, indices = csc_from_edges(src, dst, n)
-    x = rng.standard_normal((n, 24)).astype(np.float16)
-    perm = rng.permutation(n)
-    p = write_dataset(tmp_path_factory.mktemp("m") / "d", indptr, indices, x,
-                      labels=rng.integers(0, 3, n), train_idx=np.sort(perm[:1500]),
-                      val_idx=np.sort(perm[1500:1800]), test_idx=np.sort(perm[1800:]),
-                      num_classes=3)
-    return open_dataset(p), x
+    return skewed_dataset(tmp_path_factory.mktemp("m") / "d", 11, 24, "float16")
 
 
 def _cfg(mode, **kw):

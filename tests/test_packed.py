@@ -2,6 +2,7 @@
 packed per batch; the same rows and losses as the direct path, every miss from a segment."""
 import numpy as np
 import pytest
+from conftest import skewed_dataset
 from test_modes import _cfg
 
 from ooc.caches.changesets import FlatChangesets, precompute_changesets
@@ -11,24 +12,12 @@ from ooc.executor.loader import _packing_kernels as K
 from ooc.executor.loader.packing import DiskRates, Packer, PackStats, choose, read_plan
 from ooc.executor.loader.stack import ModeOptions, build_stack
 from ooc.executor.training.trainer import Trainer
-from ooc.storage import csc_from_edges, open_dataset, write_dataset
 from ooc.storage.features import InMemoryFeatures
 
 
 @pytest.fixture(scope="module")
 def ds(tmp_path_factory):
-    n = 3000
-    rng = np.random.default_rng(5)
-    src = (rng.pareto(1.2, 30000) * 50).astype(np.int64) % n
-    dst = rng.integers(0, n, 30000)
-    indptr, indices = csc_from_edges(src, dst, n)
-    x = rng.standard_normal((n, 32)).astype(np.float32)   # 128 B rows: 32 a page
-    perm = rng.permutation(n)
-    p = write_dataset(tmp_path_factory.mktemp("p") / "d", indptr, indices, x,
-                      labels=rng.integers(0, 3, n), train_idx=np.sort(perm[:1500]),
-                      val_idx=np.sort(perm[1500:1800]), test_idx=np.sort(perm[1800:]),
-                      num_classes=3)
-    return open_dataset(p), x
+    return skewed_dataset(tmp_path_factory.mktemp("p") / "d", 5, 32, "float32")  # 128 B rows
 
 
 def _replay(init, batches, cs):
