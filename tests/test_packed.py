@@ -53,6 +53,15 @@ def test_window_misses_match_a_replay():
         assert got == want
 
 
+def _superbatch(rng, n, count, size, cache):
+    """``count`` batches of ``size`` draws over ``n`` nodes, their changesets at a cache of
+    ``cache`` rows, every batch's misses (brute force), flat ids and pointers."""
+    batches = [np.unique(rng.integers(0, n, size)) for _ in range(count)]
+    cs = FlatChangesets.from_changesets(precompute_changesets(batches, n, cache, device="cpu"))
+    node_ptr = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
+    return cs, _replay(cs.init_ids, batches, cs), np.concatenate(batches), node_ptr
+
+
 def test_packer_segments_hold_each_batch_misses_in_stored_order(tmp_path):
     rng = np.random.default_rng(1)
     n, dim = 700, 8
@@ -60,16 +69,12 @@ def test_packer_segments_hold_each_batch_misses_in_stored_order(tmp_path):
     row_of = rng.permutation(n).astype(np.int64)          # node v's row is row_of[v]
     stored = np.empty_like(x)
     stored[row_of] = x
-    batches = [np.unique(rng.integers(0, n, 90)) for _ in range(6)]
-    cs = FlatChangesets.from_changesets(precompute_changesets(batches, n, 50, device="cpu"))
-    want = _replay(cs.init_ids, batches, cs)
-    node_ids = np.concatenate(batches)
-    node_ptr = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
+    cs, want, node_ids, node_ptr = _superbatch(rng, n, 6, 90, 50)
     packer = Packer(InMemoryFeatures(stored), row_of, n, window_rows=150, window_bytes=1 << 30,
                     stats=PackStats())
     packer.start(cs.init_ids)
     j = k = 0
-    while j < len(batches):
+    while j < len(want):
         j1 = packer.add(node_ids, node_ptr, cs, j)
         assert j1 > j
         win = packer.flush(tmp_path / f"w{j}.bin", [("sb", j, j1)])
@@ -203,3 +208,29 @@ def test_rows_gathered_pinned_on_cuda(ds, tmp_path):
             assert torch.from_numpy(rows).is_pinned()
     finally:
         st.close()
+
+
+def test_a_new_epoch_drops_the_batches_of_a_window_left_unflushed(tmp_path):
+    """An epoch whose packing was halted mid-window left batches in the packer: the next
+    epoch's first window holds its own batches only."""
+    rng = np.random.default_rng(2)
+    n, dim = 400, 4
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    cs, want, node_ids, node_ptr = _superbatch(rng, n, 4, 50, 30)
+    packer = Packer(InMemoryFeatures(x), None, n, window_rows=10_000, window_bytes=1 << 30,
+                    stats=PackStats())
+    packer.start(cs.init_ids)
+    assert packer.add(node_ids, node_ptr, cs, 0) == 4 and packer.batches == 4  # never flushed
+    packer.begin(10_000)
+    assert packer.batches == 0
+    packer.start(cs.init_ids)
+    assert packer.add(node_ids, node_ptr, cs, 0) == 4
+    win = packer.flush(tmp_path / "w.bin", [("sb", 0, 4)])
+    assert win.counts.tolist() == [len(m) for m in want]
+    data = win.path.read_bytes()
+    for t, miss in enumerate(want):
+        seg = np.frombuffer(data, np.float32, count=len(miss) * dim,
+                            offset=int(win.offsets[t])).reshape(-1, dim)
+        np.testing.assert_array_equal(seg, x[np.sort(np.array(miss, np.int64))])
+    win.remove()
+

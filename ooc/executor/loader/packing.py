@@ -375,6 +375,12 @@ class Packer:
         """The next window holds at most ``rows`` misses (at most :attr:`window_rows`)."""
         self._limit = max(1, min(self.window_rows, int(rows)))
 
+    def begin(self, rows: int) -> None:
+        """An epoch's first window, of at most ``rows`` misses: batches added and not
+        flushed (an epoch whose packing was halted mid-window) are dropped."""
+        self._rows, self._count = [], 0
+        self.limit(rows)
+
     def start(self, init_ids: np.ndarray) -> None:
         """The cache a superbatch starts from: exactly ``init_ids``."""
         self.bits[:] = 0

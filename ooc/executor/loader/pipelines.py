@@ -401,7 +401,7 @@ class PackedPipeline(SuperbatchPipeline):
         def load(put, stopped) -> None:
             parts: list[tuple[Any, int, int]] = []
             made = [0]
-            packer.limit(packer.window_rows >> RAMP)
+            packer.begin(packer.window_rows >> RAMP)
 
             def emit() -> bool:
                 while not slots.acquire(timeout=0.1):
