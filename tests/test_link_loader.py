@@ -91,6 +91,24 @@ def test_given_pairs_labels_and_triplets(graph):
     assert batches[0].edge_label_index.shape == (2, 50) and (batches[0].edge_label == 1).all()
 
 
+def test_edges_per_epoch_a_new_sample_each_epoch(graph):
+    indices = np.asarray(graph.indices)
+    epochs, n_batches = _epochs(graph, "ooc", epochs=2, edges_per_epoch=450)
+    assert n_batches == 3 and graph.num_edges > 900
+    got = []
+    for batches in epochs:
+        ids = np.concatenate([d.input_id.numpy() for d in batches])
+        assert len(ids) == len(set(ids.tolist())) == 450          # distinct stored edges
+        assert ids.min() >= 0 and ids.max() < graph.num_edges
+        for d in batches:
+            eli = d.n_id.numpy()[d.edge_label_index.numpy()]
+            np.testing.assert_array_equal(eli[0, :len(d.input_id)], indices[d.input_id.numpy()])
+        got.append(set(ids.tolist()))
+    assert got[0] != got[1]                                           # another sample
+    with pytest.raises(OocError, match="edges_per_epoch"):
+        ooc.LinkLoader(graph, [2], edges_per_epoch=0)
+
+
 def test_affine_order_is_a_bijection(monkeypatch):
     """Past PERMUTE_LIMIT edges an epoch's order is an affine map: every position once."""
     monkeypatch.setattr(link_plan, "PERMUTE_LIMIT", 10)

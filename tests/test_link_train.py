@@ -130,3 +130,28 @@ def test_cora_link_auc_with_the_defaults(tmp_path):
     rep_path = tmp_path / "r.json"
     assert run(["--data", data, "--task", "link", "--report", rep_path]) == 0
     assert json.loads(rep_path.read_text())["test_auc"] >= 0.90
+
+
+def test_edges_per_epoch_bounds_the_steps_and_one_pass_scores_the_last_epoch(linked, tmp_path, monkeypatch):
+    from ooc.executor.training.link import LinkTrainer
+
+    seen = []
+    step = LinkTrainer._step
+
+    def counting(self, data, *a):
+        seen.append(len(data.input_id))
+        return step(self, data, *a)
+
+    passes = []
+    embed = LinkTrainer.embed
+    monkeypatch.setattr(LinkTrainer, "_step", counting)
+    monkeypatch.setattr(LinkTrainer, "embed",
+                        lambda self, *a, **k: passes.append(1) or embed(self, *a, **k))
+    rep = tmp_path / "r.json"
+    assert run(small(linked, "--epochs", "2", "--edges-per-epoch", "300",
+                     "--mode", "baseline", "--report", rep)) == 0
+    assert seen == [256, 44, 256, 44]       # 300 positives an epoch in batches of 256
+    # each epoch's validation a pass; the final metrics score the last one's embeddings
+    assert len(passes) == 2
+    r = json.loads(rep.read_text())
+    assert r["val_auc"] == r["epochs"][-1]["val_auc"] and 0 <= r["test_auc"] <= 1

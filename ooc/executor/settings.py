@@ -226,6 +226,8 @@ TRAIN: tuple[Setting, ...] = (
             "choice", choices=("node", "link")),
     Setting("decoder", "dot", "link task: score of a pair from its ends' embeddings, dot "
             "product or an MLP of their elementwise product", "choice", choices=("dot", "mlp")),
+    Setting("edges_per_epoch", None, "link task: positive edges an epoch trains on, a new "
+            "seeded sample each epoch (default: every training edge)", lo=1, hi=1 << 62),
     _SAMPLING["fanouts"],
     _SAMPLING["batch_size"],
     Setting("eval_batch_size", None, "seeds per evaluation batch (default: --batch-size)",

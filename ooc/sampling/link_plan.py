@@ -80,6 +80,10 @@ class EdgeSeeds:
             ``"degree"``: in proportion to its in-degree (a uniform position of
             ``indices`` and the node whose list holds it: nothing per node in memory;
             needs ``indptr``).
+        per_epoch: positives an epoch takes: the first ``per_epoch`` of its own seeded
+            order over every edge (a new sample each epoch when shuffled); None: all.
+
+    ``len()`` is the positives of an epoch; :attr:`num_edges` all of them.
     """
 
     num_nodes: int
@@ -90,8 +94,13 @@ class EdgeSeeds:
     indptr: np.ndarray | None = field(default=None, repr=False)
     indices: np.ndarray | None = field(default=None, repr=False)
     negatives: str = "uniform"
+    per_epoch: int | None = None
 
     def __post_init__(self) -> None:
+        if self.per_epoch is not None and not (isinstance(self.per_epoch, int)
+                                               and self.per_epoch > 0):
+            raise InvalidValue(f"edges_per_epoch must be a positive integer, got "
+                               f"{self.per_epoch!r}")
         if self.negatives not in NEGATIVES:
             raise InvalidValue(f"neg_distribution {self.negatives!r}: expected one of "
                                f"{', '.join(NEGATIVES)}")
@@ -105,10 +114,16 @@ class EdgeSeeds:
         if self.pairs is None and (self.indptr is None or self.indices is None):
             raise InvalidValue("EdgeSeeds: give pairs, or the adjacency (indptr, indices)")
 
-    def __len__(self) -> int:
+    @property
+    def num_edges(self) -> int:
+        """Every edge the positives are taken from."""
         if self.pairs is not None:
             return int(self.pairs.shape[1])
         return int(self.indptr[-1])  # type: ignore[index]
+
+    def __len__(self) -> int:
+        m = self.num_edges
+        return m if self.per_epoch is None else min(m, self.per_epoch)
 
     def ends(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(src, dst)`` (int64) of the edges at positions ``pos``. From the adjacency,
@@ -191,8 +206,9 @@ class LinkEpochPlan(EpochPlan):
     def link_batch(self, b: int) -> LinkBatch:
         """The edges of batch ``b``: a pure function of the plan and ``b``."""
         e = self._edges
-        m, bs = len(e), int(self.batch_size)
-        pos = _order(m, b * bs, min(m, (b + 1) * bs), self.seed, self.epoch, self.shuffle)
+        bs = int(self.batch_size)
+        pos = _order(e.num_edges, b * bs, min(len(e), (b + 1) * bs), self.seed, self.epoch,
+                     self.shuffle)
         src, dst = e.ends(pos)
         label = e.label[pos] if e.label is not None else None
         rng = np.random.default_rng([self.batch_seed(b), 0x4E4547])

@@ -34,7 +34,8 @@ def _as_numpy(a) -> np.ndarray:
 
 def edge_seeds(dataset, edge_label_index=None, edge_label=None, neg_sampling=None,
                neg_sampling_ratio: float | None = None,
-               neg_distribution: str = "uniform") -> EdgeSeeds:
+               neg_distribution: str = "uniform",
+               edges_per_epoch: int | None = None) -> EdgeSeeds:
     """The :class:`EdgeSeeds` of a link loader's arguments.
 
     ``edge_label_index``: int [2, m] pairs, ``"val"``/``"test"`` (the dataset's held-out
@@ -42,7 +43,8 @@ def edge_seeds(dataset, edge_label_index=None, edge_label=None, neg_sampling=Non
     adjacency (the training edges of a split dataset; both directions of an undirected
     one, as PyG's loader over ``data.edge_index``). ``neg_sampling``: ``"binary"``,
     ``"triplet"`` or None; ``neg_sampling_ratio`` alone means binary (as PyG);
-    ``neg_distribution``: ``"uniform"`` or ``"degree"`` (:class:`EdgeSeeds`)."""
+    ``neg_distribution``: ``"uniform"`` or ``"degree"``; ``edges_per_epoch``: positives an
+    epoch takes (:class:`EdgeSeeds`)."""
     n = dataset.num_nodes
     amount = 1.0 if neg_sampling_ratio is None else float(neg_sampling_ratio)
     if isinstance(neg_sampling, dict):  # PyG's NegativeSampling given as its fields
@@ -60,7 +62,8 @@ def edge_seeds(dataset, edge_label_index=None, edge_label=None, neg_sampling=Non
         if edge_label is not None:
             raise InvalidValue("edge_label needs edge_label_index (labels of given pairs)")
         return EdgeSeeds(n, None, None, neg_sampling, amount, indptr=dataset.indptr,
-                         indices=dataset.indices, negatives=neg_distribution)
+                         indices=dataset.indices, negatives=neg_distribution,
+                         per_epoch=edges_per_epoch)
     pairs = _as_numpy(edge_label_index)
     if pairs.ndim != 2 or pairs.shape[0] != 2 or (pairs.size and not np.issubdtype(
             pairs.dtype, np.integer)):
@@ -77,7 +80,7 @@ def edge_seeds(dataset, edge_label_index=None, edge_label=None, neg_sampling=Non
             raise InvalidValue(f"edge_label: expected {pairs.shape[1]} labels (one per pair), "
                                f"got shape {label.shape}")
     return EdgeSeeds(n, pairs, label, neg_sampling, amount, indptr=dataset.indptr,
-                     negatives=neg_distribution)
+                     negatives=neg_distribution, per_epoch=edges_per_epoch)
 
 
 class LinkLoader(NodeLoader):
@@ -104,6 +107,9 @@ class LinkLoader(NodeLoader):
         neg_sampling_ratio: negatives per positive (default 1); given alone, binary.
         neg_distribution: ``"uniform"`` over the nodes (default, as PyG) or ``"degree"``
             (in proportion to each node's in-degree: harder negatives).
+        edges_per_epoch: positives an epoch takes (default: all): the first ones of the
+            epoch's own order, a new sample each epoch when shuffled (for edge sets too
+            large for an epoch over all of them).
 
     Each ``Data`` has ``x``, ``edge_index``, ``n_id`` (the distinct ends of the batch's
     edges first, sorted), ``num_sampled_nodes``, ``num_sampled_edges``, ``input_id``
@@ -116,12 +122,13 @@ class LinkLoader(NodeLoader):
     def __init__(self, data, num_neighbors: Sequence[int] = default("fanouts"),
                  edge_label_index=None, edge_label=None, *, neg_sampling=None,
                  neg_sampling_ratio: float | None = None, neg_distribution: str = "uniform",
+                 edges_per_epoch: int | None = None,
                  batch_size: int = default("batch_size"), **kwargs: Any):
         if "labels" in kwargs or "input_nodes" in kwargs:
             raise InvalidValue("LinkLoader: give edge_label_index/edge_label, not "
                                "input_nodes/labels")
         self._link_args = (edge_label_index, edge_label, neg_sampling, neg_sampling_ratio,
-                           neg_distribution)
+                           neg_distribution, edges_per_epoch)
         self._plans: dict[int, LinkEpochPlan] = {}
         super().__init__(data, num_neighbors, None, batch_size=batch_size, labels=False,
                          **kwargs)

@@ -24,6 +24,7 @@ class TrainConfig:
     model: str = _S["model"].field()
     task: str = _S["task"].field()
     decoder: str = _S["decoder"].field()
+    edges_per_epoch: int | None = _S["edges_per_epoch"].field()
     fanouts: list[int] = _S["fanouts"].field()
     batch_size: int = _S["batch_size"].field()
     eval_batch_size: int | None = _S["eval_batch_size"].field()

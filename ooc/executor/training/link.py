@@ -208,6 +208,8 @@ class LinkTrainer(Trainer):
                  work_dir: str | Path | None = None, **kw):
         self._work_dir = work_dir
         self._positives = edge_label_index
+        #: (the weights' versions, the metrics of every part) of the last scoring pass
+        self._scored: tuple[tuple[int, ...], dict[str, float]] | None = None
         options = kw.get("options")
         self._budget = getattr(options, "memory_budget", None)
         super().__init__(dataset, config, **kw)
@@ -229,7 +231,8 @@ class LinkTrainer(Trainer):
         return list(self.model.parameters()) + list(self.decoder.parameters())
 
     def _edges(self):
-        return edge_seeds(self.dataset, self._positives, None, "binary", 1.0)
+        return edge_seeds(self.dataset, self._positives, None, "binary", 1.0,
+                          edges_per_epoch=self.config.edges_per_epoch)
 
     def _train_seeds(self) -> Any:
         return self._edges()
@@ -237,7 +240,7 @@ class LinkTrainer(Trainer):
     def _train_loader(self):
         cfg, pipe = self.config, self.train_producer
         return LinkLoader(self.dataset, cfg.fanouts, self._positives, neg_sampling="binary",
-                          batch_size=cfg.batch_size,
+                          edges_per_epoch=cfg.edges_per_epoch, batch_size=cfg.batch_size,
                           num_workers=int(getattr(pipe, "workers", 0)), preset=self.preset,
                           seed=cfg.seed, num_threads=cfg.num_threads,
                           source=GivenPipeline(pipe))
@@ -279,11 +282,22 @@ class LinkTrainer(Trainer):
     def link_metrics(self, parts=("val", "test")) -> dict[str, float]:
         """``{part}_auc``, ``{part}_mrr``, ``{part}_hits@K`` of the dataset's link split
         (empty when it has none), from every node's embedding computed layer-wise in a
-        temporary folder (removed after)."""
+        temporary folder (removed after). Every part is scored from one pass, kept until
+        the weights change (the last epoch's validation and the final metrics share it)."""
         self._check_open()
-        split = self.dataset.link_split
-        if split is None:
+        if self.dataset.link_split is None:
             return {}
+        weights = tuple(p._version for p in (*self.model.parameters(),
+                                             *self.decoder.parameters()))
+        if self._scored is None or self._scored[0] != weights:
+            self._scored = (weights, self._score_split())
+        return {k: v for k, v in self._scored[1].items() if k.split("_", 1)[0] in parts}
+
+    def _score_split(self) -> dict[str, float]:
+        """Every part of the link split scored from embeddings computed now."""
+        split = self.dataset.link_split
+        assert split is not None
+        parts = ("val", "test")
         work = Path(tempfile.mkdtemp(prefix="ooc-link-eval-", dir=self._work_dir))
         try:
             out = work / "emb"
