@@ -16,10 +16,17 @@ layout, then runs each stage as its own process in a memory cgroup of the budget
 - partition: ``ooc.partition --parts 8 --features link`` (the partitions read the dataset's
   feature file: copies with their halos would take several times its features)
 
+``--task link`` predicts edges instead: ingest holds out 1% of the edges each for validation
+and test (``--link-split 0.01,0.01``, one negative each), train runs ``--task link`` (the
+same GraphSAGE as the encoder, a dot-product decoder, ``--link-edges`` positives an epoch)
+and reports the split's AUC, MRR and Hits@K from every node's embedding computed layer-wise
+inside the stage; the default workdir is ``bench_tmp/scale-S-link``.
+
 The report has ``graph.{nodes,edges,feature_dim}``, ``budget_bytes``,
 ``stages.<stage>.{wall_s,peak_rss_bytes,planned_peak_bytes,bytes_read,bytes_written,
-disk_bytes,...}`` and ``train.val_acc``. ``peak_rss_bytes`` is the stage process's own peak
-(its rusage, children included when they are larger); ``cgroup_peak_bytes`` is the group's,
+disk_bytes,...}`` and ``train.val_acc`` (``--task link``: ``train.{val,test}_auc``,
+``train.test_mrr``, ``train.test_hits@K``). ``peak_rss_bytes`` is the stage process's own
+peak (its rusage, children included when they are larger); ``cgroup_peak_bytes`` is the group's,
 page cache included; ``bytes_read`` / ``bytes_written`` are block I/O of the process tree
 (rusage); ``planned_peak_bytes`` is what the stage's own report says it planned, where it
 says. Before writing anything the disk is checked for what the run will write. The raw
@@ -50,6 +57,11 @@ from . import scale_graph as sg
 STAGES = ("ingest", "train", "infer", "partition")
 HIDDEN = 256
 FANOUTS = "15,10,5"
+#: ``--task link``: the edges held out for validation and test (fractions)
+LINK_SPLIT = "0.01,0.01"
+#: ``--task link``: the final metrics the report keeps
+LINK_METRICS = ("val_auc", "val_mrr", "test_auc", "test_mrr", "test_hits@20", "test_hits@50",
+                "test_hits@100")
 
 
 def log(msg: str) -> None:
@@ -127,14 +139,20 @@ def ingest_buffer(budget: int) -> int:
 
 
 def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
-               batch_size: int = 1024, aggregate: str = "auto") -> list[str]:
+               batch_size: int = 1024, aggregate: str = "auto",
+               link_edges: int | None = None) -> list[str]:
+    """The stage's command (``python ARGV``); ``link_edges``: the link task, its positives
+    an epoch (None: node classification)."""
     b = f"{budget >> 20}MiB"
+    link = link_edges is not None
     if stage == "ingest":
         return ["-m", "ooc.prepare", "ogb", "--root", str(w["raw"]), "--out", str(w["data"]),
                 "--undirected", "--buffer", f"{ingest_buffer(budget) >> 20}MiB",
+                *(["--link-split", LINK_SPLIT] if link else []),
                 "--no-progress", "--report", str(w["reports"] / "ingest.json")]
     if stage == "train":
         return ["-m", "ooc.train", "--data", str(w["data"]), "--model", "sage",
+                *(["--task", "link", "--edges-per-epoch", str(link_edges)] if link else []),
                 "--fanouts", FANOUTS, "--batch-size", str(batch_size), "--hidden", str(HIDDEN),
                 "--epochs", str(epochs), "--memory-budget", b, "--checkpoint-dir", str(w["ckpt"]),
                 "--runtime-dir", str(w["runtime"]), "--no-progress",
@@ -160,12 +178,13 @@ def _planned(rep: dict) -> int | None:
 
 
 def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int, batch_size: int,
-              seconds: float | None = None, aggregate: str = "auto") -> dict:
+              seconds: float | None = None, aggregate: str = "auto",
+              link_edges: int | None = None) -> dict:
     rep_path = w["reports"] / f"{stage}.json"
     rep_path.unlink(missing_ok=True)  # an earlier run's: what this one writes, or nothing
     dropped = memcg.drop_page_cache()
-    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size, aggregate), budget,
-                  seconds)
+    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size, aggregate,
+                                    link_edges), budget, seconds)
     try:
         rep = json.loads(rep_path.read_text())
     except (OSError, ValueError):
@@ -240,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated subset of {','.join(STAGES)}")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--task", choices=("node", "link"), default="node",
+                    help="link: hold out 1%% of the edges each for validation and test and "
+                         "train link prediction (metrics in the train stage's report)")
+    ap.add_argument("--link-edges", type=int, default=65536, metavar="N",
+                    help="--task link: positive edges an epoch trains on (default 65536)")
     ap.add_argument("--compress", action="store_true", help="deflate the raw npz members")
     ap.add_argument("--keep", action="store_true", help="keep every stage's output")
     ap.add_argument("--aggregate", default="auto",
@@ -256,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     stages = [s for s in args.stages.split(",") if s]
     if args.stage_limit is not None and not args.stage_limit > 0:
         ap.error(f"--stage-limit must be a positive number of seconds, got {args.stage_limit}")
+    if args.link_edges < 1:
+        ap.error(f"--link-edges must be a positive number of edges, got {args.link_edges}")
     if not 0 < args.scale <= 1 or any(s not in STAGES for s in stages):
         ap.error(f"--scale must be in (0, 1] and --stages a subset of {STAGES}")
     from ooc.executor.inference.runner import AGGREGATIONS
@@ -265,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     shape = sg.Shape.of(args.scale)
     if args.plan_only:
         return plan_only(args, shape, stages)
-    wd = args.workdir or H.REPO / "bench_tmp" / f"scale-{args.scale:g}"
+    link_edges = args.link_edges if args.task == "link" else None
+    wd = args.workdir or H.REPO / "bench_tmp" / (f"scale-{args.scale:g}"
+                                                  + ("-link" if link_edges else ""))
     w = {"raw": wd / "ogb", "data": wd / "data", "ckpt": wd / "ckpt", "runtime": wd / "runtime",
          "emb": wd / "emb.zarr", "parts": wd / "parts", "reports": wd / "reports"}
     facts = sg.written(w["raw"], shape, args.compress)
@@ -303,14 +331,15 @@ def main(argv: list[str] | None = None) -> int:
         if stage == "infer":  # a run stopped at the stage limit leaves one to resume
             shutil.rmtree(partial_path(w["emb"]), ignore_errors=True)
         res = run_stage(stage, w, args.memory_budget, args.epochs, args.batch_size,
-                        args.stage_limit, way)
+                        args.stage_limit, way, link_edges)
         res["disk_bytes"] = du(outputs[stage])
         rep["stages"][name] = res
         log(f"{name}: exit {res['rc']}, {res['wall_s']} s, peak RSS "
             f"{format_size(res['peak_rss_bytes'])}" + (f": {res['error']}" if "error" in res else ""))
         if stage == "train":
-            rep["train"] = {"val_acc": res["report"].get("val_acc",
-                                                         res["report"].get("final", {}).get("val_acc"))}
+            got = res["report"]
+            rep["train"] = ({k: got.get(k) for k in LINK_METRICS} if link_edges else
+                            {"val_acc": got.get("val_acc", got.get("final", {}).get("val_acc"))})
         if not args.keep and stage in ("infer", "partition"):
             shutil.rmtree(outputs[stage], ignore_errors=True)
         if res["rc"] != 0 and stage in ("ingest", "train"):
@@ -320,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     rep["table"] = table
     if args.report:
-        H.write_report(args.report, "scale", rep, spec={"scale": args.scale, **shape_spec(shape)},
+        H.write_report(args.report, "scale", rep,
+                       spec={"scale": args.scale, "task": args.task, **shape_spec(shape),
+                             **({"link_edges": link_edges} if link_edges else {})},
                        data_path=wd, args=args)
     return 0 if all(s["rc"] == 0 for s in rep["stages"].values()) else 1
 

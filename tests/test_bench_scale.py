@@ -166,3 +166,23 @@ def test_plan_only_a_failed_baseline_is_one_line_and_exit_2(tmp_path, monkeypatc
     assert e.value.code == 2 and not report.exists()
     err = capsys.readouterr().out.strip().splitlines()[-1]
     assert err.startswith("bench_scale: error: --plan-only:") and "boom" in err
+
+
+def test_link_task_holds_out_edges_and_reports_the_link_metrics(tmp_path):
+    import json
+
+    rep_path = tmp_path / "r.json"
+    rc = bench_scale.main(["--scale", "0.0001", "--task", "link", "--memory-budget", "2GiB",
+                           "--stages", "ingest,train", "--epochs", "1", "--link-edges", "2000",
+                           "--workdir", str(tmp_path / "w"), "--report", str(rep_path)])
+    assert rc == 0
+    rep = json.loads(rep_path.read_text())
+    meta = json.loads((tmp_path / "w" / "data" / "meta.json").read_text())
+    shape = sg.Shape.of(0.0001)
+    split = meta["link_split"]
+    held = [split["num_val"], split["num_test"]]    # 1% of the distinct pairs each
+    assert split["val_fraction"] == split["test_fraction"] == 0.01
+    assert all(0.005 * shape.edges < h <= 0.01 * shape.edges for h in held), held
+    assert set(rep["train"]) == set(bench_scale.LINK_METRICS)
+    assert all(0.0 <= v <= 1.0 for v in rep["train"].values())
+    assert rep["stages"]["train"]["rc"] == 0
