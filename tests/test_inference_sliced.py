@@ -206,3 +206,22 @@ def test_forced_slices_check_the_disk_before_anything_is_written(data, tmp_path,
                                .group(1).replace(" ", ""))
     e, n = ds.num_edges, ds.num_nodes
     assert need["sliced"] - need["auto"] >= 4 * e + 8 * n + 4 * 20 * n
+
+
+@pytest.mark.parametrize("use_max", [False, True])
+def test_reduce_rows_matches_numpy(use_max):
+    from ooc.executor.inference._kernels import reduce_rows
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((50, 6)).astype(np.float32)
+    deg = rng.integers(0, 5, 300)
+    deg[::7] = 0
+    src = rng.integers(0, 50, int(deg.sum()))
+    out = np.full((300, 6), np.nan, np.float32)
+    reduce_rows(x, src, deg, out, use_max)
+    k = 0
+    for r, m in enumerate(deg):
+        rows = x[src[k:k + m]]
+        want = np.zeros(6, np.float32) if m == 0 else rows.max(0) if use_max else rows.sum(0)
+        np.testing.assert_allclose(out[r], want, rtol=1e-6, atol=1e-6)
+        k += m

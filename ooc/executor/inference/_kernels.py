@@ -283,15 +283,23 @@ def _reduce_into(acc, t, x, s, use_max):
             acc[t, j] += x[s, j]
 
 
-@numba.njit(cache=True)
+@parallel_kernel
+@numba.njit(cache=True, parallel=True)
 def reduce_rows(x, src, deg, out, use_max):
     """``out[r]`` = the sum (or elementwise max, ``use_max``) of ``x[s]`` over row ``r``'s
     sources: ``deg`` int [R] edges a row, ``src`` int [sum(deg)] the sources' rows of ``x``
-    (float32 [rows, d]) row after row; ``out`` float32 [R, d]. A row without edges gets 0."""
+    (float32 [rows, d]) row after row; ``out`` float32 [R, d]. A row without edges gets 0.
+    Rows in parallel, each summed in its edges' order (the same result on any thread
+    count)."""
     d = x.shape[1]
-    k = 0
-    for r in range(deg.shape[0]):
-        m = deg[r]
+    rows = deg.shape[0]
+    first = np.empty(rows + 1, dtype=np.int64)
+    first[0] = 0
+    for r in range(rows):
+        first[r + 1] = first[r] + deg[r]
+    for r in numba.prange(rows):
+        k = first[r]
+        m = first[r + 1] - k
         if m == 0:
             for j in range(d):
                 out[r, j] = 0.0
@@ -301,7 +309,6 @@ def reduce_rows(x, src, deg, out, use_max):
             out[r, j] = x[s, j]
         for i in range(k + 1, k + m):
             _reduce_into(out, r, x, src[i], use_max)
-        k += m
 
 
 @numba.njit(cache=True)
