@@ -226,7 +226,7 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
     its layers: streamed groups and column slices, the one planned to move fewer bytes
     (read, and scratch written) taken, as ``ooc.infer``'s ``auto`` does at this size (the
     blocks are not planned above 2^25 edges); a sliced layer after one with the same blocks
-    reads the edges it sorted."""
+    reads the edges it sorted, and the column files the layer before wrote."""
     from ooc.executor.inference.memory_plan import BlockCosts
     from ooc.executor.inference.sliced import SlicePlan, plan_sliced
     from ooc.executor.inference.streamed import StreamPlan, plan_stream
@@ -253,8 +253,9 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
         # reduced in the rows pass
         args = ("mean", n, e, d_in, d_out, in_row, table, table, budget, INFER_CHUNK_ROWS,
                 costs, True)
+        # a later layer's column files are written by the layer before, with its output
         kw: dict = dict(rss0=rss0, aligned=True, local_share=INFER_LOCAL_SHARE,
-                        src_align=align)
+                        src_align=align, columns_ready=l > 0)
         sliced = plan_sliced(*args, **kw)
         if sliced is not None and sorted_by is not None and \
                 (sorted_by.local_rows, sorted_by.halo) == (sliced.local_rows, sliced.halo):

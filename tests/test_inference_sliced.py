@@ -63,10 +63,41 @@ def test_sliced_layers_equal_the_forward_pass(data, tmp_path, name, slice_cols):
         # a locality-ordered dataset's rows are the processing order's: the later layers
         # read the edges the first one sorted
         assert reads["edges_reused"] == (ds.row_of is not None and la["layer"] > 1)
+        # a later layer's column files come from the layer before, which wrote them with
+        # its output
+        assert reads["columns_ready"] == (slice_cols is not None and la["layer"] > 1)
         assert reads["reduction"] == {"pyg-max": "max", "pyg-sum": "sum"}.get(name, "mean")
         assert 0 < la["bytes_read"] <= reads["planned_sliced_bytes"]
     assert not (out / SLICE_DIR).exists()
     np.testing.assert_array_equal(read_embeddings(out, "pred"), ref[-1].argmax(1))
+
+
+@pytest.mark.parametrize("width", [3, 9])
+def test_column_files_of_another_width_are_taken_where_they_fit(data, tmp_path, monkeypatch,
+                                                               width):
+    """The layer before wrote slices of ``width`` columns: narrower than the 7 the layer
+    plans, it takes them; wider, it writes its own; the layers equal the forward pass."""
+    from ooc.executor.inference import runner
+
+    ds, x = data
+    model = _models()["ooc-sage"]
+    made = runner._next_columns
+
+    def other_width(run, l, d_out, first_chunk, scratch):
+        got = made(run, l, d_out, first_chunk, scratch)
+        if got is not None:
+            got.bounds = [(c, min(d_out, c + width)) for c in range(0, d_out, width)]
+        return got
+
+    monkeypatch.setattr(runner, "_next_columns", other_width)
+    out = tmp_path / "s.zarr"
+    rep = layerwise_inference(ds, model, out, chunk_rows=128, aggregate="sliced",
+                              slice_cols=7, keep_layers=True, progress=False)
+    _check_layers(out, _reference(model, x, ds))
+    for la in rep["layers"][1:]:
+        assert la["reads"]["columns_ready"] == (width < 7)
+        assert la["reads"]["slices"] == -(-la["in_dim"] // min(width, 7))
+    assert not (out / SLICE_DIR).exists()
 
 
 @pytest.mark.parametrize("slice_cols", [None, 6])

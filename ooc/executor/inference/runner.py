@@ -30,12 +30,16 @@ from ooc.executor.inference.store import Progress, layer_array, write_chunk
 from ooc.executor.inference._kernels import local_share
 from ooc.executor.inference.sliced import (
     LOCAL_SAMPLE,
+    ColumnFiles,
     SlicePlan,
+    columns_dir,
     edges_ready,
     plan_sliced,
+    prepared_columns,
     run_sliced,
 )
 from ooc.executor.inference.streamed import (
+    BUCKET_BYTES,
     StreamPlan,
     input_keys,
     note_stream_reads,
@@ -257,12 +261,13 @@ class _ChunkWriter:
     """Takes a layer's output rows in row order, block by block (a block may span output
     chunks), and writes each output chunk once it is full, from chunk ``first_chunk`` on
     (rows before it are written already and dropped): checked finite, converted to the
-    array's dtype, written, recorded in the progress file."""
+    array's dtype, written, recorded in the progress file; and handed to ``columns`` (the
+    next layer's column files) where given."""
 
     def __init__(self, run: Run, l: int, arr: Any, name: str, d_out: int, first_chunk: int,
-                 stats: LayerStats):
+                 stats: LayerStats, columns: ColumnFiles | None = None):
         self.run, self.l, self.arr, self.name, self.d_out = run, l, arr, name, d_out
-        self.stats = stats
+        self.stats, self.columns = stats, columns
         self.c = first_chunk
         self.buf: np.ndarray | None = None
         self.bar = _progress_bar(run, l, first_chunk)
@@ -297,6 +302,8 @@ class _ChunkWriter:
             check_finite(buf, run, l, c0)
         t0 = time.perf_counter()
         write_chunk(run.group, self.arr, self.name, self.c, c0, buf)
+        if self.columns is not None:
+            self.columns.put(c0, buf)
         del buf
         run.progress.chunk_written(self.c)
         self.stats.time_s["write"] += time.perf_counter() - t0
@@ -310,6 +317,8 @@ class _ChunkWriter:
         if self.bar is not None:
             self.bar.close()
         assert self.c == self.run.chunking.num_chunks and self.buf is None, "rows left unwritten"
+        if self.columns is not None:
+            self.columns.finish()
 
 
 def layer_costs(run: Run, l: int, d_in: int, d_out: int) -> BlockCosts | None:
@@ -375,43 +384,91 @@ def run_layer(run: Run, l: int) -> dict:
     first_chunk = run.progress.first_chunk(l, name in run.group)
     dtype = run.layer_dtype if l + 1 < run.model.num_layers else "float32"
     run.progress.state.update(layer=l, chunks_done=first_chunk)
-    if stream is not None or sliced is not None:
-        arr = layer_array(run.group, name, n, d_out, ch.chunk_rows, dtype)
-        stats = LayerStats()
-        stats.time_s["plan"] = time.perf_counter() - t0
-        writer = _ChunkWriter(run, l, arr, name, d_out, first_chunk, stats)
-        work = Path(run.group.store.root)
-        if sliced is not None:
-            read = run_sliced(run, l, sliced, prev, d_in, first_chunk, writer, stats, work)
-            reads = sliced.as_dict()
-            blocks, peak, wb = sliced.slices, sliced.planned_peak_bytes, sliced.work
-        else:
-            assert stream is not None
-            if run.stream_rows == (None, None):  # forced sizes are not the budget's
-                stream.note_reads()
-            read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats, work)
-            reads = stream.as_dict()
-            blocks, peak, wb = stream.groups, stream.planned_peak_bytes, stream.work
-        writer.close()
-        return {"layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
-                "blocks": blocks, "resumed_chunks": first_chunk,
-                "sub_blocks": stats.sub_blocks, "work_bytes": wb, "planned_peak_bytes": peak,
-                "bytes_read": int(read), "cache": None,
-                "reads": {**reads, "planned_block_bytes": planned.get("blocks"),
-                          "planned_stream_bytes": planned.get("streamed"),
-                          "planned_sliced_bytes": planned.get("sliced")},
-                "planned_bytes": planned, "planned_written": written,
-                "local_edges": stats.local_edges,
-                "time_s": {k: round(v, 4) for k, v in stats.time_s.items()}}
-    if plan is None:
-        plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
-    if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
-        note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
-    arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
-    rep = _run_blocks(run, plan, prev, arr, name, first_chunk, plan.plan_s + probe_s)
-    rep["planned_bytes"] = {**planned, "blocks": plan.planned_bytes}
-    rep["planned_written"] = {**written, "blocks": 0}
-    return rep
+    work = Path(run.group.store.root)
+    scratch = (sliced.scratch_bytes if sliced is not None else 0) \
+        + (BUCKET_BYTES * int(run.topo.indptr[-1]) if stream is not None else 0)
+    columns = _next_columns(run, l, d_out, first_chunk, scratch)
+    try:
+        if stream is not None or sliced is not None:
+            return _run_reducing(run, l, stream, sliced, prev, d_in, d_out, dtype, first_chunk,
+                                 columns, planned, written, t0)
+        if plan is None:
+            plan = _block_plan(run, l, d_in, d_out, costs, itemsize)
+        if run.cache.capacity is None:  # a cache size forced by the caller is not the budget's
+            note_extra_reads(plan, run.budget, n, ch, d_in * itemsize, plan.d_out * 4)
+        arr = layer_array(run.group, name, n, plan.d_out, ch.chunk_rows, dtype)
+        rep = _run_blocks(run, plan, prev, arr, name, first_chunk, plan.plan_s + probe_s,
+                          columns)
+        rep["planned_bytes"] = {**planned, "blocks": plan.planned_bytes}
+        rep["planned_written"] = {**written, "blocks": 0}
+        return rep
+    except BaseException:
+        if columns is not None:
+            columns.abort()
+        raise
+    finally:  # this layer's input columns, where a way other than slices took the layer
+        shutil.rmtree(columns_dir(work, f"h{l}"), ignore_errors=True)
+
+
+def _next_columns(run: Run, l: int, d_out: int, first_chunk: int,
+                  scratch: int) -> ColumnFiles | None:
+    """The column files of layer ``l``'s output for layer ``l + 1``, where that layer is
+    planned (from the RSS now, and a margin of the budget's 1/32) to run in several column
+    slices and the disk holds them beside the output and ``scratch`` (this layer's); None
+    elsewhere, and when resuming the layer (its first chunks are written)."""
+    if first_chunk or l + 1 >= run.model.num_layers or run.aggregate not in ("auto", "sliced"):
+        return None
+    reduction = run.model.aggregation(l + 1)
+    if reduction is None:
+        return None
+    n, e = run.topo.num_nodes, int(run.topo.indptr[-1])
+    d_next = run.model.out_dim(l + 1, d_out)
+    item = int(np.dtype(run.layer_dtype).itemsize)
+    table = n * d_out * item
+    p = plan_sliced(reduction, n, e, d_out, d_next, d_out * item, table, table, run.budget,
+                    run.chunking.chunk_rows, BlockCosts.estimate(d_out, d_next), True,
+                    slice_cols=run.slice_cols, rss0=rss() + run.budget // 32)
+    if p is None or p.slices == 1:
+        return None
+    root = Path(run.group.store.root)
+    if n * d_out * 4 + table + scratch > shutil.disk_usage(root).free:
+        return None
+    return ColumnFiles(columns_dir(root, f"h{l + 1}"), p.bounds(d_out), n)
+
+
+def _run_reducing(run: Run, l: int, stream: StreamPlan | None, sliced: SlicePlan | None,
+                  prev: Any, d_in: int, d_out: int, dtype: str, first_chunk: int,
+                  columns: ColumnFiles | None, planned: dict[str, int],
+                  written: dict[str, int], t0: float) -> dict:
+    """Layer ``l`` streamed or in column slices (see :func:`run_layer`); its report."""
+    name, ch, n = f"h{l + 1}", run.chunking, run.topo.num_nodes
+    arr = layer_array(run.group, name, n, d_out, ch.chunk_rows, dtype)
+    stats = LayerStats()
+    stats.time_s["plan"] = time.perf_counter() - t0
+    writer = _ChunkWriter(run, l, arr, name, d_out, first_chunk, stats, columns)
+    work = Path(run.group.store.root)
+    if sliced is not None:
+        read = run_sliced(run, l, sliced, prev, d_in, first_chunk, writer, stats, work)
+        reads = sliced.as_dict()
+        blocks, peak, wb = sliced.slices, sliced.planned_peak_bytes, sliced.work
+    else:
+        assert stream is not None
+        if run.stream_rows == (None, None):  # forced sizes are not the budget's
+            stream.note_reads()
+        read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats, work)
+        reads = stream.as_dict()
+        blocks, peak, wb = stream.groups, stream.planned_peak_bytes, stream.work
+    writer.close()
+    return {"layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
+            "blocks": blocks, "resumed_chunks": first_chunk,
+            "sub_blocks": stats.sub_blocks, "work_bytes": wb, "planned_peak_bytes": peak,
+            "bytes_read": int(read), "cache": None,
+            "reads": {**reads, "planned_block_bytes": planned.get("blocks"),
+                      "planned_stream_bytes": planned.get("streamed"),
+                      "planned_sliced_bytes": planned.get("sliced")},
+            "planned_bytes": planned, "planned_written": written,
+            "local_edges": stats.local_edges,
+            "time_s": {k: round(v, 4) for k, v in stats.time_s.items()}}
 
 
 def _input_shape(run: Run, prev: Any, d_in: int, itemsize: int) -> tuple[int, int, int, int, int]:
@@ -441,29 +498,39 @@ def _sliced_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     # the input's rows in the processing order: a layer's array, or a dataset stored so
     aligned = prev is not None or natural_keys or topo.rowof is ds.row_of
 
-    def replan(share: float, ready: bool = False) -> SlicePlan | None:
+    def replan(share: float, ready: bool = False, cols: int | None = run.slice_cols,
+               columns: bool = False) -> SlicePlan | None:
         p = plan_sliced(run.model.aggregation(l), n, int(topo.indptr[-1]), d_in, d_out,
                         in_row, table, table if prev is None else n * d_in * itemsize,
                         run.budget, run.chunking.chunk_rows, costs, not natural_keys,
-                        index_bytes=topo.indices.itemsize, slice_cols=run.slice_cols,
+                        index_bytes=topo.indices.itemsize, slice_cols=cols,
                         n_in=n_in, aligned=aligned, local_share=share, src_align=align,
-                        edges_sorted=ready)
+                        edges_sorted=ready, columns_ready=columns)
         if p is not None:
             p.keys = "rows" if aligned else "features"
         return p
 
     plan = replan(0.0)
     work = Path(run.group.store.root)
+    share, ready = 0.0, False
     if plan is not None and plan.sorted_edges:
         local = edges_ready(work, plan)
         if local is not None:  # an earlier layer sorted them: its count, not a sample
-            plan = replan(local / max(int(topo.indptr[-1]), 1), True)
+            share, ready = local / max(int(topo.indptr[-1]), 1), True
+            plan = replan(share, ready)
         elif plan.local_rows:  # the local edges' share, from a sample
             rows = np.linspace(0, n - 1, min(n, LOCAL_SAMPLE)).astype(np.int64)
             share = local_share(topo.indptr, topo.indices, topo.perm, input_keys(run, prev),
                                 rows, plan.local_rows, plan.halo)
             topo.release_pages()
             plan = replan(share)
+    if plan is not None and prev is not None and plan.slices > 1:
+        # the layer before wrote its output's column files: their slices, where they fit
+        bounds = prepared_columns(work, f"h{l}", n_in)
+        if bounds is not None and bounds[0][1] - bounds[0][0] <= plan.slice_cols:
+            taken = replan(share, ready, bounds[0][1] - bounds[0][0], True)
+            if taken is not None and taken.bounds(d_in) == bounds:
+                plan = taken
     if plan is None and run.aggregate == "sliced":
         why = ("its convolution is not a plain mean, sum or max of its input rows"
                if run.model.aggregation(l) is None else
@@ -517,7 +584,7 @@ def _block_plan(run: Run, l: int, d_in: int, d_out: int, costs: BlockCosts,
 
 
 def _run_blocks(run: Run, plan: LayerPlan, prev: Any, arr: Any, name: str, first_chunk: int,
-                plan_s: float) -> dict:
+                plan_s: float, columns: ColumnFiles | None = None) -> dict:
     """Layer ``plan.l`` block after block (see :func:`run_layer`)."""
     ch, n, l = run.chunking, run.topo.num_nodes, plan.l
     d_in = plan.d_in
@@ -535,7 +602,7 @@ def _run_blocks(run: Run, plan: LayerPlan, prev: Any, arr: Any, name: str, first
                            loader=src.load_chunk, num_keys=ch.num_chunks)
     stats = LayerStats()
     stats.time_s["plan"] = plan_s
-    writer = _ChunkWriter(run, l, arr, name, plan.d_out, first_chunk, stats)
+    writer = _ChunkWriter(run, l, arr, name, plan.d_out, first_chunk, stats, columns)
     for b in range(max(first_block, 0), plan.num_blocks if first_chunk < ch.num_chunks else 0):
         _run_block(run, plan, src, cache, b, stats, writer)
     writer.close()

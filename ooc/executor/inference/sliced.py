@@ -11,7 +11,10 @@ the edges once per slice:
 
 1. *Columns* (only with several slices): one pass over the input in stored order writes
    each slice's columns to a file of its own (float32 [input rows, slice columns]), so a
-   slice reads only its bytes.
+   slice reads only its bytes. A later layer's input is written by the layer before it,
+   which writes these files as it writes its output (:class:`ColumnFiles`, with the slices
+   it plans for the next layer): the pass is skipped where the next layer's plan takes
+   those slices.
 2. *Edges in row order* (only where output rows are not node ids, or input rows not node
    ids): one pass over ``indices.bin`` buckets the edges by group of output rows (the
    :mod:`.streamed` kernel, 8 bytes an edge), then each group is sorted by row in memory
@@ -83,6 +86,10 @@ SORT_EDGE_BYTES = 12
 SLICE_DIR = "column_slices"
 EDGE_DIR = "edges"
 EDGE_META = "sorted.json"
+#: The column files a layer writes of its output array ``NAME`` for the next layer, in
+#: ``columns_NAME`` inside :data:`SLICE_DIR`; their meta file is written last.
+COLUMNS_PREFIX = "columns_"
+COLUMNS_META = "columns.json"
 #: Bytes of an edge, and of an output row, in the row-ordered edge files.
 EDGE_KEY_BYTES = 4
 DEG_BYTES = 4
@@ -146,6 +153,8 @@ class SlicePlan:
     #: what it writes besides the layer's output: the sorted edges (where it sorts them),
     #: the column files and the aggregates (with several slices)
     write_bytes: int = 0
+    #: the layer before wrote the column files (:class:`ColumnFiles`): no columns pass
+    columns_ready: bool = False
 
     def bounds(self, d_in: int) -> list[tuple[int, int]]:
         """The columns ``(c0, c1)`` of every slice."""
@@ -159,7 +168,7 @@ class SlicePlan:
                 "planned_peak_bytes": int(self.planned_peak_bytes),
                 "scratch_bytes": int(self.scratch_bytes), "local_rows": self.local_rows,
                 "halo": self.halo, "planned_local_share": round(self.local_share, 4),
-                "edges_reused": self.edges_sorted}
+                "edges_reused": self.edges_sorted, "columns_ready": self.columns_ready}
 
 
 def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out: int,
@@ -168,7 +177,7 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
                 index_bytes: int = 4, slice_cols: int | None = None, rss0: int | None = None,
                 n_in: int | None = None, aligned: bool = False,
                 local_share: float = 0.0, src_align: int = 1,
-                edges_sorted: bool = False) -> SlicePlan | None:
+                edges_sorted: bool = False, columns_ready: bool = False) -> SlicePlan | None:
     """The column-sliced plan of a layer, or None when its convolution is no plain
     reduction or the budget cannot hold one column of every input row.
 
@@ -181,7 +190,10 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     so that the rows pass reduces the edges local to its blocks (``local_share`` of them,
     estimated) with several slices; ``src_align``: reads of the input start at a multiple
     of these rows (``features.bin``'s rows a page); ``edges_sorted``: an earlier layer
-    left the sorted edges this plan reads (:func:`edges_ready`), so it does not sort them.
+    left the sorted edges this plan reads (:func:`edges_ready`), so it does not sort them;
+    ``columns_ready``: the layer before wrote the column files of these slices (with
+    several slices the input is then not read for them; their writes count where the
+    layer before runs, here as before).
     """
     if reduction is None or n == 0:
         return None
@@ -231,7 +243,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     remote = int(round(num_edges * (1.0 - local)))
     e_pass = remote * (EDGE_KEY_BYTES if sorted_edges else index_bytes) \
         + n * (DEG_BYTES if sorted_edges else 8)
-    planned = table_bytes + slices * e_pass \
+    ready = columns_ready and slices > 1
+    planned = (0 if ready else table_bytes) + slices * e_pass \
         + (BUCKET_BYTES * num_edges if sorted_edges and not edges_sorted else 0)
     held = n_in * slice_cols * 4 + piece
     if slices > 1:  # the column files, the aggregate and the own rows once each
@@ -262,7 +275,7 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
                      sorted_edges, int(sort_rows), int(planned), int(free), int(peak),
                      int(scratch), local_rows, halo, local, src_align, edge_piece,
                      piece_rows, edges_sorted=edges_sorted,
-                     write_bytes=int(written))
+                     write_bytes=int(written), columns_ready=ready)
 
 
 def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bool = True,
@@ -275,6 +288,89 @@ def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bo
     out = (BUCKET_BYTES + EDGE_KEY_BYTES) * num_edges + 2 * DEG_BYTES * n if sorted_edges \
         else 0
     return out + ((max(n_in, n) * d_in + n * slice_cols) * 4 if slice_cols else 0)
+
+
+class ColumnFiles:
+    """The column files of a layer's output (float32 [rows, c1 - c0] for each ``(c0, c1)``
+    of ``bounds``, in row order) for the next layer's slices, written as the layer's
+    writer hands over its output chunks in order (the values as stored: a float16 layer's
+    after its rounding). Files are opened at the first chunk; :meth:`finish` writes the
+    meta file once every row is in; a write that fails (a full disk) drops them all and the
+    layer goes on without (the next layer then writes its own)."""
+
+    def __init__(self, folder: Path, bounds: list[tuple[int, int]], rows: int):
+        self.folder, self.bounds, self.rows = folder, bounds, int(rows)
+        self._files: list[Any] | None = None
+        self._written = 0
+        self.failed = False
+
+    def put(self, r0: int, h: np.ndarray) -> None:
+        """Rows ``r0 .. r0 + len(h)`` of the output ([k, width], stored dtype)."""
+        if self.failed:
+            return
+        try:
+            if self._files is None:
+                shutil.rmtree(self.folder, ignore_errors=True)
+                self.folder.mkdir(parents=True)
+                self._files = [open(self.folder / f"cols{j}.bin", "wb")
+                               for j in range(len(self.bounds))]
+            if r0 != self._written:
+                raise ValueError(f"rows from {r0}, expected {self._written}")
+            for f, (c0, c1) in zip(self._files, self.bounds, strict=True):
+                f.write(np.ascontiguousarray(h[:, c0:c1], dtype=np.float32).data)
+            self._written += h.shape[0]
+        except (OSError, ValueError):
+            self.abort()
+
+    def finish(self) -> None:
+        """Close the files; the meta file marks them whole when every row is in."""
+        if self.failed or self._files is None:
+            return
+        try:
+            for f in self._files:
+                f.close()
+            self._files = None
+            if self._written == self.rows:
+                meta = self.folder / COLUMNS_META
+                tmp = meta.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"rows": self.rows,
+                                           "bounds": [list(b) for b in self.bounds]}))
+                tmp.replace(meta)
+        except OSError:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the files (a failed write, or the layer stopped)."""
+        self.failed = True
+        for f in self._files or []:
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._files = None
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def columns_dir(work: Path, name: str) -> Path:
+    """Where the column files of array ``name`` go (see :class:`ColumnFiles`)."""
+    return work / SLICE_DIR / f"{COLUMNS_PREFIX}{name}"
+
+
+def prepared_columns(work: Path, name: str, rows: int) -> list[tuple[int, int]] | None:
+    """The slices' bounds of the whole column files of array ``name`` (``rows`` rows) a
+    layer wrote (:class:`ColumnFiles`), or None where there are none."""
+    folder = columns_dir(work, name)
+    try:
+        meta = json.loads((folder / COLUMNS_META).read_text())
+        bounds = [(int(a), int(b)) for a, b in meta["bounds"]]
+        if int(meta["rows"]) != rows:
+            return None
+        for j, (c0, c1) in enumerate(bounds):
+            if (folder / f"cols{j}.bin").stat().st_size != rows * (c1 - c0) * 4:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return bounds
 
 
 class _Edges:
@@ -448,7 +544,8 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
     key_in = input_keys(run, prev)
     folder = work / SLICE_DIR
     local = edges_ready(work, plan) if plan.edges_sorted else None
-    _clear(folder, keep=EDGE_DIR if local is not None else None)  # a killed run's scratch
+    ready = columns_dir(work, f"h{l}").name if plan.columns_ready else None
+    _clear(folder, keep={EDGE_DIR if local is not None else "", ready or ""})  # a killed run's
     folder.mkdir(exist_ok=True)
     edir = folder / EDGE_DIR
     src = Source(run, prev)
@@ -484,7 +581,12 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
             del x
         else:
             t0 = time.perf_counter()
-            _write_columns(src, plan, d_in, folder)
+            if ready is not None:  # the layer before wrote them
+                for j in range(plan.slices):
+                    (folder / ready / f"cols{j}.bin").replace(folder / f"cols{j}.bin")
+                shutil.rmtree(folder / ready, ignore_errors=True)
+            else:
+                _write_columns(src, plan, d_in, folder)
             stats.time_s["columns"] = time.perf_counter() - t0
             _reduce_slices(plan, d_in, edges, folder, use_max, stats)
             read += plan.in_rows * d_in * 4 + edges.bytes_read
@@ -494,16 +596,18 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
         read += edges.bytes_read
     finally:
         src.close()
-        _clear(folder, keep=EDGE_DIR)  # the sorted edges stay for the next layer
+        # the sorted edges stay for the next layer, and the column files of this layer's
+        # output that its writer wrote for it
+        _clear(folder, keep={EDGE_DIR, columns_dir(work, f"h{l + 1}").name})
     return read + src.bytes_read
 
 
-def _clear(folder: Path, keep: str | None) -> None:
-    """Remove what ``folder`` holds but its entry ``keep``."""
+def _clear(folder: Path, keep: set[str]) -> None:
+    """Remove what ``folder`` holds but its entries named in ``keep``."""
     if not folder.is_dir():
         return
     for p in folder.iterdir():
-        if p.name == keep:
+        if p.name in keep:
             continue
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
