@@ -140,9 +140,10 @@ def ingest_buffer(budget: int) -> int:
 
 
 def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
-               batch_size: int = 1024, aggregate: str = "auto",
+               batch_size: int = 1024, way: str | None = None,
                link_edges: int | None = None) -> list[str]:
-    """The stage's command (``python ARGV``); ``link_edges``: the link task, its positives
+    """The stage's command (``python ARGV``); ``way``: train's ``--mode`` (default ooc),
+    infer's ``--aggregate`` (default auto); ``link_edges``: the link task, its positives
     an epoch (None: node classification)."""
     b = f"{budget >> 20}MiB"
     link = link_edges is not None
@@ -155,13 +156,14 @@ def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
         return ["-m", "ooc.train", "--data", str(w["data"]), "--model", "sage",
                 *(["--task", "link", "--edges-per-epoch", str(link_edges)] if link else []),
                 "--fanouts", FANOUTS, "--batch-size", str(batch_size), "--hidden", str(HIDDEN),
-                "--epochs", str(epochs), "--memory-budget", b, "--checkpoint-dir", str(w["ckpt"]),
+                "--epochs", str(epochs), "--mode", way or "ooc",
+                "--memory-budget", b, "--checkpoint-dir", str(w["ckpt"]),
                 "--runtime-dir", str(w["runtime"]), "--no-progress",
                 "--report", str(w["reports"] / "train.json")]
     if stage == "infer":
         return ["-m", "ooc.infer", "--data", str(w["data"]), "--checkpoint", str(w["ckpt"]),
                 "--out", str(w["emb"]), "--memory-budget", b, "--no-progress",
-                "--aggregate", aggregate, "--report", str(w["reports"] / "infer.json")]
+                "--aggregate", way or "auto", "--report", str(w["reports"] / "infer.json")]
     return ["-m", "ooc.partition", "--data", str(w["data"]), "--parts", "8",
             "--features", "link", "--out",
             str(w["parts"]), "--quiet", "--report", str(w["reports"] / "partition.json")]
@@ -179,13 +181,13 @@ def _planned(rep: dict) -> int | None:
 
 
 def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int, batch_size: int,
-              seconds: float | None = None, aggregate: str = "auto",
+              seconds: float | None = None, way: str | None = None,
               link_edges: int | None = None) -> dict:
     rep_path = w["reports"] / f"{stage}.json"
     rep_path.unlink(missing_ok=True)  # an earlier run's: what this one writes, or nothing
     dropped = memcg.drop_page_cache()
-    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size, aggregate,
-                                    link_edges), budget, seconds)
+    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size, way, link_edges),
+                  budget, seconds)
     try:
         rep = json.loads(rep_path.read_text())
     except (OSError, ValueError):
@@ -272,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aggregate", default="auto",
                     help="ooc.infer's --aggregate; several, comma-separated (e.g. "
                          "auto,streamed), run the infer stage once each, in that order")
+    ap.add_argument("--presets", default="ooc",
+                    help="ooc.train's --mode; several, comma-separated (e.g. ooc,packed), run "
+                         "the train stage once each, in that order, from the same data (infer "
+                         "reads the last one's checkpoint)")
     ap.add_argument("--report", type=Path, help="write the JSON report here")
     ap.add_argument("--plan-only", action="store_true",
                     help="print each stage's memory plan for the shape from the planners' "
@@ -293,6 +299,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.aggregate or any(a not in AGGREGATIONS for a in args.aggregate.split(",")):
         ap.error(f"--aggregate: comma-separated of {', '.join(AGGREGATIONS)}")
+    from ooc.executor.settings import PRESET_NAMES as modes
+
+    if not args.presets or any(m not in modes for m in args.presets.split(",")):
+        ap.error(f"--presets: comma-separated of {', '.join(modes)}")
     shape = sg.Shape.of(args.scale)
     if args.plan_only:
         return plan_only(args, shape, stages)
@@ -325,10 +335,11 @@ def main(argv: list[str] | None = None) -> int:
                            "stored_edges": 2 * shape.edges, "feature_dim": shape.feature_dim,
                            "classes": shape.classes, **facts},
                  "budget_bytes": args.memory_budget, "disk": disk, "stages": {}}
-    ways = [a for a in args.aggregate.split(",") if a]
-    runs = [(s, a) for s in stages for a in (ways if s == "infer" else ["auto"])]
+    ways = {"infer": [a for a in args.aggregate.split(",") if a],
+            "train": [m for m in args.presets.split(",") if m]}
+    runs = [(s, a) for s in stages for a in ways.get(s, [None])]
     for stage, way in runs:
-        name = f"infer ({way})" if stage == "infer" and len(ways) > 1 else stage
+        name = f"{stage} ({way})" if len(ways.get(stage, ())) > 1 else stage
         if stage == "ingest":
             shutil.rmtree(w["data"], ignore_errors=True)
         elif stage in ("train", "infer", "partition"):
@@ -345,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             got = res["report"]
             rep["train"] = ({k: got.get(k) for k in LINK_METRICS} if link_edges else
                             {"val_acc": got.get("val_acc", got.get("final", {}).get("val_acc"))})
+            epochs = got.get("epochs") or [{}]
+            rep["train"]["last_epoch_s"] = epochs[-1].get("time_s")
+            rep.setdefault("train_by_preset", {})[way] = rep["train"]
         if not args.keep and stage in ("infer", "partition"):
             shutil.rmtree(outputs[stage], ignore_errors=True)
         if res["rc"] != 0 and stage in ("ingest", "train"):

@@ -186,3 +186,13 @@ def test_link_task_holds_out_edges_and_reports_the_link_metrics(tmp_path):
     assert set(rep["train"]) == set(bench_scale.LINK_METRICS)
     assert all(0.0 <= v <= 1.0 for v in rep["train"].values())
     assert rep["stages"]["train"]["rc"] == 0
+
+
+def test_presets_run_the_train_stage_once_each(tmp_path, capsys):
+    w = {k: tmp_path / k for k in ("raw", "data", "ckpt", "runtime", "emb", "parts", "reports")}
+    argv = bench_scale.stage_argv("train", w, 1 << 30, 1, way="packed")
+    assert argv[argv.index("--mode") + 1] == "packed"
+    assert bench_scale.stage_argv("infer", w, 1 << 30, 1)[-3] == "auto"
+    with pytest.raises(SystemExit) as e:
+        bench_scale.main(["--scale", "0.0001", "--memory-budget", "1GiB", "--presets", "ooc,x"])
+    assert e.value.code == 2 and "--presets" in capsys.readouterr().err
