@@ -822,6 +822,36 @@ def _kept(out: Path) -> dict:
 CRC_RUN = dict(order="degree", chunk_rows=256, keep_layers=True, progress=False)
 
 
+def test_a_reader_checks_each_chunk_once_and_reads_as_read_embeddings(synth, tmp_path,
+                                                                     monkeypatch):
+    """Many reads through one EmbeddingReader: every chunk's CRC is computed the first time
+    a read touches it, not again; the rows equal read_embeddings'; an edited chunk is
+    named by a new reader."""
+    from ooc.executor.inference import chunk_crc
+    from ooc.executor.inference.layerwise import EmbeddingReader
+    from ooc.storage import DatasetError
+
+    ds, x = synth
+    model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
+    out = tmp_path / "o.zarr"
+    layerwise_inference(ds, model, out, **CRC_RUN)
+    whole = read_embeddings(out, "h2")
+    seen: list[Path] = []
+    crc = chunk_crc.file_crc
+    monkeypatch.setattr(chunk_crc, "file_crc", lambda p: seen.append(Path(p)) or crc(p))
+    reader = EmbeddingReader(out, "h2")
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        ids = np.sort(rng.choice(ds.num_nodes, 300, replace=False))
+        np.testing.assert_array_equal(reader.read(ids), whole[ids])
+    data = [p for p in seen if p.parent.parent.parent.name == "h2"]
+    chunks = [p for p in (out / "h2" / "c").rglob("*") if p.is_file()]
+    assert len(data) == len(set(data)) == len(chunks) > 1     # every chunk, once
+    _flip(out / "h2" / "c" / "3" / "0")
+    with pytest.raises(DatasetError, match="does not match its checksum"):
+        EmbeddingReader(out, "h2").read(np.arange(ds.num_nodes))
+
+
 def test_an_edited_chunk_is_named_by_the_reader_and_made_again_by_infer(synth, tmp_path,
                                                                        capsys):
     """A chunk of ``h2`` with one byte flipped after the run: ``read_embeddings`` of ids

@@ -104,10 +104,11 @@ def _check_one(folder: Path, name: str, arr, index: int, entry: dict, crc: bool)
 
 
 def check_chunks(folder: Path, sealed: dict, group, name: str,
-                 rows: Iterable[int] | None = None) -> None:
+                 rows: Iterable[int] | None = None, skip: set[int] | None = None) -> None:
     """Check the chunks of array ``name`` holding ``rows`` (every chunk when None) against
     their recorded CRCs; a one-line :class:`DatasetError` naming the chunk file and the
-    array when one fails. An output sealed without CRCs is not checked."""
+    array when one fails. An output sealed without CRCs is not checked. ``skip``: chunks
+    checked before, left out; those checked here are added to it."""
     entry = _entry(sealed, name)
     if entry is None:
         return
@@ -119,7 +120,11 @@ def check_chunks(folder: Path, sealed: dict, group, name: str,
         first = np.unique(np.asarray(rows, dtype=np.int64) // arr.chunks[0]) * across
         chunks = (int(f) + j for f in first for j in range(across))
     for i in chunks:
+        if skip is not None and i in skip:
+            continue
         _check_one(folder, name, arr, i, entry, True)
+        if skip is not None:
+            skip.add(i)
 
 
 def sample(n: int) -> list[int]:

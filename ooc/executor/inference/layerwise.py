@@ -185,6 +185,7 @@ from ooc.executor.inference.store import (
     open_group,
     partial_path,
     predictions,
+    EmbeddingReader,
     read_embeddings,
     read_progress,
     seal,
@@ -204,6 +205,7 @@ LAYER_DTYPES = ("float32", "float16")
 
 #: the public names (the pieces' own modules hold the rest)
 __all__ = ["layerwise_inference", "check_options", "compute_order", "read_embeddings",
+           "EmbeddingReader",
            "partial_path", "plan_memory", "MiB", "SAFETY_BYTES", "ORDERS", "PROGRESS_FILE"]
 
 

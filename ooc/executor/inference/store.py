@@ -65,18 +65,46 @@ def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = 
         DatasetError: a chunk file read is missing, of another size or does not match its
             checksum (edited or corrupted after the run).
     """
-    group = _open_output(Path(out))
-    arr = _output_array(group, out, name)
-    ids = _node_ids(ids, int(arr.shape[0]), out)
-    sealed = _sealed(Path(out))
-    rows = ids
-    if "row_of_node" in group:
-        check_chunks(Path(out), sealed, group, "row_of_node")
-        rows = np.asarray(group["row_of_node"][:])[ids]
-    check_chunks(Path(out), sealed, group, name, rows)
-    if rows.size and np.all(np.diff(rows) == 1):
-        return np.asarray(arr[int(rows[0]):int(rows[-1]) + 1])
-    return np.asarray(arr.oindex[rows] if arr.ndim == 1 else arr.oindex[rows, :])
+    return EmbeddingReader(out, name).read(ids)
+
+
+class EmbeddingReader:
+    """Rows of array ``name`` of the finished inference output ``out``, read by node id
+    many times (:func:`read_embeddings` for one read): the output is opened and checked
+    once, each chunk file's CRC-32 is checked the first time a read touches it, and the
+    processing order's ``row_of_node`` is held in memory (4 B a node below 2^31 nodes)
+    once read. Raises as :func:`read_embeddings`."""
+
+    def __init__(self, out: str | os.PathLike, name: str):
+        self.out = Path(out)
+        self.group = _open_output(self.out)
+        self.arr = _output_array(self.group, out, name)
+        self.name = name
+        self.num_nodes = int(self.arr.shape[0])
+        self._sealed = _sealed(self.out)
+        self._checked: set[int] = set()    # chunks of the array whose CRC matched
+        self._row_of: np.ndarray | None = None
+
+    def _rows(self, ids: np.ndarray) -> np.ndarray:
+        """Stored rows (int64) of node ``ids``."""
+        if "row_of_node" not in self.group:
+            return ids
+        if self._row_of is None:
+            check_chunks(self.out, self._sealed, self.group, "row_of_node")
+            row_of = np.asarray(self.group["row_of_node"][:])
+            small = np.int32 if self.num_nodes < 2**31 else np.int64
+            self._row_of = row_of.astype(small, copy=False)
+        return self._row_of[ids].astype(np.int64)
+
+    def read(self, ids: np.ndarray | None = None) -> np.ndarray:
+        """The rows of node ``ids`` (int [k]; every node in id order when None)."""
+        ids = _node_ids(ids, self.num_nodes, self.out)
+        rows = self._rows(ids)
+        check_chunks(self.out, self._sealed, self.group, self.name, rows, skip=self._checked)
+        arr = self.arr
+        if rows.size and np.all(np.diff(rows) == 1):
+            return np.asarray(arr[int(rows[0]):int(rows[-1]) + 1])
+        return np.asarray(arr.oindex[rows] if arr.ndim == 1 else arr.oindex[rows, :])
 
 
 #: The ``format`` attribute of the Zarr group ooc.infer writes.

@@ -29,7 +29,7 @@ import zarr
 
 from ooc.core.errors import InvalidValue
 from ooc.executor.inference.layerwise import layerwise_inference
-from ooc.executor.inference.store import read_embeddings
+from ooc.executor.inference.store import EmbeddingReader
 from ooc.executor.loader.link_loader import LinkLoader, edge_seeds
 from ooc.executor.loader.node_loader import GivenPipeline
 from ooc.executor.loader.process_budget import process_total
@@ -134,10 +134,10 @@ class RankSums:
         return out
 
 
-def _read(out: Path, layer: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _read(reader: EmbeddingReader, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct ``ids`` and their embedding rows (float32)."""
     uniq = np.unique(ids)
-    return uniq, np.asarray(read_embeddings(out, layer, uniq), dtype=np.float32)
+    return uniq, np.asarray(reader.read(uniq), dtype=np.float32)
 
 
 @torch.no_grad()
@@ -149,13 +149,13 @@ def score_pairs(out: str | Path, src, dst, decoder: torch.nn.Module | None = Non
     src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
     if src.shape != dst.shape:
         raise InvalidValue(f"score_pairs: src {src.shape} and dst {dst.shape} differ in shape")
-    layer = layer or last_layer(out)
+    reader = EmbeddingReader(out, layer or last_layer(out))
     decoder = decoder if decoder is not None else DotDecoder()
     res = np.empty(src.shape, np.float32)
     fs, fd, fr = src.reshape(-1), dst.reshape(-1), res.reshape(-1)
     for a in range(0, fs.size, SCORE_ROWS):
         s, d = fs[a:a + SCORE_ROWS], fd[a:a + SCORE_ROWS]
-        uniq, rows = _read(Path(out), layer, np.concatenate([s, d]))
+        uniq, rows = _read(reader, np.concatenate([s, d]))
         h = torch.from_numpy(rows)
         fr[a:a + s.size] = decoder(h[np.searchsorted(uniq, s)],
                                    h[np.searchsorted(uniq, d)]).numpy()
@@ -178,14 +178,14 @@ def split_metrics(out: str | Path, pos: np.ndarray, neg: np.ndarray,
     """:func:`rank_metrics` of the positives ``pos`` (int [2, k]) against their negatives
     ``neg`` (int [k, K]: targets of each positive's source), scored from the embeddings in
     ``out``, :data:`SCORE_ROWS` positives at a time."""
-    layer = layer or last_layer(out)
+    reader = EmbeddingReader(out, layer or last_layer(out))
     sums = RankSums()
     K = max(1, neg.shape[1])
     step = max(1, SCORE_ROWS // K)
     for a in range(0, pos.shape[1], step):
         s, d = np.asarray(pos[0, a:a + step]), np.asarray(pos[1, a:a + step])
         g = np.asarray(neg[a:a + step])
-        uniq, rows = _read(Path(out), layer, np.concatenate([s, d, g.reshape(-1)]))
+        uniq, rows = _read(reader, np.concatenate([s, d, g.reshape(-1)]))
         h = torch.from_numpy(rows)
         hs = h[np.searchsorted(uniq, s)]
         ps = decoder(hs, h[np.searchsorted(uniq, d)])
