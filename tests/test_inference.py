@@ -834,8 +834,9 @@ def test_a_reader_checks_each_chunk_once_and_reads_as_read_embeddings(synth, tmp
     ds, x = synth
     model = build_model("sage", x.shape[1], 16, 5, num_layers=2)
     out = tmp_path / "o.zarr"
-    layerwise_inference(ds, model, out, **CRC_RUN)
+    layerwise_inference(ds, model, out, **CRC_RUN, layer_dtype="float16")
     whole = read_embeddings(out, "h2")
+    assert read_embeddings(out, "h1").dtype == np.float16
     seen: list[Path] = []
     crc = chunk_crc.file_crc
     monkeypatch.setattr(chunk_crc, "file_crc", lambda p: seen.append(Path(p)) or crc(p))
@@ -844,6 +845,11 @@ def test_a_reader_checks_each_chunk_once_and_reads_as_read_embeddings(synth, tmp
     for _ in range(5):
         ids = np.sort(rng.choice(ds.num_nodes, 300, replace=False))
         np.testing.assert_array_equal(reader.read(ids), whole[ids])
+    h1 = read_embeddings(out, "h1")
+    ids = np.sort(rng.choice(ds.num_nodes, 300, replace=False))
+    got = EmbeddingReader(out, "h1").read(ids)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, h1[ids])
     data = [p for p in seen if p.parent.parent.parent.name == "h2"]
     chunks = [p for p in (out / "h2" / "c").rglob("*") if p.is_file()]
     assert len(data) == len(set(data)) == len(chunks) > 1     # every chunk, once

@@ -71,9 +71,11 @@ def read_embeddings(out: str | os.PathLike, name: str, ids: np.ndarray | None = 
 class EmbeddingReader:
     """Rows of array ``name`` of the finished inference output ``out``, read by node id
     many times (:func:`read_embeddings` for one read): the output is opened and checked
-    once, each chunk file's CRC-32 is checked the first time a read touches it, and the
+    once, each chunk file's CRC-32 is checked the first time a read touches it, the
     processing order's ``row_of_node`` is held in memory (4 B a node below 2^31 nodes)
-    once read. Raises as :func:`read_embeddings`."""
+    once read, and scattered rows of a layer are read by the page from its chunk files
+    (:class:`~.chunk_rows.ChunkFileRows`), not chunk by whole chunk. Raises as
+    :func:`read_embeddings`."""
 
     def __init__(self, out: str | os.PathLike, name: str):
         self.out = Path(out)
@@ -84,6 +86,14 @@ class EmbeddingReader:
         self._sealed = _sealed(self.out)
         self._checked: set[int] = set()    # chunks of the array whose CRC matched
         self._row_of: np.ndarray | None = None
+        self._pages = None
+        arr = self.arr
+        if arr.ndim == 2 and arr.chunks[1] == arr.shape[1] and not arr.compressors:
+            # a layer's raw chunk files: scattered rows read by the page, not whole chunks
+            from ooc.executor.inference.chunk_rows import ChunkFileRows
+
+            self._pages = ChunkFileRows(self.out / name, self.num_nodes, int(arr.chunks[0]),
+                                        int(arr.shape[1]), arr.dtype)
 
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         """Stored rows (int64) of node ``ids``."""
@@ -104,6 +114,8 @@ class EmbeddingReader:
         arr = self.arr
         if rows.size and np.all(np.diff(rows) == 1):
             return np.asarray(arr[int(rows[0]):int(rows[-1]) + 1])
+        if self._pages is not None:  # float32 as read, back to the stored dtype (exact)
+            return self._pages.read(rows).astype(arr.dtype, copy=False)
         return np.asarray(arr.oindex[rows] if arr.ndim == 1 else arr.oindex[rows, :])
 
 
