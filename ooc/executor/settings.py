@@ -222,7 +222,8 @@ TRAIN: tuple[Setting, ...] = (
     Setting("model", "sage", "GNN: GraphSAGE, GCN or GAT", "choice", choices=("sage", "gcn", "gat")),
     Setting("task", "node", "node: classify nodes; link: predict edges (the dataset's link "
             "split from ooc.prepare --link-split; the GNN encodes, --decoder scores pairs; "
-            "--model defaults to gcn)",
+            "--model defaults to gcn; GraphSAGE with the dot decoder wants --lr 0.0005, "
+            "at 0.005 its scores can collapse to one value, AUC 0.5)",
             "choice", choices=("node", "link")),
     Setting("decoder", "dot", "link task: score of a pair from its ends' embeddings, dot "
             "product or an MLP of their elementwise product", "choice", choices=("dot", "mlp")),
