@@ -21,6 +21,7 @@ import numpy as np
 
 from ooc.core.errors import IdOutOfRange, InvalidValue, IOFailure, NotFound
 from ooc.executor.inference.chunk_crc import CRC_KEY, check_chunks, check_output, record
+from ooc.executor.inference.chunk_rows import ChunkFileRows
 from ooc.storage.atomic import carry_user_files, exchange, write_json
 from ooc.storage.dataset import Dataset
 from ooc.storage.ownership import MARKER, made_by_ooc, mark, marker, user_entries
@@ -86,12 +87,10 @@ class EmbeddingReader:
         self._sealed = _sealed(self.out)
         self._checked: set[int] = set()    # chunks of the array whose CRC matched
         self._row_of: np.ndarray | None = None
-        self._pages = None
+        self._pages: ChunkFileRows | None = None
         arr = self.arr
         if arr.ndim == 2 and arr.chunks[1] == arr.shape[1] and not arr.compressors:
             # a layer's raw chunk files: scattered rows read by the page, not whole chunks
-            from ooc.executor.inference.chunk_rows import ChunkFileRows
-
             self._pages = ChunkFileRows(self.out / name, self.num_nodes, int(arr.chunks[0]),
                                         int(arr.shape[1]), arr.dtype)
 
