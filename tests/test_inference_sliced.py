@@ -256,3 +256,23 @@ def test_reduce_rows_matches_numpy(use_max):
         want = np.zeros(6, np.float32) if m == 0 else rows.max(0) if use_max else rows.sum(0)
         np.testing.assert_allclose(out[r], want, rtol=1e-6, atol=1e-6)
         k += m
+
+
+def test_column_files_are_whole_or_absent(tmp_path):
+    """Chunks in row order make whole column files with their meta; a chunk out of order
+    drops them all (the next layer then writes its own)."""
+    h = np.arange(40, dtype=np.float32).reshape(10, 4)
+    bounds = [(0, 1), (1, 4)]
+    cols = sliced.ColumnFiles(tmp_path / "a", bounds, 10)
+    cols.put(0, h[:6])
+    cols.put(6, h[6:])
+    cols.finish()
+    assert (tmp_path / "a" / sliced.COLUMNS_META).exists()
+    for j, (c0, c1) in enumerate(bounds):
+        got = np.fromfile(tmp_path / "a" / f"cols{j}.bin", dtype=np.float32)
+        np.testing.assert_array_equal(got.reshape(10, c1 - c0), h[:, c0:c1])
+    bad = sliced.ColumnFiles(tmp_path / "b", bounds, 10)
+    bad.put(0, h[:3])
+    bad.put(6, h[6:])
+    bad.finish()
+    assert bad.failed and not (tmp_path / "b").exists()

@@ -308,18 +308,19 @@ class ColumnFiles:
         """Rows ``r0 .. r0 + len(h)`` of the output ([k, width], stored dtype)."""
         if self.failed:
             return
+        if r0 != self._written:  # a chunk out of order: the files could not be whole
+            self.abort()
+            return
         try:
             if self._files is None:
                 shutil.rmtree(self.folder, ignore_errors=True)
                 self.folder.mkdir(parents=True)
                 self._files = [open(self.folder / f"cols{j}.bin", "wb")
                                for j in range(len(self.bounds))]
-            if r0 != self._written:
-                raise ValueError(f"rows from {r0}, expected {self._written}")
             for f, (c0, c1) in zip(self._files, self.bounds, strict=True):
                 f.write(np.ascontiguousarray(h[:, c0:c1], dtype=np.float32).data)
             self._written += h.shape[0]
-        except (OSError, ValueError):
+        except OSError:
             self.abort()
 
     def finish(self) -> None:
