@@ -93,7 +93,8 @@ def outputs_bytes(shape: sg.Shape, stages: list[str]) -> dict[str, int]:
     n = shape.nodes
     dims = [shape.feature_dim, HIDDEN, HIDDEN, shape.classes]  # a layer beside its input
     return {"train": 64 << 20,                                  # checkpoints, runtime files
-            # as ooc.infer checks it: the layers and a streamed layer's edge buckets
+            # as ooc.infer checks it (float32 layers, the most): the layers and a streamed
+            # layer's edge buckets
             "infer": disk_bytes(n, dims, [4, 4, 4], False, True)
             + BUCKET_BYTES * 2 * shape.edges,
             # linked features: the adjacency, its offsets, row maps, labels and ids of the
@@ -144,10 +145,10 @@ def ingest_buffer(budget: int) -> int:
 
 def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
                batch_size: int = 1024, way: str | None = None,
-               link_edges: int | None = None) -> list[str]:
+               link_edges: int | None = None, layer_dtype: str = "float32") -> list[str]:
     """The stage's command (``python ARGV``); ``way``: train's ``--mode`` (default ooc),
     infer's ``--aggregate`` (default auto); ``link_edges``: the link task, its positives
-    an epoch (None: node classification)."""
+    an epoch (None: node classification); ``layer_dtype``: infer's ``--layer-dtype``."""
     b = f"{budget >> 20}MiB"
     link = link_edges is not None
     if stage == "ingest":
@@ -167,7 +168,8 @@ def stage_argv(stage: str, w: dict[str, Path], budget: int, epochs: int,
     if stage == "infer":
         return ["-m", "ooc.infer", "--data", str(w["data"]), "--checkpoint", str(w["ckpt"]),
                 "--out", str(w["emb"]), "--memory-budget", b, "--no-progress",
-                "--aggregate", way or "auto", "--report", str(w["reports"] / "infer.json")]
+                "--aggregate", way or "auto", "--layer-dtype", layer_dtype,
+                "--report", str(w["reports"] / "infer.json")]
     return ["-m", "ooc.partition", "--data", str(w["data"]), "--parts", "8",
             "--features", "link", "--out",
             str(w["parts"]), "--quiet", "--report", str(w["reports"] / "partition.json")]
@@ -186,12 +188,12 @@ def _planned(rep: dict) -> int | None:
 
 def run_stage(stage: str, w: dict[str, Path], budget: int, epochs: int, batch_size: int,
               seconds: float | None = None, way: str | None = None,
-              link_edges: int | None = None) -> dict:
+              link_edges: int | None = None, layer_dtype: str = "float32") -> dict:
     rep_path = w["reports"] / f"{stage}.json"
     rep_path.unlink(missing_ok=True)  # an earlier run's: what this one writes, or nothing
     dropped = memcg.drop_page_cache()
-    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size, way, link_edges),
-                  budget, seconds)
+    r = memcg.run(stage, stage_argv(stage, w, budget, epochs, batch_size, way, link_edges,
+                                    layer_dtype), budget, seconds)
     try:
         rep = json.loads(rep_path.read_text())
     except (OSError, ValueError):
@@ -237,7 +239,8 @@ def plan_only(args: argparse.Namespace, shape: sg.Shape, stages: list[str]) -> i
     try:
         plans = scale_plan.plan_all(shape, budget, stages, HIDDEN,
                                     [int(f) for f in FANOUTS.split(",")], args.batch_size,
-                                    ingest_buffer(budget), log=log)
+                                    ingest_buffer(budget), log=log,
+                                    layer_dtype=args.layer_dtype)
     except (RuntimeError, MemoryError, OSError) as e:  # a stage's baseline child, memory
         log(f"error: --plan-only: {e}")
         raise SystemExit(2) from None
@@ -282,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="ooc.train's --mode; several, comma-separated (e.g. ooc,packed), run "
                          "the train stage once each, in that order, from the same data (infer "
                          "reads the last one's checkpoint)")
+    ap.add_argument("--layer-dtype", default="float32", choices=("float32", "float16"),
+                    help="ooc.infer's --layer-dtype (the layers before the last), planned "
+                         "so with --plan-only")
     ap.add_argument("--report", type=Path, help="write the JSON report here")
     ap.add_argument("--plan-only", action="store_true",
                     help="print each stage's memory plan for the shape from the planners' "
@@ -351,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         if stage == "infer":  # a run stopped at the stage limit leaves one to resume
             shutil.rmtree(partial_path(w["emb"]), ignore_errors=True)
         res = run_stage(stage, w, args.memory_budget, args.epochs, args.batch_size,
-                        args.stage_limit, way, link_edges)
+                        args.stage_limit, way, link_edges, args.layer_dtype)
         res["disk_bytes"] = du(outputs[stage])
         rep["stages"][name] = res
         log(f"{name}: exit {res['rc']}, {res['wall_s']} s, peak RSS "

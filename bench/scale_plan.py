@@ -221,8 +221,10 @@ def train_working(ds, preset, base: int, batches: dict, hidden: int, layers: int
                      "step_estimate": step.total}
 
 
-def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int) -> dict:
-    """Every layer's plans (SAGE's mean, float32 layers) from the RSS the run holds before
+def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int,
+               layer_dtype: str = "float32") -> dict:
+    """Every layer's plans (SAGE's mean, the layers before the last stored as
+    ``layer_dtype``, float32 features) from the RSS the run holds before
     its layers: streamed groups and column slices, the one planned to move fewer bytes
     (read, and scratch written) taken, as ``ooc.infer``'s ``auto`` does at this size (the
     blocks are not planned above 2^25 edges); a sliced layer after one with the same blocks
@@ -236,6 +238,7 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
     rss0 = base + INFER_BYTES_PER_NODE * n
     lay = FeatureLayout(n, shape.feature_dim, "float32")
     dims = [shape.feature_dim] + [hidden] * (layers - 1) + [shape.classes]
+    item = np.dtype(layer_dtype).itemsize
     out: list[dict | None] = []
     sorted_by: SlicePlan | None = None  # the layer whose sorted edges the run holds
     for l in range(layers):
@@ -244,7 +247,7 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
             in_row, table, unit = lay.row_bytes, lay.file_bytes, max(1, lay.rows_per_page)
             align = unit
         else:
-            in_row, table, unit, align = 4 * d_in, 4 * n * d_in, INFER_CHUNK_ROWS, 1
+            in_row, table, unit, align = item * d_in, item * n * d_in, INFER_CHUNK_ROWS, 1
         costs = BlockCosts.estimate(d_in, d_out)
         stream = plan_stream("mean", n, e, d_in, d_out, in_row, table, budget,
                              INFER_CHUNK_ROWS, unit, align, costs, rss0=rss0)
@@ -255,7 +258,8 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
                 costs, True)
         # a later layer's column files are written by the layer before, with its output
         kw: dict = dict(rss0=rss0, aligned=True, local_share=INFER_LOCAL_SHARE,
-                        src_align=align, columns_ready=l > 0)
+                        src_align=align, columns_ready=l > 0,
+                        col_dtype=layer_dtype if l > 0 else lay.dtype)
         sliced = plan_sliced(*args, **kw)
         if sliced is not None and sorted_by is not None and \
                 (sorted_by.local_rows, sorted_by.halo) == (sliced.local_rows, sliced.halo):
@@ -273,7 +277,8 @@ def infer_plan(shape: sg.Shape, budget: int, base: int, hidden: int, layers: int
                     "groups": p.groups if isinstance(p, StreamPlan) else p.slices,
                     "ways": {k: q.planned_bytes for k, q in ways.items()},
                     "ways_written": {k: q.write_bytes for k, q in ways.items()},
-                    "input_bytes": table, "output_bytes": 4 * n * d_out})
+                    "input_bytes": table,
+                    "output_bytes": (item if l + 1 < layers else 4) * n * d_out})
     fits = all(p is not None for p in out)
     return {"planned_peak_bytes": max(p["planned_peak_bytes"] for p in out if p) if fits
             else None,
@@ -291,7 +296,7 @@ def partition_plan(shape: sg.Shape, base: int, parts: int = 8) -> dict:
 
 
 def plan_all(shape: sg.Shape, budget: int, stages: list[str], hidden: int, fanouts: list[int],
-             batch_size: int, buffer: int, log=print) -> dict:
+             batch_size: int, buffer: int, log=print, layer_dtype: str = "float32") -> dict:
     """Every stage's plan in ``stages`` (a subset of ingest, train, infer, partition)."""
     layers = len(fanouts)
     out: dict = {}
@@ -306,7 +311,7 @@ def plan_all(shape: sg.Shape, budget: int, stages: list[str], hidden: int, fanou
             batches = sample_batches(calib, fanouts, batch_size, count=train_in_flight())
             out[stage] = train_plan(shape, budget, base, batches, hidden, fanouts, batch_size)
         elif stage == "infer":
-            out[stage] = infer_plan(shape, budget, base, hidden, layers)
+            out[stage] = infer_plan(shape, budget, base, hidden, layers, layer_dtype)
         else:
             out[stage] = partition_plan(shape, base)
     return out

@@ -193,7 +193,27 @@ def test_presets_run_the_train_stage_once_each(tmp_path, capsys):
     w = {k: tmp_path / k for k in ("raw", "data", "ckpt", "runtime", "emb", "parts", "reports")}
     argv = bench_scale.stage_argv("train", w, 1 << 30, 1, way="packed")
     assert argv[argv.index("--mode") + 1] == "packed"
-    assert bench_scale.stage_argv("infer", w, 1 << 30, 1)[-3] == "auto"
+    infer = bench_scale.stage_argv("infer", w, 1 << 30, 1)
+    assert infer[infer.index("--aggregate") + 1] == "auto"
+    infer = bench_scale.stage_argv("infer", w, 1 << 30, 1, layer_dtype="float16")
+    assert infer[infer.index("--layer-dtype") + 1] == "float16"
     with pytest.raises(SystemExit) as e:
         bench_scale.main(["--scale", "0.0001", "--memory-budget", "1GiB", "--presets", "ooc,x"])
     assert e.value.code == 2 and "--presets" in capsys.readouterr().err
+
+
+def test_float16_layers_are_planned_with_float16_slices():
+    """``--layer-dtype float16`` plans the layers before the last as float16: a later
+    layer's slices hold twice the columns, so fewer slices and fewer bytes read."""
+    from bench import scale_plan
+
+    shape = sg.Shape.of(0.02)
+    p32, p16 = (scale_plan.infer_plan(shape, 700 << 20, 300 << 20, 256, 3, dt)
+                for dt in ("float32", "float16"))
+    for l, (a, b) in enumerate(zip(p32["layers"], p16["layers"], strict=True)):
+        assert a["mode"] == b["mode"] == "sliced"
+        assert b["col_dtype"] == ("float32" if l == 0 else "float16")
+        if l > 0:
+            assert b["input_bytes"] * 2 == a["input_bytes"]
+            assert b["slices"] < a["slices"] and b["planned_bytes"] < a["planned_bytes"]
+    assert p16["bytes_read"] < p32["bytes_read"]

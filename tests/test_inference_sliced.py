@@ -241,7 +241,7 @@ def test_forced_slices_check_the_disk_before_anything_is_written(data, tmp_path,
 
 @pytest.mark.parametrize("use_max", [False, True])
 def test_reduce_rows_matches_numpy(use_max):
-    from ooc.executor.inference._kernels import reduce_rows
+    from ooc.executor.inference._kernels import reduce_rows, reduce_rows_half
 
     rng = np.random.default_rng(4)
     x = rng.standard_normal((50, 6)).astype(np.float32)
@@ -256,6 +256,67 @@ def test_reduce_rows_matches_numpy(use_max):
         want = np.zeros(6, np.float32) if m == 0 else rows.max(0) if use_max else rows.sum(0)
         np.testing.assert_allclose(out[r], want, rtol=1e-6, atol=1e-6)
         k += m
+    # float16 values held as their bits (subnormals, -0, the largest and infinities among
+    # them) reduce to what their float32 values do, bit for bit
+    x16 = (x * 1e3).astype(np.float16)
+    x16[0, :6] = [6e-8, -0.0, 65504, -65504, np.inf, 1e-5]
+    value = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    half = np.full((300, 6), np.nan, np.float32)
+    reduce_rows_half(x16.view(np.uint16), value, src, deg, half, use_max)
+    want = np.full((300, 6), np.nan, np.float32)
+    reduce_rows(x16.astype(np.float32), src, deg, want, use_max)
+    np.testing.assert_array_equal(half, want)
+
+
+def test_float16_columns_hold_twice_the_columns_a_slice():
+    """A float16 input's column files and slices keep its dtype: at one budget a slice
+    holds twice the columns, so the edges are walked half as often and fewer bytes read."""
+    kw = dict(reduction="mean", n=1 << 22, num_edges=1 << 26, d_in=256, d_out=256,
+              in_row_bytes=512, table_bytes=(1 << 22) * 512, own_bytes=(1 << 22) * 512,
+              budget=1 << 30, chunk_rows=1024, costs=BlockCosts.estimate(256, 256),
+              sorted_edges=True, rss0=200 << 20)
+    p32 = plan_sliced(**kw, col_dtype="float32")
+    p16 = plan_sliced(**kw, col_dtype="float16")
+    assert p32 is not None and p16 is not None
+    assert p16.col_dtype == "float16" and p32.slices > 2
+    assert p16.slice_cols in (2 * p32.slice_cols - 1, 2 * p32.slice_cols,
+                              2 * p32.slice_cols + 1)
+    assert p16.planned_bytes < p32.planned_bytes and p16.write_bytes < p32.write_bytes
+    assert p16.planned_peak_bytes <= (1 << 30) and p32.planned_peak_bytes <= (1 << 30)
+
+
+@pytest.mark.parametrize("features", ["float32", "float16"])
+def test_float16_layers_slice_in_float16(data, tmp_path, features):
+    """float16 layers (and float16 features) are sliced as float16: the column files the
+    layer before writes are float16, and every layer equals the streamed float16 run's
+    within float16's rounding (both round each layer once)."""
+    ds, x = data
+    if features == "float16":
+        x = x.astype(np.float16)
+        path = write_dataset(tmp_path / "ds16", ds.indptr, np.asarray(ds.indices), x,
+                             labels=np.asarray(ds.labels), num_classes=4,
+                             train_idx=np.arange(0, 700), val_idx=np.arange(700, 1000),
+                             test_idx=np.arange(1000, x.shape[0]),
+                             reorder="locality" if ds.row_of is not None else "none")
+        ds = open_dataset(path)
+    model = _models()["ooc-sage"]
+    kw = dict(chunk_rows=128, keep_layers=True, progress=False, layer_dtype="float16")
+    rep = layerwise_inference(ds, model, tmp_path / "s.zarr", aggregate="sliced",
+                              slice_cols=7, **kw)
+    layerwise_inference(ds, model, tmp_path / "t.zarr", aggregate="streamed", **kw)
+    for la in rep["layers"]:
+        reads = la["reads"]
+        assert reads["mode"] == "sliced" and reads["slices"] == -(-la["in_dim"] // 7)
+        assert reads["col_dtype"] == (features if la["layer"] == 1 else "float16")
+        assert reads["columns_ready"] == (la["layer"] > 1)
+    ref = _reference(model, x.astype(np.float32), ds)
+    for l in range(len(ref)):
+        got = read_embeddings(tmp_path / "s.zarr", f"h{l + 1}").astype(np.float32)
+        other = read_embeddings(tmp_path / "t.zarr", f"h{l + 1}").astype(np.float32)
+        scale = max(1.0, float(np.abs(ref[l]).max()))
+        assert np.abs(got - other).max() <= 2e-3 * scale, l
+        assert np.abs(got - ref[l]).max() <= 1e-2 * scale, l
+    assert not (tmp_path / "s.zarr" / SLICE_DIR).exists()
 
 
 def test_column_files_are_whole_or_absent(tmp_path):

@@ -283,6 +283,16 @@ def _reduce_into(acc, t, x, s, use_max):
             acc[t, j] += x[s, j]
 
 
+@numba.njit(cache=True, inline="always")
+def _starts(deg):
+    """int64 [R + 1]: where each row's edges start (``deg`` int [R]), and their total."""
+    first = np.empty(deg.shape[0] + 1, dtype=np.int64)
+    first[0] = 0
+    for r in range(deg.shape[0]):
+        first[r + 1] = first[r] + deg[r]
+    return first
+
+
 @parallel_kernel
 @numba.njit(cache=True, parallel=True)
 def reduce_rows(x, src, deg, out, use_max):
@@ -292,23 +302,47 @@ def reduce_rows(x, src, deg, out, use_max):
     Rows in parallel, each summed in its edges' order (the same result on any thread
     count)."""
     d = x.shape[1]
-    rows = deg.shape[0]
-    first = np.empty(rows + 1, dtype=np.int64)
-    first[0] = 0
-    for r in range(rows):
-        first[r + 1] = first[r] + deg[r]
-    for r in numba.prange(rows):
+    first = _starts(deg)
+    for r in numba.prange(deg.shape[0]):
         k = first[r]
         m = first[r + 1] - k
         if m == 0:
-            for j in range(d):
-                out[r, j] = 0.0
+            out[r] = 0.0
             continue
         s = src[k]
         for j in range(d):
             out[r, j] = x[s, j]
         for i in range(k + 1, k + m):
             _reduce_into(out, r, x, src[i], use_max)
+
+
+@parallel_kernel
+@numba.njit(cache=True, parallel=True)
+def reduce_rows_half(bits, value, src, deg, out, use_max):
+    """:func:`reduce_rows` of float16 values held as their bits (numba has no float16):
+    ``bits`` uint16 [rows, d], ``value`` float32 [65536] the value of every bit pattern;
+    ``out`` float32 [R, d], each row reduced in float32 in its edges' order."""
+    d = bits.shape[1]
+    first = _starts(deg)
+    for r in numba.prange(deg.shape[0]):
+        k = first[r]
+        m = first[r + 1] - k
+        if m == 0:
+            out[r] = 0.0
+            continue
+        s = src[k]
+        for j in range(d):
+            out[r, j] = value[bits[s, j]]
+        for i in range(k + 1, k + m):
+            s = src[i]
+            if use_max:
+                for j in range(d):
+                    v = value[bits[s, j]]
+                    if v > out[r, j]:
+                        out[r, j] = v
+            else:
+                for j in range(d):
+                    out[r, j] += value[bits[s, j]]
 
 
 @numba.njit(cache=True)

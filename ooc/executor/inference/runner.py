@@ -427,13 +427,14 @@ def _next_columns(run: Run, l: int, d_out: int, first_chunk: int,
     table = n * d_out * item
     p = plan_sliced(reduction, n, e, d_out, d_next, d_out * item, table, table, run.budget,
                     run.chunking.chunk_rows, BlockCosts.estimate(d_out, d_next), True,
-                    slice_cols=run.slice_cols, rss0=rss() + run.budget // 32)
+                    slice_cols=run.slice_cols, rss0=rss() + run.budget // 32,
+                    col_dtype=run.layer_dtype)
     if p is None or p.slices == 1:
         return None
     root = Path(run.group.store.root)
-    if n * d_out * 4 + table + scratch > shutil.disk_usage(root).free:
+    if 2 * table + scratch > shutil.disk_usage(root).free:
         return None
-    return ColumnFiles(columns_dir(root, f"h{l + 1}"), p.bounds(d_out), n)
+    return ColumnFiles(columns_dir(root, f"h{l + 1}"), p.bounds(d_out), n, run.layer_dtype)
 
 
 def _run_reducing(run: Run, l: int, stream: StreamPlan | None, sliced: SlicePlan | None,
@@ -497,6 +498,7 @@ def _sliced_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
     natural_keys = topo.natural and (prev is not None or ds.row_of is None)
     # the input's rows in the processing order: a layer's array, or a dataset stored so
     aligned = prev is not None or natural_keys or topo.rowof is ds.row_of
+    col_dtype = np.dtype(prev.dtype if prev is not None else run.dataset.file_layout.dtype).name
 
     def replan(share: float, ready: bool = False, cols: int | None = run.slice_cols,
                columns: bool = False) -> SlicePlan | None:
@@ -505,7 +507,7 @@ def _sliced_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
                         run.budget, run.chunking.chunk_rows, costs, not natural_keys,
                         index_bytes=topo.indices.itemsize, slice_cols=cols,
                         n_in=n_in, aligned=aligned, local_share=share, src_align=align,
-                        edges_sorted=ready, columns_ready=columns)
+                        edges_sorted=ready, columns_ready=columns, col_dtype=col_dtype)
         if p is not None:
             p.keys = "rows" if aligned else "features"
         return p
@@ -526,7 +528,7 @@ def _sliced_plan(run: Run, l: int, prev: Any, d_in: int, d_out: int, itemsize: i
             plan = replan(share)
     if plan is not None and prev is not None and plan.slices > 1:
         # the layer before wrote its output's column files: their slices, where they fit
-        bounds = prepared_columns(work, f"h{l}", n_in)
+        bounds = prepared_columns(work, f"h{l}", n_in, col_dtype)
         if bounds is not None and bounds[0][1] - bounds[0][0] <= plan.slice_cols:
             taken = replan(share, ready, bounds[0][1] - bounds[0][0], True)
             if taken is not None and taken.bounds(d_in) == bounds:

@@ -5,13 +5,13 @@ reduced row, with the input read about once however small the budget.
 A reduction is independent per column. So where the budget cannot hold an accumulator row
 for every target (which makes :mod:`.streamed` read its whole input once per group of
 targets), this layer holds the input's values of a *slice* of its columns for every input
-row (float32 [input rows, slice columns]) and walks every target's in-edges once per slice,
-writing each target's reduced values of those columns. The input is read once in all,
-the edges once per slice:
+row ([input rows, slice columns] in the input's stored dtype: float32, or float16 held as
+its bits) and walks every target's in-edges once per slice, writing each target's reduced
+values of those columns. The input is read once in all, the edges once per slice:
 
 1. *Columns* (only with several slices): one pass over the input in stored order writes
-   each slice's columns to a file of its own (float32 [input rows, slice columns]), so a
-   slice reads only its bytes. A later layer's input is written by the layer before it,
+   each slice's columns to a file of its own ([input rows, slice columns], stored dtype),
+   so a slice reads only its bytes. A later layer's input is written by the layer before it,
    which writes these files as it writes its output (:class:`ColumnFiles`, with the slices
    it plans for the next layer): the pass is skipped where the next layer's plan takes
    those slices.
@@ -57,7 +57,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from ooc.executor.inference._kernels import group_edge_counts, place_by_row, reduce_rows
+from ooc.executor.inference._kernels import (
+    group_edge_counts,
+    place_by_row,
+    reduce_rows,
+    reduce_rows_half,
+)
 from ooc.executor.inference.memory_plan import BlockCosts, headroom, output_buffers, rss
 from ooc.executor.inference.streamed import (
     BUCKET_BYTES,
@@ -155,6 +160,9 @@ class SlicePlan:
     write_bytes: int = 0
     #: the layer before wrote the column files (:class:`ColumnFiles`): no columns pass
     columns_ready: bool = False
+    #: the column files' and held slices' dtype: the input's as stored (a float16 input's
+    #: values held as float16 lose nothing, and a slice then holds twice the columns)
+    col_dtype: str = "float32"
 
     def bounds(self, d_in: int) -> list[tuple[int, int]]:
         """The columns ``(c0, c1)`` of every slice."""
@@ -168,7 +176,8 @@ class SlicePlan:
                 "planned_peak_bytes": int(self.planned_peak_bytes),
                 "scratch_bytes": int(self.scratch_bytes), "local_rows": self.local_rows,
                 "halo": self.halo, "planned_local_share": round(self.local_share, 4),
-                "edges_reused": self.edges_sorted, "columns_ready": self.columns_ready}
+                "edges_reused": self.edges_sorted, "columns_ready": self.columns_ready,
+                "col_dtype": self.col_dtype}
 
 
 def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out: int,
@@ -177,7 +186,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
                 index_bytes: int = 4, slice_cols: int | None = None, rss0: int | None = None,
                 n_in: int | None = None, aligned: bool = False,
                 local_share: float = 0.0, src_align: int = 1,
-                edges_sorted: bool = False, columns_ready: bool = False) -> SlicePlan | None:
+                edges_sorted: bool = False, columns_ready: bool = False,
+                col_dtype: str = "float32") -> SlicePlan | None:
     """The column-sliced plan of a layer, or None when its convolution is no plain
     reduction or the budget cannot hold one column of every input row.
 
@@ -193,7 +203,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     left the sorted edges this plan reads (:func:`edges_ready`), so it does not sort them;
     ``columns_ready``: the layer before wrote the column files of these slices (with
     several slices the input is then not read for them; their writes count where the
-    layer before runs, here as before).
+    layer before runs, here as before); ``col_dtype``: the input's stored dtype, which the
+    column files and the held slices keep (one slice holds the input as float32).
     """
     if reduction is None or n == 0:
         return None
@@ -202,6 +213,7 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     rows = min(chunk_rows, n)
     free = headroom(budget, rss0, rows, d_out)
     acc_row = 4 * d_in
+    cb = int(np.dtype(col_dtype).itemsize)
     per_target = costs.target + 2 * costs.node + costs.edge + 3 * acc_row
     sub_rows = min(SUB_ROWS, n, int(free * SUB_SHARE) // max(per_target, 1))
     if sub_rows < 1:
@@ -218,7 +230,8 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
         if whole + piece + rows_pass <= free:
             slice_cols = d_in
         else:
-            slice_cols = min(d_in, (free - piece) // max(4 * n_in, 1))
+            # several slices: a float16 input's slices may hold every column, not the whole
+            slice_cols = min(d_in - 1, (free - piece) // max(cb * n_in, 1))
     if slice_cols < 1:
         return None
     slices = -(-d_in // int(slice_cols))
@@ -246,9 +259,9 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     ready = columns_ready and slices > 1
     planned = (0 if ready else table_bytes) + slices * e_pass \
         + (BUCKET_BYTES * num_edges if sorted_edges and not edges_sorted else 0)
-    held = n_in * slice_cols * 4 + piece
+    held = n_in * slice_cols * (cb if slices > 1 else 4) + piece
     if slices > 1:  # the column files, the aggregate and the own rows once each
-        planned += n_in * acc_row + n * acc_row
+        planned += n_in * d_in * cb + n * acc_row
         if local_rows:  # the blocks' rows and halos, the local edges, both degrees
             blocks = -(-n // local_rows)
             # (a read starts at a page's row: up to src_align - 1 rows more a block)
@@ -266,40 +279,42 @@ def plan_sliced(reduction: str | None, n: int, num_edges: int, d_in: int, d_out:
     peak = rss0 + output_buffers(rows, d_out) + held
     if held > free:
         return None
-    written = (n_in + n) * acc_row if slices > 1 else 0
+    written = n_in * d_in * cb + n * acc_row if slices > 1 else 0
     if sorted_edges and not edges_sorted:
         written += (BUCKET_BYTES + EDGE_KEY_BYTES) * num_edges + 2 * DEG_BYTES * n
     scratch = scratch_bytes(n, num_edges, d_in, n_in, sorted_edges,
-                            slice_cols if slices > 1 else 0)
+                            slice_cols if slices > 1 else 0, cb)
     return SlicePlan(reduction, slices, int(slice_cols), n_in, int(src_rows), int(sub_rows),
                      sorted_edges, int(sort_rows), int(planned), int(free), int(peak),
                      int(scratch), local_rows, halo, local, src_align, edge_piece,
                      piece_rows, edges_sorted=edges_sorted,
-                     write_bytes=int(written), columns_ready=ready)
+                     write_bytes=int(written), columns_ready=ready, col_dtype=col_dtype)
 
 
 def scratch_bytes(n: int, num_edges: int, d_in: int, n_in: int, sorted_edges: bool = True,
-                  slice_cols: int = 1) -> int:
+                  slice_cols: int = 1, col_bytes: int = 4) -> int:
     """The disk a sliced layer's scratch files take at their fullest: the sorted edges
     (with their buckets while sorting) and, with slices of ``slice_cols`` columns (0: one
-    slice, none of these), the column files and the aggregates (float32 [n_in, d_in] and
-    [n, d_in]): each slice's column file goes once it is loaded, so at most one slice's
-    aggregate more than the columns."""
+    slice, none of these), the column files (``col_bytes`` a value [n_in, d_in]) and the
+    aggregates (float32 [n, d_in]): each slice's column file goes once it is loaded, so at
+    most one slice's aggregate more than the larger of the two."""
     out = (BUCKET_BYTES + EDGE_KEY_BYTES) * num_edges + 2 * DEG_BYTES * n if sorted_edges \
         else 0
-    return out + ((max(n_in, n) * d_in + n * slice_cols) * 4 if slice_cols else 0)
+    return out + (max(n_in * col_bytes, 4 * n) * d_in + 4 * n * slice_cols
+                  if slice_cols else 0)
 
 
 class ColumnFiles:
-    """The column files of a layer's output (float32 [rows, c1 - c0] for each ``(c0, c1)``
+    """The column files of a layer's output (``dtype`` [rows, c1 - c0] for each ``(c0, c1)``
     of ``bounds``, in row order) for the next layer's slices, written as the layer's
     writer hands over its output chunks in order (the values as stored: a float16 layer's
     after its rounding). Files are opened at the first chunk; :meth:`finish` writes the
     meta file once every row is in; a write that fails (a full disk) drops them all and the
     layer goes on without (the next layer then writes its own)."""
 
-    def __init__(self, folder: Path, bounds: list[tuple[int, int]], rows: int):
-        self.folder, self.bounds, self.rows = folder, bounds, int(rows)
+    def __init__(self, folder: Path, bounds: list[tuple[int, int]], rows: int,
+                 dtype: str = "float32"):
+        self.folder, self.bounds, self.rows, self.dtype = folder, bounds, int(rows), dtype
         self._files: list[Any] | None = None
         self._written = 0
         self.failed = False
@@ -318,7 +333,7 @@ class ColumnFiles:
                 self._files = [open(self.folder / f"cols{j}.bin", "wb")
                                for j in range(len(self.bounds))]
             for f, (c0, c1) in zip(self._files, self.bounds, strict=True):
-                f.write(np.ascontiguousarray(h[:, c0:c1], dtype=np.float32).data)
+                f.write(np.ascontiguousarray(h[:, c0:c1], dtype=self.dtype).data)
             self._written += h.shape[0]
         except OSError:
             self.abort()
@@ -334,7 +349,7 @@ class ColumnFiles:
             if self._written == self.rows:
                 meta = self.folder / COLUMNS_META
                 tmp = meta.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"rows": self.rows,
+                tmp.write_text(json.dumps({"rows": self.rows, "dtype": self.dtype,
                                            "bounds": [list(b) for b in self.bounds]}))
                 tmp.replace(meta)
         except OSError:
@@ -357,17 +372,19 @@ def columns_dir(work: Path, name: str) -> Path:
     return work / SLICE_DIR / f"{COLUMNS_PREFIX}{name}"
 
 
-def prepared_columns(work: Path, name: str, rows: int) -> list[tuple[int, int]] | None:
-    """The slices' bounds of the whole column files of array ``name`` (``rows`` rows) a
-    layer wrote (:class:`ColumnFiles`), or None where there are none."""
+def prepared_columns(work: Path, name: str, rows: int,
+                     dtype: str = "float32") -> list[tuple[int, int]] | None:
+    """The slices' bounds of the whole column files of array ``name`` (``rows`` rows of
+    ``dtype``) a layer wrote (:class:`ColumnFiles`), or None where there are none."""
     folder = columns_dir(work, name)
     try:
         meta = json.loads((folder / COLUMNS_META).read_text())
         bounds = [(int(a), int(b)) for a, b in meta["bounds"]]
-        if int(meta["rows"]) != rows:
+        if int(meta["rows"]) != rows or meta.get("dtype") != dtype:
             return None
+        item = np.dtype(dtype).itemsize
         for j, (c0, c1) in enumerate(bounds):
-            if (folder / f"cols{j}.bin").stat().st_size != rows * (c1 - c0) * 4:
+            if (folder / f"cols{j}.bin").stat().st_size != rows * (c1 - c0) * item:
                 return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -529,7 +546,7 @@ def _write_columns(src: Source, plan: SlicePlan, d_in: int, folder: Path) -> Non
         for a in range(0, plan.in_rows, plan.src_rows):
             x = src.rows(a, min(plan.in_rows, a + plan.src_rows))
             for f, (c0, c1) in zip(files, plan.bounds(d_in), strict=True):
-                f.write(np.ascontiguousarray(x[:, c0:c1]).data)
+                f.write(np.ascontiguousarray(x[:, c0:c1], dtype=plan.col_dtype).data)
             del x
     finally:
         for f in files:
@@ -590,7 +607,7 @@ def run_sliced(run: "Run", l: int, plan: SlicePlan, prev: Any, d_in: int, first_
                 _write_columns(src, plan, d_in, folder)
             stats.time_s["columns"] = time.perf_counter() - t0
             _reduce_slices(plan, d_in, edges, folder, use_max, stats)
-            read += plan.in_rows * d_in * 4 + edges.bytes_read
+            read += plan.in_rows * d_in * np.dtype(plan.col_dtype).itemsize + edges.bytes_read
             edges.bytes_read = 0
             rows_pass = _run_blocks if plan.local_rows else _run_rows
             read += rows_pass(run, l, plan, src, d_in, start, folder, writer, stats)
@@ -618,16 +635,24 @@ def _clear(folder: Path, keep: set[str]) -> None:
 
 def _reduce_slices(plan: SlicePlan, d_in: int, edges: _Edges, folder: Path, use_max: bool,
                    stats: "LayerStats") -> None:
-    """Every slice's reduced columns of every output row to ``agg{j}.bin``."""
+    """Every slice's reduced columns of every output row to ``agg{j}.bin`` (float32; a
+    float16 slice is held as its bits and each value looked up in float32)."""
+    half = np.dtype(plan.col_dtype) == np.float16
+    value = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32) \
+        if half else None
     for j, (c0, c1) in enumerate(plan.bounds(d_in)):
         t0 = time.perf_counter()
-        x = np.fromfile(folder / f"cols{j}.bin", dtype=np.float32).reshape(-1, c1 - c0)
+        x = np.fromfile(folder / f"cols{j}.bin", dtype=np.uint16 if half else np.float32)
+        x = x.reshape(-1, c1 - c0)
         (folder / f"cols{j}.bin").unlink()
         t1 = time.perf_counter()
         with open(folder / f"agg{j}.bin", "wb") as f:
             for _, _, deg, s in edges.pieces():
                 out = np.empty((deg.shape[0], c1 - c0), dtype=np.float32)
-                reduce_rows(x, s, deg, out, use_max)
+                if value is not None:
+                    reduce_rows_half(x, value, s, deg, out, use_max)
+                else:
+                    reduce_rows(x, s, deg, out, use_max)
                 f.write(out.data)
         del x
         stats.time_s["read"] += t1 - t0
