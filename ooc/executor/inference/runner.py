@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,9 +261,12 @@ def check_finite(buf: np.ndarray, run: Run, l: int, c0: int) -> None:
 class _ChunkWriter:
     """Takes a layer's output rows in row order, block by block (a block may span output
     chunks), and writes each output chunk once it is full, from chunk ``first_chunk`` on
-    (rows before it are written already and dropped): checked finite, converted to the
-    array's dtype, written, recorded in the progress file; and handed to ``columns`` (the
-    next layer's column files) where given."""
+    (rows before it are written already and dropped): checked finite and converted to the
+    array's dtype here, then written, synced, recorded in the progress file and handed to
+    ``columns`` (the next layer's column files, where given) by a writer thread while the
+    next chunk fills: the two output buffers of the memory plan, one filled, one written.
+    A write's error is raised by the next :meth:`put` or :meth:`close`; use it as a
+    context manager, so that a layer stopped by an error waits for the write in flight."""
 
     def __init__(self, run: Run, l: int, arr: Any, name: str, d_out: int, first_chunk: int,
                  stats: LayerStats, columns: ColumnFiles | None = None):
@@ -271,6 +275,31 @@ class _ChunkWriter:
         self.c = first_chunk
         self.buf: np.ndarray | None = None
         self.bar = _progress_bar(run, l, first_chunk)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ooc-chunk-writer")
+        self._pending: Future | None = None
+        stats.time_s.setdefault("write_wait", 0.0)
+
+    def __enter__(self) -> "_ChunkWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None:  # the error in flight wins over a write's
+            if self._pending is not None:
+                self._pending.exception()
+            self._pending = None
+            self._pool.shutdown(wait=True)
+            if self.bar is not None:
+                self.bar.close()
+
+    def _wait(self) -> None:
+        """Wait for the write in flight; raise its error."""
+        if self._pending is not None:
+            t0 = time.perf_counter()
+            pending, self._pending = self._pending, None
+            try:
+                pending.result()
+            finally:
+                self.stats.time_s["write_wait"] += time.perf_counter() - t0
 
     def _bounds(self, c: int) -> tuple[int, int]:
         cr = self.run.chunking.chunk_rows
@@ -300,22 +329,32 @@ class _ChunkWriter:
             with np.errstate(over="ignore"):  # an overflow is named just below
                 buf = buf.astype(self.arr.dtype)
             check_finite(buf, run, l, c0)
+        self._wait()
+        self._pending = self._pool.submit(self._store, self.c, c0, buf)
+        self.c += 1
+
+    def _store(self, c: int, c0: int, buf: np.ndarray) -> None:
+        """The writer thread's part of chunk ``c`` (rows ``c0..``, the array's dtype)."""
+        run = self.run
         t0 = time.perf_counter()
-        write_chunk(run.group, self.arr, self.name, self.c, c0, buf)
+        write_chunk(run.group, self.arr, self.name, c, c0, buf)
         if self.columns is not None:
             self.columns.put(c0, buf)
-        del buf
-        run.progress.chunk_written(self.c)
+        run.progress.chunk_written(c)
         self.stats.time_s["write"] += time.perf_counter() - t0
         if self.bar is not None:
             self.bar.update(1)
         if run.progress.on_chunk is not None:
-            run.progress.on_chunk(l, self.c)
-        self.c += 1
+            run.progress.on_chunk(self.l, c)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        """Wait for the last write (raising its error) and finish the column files."""
+        try:
+            self._wait()
+        finally:
+            self._pool.shutdown(wait=True)
+            if self.bar is not None:
+                self.bar.close()
         assert self.c == self.run.chunking.num_chunks and self.buf is None, "rows left unwritten"
         if self.columns is not None:
             self.columns.finish()
@@ -446,20 +485,20 @@ def _run_reducing(run: Run, l: int, stream: StreamPlan | None, sliced: SlicePlan
     arr = layer_array(run.group, name, n, d_out, ch.chunk_rows, dtype)
     stats = LayerStats()
     stats.time_s["plan"] = time.perf_counter() - t0
-    writer = _ChunkWriter(run, l, arr, name, d_out, first_chunk, stats, columns)
     work = Path(run.group.store.root)
-    if sliced is not None:
-        read = run_sliced(run, l, sliced, prev, d_in, first_chunk, writer, stats, work)
-        reads = sliced.as_dict()
-        blocks, peak, wb = sliced.slices, sliced.planned_peak_bytes, sliced.work
-    else:
-        assert stream is not None
-        if run.stream_rows == (None, None):  # forced sizes are not the budget's
-            stream.note_reads()
-        read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats, work)
-        reads = stream.as_dict()
-        blocks, peak, wb = stream.groups, stream.planned_peak_bytes, stream.work
-    writer.close()
+    with _ChunkWriter(run, l, arr, name, d_out, first_chunk, stats, columns) as writer:
+        if sliced is not None:
+            read = run_sliced(run, l, sliced, prev, d_in, first_chunk, writer, stats, work)
+            reads = sliced.as_dict()
+            blocks, peak, wb = sliced.slices, sliced.planned_peak_bytes, sliced.work
+        else:
+            assert stream is not None
+            if run.stream_rows == (None, None):  # forced sizes are not the budget's
+                stream.note_reads()
+            read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats, work)
+            reads = stream.as_dict()
+            blocks, peak, wb = stream.groups, stream.planned_peak_bytes, stream.work
+        writer.close()
     return {"layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
             "blocks": blocks, "resumed_chunks": first_chunk,
             "sub_blocks": stats.sub_blocks, "work_bytes": wb, "planned_peak_bytes": peak,
@@ -604,10 +643,11 @@ def _run_blocks(run: Run, plan: LayerPlan, prev: Any, arr: Any, name: str, first
                            loader=src.load_chunk, num_keys=ch.num_chunks)
     stats = LayerStats()
     stats.time_s["plan"] = plan_s
-    writer = _ChunkWriter(run, l, arr, name, plan.d_out, first_chunk, stats, columns)
-    for b in range(max(first_block, 0), plan.num_blocks if first_chunk < ch.num_chunks else 0):
-        _run_block(run, plan, src, cache, b, stats, writer)
-    writer.close()
+    with _ChunkWriter(run, l, arr, name, plan.d_out, first_chunk, stats, columns) as writer:
+        for b in range(max(first_block, 0),
+                       plan.num_blocks if first_chunk < ch.num_chunks else 0):
+            _run_block(run, plan, src, cache, b, stats, writer)
+        writer.close()
     run.topo.drop_scratch()
     run.topo.release_pages()  # what the last block's rows mapped of the row map
     if run.dataset.row_of is not None:
