@@ -150,7 +150,7 @@ class LayerInput:
 class LayerStats:
     """Seconds per stage and the largest block of one layer."""
     time_s: dict = field(default_factory=lambda: dict.fromkeys(
-        ("plan", "local_graph", "read", "compute", "write"), 0.0))
+        ("plan", "local_graph", "read", "compute", "write", "write_wait"), 0.0))
     peak_block_nodes: int = 0
     peak_block_edges: int = 0
     sub_blocks: int = 0
@@ -265,8 +265,9 @@ class _ChunkWriter:
     array's dtype here, then written, synced, recorded in the progress file and handed to
     ``columns`` (the next layer's column files, where given) by a writer thread while the
     next chunk fills: the two output buffers of the memory plan, one filled, one written.
-    A write's error is raised by the next :meth:`put` or :meth:`close`; use it as a
-    context manager, so that a layer stopped by an error waits for the write in flight."""
+    A write's error is raised by the next :meth:`put` or on leaving the ``with`` block,
+    which closes it (:meth:`close`); a layer stopped by an error waits for the write in
+    flight there."""
 
     def __init__(self, run: Run, l: int, arr: Any, name: str, d_out: int, first_chunk: int,
                  stats: LayerStats, columns: ColumnFiles | None = None):
@@ -277,19 +278,20 @@ class _ChunkWriter:
         self.bar = _progress_bar(run, l, first_chunk)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ooc-chunk-writer")
         self._pending: Future | None = None
-        stats.time_s.setdefault("write_wait", 0.0)
 
     def __enter__(self) -> "_ChunkWriter":
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is not None:  # the error in flight wins over a write's
-            if self._pending is not None:
-                self._pending.exception()
-            self._pending = None
-            self._pool.shutdown(wait=True)
-            if self.bar is not None:
-                self.bar.close()
+        if exc_type is None:
+            self.close()
+            return
+        if self._pending is not None:  # the error in flight wins over a write's
+            self._pending.exception()
+        self._pending = None
+        self._pool.shutdown(wait=True)
+        if self.bar is not None:
+            self.bar.close()
 
     def _wait(self) -> None:
         """Wait for the write in flight; raise its error."""
@@ -498,7 +500,6 @@ def _run_reducing(run: Run, l: int, stream: StreamPlan | None, sliced: SlicePlan
             read = run_streamed(run, l, stream, prev, d_in, first_chunk, writer, stats, work)
             reads = stream.as_dict()
             blocks, peak, wb = stream.groups, stream.planned_peak_bytes, stream.work
-        writer.close()
     return {"layer": l + 1, "array": name, "in_dim": d_in, "out_dim": d_out,
             "blocks": blocks, "resumed_chunks": first_chunk,
             "sub_blocks": stats.sub_blocks, "work_bytes": wb, "planned_peak_bytes": peak,
@@ -647,7 +648,6 @@ def _run_blocks(run: Run, plan: LayerPlan, prev: Any, arr: Any, name: str, first
         for b in range(max(first_block, 0),
                        plan.num_blocks if first_chunk < ch.num_chunks else 0):
             _run_block(run, plan, src, cache, b, stats, writer)
-        writer.close()
     run.topo.drop_scratch()
     run.topo.release_pages()  # what the last block's rows mapped of the row map
     if run.dataset.row_of is not None:
